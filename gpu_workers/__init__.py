@@ -1,0 +1,1 @@
+"""Per-device worker processes: they hold weights and KV tensors and run models."""

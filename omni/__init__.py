@@ -1,0 +1,1 @@
+"""The omni-serve server process: HTTP API, orchestration, supervision. Never runs a model."""

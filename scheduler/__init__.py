@@ -1,0 +1,1 @@
+"""Pure-Python scheduling: request state, KV block accounting, batching. Never imports torch."""

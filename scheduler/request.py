@@ -1,0 +1,91 @@
+"""One generation request as the scheduler sees it: token ids and counters, no tensors."""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+from typing import NewType
+
+RequestId = NewType("RequestId", str)
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    PREEMPTED = "preempted"
+    FINISHED_STOPPED = "stop"  # the values double as OpenAI finish_reason where one applies
+    FINISHED_LENGTH = "length"
+    FINISHED_ABORTED = "abort"
+
+    @property
+    def is_finished(self) -> bool:
+        return self in (
+            RequestStatus.FINISHED_STOPPED,
+            RequestStatus.FINISHED_LENGTH,
+            RequestStatus.FINISHED_ABORTED,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int | None = None
+    seed: int | None = None
+    # None: no logprobs. 0: the sampled token's logprob only. k: also the top k alternatives.
+    logprobs: int | None = None
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+@dataclass(slots=True)
+class Request:
+    request_id: RequestId
+    prompt_token_ids: list[int]
+    sampling_params: SamplingParams
+    eos_token_ids: frozenset[int] = frozenset()
+    arrival_time: float = field(default_factory=time.monotonic)
+    output_token_ids: list[int] = field(default_factory=list)
+    status: RequestStatus = RequestStatus.WAITING
+    # Tokens whose KV is in the cache (computed here or found in the prefix cache).
+    num_computed_tokens: int = 0
+    # Prompt tokens served from the prefix cache at first admission (usage.cached_tokens).
+    num_cached_tokens: int = 0
+    num_preemptions: int = 0
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return self.num_prompt_tokens + self.num_output_tokens
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status.is_finished
+
+    def append_output_token(self, token_id: int) -> None:
+        """Record a sampled token and decide whether the request is done."""
+        self.output_token_ids.append(token_id)
+        params = self.sampling_params
+        if token_id in params.stop_token_ids or (
+            not params.ignore_eos and token_id in self.eos_token_ids
+        ):
+            self.status = RequestStatus.FINISHED_STOPPED
+        elif self.num_output_tokens >= params.max_tokens:
+            self.status = RequestStatus.FINISHED_LENGTH
