@@ -1,0 +1,125 @@
+"""The worker process: load a runner, say Ready, then execute steps until told to stop.
+
+The server spawns this with multiprocessing's "spawn" start method and talks to it over one
+duplex pipe carrying msgpack frames (gpu_workers.protocol). The spec arrives as msgpack
+bytes too, so nothing crossing the boundary is pickled by us. torch is imported only inside
+the child, never when the server imports this module to name the entry point.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import signal
+import traceback
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from typing import Any
+
+import msgpack
+
+from gpu_workers import protocol
+
+log = logging.getLogger("omni.worker")
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerSpec:
+    worker_id: int
+    model_dir: str
+    device: str = "cpu"
+    dtype: str = "float32"
+    block_size: int = 16
+    num_kv_blocks: int | None = None
+    kv_cache_memory_bytes: int | None = None
+    max_model_len: int | None = None
+    attention_backend: str = "auto"
+    num_threads: int | None = None
+
+    def to_bytes(self) -> bytes:
+        return msgpack.packb(dataclasses.asdict(self), use_bin_type=True)
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> WorkerSpec:
+        fields: dict[str, Any] = msgpack.unpackb(data, raw=False)
+        return cls(**fields)
+
+
+def worker_main(conn: Connection, spec_bytes: bytes) -> None:
+    """Process entry point. Returns when told to shut down or when the server goes away."""
+    # The server handles Ctrl-C and shuts workers down in order; a terminal's SIGINT
+    # reaching the whole process group must not kill a worker mid-step.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    logging.basicConfig(
+        level=os.environ.get("OMNI_LOG_LEVEL", "INFO"),
+        format="%(asctime)s %(levelname)s %(name)s[%(process)d]: %(message)s",
+    )
+    spec = WorkerSpec.from_bytes(spec_bytes)
+    try:
+        runner = _build_runner(spec)
+    except Exception as exc:  # start-up failure: tell the server why, then exit
+        log.exception("worker %d failed to start", spec.worker_id)
+        _send(conn, protocol.WorkerError(f"{type(exc).__name__}: {exc}", fatal=True))
+        return
+    _send(
+        conn,
+        protocol.Ready(
+            worker_id=spec.worker_id,
+            device=spec.device,
+            num_kv_blocks=runner.num_kv_blocks,
+            block_size=runner.block_size,
+            max_model_len=runner.max_model_len,
+        ),
+    )
+    _serve(conn, runner)
+
+
+def _build_runner(spec: WorkerSpec) -> Any:
+    import torch  # noqa: PLC0415 - only the child process may import torch
+
+    from gpu_workers.llm_runner import LLMRunner  # noqa: PLC0415
+
+    if spec.num_threads:
+        torch.set_num_threads(spec.num_threads)
+    return LLMRunner(
+        model_dir=spec.model_dir,
+        device=spec.device,
+        dtype=getattr(torch, spec.dtype),
+        block_size=spec.block_size,
+        num_kv_blocks=spec.num_kv_blocks,
+        kv_cache_memory_bytes=spec.kv_cache_memory_bytes,
+        max_model_len=spec.max_model_len,
+        attention_backend=spec.attention_backend,
+    )
+
+
+def _serve(conn: Connection, runner: Any) -> None:
+    while True:
+        try:
+            message = protocol.decode(conn.recv_bytes())
+        except (EOFError, OSError):
+            return  # the server is gone
+        if isinstance(message, protocol.Shutdown):
+            return
+        if not isinstance(message, protocol.Step):
+            _send(conn, protocol.WorkerError(f"unexpected message {type(message).__name__}"))
+            continue
+        try:
+            result = runner.execute(message)
+        except Exception as exc:
+            # The server fails the requests of this step and keeps the worker.
+            log.error("step %d failed:\n%s", message.step_id, traceback.format_exc())
+            _send(
+                conn,
+                protocol.WorkerError(f"{type(exc).__name__}: {exc}", step_id=message.step_id),
+            )
+            continue
+        _send(conn, result)
+
+
+def _send(conn: Connection, message: protocol.Message) -> None:
+    try:
+        conn.send_bytes(protocol.encode(message))
+    except (BrokenPipeError, OSError):
+        pass  # the server is gone; the next recv ends the loop

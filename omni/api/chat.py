@@ -1,0 +1,140 @@
+"""POST /v1/chat/completions (text in, text out; streamed or not)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from aiohttp import web
+
+from omni.api import sse
+from omni.api.body import read_json
+from omni.api.errors import bad_request, service_unavailable
+from omni.api.logprobs import chat_logprob_entries
+from omni.api.schemas import ChatCompletionRequest, parse_chat_completion_request, sampling_params
+from omni.engine import EngineError
+from omni.generation import Generation, Usage, choice_params, new_request_id
+from omni.served_model import ServedModel
+from omni.state import MODELS
+
+
+async def create_chat_completion(request: web.Request) -> web.StreamResponse:
+    body = await read_json(request)
+    req = parse_chat_completion_request(body)
+    model = request.app[MODELS].get(req.model)
+    try:
+        prompt_ids = model.tokenizer.apply_chat_template(list(req.messages))
+    except ValueError as exc:
+        raise bad_request(f"Could not render the chat template: {exc}", param="messages")
+    if not model.ready:
+        raise service_unavailable("The model is starting; retry shortly.", retry_after_s=5)
+    params = sampling_params(req, max_model_len=model.engine.max_model_len, num_prompt_tokens=len(prompt_ids))
+    completion_id = new_request_id("chatcmpl")
+    generations = [
+        Generation(model, prompt_ids, choice_params(params, i), req.stop, f"{completion_id}-{i}")
+        for i in range(req.n)
+    ]
+    if req.stream:
+        return await _stream(request, req, model, completion_id, generations)
+    return await _complete(req, model, completion_id, generations)
+
+
+async def _complete(
+    req: ChatCompletionRequest,
+    model: ServedModel,
+    completion_id: str,
+    generations: list[Generation],
+) -> web.Response:
+    texts = [[] for _ in generations]  # type: list[list[str]]
+    logprobs: list[list[dict[str, Any]]] = [[] for _ in generations]
+    finish: list[str | None] = [None] * len(generations)
+    try:
+        async for index, delta in sse.interleave(generations):
+            texts[index].append(delta.text)
+            if req.logprobs:
+                logprobs[index].extend(chat_logprob_entries(model.tokenizer, delta.logprobs))
+            if delta.finish_reason is not None:
+                finish[index] = delta.finish_reason
+    except EngineError as exc:
+        raise service_unavailable(str(exc)) from exc
+    usage = Usage()
+    for g in generations:
+        usage.completion_tokens += g.usage.completion_tokens
+    usage.prompt_tokens = generations[0].usage.prompt_tokens
+    usage.cached_tokens = generations[0].usage.cached_tokens
+    choices = [
+        {
+            "index": i,
+            "message": {"role": "assistant", "content": "".join(texts[i])},
+            "logprobs": {"content": logprobs[i]} if req.logprobs else None,
+            "finish_reason": finish[i],
+        }
+        for i in range(len(generations))
+    ]
+    return web.json_response(
+        {
+            "id": completion_id,
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": model.name,
+            "choices": choices,
+            "usage": usage.to_json(),
+        }
+    )
+
+
+async def _stream(
+    request: web.Request,
+    req: ChatCompletionRequest,
+    model: ServedModel,
+    completion_id: str,
+    generations: list[Generation],
+) -> web.StreamResponse:
+    response = await sse.open_event_stream(request)
+    created = int(time.time())
+
+    def chunk(choices: list[dict[str, Any]], usage: Usage | None = None) -> dict[str, Any]:
+        payload: dict[str, Any] = {
+            "id": completion_id,
+            "object": "chat.completion.chunk",
+            "created": created,
+            "model": model.name,
+            "choices": choices,
+        }
+        if req.include_usage:
+            payload["usage"] = usage.to_json() if usage is not None else None
+        return payload
+
+    for i in range(len(generations)):
+        await sse.send_event(
+            response,
+            chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}]),
+        )
+    try:
+        async for index, delta in sse.interleave(generations):
+            if not delta.text and delta.finish_reason is None and not req.logprobs:
+                continue  # a token that completes no character yet
+            choice: dict[str, Any] = {
+                "index": index,
+                "delta": {"content": delta.text} if delta.text else {},
+                "logprobs": (
+                    {"content": chat_logprob_entries(model.tokenizer, delta.logprobs)}
+                    if req.logprobs
+                    else None
+                ),
+                "finish_reason": delta.finish_reason,
+            }
+            await sse.send_event(response, chunk([choice]))
+    except EngineError as exc:
+        await sse.send_event(response, service_unavailable(str(exc)).to_dict())
+        await sse.send_done(response)
+        return response
+    if req.include_usage:
+        usage = Usage(
+            prompt_tokens=generations[0].usage.prompt_tokens,
+            cached_tokens=generations[0].usage.cached_tokens,
+            completion_tokens=sum(g.usage.completion_tokens for g in generations),
+        )
+        await sse.send_event(response, chunk([], usage))
+    await sse.send_done(response)
+    return response

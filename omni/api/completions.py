@@ -1,0 +1,152 @@
+"""POST /v1/completions (legacy text completions: one or more prompts, n choices each)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from aiohttp import web
+
+from omni.api import sse
+from omni.api.body import read_json
+from omni.api.errors import bad_request, service_unavailable
+from omni.api.logprobs import completion_logprobs
+from omni.api.schemas import CompletionRequest, parse_completion_request, sampling_params
+from omni.engine import EngineError
+from omni.generation import Generation, Usage, choice_params, new_request_id
+from omni.served_model import ServedModel
+from omni.state import MODELS
+
+
+def _prompt_token_ids(model: ServedModel, req: CompletionRequest) -> list[list[int]]:
+    vocab = model.tokenizer.vocab_size
+    prompts = []
+    for i, prompt in enumerate(req.prompts):
+        if isinstance(prompt, str):
+            ids = model.tokenizer.encode(prompt)
+        else:
+            ids = list(prompt)
+            if any(t < 0 or t >= vocab for t in ids):
+                raise bad_request(f"prompt {i} has token ids outside [0, {vocab})", param="prompt")
+        if not ids:
+            raise bad_request(f"prompt {i} is empty", param="prompt")
+        prompts.append(ids)
+    return prompts
+
+
+async def create_completion(request: web.Request) -> web.StreamResponse:
+    body = await read_json(request)
+    req = parse_completion_request(body)
+    model = request.app[MODELS].get(req.model)
+    prompts = _prompt_token_ids(model, req)
+    if not model.ready:
+        raise service_unavailable("The model is starting; retry shortly.", retry_after_s=5)
+    completion_id = new_request_id("cmpl")
+    generations = []
+    for p, ids in enumerate(prompts):
+        params = sampling_params(req, max_model_len=model.engine.max_model_len, num_prompt_tokens=len(ids))
+        for i in range(req.n):
+            index = p * req.n + i
+            generations.append(
+                Generation(model, ids, choice_params(params, i), req.stop, f"{completion_id}-{index}")
+            )
+    if req.stream:
+        return await _stream(request, req, model, completion_id, generations)
+    return await _complete(req, model, completion_id, generations)
+
+
+def _usage(generations: list[Generation], n: int) -> Usage:
+    usage = Usage()
+    for index, g in enumerate(generations):
+        usage.completion_tokens += g.usage.completion_tokens
+        if index % n == 0:  # each prompt counted once, as OpenAI does
+            usage.prompt_tokens += g.usage.prompt_tokens
+            usage.cached_tokens += g.usage.cached_tokens
+    return usage
+
+
+async def _complete(
+    req: CompletionRequest, model: ServedModel, completion_id: str, generations: list[Generation]
+) -> web.Response:
+    texts: list[list[str]] = [[] for _ in generations]
+    logprobs: list[list[Any]] = [[] for _ in generations]
+    finish: list[str | None] = [None] * len(generations)
+    try:
+        async for index, delta in sse.interleave(generations):
+            texts[index].append(delta.text)
+            logprobs[index].extend(delta.logprobs)
+            if delta.finish_reason is not None:
+                finish[index] = delta.finish_reason
+    except EngineError as exc:
+        raise service_unavailable(str(exc)) from exc
+    choices = [
+        {
+            "index": i,
+            "text": "".join(texts[i]),
+            "logprobs": (
+                completion_logprobs(model.tokenizer, logprobs[i], 0)
+                if req.logprobs is not None
+                else None
+            ),
+            "finish_reason": finish[i],
+        }
+        for i in range(len(generations))
+    ]
+    return web.json_response(
+        {
+            "id": completion_id,
+            "object": "text_completion",
+            "created": int(time.time()),
+            "model": model.name,
+            "choices": choices,
+            "usage": _usage(generations, req.n).to_json(),
+        }
+    )
+
+
+async def _stream(
+    request: web.Request,
+    req: CompletionRequest,
+    model: ServedModel,
+    completion_id: str,
+    generations: list[Generation],
+) -> web.StreamResponse:
+    response = await sse.open_event_stream(request)
+    created = int(time.time())
+    offsets = [0] * len(generations)
+
+    def chunk(choices: list[dict[str, Any]], usage: Usage | None = None) -> dict[str, Any]:
+        payload: dict[str, Any] = {
+            "id": completion_id,
+            "object": "text_completion",
+            "created": created,
+            "model": model.name,
+            "choices": choices,
+        }
+        if req.include_usage:
+            payload["usage"] = usage.to_json() if usage is not None else None
+        return payload
+
+    try:
+        async for index, delta in sse.interleave(generations):
+            if not delta.text and delta.finish_reason is None and req.logprobs is None:
+                continue
+            lp = None
+            if req.logprobs is not None:
+                lp = completion_logprobs(model.tokenizer, delta.logprobs, offsets[index])
+            offsets[index] += len(delta.text)
+            choice = {
+                "index": index,
+                "text": delta.text,
+                "logprobs": lp,
+                "finish_reason": delta.finish_reason,
+            }
+            await sse.send_event(response, chunk([choice]))
+    except EngineError as exc:
+        await sse.send_event(response, service_unavailable(str(exc)).to_dict())
+        await sse.send_done(response)
+        return response
+    if req.include_usage:
+        await sse.send_event(response, chunk([], _usage(generations, req.n)))
+    await sse.send_done(response)
+    return response

@@ -1,0 +1,44 @@
+"""Model listing, health and metrics endpoints."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from omni.served_model import ServedModel
+from omni.state import METRICS, MODELS
+
+
+def _model_card(model: ServedModel) -> dict[str, object]:
+    return {
+        "id": model.name,
+        "object": "model",
+        "created": model.created,
+        "owned_by": "omni-serve",
+        "max_model_len": model.engine.max_model_len or None,
+    }
+
+
+async def list_models(request: web.Request) -> web.Response:
+    models = [_model_card(m) for m in request.app[MODELS]]
+    return web.json_response({"object": "list", "data": models})
+
+
+async def get_model(request: web.Request) -> web.Response:
+    model = request.app[MODELS].get(request.match_info["model"])
+    return web.json_response(_model_card(model))
+
+
+async def health(request: web.Request) -> web.Response:
+    """200 only when every model's worker is up and ready to take requests."""
+    registry = request.app[MODELS]
+    if registry.all_ready:
+        return web.json_response({"status": "ok"})
+    waiting = [m.name for m in registry if not m.ready]
+    return web.json_response({"status": "starting", "not_ready": waiting}, status=503)
+
+
+async def metrics(request: web.Request) -> web.Response:
+    body, content_type = request.app[METRICS].render()
+    response = web.Response(body=body)
+    response.headers["Content-Type"] = content_type
+    return response

@@ -1,0 +1,89 @@
+"""The aiohttp application factory: state, routes, and the resources it owns."""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+from aiohttp import web
+
+from omni.api import chat, completions, system
+from omni.api.errors import APIError, error_middleware
+from omni.config import ServerConfig
+from omni.engine import LLMEngine
+from omni.metrics import Metrics
+from omni.served_model import ModelRegistry, ServedModel
+from omni.state import CONFIG, METRICS, MODELS
+from omni.tokenizer import TextTokenizer
+
+log = logging.getLogger("omni.app")
+
+# Finishes when every engine has a ready worker; raises if one could not start.
+STARTUP = web.AppKey("startup", asyncio.Task)
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+_OPEN_PATHS = frozenset({"/health", "/ready", "/metrics"})
+
+
+def _auth_middleware(api_key: str) -> Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]:
+    expected = f"Bearer {api_key}".encode()
+
+    @web.middleware
+    async def auth(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.path not in _OPEN_PATHS:
+            given = request.headers.get("Authorization", "").encode()
+            if not hmac.compare_digest(given, expected):
+                raise APIError(
+                    401, "Incorrect API key provided.", type="invalid_request_error",
+                    code="invalid_api_key",
+                )
+        return await handler(request)
+
+    return auth
+
+
+async def _models_ctx(app: web.Application) -> AsyncIterator[None]:
+    config, metrics, registry = app[CONFIG], app[METRICS], app[MODELS]
+    loop = asyncio.get_running_loop()
+    for engine_config in config.engines:
+        tokenizer = await loop.run_in_executor(
+            None, TextTokenizer.from_dir, engine_config.model_dir
+        )
+        engine = LLMEngine(engine_config, tokenizer.eos_token_ids, metrics)
+        registry.add(
+            ServedModel(engine_config.model_name, tokenizer, engine, created=int(time.time()))
+        )
+
+    async def start_all() -> None:
+        await asyncio.gather(*(m.engine.start() for m in registry))
+
+    # Workers load in the background so /health can answer 503 while they do.
+    app[STARTUP] = asyncio.create_task(start_all(), name="start-engines")
+    try:
+        yield
+    finally:
+        app[STARTUP].cancel()
+        await asyncio.gather(*(m.engine.stop() for m in registry), return_exceptions=True)
+
+
+def create_app(config: ServerConfig) -> web.Application:
+    middlewares = [error_middleware]
+    if config.api_key:
+        middlewares.append(_auth_middleware(config.api_key))
+    app = web.Application(client_max_size=config.max_request_bytes, middlewares=middlewares)
+    app[CONFIG] = config
+    app[METRICS] = Metrics()
+    app[MODELS] = ModelRegistry()
+    app.cleanup_ctx.append(_models_ctx)
+    app.router.add_post("/v1/chat/completions", chat.create_chat_completion)
+    app.router.add_post("/v1/completions", completions.create_completion)
+    app.router.add_get("/v1/models", system.list_models)
+    app.router.add_get("/v1/models/{model}", system.get_model)
+    app.router.add_get("/health", system.health)
+    app.router.add_get("/ready", system.health)
+    app.router.add_get("/metrics", system.metrics)
+    return app
+

@@ -1,0 +1,166 @@
+"""`omni-serve`: parse flags, make sure a model exists, run the HTTP server until signalled."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from aiohttp import web
+
+from omni.app import create_app
+from omni.config import EngineConfig, ServerConfig
+
+log = logging.getLogger("omni.cli")
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-z]*)\s*$", re.IGNORECASE)
+_FACTORS = {
+    **{u: 1 for u in ("", "b")},
+    **{p + s: 1000**i for i, p in enumerate("kmgt", 1) for s in ("", "b")},
+    **{p + s: 1024**i for i, p in enumerate("kmgt", 1) for s in ("i", "ib")},
+}
+
+
+def parse_size(text: str) -> int:
+    """'4GiB' -> 4 * 2**30, '500MB' -> 500 * 10**6, '1024' -> 1024."""
+    match = _SIZE.match(text)
+    unit = (match.group(2) or "").lower() if match else ""
+    if not match or unit not in _FACTORS:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 4GiB, 512MB)")
+    return int(float(match.group(1)) * _FACTORS[unit])
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="omni-serve",
+        description="Serve a model behind an OpenAI-compatible HTTP API.",
+    )
+    p.add_argument(
+        "--model",
+        metavar="[NAME=]DIR",
+        help="Hugging Face checkpoint directory (default: a small random model made locally)",
+    )
+    p.add_argument("--served-model-name", help="model name clients send (default: DIR's name)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
+    p.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
+    kv = p.add_mutually_exclusive_group()
+    kv.add_argument("--num-kv-blocks", type=int, help="KV cache size in blocks")
+    kv.add_argument(
+        "--kv-cache-memory", type=parse_size, help="KV cache size in bytes (e.g. 2GiB)"
+    )
+    p.add_argument("--max-model-len", type=int, help="context length (default: the model's)")
+    p.add_argument("--max-num-seqs", type=int, default=64, help="requests per step at most")
+    p.add_argument(
+        "--max-num-batched-tokens", type=int, default=2048, help="tokens per step at most"
+    )
+    p.add_argument(
+        "--no-prefix-caching", action="store_true", help="disable automatic prefix caching"
+    )
+    p.add_argument("--attention-backend", default="auto", choices=["auto", "sdpa", "flash-attn"])
+    p.add_argument("--num-threads", type=int, help="torch threads per CPU worker")
+    p.add_argument(
+        "--api-key",
+        default=os.environ.get("OMNI_SERVE_API_KEY"),
+        help="require this bearer token (default: $OMNI_SERVE_API_KEY)",
+    )
+    p.add_argument("--max-request-bytes", type=parse_size, default=8 * 1024 * 1024)
+    p.add_argument("--worker-start-timeout", type=float, default=600.0)
+    p.add_argument("--log-level", default=os.environ.get("OMNI_LOG_LEVEL", "INFO"))
+    return p
+
+
+def default_model_dir() -> Path:
+    """Make (once) the embedded small random checkpoint, in a child so we never load torch."""
+    out = subprocess.run(
+        [sys.executable, "-m", "gpu_workers.tiny_checkpoints", "--print-default-dir"],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    return Path(out.stdout.strip().splitlines()[-1])
+
+
+def config_from_args(args: argparse.Namespace) -> ServerConfig:
+    if args.model:
+        name, sep, directory = args.model.partition("=")
+        model_dir = Path(directory if sep else name).expanduser()
+        model_name = args.served_model_name or (name if sep else model_dir.name)
+    else:
+        model_dir = default_model_dir()
+        model_name = args.served_model_name or "omni-tiny"
+    if not (model_dir / "config.json").is_file():
+        raise SystemExit(f"omni-serve: {model_dir} has no config.json; is it a checkpoint?")
+    dtype = args.dtype
+    if dtype == "auto":
+        dtype = "float32" if args.device == "cpu" else "bfloat16"
+    engine = EngineConfig(
+        model_name=model_name,
+        model_dir=model_dir.resolve(),
+        device=args.device,
+        dtype=dtype,
+        block_size=args.block_size,
+        num_kv_blocks=args.num_kv_blocks,
+        kv_cache_memory_bytes=args.kv_cache_memory,
+        max_model_len=args.max_model_len,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        enable_prefix_caching=not args.no_prefix_caching,
+        attention_backend=args.attention_backend,
+        num_threads=args.num_threads,
+        worker_start_timeout=args.worker_start_timeout,
+    )
+    return ServerConfig(
+        engines=(engine,),
+        host=args.host,
+        port=args.port,
+        max_request_bytes=args.max_request_bytes,
+        api_key=args.api_key,
+    )
+
+
+async def serve(config: ServerConfig) -> None:
+    app = create_app(config)
+    # handler_cancellation: a client that disconnects cancels its handler, which aborts
+    # its request and frees its KV blocks at once.
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+    await runner.setup()  # runs the cleanup contexts: workers start here
+    site = web.TCPSite(runner, config.host, config.port)
+    await site.start()
+    log.info("omni-serve listening on http://%s:%d", config.host, config.port)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        log.info("shutting down")
+        await runner.cleanup()
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s[%(process)d]: %(message)s",
+    )
+    config = config_from_args(args)
+    try:
+        import uvloop  # noqa: PLC0415
+
+        uvloop.run(serve(config))
+    except ImportError:
+        asyncio.run(serve(config))
+
+
+if __name__ == "__main__":
+    main()

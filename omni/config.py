@@ -1,0 +1,34 @@
+"""Frozen configuration for the server and each model engine, built once by the CLI."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    model_name: str
+    model_dir: Path
+    device: str = "cpu"
+    dtype: str = "float32"
+    block_size: int = 16
+    num_kv_blocks: int | None = None
+    kv_cache_memory_bytes: int | None = None
+    max_model_len: int | None = None
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+    enable_prefix_caching: bool = True
+    attention_backend: str = "auto"
+    num_threads: int | None = None
+    worker_start_timeout: float = 600.0
+
+
+@dataclass(frozen=True, slots=True)
+class ServerConfig:
+    engines: tuple[EngineConfig, ...]
+    host: str = "127.0.0.1"
+    port: int = 8000
+    max_request_bytes: int = 8 * 1024 * 1024
+    api_key: str | None = None
+    max_n: int = 16

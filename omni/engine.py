@@ -1,0 +1,310 @@
+"""LLMEngine: one model's scheduler and worker, driven by a step loop in the event loop.
+
+Requests come in as scheduler Requests and leave as a stream of TokenEvents. The loop runs
+one step at a time: schedule -> send the Step -> await its StepResult -> update the scheduler
+-> hand each request its new token. Aborts (client gone, stop string) happen between
+awaits in the same loop, so the scheduler is only ever touched from one task.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from gpu_workers import protocol
+from gpu_workers.worker import WorkerSpec
+from omni.config import EngineConfig
+from omni.metrics import Metrics
+from omni.worker_process import WorkerDied, WorkerProcess
+from scheduler.block_manager import BlockManager
+from scheduler.output import SchedulerOutput
+from scheduler.request import Request, RequestId
+from scheduler.scheduler import Scheduler, SchedulerConfig
+
+log = logging.getLogger("omni.engine")
+
+
+class EngineError(RuntimeError):
+    """A request could not be completed because its worker failed."""
+
+
+@dataclass(slots=True)
+class TokenEvent:
+    token_id: int
+    logprob: float | None
+    top_logprobs: list[tuple[int, float]] | None
+    finish_reason: str | None  # "stop" | "length" when this token ended the request
+
+
+@dataclass(slots=True)
+class RequestStream:
+    request: Request
+    queue: asyncio.Queue[TokenEvent | BaseException] = field(default_factory=asyncio.Queue)
+    first_token_time: float | None = None
+    last_token_time: float | None = None
+
+    async def __aiter__(self) -> AsyncIterator[TokenEvent]:
+        while True:
+            item = await self.queue.get()
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+            if item.finish_reason is not None:
+                return
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig, eos_token_ids: frozenset[int], metrics: Metrics):
+        self.config = config
+        self.eos_token_ids = eos_token_ids
+        self.metrics = metrics
+        self.worker = WorkerProcess(self._worker_spec())
+        self.scheduler: Scheduler | None = None
+        self.max_model_len = 0
+        self._streams: dict[RequestId, RequestStream] = {}
+        self._wakeup = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._step_id = 0
+        self._ready = False
+        self._closing = False
+        self._prefix_seen = (0, 0)
+
+    # ---- lifecycle -------------------------------------------------------------------
+    def _worker_spec(self) -> WorkerSpec:
+        c = self.config
+        return WorkerSpec(
+            worker_id=0,
+            model_dir=str(c.model_dir),
+            device=c.device,
+            dtype=c.dtype,
+            block_size=c.block_size,
+            num_kv_blocks=c.num_kv_blocks,
+            kv_cache_memory_bytes=c.kv_cache_memory_bytes,
+            max_model_len=c.max_model_len,
+            attention_backend=c.attention_backend,
+            num_threads=c.num_threads,
+        )
+
+    @property
+    def ready(self) -> bool:
+        return self._ready and self.worker.is_alive
+
+    async def start(self) -> None:
+        await self._start_worker()
+        self._task = asyncio.create_task(self._run(), name=f"engine-{self.config.model_name}")
+
+    async def _start_worker(self) -> None:
+        ready = await self.worker.start(timeout=self.config.worker_start_timeout)
+        # The context can never exceed what the KV cache holds for one request.
+        self.max_model_len = min(ready.max_model_len, ready.num_kv_blocks * ready.block_size)
+        block_manager = BlockManager(
+            ready.num_kv_blocks, ready.block_size, self.config.enable_prefix_caching
+        )
+        self.scheduler = Scheduler(
+            SchedulerConfig(
+                max_num_seqs=self.config.max_num_seqs,
+                max_num_batched_tokens=self.config.max_num_batched_tokens,
+                max_model_len=self.max_model_len,
+            ),
+            block_manager,
+        )
+        self._prefix_seen = (0, 0)
+        self._ready = True
+        log.info(
+            "%s: worker ready on %s, %d KV blocks of %d tokens, max_model_len %d",
+            self.config.model_name,
+            ready.device,
+            ready.num_kv_blocks,
+            ready.block_size,
+            self.max_model_len,
+        )
+
+    async def stop(self) -> None:
+        self._closing = True
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+        self._fail_all(EngineError("server shutting down"))
+        await self.worker.stop()
+
+    # ---- requests --------------------------------------------------------------------
+    def submit(self, request: Request) -> RequestStream:
+        if not self.ready or self.scheduler is None:
+            raise EngineError("the model's worker is not ready")
+        stream = RequestStream(request)
+        self._streams[request.request_id] = stream
+        self.scheduler.add_request(request)
+        self._wakeup.set()
+        return stream
+
+    def abort(self, request_id: RequestId) -> None:
+        """Drop a request now: its KV blocks are freed before the next step is scheduled."""
+        stream = self._streams.pop(request_id, None)
+        if self.scheduler is not None:
+            self.scheduler.abort_request(request_id)
+        if stream is not None:
+            self.metrics.request_finished(self.config.model_name, "abort", stream.request)
+        self._wakeup.set()
+
+    # ---- the step loop ---------------------------------------------------------------
+    async def _run(self) -> None:
+        while not self._closing:
+            scheduler = self.scheduler
+            assert scheduler is not None
+            if not scheduler.has_unfinished_requests:
+                self._update_gauges()
+                self._wakeup.clear()
+                await self._wakeup.wait()
+                continue
+            output = scheduler.schedule()
+            if output.total_num_scheduled_tokens == 0:
+                # Nothing fits right now (should not happen: admission guarantees one
+                # request fits an empty cache); wait for an abort or a new request.
+                self._update_gauges()
+                self._wakeup.clear()
+                await self._wakeup.wait()
+                continue
+            try:
+                await self._execute(scheduler, output)
+            except WorkerDied as exc:
+                log.error("%s: %s; restarting the worker", self.config.model_name, exc)
+                await self._restart(exc)
+            self._update_gauges()
+
+    async def _execute(self, scheduler: Scheduler, output: SchedulerOutput) -> None:
+        self._step_id += 1
+        self.worker.send(self._to_step(self._step_id, output))
+        reply = await self.worker.recv()
+        if isinstance(reply, protocol.WorkerError):
+            self._fail_step(output, EngineError(f"worker error: {reply.message}"))
+            return
+        if not isinstance(reply, protocol.StepResult) or reply.step_id != self._step_id:
+            raise WorkerDied(f"worker replied out of order: {type(reply).__name__}")
+        by_id = {RequestId(s.request_id): s for s in reply.sampled}
+        updated = scheduler.update_from_output(
+            output, {rid: s.token_id for rid, s in by_id.items()}
+        )
+        now = time.monotonic()
+        for request in updated:
+            stream = self._streams.get(request.request_id)
+            if stream is None:
+                continue
+            sampled = by_id[request.request_id]
+            finish_reason = request.status.value if request.is_finished else None
+            self._observe_token(stream, now)
+            stream.queue.put_nowait(
+                TokenEvent(
+                    token_id=sampled.token_id,
+                    logprob=sampled.logprob,
+                    top_logprobs=(
+                        [(int(t), float(lp)) for t, lp in sampled.top_logprobs]
+                        if sampled.top_logprobs is not None
+                        else None
+                    ),
+                    finish_reason=finish_reason,
+                )
+            )
+            if finish_reason is not None:
+                del self._streams[request.request_id]
+                self.metrics.request_finished(self.config.model_name, finish_reason, request)
+
+    def _to_step(self, step_id: int, output: SchedulerOutput) -> protocol.Step:
+        new = []
+        for s in output.scheduled_new:
+            p = s.request.sampling_params
+            new.append(
+                protocol.NewRequest(
+                    request_id=s.request.request_id,
+                    token_ids=s.request.all_token_ids,
+                    sampling=protocol.SamplingOptions(
+                        temperature=p.temperature,
+                        top_p=p.top_p,
+                        top_k=p.top_k,
+                        seed=p.seed,
+                        logprobs=p.logprobs,
+                    ),
+                    block_ids=list(s.block_ids),
+                    num_computed_tokens=s.num_computed_tokens,
+                    num_scheduled_tokens=s.num_scheduled_tokens,
+                )
+            )
+        cached = [
+            protocol.CachedRequest(
+                request_id=c.request_id,
+                new_block_ids=list(c.new_block_ids),
+                num_computed_tokens=c.num_computed_tokens,
+                num_scheduled_tokens=c.num_scheduled_tokens,
+                resumed=c.resumed,
+            )
+            for c in output.scheduled_cached
+        ]
+        return protocol.Step(
+            step_id=step_id,
+            new_requests=new,
+            cached_requests=cached,
+            finished_request_ids=[str(r) for r in output.finished_request_ids],
+        )
+
+    def _observe_token(self, stream: RequestStream, now: float) -> None:
+        name = self.config.model_name
+        if stream.first_token_time is None:
+            stream.first_token_time = now
+            self.metrics.observe_ttft(name, now - stream.request.arrival_time)
+        else:
+            assert stream.last_token_time is not None
+            self.metrics.observe_itl(name, now - stream.last_token_time)
+        stream.last_token_time = now
+
+    def _update_gauges(self) -> None:
+        scheduler = self.scheduler
+        if scheduler is None:
+            return
+        name = self.config.model_name
+        self.metrics.set_queue(name, "0", scheduler.num_running, scheduler.num_waiting)
+        self.metrics.set_kv_usage(name, "0", scheduler.kv_usage)
+        queried = scheduler.prefix_cache_queried_tokens
+        hits = scheduler.prefix_cache_hit_tokens
+        seen_q, seen_h = self._prefix_seen
+        self.metrics.add_prefix_cache(name, "0", queried - seen_q, hits - seen_h)
+        self._prefix_seen = (queried, hits)
+
+    # ---- failures --------------------------------------------------------------------
+    def _fail_step(self, output: SchedulerOutput, error: BaseException) -> None:
+        ids = [s.request.request_id for s in output.scheduled_new]
+        ids += [c.request_id for c in output.scheduled_cached]
+        for request_id in ids:
+            stream = self._streams.pop(request_id, None)
+            assert self.scheduler is not None
+            self.scheduler.abort_request(request_id)
+            if stream is not None:
+                stream.queue.put_nowait(error)
+                self.metrics.request_finished(self.config.model_name, "error", stream.request)
+
+    def _fail_all(self, error: BaseException) -> None:
+        for request_id, stream in list(self._streams.items()):
+            if self.scheduler is not None:
+                self.scheduler.abort_request(request_id)
+            stream.queue.put_nowait(error)
+        self._streams.clear()
+
+    async def _restart(self, cause: BaseException) -> None:
+        self._ready = False
+        # Only the requests on this worker fail; the KV cache is gone with the process.
+        self._fail_all(EngineError(f"worker failed: {cause}"))
+        await self.worker.kill()
+        delay = 1.0
+        while not self._closing:
+            try:
+                await self._start_worker()
+                return
+            except WorkerDied as exc:
+                log.error("%s: restart failed: %s", self.config.model_name, exc)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 30.0)
+

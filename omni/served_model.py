@@ -1,0 +1,47 @@
+"""The models this server answers for, by the name clients put in the request body."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from omni.api.errors import not_found
+from omni.engine import LLMEngine
+from omni.tokenizer import TextTokenizer
+
+
+@dataclass(slots=True)
+class ServedModel:
+    name: str
+    tokenizer: TextTokenizer
+    engine: LLMEngine
+    created: int
+
+    @property
+    def ready(self) -> bool:
+        return self.engine.ready
+
+
+class ModelRegistry:
+    def __init__(self) -> None:
+        self._models: dict[str, ServedModel] = {}
+
+    def add(self, model: ServedModel) -> None:
+        if model.name in self._models:
+            raise ValueError(f"two models are named {model.name!r}")
+        self._models[model.name] = model
+
+    def get(self, name: str) -> ServedModel:
+        model = self._models.get(name)
+        if model is None:
+            raise not_found(f"The model `{name}` does not exist.", param="model")
+        return model
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        return iter(self._models.values())
+
+    def __len__(self) -> int:
+        return len(self._models)
+
+    @property
+    def all_ready(self) -> bool:
+        return bool(self._models) and all(m.ready for m in self._models.values())

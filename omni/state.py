@@ -1,0 +1,13 @@
+"""Typed keys for everything the aiohttp application holds."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from omni.config import ServerConfig
+from omni.metrics import Metrics
+from omni.served_model import ModelRegistry
+
+CONFIG = web.AppKey("config", ServerConfig)
+METRICS = web.AppKey("metrics", Metrics)
+MODELS = web.AppKey("models", ModelRegistry)

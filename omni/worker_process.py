@@ -1,0 +1,141 @@
+"""The server's handle on one worker process: spawn, wait for Ready, exchange messages.
+
+Reading is driven by the event loop (add_reader on the pipe's fd), so a slow worker never
+blocks the server. A worker that exits closes its end of the pipe, which the reader sees as
+EOF: every pending and later receive then raises WorkerDied.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import multiprocessing as mp
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
+
+from gpu_workers import protocol
+from gpu_workers.worker import WorkerSpec, worker_main
+
+log = logging.getLogger("omni.worker_process")
+
+
+class WorkerDied(RuntimeError):
+    pass
+
+
+class WorkerProcess:
+    def __init__(self, spec: WorkerSpec) -> None:
+        self.spec = spec
+        self.ready: protocol.Ready | None = None
+        self._process: BaseProcess | None = None
+        self._conn: Connection | None = None
+        self._inbox: asyncio.Queue[protocol.Message | None] | None = None
+        self._dead = False
+
+    @property
+    def worker_id(self) -> int:
+        return self.spec.worker_id
+
+    @property
+    def is_alive(self) -> bool:
+        return not self._dead and self._process is not None and self._process.is_alive()
+
+    async def start(self, timeout: float) -> protocol.Ready:
+        """Spawn the process and wait for its Ready; raise WorkerDied with its reason if not."""
+        ctx = mp.get_context("spawn")
+        parent_conn, child_conn = ctx.Pipe(duplex=True)
+        self._process = ctx.Process(
+            target=worker_main,
+            args=(child_conn, self.spec.to_bytes()),
+            name=f"omni-worker-{self.worker_id}",
+            daemon=True,
+        )
+        self._process.start()
+        child_conn.close()  # so the worker's exit reads as EOF here
+        self._conn = parent_conn
+        self._dead = False
+        self._inbox = asyncio.Queue()
+        asyncio.get_running_loop().add_reader(parent_conn.fileno(), self._on_readable)
+        try:
+            message = await asyncio.wait_for(self.recv(), timeout)
+        except TimeoutError:
+            await self.kill()
+            raise WorkerDied(f"worker {self.worker_id} not ready after {timeout:.0f}s") from None
+        if isinstance(message, protocol.WorkerError):
+            await self.kill()
+            raise WorkerDied(f"worker {self.worker_id} failed to start: {message.message}")
+        if not isinstance(message, protocol.Ready):
+            await self.kill()
+            raise WorkerDied(f"worker {self.worker_id} sent {type(message).__name__} first")
+        self.ready = message
+        return message
+
+    def send(self, message: protocol.Message) -> None:
+        if self._dead or self._conn is None:
+            raise WorkerDied(f"worker {self.worker_id} is not running")
+        try:
+            self._conn.send_bytes(protocol.encode(message))
+        except OSError as exc:
+            self._mark_dead()
+            raise WorkerDied(f"worker {self.worker_id}: {exc}") from exc
+
+    async def recv(self) -> protocol.Message:
+        assert self._inbox is not None
+        if self._dead and self._inbox.empty():
+            raise WorkerDied(f"worker {self.worker_id} exited")
+        message = await self._inbox.get()
+        if message is None:
+            self._inbox.put_nowait(None)  # keep the EOF marker for later receivers
+            raise WorkerDied(f"worker {self.worker_id} exited (code {self.exitcode})")
+        return message
+
+    @property
+    def exitcode(self) -> int | None:
+        return self._process.exitcode if self._process is not None else None
+
+    def _on_readable(self) -> None:
+        assert self._conn is not None and self._inbox is not None
+        try:
+            while self._conn.poll():
+                self._inbox.put_nowait(protocol.decode(self._conn.recv_bytes()))
+        except (EOFError, OSError):
+            self._mark_dead()
+        except ValueError:
+            log.exception("worker %d sent an undecodable frame", self.worker_id)
+            self._mark_dead()
+
+    def _mark_dead(self) -> None:
+        if self._dead:
+            return
+        self._dead = True
+        if self._conn is not None:
+            try:
+                asyncio.get_running_loop().remove_reader(self._conn.fileno())
+            except (OSError, ValueError, RuntimeError):
+                pass
+        if self._inbox is not None:
+            self._inbox.put_nowait(None)
+
+    async def stop(self, timeout: float = 10.0) -> None:
+        """Ask the worker to exit; kill it if it does not within the timeout."""
+        if self._process is None:
+            return
+        if not self._dead:
+            try:
+                self.send(protocol.Shutdown())
+            except WorkerDied:
+                pass
+        deadline = asyncio.get_running_loop().time() + timeout
+        while self._process.is_alive() and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.05)
+        await self.kill()
+
+    async def kill(self) -> None:
+        self._mark_dead()
+        process = self._process
+        if process is not None and process.is_alive():
+            process.kill()
+            await asyncio.get_running_loop().run_in_executor(None, process.join, 5.0)
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
