@@ -1,0 +1,62 @@
+"""Chained hashes of full KV blocks, the keys of the prefix cache.
+
+A block's hash covers its parent's hash, its token ids and its extra keys, so equal hashes
+mean equal prefixes: blocks [0, i] of two requests hold the same KV. Extra keys carry
+whatever besides token ids decides the KV, e.g. (content_hash, offset) of each image or
+audio embedding overlapping the block: two different images behind the same placeholder
+tokens must never share a cache entry.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from collections.abc import Sequence
+from typing import NewType
+
+BlockHash = NewType("BlockHash", bytes)
+
+DIGEST_SIZE = 16
+
+
+def hash_block(
+    parent: BlockHash | None, token_ids: Sequence[int], extra_keys: tuple[object, ...] = ()
+) -> BlockHash:
+    h = hashlib.blake2b(digest_size=DIGEST_SIZE)
+    h.update(_encode(parent))
+    h.update(struct.pack(f"<I{len(token_ids)}q", len(token_ids), *token_ids))
+    h.update(_encode(extra_keys))
+    return BlockHash(h.digest())
+
+
+def block_hashes(
+    token_ids: Sequence[int], block_size: int, parent: BlockHash | None = None
+) -> list[BlockHash]:
+    """Hashes of the full blocks of token_ids; a trailing partial block gets none."""
+    hashes: list[BlockHash] = []
+    for start in range(0, len(token_ids) - block_size + 1, block_size):
+        parent = hash_block(parent, token_ids[start : start + block_size])
+        hashes.append(parent)
+    return hashes
+
+
+def _encode(value: object) -> bytes:
+    # Type tag + length prefix on every item, so no two different keys share an encoding
+    # (("ab",), ("a", "b") and (b"ab",) all differ). bool before int: bool is an int.
+    if value is None:
+        return b"N"
+    if isinstance(value, bool):
+        return b"T" if value else b"F"
+    if isinstance(value, int):
+        return _tagged(b"i", str(value).encode())
+    if isinstance(value, str):
+        return _tagged(b"s", value.encode())
+    if isinstance(value, bytes):
+        return _tagged(b"b", value)
+    if isinstance(value, tuple | list):
+        return _tagged(b"t", b"".join(_encode(v) for v in value))
+    raise TypeError(f"cannot hash an extra key of type {type(value).__name__}")
+
+
+def _tagged(tag: bytes, payload: bytes) -> bytes:
+    return tag + struct.pack("<Q", len(payload)) + payload

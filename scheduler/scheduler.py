@@ -1,0 +1,267 @@
+"""Token-budget continuous batching for one llm worker.
+
+Each schedule() spends at most max_num_batched_tokens on at most max_num_seqs requests:
+first the running ones in order (a decode costs 1 token, an unfinished chunked prefill
+continues), then waiting ones in FIFO order. When KV blocks run out, the latest running
+request is preempted by recompute: its blocks are freed and it rejoins the front of the
+waiting queue, where the prefix cache usually gives most of its KV back.
+
+The loop is synchronous: schedule() -> worker runs the step -> update_from_output() ->
+schedule(). At most one step is in flight; schedule() advances num_computed_tokens at once.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from scheduler.block_manager import BlockId, BlockManager
+from scheduler.output import ScheduledCachedRequest, ScheduledNewRequest, SchedulerOutput
+from scheduler.request import Request, RequestId, RequestStatus
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    max_model_len: int
+    enable_chunked_prefill: bool = True
+
+    def __post_init__(self) -> None:
+        if min(self.max_num_seqs, self.max_num_batched_tokens, self.max_model_len) <= 0:
+            raise ValueError("max_num_seqs, max_num_batched_tokens, max_model_len must be > 0")
+        if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
+            # Otherwise a long prompt could never be scheduled in one piece.
+            raise ValueError("without chunked prefill, max_num_batched_tokens >= max_model_len")
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, block_manager: BlockManager):
+        capacity = block_manager.num_blocks * block_manager.block_size
+        if capacity < config.max_model_len:
+            # A request alone in the pool must always fit, or preemption would loop forever.
+            raise ValueError(f"{capacity} KV slots cannot hold max_model_len tokens")
+        self.config = config
+        self.block_manager = block_manager
+        self._requests: dict[RequestId, Request] = {}
+        self._waiting: deque[Request] = deque()
+        self._running: list[Request] = []
+        self._known_to_worker: set[RequestId] = set()
+        self._finished_ids: list[RequestId] = []  # for the next output
+        self._next_step_id = 0
+        self.prefix_cache_queried_tokens = 0
+        self.prefix_cache_hit_tokens = 0
+        self.num_preemptions_total = 0
+
+    # -- requests in and out -----------------------------------------------------------
+
+    def add_request(self, request: Request) -> None:
+        if request.request_id in self._requests:
+            raise ValueError(f"duplicate request id {request.request_id}")
+        if request.num_tokens >= self.config.max_model_len:
+            raise ValueError(f"{request.num_tokens} tokens leave no room under max_model_len")
+        if request.status is not RequestStatus.WAITING:
+            raise ValueError(f"a new request must be WAITING, not {request.status}")
+        self._requests[request.request_id] = request
+        self._waiting.append(request)
+
+    def abort_request(
+        self, request_id: RequestId, status: RequestStatus = RequestStatus.FINISHED_ABORTED
+    ) -> Request | None:
+        """Finish a request from outside (client gone, stop string); frees its blocks now."""
+        if not status.is_finished:
+            raise ValueError(f"{status} is not a finished status")
+        request = self._requests.get(request_id)
+        if request is None:
+            return None
+        # By identity: Request is a dataclass, so == would compare every field.
+        if request.status is RequestStatus.RUNNING:
+            self._running = [r for r in self._running if r is not request]
+        else:
+            self._waiting = deque(r for r in self._waiting if r is not request)
+        request.status = status
+        self._finish(request)
+        return request
+
+    def get_request(self, request_id: RequestId) -> Request | None:
+        return self._requests.get(request_id)
+
+    def _finish(self, request: Request) -> None:
+        """Release a request already taken out of the queues."""
+        del self._requests[request.request_id]
+        self.block_manager.free(request)
+        if request.request_id in self._known_to_worker:
+            self._known_to_worker.remove(request.request_id)
+            self._finished_ids.append(request.request_id)
+
+    # -- stats -------------------------------------------------------------------------
+
+    @property
+    def num_running(self) -> int:
+        return len(self._running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._waiting)
+
+    @property
+    def has_unfinished_requests(self) -> bool:
+        return bool(self._requests)
+
+    @property
+    def kv_usage(self) -> float:
+        return self.block_manager.usage
+
+    # -- scheduling --------------------------------------------------------------------
+
+    def schedule(self) -> SchedulerOutput:
+        output = SchedulerOutput(
+            step_id=self._next_step_id,
+            scheduled_new=[],
+            scheduled_cached=[],
+            finished_request_ids=self._finished_ids,
+            preempted_request_ids=[],
+        )
+        self._next_step_id += 1
+        self._finished_ids = []
+        budget = self._schedule_running(output, self.config.max_num_batched_tokens)
+        # A request preempted for lack of blocks means none are spare for newcomers.
+        if not output.preempted_request_ids:
+            self._schedule_waiting(output, budget)
+        return output
+
+    def _schedule_running(self, output: SchedulerOutput, budget: int) -> int:
+        i = 0
+        while i < len(self._running) and budget > 0:
+            request = self._running[i]
+            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            if num_new <= 0:  # only if its last step's token never came back
+                i += 1
+                continue
+            new_blocks = self._allocate_or_preempt(request, num_new, output)
+            if new_blocks is None:  # it was its own victim, and was last in the list
+                break
+            output.scheduled_cached.append(
+                ScheduledCachedRequest(
+                    request.request_id, new_blocks, request.num_computed_tokens, num_new, False
+                )
+            )
+            self._advance(request, num_new)
+            budget -= num_new
+            i += 1
+        return budget
+
+    def _allocate_or_preempt(
+        self, request: Request, num_new: int, output: SchedulerOutput
+    ) -> list[BlockId] | None:
+        while not self.block_manager.can_allocate(request, num_new):
+            victim = self._running.pop()
+            self._preempt(victim)
+            output.preempted_request_ids.append(victim.request_id)
+            if victim is request:
+                return None
+        return self.block_manager.allocate(request, num_new)
+
+    def _preempt(self, request: Request) -> None:
+        self.block_manager.free(request)
+        request.status = RequestStatus.PREEMPTED
+        request.num_computed_tokens = 0
+        request.num_preemptions += 1
+        self.num_preemptions_total += 1
+        self._waiting.appendleft(request)
+
+    def _schedule_waiting(self, output: SchedulerOutput, budget: int) -> None:
+        while self._waiting and budget > 0 and len(self._running) < self.config.max_num_seqs:
+            request = self._waiting[0]
+            computed_blocks, num_cached = self.block_manager.get_computed_blocks(request)
+            num_new = request.num_tokens - num_cached
+            if num_new > budget:
+                if not self.config.enable_chunked_prefill:
+                    break
+                num_new = budget
+            if not self.block_manager.can_allocate(request, num_new, computed_blocks):
+                break
+            block_ids = self.block_manager.allocate(request, num_new, computed_blocks)
+            self._waiting.popleft()
+            self._running.append(request)
+            self.prefix_cache_queried_tokens += request.num_tokens
+            self.prefix_cache_hit_tokens += num_cached
+            if request.num_preemptions == 0:
+                request.num_cached_tokens = num_cached
+            request.num_computed_tokens = num_cached
+            request.status = RequestStatus.RUNNING
+            if request.request_id in self._known_to_worker:  # resumed after a preemption
+                output.scheduled_cached.append(
+                    ScheduledCachedRequest(
+                        request.request_id, block_ids, num_cached, num_new, resumed=True
+                    )
+                )
+            else:
+                self._known_to_worker.add(request.request_id)
+                output.scheduled_new.append(
+                    ScheduledNewRequest(request, block_ids, num_cached, num_new)
+                )
+            self._advance(request, num_new)
+            budget -= num_new
+
+    def _advance(self, request: Request, num_scheduled: int) -> None:
+        # Counted at schedule time: the KV of these tokens exists once the step runs, so the
+        # blocks may be shared from now on, even by a request admitted later in this same
+        # step. That is safe because a step writes the KV of all its tokens before attention
+        # reads any (per layer), and later steps run after this one.
+        request.num_computed_tokens += num_scheduled
+        self.block_manager.cache_full_blocks(request)
+
+    # -- results -----------------------------------------------------------------------
+
+    def update_from_output(
+        self, output: SchedulerOutput, sampled: Mapping[RequestId, int]
+    ) -> list[Request]:
+        """Append the sampled tokens; return the requests that got one (finished or not)."""
+        scheduled = [
+            (s.request.request_id, s.num_computed_tokens, s.num_scheduled_tokens)
+            for s in output.scheduled_new
+        ] + [
+            (s.request_id, s.num_computed_tokens, s.num_scheduled_tokens)
+            for s in output.scheduled_cached
+        ]
+        updated: list[Request] = []
+        for request_id, num_computed, num_scheduled in scheduled:
+            request = self._requests.get(request_id)
+            if request is None or request.status is not RequestStatus.RUNNING:
+                continue  # aborted (or preempted) since this step was scheduled
+            if num_computed + num_scheduled < request.num_tokens:
+                continue  # a partial prefill chunk samples nothing
+            if request_id not in sampled:
+                raise ValueError(f"step {output.step_id}: no sampled token for {request_id}")
+            request.append_output_token(sampled[request_id])
+            if not request.is_finished and request.num_tokens >= self.config.max_model_len:
+                request.status = RequestStatus.FINISHED_LENGTH
+            if request.is_finished:
+                self._finish(request)
+            updated.append(request)
+        if any(r.is_finished for r in updated):
+            self._running = [r for r in self._running if not r.is_finished]
+        return updated
+
+    # -- invariants --------------------------------------------------------------------
+
+    def check_invariants(self) -> None:
+        self.block_manager.check_invariants()
+        running = {r.request_id for r in self._running}
+        waiting = {r.request_id for r in self._waiting}
+        assert len(running) == len(self._running) and len(waiting) == len(self._waiting)
+        assert not running & waiting
+        assert running | waiting == self._requests.keys()
+        assert len(self._running) <= self.config.max_num_seqs
+        bs = self.block_manager.block_size
+        for request in self._running:
+            assert request.status is RequestStatus.RUNNING
+            assert request.num_computed_tokens <= request.num_tokens
+            num_blocks = len(self.block_manager.block_ids(request.request_id))
+            assert num_blocks * bs >= request.num_computed_tokens
+        for request in self._waiting:
+            assert request.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED)
+            assert request.num_computed_tokens == 0
+            assert not self.block_manager.block_ids(request.request_id)
