@@ -6,12 +6,13 @@ import asyncio
 import hmac
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 
 from aiohttp import web
+from aiohttp.typedefs import Handler, Middleware
 
 from omni.api import chat, completions, system
-from omni.api.errors import APIError, error_middleware
+from omni.api.errors import error_middleware, unauthorized
 from omni.config import ServerConfig
 from omni.engine import LLMEngine
 from omni.metrics import Metrics
@@ -24,11 +25,10 @@ log = logging.getLogger("omni.app")
 # Finishes when every engine has a ready worker; raises if one could not start.
 STARTUP = web.AppKey("startup", asyncio.Task)
 
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 _OPEN_PATHS = frozenset({"/health", "/ready", "/metrics"})
 
 
-def _auth_middleware(api_key: str) -> Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]:
+def _auth_middleware(api_key: str) -> Middleware:
     expected = f"Bearer {api_key}".encode()
 
     @web.middleware
@@ -36,10 +36,7 @@ def _auth_middleware(api_key: str) -> Callable[[web.Request, Handler], Awaitable
         if request.path not in _OPEN_PATHS:
             given = request.headers.get("Authorization", "").encode()
             if not hmac.compare_digest(given, expected):
-                raise APIError(
-                    401, "Incorrect API key provided.", type="invalid_request_error",
-                    code="invalid_api_key",
-                )
+                raise unauthorized("Incorrect API key provided.")
         return await handler(request)
 
     return auth
@@ -70,7 +67,7 @@ async def _models_ctx(app: web.Application) -> AsyncIterator[None]:
 
 
 def create_app(config: ServerConfig) -> web.Application:
-    middlewares = [error_middleware]
+    middlewares: list[Middleware] = [error_middleware]
     if config.api_key:
         middlewares.append(_auth_middleware(config.api_key))
     app = web.Application(client_max_size=config.max_request_bytes, middlewares=middlewares)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from aiohttp import web
 
-from omni.app import create_app
+from omni.app import STARTUP, create_app
 from omni.config import EngineConfig, ServerConfig
 
 log = logging.getLogger("omni.cli")
@@ -127,24 +127,42 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
     )
 
 
-async def serve(config: ServerConfig) -> None:
+async def serve(config: ServerConfig) -> int:
+    """Run until SIGINT/SIGTERM; return the process exit code."""
     app = create_app(config)
     # handler_cancellation: a client that disconnects cancels its handler, which aborts
     # its request and frees its KV blocks at once.
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
-    await runner.setup()  # runs the cleanup contexts: workers start here
-    site = web.TCPSite(runner, config.host, config.port)
-    await site.start()
-    log.info("omni-serve listening on http://%s:%d", config.host, config.port)
+    await runner.setup()  # runs the cleanup contexts: workers start loading here
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    exit_code = 0
     try:
-        await stop.wait()
+        site = web.TCPSite(runner, config.host, config.port)
+        await site.start()
+        log.info("omni-serve listening on http://%s:%d", config.host, config.port)
+        startup = app[STARTUP]
+        stopped = asyncio.create_task(stop.wait())
+        try:
+            await asyncio.wait({startup, stopped}, return_when=asyncio.FIRST_COMPLETED)
+            if startup.done() and not startup.cancelled() and startup.exception() is not None:
+                log.error("could not start: %s", startup.exception())
+                exit_code = 1
+            else:
+                if startup.done():
+                    log.info("all workers ready")
+                await stopped
+        finally:
+            stopped.cancel()
+    except OSError as exc:  # e.g. the port is taken
+        log.error("could not listen on %s:%d: %s", config.host, config.port, exc)
+        exit_code = 1
     finally:
         log.info("shutting down")
         await runner.cleanup()
+    return exit_code
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -156,10 +174,11 @@ def main(argv: list[str] | None = None) -> None:
     config = config_from_args(args)
     try:
         import uvloop  # noqa: PLC0415
-
-        uvloop.run(serve(config))
     except ImportError:
-        asyncio.run(serve(config))
+        code = asyncio.run(serve(config))
+    else:
+        code = uvloop.run(serve(config))
+    raise SystemExit(code)
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ from omni.metrics import Metrics
 from omni.worker_process import WorkerDied, WorkerProcess
 from scheduler.block_manager import BlockManager
 from scheduler.output import SchedulerOutput
-from scheduler.request import Request, RequestId
+from scheduler.request import Request, RequestId, RequestStatus
 from scheduler.scheduler import Scheduler, SchedulerConfig
 
 log = logging.getLogger("omni.engine")
@@ -71,6 +71,8 @@ class LLMEngine:
         self._ready = False
         self._closing = False
         self._prefix_seen = (0, 0)
+        self._preemptions_seen = 0
+        self._pending_finished: list[RequestId] = []
 
     # ---- lifecycle -------------------------------------------------------------------
     def _worker_spec(self) -> WorkerSpec:
@@ -112,6 +114,8 @@ class LLMEngine:
             block_manager,
         )
         self._prefix_seen = (0, 0)
+        self._preemptions_seen = 0
+        self._pending_finished = []
         self._ready = True
         log.info(
             "%s: worker ready on %s, %d KV blocks of %d tokens, max_model_len %d",
@@ -143,13 +147,18 @@ class LLMEngine:
         self._wakeup.set()
         return stream
 
-    def abort(self, request_id: RequestId) -> None:
-        """Drop a request now: its KV blocks are freed before the next step is scheduled."""
+    def abort(
+        self, request_id: RequestId, status: RequestStatus = RequestStatus.FINISHED_ABORTED
+    ) -> None:
+        """Drop a request now: its KV blocks are freed before the next step is scheduled.
+
+        A stop string ends a request this way too (status FINISHED_STOPPED).
+        """
         stream = self._streams.pop(request_id, None)
         if self.scheduler is not None:
-            self.scheduler.abort_request(request_id)
+            self.scheduler.abort_request(request_id, status)
         if stream is not None:
-            self.metrics.request_finished(self.config.model_name, "abort", stream.request)
+            self.metrics.request_finished(self.config.model_name, status.value, stream.request)
         self._wakeup.set()
 
     # ---- the step loop ---------------------------------------------------------------
@@ -163,9 +172,11 @@ class LLMEngine:
                 await self._wakeup.wait()
                 continue
             output = scheduler.schedule()
+            # Ids of requests that ended between steps travel with the next real step.
+            self._pending_finished.extend(output.finished_request_ids)
             if output.total_num_scheduled_tokens == 0:
-                # Nothing fits right now (should not happen: admission guarantees one
-                # request fits an empty cache); wait for an abort or a new request.
+                # Nothing fits right now (admission guarantees one request fits an empty
+                # cache, so this only lasts until an abort or a finish frees blocks).
                 self._update_gauges()
                 self._wakeup.clear()
                 await self._wakeup.wait()
@@ -175,11 +186,16 @@ class LLMEngine:
             except WorkerDied as exc:
                 log.error("%s: %s; restarting the worker", self.config.model_name, exc)
                 await self._restart(exc)
+            except Exception as exc:  # a bug must cost this step's requests, not the server
+                log.exception("%s: step failed", self.config.model_name)
+                self._fail_step(output, EngineError(f"internal error: {exc}"))
             self._update_gauges()
 
     async def _execute(self, scheduler: Scheduler, output: SchedulerOutput) -> None:
         self._step_id += 1
-        self.worker.send(self._to_step(self._step_id, output))
+        step = self._to_step(self._step_id, output, self._pending_finished)
+        self._pending_finished = []
+        self.worker.send(step)
         reply = await self.worker.recv()
         if isinstance(reply, protocol.WorkerError):
             self._fail_step(output, EngineError(f"worker error: {reply.message}"))
@@ -214,7 +230,9 @@ class LLMEngine:
                 del self._streams[request.request_id]
                 self.metrics.request_finished(self.config.model_name, finish_reason, request)
 
-    def _to_step(self, step_id: int, output: SchedulerOutput) -> protocol.Step:
+    def _to_step(
+        self, step_id: int, output: SchedulerOutput, finished: list[RequestId]
+    ) -> protocol.Step:
         new = []
         for s in output.scheduled_new:
             p = s.request.sampling_params
@@ -248,7 +266,7 @@ class LLMEngine:
             step_id=step_id,
             new_requests=new,
             cached_requests=cached,
-            finished_request_ids=[str(r) for r in output.finished_request_ids],
+            finished_request_ids=[str(r) for r in finished],
         )
 
     def _observe_token(self, stream: RequestStream, now: float) -> None:
@@ -273,6 +291,10 @@ class LLMEngine:
         seen_q, seen_h = self._prefix_seen
         self.metrics.add_prefix_cache(name, "0", queried - seen_q, hits - seen_h)
         self._prefix_seen = (queried, hits)
+        preemptions = scheduler.num_preemptions_total
+        if preemptions > self._preemptions_seen:
+            self.metrics.add_preemptions(name, "0", preemptions - self._preemptions_seen)
+        self._preemptions_seen = preemptions
 
     # ---- failures --------------------------------------------------------------------
     def _fail_step(self, output: SchedulerOutput, error: BaseException) -> None:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from omni.detokenizer import IncrementalDetokenizer
 from omni.served_model import ServedModel
-from scheduler.request import Request, RequestId, SamplingParams
+from scheduler.request import Request, RequestId, RequestStatus, SamplingParams
 
 
 @dataclass(slots=True)
@@ -100,7 +100,7 @@ class Generation:
                     )
                 if detok.stopped:
                     finished = True
-                    engine.abort(self.request.request_id)
+                    engine.abort(self.request.request_id, RequestStatus.FINISHED_STOPPED)
                     yield Delta(text, [event.token_id], logprobs, "stop")
                     return
                 if event.finish_reason is not None:

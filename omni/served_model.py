@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from omni.api.errors import not_found
+from omni.api.errors import model_not_found
 from omni.engine import LLMEngine
 from omni.tokenizer import TextTokenizer
 
@@ -33,7 +33,7 @@ class ModelRegistry:
     def get(self, name: str) -> ServedModel:
         model = self._models.get(name)
         if model is None:
-            raise not_found(f"The model `{name}` does not exist.", param="model")
+            raise model_not_found(name)
         return model
 
     def __iter__(self):  # type: ignore[no-untyped-def]

@@ -8,7 +8,7 @@ from typing import Any
 from aiohttp import web
 
 from omni.api import sse
-from omni.api.body import read_json
+from omni.api.schemas import read_json
 from omni.api.errors import bad_request, service_unavailable
 from omni.api.logprobs import chat_logprob_entries
 from omni.api.schemas import ChatCompletionRequest, parse_chat_completion_request, sampling_params

@@ -1,0 +1,128 @@
+"""OpenAI-style errors: {"error": {"message", "type", "param", "code"}} with the right status.
+
+Handlers raise APIError (usually through the helpers below); error_middleware turns it, any
+aiohttp HTTP error (unknown route, wrong method, body too large) and any unexpected exception
+into that JSON shape, so a client never sees an HTML error page.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import orjson
+from aiohttp import web
+from aiohttp.typedefs import Handler
+
+logger = logging.getLogger(__name__)
+
+INVALID_REQUEST = "invalid_request_error"
+SERVER_ERROR = "server_error"
+
+# Headers of an aiohttp exception worth keeping on the JSON response (e.g. Allow on a 405).
+_DROPPED_HEADERS = frozenset({"content-type", "content-length"})
+
+
+class APIError(Exception):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        type: str | None = None,
+        param: str | None = None,
+        code: str | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type or (SERVER_ERROR if status >= 500 else INVALID_REQUEST)
+        self.param = param
+        self.code = code
+        self.headers = dict(headers or {})
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.type,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+
+    def to_response(self) -> web.Response:
+        return web.Response(
+            status=self.status,
+            body=orjson.dumps(self.to_dict()),
+            content_type="application/json",
+            headers=self.headers,
+        )
+
+
+def bad_request(message: str, *, param: str | None = None, code: str | None = None) -> APIError:
+    return APIError(400, message, param=param, code=code)
+
+
+def unauthorized(message: str = "Invalid API key.") -> APIError:
+    return APIError(401, message, code="invalid_api_key")
+
+
+def not_found(message: str, *, param: str | None = None, code: str | None = None) -> APIError:
+    return APIError(404, message, param=param, code=code)
+
+
+def model_not_found(model: str) -> APIError:
+    return not_found(f"The model `{model}` does not exist.", param="model", code="model_not_found")
+
+
+def payload_too_large(message: str) -> APIError:
+    return APIError(413, message, code="payload_too_large")
+
+
+def service_unavailable(message: str, *, retry_after_s: int | None = None) -> APIError:
+    headers = {"Retry-After": str(retry_after_s)} if retry_after_s is not None else None
+    return APIError(503, message, code="service_unavailable", headers=headers)
+
+
+def internal_error(
+    message: str = "The server had an error while processing your request.",
+) -> APIError:
+    return APIError(500, message)
+
+
+def from_http_exception(request: web.Request, exc: web.HTTPException) -> APIError:
+    headers = {k: v for k, v in exc.headers.items() if k.lower() not in _DROPPED_HEADERS}
+    if isinstance(exc, web.HTTPNotFound):
+        message = f"Unknown route: {request.method} {request.path}"
+        code: str | None = "not_found"
+    elif isinstance(exc, web.HTTPMethodNotAllowed):
+        message = f"Method {exc.method} is not allowed for {request.path}"
+        code = "method_not_allowed"
+    elif isinstance(exc, web.HTTPRequestEntityTooLarge):
+        # aiohttp's text names the limit and the actual size: useful to the client.
+        message = exc.text or exc.reason
+        code = "payload_too_large"
+    else:
+        message = exc.text or exc.reason
+        code = None
+    return APIError(exc.status, message, code=code, headers=headers)
+
+
+@web.middleware
+async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    # A handler that has already started a streamed (SSE) response must report its own
+    # errors in the stream: a new response cannot replace one whose headers were sent.
+    try:
+        return await handler(request)
+    except APIError as e:
+        return e.to_response()
+    except web.HTTPException as e:
+        if e.status < 400:
+            raise  # redirects and other non-errors pass through unchanged
+        return from_http_exception(request, e).to_response()
+    except Exception:
+        logger.exception("unhandled error in %s %s", request.method, request.path)
+        return internal_error().to_response()

@@ -1,0 +1,136 @@
+"""Prometheus metrics of one server, in a registry of its own.
+
+No metric lives in prometheus_client's global registry: each app owns a Metrics, so several
+apps in one process (tests) never clash and /metrics shows only this server's numbers.
+Every series carries the served model's name; scheduler-side series also the llm worker's.
+"""
+
+from __future__ import annotations
+
+import time
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+
+from scheduler.request import Request
+
+# From 1 ms (a cached tiny prompt) to minutes (a long generation or a queue under load).
+LATENCY_BUCKETS_S = (
+    0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75,
+    1.0, 1.5, 2.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 60.0, 120.0, 300.0,
+)  # fmt: skip
+# Per-token gaps are short; the top buckets catch stalls (preemption, a long prefill).
+INTER_TOKEN_BUCKETS_S = (
+    0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15,
+    0.2, 0.3, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+)  # fmt: skip
+
+_MODEL = ["model"]
+_WORKER = ["model", "worker"]
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.requests = Counter(
+            "omni_requests",
+            "Finished requests by finish reason (stop, length, abort, error).",
+            ["model", "finish_reason"],
+            registry=r,
+        )
+        self.prompt_tokens = Counter(
+            "omni_prompt_tokens", "Prompt tokens of finished requests.", _MODEL, registry=r
+        )
+        self.generation_tokens = Counter(
+            "omni_generation_tokens", "Generated tokens of finished requests.", _MODEL, registry=r
+        )
+        self.time_to_first_token = Histogram(
+            "omni_time_to_first_token_seconds",
+            "From arrival to the first generated token.",
+            _MODEL,
+            buckets=LATENCY_BUCKETS_S,
+            registry=r,
+        )
+        self.inter_token_latency = Histogram(
+            "omni_inter_token_latency_seconds",
+            "Between consecutive generated tokens of one request.",
+            _MODEL,
+            buckets=INTER_TOKEN_BUCKETS_S,
+            registry=r,
+        )
+        self.e2e_request_latency = Histogram(
+            "omni_e2e_request_latency_seconds",
+            "From arrival to the end of the request.",
+            _MODEL,
+            buckets=LATENCY_BUCKETS_S,
+            registry=r,
+        )
+        self.requests_running = Gauge(
+            "omni_requests_running", "Requests in the running batch.", _WORKER, registry=r
+        )
+        self.requests_waiting = Gauge(
+            "omni_requests_waiting", "Requests waiting for admission.", _WORKER, registry=r
+        )
+        self.kv_cache_usage = Gauge(
+            "omni_kv_cache_usage_ratio",
+            "Fraction of KV-cache blocks in use (0 to 1).",
+            _WORKER,
+            registry=r,
+        )
+        self.prefix_cache_queries = Counter(
+            "omni_prefix_cache_queries",
+            "Prompt tokens looked up in the prefix cache.",
+            _WORKER,
+            registry=r,
+        )
+        self.prefix_cache_hits = Counter(
+            "omni_prefix_cache_hits", "Prompt tokens found in the prefix cache.", _WORKER, registry=r
+        )
+        self.preemptions = Counter(
+            "omni_preemptions",
+            "Requests preempted for lack of KV-cache blocks.",
+            _WORKER,
+            registry=r,
+        )
+
+    def request_finished(
+        self, model: str, finish_reason: str, request: Request, *, now: float | None = None
+    ) -> None:
+        """Count a request that ended (any way) and its tokens; now is time.monotonic()."""
+        end = time.monotonic() if now is None else now
+        self.requests.labels(model, finish_reason).inc()
+        self.prompt_tokens.labels(model).inc(request.num_prompt_tokens)
+        self.generation_tokens.labels(model).inc(request.num_output_tokens)
+        self.e2e_request_latency.labels(model).observe(max(0.0, end - request.arrival_time))
+
+    def observe_ttft(self, model: str, seconds: float) -> None:
+        self.time_to_first_token.labels(model).observe(seconds)
+
+    def observe_itl(self, model: str, seconds: float) -> None:
+        self.inter_token_latency.labels(model).observe(seconds)
+
+    def set_queue(self, model: str, worker: str, num_running: int, num_waiting: int) -> None:
+        self.requests_running.labels(model, worker).set(num_running)
+        self.requests_waiting.labels(model, worker).set(num_waiting)
+
+    def set_kv_usage(self, model: str, worker: str, usage: float) -> None:
+        self.kv_cache_usage.labels(model, worker).set(usage)
+
+    def add_prefix_cache(self, model: str, worker: str, queried: int, hits: int) -> None:
+        """Add token counts since the last call (deltas, not running totals)."""
+        self.prefix_cache_queries.labels(model, worker).inc(queried)
+        self.prefix_cache_hits.labels(model, worker).inc(hits)
+
+    def add_preemptions(self, model: str, worker: str, n: int = 1) -> None:
+        self.preemptions.labels(model, worker).inc(n)
+
+    def render(self) -> tuple[bytes, str]:
+        """The exposition text and its content type (with charset: set it as a header)."""
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST

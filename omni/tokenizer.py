@@ -1,0 +1,199 @@
+"""The model's text tokenizer as the server process uses it: encode, chat template, decode.
+
+Loaded as transformers' fast tokenizer class directly, not through AutoTokenizer: in
+transformers 5, AutoTokenizer imports the model configuration code and with it torch, which
+the server process never imports. Any model with a tokenizer.json loads this way.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from functools import cached_property
+from pathlib import Path
+from typing import Any, Protocol
+
+import jinja2
+import tokenizers
+from tokenizers import decoders
+from transformers import PreTrainedTokenizerFast
+from transformers.tokenization_utils_base import PreTrainedTokenizerBase
+
+
+class TemplateMessage(Protocol):
+    """A parsed chat message (omni.api.schemas.ChatMessage) that can render itself."""
+
+    def to_template_dict(self) -> dict[str, Any]: ...
+
+
+# OpenAI-style dicts, or parsed messages.
+Message = Mapping[str, Any] | TemplateMessage
+
+
+def _byte_level_alphabet() -> dict[str, int]:
+    """The GPT-2 byte-level map from a token's printable characters back to its bytes."""
+    printable = (
+        list(range(ord("!"), ord("~") + 1))
+        + list(range(ord("¡"), ord("¬") + 1))
+        + list(range(ord("®"), ord("ÿ") + 1))
+    )
+    chars = {b: chr(b) for b in printable}
+    n = 0
+    for b in range(256):
+        if b not in chars:
+            chars[b] = chr(256 + n)
+            n += 1
+    return {c: b for b, c in chars.items()}
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        return {}
+    data = json.loads(path.read_text())
+    return data if isinstance(data, dict) else {}
+
+
+def _eos_ids(value: Any) -> frozenset[int]:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return frozenset((value,))
+    if isinstance(value, list):
+        return frozenset(v for v in value if isinstance(v, int) and not isinstance(v, bool))
+    return frozenset()
+
+
+class TextTokenizer:
+    def __init__(
+        self, hf_tokenizer: PreTrainedTokenizerBase, eos_token_ids: frozenset[int]
+    ) -> None:
+        self.hf_tokenizer = hf_tokenizer
+        # The Rust tokenizer behind the transformers wrapper, for the fast paths.
+        self.backend: tokenizers.Tokenizer = hf_tokenizer.backend_tokenizer
+        self.eos_token_ids = eos_token_ids
+
+    @classmethod
+    def from_dir(cls, model_dir: str | Path) -> TextTokenizer:
+        model_dir = Path(model_dir)
+        if not (model_dir / "tokenizer.json").is_file():
+            raise ValueError(f"{model_dir}: no tokenizer.json (a fast tokenizer is required)")
+        hf = PreTrainedTokenizerFast.from_pretrained(
+            model_dir, local_files_only=True, trust_remote_code=False
+        )
+        if not hf.chat_template:
+            template_file = model_dir / "chat_template.jinja"
+            config_template = _read_json(model_dir / "tokenizer_config.json").get("chat_template")
+            if template_file.is_file():
+                hf.chat_template = template_file.read_text()
+            elif isinstance(config_template, str):
+                hf.chat_template = config_template
+        eos = _eos_ids(_read_json(model_dir / "generation_config.json").get("eos_token_id"))
+        if not eos:
+            eos = _eos_ids(_read_json(model_dir / "config.json").get("eos_token_id"))
+        if not eos and hf.eos_token_id is not None:
+            eos = frozenset((hf.eos_token_id,))
+        return cls(hf, eos)
+
+    @cached_property
+    def vocab_size(self) -> int:
+        """Number of token ids, added and special tokens included (len(hf_tokenizer))."""
+        return self.backend.get_vocab_size(with_added_tokens=True)
+
+    @cached_property
+    def special_token_ids(self) -> frozenset[int]:
+        return frozenset(
+            i for i, t in self.backend.get_added_tokens_decoder().items() if t.special
+        )
+
+    def token_to_id(self, token: str) -> int | None:
+        return self.backend.token_to_id(token)
+
+    def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
+        return self.backend.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def decode(self, token_ids: Sequence[int], *, skip_special_tokens: bool = True) -> str:
+        # The Rust decode, without transformers' clean-up of spaces: the incremental
+        # detokenizer reproduces exactly this.
+        return self.backend.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
+
+    def render_chat(
+        self,
+        messages: Sequence[Message],
+        *,
+        add_generation_prompt: bool = True,
+        **template_kwargs: Any,
+    ) -> str:
+        if not self.hf_tokenizer.chat_template:
+            raise ValueError("the model has no chat template")
+        try:
+            # Any: transformers types a conversation as list[dict[str, str]], too narrow.
+            conversation: Any = [
+                m if isinstance(m, Mapping) else m.to_template_dict() for m in messages
+            ]
+            text = self.hf_tokenizer.apply_chat_template(
+                conversation,
+                tokenize=False,
+                add_generation_prompt=add_generation_prompt,
+                **template_kwargs,
+            )
+        except (jinja2.TemplateError, TypeError, KeyError, AttributeError) as e:
+            # TemplateError covers the template's own raise_exception(...).
+            raise ValueError(f"could not apply the chat template to the messages: {e}") from e
+        if not isinstance(text, str):
+            raise ValueError("the chat template did not render to text")
+        return text
+
+    def apply_chat_template(
+        self,
+        messages: Sequence[Message],
+        *,
+        add_generation_prompt: bool = True,
+        **template_kwargs: Any,
+    ) -> list[int]:
+        text = self.render_chat(
+            messages, add_generation_prompt=add_generation_prompt, **template_kwargs
+        )
+        # The template writes any BOS itself; adding special tokens here would double it.
+        return self.encode(text, add_special_tokens=False)
+
+    @property
+    def is_byte_level(self) -> bool:
+        return isinstance(self.backend.decoder, decoders.ByteLevel)
+
+    def token_bytes(self, *, skip_special_tokens: bool) -> list[bytes]:
+        """Each id's bytes as a byte-level decoder emits them (b"" for skipped specials).
+
+        decode(ids) == b"".join(table[i] for i in ids).decode("utf-8", "replace") holds
+        for byte-level tokenizers; the incremental detokenizer relies on it.
+        """
+        if not self.is_byte_level:
+            raise ValueError("token_bytes needs a byte-level tokenizer")
+        if skip_special_tokens:
+            return self._token_bytes_skip_special
+        return self._token_bytes_all
+
+    @cached_property
+    def _token_bytes_all(self) -> list[bytes]:
+        alphabet = _byte_level_alphabet()
+        table: list[bytes] = []
+        # Added tokens may leave gaps in the ids: size the table by the largest one.
+        size = max(
+            self.backend.get_vocab_size(with_added_tokens=True),
+            max(self.backend.get_added_tokens_decoder(), default=-1) + 1,
+        )
+        for i in range(size):
+            token = self.backend.id_to_token(i)
+            if token is None:
+                table.append(b"")
+            elif all(c in alphabet for c in token):
+                table.append(bytes(alphabet[c] for c in token))
+            else:
+                # The Rust ByteLevel decoder keeps such a token's UTF-8 as it is.
+                table.append(token.encode())
+        return table
+
+    @cached_property
+    def _token_bytes_skip_special(self) -> list[bytes]:
+        table = list(self._token_bytes_all)
+        for i in self.special_token_ids:
+            if i < len(table):
+                table[i] = b""
+        return table
