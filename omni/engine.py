@@ -196,6 +196,7 @@ class LLMEngine:
         step = self._to_step(self._step_id, output, self._pending_finished)
         self._pending_finished = []
         self.worker.send(step)
+        self.metrics.add_step(self.config.model_name, "0", output.total_num_scheduled_tokens)
         reply = await self.worker.recv()
         if isinstance(reply, protocol.WorkerError):
             self._fail_step(output, EngineError(f"worker error: {reply.message}"))

@@ -93,6 +93,13 @@ class Metrics:
         self.prefix_cache_hits = Counter(
             "omni_prefix_cache_hits", "Prompt tokens found in the prefix cache.", _WORKER, registry=r
         )
+        self.computed_tokens = Counter(
+            "omni_computed_tokens",
+            "Tokens the worker computed (prefill chunks and decodes), prefix-cache hits excluded.",
+            _WORKER,
+            registry=r,
+        )
+        self.steps = Counter("omni_engine_steps", "Forward steps run.", _WORKER, registry=r)
         self.preemptions = Counter(
             "omni_preemptions",
             "Requests preempted for lack of KV-cache blocks.",
@@ -127,6 +134,10 @@ class Metrics:
         """Add token counts since the last call (deltas, not running totals)."""
         self.prefix_cache_queries.labels(model, worker).inc(queried)
         self.prefix_cache_hits.labels(model, worker).inc(hits)
+
+    def add_step(self, model: str, worker: str, num_scheduled_tokens: int) -> None:
+        self.steps.labels(model, worker).inc()
+        self.computed_tokens.labels(model, worker).inc(num_scheduled_tokens)
 
     def add_preemptions(self, model: str, worker: str, n: int = 1) -> None:
         self.preemptions.labels(model, worker).inc(n)
