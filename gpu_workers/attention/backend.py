@@ -1,0 +1,102 @@
+"""The attention backend interface and the paged KV cache layout it works on.
+
+Per layer the cache is a pair of tensors K, V shaped (num_blocks, block_size, num_kv_heads,
+head_dim). A request's token at position p lives in slot
+
+    block_ids[p // block_size] * block_size + p % block_size
+
+of the flattened (num_blocks * block_size, num_kv_heads, head_dim) view. Each step writes the
+new tokens' K/V into their slots first, then every query at position p attends over positions
+[0, p] of its own request.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+
+KVCache = tuple[torch.Tensor, torch.Tensor]  # K, V: (num_blocks, block_size, num_kv_heads, head_dim)
+
+
+@dataclass(frozen=True, slots=True)
+class SequenceChunk:
+    """One request's share of a packed batch.
+
+    rows [query_start, query_start + num_query_tokens) of the batch hold the request's
+    positions [num_computed_tokens, context_len); positions [0, num_computed_tokens) already
+    have KV in the cache.
+    """
+
+    query_start: int
+    num_query_tokens: int
+    num_computed_tokens: int
+    # covers at least ceil(context_len / block_size) blocks; may be empty when the forward
+    # runs without a KV cache (stateless prefill of whole sequences)
+    block_ids: list[int]
+
+    @property
+    def context_len(self) -> int:
+        return self.num_computed_tokens + self.num_query_tokens
+
+
+def slot_mapping(chunks: list[SequenceChunk], block_size: int) -> list[int] | None:
+    """Cache slot of every packed row, in row order (chunks sorted by query_start); None
+    when some chunk has no block table (stateless)."""
+    if not all(c.block_ids for c in chunks):
+        return None
+    slots: list[int] = []
+    for c in chunks:
+        bt = c.block_ids
+        slots.extend(
+            bt[p // block_size] * block_size + p % block_size
+            for p in range(c.num_computed_tokens, c.context_len)
+        )
+    return slots
+
+
+def slots_tensor(chunks: list[SequenceChunk], block_size: int, device: torch.device) -> torch.Tensor | None:
+    slots = slot_mapping(chunks, block_size)
+    return None if slots is None else torch.tensor(slots, dtype=torch.int64, device=device)
+
+
+def write_kv(k: torch.Tensor, v: torch.Tensor, kv_cache: KVCache, slots: torch.Tensor | None) -> None:
+    # k, v (T, Hkv, D) -> the cache rows named by slots (T,)
+    if slots is None:
+        raise ValueError("writing to the KV cache needs every chunk's block table")
+    k_cache, v_cache = kv_cache
+    nb, bs, hkv, d = k_cache.shape
+    k_cache.view(nb * bs, hkv, d).index_copy_(0, slots, k.to(k_cache.dtype))
+    v_cache.view(nb * bs, hkv, d).index_copy_(0, slots, v.to(v_cache.dtype))
+
+
+class AttentionBackend(ABC):
+    """Builds per-step metadata once, then runs attention for every layer with it."""
+
+    name: ClassVar[str]
+
+    def __init__(self, block_size: int, device: torch.device) -> None:
+        self.block_size = block_size
+        self.device = device
+
+    @classmethod
+    def supports(cls, block_size: int, device: torch.device, dtype: torch.dtype) -> bool:
+        return True
+
+    @abstractmethod
+    def build_metadata(self, chunks: list[SequenceChunk]) -> Any:
+        """chunks sorted by query_start, contiguous, covering every packed row."""
+
+    @abstractmethod
+    def forward(
+        self,
+        q: torch.Tensor,  # (T, Hq, D), RoPE applied
+        k: torch.Tensor,  # (T, Hkv, D), RoPE applied
+        v: torch.Tensor,  # (T, Hkv, D)
+        kv_cache: KVCache | None,  # None: stateless, every chunk must start at position 0
+        metadata: Any,
+        scale: float,
+    ) -> torch.Tensor:
+        """(T, Hq, D) attention output."""

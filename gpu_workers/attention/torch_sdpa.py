@@ -1,0 +1,158 @@
+"""Attention with torch's scaled_dot_product_attention over the paged cache (CPU and GPU).
+
+All single-token chunks of a step (decodes) go through ONE padded gather and ONE SDPA call
+per layer; longer chunks (prefills) run one SDPA call each, causal with an offset.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from gpu_workers.attention.backend import (
+    AttentionBackend,
+    KVCache,
+    SequenceChunk,
+    slots_tensor,
+    write_kv,
+)
+
+# SDPA grew enable_gqa in torch 2.5; older versions get repeated K/V heads instead.
+_SDPA_HAS_GQA = tuple(int(x) for x in torch.__version__.split(".")[:2]) >= (2, 5)
+
+
+def _sdpa_gqa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kwargs: object) -> torch.Tensor:
+    # q (1, Hq, n, D); k, v (1, Hkv, ctx, D)
+    if q.shape[1] == k.shape[1]:
+        return F.scaled_dot_product_attention(q, k, v, **kwargs)  # type: ignore[arg-type]
+    if _SDPA_HAS_GQA:
+        return F.scaled_dot_product_attention(q, k, v, enable_gqa=True, **kwargs)  # type: ignore[arg-type]
+    group = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    return F.scaled_dot_product_attention(q, k, v, **kwargs)  # type: ignore[arg-type]
+
+
+@dataclass(slots=True)
+class DecodeBatch:
+    rows: torch.Tensor  # (B,) packed-batch rows of the single-token chunks
+    block_table: torch.Tensor  # (B, max_blocks) int64, padded with block 0 (masked out)
+    mask: torch.Tensor  # (B, 1, 1, max_blocks * block_size) bool: key position < context_len
+
+
+@dataclass(slots=True)
+class PrefillChunk:
+    start: int  # packed rows [start, end)
+    end: int
+    context_len: int
+    # Set only when the chunk continues a sequence (num_computed_tokens > 0):
+    block_ids: torch.Tensor | None  # (ceil(context_len / block_size),) blocks holding [0, context_len)
+    mask: torch.Tensor | None  # (n, context_len) bool: query i (position start_pos + i) sees keys [0, start_pos + i]
+
+
+@dataclass(slots=True)
+class SDPAMetadata:
+    num_tokens: int
+    slots: torch.Tensor | None  # (T,) int64 cache slot of each packed row; None: stateless
+    decode: DecodeBatch | None
+    prefills: list[PrefillChunk]
+
+
+class TorchSDPABackend(AttentionBackend):
+    name = "torch_sdpa"
+
+    def build_metadata(self, chunks: list[SequenceChunk]) -> SDPAMetadata:
+        bs, dev = self.block_size, self.device
+        num_tokens = sum(c.num_query_tokens for c in chunks)
+        decodes = [c for c in chunks if c.num_query_tokens == 1 and c.num_computed_tokens > 0]
+        decode = None
+        if decodes:
+            max_blocks = -(-max(c.context_len for c in decodes) // bs)
+            table = [c.block_ids[: -(-c.context_len // bs)] for c in decodes]
+            table = [t + [0] * (max_blocks - len(t)) for t in table]
+            lens = torch.tensor([c.context_len for c in decodes])
+            valid = torch.arange(max_blocks * bs)[None, :] < lens[:, None]  # (B, S)
+            decode = DecodeBatch(
+                rows=torch.tensor([c.query_start for c in decodes], device=dev),
+                block_table=torch.tensor(table, device=dev),
+                mask=valid[:, None, None, :].to(dev),
+            )
+        prefills = []
+        for c in chunks:
+            if c.num_query_tokens == 1 and c.num_computed_tokens > 0:
+                continue
+            block_ids: torch.Tensor | None = None
+            mask: torch.Tensor | None = None
+            if c.num_computed_tokens > 0:
+                num_blocks = -(-c.context_len // bs)
+                block_ids = torch.tensor(c.block_ids[:num_blocks], device=dev)
+                q_pos = torch.arange(c.num_computed_tokens, c.context_len)
+                mask = (torch.arange(c.context_len)[None, :] <= q_pos[:, None]).to(dev)
+            prefills.append(
+                PrefillChunk(c.query_start, c.query_start + c.num_query_tokens, c.context_len, block_ids, mask)
+            )
+        slots = slots_tensor(chunks, bs, dev)
+        return SDPAMetadata(num_tokens, slots, decode, prefills)
+
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        kv_cache: KVCache | None,
+        metadata: SDPAMetadata,
+        scale: float,
+    ) -> torch.Tensor:
+        if kv_cache is not None:
+            write_kv(k, v, kv_cache, metadata.slots)
+        if metadata.decode is None and len(metadata.prefills) == 1:
+            return self._prefill(q, k, v, kv_cache, metadata.prefills[0], scale)
+        out = torch.empty_like(q)  # (T, Hq, D)
+        if metadata.decode is not None:
+            if kv_cache is None:
+                raise ValueError("decode chunks need a KV cache")
+            out.index_copy_(0, metadata.decode.rows, self._decode(q, kv_cache, metadata.decode, scale))
+        for p in metadata.prefills:
+            out[p.start : p.end] = self._prefill(q, k, v, kv_cache, p, scale)
+        return out
+
+    def _decode(self, q: torch.Tensor, kv_cache: KVCache, d: DecodeBatch, scale: float) -> torch.Tensor:
+        k_cache, v_cache = kv_cache
+        _, bs, hkv, dim = k_cache.shape
+        b, hq = d.rows.shape[0], q.shape[1]
+        # The G = Hq / Hkv query heads sharing a KV head become G query rows against it: one
+        # position each, so no causal mask between them and no repeated K/V.
+        qd = q.index_select(0, d.rows).view(b, hkv, hq // hkv, dim)  # (B, Hkv, G, D)
+        s = d.block_table.shape[1] * bs
+        kd = k_cache[d.block_table].view(b, s, hkv, dim).transpose(1, 2)  # (B, Hkv, S, D)
+        vd = v_cache[d.block_table].view(b, s, hkv, dim).transpose(1, 2)  # (B, Hkv, S, D)
+        od = F.scaled_dot_product_attention(qd, kd.to(q.dtype), vd.to(q.dtype), attn_mask=d.mask, scale=scale)
+        return od.reshape(b, hq, dim)  # (B, Hq, D)
+
+    def _prefill(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        kv_cache: KVCache | None,
+        p: PrefillChunk,
+        scale: float,
+    ) -> torch.Tensor:
+        qp = q[p.start : p.end].transpose(0, 1)[None]  # (1, Hq, n, D)
+        if p.block_ids is None:
+            # the chunk is the whole context so far: plain causal over its own K/V
+            kp = k[p.start : p.end].transpose(0, 1)[None]  # (1, Hkv, n, D)
+            vp = v[p.start : p.end].transpose(0, 1)[None]
+            op = _sdpa_gqa(qp, kp, vp, is_causal=True, scale=scale)
+        else:
+            if kv_cache is None:
+                raise ValueError("a chunk that continues a sequence needs a KV cache")
+            k_cache, v_cache = kv_cache
+            hkv, dim = k_cache.shape[2:]
+            kp = k_cache[p.block_ids].view(-1, hkv, dim)[: p.context_len]  # (ctx, Hkv, D)
+            vp = v_cache[p.block_ids].view(-1, hkv, dim)[: p.context_len]
+            kp = kp.transpose(0, 1)[None].to(q.dtype)  # (1, Hkv, ctx, D)
+            vp = vp.transpose(0, 1)[None].to(q.dtype)
+            op = _sdpa_gqa(qp, kp, vp, attn_mask=p.mask, scale=scale)
+        return op[0].transpose(0, 1)  # (n, Hq, D)

@@ -1,0 +1,192 @@
+"""LLMRunner: holds the LLM weights, the paged KV cache and per-request state; runs Steps.
+
+The server sends each request in full once (NewRequest) and then deltas (CachedRequest);
+the runner keeps token ids (prompt + everything it sampled), the block table, sampling
+options and the request's RNG. One Step is one forward over a packed batch: for every
+scheduled request the tokens
+
+    token_ids[num_computed_tokens : num_computed_tokens + num_scheduled_tokens]
+
+at positions [num_computed_tokens, num_computed_tokens + num_scheduled_tokens). A token is
+sampled for a request exactly when its chunk ends at len(token_ids).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from gpu_workers import protocol
+from gpu_workers.attention.backend import KVCache, SequenceChunk
+from gpu_workers.attention.registry import create_attention_backend
+from gpu_workers.loader import load_model
+from gpu_workers.models.llama import LlamaFamilyConfig
+from gpu_workers.sampler import Sampler, validate_options
+
+
+def kv_bytes_per_block(model: LlamaFamilyConfig, block_size: int, dtype: torch.dtype) -> int:
+    # K and V, every layer
+    elem = torch.empty((), dtype=dtype).element_size()
+    return 2 * model.num_layers * block_size * model.num_kv_heads * model.head_dim * elem
+
+
+@dataclass(slots=True)
+class RequestState:
+    token_ids: list[int]  # prompt, then every sampled token
+    block_ids: list[int]
+    sampling: protocol.SamplingOptions
+    generator: torch.Generator | None  # only for seeded requests; lives as long as the request
+
+
+@dataclass(frozen=True, slots=True)
+class _Scheduled:
+    request_id: str
+    num_computed_tokens: int
+    num_scheduled_tokens: int
+
+
+class LLMRunner:
+    def __init__(
+        self,
+        model_dir: Path | str,
+        *,
+        device: str = "cpu",
+        dtype: torch.dtype = torch.float32,
+        block_size: int = 16,
+        num_kv_blocks: int | None = None,  # wins over kv_cache_memory_bytes when both are given
+        kv_cache_memory_bytes: int | None = None,
+        max_model_len: int | None = None,  # default: the model's max_position_embeddings
+        attention_backend: str = "auto",  # a name in attention.registry, or "auto"
+    ) -> None:
+        if block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {block_size}")
+        self.device = torch.device(device)
+        self.dtype = dtype
+        self.block_size = block_size
+        self.attention_backend = create_attention_backend(
+            attention_backend, block_size=block_size, device=self.device, dtype=dtype
+        )
+        self.model = load_model(Path(model_dir), device=self.device, dtype=dtype, backend=self.attention_backend)
+        mc = self.model.config
+        self.max_model_len = max_model_len or mc.max_position_embeddings
+        if self.max_model_len > mc.max_position_embeddings:
+            raise ValueError(
+                f"max_model_len {self.max_model_len} exceeds the model's max_position_embeddings "
+                f"{mc.max_position_embeddings}"
+            )
+        if num_kv_blocks is None:
+            if kv_cache_memory_bytes is None:
+                raise ValueError("give num_kv_blocks or kv_cache_memory_bytes")
+            num_kv_blocks = kv_cache_memory_bytes // kv_bytes_per_block(mc, block_size, dtype)
+        if num_kv_blocks < 1:
+            raise ValueError(f"the KV cache must hold at least one block, got {num_kv_blocks}")
+        self.num_kv_blocks = num_kv_blocks
+        # (layers, K|V, blocks, block_size, kv_heads, head_dim). Zeros, not empty: padded
+        # decode gathers read unused slots, and masked-out NaN garbage would still poison
+        # softmax(scores) @ V.
+        self.kv_cache = torch.zeros(
+            mc.num_layers, 2, num_kv_blocks, block_size, mc.num_kv_heads, mc.head_dim,
+            dtype=dtype, device=self.device,
+        )  # fmt: skip
+        self.kv_caches: list[KVCache] = [(layer[0], layer[1]) for layer in self.kv_cache]
+        self.sampler = Sampler()
+        self.requests: dict[str, RequestState] = {}
+
+    @property
+    def model_config(self) -> LlamaFamilyConfig:
+        return self.model.config
+
+    def execute(self, step: protocol.Step) -> protocol.StepResult:
+        for request_id in step.finished_request_ids:
+            self.requests.pop(request_id, None)  # unknown ids: nothing to drop
+        scheduled = self._apply_deltas(step)
+        if not scheduled:
+            return protocol.StepResult(step.step_id, [])
+        with torch.inference_mode():
+            return protocol.StepResult(step.step_id, self._run(scheduled))
+
+    def _apply_deltas(self, step: protocol.Step) -> list[_Scheduled]:
+        # Everything is checked before any state changes, so a rejected step leaves the
+        # runner as it was.
+        new_states: dict[str, RequestState] = {}
+        tables: dict[str, list[int]] = {}
+        scheduled: list[_Scheduled] = []
+        for r in step.new_requests:
+            if r.request_id in self.requests or r.request_id in new_states:
+                raise ValueError(f"request {r.request_id!r} is already known")
+            validate_options(r.sampling)
+            vocab = self.model_config.vocab_size
+            if not r.token_ids or not all(0 <= t < vocab for t in r.token_ids):
+                raise ValueError(f"request {r.request_id!r}: token ids must be non-empty and in [0, {vocab})")
+            self._check_block_ids(r.request_id, r.block_ids)
+            generator = None
+            if r.sampling.seed is not None:
+                generator = torch.Generator(device=self.device).manual_seed(r.sampling.seed)
+            new_states[r.request_id] = RequestState(list(r.token_ids), list(r.block_ids), r.sampling, generator)
+            tables[r.request_id] = new_states[r.request_id].block_ids
+            scheduled.append(_Scheduled(r.request_id, r.num_computed_tokens, r.num_scheduled_tokens))
+        for c in step.cached_requests:
+            state = self.requests.get(c.request_id)
+            if state is None or c.request_id in tables:
+                raise ValueError(f"request {c.request_id!r}: unknown or scheduled twice")
+            self._check_block_ids(c.request_id, c.new_block_ids)
+            tables[c.request_id] = list(c.new_block_ids) if c.resumed else state.block_ids + c.new_block_ids
+            scheduled.append(_Scheduled(c.request_id, c.num_computed_tokens, c.num_scheduled_tokens))
+        for s in scheduled:
+            state = new_states.get(s.request_id) or self.requests[s.request_id]
+            end = s.num_computed_tokens + s.num_scheduled_tokens
+            if s.num_computed_tokens < 0 or s.num_scheduled_tokens < 1 or end > len(state.token_ids):
+                raise ValueError(
+                    f"request {s.request_id!r}: cannot compute tokens [{s.num_computed_tokens}, {end}) "
+                    f"of {len(state.token_ids)}"
+                )
+            if end > self.max_model_len:
+                raise ValueError(f"request {s.request_id!r}: {end} tokens exceed max_model_len {self.max_model_len}")
+            if len(tables[s.request_id]) * self.block_size < end:
+                raise ValueError(
+                    f"request {s.request_id!r}: {len(tables[s.request_id])} blocks of {self.block_size} "
+                    f"cannot hold {end} tokens"
+                )
+        self.requests.update(new_states)
+        for request_id, table in tables.items():
+            self.requests[request_id].block_ids = table
+        return scheduled
+
+    def _check_block_ids(self, request_id: str, block_ids: list[int]) -> None:
+        if not all(0 <= b < self.num_kv_blocks for b in block_ids):
+            raise ValueError(f"request {request_id!r}: block ids must be in [0, {self.num_kv_blocks})")
+
+    def _run(self, scheduled: list[_Scheduled]) -> list[protocol.SampledToken]:
+        input_ids: list[int] = []
+        positions: list[int] = []
+        chunks: list[SequenceChunk] = []
+        sample_rows: list[int] = []  # packed row whose hidden state predicts the next token
+        sample_ids: list[str] = []
+        for s in scheduled:
+            state = self.requests[s.request_id]
+            start, end = s.num_computed_tokens, s.num_computed_tokens + s.num_scheduled_tokens
+            chunks.append(SequenceChunk(len(input_ids), s.num_scheduled_tokens, start, state.block_ids))
+            input_ids.extend(state.token_ids[start:end])
+            positions.extend(range(start, end))
+            if end == len(state.token_ids):
+                sample_rows.append(len(input_ids) - 1)
+                sample_ids.append(s.request_id)
+        metadata = self.attention_backend.build_metadata(chunks)
+        hidden = self.model(
+            torch.tensor(input_ids, device=self.device),
+            torch.tensor(positions, device=self.device),
+            self.kv_caches,
+            metadata,
+        )  # (T, H)
+        if not sample_rows:
+            return []
+        logits = self.model.compute_logits(hidden[torch.tensor(sample_rows, device=self.device)])  # (N, V)
+        states = [self.requests[r] for r in sample_ids]
+        outputs = self.sampler.sample(logits, [s.sampling for s in states], [s.generator for s in states])
+        sampled = []
+        for request_id, state, out in zip(sample_ids, states, outputs):
+            state.token_ids.append(out.token_id)
+            sampled.append(protocol.SampledToken(request_id, out.token_id, out.logprob, out.top_logprobs))
+        return sampled

@@ -1,0 +1,135 @@
+"""Load a HF-layout checkpoint directory (config.json + safetensors) into a LlamaForCausalLM.
+
+Reads model.safetensors or a sharded model.safetensors.index.json; never pickle (.bin).
+HF names map onto ours by dropping the "model." prefix and stacking q/k/v and gate/up into
+the fused MergedLinear rows (LlamaForCausalLM.STACKED_PARAMS). Every parameter row range
+must be written exactly once; anything missing, unexpected or misshapen is a ValueError.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from gpu_workers.attention.backend import AttentionBackend
+from gpu_workers.models.llama import LlamaFamilyConfig, LlamaForCausalLM, MergedLinear
+
+SINGLE_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+
+
+def read_config(model_dir: Path) -> LlamaFamilyConfig:
+    path = model_dir / "config.json"
+    if not path.is_file():
+        raise ValueError(f"{model_dir}: no config.json")
+    try:
+        raw = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not valid JSON ({e})") from None
+    return LlamaFamilyConfig.from_hf(raw)
+
+
+def checkpoint_files(model_dir: Path) -> list[Path]:
+    if (model_dir / SINGLE_FILE).is_file():
+        return [model_dir / SINGLE_FILE]
+    index = model_dir / INDEX_FILE
+    if index.is_file():
+        weight_map = json.loads(index.read_text()).get("weight_map")
+        if not isinstance(weight_map, dict) or not weight_map:
+            raise ValueError(f"{index}: no weight_map")
+        names = sorted(set(weight_map.values()))
+        missing = [n for n in names if not (model_dir / n).is_file()]
+        if missing:
+            raise ValueError(f"{index}: shard files not found: {', '.join(missing)}")
+        return [model_dir / n for n in names]
+    if any(model_dir.glob("*.bin")) or any(model_dir.glob("*.pt")):
+        raise ValueError(f"{model_dir}: only pickle weights (.bin/.pt) found; convert them to safetensors")
+    raise ValueError(f"{model_dir}: neither {SINGLE_FILE} nor {INDEX_FILE} found")
+
+
+def load_model(
+    model_dir: Path, *, device: torch.device, dtype: torch.dtype, backend: AttentionBackend
+) -> LlamaForCausalLM:
+    config = read_config(model_dir)
+    # Built on meta, so no memory is spent on a random init that the weights overwrite.
+    with torch.device("meta"):
+        model = LlamaForCausalLM(config, backend)
+    model = model.to(dtype).to_empty(device=device)
+    load_weights(model, checkpoint_files(model_dir))
+    return model.eval()
+
+
+def load_weights(model: LlamaForCausalLM, files: list[Path]) -> None:
+    params = dict(model.named_parameters())
+    modules = dict(model.named_modules())
+    # (param name, shard index or None) -> not yet written
+    pending: set[tuple[str, int | None]] = set()
+    for name in params:
+        module = modules[name.rsplit(".", 1)[0]]
+        if isinstance(module, MergedLinear):
+            pending.update((name, i) for i in range(len(module.shard_sizes)))
+        else:
+            pending.add((name, None))
+    unexpected: list[str] = []
+    tied = model.config.tie_word_embeddings
+    for path in files:
+        with safe_open(str(path), framework="pt") as f:
+            for hf_name in f.keys():  # noqa: SIM118 - safe_open is not iterable
+                if (tied and hf_name == "lm_head.weight") or hf_name.endswith("rotary_emb.inv_freq"):
+                    continue  # derived, not learned: the tied head is embed_tokens, RoPE is computed
+                target = _our_name(hf_name)
+                if target is None or target[0] not in params:
+                    unexpected.append(hf_name)
+                    continue
+                name, shard = target
+                if (name, shard) not in pending:
+                    raise ValueError(f"{hf_name}: tensor appears twice in the checkpoint")
+                _copy(params[name], modules[name.rsplit(".", 1)[0]], shard, f.get_tensor(hf_name), hf_name)
+                pending.discard((name, shard))
+    if unexpected:
+        raise ValueError(f"unexpected tensors in checkpoint: {', '.join(sorted(unexpected))}")
+    if pending:
+        missing = sorted(_hf_name(name, shard) for name, shard in pending)
+        raise ValueError(f"tensors missing from checkpoint: {', '.join(missing)}")
+
+
+def _our_name(hf_name: str) -> tuple[str, int | None] | None:
+    if hf_name == "lm_head.weight":
+        return (hf_name, None)
+    if not hf_name.startswith("model."):
+        return None
+    parts = hf_name[len("model.") :].split(".")
+    # layers.N.self_attn.q_proj.weight -> layers.N.self_attn.qkv_proj.weight, shard 0
+    if len(parts) >= 2 and parts[-2] in LlamaForCausalLM.STACKED_PARAMS:
+        fused, shard = LlamaForCausalLM.STACKED_PARAMS[parts[-2]]
+        return (".".join([*parts[:-2], fused, parts[-1]]), shard)
+    return (".".join(parts), None)
+
+
+def _hf_name(name: str, shard: int | None) -> str:
+    if name == "lm_head.weight":
+        return name
+    if shard is not None:
+        module, suffix = name.rsplit(".", 1)
+        parent, fused = module.rsplit(".", 1)
+        hf = next(k for k, v in LlamaForCausalLM.STACKED_PARAMS.items() if v == (fused, shard))
+        name = f"{parent}.{hf}.{suffix}"
+    return f"model.{name}"
+
+
+def _copy(
+    param: torch.nn.Parameter, module: torch.nn.Module, shard: int | None, tensor: torch.Tensor, hf_name: str
+) -> None:
+    dest = param.data
+    if shard is not None:
+        assert isinstance(module, MergedLinear)
+        sizes = module.shard_sizes
+        start = sum(sizes[:shard])
+        dest = dest[start : start + sizes[shard]]  # rows of this shard (weight and bias alike)
+    if tensor.shape != dest.shape:
+        raise ValueError(f"{hf_name}: shape {tuple(tensor.shape)} does not match expected {tuple(dest.shape)}")
+    with torch.no_grad():
+        dest.copy_(tensor)
