@@ -1,0 +1,51 @@
+from __future__ import annotations
+
+import re
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gpu_workers.tiny_checkpoints import make_tiny_checkpoint
+from tests.e2e.server import running_server
+
+BLOCK_SIZE = 4
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_tiny_checkpoint(tmp_path_factory.mktemp("ckpt") / "omni-tiny", "hyperclovax")
+
+
+@pytest.fixture(scope="session")
+def server(tiny_model_dir: Path) -> Iterator[str]:
+    """One shared server on the tiny hyperclovax checkpoint (small blocks: boundaries matter)."""
+    with running_server(
+        "--model",
+        f"omni-tiny={tiny_model_dir}",
+        "--block-size",
+        str(BLOCK_SIZE),
+        "--num-kv-blocks",
+        "512",
+        "--max-model-len",
+        "512",
+        "--max-request-bytes",
+        "65536",
+    ) as base:
+        yield base
+
+
+def read_metric(base: str, name: str, **labels: str) -> float:
+    """Sum of a Prometheus series' samples whose labels include the given ones."""
+    with urllib.request.urlopen(f"{base}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    total = 0.0
+    for line in text.splitlines():
+        match = re.match(rf"^{re.escape(name)}(\{{[^}}]*\}})?\s+(\S+)$", line)
+        if not match:
+            continue
+        got = dict(re.findall(r'(\w+)="([^"]*)"', match.group(1) or ""))
+        if all(got.get(k) == v for k, v in labels.items()):
+            total += float(match.group(2))
+    return total

@@ -1,0 +1,62 @@
+"""Start the real omni-serve as a subprocess on a free loopback port, for e2e tests."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_healthy(base: str, proc: subprocess.Popen[bytes], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"omni-serve exited with {proc.returncode}")
+        try:
+            with urllib.request.urlopen(f"{base}/health", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            pass
+        time.sleep(0.2)
+    raise TimeoutError("omni-serve did not become healthy")
+
+
+@contextlib.contextmanager
+def running_server(*args: str, timeout: float = 180.0) -> Iterator[str]:
+    """Yield the server's base URL (http://127.0.0.1:PORT) once /health answers 200."""
+    port = free_port()
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMNI_LOG_LEVEL="WARNING")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "omni.cli", "--port", str(port), "--num-threads", "1", *args],
+        cwd=ROOT,
+        env=env,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(base, proc, timeout)
+        yield base
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()

@@ -1,0 +1,245 @@
+"""The OpenAI surface of the real server: shapes, streaming, stop, n, logprobs, errors."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import httpx
+import openai
+import pytest
+
+from omni.tokenizer import TextTokenizer
+from tests.e2e.conftest import BLOCK_SIZE, read_metric
+
+MODEL = "omni-tiny"
+HELLO = [{"role": "user", "content": "Hello there, how are you today?"}]
+
+
+def post(base: str, path: str, body: object, **kw: object) -> httpx.Response:
+    return httpx.post(f"{base}{path}", json=body, timeout=60, **kw)  # type: ignore[arg-type]
+
+
+def test_models_and_health(server: str) -> None:
+    assert httpx.get(f"{server}/health").status_code == 200
+    models = httpx.get(f"{server}/v1/models").json()
+    assert [m["id"] for m in models["data"]] == [MODEL]
+    assert httpx.get(f"{server}/v1/models/{MODEL}").json()["id"] == MODEL
+
+
+def test_openai_client_chat_and_stream_agree(server: str) -> None:
+    client = openai.OpenAI(base_url=f"{server}/v1", api_key="unused")
+    full = client.chat.completions.create(
+        model=MODEL, messages=HELLO, max_tokens=24, temperature=0
+    )
+    assert full.object == "chat.completion"
+    assert full.choices[0].message.role == "assistant"
+    assert full.usage.completion_tokens == 24 or full.choices[0].finish_reason == "stop"
+    chunks = list(
+        client.chat.completions.create(
+            model=MODEL,
+            messages=HELLO,
+            max_tokens=24,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == full.choices[0].message.content
+    assert chunks[-1].usage.completion_tokens == full.usage.completion_tokens
+    assert chunks[-1].usage.prompt_tokens == full.usage.prompt_tokens
+    finish = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert finish == [full.choices[0].finish_reason]
+
+
+def test_streamed_deltas_equal_full_decode(server: str, tiny_model_dir) -> None:
+    """Exact incremental detokenization: with logprobs we learn the token ids' texts too."""
+    tok = TextTokenizer.from_dir(tiny_model_dir)
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "Write café 東京 😀 please"}],
+        "max_tokens": 40,
+        "temperature": 1.0,
+        "seed": 7,
+        "stream": True,
+    }
+    with httpx.stream("POST", f"{server}/v1/chat/completions", json=body, timeout=60) as r:
+        events = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    deltas = [json.loads(e)["choices"][0]["delta"].get("content", "") for e in events[:-1]]
+    streamed = "".join(deltas)
+    full = post(server, "/v1/chat/completions", {**body, "stream": False}).json()
+    assert streamed == full["choices"][0]["message"]["content"]
+    assert "\ufffd" not in streamed or "\ufffd" in tok.decode(tok.encode(streamed))
+
+
+def test_seeded_sampling_repeats(server: str) -> None:
+    body = {"model": MODEL, "messages": HELLO, "max_tokens": 16, "temperature": 1.0, "seed": 3}
+    a = post(server, "/v1/chat/completions", body).json()
+    b = post(server, "/v1/chat/completions", body).json()
+    assert a["choices"][0]["message"]["content"] == b["choices"][0]["message"]["content"]
+
+
+def test_n_choices_and_logprobs(server: str) -> None:
+    body = {
+        "model": MODEL,
+        "messages": HELLO,
+        "max_tokens": 8,
+        "temperature": 1.0,
+        "seed": 11,
+        "n": 3,
+        "logprobs": True,
+        "top_logprobs": 2,
+    }
+    out = post(server, "/v1/chat/completions", body).json()
+    assert [c["index"] for c in out["choices"]] == [0, 1, 2]
+    for choice in out["choices"]:
+        entries = choice["logprobs"]["content"]
+        assert len(entries) >= 1
+        for e in entries:
+            assert e["logprob"] <= 0.0
+            assert len(e["top_logprobs"]) == 2
+            assert e["top_logprobs"][0]["logprob"] >= e["top_logprobs"][1]["logprob"]
+    assert out["usage"]["completion_tokens"] == sum(
+        len(c["logprobs"]["content"]) for c in out["choices"]
+    )
+
+
+def test_greedy_logprob_is_the_top_one(server: str) -> None:
+    body = {
+        "model": MODEL,
+        "messages": HELLO,
+        "max_tokens": 6,
+        "temperature": 0,
+        "logprobs": True,
+        "top_logprobs": 3,
+    }
+    out = post(server, "/v1/chat/completions", body).json()
+    for e in out["choices"][0]["logprobs"]["content"]:
+        assert e["logprob"] == pytest.approx(e["top_logprobs"][0]["logprob"])
+
+
+def test_stop_string_is_never_emitted(server: str) -> None:
+    base = {"model": MODEL, "messages": HELLO, "max_tokens": 32, "temperature": 0}
+    full = post(server, "/v1/chat/completions", base).json()["choices"][0]["message"]["content"]
+    assert len(full) >= 6
+    stop = full[3:5]
+    cut = full[: full.index(stop)]
+    for stream in (False, True):
+        body = {**base, "stop": [stop], "stream": stream}
+        if not stream:
+            out = post(server, "/v1/chat/completions", body).json()["choices"][0]
+            assert out["message"]["content"] == cut
+            assert out["finish_reason"] == "stop"
+        else:
+            with httpx.stream("POST", f"{server}/v1/chat/completions", json=body, timeout=60) as r:
+                events = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
+            chunks = [json.loads(e) for e in events[:-1]]
+            text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks)
+            assert text == cut
+            assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
+
+
+def test_completions_endpoint(server: str, tiny_model_dir) -> None:
+    tok = TextTokenizer.from_dir(tiny_model_dir)
+    text = "The quick brown fox"
+    ids = tok.encode(text)
+    body = {"model": MODEL, "max_tokens": 10, "temperature": 0}
+    two = post(server, "/v1/completions", {**body, "prompt": [text, "Another prompt"]}).json()
+    assert two["object"] == "text_completion"
+    assert [c["index"] for c in two["choices"]] == [0, 1]
+    assert two["usage"]["prompt_tokens"] == len(ids) + len(tok.encode("Another prompt"))
+    # The same prompt as token ids gives the same greedy text.
+    as_ids = post(server, "/v1/completions", {**body, "prompt": ids}).json()
+    assert as_ids["choices"][0]["text"] == two["choices"][0]["text"]
+    bad = post(server, "/v1/completions", {**body, "prompt": [10**9]})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "prompt"
+
+
+def test_prefix_cache_reports_cached_tokens_and_skips_compute(server: str, tiny_model_dir) -> None:
+    tok = TextTokenizer.from_dir(tiny_model_dir)
+    system = "You are a careful assistant. " * 12
+    first = [{"role": "system", "content": system}, {"role": "user", "content": "What is one?"}]
+    second = [{"role": "system", "content": system}, {"role": "user", "content": "Name a color."}]
+    ids_a, ids_b = tok.apply_chat_template(first), tok.apply_chat_template(second)
+    shared = next(i for i, (x, y) in enumerate(zip(ids_a, ids_b)) if x != y)
+    assert shared > 8 * BLOCK_SIZE
+    body = {"model": MODEL, "max_tokens": 1, "temperature": 0}
+    post(server, "/v1/chat/completions", {**body, "messages": first}).raise_for_status()
+    before = read_metric(server, "omni_computed_tokens_total")
+    out = post(server, "/v1/chat/completions", {**body, "messages": second}).json()
+    after = read_metric(server, "omni_computed_tokens_total")
+    cached = out["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert cached >= shared // BLOCK_SIZE * BLOCK_SIZE
+    # max_tokens=1: the only steps were the prefill, which computed just the uncached rest.
+    assert after - before == len(ids_b) - cached
+
+
+@pytest.mark.parametrize(
+    "body, status, param",
+    [
+        ({"model": MODEL}, 400, "messages"),
+        ({"model": MODEL, "messages": []}, 400, "messages"),
+        ({"model": MODEL, "messages": HELLO, "temperature": "hot"}, 400, "temperature"),
+        ({"model": MODEL, "messages": HELLO, "max_tokens": 0}, 400, "max_tokens"),
+        ({"model": MODEL, "messages": HELLO, "max_tokens": 100000}, 400, "max_tokens"),
+        ({"model": MODEL, "messages": HELLO, "n": 0}, 400, "n"),
+        ({"model": "nope", "messages": HELLO}, 404, "model"),
+        ({"model": MODEL, "messages": [{"role": "user", "content": "x " * 2000}]}, 400, "messages"),
+    ],
+)
+def test_bad_requests_get_openai_errors(server: str, body: dict, status: int, param: str) -> None:
+    r = post(server, "/v1/chat/completions", body)
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert err["param"] == param
+    assert err["message"]
+    # ...and the server keeps serving.
+    ok = post(server, "/v1/chat/completions", {"model": MODEL, "messages": HELLO, "max_tokens": 2})
+    assert ok.status_code == 200
+
+
+def test_malformed_json_oversized_body_and_unknown_route(server: str) -> None:
+    r = httpx.post(
+        f"{server}/v1/chat/completions",
+        content=b"{not json",
+        headers={"Content-Type": "application/json"},
+    )
+    assert r.status_code == 400 and "error" in r.json()
+    r = httpx.post(f"{server}/v1/chat/completions", content=b"x" * 100_000)
+    assert r.status_code == 413 and r.json()["error"]["type"] == "invalid_request_error"
+    r = httpx.get(f"{server}/v1/nothing-here")
+    assert r.status_code == 404 and "error" in r.json()
+
+
+async def test_disconnect_mid_stream_frees_blocks(server: str) -> None:
+    body = {
+        "model": MODEL,
+        "messages": HELLO,
+        "max_tokens": 400,
+        "temperature": 1.0,
+        "seed": 1,
+        "stream": True,
+    }
+    async with httpx.AsyncClient(timeout=60) as client:
+        async with client.stream("POST", f"{server}/v1/chat/completions", json=body) as r:
+            seen = 0
+            async for line in r.aiter_lines():
+                if line.startswith("data: "):
+                    seen += 1
+                if seen >= 3:
+                    break
+            assert read_metric(server, "omni_requests_running") == 1
+    # Bounded wait for the server to notice the closed connection.
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        if read_metric(server, "omni_requests_running") == 0 and read_metric(
+            server, "omni_kv_cache_usage_ratio"
+        ) == 0:
+            break
+        await asyncio.sleep(0.1)
+    assert read_metric(server, "omni_requests_running") == 0
+    assert read_metric(server, "omni_kv_cache_usage_ratio") == 0
+    assert read_metric(server, "omni_requests_total", finish_reason="abort") >= 1
