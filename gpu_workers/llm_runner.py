@@ -32,6 +32,19 @@ def kv_bytes_per_block(model: LlamaFamilyConfig, block_size: int, dtype: torch.d
     return 2 * model.num_layers * block_size * model.num_kv_heads * model.head_dim * elem
 
 
+# Fraction of the GPU memory still free after loading the weights that the KV cache takes by
+# default (activations and the allocator need the rest), and the CPU default.
+GPU_KV_CACHE_FRACTION = 0.85
+CPU_KV_CACHE_BYTES = 2 * 1024**3
+
+
+def default_kv_cache_bytes(device: torch.device) -> int:
+    if device.type == "cuda":
+        free, _total = torch.cuda.mem_get_info(device)
+        return int(free * GPU_KV_CACHE_FRACTION)
+    return CPU_KV_CACHE_BYTES
+
+
 @dataclass(slots=True)
 class RequestState:
     token_ids: list[int]  # prompt, then every sampled token
@@ -78,7 +91,7 @@ class LLMRunner:
             )
         if num_kv_blocks is None:
             if kv_cache_memory_bytes is None:
-                raise ValueError("give num_kv_blocks or kv_cache_memory_bytes")
+                kv_cache_memory_bytes = default_kv_cache_bytes(self.device)
             num_kv_blocks = kv_cache_memory_bytes // kv_bytes_per_block(mc, block_size, dtype)
         if num_kv_blocks < 1:
             raise ValueError(f"the KV cache must hold at least one block, got {num_kv_blocks}")

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from gpu_workers import protocol
-from gpu_workers.llm_runner import LLMRunner, kv_bytes_per_block
+from gpu_workers.llm_runner import CPU_KV_CACHE_BYTES, LLMRunner, kv_bytes_per_block
 from gpu_workers.tiny_checkpoints import make_tiny_checkpoint
 from tests.gpu_workers.conftest import MiniScheduler
 
@@ -38,8 +38,9 @@ def test_sizes(tiny: Path) -> None:
     assert r.kv_cache.shape == (2, 2, 10, 4, 2, 16)
     with pytest.raises(ValueError, match="max_model_len"):
         make_runner(tiny, max_model_len=10**6)
-    with pytest.raises(ValueError, match="num_kv_blocks or kv_cache_memory_bytes"):
-        make_runner(tiny, num_kv_blocks=None)
+    # Neither size given: the CPU default budget decides.
+    r = make_runner(tiny, num_kv_blocks=None, max_model_len=100)
+    assert r.num_kv_blocks == CPU_KV_CACHE_BYTES // per_block
     with pytest.raises(ValueError, match="unknown attention backend"):
         make_runner(tiny, attention_backend="nope")
     with pytest.raises(ValueError, match="cannot run"):
