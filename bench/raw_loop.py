@@ -73,7 +73,9 @@ def run(args) -> dict:
     if args.attn == "sdpa_gqa":
         _register_sdpa_gqa()
     tok = AutoTokenizer.from_pretrained(args.model)
-    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32, attn_implementation=args.attn)
+    model = AutoModelForCausalLM.from_pretrained(
+        args.model, dtype=getattr(torch, args.dtype), attn_implementation=args.attn
+    )
     model.eval()
     cfg = model.config
 
@@ -221,6 +223,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cache", choices=["static", "dynamic"], default="static")
     p.add_argument("--attn", choices=["sdpa_gqa", "sdpa", "eager"], default="sdpa_gqa")
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     p.add_argument("--out", default=None)
     return p
 

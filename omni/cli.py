@@ -60,7 +60,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-model-len", type=int, help="context length (default: the model's)")
     p.add_argument("--max-num-seqs", type=int, default=64, help="requests per step at most")
     p.add_argument(
-        "--max-num-batched-tokens", type=int, default=2048, help="tokens per step at most"
+        "--max-num-batched-tokens",
+        type=int,
+        help="tokens per step at most (default 512 on CPU, where smaller prefill chunks "
+        "bring first tokens sooner at the same throughput; 8192 on GPU)",
     )
     p.add_argument(
         "--no-prefix-caching", action="store_true", help="disable automatic prefix caching"
@@ -112,7 +115,8 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         kv_cache_memory_bytes=args.kv_cache_memory,
         max_model_len=args.max_model_len,
         max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens,
+        max_num_batched_tokens=args.max_num_batched_tokens
+        or (512 if args.device == "cpu" else 8192),
         enable_prefix_caching=not args.no_prefix_caching,
         attention_backend=args.attention_backend,
         num_threads=args.num_threads,

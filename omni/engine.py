@@ -195,9 +195,12 @@ class LLMEngine:
         self._step_id += 1
         step = self._to_step(self._step_id, output, self._pending_finished)
         self._pending_finished = []
+        sent = time.monotonic()
         self.worker.send(step)
-        self.metrics.add_step(self.config.model_name, "0", output.total_num_scheduled_tokens)
         reply = await self.worker.recv()
+        self.metrics.add_step(
+            self.config.model_name, "0", output.total_num_scheduled_tokens, time.monotonic() - sent
+        )
         if isinstance(reply, protocol.WorkerError):
             self._fail_step(output, EngineError(f"worker error: {reply.message}"))
             return

@@ -100,6 +100,13 @@ class Metrics:
             registry=r,
         )
         self.steps = Counter("omni_engine_steps", "Forward steps run.", _WORKER, registry=r)
+        self.step_latency = Histogram(
+            "omni_engine_step_seconds",
+            "From sending a step to its result arriving (the worker's forward plus the pipe).",
+            _WORKER,
+            buckets=INTER_TOKEN_BUCKETS_S,
+            registry=r,
+        )
         self.preemptions = Counter(
             "omni_preemptions",
             "Requests preempted for lack of KV-cache blocks.",
@@ -135,8 +142,11 @@ class Metrics:
         self.prefix_cache_queries.labels(model, worker).inc(queried)
         self.prefix_cache_hits.labels(model, worker).inc(hits)
 
-    def add_step(self, model: str, worker: str, num_scheduled_tokens: int) -> None:
+    def add_step(
+        self, model: str, worker: str, num_scheduled_tokens: int, seconds: float
+    ) -> None:
         self.steps.labels(model, worker).inc()
+        self.step_latency.labels(model, worker).observe(seconds)
         self.computed_tokens.labels(model, worker).inc(num_scheduled_tokens)
 
     def add_preemptions(self, model: str, worker: str, n: int = 1) -> None:
