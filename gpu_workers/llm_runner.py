@@ -22,6 +22,7 @@ from gpu_workers import protocol
 from gpu_workers.attention.backend import KVCache, SequenceChunk
 from gpu_workers.attention.registry import create_attention_backend
 from gpu_workers.loader import load_model
+from gpu_workers.models.packed_linear import pack_linears
 from gpu_workers.models.llama import LlamaFamilyConfig
 from gpu_workers.sampler import Sampler, validate_options
 
@@ -72,6 +73,7 @@ class LLMRunner:
         kv_cache_memory_bytes: int | None = None,
         max_model_len: int | None = None,  # default: the model's max_position_embeddings
         attention_backend: str = "auto",  # a name in attention.registry, or "auto"
+        pack_cpu_weights: bool = True,  # oneDNN-packed linears on CPU (models/packed_linear.py)
     ) -> None:
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
@@ -82,6 +84,9 @@ class LLMRunner:
             attention_backend, block_size=block_size, device=self.device, dtype=dtype
         )
         self.model = load_model(Path(model_dir), device=self.device, dtype=dtype, backend=self.attention_backend)
+        if pack_cpu_weights:
+            with torch.inference_mode():
+                pack_linears(self.model, device=self.device, dtype=dtype)
         mc = self.model.config
         self.max_model_len = max_model_len or mc.max_position_embeddings
         if self.max_model_len > mc.max_position_embeddings:

@@ -137,7 +137,11 @@ async def serve(config: ServerConfig) -> int:
     # handler_cancellation: a client that disconnects cancels its handler, which aborts
     # its request and frees its KV blocks at once.
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
-    await runner.setup()  # runs the cleanup contexts: workers start loading here
+    try:
+        await runner.setup()  # runs the cleanup contexts: workers start loading here
+    except (OSError, ValueError) as exc:  # e.g. a model directory without a usable tokenizer
+        log.error("could not start: %s", exc)
+        return 1
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

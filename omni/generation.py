@@ -73,6 +73,7 @@ class Generation:
         params: SamplingParams,
         stop: tuple[str, ...],
         request_id: str,
+        skip_special_tokens: bool = True,
     ) -> None:
         self.model = model
         self.request = Request(
@@ -82,12 +83,15 @@ class Generation:
             eos_token_ids=model.tokenizer.eos_token_ids,
         )
         self.stop = stop
+        self.skip_special_tokens = skip_special_tokens
         self.usage = Usage(prompt_tokens=len(prompt_token_ids))
 
     async def deltas(self) -> AsyncIterator[Delta]:
         engine = self.model.engine
         stream = engine.submit(self.request)
-        detok = IncrementalDetokenizer(self.model.tokenizer, stop=list(self.stop))
+        detok = IncrementalDetokenizer(
+            self.model.tokenizer, skip_special_tokens=self.skip_special_tokens, stop=self.stop
+        )
         finished = False
         try:
             async for event in stream:

@@ -375,8 +375,10 @@ class LlamaForCausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         # hidden (N, H) -> float32 logits (N, V)
-        weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        logits = F.linear(hidden, weight)
+        if self.lm_head is None:  # tied: the embedding table is the output projection
+            logits = F.linear(hidden, self.embed_tokens.weight)
+        else:
+            logits = self.lm_head(hidden)
         if self.config.logits_scaling != 1.0:
             logits = logits / self.config.logits_scaling
         return logits.float()

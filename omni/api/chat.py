@@ -31,7 +31,7 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
     params = sampling_params(req, max_model_len=model.engine.max_model_len, num_prompt_tokens=len(prompt_ids))
     completion_id = new_request_id("chatcmpl")
     generations = [
-        Generation(model, prompt_ids, choice_params(params, i), req.stop, f"{completion_id}-{i}")
+        Generation(model, prompt_ids, choice_params(params, i), req.stop, f"{completion_id}-{i}", req.skip_special_tokens)
         for i in range(req.n)
     ]
     if req.stream:

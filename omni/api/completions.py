@@ -48,7 +48,7 @@ async def create_completion(request: web.Request) -> web.StreamResponse:
         for i in range(req.n):
             index = p * req.n + i
             generations.append(
-                Generation(model, ids, choice_params(params, i), req.stop, f"{completion_id}-{index}")
+                Generation(model, ids, choice_params(params, i), req.stop, f"{completion_id}-{index}", req.skip_special_tokens)
             )
     if req.stream:
         return await _stream(request, req, model, completion_id, generations)

@@ -170,6 +170,7 @@ class GenerationFields:
     # Extensions (as in vLLM).
     ignore_eos: bool = False
     skip_special_tokens: bool = True
+    stop_token_ids: tuple[int, ...] = ()
 
 
 def _parse_stop(body: Body) -> tuple[str, ...]:
@@ -189,6 +190,17 @@ def _parse_stop(body: Body) -> tuple[str, ...]:
         if not s:
             raise _value_error("stop", "stop sequences must not be empty.")
     return tuple(stops)
+
+
+def _parse_stop_token_ids(body: Body) -> tuple[int, ...]:
+    value = body.get("stop_token_ids")
+    if value is None:
+        return ()
+    if not isinstance(value, list) or not all(
+        isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in value
+    ):
+        raise _type_error("stop_token_ids", "an array of non-negative integers", value)
+    return tuple(value)
 
 
 def _parse_generation_fields(body: Body) -> dict[str, Json]:
@@ -244,6 +256,7 @@ def _parse_generation_fields(body: Body) -> dict[str, Json]:
         "include_usage": include_usage,
         "ignore_eos": bool(_opt_bool(body, "ignore_eos")),
         "skip_special_tokens": _opt_bool(body, "skip_special_tokens") is not False,
+        "stop_token_ids": _parse_stop_token_ids(body),
     }
 
 
@@ -605,6 +618,6 @@ def sampling_params(
         top_k=request.top_k,
         seed=request.seed,
         logprobs=request.num_logprobs,
-        stop_token_ids=stop_token_ids,
+        stop_token_ids=request.stop_token_ids + stop_token_ids,
         ignore_eos=request.ignore_eos,
     )

@@ -38,6 +38,10 @@ def wait_healthy(base: str, proc: subprocess.Popen[bytes], timeout: float) -> No
     raise TimeoutError("omni-serve did not become healthy")
 
 
+# base URL -> the server's process, for tests that need to reach its workers
+PROCESSES: dict[str, subprocess.Popen[bytes]] = {}
+
+
 @contextlib.contextmanager
 def running_server(*args: str, timeout: float = 180.0) -> Iterator[str]:
     """Yield the server's base URL (http://127.0.0.1:PORT) once /health answers 200."""
@@ -51,8 +55,10 @@ def running_server(*args: str, timeout: float = 180.0) -> Iterator[str]:
     base = f"http://127.0.0.1:{port}"
     try:
         wait_healthy(base, proc, timeout)
+        PROCESSES[base] = proc
         yield base
     finally:
+        PROCESSES.pop(base, None)
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
             try:

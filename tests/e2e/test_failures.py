@@ -1,0 +1,90 @@
+"""Start-up failures are clear; a worker that dies fails only its requests and comes back."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.e2e.server import PROCESSES, ROOT, free_port, running_server
+
+
+def _start(model_dir: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "omni.cli", "--model", str(model_dir), "--port", str(free_port())],
+        cwd=ROOT,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+@pytest.mark.parametrize(
+    "breakage, message",
+    [
+        (lambda d: (d / "config.json").write_text(json.dumps({"model_type": "gpt2"})), "gpt2"),
+        (lambda d: (d / "model.safetensors").write_bytes(b"not a safetensors file"), "safetensors"),
+        (lambda d: (d / "tokenizer.json").unlink(), "tokenizer"),
+    ],
+    ids=["unknown-model-type", "corrupt-weights", "no-tokenizer"],
+)
+def test_malformed_checkpoint_fails_at_start(tmp_path: Path, tiny_model_dir: Path, breakage, message: str) -> None:
+    broken = tmp_path / "broken"
+    shutil.copytree(tiny_model_dir, broken)
+    breakage(broken)
+    result = _start(broken)
+    assert result.returncode != 0
+    assert message in result.stderr.lower()
+    assert "Traceback" not in result.stderr.split("could not start")[-1]
+
+
+def _worker_pid(server_pid: int) -> int:
+    children = Path(f"/proc/{server_pid}/task/{server_pid}/children").read_text().split()
+    for pid in children:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
+        if b"spawn_main" in cmdline and b"resource_tracker" not in cmdline:
+            return int(pid)
+    raise AssertionError("no worker process found")
+
+
+def test_worker_crash_fails_its_requests_then_recovers(tiny_model_dir: Path) -> None:
+    with running_server("--model", f"m={tiny_model_dir}", "--num-kv-blocks", "256") as base:
+        server_pid = PROCESSES[base].pid
+        body = {
+            "model": "m",
+            "messages": [{"role": "user", "content": "Tell me a long story."}],
+            "max_tokens": 2000,
+            "stream": True,
+        }
+        events = []
+        with httpx.stream("POST", f"{base}/v1/chat/completions", json=body, timeout=60) as r:
+            for line in r.iter_lines():
+                if not line.startswith("data: "):
+                    continue
+                events.append(line[6:])
+                if len(events) == 3:
+                    os.kill(_worker_pid(server_pid), signal.SIGKILL)
+        assert events[-1] == "[DONE]"
+        error = json.loads(events[-2])
+        assert error["error"]["code"] is None or isinstance(error["error"]["code"], str)
+        assert "worker" in error["error"]["message"]
+        deadline = time.monotonic() + 120
+        while httpx.get(f"{base}/health").status_code != 200:
+            assert time.monotonic() < deadline, "the worker was not restarted"
+            time.sleep(0.2)
+        ok = httpx.post(
+            f"{base}/v1/chat/completions",
+            json={"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4},
+            timeout=60,
+        )
+        assert ok.status_code == 200
+        assert ok.json()["usage"]["completion_tokens"] == 4 or ok.json()["choices"][0]["finish_reason"] == "stop"
