@@ -72,7 +72,14 @@ def run(args) -> dict:
     torch.set_num_threads(args.threads)
     if args.attn == "sdpa_gqa":
         _register_sdpa_gqa()
-    tok = AutoTokenizer.from_pretrained(args.model)
+    if args.tokenizer == "omni":
+        # omni-serve's own loader: follows tokenizer.json as written, where transformers'
+        # AutoTokenizer may substitute a model-specific pre-tokenizer (qwen2 splits digits).
+        from omni.tokenizer import TextTokenizer
+
+        tok = TextTokenizer.from_dir(args.model).hf_tokenizer
+    else:
+        tok = AutoTokenizer.from_pretrained(args.model)
     model = AutoModelForCausalLM.from_pretrained(
         args.model, dtype=getattr(torch, args.dtype), attn_implementation=args.attn
     )
@@ -224,6 +231,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--attn", choices=["sdpa_gqa", "sdpa", "eager"], default="sdpa_gqa")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    p.add_argument(
+        "--tokenizer",
+        choices=["auto", "omni"],
+        default="auto",
+        help="auto: transformers' AutoTokenizer (what transformers serve uses); omni: the "
+        "tokenizer.json-faithful loader omni-serve uses (same prompt ids as omni-serve)",
+    )
     p.add_argument("--out", default=None)
     return p
 
