@@ -14,7 +14,7 @@ from aiohttp.typedefs import Handler, Middleware
 from omni.api import chat, completions, system
 from omni.api.errors import error_middleware, unauthorized
 from omni.config import ServerConfig
-from omni.engine import LLMEngine
+from omni.model_pool import ModelPool
 from omni.metrics import Metrics
 from omni.served_model import ModelRegistry, ServedModel
 from omni.state import CONFIG, METRICS, MODELS
@@ -49,13 +49,13 @@ async def _models_ctx(app: web.Application) -> AsyncIterator[None]:
         tokenizer = await loop.run_in_executor(
             None, TextTokenizer.from_dir, engine_config.model_dir
         )
-        engine = LLMEngine(engine_config, tokenizer.eos_token_ids, metrics)
+        pool = ModelPool(engine_config, metrics)
         registry.add(
-            ServedModel(engine_config.model_name, tokenizer, engine, created=int(time.time()))
+            ServedModel(engine_config.model_name, tokenizer, pool, created=int(time.time()))
         )
 
     async def start_all() -> None:
-        await asyncio.gather(*(m.engine.start() for m in registry))
+        await asyncio.gather(*(m.pool.start() for m in registry))
 
     # Workers load in the background so /health can answer 503 while they do.
     app[STARTUP] = asyncio.create_task(start_all(), name="start-engines")
@@ -63,7 +63,7 @@ async def _models_ctx(app: web.Application) -> AsyncIterator[None]:
         yield
     finally:
         app[STARTUP].cancel()
-        await asyncio.gather(*(m.engine.stop() for m in registry), return_exceptions=True)
+        await asyncio.gather(*(m.pool.stop() for m in registry), return_exceptions=True)
 
 
 def create_app(config: ServerConfig) -> web.Application:

@@ -16,6 +16,7 @@ from aiohttp import web
 
 from omni.app import STARTUP, create_app
 from omni.config import EngineConfig, ServerConfig
+from scheduler.placement import POLICIES, parse_weights
 
 log = logging.getLogger("omni.cli")
 
@@ -44,12 +45,37 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--model",
         metavar="[NAME=]DIR",
-        help="Hugging Face checkpoint directory (default: a small random model made locally)",
+        action="append",
+        help="Hugging Face checkpoint directory, served as NAME (default: the directory's "
+        "name); repeat to serve several models, picked by the request's `model` "
+        "(default: a small random model made locally)",
     )
     p.add_argument("--served-model-name", help="model name clients send (default: DIR's name)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
+    p.add_argument(
+        "--devices",
+        help="comma-separated devices for the LLM workers (e.g. cuda:0,cuda:1); "
+        "workers are placed on them round-robin",
+    )
+    p.add_argument(
+        "--llm-workers",
+        type=int,
+        help="data-parallel LLM worker processes per model (default: one per --devices entry)",
+    )
+    p.add_argument(
+        "--placement",
+        default="prefix-aware",
+        choices=sorted(POLICIES),
+        help="how requests are spread over a model's workers",
+    )
+    p.add_argument(
+        "--placement-weights",
+        default="",
+        metavar="prefix=3,queue=2,kv=2",
+        help="weights of the prefix-aware scorers",
+    )
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
     p.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
     kv = p.add_mutually_exclusive_group()
@@ -68,7 +94,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--no-prefix-caching", action="store_true", help="disable automatic prefix caching"
     )
-    p.add_argument("--attention-backend", default="auto", choices=["auto", "sdpa", "flash-attn"])
+    p.add_argument(
+        "--attention-backend", default="auto", choices=["auto", "torch_sdpa", "flash_attn"]
+    )
     p.add_argument("--num-threads", type=int, help="torch threads per CPU worker")
     p.add_argument(
         "--api-key",
@@ -92,38 +120,68 @@ def default_model_dir() -> Path:
     return Path(out.stdout.strip().splitlines()[-1])
 
 
-def config_from_args(args: argparse.Namespace) -> ServerConfig:
-    if args.model:
-        name, sep, directory = args.model.partition("=")
+def _models(args: argparse.Namespace) -> list[tuple[str, Path]]:
+    """(served name, directory) per --model; the embedded default when none is given."""
+    if not args.model:
+        return [(args.served_model_name or "omni-tiny", default_model_dir())]
+    if args.served_model_name and len(args.model) > 1:
+        raise SystemExit("omni-serve: --served-model-name needs a single --model; use NAME=DIR")
+    models = []
+    for spec in args.model:
+        name, sep, directory = spec.partition("=")
         model_dir = Path(directory if sep else name).expanduser()
-        model_name = args.served_model_name or (name if sep else model_dir.name)
-    else:
-        model_dir = default_model_dir()
-        model_name = args.served_model_name or "omni-tiny"
-    if not (model_dir / "config.json").is_file():
-        raise SystemExit(f"omni-serve: {model_dir} has no config.json; is it a checkpoint?")
+        models.append((args.served_model_name or (name if sep else model_dir.name), model_dir))
+    names = [n for n, _ in models]
+    if len(set(names)) != len(names):
+        raise SystemExit(f"omni-serve: two models share a name: {names}")
+    return models
+
+
+def config_from_args(args: argparse.Namespace) -> ServerConfig:
+    devices = tuple(d.strip() for d in args.devices.split(",") if d.strip()) if args.devices else ()
+    num_workers = args.llm_workers or max(1, len(devices))
+    device = devices[0] if devices else args.device
+    on_cpu = all(d == "cpu" for d in devices or (device,))
+    try:
+        weights = tuple(parse_weights(args.placement_weights).items())
+    except ValueError as exc:
+        raise SystemExit(f"omni-serve: {exc}") from None
+    models = _models(args)
+    num_threads = args.num_threads
+    if num_threads is None and on_cpu:
+        # CPU workers share the machine's cores; more torch threads than cores only thrash.
+        num_threads = max(1, (os.cpu_count() or 1) // (num_workers * len(models)))
     dtype = args.dtype
     if dtype == "auto":
-        dtype = "float32" if args.device == "cpu" else "bfloat16"
-    engine = EngineConfig(
-        model_name=model_name,
-        model_dir=model_dir.resolve(),
-        device=args.device,
-        dtype=dtype,
-        block_size=args.block_size,
-        num_kv_blocks=args.num_kv_blocks,
-        kv_cache_memory_bytes=args.kv_cache_memory,
-        max_model_len=args.max_model_len,
-        max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens
-        or (512 if args.device == "cpu" else 8192),
-        enable_prefix_caching=not args.no_prefix_caching,
-        attention_backend=args.attention_backend,
-        num_threads=args.num_threads,
-        worker_start_timeout=args.worker_start_timeout,
-    )
+        dtype = "float32" if on_cpu else "bfloat16"
+    engines = []
+    for model_name, model_dir in models:
+        if not (model_dir / "config.json").is_file():
+            raise SystemExit(f"omni-serve: {model_dir} has no config.json; is it a checkpoint?")
+        engines.append(
+            EngineConfig(
+                model_name=model_name,
+                model_dir=model_dir.resolve(),
+                device=device,
+                dtype=dtype,
+                block_size=args.block_size,
+                num_kv_blocks=args.num_kv_blocks,
+                kv_cache_memory_bytes=args.kv_cache_memory,
+                max_model_len=args.max_model_len,
+                max_num_seqs=args.max_num_seqs,
+                max_num_batched_tokens=args.max_num_batched_tokens or (512 if on_cpu else 8192),
+                enable_prefix_caching=not args.no_prefix_caching,
+                attention_backend=args.attention_backend,
+                num_threads=num_threads,
+                worker_start_timeout=args.worker_start_timeout,
+                num_workers=num_workers,
+                devices=devices,
+                placement=args.placement,
+                placement_weights=weights,
+            )
+        )
     return ServerConfig(
-        engines=(engine,),
+        engines=tuple(engines),
         host=args.host,
         port=args.port,
         max_request_bytes=args.max_request_bytes,

@@ -21,6 +21,12 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     attention_backend: str = "auto"
     num_threads: int | None = None
+    # Data-parallel LLM workers of this model, placed round-robin over `devices` (or all on
+    # `device` when that is empty), and how requests are spread over them.
+    num_workers: int = 1
+    devices: tuple[str, ...] = ()
+    placement: str = "prefix-aware"
+    placement_weights: tuple[tuple[str, float], ...] = ()
     worker_start_timeout: float = 600.0
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import Counter
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
@@ -21,6 +22,8 @@ from omni.metrics import Metrics
 from omni.worker_process import WorkerDied, WorkerProcess
 from scheduler.block_manager import BlockManager
 from scheduler.output import SchedulerOutput
+from scheduler.placement import WorkerState
+from scheduler.prefix_hash import BlockHash
 from scheduler.request import Request, RequestId, RequestStatus
 from scheduler.scheduler import Scheduler, SchedulerConfig
 
@@ -42,6 +45,7 @@ class TokenEvent:
 @dataclass(slots=True)
 class RequestStream:
     request: Request
+    worker_id: int
     queue: asyncio.Queue[TokenEvent | BaseException] = field(default_factory=asyncio.Queue)
     first_token_time: float | None = None
     last_token_time: float | None = None
@@ -57,10 +61,16 @@ class RequestStream:
 
 
 class LLMEngine:
-    def __init__(self, config: EngineConfig, eos_token_ids: frozenset[int], metrics: Metrics):
+    """One LLM worker process and its scheduler; a ModelPool holds one per worker."""
+
+    def __init__(
+        self, config: EngineConfig, metrics: Metrics, *, worker_id: int = 0, device: str | None = None
+    ):
         self.config = config
-        self.eos_token_ids = eos_token_ids
         self.metrics = metrics
+        self.worker_id = worker_id
+        self.device = device or config.device
+        self._label = str(worker_id)  # the metrics' worker label
         self.worker = WorkerProcess(self._worker_spec())
         self.scheduler: Scheduler | None = None
         self.max_model_len = 0
@@ -73,14 +83,18 @@ class LLMEngine:
         self._prefix_seen = (0, 0)
         self._preemptions_seen = 0
         self._pending_finished: list[RequestId] = []
+        # Leading block hashes of requests placed here and not yet finished: placement counts
+        # them as cached, since their KV will be by the time a newcomer is scheduled.
+        self._inflight: Counter[BlockHash] = Counter()
+        self._inflight_of: dict[RequestId, list[BlockHash]] = {}
 
     # ---- lifecycle -------------------------------------------------------------------
     def _worker_spec(self) -> WorkerSpec:
         c = self.config
         return WorkerSpec(
-            worker_id=0,
+            worker_id=self.worker_id,
             model_dir=str(c.model_dir),
-            device=c.device,
+            device=self.device,
             dtype=c.dtype,
             block_size=c.block_size,
             num_kv_blocks=c.num_kv_blocks,
@@ -138,14 +152,42 @@ class LLMEngine:
         await self.worker.stop()
 
     # ---- requests --------------------------------------------------------------------
-    def submit(self, request: Request) -> RequestStream:
+    def submit(self, request: Request, block_hashes: list[BlockHash] | None = None) -> RequestStream:
         if not self.ready or self.scheduler is None:
             raise EngineError("the model's worker is not ready")
-        stream = RequestStream(request)
+        stream = RequestStream(request, self.worker_id)
         self._streams[request.request_id] = stream
         self.scheduler.add_request(request)
+        if block_hashes:
+            self._inflight.update(block_hashes)
+            self._inflight_of[request.request_id] = block_hashes
         self._wakeup.set()
         return stream
+
+    def placement_state(self, block_hashes: list[BlockHash]) -> WorkerState:
+        """This worker as placement sees it, for a request with these leading block hashes."""
+        scheduler = self.scheduler
+        assert scheduler is not None
+        cached = scheduler.block_manager.num_cached_leading_blocks(block_hashes)
+        while cached < len(block_hashes) and block_hashes[cached] in self._inflight:
+            cached += 1
+        return WorkerState(
+            worker_id=self.worker_id,
+            num_waiting=scheduler.num_waiting,
+            num_running=scheduler.num_running,
+            kv_usage=scheduler.kv_usage,
+            num_cached_blocks=cached,
+        )
+
+    def _forget(self, request_id: RequestId) -> RequestStream | None:
+        """Drop the server-side bookkeeping of a request that ended, however it ended."""
+        hashes = self._inflight_of.pop(request_id, None)
+        if hashes:
+            self._inflight.subtract(hashes)
+            for h in hashes:
+                if self._inflight[h] <= 0:
+                    del self._inflight[h]
+        return self._streams.pop(request_id, None)
 
     def abort(
         self, request_id: RequestId, status: RequestStatus = RequestStatus.FINISHED_ABORTED
@@ -154,7 +196,7 @@ class LLMEngine:
 
         A stop string ends a request this way too (status FINISHED_STOPPED).
         """
-        stream = self._streams.pop(request_id, None)
+        stream = self._forget(request_id)
         if self.scheduler is not None:
             self.scheduler.abort_request(request_id, status)
         if stream is not None:
@@ -184,7 +226,9 @@ class LLMEngine:
             try:
                 await self._execute(scheduler, output)
             except WorkerDied as exc:
-                log.error("%s: %s; restarting the worker", self.config.model_name, exc)
+                log.error(
+                    "%s worker %d: %s; restarting it", self.config.model_name, self.worker_id, exc
+                )
                 await self._restart(exc)
             except Exception as exc:  # a bug must cost this step's requests, not the server
                 log.exception("%s: step failed", self.config.model_name)
@@ -199,7 +243,7 @@ class LLMEngine:
         self.worker.send(step)
         reply = await self.worker.recv()
         self.metrics.add_step(
-            self.config.model_name, "0", output.total_num_scheduled_tokens, time.monotonic() - sent
+            self.config.model_name, self._label, output.total_num_scheduled_tokens, time.monotonic() - sent
         )
         if isinstance(reply, protocol.WorkerError):
             self._fail_step(output, EngineError(f"worker error: {reply.message}"))
@@ -231,7 +275,7 @@ class LLMEngine:
                 )
             )
             if finish_reason is not None:
-                del self._streams[request.request_id]
+                self._forget(request.request_id)
                 self.metrics.request_finished(self.config.model_name, finish_reason, request)
 
     def _to_step(
@@ -288,16 +332,16 @@ class LLMEngine:
         if scheduler is None:
             return
         name = self.config.model_name
-        self.metrics.set_queue(name, "0", scheduler.num_running, scheduler.num_waiting)
-        self.metrics.set_kv_usage(name, "0", scheduler.kv_usage)
+        self.metrics.set_queue(name, self._label, scheduler.num_running, scheduler.num_waiting)
+        self.metrics.set_kv_usage(name, self._label, scheduler.kv_usage)
         queried = scheduler.prefix_cache_queried_tokens
         hits = scheduler.prefix_cache_hit_tokens
         seen_q, seen_h = self._prefix_seen
-        self.metrics.add_prefix_cache(name, "0", queried - seen_q, hits - seen_h)
+        self.metrics.add_prefix_cache(name, self._label, queried - seen_q, hits - seen_h)
         self._prefix_seen = (queried, hits)
         preemptions = scheduler.num_preemptions_total
         if preemptions > self._preemptions_seen:
-            self.metrics.add_preemptions(name, "0", preemptions - self._preemptions_seen)
+            self.metrics.add_preemptions(name, self._label, preemptions - self._preemptions_seen)
         self._preemptions_seen = preemptions
 
     # ---- failures --------------------------------------------------------------------
@@ -305,7 +349,7 @@ class LLMEngine:
         ids = [s.request.request_id for s in output.scheduled_new]
         ids += [c.request_id for c in output.scheduled_cached]
         for request_id in ids:
-            stream = self._streams.pop(request_id, None)
+            stream = self._forget(request_id)
             assert self.scheduler is not None
             self.scheduler.abort_request(request_id)
             if stream is not None:
@@ -318,6 +362,8 @@ class LLMEngine:
                 self.scheduler.abort_request(request_id)
             stream.queue.put_nowait(error)
         self._streams.clear()
+        self._inflight.clear()
+        self._inflight_of.clear()
 
     async def _restart(self, cause: BaseException) -> None:
         self._ready = False

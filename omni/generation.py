@@ -87,8 +87,8 @@ class Generation:
         self.usage = Usage(prompt_tokens=len(prompt_token_ids))
 
     async def deltas(self) -> AsyncIterator[Delta]:
-        engine = self.model.engine
-        stream = engine.submit(self.request)
+        pool = self.model.pool
+        stream = pool.submit(self.request)
         detok = IncrementalDetokenizer(
             self.model.tokenizer, skip_special_tokens=self.skip_special_tokens, stop=self.stop
         )
@@ -104,7 +104,7 @@ class Generation:
                     )
                 if detok.stopped:
                     finished = True
-                    engine.abort(self.request.request_id, RequestStatus.FINISHED_STOPPED)
+                    pool.abort(stream, RequestStatus.FINISHED_STOPPED)
                     yield Delta(text, [event.token_id], logprobs, "stop")
                     return
                 if event.finish_reason is not None:
@@ -116,4 +116,4 @@ class Generation:
         finally:
             self.usage.cached_tokens = self.request.num_cached_tokens
             if not finished:
-                engine.abort(self.request.request_id)
+                pool.abort(stream)

@@ -107,6 +107,12 @@ class Metrics:
             buckets=INTER_TOKEN_BUCKETS_S,
             registry=r,
         )
+        self.placements = Counter(
+            "omni_placement_decisions",
+            "Requests placed on a worker, by the reason that decided it.",
+            ["model", "worker", "reason"],
+            registry=r,
+        )
         self.preemptions = Counter(
             "omni_preemptions",
             "Requests preempted for lack of KV-cache blocks.",
@@ -148,6 +154,9 @@ class Metrics:
         self.steps.labels(model, worker).inc()
         self.step_latency.labels(model, worker).observe(seconds)
         self.computed_tokens.labels(model, worker).inc(num_scheduled_tokens)
+
+    def add_placement(self, model: str, worker: str, reason: str) -> None:
+        self.placements.labels(model, worker, reason).inc()
 
     def add_preemptions(self, model: str, worker: str, n: int = 1) -> None:
         self.preemptions.labels(model, worker).inc(n)

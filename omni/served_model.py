@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from omni.api.errors import model_not_found
-from omni.engine import LLMEngine
+from omni.model_pool import ModelPool
 from omni.tokenizer import TextTokenizer
 
 
@@ -13,12 +13,12 @@ from omni.tokenizer import TextTokenizer
 class ServedModel:
     name: str
     tokenizer: TextTokenizer
-    engine: LLMEngine
+    pool: ModelPool
     created: int
 
     @property
     def ready(self) -> bool:
-        return self.engine.ready
+        return self.pool.ready
 
 
 class ModelRegistry:

@@ -88,6 +88,17 @@ class BlockManager:
             return 0
         return len(self._longest_cached_run(token_ids, len(token_ids) // self.block_size))
 
+    def num_cached_leading_blocks(self, hashes: Sequence[BlockHash]) -> int:
+        """How many of these chained block hashes, from the first, are cached right now."""
+        if not self.enable_prefix_caching:
+            return 0
+        count = 0
+        for block_hash in hashes:
+            if block_hash not in self._cached:
+                break
+            count += 1
+        return count
+
     def _longest_cached_run(self, token_ids: Sequence[int], max_blocks: int) -> list[BlockId]:
         blocks: list[BlockId] = []
         parent: BlockHash | None = None

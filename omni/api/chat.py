@@ -26,9 +26,9 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
         prompt_ids = model.tokenizer.apply_chat_template(list(req.messages))
     except ValueError as exc:
         raise bad_request(f"Could not render the chat template: {exc}", param="messages")
-    if not model.ready:
+    if not model.pool.serving:
         raise service_unavailable("The model is starting; retry shortly.", retry_after_s=5)
-    params = sampling_params(req, max_model_len=model.engine.max_model_len, num_prompt_tokens=len(prompt_ids))
+    params = sampling_params(req, max_model_len=model.pool.max_model_len, num_prompt_tokens=len(prompt_ids))
     completion_id = new_request_id("chatcmpl")
     generations = [
         Generation(model, prompt_ids, choice_params(params, i), req.stop, f"{completion_id}-{i}", req.skip_special_tokens)

@@ -39,12 +39,12 @@ async def create_completion(request: web.Request) -> web.StreamResponse:
     req = parse_completion_request(body)
     model = request.app[MODELS].get(req.model)
     prompts = _prompt_token_ids(model, req)
-    if not model.ready:
+    if not model.pool.serving:
         raise service_unavailable("The model is starting; retry shortly.", retry_after_s=5)
     completion_id = new_request_id("cmpl")
     generations = []
     for p, ids in enumerate(prompts):
-        params = sampling_params(req, max_model_len=model.engine.max_model_len, num_prompt_tokens=len(ids))
+        params = sampling_params(req, max_model_len=model.pool.max_model_len, num_prompt_tokens=len(ids))
         for i in range(req.n):
             index = p * req.n + i
             generations.append(

@@ -14,7 +14,7 @@ def _model_card(model: ServedModel) -> dict[str, object]:
         "object": "model",
         "created": model.created,
         "owned_by": "omni-serve",
-        "max_model_len": model.engine.max_model_len or None,
+        "max_model_len": model.pool.max_model_len or None,
     }
 
 
