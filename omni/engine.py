@@ -71,11 +71,12 @@ class LLMEngine:
         self.worker_id = worker_id
         self.device = device or config.device
         self._label = str(worker_id)  # the metrics' worker label
-        self.worker = WorkerProcess(self._worker_spec())
+        self._wakeup = asyncio.Event()
+        # A worker that dies while this engine idles must still be noticed and restarted.
+        self.worker = WorkerProcess(self._worker_spec(), on_exit=self._wakeup.set)
         self.scheduler: Scheduler | None = None
         self.max_model_len = 0
         self._streams: dict[RequestId, RequestStream] = {}
-        self._wakeup = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._step_id = 0
         self._ready = False
@@ -206,6 +207,11 @@ class LLMEngine:
     # ---- the step loop ---------------------------------------------------------------
     async def _run(self) -> None:
         while not self._closing:
+            if not self.worker.is_alive:
+                died = WorkerDied(f"worker {self.worker_id} exited (code {self.worker.exitcode})")
+                log.error("%s: %s; restarting it", self.config.model_name, died)
+                await self._restart(died)
+                continue
             scheduler = self.scheduler
             assert scheduler is not None
             if not scheduler.has_unfinished_requests:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import multiprocessing as mp
+from collections.abc import Callable
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 
@@ -24,8 +25,10 @@ class WorkerDied(RuntimeError):
 
 
 class WorkerProcess:
-    def __init__(self, spec: WorkerSpec) -> None:
+    def __init__(self, spec: WorkerSpec, on_exit: Callable[[], None] | None = None) -> None:
+        """on_exit runs (in the event loop) when the process is seen to exit or hang up."""
         self.spec = spec
+        self._on_exit = on_exit
         self.ready: protocol.Ready | None = None
         self._process: BaseProcess | None = None
         self._conn: Connection | None = None
@@ -115,6 +118,8 @@ class WorkerProcess:
                 pass
         if self._inbox is not None:
             self._inbox.put_nowait(None)
+        if self._on_exit is not None:
+            self._on_exit()
 
     async def stop(self, timeout: float = 10.0) -> None:
         """Ask the worker to exit; kill it if it does not within the timeout."""
