@@ -1,0 +1,5 @@
+import sys
+
+from omni.bench.cli import main
+
+sys.exit(main())
