@@ -176,8 +176,9 @@ class LLMEngine:
             worker_id=self.worker_id,
             num_waiting=scheduler.num_waiting,
             num_running=scheduler.num_running,
-            kv_usage=scheduler.kv_usage,
+            kv_usage=scheduler.block_manager.occupancy,
             num_cached_blocks=cached,
+            num_prefilling=scheduler.num_prefilling,
         )
 
     def _forget(self, request_id: RequestId) -> RequestStream | None:

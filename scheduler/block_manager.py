@@ -57,6 +57,8 @@ class BlockManager:
         # rather than read off the blocks: a block whose hash was already cached elsewhere
         # stays unhashed, yet the next block's hash still chains from it.
         self._hashes: dict[RequestId, list[BlockHash]] = {}
+        # Free blocks that still hold cached KV (hashed, reference count 0).
+        self._num_free_cached = 0
 
     # -- queries -----------------------------------------------------------------------
 
@@ -67,6 +69,11 @@ class BlockManager:
     @property
     def usage(self) -> float:
         return (self.num_blocks - len(self._free)) / self.num_blocks
+
+    @property
+    def occupancy(self) -> float:
+        """Fraction of blocks holding KV worth keeping: in use, or free but cached."""
+        return (self.num_blocks - len(self._free) + self._num_free_cached) / self.num_blocks
 
     def block_ids(self, request_id: RequestId) -> list[BlockId]:
         return list(self._tables.get(request_id, ()))
@@ -140,6 +147,7 @@ class BlockManager:
             block = self._blocks[block_id]
             if block.ref_count == 0:
                 del self._free[block_id]
+                self._num_free_cached -= 1
             block.ref_count += 1
             assert block.hash is not None
             hashes.append(block.hash)
@@ -160,6 +168,8 @@ class BlockManager:
                 self._free[block_id] = None
                 if block.hash is None:
                     self._free.move_to_end(block_id, last=False)
+                else:
+                    self._num_free_cached += 1
 
     def _num_new_blocks(
         self, request: Request, num_new_tokens: int, computed_blocks: Sequence[BlockId]
@@ -177,6 +187,7 @@ class BlockManager:
         block = self._blocks[block_id]
         if block.hash is not None:  # evict: its KV is about to be overwritten
             del self._cached[block.hash]
+            self._num_free_cached -= 1
             block.hash = None
         block.ref_count = 1
         return block_id
@@ -216,6 +227,7 @@ class BlockManager:
         for block_id in self._cached.values():
             self._blocks[block_id].hash = None
         self._cached.clear()
+        self._num_free_cached = 0
 
     # -- invariants --------------------------------------------------------------------
 
@@ -239,6 +251,8 @@ class BlockManager:
             if block.hash is not None:
                 assert self._cached.get(block.hash) == block.block_id, "hash not in cache"
         assert len(self._free) + num_in_use == self.num_blocks
+        free_cached = sum(1 for b in self._blocks if b.ref_count == 0 and b.hash is not None)
+        assert free_cached == self._num_free_cached, "free cached block count"
         for block_hash, block_id in self._cached.items():
             assert self._blocks[block_id].hash == block_hash, f"cache -> block {block_id}"
         if not self.enable_prefix_caching:

@@ -17,6 +17,9 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 
+PREFILL_WEIGHT = 4
+
+
 @dataclass(frozen=True, slots=True)
 class WorkerState:
     """What placement knows about one worker for one request."""
@@ -24,12 +27,22 @@ class WorkerState:
     worker_id: int
     num_waiting: int
     num_running: int
-    kv_usage: float  # fraction of KV blocks in use, 0..1
+    # Fraction of KV blocks holding KV, 0..1: in use, or free but still cached. Counting the
+    # cached ones steers a new prefix to the worker with room to keep it, which spreads the
+    # groups of a shared-prefix load instead of letting one worker's cache thrash.
+    kv_usage: float
     num_cached_blocks: int  # the request's leading full blocks already on this worker
+    num_prefilling: int = 0  # running requests without their first token yet
 
     @property
     def load(self) -> int:
-        return self.num_waiting + self.num_running
+        # Requests without their first token (waiting, or running a prefill) weigh
+        # PREFILL_WEIGHT, decodes 1: a newcomer's first token waits for the prefills ahead
+        # of it, hardly for decodes. Counting requests alone lets a closed-loop client's
+        # arrivals follow its completions onto one worker, whose prefills then queue back
+        # to back while the other worker only decodes.
+        decoding = self.num_running - self.num_prefilling
+        return decoding + PREFILL_WEIGHT * (self.num_waiting + self.num_prefilling)
 
 
 @dataclass(frozen=True, slots=True)

@@ -106,6 +106,11 @@ class Scheduler:
         return len(self._waiting)
 
     @property
+    def num_prefilling(self) -> int:
+        """Running requests whose prompt is not fully computed yet (no first token)."""
+        return sum(1 for r in self._running if r.num_computed_tokens < r.num_prompt_tokens)
+
+    @property
     def has_unfinished_requests(self) -> bool:
         return bool(self._requests)
 

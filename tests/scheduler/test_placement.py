@@ -7,6 +7,7 @@ import pytest
 from scheduler.placement import (
     DEFAULT_WEIGHTS,
     HotspotGuard,
+    PREFILL_WEIGHT,
     KVUtilizationScorer,
     LeastLoadedPlacement,
     PrefixAwarePlacement,
@@ -29,11 +30,17 @@ def test_prefix_scorer_is_the_cached_fraction_of_prompt_blocks() -> None:
     assert PrefixCacheScorer().score(workers, 0) == [0.0, 0.0, 0.0]
 
 
+def test_load_weighs_requests_without_a_first_token_more() -> None:
+    assert w(0, waiting=1, running=3).load == 3 + PREFILL_WEIGHT
+    prefilling = WorkerState(0, 0, 3, 0.0, 0, num_prefilling=2)
+    assert prefilling.load == 1 + 2 * PREFILL_WEIGHT
+
+
 def test_queue_scorer_is_min_max_normalised_and_inverted() -> None:
-    workers = [w(0, waiting=2, running=2), w(1, running=2), w(2, waiting=1, running=9)]
+    workers = [w(0, running=4), w(1, running=2), w(2, running=10)]
     # loads 4, 2, 10: idlest 1.0, busiest 0.0, 4 -> (10 - 4) / 8
     assert QueueScorer().score(workers, 1) == [0.75, 1.0, 0.0]
-    assert QueueScorer().score([w(0, running=3), w(1, waiting=3)], 1) == [1.0, 1.0]
+    assert QueueScorer().score([w(0, running=3), w(1, running=3)], 1) == [1.0, 1.0]
 
 
 def test_kv_scorer_is_free_fraction() -> None:
@@ -106,7 +113,9 @@ def test_round_robin_cycles_and_skips_workers_not_offered() -> None:
 
 def test_least_loaded_picks_minimum_load() -> None:
     ll = LeastLoadedPlacement(rng=random.Random(0))
-    assert ll.choose([w(0, running=4), w(1, waiting=1, running=1), w(2, running=3)], 1).worker_id == 1
+    assert ll.choose([w(0, running=4), w(1, running=2), w(2, running=3)], 1).worker_id == 1
+    # one request waiting for its prefill outweighs three decoding
+    assert ll.choose([w(0, waiting=1), w(1, running=3)], 1).worker_id == 1
 
 
 def test_policies_only_ever_pick_an_offered_worker() -> None:
