@@ -44,6 +44,10 @@ class WorkerState:
         decoding = self.num_running - self.num_prefilling
         return decoding + PREFILL_WEIGHT * (self.num_waiting + self.num_prefilling)
 
+    @property
+    def num_requests(self) -> int:
+        return self.num_waiting + self.num_running
+
 
 @dataclass(frozen=True, slots=True)
 class Decision:
@@ -113,15 +117,19 @@ def parse_weights(text: str) -> dict[str, float]:
 
 @dataclass(frozen=True, slots=True)
 class HotspotGuard:
-    """Send to the idlest worker when the chosen one is busier by both margins."""
+    """Send to the idlest worker when the chosen one holds more requests by both margins.
 
-    min_extra_requests: int = 8  # chosen load - idlest load must exceed this ...
-    min_ratio: float = 2.0  # ... and chosen load must exceed ratio * idlest load
+    It counts requests, not the prefill-weighted load: a few prefills in flight on the worker
+    that holds a prefix must not push that prefix's next request onto a cold worker.
+    """
+
+    min_extra_requests: int = 8  # chosen's requests - idlest's must exceed this ...
+    min_ratio: float = 2.0  # ... and chosen's must exceed ratio * idlest's
 
     def overrides(self, chosen: WorkerState, idlest: WorkerState) -> bool:
         return (
-            chosen.load - idlest.load > self.min_extra_requests
-            and chosen.load > self.min_ratio * idlest.load
+            chosen.num_requests - idlest.num_requests > self.min_extra_requests
+            and chosen.num_requests > self.min_ratio * idlest.num_requests
         )
 
 
@@ -155,7 +163,7 @@ class PrefixAwarePlacement(Placement):
         tied = [i for i, t in enumerate(totals) if t >= best - 1e-9]
         pick = tied[0] if len(tied) == 1 else self.rng.choice(tied)
         chosen = workers[pick]
-        idlest = min(workers, key=lambda w: w.load)
+        idlest = min(workers, key=lambda w: w.num_requests)
         if idlest is not chosen and self.guard.overrides(chosen, idlest):
             return Decision(idlest.worker_id, "hotspot", tuple(totals))
         if len(tied) > 1:
