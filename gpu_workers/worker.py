@@ -48,9 +48,12 @@ class WorkerSpec:
 
 def worker_main(conn: Connection, spec_bytes: bytes) -> None:
     """Process entry point. Returns when told to shut down or when the server goes away."""
-    # The server handles Ctrl-C and shuts workers down in order; a terminal's SIGINT
-    # reaching the whole process group must not kill a worker mid-step.
+    # The server handles Ctrl-C and SIGTERM and shuts workers down in order, after in-flight
+    # requests finish. A signal sent to the whole process group (a terminal's Ctrl-C,
+    # `timeout`, systemd's default KillMode) must not kill a worker mid-drain. A worker still
+    # exits when the server goes away: its pipe reads EOF.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     logging.basicConfig(
         level=os.environ.get("OMNI_LOG_LEVEL", "INFO"),
         format="%(asctime)s %(levelname)s %(name)s[%(process)d]: %(message)s",

@@ -105,6 +105,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--max-request-bytes", type=parse_size, default=8 * 1024 * 1024)
     p.add_argument("--worker-start-timeout", type=float, default=600.0)
+    p.add_argument(
+        "--shutdown-timeout",
+        type=float,
+        default=60.0,
+        help="seconds in-flight requests get to finish after SIGTERM",
+    )
     p.add_argument("--log-level", default=os.environ.get("OMNI_LOG_LEVEL", "INFO"))
     return p
 
@@ -186,6 +192,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         port=args.port,
         max_request_bytes=args.max_request_bytes,
         api_key=args.api_key,
+        shutdown_timeout=args.shutdown_timeout,
     )
 
 
@@ -194,7 +201,11 @@ async def serve(config: ServerConfig) -> int:
     app = create_app(config)
     # handler_cancellation: a client that disconnects cancels its handler, which aborts
     # its request and frees its KV blocks at once.
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+    # shutdown_timeout: on SIGTERM the socket closes at once and in-flight requests get this
+    # long to finish before their handlers are cancelled (their requests aborted).
+    runner = web.AppRunner(
+        app, handler_cancellation=True, access_log=None, shutdown_timeout=config.shutdown_timeout
+    )
     try:
         await runner.setup()  # runs the cleanup contexts: workers start loading here
     except (OSError, ValueError) as exc:  # e.g. a model directory without a usable tokenizer

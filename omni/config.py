@@ -38,3 +38,4 @@ class ServerConfig:
     max_request_bytes: int = 8 * 1024 * 1024
     api_key: str | None = None
     max_n: int = 16
+    shutdown_timeout: float = 60.0

@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.e2e.server import PROCESSES, ROOT, free_port, running_server
+from tests.e2e.server import PROCESSES, ROOT, free_port, running_server, wait_healthy
 
 
 def _start(model_dir: Path) -> subprocess.CompletedProcess[str]:
@@ -88,3 +88,42 @@ def test_worker_crash_fails_its_requests_then_recovers(tiny_model_dir: Path) -> 
         )
         assert ok.status_code == 200
         assert ok.json()["usage"]["completion_tokens"] == 4 or ok.json()["choices"][0]["finish_reason"] == "stop"
+
+
+def test_sigterm_to_the_process_group_drains_in_flight_requests(tiny_model_dir: Path) -> None:
+    """As systemd or `timeout` stop it: every process of the group gets SIGTERM at once."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "omni.cli", "--model", f"m={tiny_model_dir}", "--port", str(port),
+         "--num-threads", "1", "--num-kv-blocks", "256"],
+        cwd=ROOT,
+        env=dict(os.environ, PYTHONPATH=str(ROOT), OMNI_LOG_LEVEL="WARNING"),
+        start_new_session=True,
+    )  # fmt: skip
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(base, proc, 120)
+        body = {
+            "model": "m",
+            "messages": [{"role": "user", "content": "Keep going."}],
+            "max_tokens": 400,
+            "ignore_eos": True,
+            "stream": True,
+        }
+        events = []
+        with httpx.stream("POST", f"{base}/v1/chat/completions", json=body, timeout=60) as r:
+            for line in r.iter_lines():
+                if not line.startswith("data: "):
+                    continue
+                events.append(line[6:])
+                if len(events) == 3:
+                    os.killpg(proc.pid, signal.SIGTERM)
+        assert events[-1] == "[DONE]"
+        last = json.loads(events[-2])
+        assert "error" not in last
+        assert last["choices"][0]["finish_reason"] == "length"
+        assert proc.wait(timeout=60) == 0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
