@@ -17,7 +17,9 @@ from omni.config import ServerConfig
 from omni.model_pool import ModelPool
 from omni.metrics import Metrics
 from omni.served_model import ModelRegistry, ServedModel
-from omni.state import CONFIG, METRICS, MODELS
+from omni.state import CONFIG, METRICS, MODELS, STORE
+from omni.store.local import ARTIFACT_ROUTE, LocalStore, artifact_route
+from omni.store.spec import StoreSpec
 from omni.tokenizer import TextTokenizer
 
 log = logging.getLogger("omni.app")
@@ -26,6 +28,7 @@ log = logging.getLogger("omni.app")
 STARTUP = web.AppKey("startup", asyncio.Task)
 
 _OPEN_PATHS = frozenset({"/health", "/ready", "/metrics"})
+_OPEN_PREFIXES = ("/v1/artifacts/",)
 
 
 def _auth_middleware(api_key: str) -> Middleware:
@@ -33,7 +36,7 @@ def _auth_middleware(api_key: str) -> Middleware:
 
     @web.middleware
     async def auth(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if request.path not in _OPEN_PATHS:
+        if request.path not in _OPEN_PATHS and not request.path.startswith(_OPEN_PREFIXES):
             given = request.headers.get("Authorization", "").encode()
             if not hmac.compare_digest(given, expected):
                 raise unauthorized("Incorrect API key provided.")
@@ -66,6 +69,23 @@ async def _models_ctx(app: web.Application) -> AsyncIterator[None]:
         await asyncio.gather(*(m.pool.stop() for m in registry), return_exceptions=True)
 
 
+async def _store_ctx(app: web.Application) -> AsyncIterator[None]:
+    config = app[CONFIG]
+    spec = StoreSpec.parse(config.store)
+    store = spec.open(
+        url_base=config.store_url_base or f"http://{config.host}:{config.port}",
+        secret=config.store_secret,
+        endpoint_url=config.store_endpoint_url,
+        region=config.store_region,
+    )
+    await store.start()
+    app[STORE] = store
+    try:
+        yield
+    finally:
+        await store.close()
+
+
 def create_app(config: ServerConfig) -> web.Application:
     middlewares: list[Middleware] = [error_middleware]
     if config.api_key:
@@ -74,6 +94,7 @@ def create_app(config: ServerConfig) -> web.Application:
     app[CONFIG] = config
     app[METRICS] = Metrics()
     app[MODELS] = ModelRegistry()
+    app.cleanup_ctx.append(_store_ctx)
     app.cleanup_ctx.append(_models_ctx)
     app.router.add_post("/v1/chat/completions", chat.create_chat_completion)
     app.router.add_post("/v1/completions", completions.create_completion)
@@ -82,5 +103,14 @@ def create_app(config: ServerConfig) -> web.Application:
     app.router.add_get("/health", system.health)
     app.router.add_get("/ready", system.health)
     app.router.add_get("/metrics", system.metrics)
+    # Signed URLs of the local store; the signature is the authorization (no bearer key).
+    app.router.add_get(ARTIFACT_ROUTE, _serve_artifact)
     return app
 
+
+
+async def _serve_artifact(request: web.Request) -> web.StreamResponse:
+    store = request.app[STORE]
+    if not isinstance(store, LocalStore):  # S3 hands out presigned URLs of its own
+        raise web.HTTPNotFound()
+    return await artifact_route(store)(request)

@@ -16,6 +16,7 @@ from aiohttp import web
 
 from omni.app import STARTUP, create_app
 from omni.config import EngineConfig, ServerConfig
+from omni.store.spec import StoreSpec
 from scheduler.placement import POLICIES, parse_weights
 
 log = logging.getLogger("omni.cli")
@@ -111,6 +112,20 @@ def build_parser() -> argparse.ArgumentParser:
         default=60.0,
         help="seconds in-flight requests get to finish after SIGTERM",
     )
+    p.add_argument(
+        "--store",
+        default="",
+        metavar="local:DIR|s3://BUCKET/PREFIX",
+        help="artifact store for encoder outputs and generated media "
+        "(default: local, under $OMNI_SERVE_CACHE or ~/.cache/omni-serve)",
+    )
+    p.add_argument(
+        "--store-url-base",
+        help="public base URL for the local store's signed links (default http://HOST:PORT); "
+        "their HMAC key is $OMNI_STORE_SECRET, else random per process",
+    )
+    p.add_argument("--store-endpoint-url", help="S3 endpoint (MinIO, moto, ...)")
+    p.add_argument("--store-region", help="S3 region")
     p.add_argument("--log-level", default=os.environ.get("OMNI_LOG_LEVEL", "INFO"))
     return p
 
@@ -150,6 +165,10 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
     on_cpu = all(d == "cpu" for d in devices or (device,))
     try:
         weights = tuple(parse_weights(args.placement_weights).items())
+    except ValueError as exc:
+        raise SystemExit(f"omni-serve: {exc}") from None
+    try:
+        StoreSpec.parse(args.store)
     except ValueError as exc:
         raise SystemExit(f"omni-serve: {exc}") from None
     models = _models(args)
@@ -193,6 +212,13 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         max_request_bytes=args.max_request_bytes,
         api_key=args.api_key,
         shutdown_timeout=args.shutdown_timeout,
+        store=args.store,
+        store_url_base=args.store_url_base,
+        store_secret=os.environ["OMNI_STORE_SECRET"].encode()
+        if os.environ.get("OMNI_STORE_SECRET")
+        else None,
+        store_endpoint_url=args.store_endpoint_url,
+        store_region=args.store_region,
     )
 
 

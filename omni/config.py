@@ -39,3 +39,9 @@ class ServerConfig:
     api_key: str | None = None
     max_n: int = 16
     shutdown_timeout: float = 60.0
+    # The artifact store: "" (local, under the cache root), "local:DIR" or "s3://BUCKET/PREFIX".
+    store: str = ""
+    store_url_base: str | None = None  # public base of signed local URLs; default http://host:port
+    store_secret: bytes | None = None  # HMAC key of local signed URLs; default random per process
+    store_endpoint_url: str | None = None
+    store_region: str | None = None

@@ -7,7 +7,9 @@ from aiohttp import web
 from omni.config import ServerConfig
 from omni.metrics import Metrics
 from omni.served_model import ModelRegistry
+from omni.store.base import ArtifactStore
 
 CONFIG = web.AppKey("config", ServerConfig)
 METRICS = web.AppKey("metrics", Metrics)
 MODELS = web.AppKey("models", ModelRegistry)
+STORE = web.AppKey("store", ArtifactStore)
