@@ -60,7 +60,9 @@ class ModelPool:
         if not live:
             raise EngineError("no worker of this model is ready")
         # One hash chain serves every worker: they share the block size. Full blocks only.
-        hashes = block_hashes(request.prompt_token_ids, self.config.block_size)
+        hashes = block_hashes(
+            request.prompt_token_ids, self.config.block_size, media=request.media
+        )
         decision = self.placement.choose(
             [e.placement_state(hashes) for e in live], len(hashes)
         )

@@ -25,8 +25,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NewType
 
-from scheduler.prefix_hash import BlockHash, hash_block
-from scheduler.request import Request, RequestId
+from scheduler.prefix_hash import BlockHash, hash_block, media_extra_keys
+from scheduler.request import MediaSpan, Request, RequestId
 
 BlockId = NewType("BlockId", int)
 
@@ -87,13 +87,15 @@ class BlockManager:
         if not self.enable_prefix_caching:
             return [], 0
         max_blocks = (request.num_tokens - 1) // self.block_size
-        blocks = self._longest_cached_run(request.all_token_ids, max_blocks)
+        blocks = self._longest_cached_run(request.all_token_ids, max_blocks, request.media)
         return blocks, len(blocks) * self.block_size
 
-    def num_cached_prefix_blocks(self, token_ids: Sequence[int]) -> int:
+    def num_cached_prefix_blocks(
+        self, token_ids: Sequence[int], media: Sequence[MediaSpan] = ()
+    ) -> int:
         if not self.enable_prefix_caching:
             return 0
-        return len(self._longest_cached_run(token_ids, len(token_ids) // self.block_size))
+        return len(self._longest_cached_run(token_ids, len(token_ids) // self.block_size, media))
 
     def num_cached_leading_blocks(self, hashes: Sequence[BlockHash]) -> int:
         """How many of these chained block hashes, from the first, are cached right now."""
@@ -106,12 +108,15 @@ class BlockManager:
             count += 1
         return count
 
-    def _longest_cached_run(self, token_ids: Sequence[int], max_blocks: int) -> list[BlockId]:
+    def _longest_cached_run(
+        self, token_ids: Sequence[int], max_blocks: int, media: Sequence[MediaSpan]
+    ) -> list[BlockId]:
         blocks: list[BlockId] = []
         parent: BlockHash | None = None
         bs = self.block_size
         for i in range(max_blocks):
-            parent = hash_block(parent, token_ids[i * bs : (i + 1) * bs])
+            start, end = i * bs, (i + 1) * bs
+            parent = hash_block(parent, token_ids[start:end], media_extra_keys(media, start, end))
             block_id = self._cached.get(parent)
             if block_id is None:
                 break
@@ -214,7 +219,10 @@ class BlockManager:
         bs = self.block_size
         for i in range(len(hashes), num_full):
             parent = hashes[-1] if hashes else None
-            block_hash = hash_block(parent, token_ids[i * bs : (i + 1) * bs])
+            start, end = i * bs, (i + 1) * bs
+            block_hash = hash_block(
+                parent, token_ids[start:end], media_extra_keys(request.media, start, end)
+            )
             hashes.append(block_hash)
             block = self._blocks[table[i]]
             # An equal block already cached stays the canonical one; this one stays unhashed.

@@ -14,6 +14,8 @@ import struct
 from collections.abc import Sequence
 from typing import NewType
 
+from scheduler.request import MediaSpan
+
 BlockHash = NewType("BlockHash", bytes)
 
 DIGEST_SIZE = 16
@@ -29,13 +31,33 @@ def hash_block(
     return BlockHash(h.digest())
 
 
+def media_extra_keys(media: Sequence[MediaSpan], start: int, end: int) -> tuple[object, ...]:
+    """Extra keys of the block holding positions [start, end): (content_hash, start - offset)
+    for each media span overlapping it. The second item says which of the item's embedding
+    rows the block starts at (negative when the item starts inside the block):
+
+        positions   start ........ end
+        span            offset ..................... offset + length
+        key         (hash, start - offset) = (hash, -2) when the item begins 2 tokens in
+    """
+    return tuple(
+        (span.content_hash, start - span.offset)
+        for span in media
+        if span.offset < end and span.end > start
+    )
+
+
 def block_hashes(
-    token_ids: Sequence[int], block_size: int, parent: BlockHash | None = None
+    token_ids: Sequence[int],
+    block_size: int,
+    parent: BlockHash | None = None,
+    media: Sequence[MediaSpan] = (),
 ) -> list[BlockHash]:
     """Hashes of the full blocks of token_ids; a trailing partial block gets none."""
     hashes: list[BlockHash] = []
     for start in range(0, len(token_ids) - block_size + 1, block_size):
-        parent = hash_block(parent, token_ids[start : start + block_size])
+        end = start + block_size
+        parent = hash_block(parent, token_ids[start:end], media_extra_keys(media, start, end))
         hashes.append(parent)
     return hashes
 

@@ -28,6 +28,23 @@ class RequestStatus(enum.Enum):
 
 
 @dataclass(frozen=True, slots=True)
+class MediaSpan:
+    """An image/audio/video item's embedding rows at prompt positions [offset, offset + length).
+
+    The tokens there are placeholders, equal for every item, so the prefix cache keys the
+    blocks they overlap by content_hash too (scheduler/prefix_hash.py).
+    """
+
+    offset: int
+    length: int
+    content_hash: str
+
+    @property
+    def end(self) -> int:
+        return self.offset + self.length
+
+
+@dataclass(frozen=True, slots=True)
 class SamplingParams:
     max_tokens: int
     temperature: float = 1.0
@@ -50,6 +67,7 @@ class Request:
     prompt_token_ids: list[int]
     sampling_params: SamplingParams
     eos_token_ids: frozenset[int] = frozenset()
+    media: tuple[MediaSpan, ...] = ()
     arrival_time: float = field(default_factory=time.monotonic)
     output_token_ids: list[int] = field(default_factory=list)
     status: RequestStatus = RequestStatus.WAITING
