@@ -139,6 +139,7 @@ _TYPES: dict[int, type] = {
         WorkerError,
     )
 }
+_TAG_OF: dict[type, int] = {cls: tag for tag, cls in _TYPES.items()}
 _FIELDS: dict[type, tuple[str, ...]] = {
     cls: tuple(f.name for f in dataclasses.fields(cls)) for cls in _TYPES.values()
 }
@@ -175,7 +176,8 @@ def _decode_as(cls: type, items: list[Any]) -> Any:
 
 
 def _check_tag(cls: type, item: list[Any]) -> list[Any]:
-    if not isinstance(item, list) or not item or item[0] != cls.TAG:
+    tag = _TAG_OF[cls]
+    if not isinstance(item, list) or not item or item[0] != tag:
         raise ValueError(f"expected a {cls.__name__} message")
     return item[1:]
 

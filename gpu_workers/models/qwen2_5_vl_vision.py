@@ -25,7 +25,7 @@ a real checkpoint loads with `load_hf_state_dict`. Two differences:
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,7 +35,11 @@ from torch import nn
 
 # RMSNorm eps is hard-coded to 1e-6 in the reference, not read from the config
 _NORM_EPS = 1e-6
-_ACTIVATIONS = {"silu": F.silu, "gelu": F.gelu, "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh")}
+_ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "silu": F.silu,
+    "gelu": F.gelu,
+    "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
+}
 # prefixes of the vision tower in full-model checkpoints: transformers 4.x, then 5.x
 _HF_PREFIXES = ("visual.", "model.visual.")
 
@@ -119,7 +123,7 @@ class VisionEncoderConfig:
             window_size=require_int("window_size", 112),
             in_channels=require_int("in_channels", 3),
             hidden_act=act,
-            rope_theta=float(rope.get("rope_theta", vision.get("rope_theta", 10000.0))),
+            rope_theta=float(rope.get("rope_theta") or vision.get("rope_theta") or 10000.0),
             projector_hidden_size=None if projector is None else int(projector),
         )
         if out.window_merged <= 0:
