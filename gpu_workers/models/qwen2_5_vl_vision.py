@@ -33,6 +33,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from gpu_workers.models.hf_weights import component_weights, load_exact
+
 # RMSNorm eps is hard-coded to 1e-6 in the reference, not read from the config
 _NORM_EPS = 1e-6
 _ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
@@ -375,32 +377,14 @@ class Qwen2_5_VisionEncoder(nn.Module):
     def load_hf_state_dict(self, state_dict: Mapping[str, torch.Tensor]) -> None:
         """Load transformers-named weights (bare, "visual." or "model.visual." prefixed; other
         towers' keys in a full checkpoint are skipped). Missing or unexpected keys raise."""
-        ours: dict[str, torch.Tensor] = {}
-        for name, tensor in state_dict.items():
-            bare = _strip_prefix(name)
-            if bare is None:
-                continue
-            if bare == "patch_embed.proj.weight" and tensor.dim() == 5:
-                tensor = tensor.reshape(tensor.shape[0], -1)  # Conv3d (hidden, C, T, P, P) -> Linear
-            ours[bare] = tensor
-        expected = self.state_dict()
-        missing = sorted(set(expected) - set(ours))
-        unexpected = sorted(set(ours) - set(expected))
-        if missing or unexpected:
-            raise ValueError(f"vision encoder weights: missing {missing}, unexpected {unexpected}")
-        for name, tensor in ours.items():
-            if tensor.shape != expected[name].shape:
-                raise ValueError(
-                    f"vision encoder weight {name}: shape {tuple(tensor.shape)}, want {tuple(expected[name].shape)}"
-                )
-        self.load_state_dict(ours, strict=True)
+        weights = component_weights(state_dict, _HF_PREFIXES, _VISION_KEY)
+        load_exact(self, weights, "vision encoder", _linear_patch_embed)
+
+
+def _linear_patch_embed(name: str, tensor: torch.Tensor) -> torch.Tensor:
+    if name == "patch_embed.proj.weight" and tensor.dim() == 5:
+        return tensor.reshape(tensor.shape[0], -1)  # Conv3d (hidden, C, T, P, P) -> Linear
+    return tensor
 
 
 _VISION_KEY = re.compile(r"^(patch_embed|blocks|merger|projector)\.")
-
-
-def _strip_prefix(name: str) -> str | None:
-    for prefix in _HF_PREFIXES:
-        if name.startswith(prefix):
-            return name[len(prefix) :]
-    return name if _VISION_KEY.match(name) else None

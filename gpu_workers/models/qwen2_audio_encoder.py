@@ -43,6 +43,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from gpu_workers.models.hf_weights import component_weights, load_exact
+
 # the FFN activation (config.activation_function); the two conv GELUs are always exact GELU
 _ACTIVATIONS = {
     "gelu": F.gelu,
@@ -219,29 +221,7 @@ class Qwen2AudioEncoder(nn.Module):
         """Load transformers-named weights (bare, "audio_tower." or "model.audio_tower."
         prefixed; other components' keys in a full checkpoint are skipped). Missing or
         unexpected keys and wrong shapes raise."""
-        ours: dict[str, torch.Tensor] = {}
-        for name, tensor in state_dict.items():
-            bare = _strip_prefix(name)
-            if bare is not None:
-                ours[bare] = tensor
-        expected = self.state_dict()
-        missing = sorted(set(expected) - set(ours))
-        unexpected = sorted(set(ours) - set(expected))
-        if missing or unexpected:
-            raise ValueError(f"audio encoder weights: missing {missing}, unexpected {unexpected}")
-        for name, tensor in ours.items():
-            if tensor.shape != expected[name].shape:
-                raise ValueError(
-                    f"audio encoder weight {name}: shape {tuple(tensor.shape)}, want {tuple(expected[name].shape)}"
-                )
-        self.load_state_dict(ours, strict=True)
+        load_exact(self, component_weights(state_dict, _HF_PREFIXES, _AUDIO_KEY), "audio encoder")
 
 
 _AUDIO_KEY = re.compile(r"^(conv1|conv2|embed_positions|layers|layer_norm|projector)\.")
-
-
-def _strip_prefix(name: str) -> str | None:
-    for prefix in _HF_PREFIXES:
-        if name.startswith(prefix):
-            return name[len(prefix) :]
-    return name if _AUDIO_KEY.match(name) else None
