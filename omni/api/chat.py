@@ -8,10 +8,14 @@ from typing import Any
 from aiohttp import web
 
 from omni.api import sse
-from omni.api.schemas import read_json
 from omni.api.errors import bad_request, service_unavailable
 from omni.api.logprobs import chat_logprob_entries
-from omni.api.schemas import ChatCompletionRequest, parse_chat_completion_request, sampling_params
+from omni.api.schemas import (
+    ChatCompletionRequest,
+    parse_chat_completion_request,
+    read_json,
+    sampling_params,
+)
 from omni.engine import EngineError
 from omni.generation import Generation, Usage, choice_params, new_request_id
 from omni.served_model import ServedModel
@@ -28,10 +32,19 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
         raise bad_request(f"Could not render the chat template: {exc}", param="messages")
     if not model.pool.serving:
         raise service_unavailable("The model is starting; retry shortly.", retry_after_s=5)
-    params = sampling_params(req, max_model_len=model.pool.max_model_len, num_prompt_tokens=len(prompt_ids))
+    params = sampling_params(
+        req, max_model_len=model.pool.max_model_len, num_prompt_tokens=len(prompt_ids)
+    )
     completion_id = new_request_id("chatcmpl")
     generations = [
-        Generation(model, prompt_ids, choice_params(params, i), req.stop, f"{completion_id}-{i}", req.skip_special_tokens)
+        Generation(
+            model,
+            prompt_ids,
+            choice_params(params, i),
+            req.stop,
+            f"{completion_id}-{i}",
+            req.skip_special_tokens,
+        )
         for i in range(req.n)
     ]
     if req.stream:
@@ -45,31 +58,19 @@ async def _complete(
     completion_id: str,
     generations: list[Generation],
 ) -> web.Response:
-    texts = [[] for _ in generations]  # type: list[list[str]]
-    logprobs: list[list[dict[str, Any]]] = [[] for _ in generations]
-    finish: list[str | None] = [None] * len(generations)
-    try:
-        async for index, delta in sse.interleave(generations):
-            texts[index].append(delta.text)
-            if req.logprobs:
-                logprobs[index].extend(chat_logprob_entries(model.tokenizer, delta.logprobs))
-            if delta.finish_reason is not None:
-                finish[index] = delta.finish_reason
-    except EngineError as exc:
-        raise service_unavailable(str(exc)) from exc
-    usage = Usage()
-    for g in generations:
-        usage.completion_tokens += g.usage.completion_tokens
-    usage.prompt_tokens = generations[0].usage.prompt_tokens
-    usage.cached_tokens = generations[0].usage.cached_tokens
+    collected = await sse.collect(generations)
     choices = [
         {
             "index": i,
-            "message": {"role": "assistant", "content": "".join(texts[i])},
-            "logprobs": {"content": logprobs[i]} if req.logprobs else None,
-            "finish_reason": finish[i],
+            "message": {"role": "assistant", "content": c.text},
+            "logprobs": (
+                {"content": chat_logprob_entries(model.tokenizer, c.logprobs)}
+                if req.logprobs
+                else None
+            ),
+            "finish_reason": c.finish_reason,
         }
-        for i in range(len(generations))
+        for i, c in enumerate(collected)
     ]
     return web.json_response(
         {
@@ -78,7 +79,7 @@ async def _complete(
             "created": int(time.time()),
             "model": model.name,
             "choices": choices,
-            "usage": usage.to_json(),
+            "usage": _usage(generations).to_json(),
         }
     )
 
@@ -105,11 +106,10 @@ async def _stream(
             payload["usage"] = usage.to_json() if usage is not None else None
         return payload
 
-    for i in range(len(generations)):
-        await sse.send_event(
-            response,
-            chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}]),
-        )
+    for i in range(len(generations)):  # the role comes first, in a chunk of its own
+        role = {"role": "assistant", "content": ""}
+        first = {"index": i, "delta": role, "logprobs": None, "finish_reason": None}
+        await sse.send_event(response, chunk([first]))
     try:
         async for index, delta in sse.interleave(generations):
             if not delta.text and delta.finish_reason is None and not req.logprobs:
@@ -126,15 +126,18 @@ async def _stream(
             }
             await sse.send_event(response, chunk([choice]))
     except EngineError as exc:
-        await sse.send_event(response, service_unavailable(str(exc)).to_dict())
-        await sse.send_done(response)
+        await sse.send_error_and_done(response, exc)
         return response
     if req.include_usage:
-        usage = Usage(
-            prompt_tokens=generations[0].usage.prompt_tokens,
-            cached_tokens=generations[0].usage.cached_tokens,
-            completion_tokens=sum(g.usage.completion_tokens for g in generations),
-        )
-        await sse.send_event(response, chunk([], usage))
+        await sse.send_event(response, chunk([], _usage(generations)))
     await sse.send_done(response)
     return response
+
+
+def _usage(generations: list[Generation]) -> Usage:
+    # The n choices share one prompt: counted once, as OpenAI does.
+    return Usage(
+        prompt_tokens=generations[0].usage.prompt_tokens,
+        cached_tokens=generations[0].usage.cached_tokens,
+        completion_tokens=sum(g.usage.completion_tokens for g in generations),
+    )

@@ -8,10 +8,14 @@ from typing import Any
 from aiohttp import web
 
 from omni.api import sse
-from omni.api.schemas import read_json
 from omni.api.errors import bad_request, service_unavailable
 from omni.api.logprobs import completion_logprobs
-from omni.api.schemas import CompletionRequest, parse_completion_request, sampling_params
+from omni.api.schemas import (
+    CompletionRequest,
+    parse_completion_request,
+    read_json,
+    sampling_params,
+)
 from omni.engine import EngineError
 from omni.generation import Generation, Usage, choice_params, new_request_id
 from omni.served_model import ServedModel
@@ -44,11 +48,20 @@ async def create_completion(request: web.Request) -> web.StreamResponse:
     completion_id = new_request_id("cmpl")
     generations = []
     for p, ids in enumerate(prompts):
-        params = sampling_params(req, max_model_len=model.pool.max_model_len, num_prompt_tokens=len(ids))
+        params = sampling_params(
+            req, max_model_len=model.pool.max_model_len, num_prompt_tokens=len(ids)
+        )
         for i in range(req.n):
             index = p * req.n + i
             generations.append(
-                Generation(model, ids, choice_params(params, i), req.stop, f"{completion_id}-{index}", req.skip_special_tokens)
+                Generation(
+                    model,
+                    ids,
+                    choice_params(params, i),
+                    req.stop,
+                    f"{completion_id}-{index}",
+                    req.skip_special_tokens,
+                )
             )
     if req.stream:
         return await _stream(request, req, model, completion_id, generations)
@@ -68,29 +81,19 @@ def _usage(generations: list[Generation], n: int) -> Usage:
 async def _complete(
     req: CompletionRequest, model: ServedModel, completion_id: str, generations: list[Generation]
 ) -> web.Response:
-    texts: list[list[str]] = [[] for _ in generations]
-    logprobs: list[list[Any]] = [[] for _ in generations]
-    finish: list[str | None] = [None] * len(generations)
-    try:
-        async for index, delta in sse.interleave(generations):
-            texts[index].append(delta.text)
-            logprobs[index].extend(delta.logprobs)
-            if delta.finish_reason is not None:
-                finish[index] = delta.finish_reason
-    except EngineError as exc:
-        raise service_unavailable(str(exc)) from exc
+    collected = await sse.collect(generations)
     choices = [
         {
             "index": i,
-            "text": "".join(texts[i]),
+            "text": c.text,
             "logprobs": (
-                completion_logprobs(model.tokenizer, logprobs[i], 0)
+                completion_logprobs(model.tokenizer, c.logprobs, 0)
                 if req.logprobs is not None
                 else None
             ),
-            "finish_reason": finish[i],
+            "finish_reason": c.finish_reason,
         }
-        for i in range(len(generations))
+        for i, c in enumerate(collected)
     ]
     return web.json_response(
         {
@@ -143,8 +146,7 @@ async def _stream(
             }
             await sse.send_event(response, chunk([choice]))
     except EngineError as exc:
-        await sse.send_event(response, service_unavailable(str(exc)).to_dict())
-        await sse.send_done(response)
+        await sse.send_error_and_done(response, exc)
         return response
     if req.include_usage:
         await sse.send_event(response, chunk([], _usage(generations, req.n)))

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
 
 import orjson
 from aiohttp import web
 
-from omni.generation import Delta, Generation
+from omni.api.errors import service_unavailable
+from omni.engine import EngineError
+from omni.generation import Delta, Generation, TokenLogprob
 
 
 async def open_event_stream(request: web.Request) -> web.StreamResponse:
@@ -30,6 +33,36 @@ async def send_event(response: web.StreamResponse, payload: object) -> None:
 async def send_done(response: web.StreamResponse) -> None:
     await response.write(b"data: [DONE]\n\n")
     await response.write_eof()
+
+
+async def send_error_and_done(response: web.StreamResponse, exc: EngineError) -> None:
+    """A worker failed mid-stream: the status is sent already, so say it in an event."""
+    await send_event(response, service_unavailable(str(exc)).to_dict())
+    await send_done(response)
+
+
+@dataclass(slots=True)
+class Choice:
+    text: str = ""
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    finish_reason: str | None = None
+
+
+async def collect(generations: Sequence[Generation]) -> list[Choice]:
+    """Run every generation to its end; a worker failure becomes a 503."""
+    parts: list[list[str]] = [[] for _ in generations]
+    choices = [Choice() for _ in generations]
+    try:
+        async for index, delta in interleave(generations):
+            parts[index].append(delta.text)
+            choices[index].logprobs.extend(delta.logprobs)
+            if delta.finish_reason is not None:
+                choices[index].finish_reason = delta.finish_reason
+    except EngineError as exc:
+        raise service_unavailable(str(exc)) from exc
+    for choice, text in zip(choices, parts):
+        choice.text = "".join(text)
+    return choices
 
 
 async def interleave(generations: Sequence[Generation]) -> AsyncIterator[tuple[int, Delta]]:
