@@ -64,7 +64,12 @@ class LLMEngine:
     """One LLM worker process and its scheduler; a ModelPool holds one per worker."""
 
     def __init__(
-        self, config: EngineConfig, metrics: Metrics, *, worker_id: int = 0, device: str | None = None
+        self,
+        config: EngineConfig,
+        metrics: Metrics,
+        *,
+        worker_id: int = 0,
+        device: str | None = None,
     ):
         self.config = config
         self.metrics = metrics
@@ -153,7 +158,9 @@ class LLMEngine:
         await self.worker.stop()
 
     # ---- requests --------------------------------------------------------------------
-    def submit(self, request: Request, block_hashes: list[BlockHash] | None = None) -> RequestStream:
+    def submit(
+        self, request: Request, block_hashes: list[BlockHash] | None = None
+    ) -> RequestStream:
         if not self.ready or self.scheduler is None:
             raise EngineError("the model's worker is not ready")
         stream = RequestStream(request, self.worker_id)
@@ -249,8 +256,9 @@ class LLMEngine:
         sent = time.monotonic()
         self.worker.send(step)
         reply = await self.worker.recv()
+        elapsed = time.monotonic() - sent
         self.metrics.add_step(
-            self.config.model_name, self._label, output.total_num_scheduled_tokens, time.monotonic() - sent
+            self.config.model_name, self._label, output.total_num_scheduled_tokens, elapsed
         )
         if isinstance(reply, protocol.WorkerError):
             self._fail_step(output, EngineError(f"worker error: {reply.message}"))

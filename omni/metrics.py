@@ -91,7 +91,10 @@ class Metrics:
             registry=r,
         )
         self.prefix_cache_hits = Counter(
-            "omni_prefix_cache_hits", "Prompt tokens found in the prefix cache.", _WORKER, registry=r
+            "omni_prefix_cache_hits",
+            "Prompt tokens found in the prefix cache.",
+            _WORKER,
+            registry=r,
         )
         self.computed_tokens = Counter(
             "omni_computed_tokens",
