@@ -26,6 +26,7 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
     body = await read_json(request)
     req = parse_chat_completion_request(body)
     model = request.app[MODELS].get(req.model)
+    _reject_media(req)
     try:
         prompt_ids = model.tokenizer.apply_chat_template(list(req.messages))
     except ValueError as exc:
@@ -132,6 +133,19 @@ async def _stream(
         await sse.send_event(response, chunk([], _usage(generations)))
     await sse.send_done(response)
     return response
+
+
+def _reject_media(req: ChatCompletionRequest) -> None:
+    """Served models take text only until the encoders are wired in (issue 4)."""
+    for i, message in enumerate(req.messages):
+        if isinstance(message.content, tuple):
+            for j, part in enumerate(message.content):
+                if part.type != "text":
+                    raise bad_request(
+                        f"This model does not accept {part.type} input.",
+                        param=f"messages[{i}].content[{j}]",
+                        code="unsupported_content_type",
+                    )
 
 
 def _usage(generations: list[Generation]) -> Usage:

@@ -188,6 +188,22 @@ def test_prefix_cache_reports_cached_tokens_and_skips_compute(server: str, tiny_
         ({"model": MODEL, "messages": HELLO, "n": 0}, 400, "n"),
         ({"model": "nope", "messages": HELLO}, 404, "model"),
         ({"model": MODEL, "messages": [{"role": "user", "content": "x " * 2000}]}, 400, "messages"),
+        (
+            {
+                "model": MODEL,
+                "messages": [
+                    {
+                        "role": "user",
+                        "content": [
+                            {"type": "text", "text": "What is this?"},
+                            {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}},
+                        ],
+                    }
+                ],
+            },
+            400,
+            "messages[0].content[1]",
+        ),
     ],
 )
 def test_bad_requests_get_openai_errors(server: str, body: dict, status: int, param: str) -> None:
