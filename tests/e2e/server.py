@@ -38,6 +38,17 @@ def wait_healthy(base: str, proc: subprocess.Popen[bytes], timeout: float) -> No
     raise TimeoutError("omni-serve did not become healthy")
 
 
+def worker_pids(server_pid: int) -> list[int]:
+    """The server's worker processes (spawned children, not multiprocessing's tracker)."""
+    children = Path(f"/proc/{server_pid}/task/{server_pid}/children").read_text().split()
+    pids = []
+    for pid in children:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        if b"spawn_main" in cmdline and b"resource_tracker" not in cmdline:
+            pids.append(int(pid))
+    return pids
+
+
 # base URL -> the server's process, for tests that need to reach its workers
 PROCESSES: dict[str, subprocess.Popen[bytes]] = {}
 

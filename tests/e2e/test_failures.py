@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.e2e.server import PROCESSES, ROOT, free_port, running_server, wait_healthy
+from tests.e2e.server import PROCESSES, ROOT, free_port, running_server, wait_healthy, worker_pids
 
 
 def _start(model_dir: Path) -> subprocess.CompletedProcess[str]:
@@ -47,15 +47,6 @@ def test_malformed_checkpoint_fails_at_start(tmp_path: Path, tiny_model_dir: Pat
     assert "Traceback" not in result.stderr.split("could not start")[-1]
 
 
-def _worker_pid(server_pid: int) -> int:
-    children = Path(f"/proc/{server_pid}/task/{server_pid}/children").read_text().split()
-    for pid in children:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
-        if b"spawn_main" in cmdline and b"resource_tracker" not in cmdline:
-            return int(pid)
-    raise AssertionError("no worker process found")
-
-
 def test_worker_crash_fails_its_requests_then_recovers(tiny_model_dir: Path) -> None:
     with running_server("--model", f"m={tiny_model_dir}", "--num-kv-blocks", "256") as base:
         server_pid = PROCESSES[base].pid
@@ -72,7 +63,8 @@ def test_worker_crash_fails_its_requests_then_recovers(tiny_model_dir: Path) -> 
                     continue
                 events.append(line[6:])
                 if len(events) == 3:
-                    os.kill(_worker_pid(server_pid), signal.SIGKILL)
+                    (worker,) = worker_pids(server_pid)
+                    os.kill(worker, signal.SIGKILL)
         assert events[-1] == "[DONE]"
         error = json.loads(events[-2])
         assert error["error"]["code"] is None or isinstance(error["error"]["code"], str)

@@ -13,7 +13,7 @@ import pytest
 
 from gpu_workers.tiny_checkpoints import make_tiny_checkpoint
 from tests.e2e.conftest import read_metric
-from tests.e2e.server import PROCESSES, running_server
+from tests.e2e.server import PROCESSES, running_server, worker_pids
 
 
 @pytest.fixture(scope="module")
@@ -66,18 +66,8 @@ def test_shared_prefix_sticks_to_the_worker_that_has_it(pool_server: str) -> Non
     assert min(cached) >= 64  # the system prompt's blocks, every time
 
 
-def _worker_pids(server_pid: int) -> list[int]:
-    children = Path(f"/proc/{server_pid}/task/{server_pid}/children").read_text().split()
-    pids = []
-    for pid in children:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-        if b"spawn_main" in cmdline and b"resource_tracker" not in cmdline:
-            pids.append(int(pid))
-    return pids
-
-
 def test_requests_avoid_a_dead_worker(pool_server: str) -> None:
-    pids = _worker_pids(PROCESSES[pool_server].pid)
+    pids = worker_pids(PROCESSES[pool_server].pid)
     assert len(pids) == 4  # two models x two workers
     os.kill(pids[0], signal.SIGKILL)
     time.sleep(0.5)
@@ -90,4 +80,4 @@ def test_requests_avoid_a_dead_worker(pool_server: str) -> None:
     while httpx.get(f"{pool_server}/health").status_code != 200:
         assert time.monotonic() < deadline, "the dead worker was not restarted"
         time.sleep(0.2)
-    assert len(_worker_pids(PROCESSES[pool_server].pid)) == 4
+    assert len(worker_pids(PROCESSES[pool_server].pid)) == 4
