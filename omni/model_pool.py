@@ -59,6 +59,9 @@ class ModelPool:
         live = [e for e in self.engines if e.ready]
         if not live:
             raise EngineError("no worker of this model is ready")
+        if len(self.engines) == 1:  # nothing to choose: skip hashing the prompt here
+            self.metrics.add_placement(self.name, str(live[0].worker_id), "only")
+            return live[0].submit(request)
         # One hash chain serves every worker: they share the block size. Full blocks only.
         hashes = block_hashes(
             request.prompt_token_ids, self.config.block_size, media=request.media
