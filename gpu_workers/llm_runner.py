@@ -13,18 +13,28 @@ sampled for a request exactly when its chunk ends at len(token_ids).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from gpu_workers import protocol
+from gpu_workers.artifacts import embeddings_from_bytes
 from gpu_workers.attention.backend import KVCache, SequenceChunk
 from gpu_workers.attention.registry import create_attention_backend
 from gpu_workers.loader import load_model
 from gpu_workers.models.packed_linear import pack_linears
 from gpu_workers.models.llama import LlamaFamilyConfig
 from gpu_workers.sampler import Sampler, validate_options
+from gpu_workers.store_client import LRUBytes
+
+log = logging.getLogger("omni.llm_runner")
+
+# Reads an encoder artifact's bytes by key (the artifact store); raises when it cannot.
+ArtifactReader = Callable[[str], bytes]
+DEFAULT_EMBEDDING_CACHE_BYTES = 1024**3
 
 
 def kv_bytes_per_block(model: LlamaFamilyConfig, block_size: int, dtype: torch.dtype) -> int:
@@ -52,6 +62,7 @@ class RequestState:
     block_ids: list[int]
     sampling: protocol.SamplingOptions
     generator: torch.Generator | None  # only for seeded requests; lives as long as the request
+    media: list[protocol.MediaRef] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +85,8 @@ class LLMRunner:
         max_model_len: int | None = None,  # default: the model's max_position_embeddings
         attention_backend: str = "auto",  # a name in attention.registry, or "auto"
         pack_cpu_weights: bool = True,  # oneDNN-packed linears on CPU (models/packed_linear.py)
+        read_artifact: ArtifactReader | None = None,  # needed only for requests with media
+        embedding_cache_bytes: int = DEFAULT_EMBEDDING_CACHE_BYTES,
     ) -> None:
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
@@ -111,6 +124,9 @@ class LLMRunner:
         self.kv_caches: list[KVCache] = [(layer[0], layer[1]) for layer in self.kv_cache]
         self.sampler = Sampler()
         self.requests: dict[str, RequestState] = {}
+        self.read_artifact = read_artifact
+        # Injected embeddings by store key, already on the device in the model's dtype.
+        self.embeddings = LRUBytes(embedding_cache_bytes)
 
     @property
     def model_config(self) -> LlamaFamilyConfig:
@@ -120,10 +136,11 @@ class LLMRunner:
         for request_id in step.finished_request_ids:
             self.requests.pop(request_id, None)  # unknown ids: nothing to drop
         scheduled = self._apply_deltas(step)
+        failed = self._drop_unreadable_media(scheduled)
         if not scheduled:
-            return protocol.StepResult(step.step_id, [])
+            return protocol.StepResult(step.step_id, [], failed)
         with torch.inference_mode():
-            return protocol.StepResult(step.step_id, self._run(scheduled))
+            return protocol.StepResult(step.step_id, self._run(scheduled), failed)
 
     def _apply_deltas(self, step: protocol.Step) -> list[_Scheduled]:
         # Everything is checked before any state changes, so a rejected step leaves the
@@ -139,10 +156,13 @@ class LLMRunner:
             if not r.token_ids or not all(0 <= t < vocab for t in r.token_ids):
                 raise ValueError(f"request {r.request_id!r}: token ids must be non-empty and in [0, {vocab})")
             self._check_block_ids(r.request_id, r.block_ids)
+            self._check_media(r)
             generator = None
             if r.sampling.seed is not None:
                 generator = torch.Generator(device=self.device).manual_seed(r.sampling.seed)
-            new_states[r.request_id] = RequestState(list(r.token_ids), list(r.block_ids), r.sampling, generator)
+            new_states[r.request_id] = RequestState(
+                list(r.token_ids), list(r.block_ids), r.sampling, generator, list(r.media)
+            )
             tables[r.request_id] = new_states[r.request_id].block_ids
             scheduled.append(_Scheduled(r.request_id, r.num_computed_tokens, r.num_scheduled_tokens))
         for c in step.cached_requests:
@@ -176,6 +196,71 @@ class LLMRunner:
         if not all(0 <= b < self.num_kv_blocks for b in block_ids):
             raise ValueError(f"request {request_id!r}: block ids must be in [0, {self.num_kv_blocks})")
 
+    def _check_media(self, r: protocol.NewRequest) -> None:
+        end = 0
+        for ref in r.media:
+            if ref.offset < end or ref.length < 1 or ref.offset + ref.length > len(r.token_ids):
+                raise ValueError(
+                    f"request {r.request_id!r}: media spans must be sorted, disjoint and inside the prompt"
+                )
+            end = ref.offset + ref.length
+        if r.media and self.read_artifact is None:
+            raise ValueError(f"request {r.request_id!r} has media but this worker has no artifact store")
+
+    # ---- injected embeddings -----------------------------------------------------------
+    def _drop_unreadable_media(self, scheduled: list[_Scheduled]) -> list[list[str]]:
+        """Load the embeddings each chunk needs; a request whose artifact cannot be read leaves
+        this step (and the runner) instead of failing everyone batched with it."""
+        failed: list[list[str]] = []
+        for s in list(scheduled):
+            state = self.requests[s.request_id]
+            start, end = s.num_computed_tokens, s.num_computed_tokens + s.num_scheduled_tokens
+            for ref in state.media:
+                if ref.offset < end and start < ref.offset + ref.length:
+                    try:
+                        self._embedding(ref)
+                    except Exception as exc:  # store down, key gone, or a malformed artifact
+                        log.error("request %s: cannot read %s: %s", s.request_id, ref.key, exc)
+                        failed.append([s.request_id, f"cannot read encoder output {ref.key}: {exc}"])
+                        scheduled.remove(s)
+                        del self.requests[s.request_id]
+                        break
+        return failed
+
+    def _embedding(self, ref: protocol.MediaRef) -> torch.Tensor:
+        x = self.embeddings.get(ref.key)
+        if x is None:
+            assert self.read_artifact is not None
+            x = embeddings_from_bytes(self.read_artifact(ref.key)).to(self.device, self.dtype)
+            self.embeddings.put(ref.key, x, x.numel() * x.element_size())
+        hidden = self.model_config.hidden_size
+        if tuple(x.shape) != (ref.length, hidden):
+            raise ValueError(f"{ref.key} holds {tuple(x.shape)} embeddings, the prompt wants ({ref.length}, {hidden})")
+        return x  # type: ignore[no-any-return]
+
+    def _inputs_embeds(self, scheduled: list[_Scheduled], input_ids: torch.Tensor) -> torch.Tensor | None:
+        """Token embeddings with every media row in place, or None when no chunk has media.
+
+        A chunk computing prompt positions [start, end) at packed rows [row, row + end - start)
+        takes item rows [lo - offset, hi - offset) where [lo, hi) = [start, end) & [offset,
+        offset + length): a chunk boundary may cut an item anywhere.
+        """
+        pieces: list[tuple[int, torch.Tensor]] = []
+        row = 0
+        for s in scheduled:
+            start, end = s.num_computed_tokens, s.num_computed_tokens + s.num_scheduled_tokens
+            for ref in self.requests[s.request_id].media:
+                lo, hi = max(start, ref.offset), min(end, ref.offset + ref.length)
+                if lo < hi:
+                    pieces.append((row + lo - start, self._embedding(ref)[lo - ref.offset : hi - ref.offset]))
+            row += s.num_scheduled_tokens
+        if not pieces:
+            return None
+        h = self.model.embed(input_ids)  # (T, H)
+        for first_row, rows in pieces:
+            h[first_row : first_row + rows.shape[0]] = rows
+        return h
+
     def _run(self, scheduled: list[_Scheduled]) -> list[protocol.SampledToken]:
         input_ids: list[int] = []
         positions: list[int] = []
@@ -192,11 +277,13 @@ class LLMRunner:
                 sample_rows.append(len(input_ids) - 1)
                 sample_ids.append(s.request_id)
         metadata = self.attention_backend.build_metadata(chunks)
+        ids = torch.tensor(input_ids, device=self.device)
         hidden = self.model(
-            torch.tensor(input_ids, device=self.device),
+            ids,
             torch.tensor(positions, device=self.device),
             self.kv_caches,
             metadata,
+            inputs_embeds=self._inputs_embeds(scheduled, ids),
         )  # (T, H)
         if not sample_rows:
             return []

@@ -10,7 +10,7 @@ This module imports neither torch nor anything from omni/ or scheduler/.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import msgpack
@@ -28,6 +28,17 @@ class SamplingOptions:
 
 
 @dataclass(slots=True)
+class MediaRef:
+    """An encoder output injected at prompt positions [offset, offset + length): the rows of
+    the artifact stored under key replace the placeholder tokens' embeddings there."""
+
+    TAG: ClassVar[int] = 10
+    key: str
+    offset: int
+    length: int
+
+
+@dataclass(slots=True)
 class NewRequest:
     """First appearance of a request on a worker: everything the worker keeps about it."""
 
@@ -38,6 +49,7 @@ class NewRequest:
     block_ids: list[int]  # the request's whole block table so far
     num_computed_tokens: int  # tokens [0, num_computed_tokens) already have KV in the cache
     num_scheduled_tokens: int  # compute tokens [num_computed, num_computed + num_scheduled)
+    media: list[MediaRef] = field(default_factory=list)  # sorted by offset, non-overlapping
 
 
 @dataclass(slots=True)
@@ -84,6 +96,8 @@ class Ready:
     num_kv_blocks: int
     block_size: int
     max_model_len: int
+    # An encoder worker's components (vision_encoder, audio_encoder, ...); empty for an LLM.
+    components: list[str] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -101,6 +115,9 @@ class StepResult:
     TAG: ClassVar[int] = 8
     step_id: int
     sampled: list[SampledToken]
+    # [request_id, reason] of requests dropped from this step before the forward (their
+    # injected embeddings could not be read); the server fails just those.
+    failed: list[list[str]] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -113,6 +130,46 @@ class WorkerError:
     fatal: bool = False
 
 
+@dataclass(slots=True)
+class EncodeItem:
+    """One media item for one encoder component; the worker decodes the bytes itself."""
+
+    TAG: ClassVar[int] = 11
+    item_id: int
+    component: str  # vision_encoder | audio_encoder | image_tokenizer | audio_tokenizer
+    kind: str  # image | video | audio
+    key: str  # where the output goes in the artifact store
+    data: bytes  # the media as the client sent it (image/audio/video file bytes)
+    fmt: str | None  # the client's audio format name, if any
+    param: str  # the request field it came from, e.g. "messages[0].content[1]", for errors
+
+
+@dataclass(slots=True)
+class EncodeBatch:
+    TAG: ClassVar[int] = 12
+    batch_id: int
+    items: list[EncodeItem]
+
+
+@dataclass(slots=True)
+class EncodedItem:
+    TAG: ClassVar[int] = 13
+    item_id: int
+    num_rows: int  # embedding rows (continuous components) or codes (discrete ones)
+    codes: list[int] | None = None  # discrete components only
+    error: str | None = None  # the media could not be decoded: a client error naming param
+    store_error: str | None = None  # decoded and encoded, but the store refused the output
+
+
+@dataclass(slots=True)
+class EncodeResult:
+    TAG: ClassVar[int] = 14
+    batch_id: int
+    items: list[EncodedItem]
+    # (component, items encoded together, seconds of preprocessing + forward) per forward
+    forwards: list[list[Any]] = field(default_factory=list)
+
+
 Message = (
     SamplingOptions
     | NewRequest
@@ -123,6 +180,11 @@ Message = (
     | SampledToken
     | StepResult
     | WorkerError
+    | MediaRef
+    | EncodeItem
+    | EncodeBatch
+    | EncodedItem
+    | EncodeResult
 )
 
 _TYPES: dict[int, type] = {
@@ -137,6 +199,11 @@ _TYPES: dict[int, type] = {
         SampledToken,
         StepResult,
         WorkerError,
+        MediaRef,
+        EncodeItem,
+        EncodeBatch,
+        EncodedItem,
+        EncodeResult,
     )
 }
 _TAG_OF: dict[type, int] = {cls: tag for tag, cls in _TYPES.items()}
@@ -185,6 +252,9 @@ def _check_tag(cls: type, item: list[Any]) -> list[Any]:
 # Which fields hold nested messages: (owner, field) -> (type, is_list).
 _SUBTYPES: dict[tuple[type, str], tuple[type, bool]] = {
     (NewRequest, "sampling"): (SamplingOptions, False),
+    (NewRequest, "media"): (MediaRef, True),
+    (EncodeBatch, "items"): (EncodeItem, True),
+    (EncodeResult, "items"): (EncodedItem, True),
     (Step, "new_requests"): (NewRequest, True),
     (Step, "cached_requests"): (CachedRequest, True),
     (StepResult, "sampled"): (SampledToken, True),

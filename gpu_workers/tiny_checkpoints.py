@@ -23,7 +23,7 @@ from safetensors.torch import save_file
 from gpu_workers.models.llama import SUPPORTED_MODEL_TYPES, LlamaFamilyConfig
 
 # Bump when the default checkpoint's bytes change, so caches built by older code are not reused.
-TINY_CHECKPOINT_VERSION = "llm-v1"
+TINY_CHECKPOINT_VERSION = "omni-v1"
 DEFAULT_VOCAB_SIZE = 512  # used when no tokenizer is written
 _VOCAB_MULTIPLE = 64
 
@@ -96,14 +96,21 @@ def hf_tensor_shapes(config: LlamaFamilyConfig) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def make_tiny_checkpoint(out_dir: Path, model_type: str = "hyperclovax", *, seed: int = 0, **overrides: Any) -> Path:
+def make_tiny_checkpoint(
+    out_dir: Path,
+    model_type: str = "hyperclovax",
+    *,
+    seed: int = 0,
+    num_audio_codes: int = 64,
+    **overrides: Any,
+) -> Path:
     """Write a tiny random checkpoint into out_dir; overrides are HF config.json keys."""
     if model_type not in SUPPORTED_MODEL_TYPES:
         raise ValueError(f"unknown model_type {model_type!r}; supported: {', '.join(SUPPORTED_MODEL_TYPES)}")
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     special_ids: dict[str, int] = {}
-    tokenizer_len = _write_tokenizer(out_dir, special_ids)
+    tokenizer_len = _write_tokenizer(out_dir, special_ids, num_audio_codes)
 
     raw: dict[str, Any] = {"model_type": model_type, "architectures": [_ARCHITECTURES[model_type]]}
     raw |= _BASE | _PER_TYPE[model_type]
@@ -122,17 +129,7 @@ def make_tiny_checkpoint(out_dir: Path, model_type: str = "hyperclovax", *, seed
         raise ValueError(f"vocab_size {raw['vocab_size']} is smaller than the tokenizer ({tokenizer_len})")
     config = LlamaFamilyConfig.from_hf(raw)
 
-    gen = torch.Generator().manual_seed(seed)
-    std = float(raw.get("initializer_range", 0.02))
-    tensors: dict[str, torch.Tensor] = {}
-    for name, shape in sorted(hf_tensor_shapes(config).items()):
-        noise = torch.randn(shape, generator=gen)
-        if name.endswith("norm.weight") or ".post_norm" in name:
-            tensors[name] = 1.0 + 0.1 * noise  # near one, but not one, so a missed norm shows
-        elif name.endswith(".bias"):
-            tensors[name] = 0.1 * noise
-        else:
-            tensors[name] = std * noise
+    tensors = _random_tensors(hf_tensor_shapes(config), seed, float(raw.get("initializer_range", 0.02)))
     save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
 
     (out_dir / "config.json").write_text(json.dumps(raw, indent=2, sort_keys=True) + "\n")
@@ -141,34 +138,143 @@ def make_tiny_checkpoint(out_dir: Path, model_type: str = "hyperclovax", *, seed
     return out_dir
 
 
-def _write_tokenizer(out_dir: Path, special_ids: dict[str, int]) -> int:
+def _random_tensors(shapes: dict[str, tuple[int, ...]], seed: int, std: float) -> dict[str, torch.Tensor]:
+    """Seeded noise in sorted-name order, so the same shapes and seed give the same bytes."""
+    gen = torch.Generator().manual_seed(seed)
+    tensors: dict[str, torch.Tensor] = {}
+    for name, shape in sorted(shapes.items()):
+        noise = torch.randn(shape, generator=gen)
+        is_norm = "norm" in name or ".ln_" in name or name.startswith("ln_")
+        if is_norm and name.endswith(".weight"):
+            tensors[name] = 1.0 + 0.1 * noise  # near one, but not one, so a missed norm shows
+        elif name.endswith(".bias"):
+            tensors[name] = 0.1 * noise
+        else:
+            tensors[name] = std * noise
+    return tensors
+
+
+def _write_tokenizer(out_dir: Path, special_ids: dict[str, int], num_audio_codes: int = 64) -> int:
     """Tokenizer length, or 0 when the tiny tokenizer is not available."""
     try:
         from gpu_workers.tiny_tokenizer import build_tiny_tokenizer
     except ImportError:
         return 0
-    length = build_tiny_tokenizer(out_dir)
+    length = build_tiny_tokenizer(out_dir, num_audio_codes=num_audio_codes)
     vocab = json.loads((out_dir / "tokenizer.json").read_text())["added_tokens"]
     special_ids.update({t["content"]: t["id"] for t in vocab})
     return length
 
 
+# ---- encoders: one directory per component, as a converted reference checkpoint has ---------
+TINY_VISION_ENCODER: dict[str, Any] = {
+    "model_type": "qwen2_5_vl_vision",
+    "depth": 2,
+    "hidden_size": 32,
+    "num_heads": 2,
+    "intermediate_size": 64,
+    "out_hidden_size": 64,
+    "fullatt_block_indexes": [1],
+    "window_size": 56,
+    "patch_size": 14,
+    "temporal_patch_size": 2,
+    "spatial_merge_size": 2,
+    "in_channels": 3,
+    "hidden_act": "silu",
+}
+# Small pixel budgets keep the tiny model's prompts short: at most 16 rows per image.
+TINY_VISION_PREPROCESSOR: dict[str, Any] = {
+    "min_pixels": 3_136,
+    "max_pixels": 112 * 112,
+    "video_max_pixels": 56 * 56,
+    "video_min_frames": 4,
+    "video_frames_per_chunk": 32,
+}
+TINY_AUDIO_ENCODER: dict[str, Any] = {
+    "model_type": "qwen2_audio_encoder",
+    "num_mel_bins": 128,
+    "encoder_layers": 2,
+    "encoder_attention_heads": 2,
+    "encoder_ffn_dim": 64,
+    "d_model": 32,
+    "max_source_positions": 1500,
+    "activation_function": "gelu",
+}
+
+
+def _save_component(out_dir: Path, config: dict[str, Any], tensors: dict[str, torch.Tensor]) -> Path:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+    (out_dir / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    return out_dir
+
+
+def make_tiny_vision_encoder(out_dir: Path, *, seed: int = 0, projector_hidden_size: int = 64) -> Path:
+    """Qwen2.5-VL vision tower + projector in transformers' names (Conv3d patch embedding)."""
+    from gpu_workers.models.qwen2_5_vl_vision import Qwen2_5_VisionEncoder, VisionEncoderConfig
+
+    config = {**TINY_VISION_ENCODER, "projector_hidden_size": projector_hidden_size}
+    vc = VisionEncoderConfig.from_hf(config)
+    shapes = {n: tuple(t.shape) for n, t in Qwen2_5_VisionEncoder(vc).state_dict().items()}
+    shapes["patch_embed.proj.weight"] = (
+        vc.hidden_size, vc.in_channels, vc.temporal_patch_size, vc.patch_size, vc.patch_size
+    )  # fmt: skip
+    _save_component(Path(out_dir), config, _random_tensors(shapes, seed, 0.15))
+    (Path(out_dir) / "preprocessor_config.json").write_text(
+        json.dumps(TINY_VISION_PREPROCESSOR, indent=2, sort_keys=True) + "\n"
+    )
+    return Path(out_dir)
+
+
+def make_tiny_audio_encoder(out_dir: Path, *, seed: int = 0, projector_hidden_size: int = 64) -> Path:
+    from gpu_workers.models.qwen2_audio_encoder import AudioEncoderConfig, Qwen2AudioEncoder
+
+    config = {**TINY_AUDIO_ENCODER, "projector_hidden_size": projector_hidden_size}
+    module = Qwen2AudioEncoder(AudioEncoderConfig.from_hf(config))
+    shapes = {n: tuple(t.shape) for n, t in module.state_dict().items()}
+    return _save_component(Path(out_dir), config, _random_tensors(shapes, seed, 0.15))
+
+
+# FSQ levels of the tiny audio tokenizer: 3^4 = 81 units, so the tiny vocabulary has 81 audio
+# unit tokens (the reference: 3^8 = 6,561).
+TINY_AUDIO_LEVELS = (3, 3, 3, 3)
+TINY_IMAGE_CODEBOOK = 64
+
+
+def make_tiny_omni_checkpoint(out_dir: Path, *, seed: int = 0) -> Path:
+    """llm/ (tiny hyperclovax), vision_encoder/, audio_encoder/, image_tokenizer/, audio_tokenizer/."""
+    from gpu_workers.models.fsq_audio_tokenizer import make_tiny_audio_tokenizer
+    from gpu_workers.models.ta_tok import make_tiny_image_tokenizer
+
+    out_dir = Path(out_dir)
+    num_units = 1
+    for level in TINY_AUDIO_LEVELS:
+        num_units *= level
+    make_tiny_checkpoint(out_dir / "llm", "hyperclovax", seed=seed, num_audio_codes=num_units)
+    hidden = int(_BASE["hidden_size"])
+    make_tiny_vision_encoder(out_dir / "vision_encoder", seed=seed + 1, projector_hidden_size=hidden)
+    make_tiny_audio_encoder(out_dir / "audio_encoder", seed=seed + 2, projector_hidden_size=hidden)
+    make_tiny_image_tokenizer(out_dir / "image_tokenizer", seed=seed + 3, codebook_size=TINY_IMAGE_CODEBOOK)
+    make_tiny_audio_tokenizer(out_dir / "audio_tokenizer", seed=seed + 4, levels=TINY_AUDIO_LEVELS)
+    return out_dir
+
+
 def default_checkpoint_dir(cache_root: Path | None = None) -> Path:
-    """The default tiny hyperclovax checkpoint, built once per version under the cache root
-    (cache_root, else $OMNI_SERVE_CACHE, else ~/.cache/omni-serve)."""
+    """The default tiny omni checkpoint (hyperclovax LLM + encoders), built once per version
+    under the cache root (cache_root, else $OMNI_SERVE_CACHE, else ~/.cache/omni-serve)."""
     root = cache_root or Path(os.environ.get("OMNI_SERVE_CACHE") or Path.home() / ".cache" / "omni-serve")
     final = Path(root) / f"tiny-{TINY_CHECKPOINT_VERSION}"
-    if (final / "config.json").is_file():
+    if (final / "llm" / "config.json").is_file():
         return final
     final.parent.mkdir(parents=True, exist_ok=True)
     # Build beside the target and rename: readers never see a half-written directory, and
     # of two racing builders the second rename fails and its copy is dropped.
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=final.parent))
     try:
-        make_tiny_checkpoint(tmp, "hyperclovax", seed=0)
+        make_tiny_omni_checkpoint(tmp, seed=0)
         os.rename(tmp, final)
     except OSError:
-        if not (final / "config.json").is_file():
+        if not (final / "llm" / "config.json").is_file():
             raise
     finally:
         if tmp.exists():
@@ -182,11 +288,14 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m gpu_workers.tiny_checkpoints", description=__doc__)
     p.add_argument("--print-default-dir", action="store_true", help="build (once) and print the default checkpoint")
     p.add_argument("--out", type=Path, help="write a checkpoint here instead")
-    p.add_argument("--model-type", default="hyperclovax", choices=SUPPORTED_MODEL_TYPES)
+    p.add_argument("--model-type", default="hyperclovax", choices=(*SUPPORTED_MODEL_TYPES, "omni"))
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
     if args.out is not None:
-        print(make_tiny_checkpoint(args.out, args.model_type, seed=args.seed))
+        if args.model_type == "omni":
+            print(make_tiny_omni_checkpoint(args.out, seed=args.seed))
+        else:
+            print(make_tiny_checkpoint(args.out, args.model_type, seed=args.seed))
     elif args.print_default_dir:
         print(default_checkpoint_dir())
     else:

@@ -71,8 +71,10 @@ def audio_code_token(unit: int) -> str:
     return f"<|audio{unit:04d}|>"
 
 
-# ChatML. Content is a string, a list of parts (only text parts render; the server turns
-# media parts into marker text before rendering) or none (an assistant turn with tool calls).
+# ChatML. Content is a string, a list of parts or none (an assistant turn with tool calls).
+# Media parts arrive as {"type": "image" | "video" | "audio", "id": ...} (transformers'
+# multimodal convention) and render as the reference model does: a mime header, then one
+# placeholder per representation, which the server expands (omni/media_pipeline.py).
 CHAT_TEMPLATE = """\
 {%- for message in messages -%}
 {{- '<|im_start|>' + message['role'] + '\\n' -}}
@@ -82,6 +84,17 @@ CHAT_TEMPLATE = """\
 {%- for part in message['content'] -%}
 {%- if part['type'] == 'text' -%}
 {{- part['text'] -}}
+{%- elif part['type'] in ('image', 'video', 'audio') -%}
+{{- '<|mime_start|>{"id": "' + part['id'] | string + '", "type": "' + part['type'] + '"}<|mime_end|>' -}}
+{%- if part['type'] == 'image' -%}
+{{- '<|discrete_image_start|><|DISCRETE_IMAGE_PAD|><|discrete_image_end|>' -}}
+{{- '<|image_start|><|IMAGE_PAD|><|image_end|>' -}}
+{%- elif part['type'] == 'video' -%}
+{{- '<|video_start|><|VIDEO_PAD|><|video_end|>' -}}
+{%- else -%}
+{{- '<|discrete_audio_start|><|DISCRETE_AUDIO_PAD|><|discrete_audio_end|>' -}}
+{{- '<|audio_start|><|AUDIO_PAD|><|audio_end|>' -}}
+{%- endif -%}
 {%- else -%}
 {{- raise_exception('unsupported content part type: ' + part['type'] | string) -}}
 {%- endif -%}

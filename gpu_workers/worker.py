@@ -13,7 +13,7 @@ import logging
 import os
 import signal
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -36,6 +36,16 @@ class WorkerSpec:
     max_model_len: int | None = None
     attention_backend: str = "auto"
     num_threads: int | None = None
+    # "llm" runs Steps (LLMRunner); "encoder" runs EncodeBatches (EncoderRunner) over the
+    # component directories under model_dir.
+    kind: str = "llm"
+    # The artifact store (omni/store/spec.py syntax); encoders write there, the LLM reads.
+    store: str = ""
+    store_endpoint_url: str | None = None
+    store_region: str | None = None
+    embedding_cache_bytes: int = 1024**3
+    # omni.media.MediaLimits fields the encoder worker decodes under (server's values).
+    media_limits: dict[str, Any] = field(default_factory=dict)
 
     def to_bytes(self) -> bytes:
         return msgpack.packb(dataclasses.asdict(self), use_bin_type=True)
@@ -65,26 +75,41 @@ def worker_main(conn: Connection, spec_bytes: bytes) -> None:
         log.exception("worker %d failed to start", spec.worker_id)
         _send(conn, protocol.WorkerError(f"{type(exc).__name__}: {exc}", fatal=True))
         return
-    _send(
-        conn,
-        protocol.Ready(
+    if spec.kind == "encoder":
+        ready = protocol.Ready(spec.worker_id, spec.device, 0, 0, 0, list(runner.components))
+    else:
+        ready = protocol.Ready(
             worker_id=spec.worker_id,
             device=spec.device,
             num_kv_blocks=runner.num_kv_blocks,
             block_size=runner.block_size,
             max_model_len=runner.max_model_len,
-        ),
-    )
+        )
+    _send(conn, ready)
     _serve(conn, runner)
 
 
 def _build_runner(spec: WorkerSpec) -> Any:
     import torch  # noqa: PLC0415 - only the child process may import torch
 
-    from gpu_workers.llm_runner import LLMRunner  # noqa: PLC0415
+    from gpu_workers.store_client import StoreClient  # noqa: PLC0415
 
     if spec.num_threads:
         torch.set_num_threads(spec.num_threads)
+    store = StoreClient(spec.store, endpoint_url=spec.store_endpoint_url, region=spec.store_region)
+    if spec.kind == "encoder":
+        from gpu_workers.encoder_runner import EncoderRunner  # noqa: PLC0415
+        from omni.media import MediaLimits  # noqa: PLC0415
+
+        return EncoderRunner(
+            spec.model_dir,
+            store=store,
+            device=spec.device,
+            dtype=getattr(torch, spec.dtype),
+            limits=MediaLimits(**spec.media_limits),
+        )
+    from gpu_workers.llm_runner import LLMRunner  # noqa: PLC0415
+
     return LLMRunner(
         model_dir=spec.model_dir,
         device=spec.device,
@@ -94,6 +119,8 @@ def _build_runner(spec: WorkerSpec) -> Any:
         kv_cache_memory_bytes=spec.kv_cache_memory_bytes,
         max_model_len=spec.max_model_len,
         attention_backend=spec.attention_backend,
+        read_artifact=store.get,
+        embedding_cache_bytes=spec.embedding_cache_bytes,
     )
 
 
@@ -105,18 +132,19 @@ def _serve(conn: Connection, runner: Any) -> None:
             return  # the server is gone
         if isinstance(message, protocol.Shutdown):
             return
-        if not isinstance(message, protocol.Step):
+        if isinstance(message, protocol.Step):
+            handle, job_id = runner.execute, message.step_id
+        elif isinstance(message, protocol.EncodeBatch):
+            handle, job_id = runner.encode, message.batch_id
+        else:
             _send(conn, protocol.WorkerError(f"unexpected message {type(message).__name__}"))
             continue
         try:
-            result = runner.execute(message)
+            result = handle(message)
         except Exception as exc:
-            # The server fails the requests of this step and keeps the worker.
-            log.error("step %d failed:\n%s", message.step_id, traceback.format_exc())
-            _send(
-                conn,
-                protocol.WorkerError(f"{type(exc).__name__}: {exc}", step_id=message.step_id),
-            )
+            # The server fails the requests of this step (or batch) and keeps the worker.
+            log.error("job %d failed:\n%s", job_id, traceback.format_exc())
+            _send(conn, protocol.WorkerError(f"{type(exc).__name__}: {exc}", step_id=job_id))
             continue
         _send(conn, result)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hmac
 import logging
 import time
@@ -11,13 +12,18 @@ from collections.abc import AsyncIterator
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
+from gpu_workers.worker import WorkerSpec
 from omni.api import chat, completions, system
 from omni.api.errors import error_middleware, unauthorized
-from omni.config import ServerConfig
+from omni.config import EngineConfig, ServerConfig
+from omni.encoder_engine import EncoderEngine
+from omni.media_pipeline import MediaPipeline
+from omni.model_layout import ModelLayout, component_revision
 from omni.model_pool import ModelPool
 from omni.metrics import Metrics
 from omni.served_model import ModelRegistry, ServedModel
 from omni.state import CONFIG, METRICS, MODELS, STORE
+from omni.store.base import ArtifactStore
 from omni.store.local import ARTIFACT_ROUTE, LocalStore, artifact_route
 from omni.store.spec import StoreSpec
 from omni.tokenizer import TextTokenizer
@@ -53,12 +59,19 @@ async def _models_ctx(app: web.Application) -> AsyncIterator[None]:
             None, TextTokenizer.from_dir, engine_config.model_dir
         )
         pool = ModelPool(engine_config, metrics)
+        media = None
+        if engine_config.encoder_dir is not None:
+            media = await _media_pipeline(engine_config, tokenizer, app[STORE], metrics)
         registry.add(
-            ServedModel(engine_config.model_name, tokenizer, pool, created=int(time.time()))
+            ServedModel(
+                engine_config.model_name, tokenizer, pool, created=int(time.time()), media=media
+            )
         )
 
     async def start_all() -> None:
-        await asyncio.gather(*(m.pool.start() for m in registry))
+        starts = [m.pool.start() for m in registry]
+        starts += [m.media.encoder.start() for m in registry if m.media is not None]
+        await asyncio.gather(*starts)
 
     # Workers load in the background so /health can answer 503 while they do.
     app[STARTUP] = asyncio.create_task(start_all(), name="start-engines")
@@ -66,7 +79,42 @@ async def _models_ctx(app: web.Application) -> AsyncIterator[None]:
         yield
     finally:
         app[STARTUP].cancel()
-        await asyncio.gather(*(m.pool.stop() for m in registry), return_exceptions=True)
+        stops = [m.pool.stop() for m in registry]
+        stops += [m.media.encoder.stop() for m in registry if m.media is not None]
+        await asyncio.gather(*stops, return_exceptions=True)
+
+
+async def _media_pipeline(
+    config: EngineConfig, tokenizer: TextTokenizer, store: ArtifactStore, metrics: Metrics
+) -> MediaPipeline:
+    assert config.encoder_dir is not None
+    layout = ModelLayout.from_dir(config.encoder_dir)
+    revisions = {
+        name: await asyncio.to_thread(component_revision, path)
+        for name, path in layout.components.items()
+    }
+    spec = WorkerSpec(
+        worker_id=0,
+        model_dir=str(layout.root),
+        device=config.encoder_device or (config.devices[0] if config.devices else config.device),
+        dtype=config.dtype,
+        num_threads=config.num_threads,
+        kind="encoder",
+        store=config.store,
+        store_endpoint_url=config.store_endpoint_url,
+        store_region=config.store_region,
+        media_limits=dataclasses.asdict(config.media_limits),
+    )
+    encoder = EncoderEngine(
+        spec,
+        metrics,
+        config.model_name,
+        max_batch_items=config.encoder_max_batch_items,
+        start_timeout=config.worker_start_timeout,
+    )
+    return MediaPipeline(
+        config.model_name, tokenizer, encoder, store, revisions, config.media_limits, metrics
+    )
 
 
 async def _store_ctx(app: web.Application) -> AsyncIterator[None]:

@@ -16,6 +16,8 @@ from aiohttp import web
 
 from omni.app import STARTUP, create_app
 from omni.config import EngineConfig, ServerConfig
+from omni.media.limits import MediaLimits
+from omni.model_layout import ModelLayout
 from omni.store.spec import StoreSpec
 from scheduler.placement import POLICIES, parse_weights
 
@@ -104,7 +106,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=os.environ.get("OMNI_SERVE_API_KEY"),
         help="require this bearer token (default: $OMNI_SERVE_API_KEY)",
     )
-    p.add_argument("--max-request-bytes", type=parse_size, default=8 * 1024 * 1024)
+    p.add_argument(
+        "--max-request-bytes",
+        type=parse_size,
+        default=64 * 1024 * 1024,
+        help="largest request body (media travel inline as base64; default 64MiB)",
+    )
     p.add_argument("--worker-start-timeout", type=float, default=600.0)
     p.add_argument(
         "--shutdown-timeout",
@@ -126,8 +133,44 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--store-endpoint-url", help="S3 endpoint (MinIO, moto, ...)")
     p.add_argument("--store-region", help="S3 region")
+    media = p.add_argument_group("media input")
+    media.add_argument(
+        "--allow-remote-media",
+        action="store_true",
+        help="fetch http(s) media URLs (public addresses only); default: data: URLs only",
+    )
+    defaults = MediaLimits()
+    media.add_argument("--max-media-bytes", type=parse_size, default=defaults.max_bytes, help="per item, encoded")
+    media.add_argument(
+        "--max-image-pixels", type=int, default=defaults.max_image_pixels, help="decoded width x height per image"
+    )
+    media.add_argument("--max-audio-seconds", type=float, default=defaults.max_audio_seconds)
+    media.add_argument(
+        "--max-video-frames", type=int, default=defaults.max_video_frames, help="after sampling at --video-fps"
+    )
+    media.add_argument("--video-fps", type=float, default=defaults.video_fps, help="video frames sampled per second")
+    media.add_argument("--max-media-items", type=int, default=defaults.max_items_per_request, help="per request")
+    media.add_argument("--media-fetch-timeout", type=float, default=defaults.remote_fetch_timeout_s)
+    media.add_argument("--encoder-device", help="device of the encoder worker (default: the first LLM device)")
     p.add_argument("--log-level", default=os.environ.get("OMNI_LOG_LEVEL", "INFO"))
     return p
+
+
+def media_limits_from_args(args: argparse.Namespace) -> MediaLimits:
+    limits = MediaLimits(
+        max_bytes=args.max_media_bytes,
+        max_image_pixels=args.max_image_pixels,
+        max_audio_seconds=args.max_audio_seconds,
+        max_video_frames=args.max_video_frames,
+        video_fps=args.video_fps,
+        max_items_per_request=args.max_media_items,
+        remote_fetch_timeout_s=args.media_fetch_timeout,
+        allow_remote=args.allow_remote_media,
+    )
+    for name in ("max_bytes", "max_image_pixels", "max_audio_seconds", "max_video_frames", "video_fps"):
+        if getattr(limits, name) <= 0:
+            raise SystemExit(f"omni-serve: {name} must be positive")
+    return limits
 
 
 def default_model_dir() -> Path:
@@ -179,14 +222,23 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
     dtype = args.dtype
     if dtype == "auto":
         dtype = "float32" if on_cpu else "bfloat16"
+    limits = media_limits_from_args(args)
     engines = []
     for model_name, model_dir in models:
-        if not (model_dir / "config.json").is_file():
-            raise SystemExit(f"omni-serve: {model_dir} has no config.json; is it a checkpoint?")
+        try:
+            layout = ModelLayout.from_dir(model_dir.resolve())
+        except ValueError as exc:
+            raise SystemExit(f"omni-serve: {exc}") from None
         engines.append(
             EngineConfig(
                 model_name=model_name,
-                model_dir=model_dir.resolve(),
+                model_dir=layout.llm_dir,
+                encoder_dir=layout.root if layout.has_encoders else None,
+                encoder_device=args.encoder_device,
+                media_limits=limits,
+                store=args.store,
+                store_endpoint_url=args.store_endpoint_url,
+                store_region=args.store_region,
                 device=device,
                 dtype=dtype,
                 block_size=args.block_size,

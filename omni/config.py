@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+
+from omni.media.limits import MediaLimits
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,6 +30,15 @@ class EngineConfig:
     placement: str = "prefix-aware"
     placement_weights: tuple[tuple[str, float], ...] = ()
     worker_start_timeout: float = 600.0
+    # The artifact store the workers open (the server's --store and its S3 settings).
+    store: str = ""
+    store_endpoint_url: str | None = None
+    store_region: str | None = None
+    media_limits: MediaLimits = field(default_factory=MediaLimits)
+    # An omni checkpoint's root (its encoder component directories), None for a text LLM.
+    encoder_dir: Path | None = None
+    encoder_device: str | None = None  # default: the first LLM worker's device
+    encoder_max_batch_items: int = 32
 
 
 @dataclass(frozen=True, slots=True)

@@ -108,6 +108,9 @@ class LLMEngine:
             max_model_len=c.max_model_len,
             attention_backend=c.attention_backend,
             num_threads=c.num_threads,
+            store=c.store,
+            store_endpoint_url=c.store_endpoint_url,
+            store_region=c.store_region,
         )
 
     @property
@@ -265,6 +268,8 @@ class LLMEngine:
             return
         if not isinstance(reply, protocol.StepResult) or reply.step_id != self._step_id:
             raise WorkerDied(f"worker replied out of order: {type(reply).__name__}")
+        for request_id, reason in reply.failed:  # dropped by the worker before its forward
+            self._fail_request(RequestId(request_id), EngineError(reason))
         by_id = {RequestId(s.request_id): s for s in reply.sampled}
         updated = scheduler.update_from_output(
             output, {rid: s.token_id for rid, s in by_id.items()}
@@ -313,6 +318,8 @@ class LLMEngine:
                     block_ids=list(s.block_ids),
                     num_computed_tokens=s.num_computed_tokens,
                     num_scheduled_tokens=s.num_scheduled_tokens,
+                    # a span's content hash is the store key of the embeddings it holds
+                    media=[protocol.MediaRef(m.content_hash, m.offset, m.length) for m in s.request.media],
                 )
             )
         cached = [
@@ -364,12 +371,18 @@ class LLMEngine:
         ids = [s.request.request_id for s in output.scheduled_new]
         ids += [c.request_id for c in output.scheduled_cached]
         for request_id in ids:
-            stream = self._forget(request_id)
-            assert self.scheduler is not None
-            self.scheduler.abort_request(request_id)
-            if stream is not None:
-                stream.queue.put_nowait(error)
-                self.metrics.request_finished(self.config.model_name, "error", stream.request)
+            self._fail_request(request_id, error)
+
+    def _fail_request(self, request_id: RequestId, error: BaseException) -> None:
+        """End a request whose scheduled tokens were never computed. Its blocks must not stay
+        in the prefix cache: their hashes were registered at schedule time, for KV that was
+        never written."""
+        stream = self._forget(request_id)
+        assert self.scheduler is not None
+        self.scheduler.abort_request(request_id, uncache=True)
+        if stream is not None:
+            stream.queue.put_nowait(error)
+            self.metrics.request_finished(self.config.model_name, "error", stream.request)
 
     def _fail_all(self, error: BaseException) -> None:
         for request_id, stream in list(self._streams.items()):

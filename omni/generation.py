@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from omni.detokenizer import IncrementalDetokenizer
 from omni.served_model import ServedModel
-from scheduler.request import Request, RequestId, RequestStatus, SamplingParams
+from scheduler.request import MediaSpan, Request, RequestId, RequestStatus, SamplingParams
 
 
 @dataclass(slots=True)
@@ -74,6 +74,7 @@ class Generation:
         stop: tuple[str, ...],
         request_id: str,
         skip_special_tokens: bool = True,
+        media: tuple[MediaSpan, ...] = (),
     ) -> None:
         self.model = model
         self.request = Request(
@@ -81,6 +82,7 @@ class Generation:
             prompt_token_ids=prompt_token_ids,
             sampling_params=params,
             eos_token_ids=model.tokenizer.eos_token_ids,
+            media=media,
         )
         self.stop = stop
         self.skip_special_tokens = skip_special_tokens

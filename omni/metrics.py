@@ -33,6 +33,9 @@ INTER_TOKEN_BUCKETS_S = (
 
 _MODEL = ["model"]
 _WORKER = ["model", "worker"]
+_COMPONENT = ["model", "component"]
+# Items per encoder forward: one image alone up to a full batch of a busy server.
+ENCODER_BATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 
 
 class Metrics:
@@ -123,6 +126,53 @@ class Metrics:
             registry=r,
         )
 
+        self.encoder_cache_hits = Counter(
+            "omni_encoder_cache_hits",
+            "Media items whose encoder output was already in the artifact store.",
+            _COMPONENT,
+            registry=r,
+        )
+        self.encoder_cache_misses = Counter(
+            "omni_encoder_cache_misses",
+            "Media items sent to the encoder (not found in the artifact store).",
+            _COMPONENT,
+            registry=r,
+        )
+        self.encoder_batch_size = Histogram(
+            "omni_encoder_batch_size",
+            "Items encoded together in one encoder forward.",
+            _COMPONENT,
+            buckets=ENCODER_BATCH_BUCKETS,
+            registry=r,
+        )
+        self.encoder_forward_latency = Histogram(
+            "omni_encoder_forward_seconds",
+            "One encoder forward over a batch (decode excluded, preprocessing included).",
+            _COMPONENT,
+            buckets=LATENCY_BUCKETS_S,
+            registry=r,
+        )
+        self.encoder_batch_latency = Histogram(
+            "omni_encoder_batch_seconds",
+            "From sending an encode batch to its result (decode, forwards, store writes, pipe).",
+            _MODEL,
+            buckets=LATENCY_BUCKETS_S,
+            registry=r,
+        )
+        self.store_latency = Histogram(
+            "omni_store_operation_seconds",
+            "Artifact store operations made by the server, by operation.",
+            ["operation"],
+            buckets=LATENCY_BUCKETS_S,
+            registry=r,
+        )
+        self.store_errors = Counter(
+            "omni_store_errors",
+            "Artifact store operations that failed (backend errors, not missing keys).",
+            ["operation"],
+            registry=r,
+        )
+
     def request_finished(
         self, model: str, finish_reason: str, request: Request, *, now: float | None = None
     ) -> None:
@@ -163,6 +213,21 @@ class Metrics:
 
     def add_preemptions(self, model: str, worker: str, n: int = 1) -> None:
         self.preemptions.labels(model, worker).inc(n)
+
+    def encoder_cache(self, model: str, component: str, *, hit: bool) -> None:
+        (self.encoder_cache_hits if hit else self.encoder_cache_misses).labels(model, component).inc()
+
+    def observe_encoder_batch(self, model: str, seconds: float, forwards: list[list[object]]) -> None:
+        """forwards: [component, items, seconds] per forward, as the encoder worker reports."""
+        self.encoder_batch_latency.labels(model).observe(seconds)
+        for component, items, forward_s in forwards:
+            self.encoder_batch_size.labels(model, str(component)).observe(float(items))  # type: ignore[arg-type]
+            self.encoder_forward_latency.labels(model, str(component)).observe(float(forward_s))  # type: ignore[arg-type]
+
+    def observe_store(self, operation: str, seconds: float, *, failed: bool = False) -> None:
+        self.store_latency.labels(operation).observe(seconds)
+        if failed:
+            self.store_errors.labels(operation).inc()
 
     def render(self) -> tuple[bytes, str]:
         """The exposition text and its content type (with charset: set it as a header)."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from omni.api.errors import model_not_found
+from omni.media_pipeline import MediaPipeline
 from omni.model_pool import ModelPool
 from omni.tokenizer import TextTokenizer
 
@@ -15,10 +16,11 @@ class ServedModel:
     tokenizer: TextTokenizer
     pool: ModelPool
     created: int
+    media: MediaPipeline | None = None  # None: a text-only model, media parts are refused
 
     @property
     def ready(self) -> bool:
-        return self.pool.ready
+        return self.pool.ready and (self.media is None or self.media.ready)
 
 
 class ModelRegistry:

@@ -160,8 +160,13 @@ class BlockManager:
         table.extend(new)
         return new
 
-    def free(self, request: Request) -> None:
-        """Release the request's blocks; a no-op for a request without a table."""
+    def free(self, request: Request, *, uncache: bool = False) -> None:
+        """Release the request's blocks; a no-op for a request without a table.
+
+        uncache: blocks that no other request holds lose their cache entry too (their KV may
+        never have been written: the step that was to write it failed). Blocks still shared
+        were written by an earlier step of their other holder, so they stay cached.
+        """
         self._hashes.pop(request.request_id, None)
         table = self._tables.pop(request.request_id, None)
         if table is None:
@@ -170,6 +175,9 @@ class BlockManager:
             block = self._blocks[block_id]
             block.ref_count -= 1
             if block.ref_count == 0:
+                if uncache and block.hash is not None:
+                    del self._cached[block.hash]
+                    block.hash = None
                 self._free[block_id] = None
                 if block.hash is None:
                     self._free.move_to_end(block_id, last=False)

@@ -67,9 +67,16 @@ class Scheduler:
         self._waiting.append(request)
 
     def abort_request(
-        self, request_id: RequestId, status: RequestStatus = RequestStatus.FINISHED_ABORTED
+        self,
+        request_id: RequestId,
+        status: RequestStatus = RequestStatus.FINISHED_ABORTED,
+        *,
+        uncache: bool = False,
     ) -> Request | None:
-        """Finish a request from outside (client gone, stop string); frees its blocks now."""
+        """Finish a request from outside (client gone, stop string); frees its blocks now.
+
+        uncache: the request's last step never ran, so blocks it alone held leave the
+        prefix cache instead of staying there with hashes of KV that was never written."""
         if not status.is_finished:
             raise ValueError(f"{status} is not a finished status")
         request = self._requests.get(request_id)
@@ -81,16 +88,16 @@ class Scheduler:
         else:
             self._waiting = deque(r for r in self._waiting if r is not request)
         request.status = status
-        self._finish(request)
+        self._finish(request, uncache=uncache)
         return request
 
     def get_request(self, request_id: RequestId) -> Request | None:
         return self._requests.get(request_id)
 
-    def _finish(self, request: Request) -> None:
+    def _finish(self, request: Request, *, uncache: bool = False) -> None:
         """Release a request already taken out of the queues."""
         del self._requests[request.request_id]
-        self.block_manager.free(request)
+        self.block_manager.free(request, uncache=uncache)
         if request.request_id in self._known_to_worker:
             self._known_to_worker.remove(request.request_id)
             self._finished_ids.append(request.request_id)

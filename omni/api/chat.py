@@ -20,19 +20,16 @@ from omni.engine import EngineError
 from omni.generation import Generation, Usage, choice_params, new_request_id
 from omni.served_model import ServedModel
 from omni.state import MODELS
+from scheduler.request import MediaSpan
 
 
 async def create_chat_completion(request: web.Request) -> web.StreamResponse:
     body = await read_json(request)
     req = parse_chat_completion_request(body)
     model = request.app[MODELS].get(req.model)
-    _reject_media(req)
-    try:
-        prompt_ids = model.tokenizer.apply_chat_template(list(req.messages))
-    except ValueError as exc:
-        raise bad_request(f"Could not render the chat template: {exc}", param="messages")
-    if not model.pool.serving:
+    if not model.pool.serving or (model.media is not None and not model.media.ready):
         raise service_unavailable("The model is starting; retry shortly.", retry_after_s=5)
+    prompt_ids, media = await _render_prompt(model, req)
     params = sampling_params(
         req, max_model_len=model.pool.max_model_len, num_prompt_tokens=len(prompt_ids)
     )
@@ -45,6 +42,7 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
             req.stop,
             f"{completion_id}-{i}",
             req.skip_special_tokens,
+            media,
         )
         for i in range(req.n)
     ]
@@ -135,8 +133,34 @@ async def _stream(
     return response
 
 
+async def _render_prompt(
+    model: ServedModel, req: ChatCompletionRequest
+) -> tuple[list[int], tuple[MediaSpan, ...]]:
+    """Prompt token ids with media placeholders expanded, and the spans to inject."""
+    pipeline = model.media
+    has_media = any(
+        isinstance(m.content, tuple) and any(p.type != "text" for p in m.content)
+        for m in req.messages
+    )
+    if pipeline is None or not has_media:
+        if has_media:
+            _reject_media(req)
+        return _apply_template(model, list(req.messages)), ()
+    items = await pipeline.load_items(req.messages)
+    prompt_ids = _apply_template(model, pipeline.template_messages(req.messages, items))
+    prompt = await pipeline.expand(prompt_ids, items)
+    return prompt.token_ids, prompt.media
+
+
+def _apply_template(model: ServedModel, messages: list[Any]) -> list[int]:
+    try:
+        return model.tokenizer.apply_chat_template(messages)
+    except ValueError as exc:
+        raise bad_request(f"Could not render the chat template: {exc}", param="messages")
+
+
 def _reject_media(req: ChatCompletionRequest) -> None:
-    """Served models take text only until the encoders are wired in (issue 4)."""
+    """A text-only model (no encoder components) refuses media parts by name."""
     for i, message in enumerate(req.messages):
         if isinstance(message.content, tuple):
             for j, part in enumerate(message.content):

@@ -29,3 +29,45 @@ def decode_tensors(data: bytes) -> tuple[dict[str, np.ndarray], dict[str, str]]:
     (header_len,) = struct.unpack_from("<Q", data, 0)
     header = json.loads(data[8 : 8 + header_len])
     return tensors, dict(header.get("__metadata__") or {})
+
+
+# ---- encoder artifacts --------------------------------------------------------------------
+# An encoder output is one safetensors file holding either "embeddings" (rows, hidden) or
+# "codes" (n,) int32. numpy has no bfloat16, so bf16 embeddings travel as their int16 bit
+# pattern with metadata {"dtype": "bfloat16"}; the LLM worker views them back losslessly.
+EMBEDDINGS = "embeddings"
+CODES = "codes"
+
+
+def read_header(data: bytes) -> dict[str, object]:
+    """The safetensors JSON header (shapes, dtypes, __metadata__) without loading tensors."""
+    if len(data) < 8:
+        raise ValueError("not a safetensors artifact: shorter than its header length")
+    (header_len,) = struct.unpack_from("<Q", data, 0)
+    if header_len > len(data) - 8:
+        raise ValueError("not a safetensors artifact: header runs past the end")
+    header = json.loads(data[8 : 8 + header_len])
+    if not isinstance(header, dict):
+        raise ValueError("not a safetensors artifact: header is not an object")
+    return header
+
+
+def artifact_rows(data: bytes) -> tuple[str, int]:
+    """(EMBEDDINGS or CODES, number of rows) of an encoder artifact, from its header alone."""
+    header = read_header(data)
+    for name in (EMBEDDINGS, CODES):
+        entry = header.get(name)
+        if isinstance(entry, dict) and isinstance(entry.get("shape"), list) and entry["shape"]:
+            return name, int(entry["shape"][0])
+    raise ValueError("encoder artifact holds neither embeddings nor codes")
+
+
+def encode_codes(codes: list[int], metadata: Mapping[str, str] | None = None) -> bytes:
+    return encode_tensors({CODES: np.asarray(codes, dtype=np.int32)}, metadata)
+
+
+def decode_codes(data: bytes) -> list[int]:
+    tensors, _ = decode_tensors(data)
+    if CODES not in tensors:
+        raise ValueError("encoder artifact holds no codes")
+    return [int(c) for c in tensors[CODES].reshape(-1)]

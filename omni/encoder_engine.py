@@ -1,0 +1,159 @@
+"""EncoderEngine: one encoder worker process and continuous batching of media items.
+
+Requests submit items (one per media item and component) and await the result. While a
+batch runs in the worker, newly submitted items queue; the next batch takes all of them (up
+to max_batch_items), so concurrent requests share forwards without any waiting window. Two
+requests submitting the same key share one encode.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+
+from gpu_workers import protocol
+from gpu_workers.worker import WorkerSpec
+from omni.engine import EngineError
+from omni.metrics import Metrics
+from omni.worker_process import WorkerDied, WorkerProcess
+
+log = logging.getLogger("omni.encoder_engine")
+
+
+@dataclass(slots=True)
+class _Pending:
+    item: protocol.EncodeItem
+    future: asyncio.Future[protocol.EncodedItem]
+
+
+class EncoderEngine:
+    def __init__(
+        self,
+        spec: WorkerSpec,
+        metrics: Metrics,
+        model_name: str,
+        *,
+        max_batch_items: int = 32,
+        start_timeout: float = 600.0,
+    ) -> None:
+        self.spec = spec
+        self.metrics = metrics
+        self.model_name = model_name
+        self.max_batch_items = max_batch_items
+        self.start_timeout = start_timeout
+        self.components: frozenset[str] = frozenset()
+        self._wakeup = asyncio.Event()
+        self.worker = WorkerProcess(spec, on_exit=self._wakeup.set)
+        self._queue: list[_Pending] = []
+        self._by_key: dict[str, asyncio.Future[protocol.EncodedItem]] = {}
+        self._next_id = 0
+        self._batch_id = 0
+        self._ready = False
+        self._closing = False
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def ready(self) -> bool:
+        return self._ready and self.worker.is_alive
+
+    async def start(self) -> None:
+        await self._start_worker()
+        self._task = asyncio.create_task(self._run(), name=f"encoder-{self.model_name}")
+
+    async def _start_worker(self) -> None:
+        ready = await self.worker.start(timeout=self.start_timeout)
+        self.components = frozenset(ready.components)
+        self._ready = True
+        log.info("%s: encoder worker ready on %s: %s", self.model_name, ready.device, ", ".join(ready.components))
+
+    async def stop(self) -> None:
+        self._closing = True
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+        self._fail(self._queue, EngineError("server shutting down"))
+        self._queue = []
+        await self.worker.stop()
+
+    async def encode(
+        self, component: str, kind: str, key: str, data: bytes, fmt: str | None, param: str
+    ) -> protocol.EncodedItem:
+        """Encode one item (or join the encode of the same key already under way)."""
+        if not self.ready:
+            raise EngineError("the encoder worker is not ready")
+        future = self._by_key.get(key)
+        if future is None:
+            future = asyncio.get_running_loop().create_future()
+            self._next_id += 1
+            item = protocol.EncodeItem(self._next_id, component, kind, key, data, fmt, param)
+            self._queue.append(_Pending(item, future))
+            self._by_key[key] = future
+            future.add_done_callback(lambda _f, k=key: self._by_key.pop(k, None))
+            self._wakeup.set()
+        # shield: one waiter giving up (client gone) must not cancel the others' result
+        return await asyncio.shield(future)
+
+    async def _run(self) -> None:
+        while not self._closing:
+            if not self.worker.is_alive:
+                await self._restart(WorkerDied(f"encoder worker exited (code {self.worker.exitcode})"))
+                continue
+            if not self._queue:
+                self._wakeup.clear()
+                await self._wakeup.wait()
+                continue
+            batch, self._queue = self._queue[: self.max_batch_items], self._queue[self.max_batch_items :]
+            try:
+                await self._execute(batch)
+            except WorkerDied as exc:
+                self._fail(batch, EngineError(f"encoder worker failed: {exc}"))
+                await self._restart(exc)
+            except Exception as exc:  # a bug costs this batch, not the server
+                log.exception("%s: encode batch failed", self.model_name)
+                self._fail(batch, EngineError(f"internal error: {exc}"))
+
+    async def _execute(self, batch: list[_Pending]) -> None:
+        self._batch_id += 1
+        sent = time.monotonic()
+        self.worker.send(protocol.EncodeBatch(self._batch_id, [p.item for p in batch]))
+        reply = await self.worker.recv()
+        if isinstance(reply, protocol.WorkerError):
+            self._fail(batch, EngineError(f"encoder error: {reply.message}"))
+            return
+        if not isinstance(reply, protocol.EncodeResult) or reply.batch_id != self._batch_id:
+            raise WorkerDied(f"encoder worker replied out of order: {type(reply).__name__}")
+        self.metrics.observe_encoder_batch(self.model_name, time.monotonic() - sent, reply.forwards)
+        by_id = {r.item_id: r for r in reply.items}
+        for pending in batch:
+            result = by_id.get(pending.item.item_id)
+            if pending.future.done():
+                continue
+            if result is None:
+                pending.future.set_exception(EngineError("the encoder returned no result"))
+            else:
+                pending.future.set_result(result)
+
+    def _fail(self, batch: list[_Pending], error: Exception) -> None:
+        for pending in batch:
+            if not pending.future.done():
+                pending.future.set_exception(error)
+                pending.future.exception()  # retrieved: nobody may be waiting any more
+
+    async def _restart(self, cause: BaseException) -> None:
+        self._ready = False
+        log.error("%s: %s; restarting the encoder worker", self.model_name, cause)
+        await self.worker.kill()
+        delay = 1.0
+        while not self._closing:
+            try:
+                await self._start_worker()
+                return
+            except WorkerDied as exc:
+                log.error("%s: encoder restart failed: %s", self.model_name, exc)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 30.0)

@@ -1,0 +1,314 @@
+"""The orchestrator's media steps for one served model: from chat parts to prompt token ids
+with every media placeholder expanded, and the embedding spans the LLM worker injects.
+
+    parts -> bytes (data: URL, or a checked remote fetch) -> chat template with one
+    placeholder per item and representation -> per (item, component): store key -> cache
+    lookup -> encode on a miss (batched across requests by EncoderEngine) -> expansion:
+
+    <|IMAGE_PAD|>            -> rows x IMAGE_PAD, a MediaSpan keyed by the artifact's key
+    <|DISCRETE_IMAGE_PAD|>   -> the image's codes as <|visionNNNNN|> tokens
+    <|VIDEO_PAD|>            -> rows x VIDEO_PAD, a MediaSpan
+    <|AUDIO_PAD|>            -> rows x AUDIO_PAD, a MediaSpan
+    <|DISCRETE_AUDIO_PAD|>   -> the clip's units as <|audioNNNN|> tokens
+
+The k-th placeholder of a kind belongs to the k-th item of that kind in message order.
+Decoding happens in the encoder worker, so a corrupt file costs this server nothing but a
+round trip; the worker's error names the part and becomes a 400.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from omni.api.errors import APIError, bad_request, service_unavailable
+from omni.api.schemas import ChatMessage, ImageURLPart, InputAudioPart, TextPart, VideoURLPart
+from omni.encoder_engine import EncoderEngine
+from omni.engine import EngineError
+from omni.media import MediaLimits, decode_base64, is_video, load_media_bytes
+from omni.metrics import Metrics
+from omni.store.base import ArtifactStore, KeyNotFound, StoreError
+from omni.store.codec import CODES, artifact_rows, decode_codes
+from omni.store.keys import encoder_key
+from omni.tokenizer import TextTokenizer
+from scheduler.request import MediaSpan
+
+log = logging.getLogger("omni.media")
+
+
+@dataclass(frozen=True, slots=True)
+class Placeholder:
+    kind: str  # the media kind it stands for
+    component: str  # the encoder that fills it
+    discrete: bool  # codes become vocabulary tokens; otherwise embeddings are injected
+
+
+PLACEHOLDERS: dict[str, Placeholder] = {
+    "<|IMAGE_PAD|>": Placeholder("image", "vision_encoder", False),
+    "<|DISCRETE_IMAGE_PAD|>": Placeholder("image", "image_tokenizer", True),
+    "<|VIDEO_PAD|>": Placeholder("video", "vision_encoder", False),
+    "<|AUDIO_PAD|>": Placeholder("audio", "audio_encoder", False),
+    "<|DISCRETE_AUDIO_PAD|>": Placeholder("audio", "audio_tokenizer", True),
+}
+
+
+def code_token(component: str, code: int) -> str:
+    if component == "image_tokenizer":
+        return f"<|vision{code:05d}|>"
+    return f"<|audio{code:04d}|>"
+
+
+@dataclass(frozen=True, slots=True)
+class MediaItem:
+    kind: str  # image | video | audio
+    param: str  # e.g. messages[0].content[1]
+    data: bytes
+    fmt: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Encoded:
+    num_rows: int
+    codes: tuple[int, ...] | None  # discrete components only
+
+
+@dataclass(frozen=True, slots=True)
+class PromptInputs:
+    token_ids: list[int]
+    media: tuple[MediaSpan, ...]
+
+
+class MediaPipeline:
+    def __init__(
+        self,
+        model_name: str,
+        tokenizer: TextTokenizer,
+        encoder: EncoderEngine,
+        store: ArtifactStore,
+        revisions: dict[str, str],
+        limits: MediaLimits,
+        metrics: Metrics,
+        *,
+        max_cached_entries: int = 65_536,
+    ) -> None:
+        self.model_name = model_name
+        self.tokenizer = tokenizer
+        self.encoder = encoder
+        self.store = store
+        self.revisions = revisions  # component -> weights revision, for store keys
+        self.limits = limits
+        self.metrics = metrics
+        self._pad_ids: dict[int, Placeholder] = {}
+        for token, placeholder in PLACEHOLDERS.items():
+            token_id = tokenizer.token_to_id(token)
+            if token_id is not None:
+                self._pad_ids[token_id] = placeholder
+        # What an artifact holds (rows, codes) by key: a hit needs no store read at all.
+        self._known: OrderedDict[str, Encoded] = OrderedDict()
+        self._max_cached_entries = max_cached_entries
+        self._code_ids: dict[tuple[str, int], int] = {}
+
+    @property
+    def ready(self) -> bool:
+        return self.encoder.ready
+
+    # ---- 1. parts -> bytes ---------------------------------------------------------------
+    async def load_items(self, messages: Sequence[ChatMessage]) -> list[MediaItem]:
+        parts = [
+            (f"messages[{i}].content[{j}]", part)
+            for i, m in enumerate(messages)
+            if isinstance(m.content, tuple)
+            for j, part in enumerate(m.content)
+            if not isinstance(part, TextPart)
+        ]
+        self.limits.check_num_items(len(parts), "messages")
+
+        async def load(param: str, part: Any) -> MediaItem:
+            if isinstance(part, InputAudioPart):
+                return MediaItem("audio", param, decode_base64(part.data, self.limits, param), part.format)
+            data = await load_media_bytes(part.url, self.limits, param)
+            if isinstance(part, VideoURLPart) or is_video(data):
+                return MediaItem("video", param, data)
+            assert isinstance(part, ImageURLPart)
+            return MediaItem("image", param, data)
+
+        return list(await asyncio.gather(*(load(p, part) for p, part in parts)))
+
+    @staticmethod
+    def template_messages(messages: Sequence[ChatMessage], items: list[MediaItem]) -> list[dict[str, Any]]:
+        """Messages for the chat template: each media part becomes {"type": kind, "id": ...}
+        (transformers' multimodal template convention); the template renders placeholders."""
+        by_param = {item.param: item for item in items}
+        counts: dict[str, int] = {}
+        out = []
+        for i, message in enumerate(messages):
+            d = message.to_template_dict()
+            if isinstance(message.content, tuple):
+                content = []
+                for j, part in enumerate(message.content):
+                    if isinstance(part, TextPart):
+                        content.append({"type": "text", "text": part.text})
+                        continue
+                    item = by_param[f"messages[{i}].content[{j}]"]
+                    n = counts[item.kind] = counts.get(item.kind, 0) + 1
+                    content.append({"type": item.kind, "id": f"{item.kind}_{n - 1}"})
+                d["content"] = content
+            out.append(d)
+        return out
+
+    # ---- 2. placeholders -> encoder outputs -> expanded prompt ---------------------------
+    async def expand(self, token_ids: list[int], items: list[MediaItem]) -> PromptInputs:
+        by_kind: dict[str, list[MediaItem]] = {}
+        for item in items:
+            by_kind.setdefault(item.kind, []).append(item)
+        # (position in token_ids, placeholder, item) for every placeholder the template wrote
+        slots: list[tuple[int, Placeholder, MediaItem]] = []
+        seen: dict[str, int] = {}
+        for pos, token_id in enumerate(token_ids):
+            placeholder = self._pad_ids.get(token_id)
+            if placeholder is None:
+                continue
+            k = seen.get(placeholder.component + placeholder.kind, 0)
+            seen[placeholder.component + placeholder.kind] = k + 1
+            kind_items = by_kind.get(placeholder.kind, [])
+            if k >= len(kind_items):
+                raise bad_request(
+                    f"The prompt holds more {placeholder.kind} placeholders than {placeholder.kind} "
+                    "inputs (a placeholder token typed in the text?).",
+                    param="messages",
+                )
+            slots.append((pos, placeholder, kind_items[k]))
+        for kind, kind_items in by_kind.items():
+            if not any(item is kind_items[-1] for _, _, item in slots):
+                raise bad_request(
+                    f"This model's chat template does not render {kind} input.",
+                    param=kind_items[-1].param,
+                    code="unsupported_content_type",
+                )
+        missing = {p.component for _, p, _ in slots} - self.encoder.components
+        if missing:
+            item = next(it for _, p, it in slots if p.component in missing)
+            raise bad_request(
+                f"This model cannot read {item.kind} input (no {', '.join(sorted(missing))}).",
+                param=item.param,
+                code="unsupported_content_type",
+            )
+        # Each distinct (item, component) is encoded once, concurrently with the rest.
+        jobs: dict[tuple[int, str], asyncio.Future[tuple[str, Encoded]]] = {}
+        for _, p, item in slots:
+            job = (id(item), p.component)
+            if job not in jobs:
+                jobs[job] = asyncio.ensure_future(self._encoded(item, p))
+        try:
+            await asyncio.gather(*jobs.values())
+        finally:
+            for f in jobs.values():
+                if not f.done():
+                    f.cancel()
+        out: list[int] = []
+        spans: list[MediaSpan] = []
+        start = 0
+        for pos, p, item in slots:
+            out.extend(token_ids[start:pos])
+            start = pos + 1
+            key, encoded = jobs[(id(item), p.component)].result()
+            if p.discrete:
+                assert encoded.codes is not None
+                out.extend(self._code_id(p.component, c) for c in encoded.codes)
+            else:
+                spans.append(MediaSpan(len(out), encoded.num_rows, key))
+                out.extend([token_ids[pos]] * encoded.num_rows)
+        out.extend(token_ids[start:])
+        return PromptInputs(out, tuple(spans))
+
+    def _code_id(self, component: str, code: int) -> int:
+        token_id = self._code_ids.get((component, code))
+        if token_id is None:
+            found = self.tokenizer.token_to_id(code_token(component, code))
+            if found is None:
+                raise APIError(500, f"The model's vocabulary has no token for {component} code {code}.")
+            token_id = self._code_ids[(component, code)] = found
+        return token_id
+
+    # ---- the artifact store as a cache ---------------------------------------------------
+    def _key(self, item: MediaItem, component: str) -> str:
+        params: dict[str, object] = {"kind": item.kind}
+        if item.kind == "video":  # the worker samples frames by these; the rest is in the revision
+            params |= {"fps": self.limits.video_fps, "max_frames": self.limits.max_video_frames}
+        return encoder_key(component, self.revisions[component], item.data, params)
+
+    async def _encoded(self, item: MediaItem, p: Placeholder) -> tuple[str, Encoded]:
+        key = self._key(item, p.component)
+        hit = await self._lookup(key, p.discrete)
+        self.metrics.encoder_cache(self.model_name, p.component, hit=hit is not None)
+        if hit is not None:
+            return key, hit
+        try:
+            result = await self.encoder.encode(p.component, item.kind, key, item.data, item.fmt, item.param)
+        except EngineError as e:
+            raise service_unavailable(f"The {p.component} is unavailable: {e}", retry_after_s=5) from None
+        if result.error is not None:
+            raise bad_request(result.error, param=item.param)
+        encoded = Encoded(result.num_rows, tuple(result.codes) if result.codes is not None else None)
+        if result.store_error is not None:
+            self.metrics.observe_store("put", 0.0, failed=True)
+            if not p.discrete:  # the LLM worker reads embeddings from the store: nothing to read
+                raise service_unavailable(
+                    f"The artifact store could not take the {p.component} output: {result.store_error}",
+                    retry_after_s=5,
+                )
+            return key, encoded  # codes travel in the prompt itself; just not cached
+        self._remember(key, encoded)
+        return key, encoded
+
+    def _remember(self, key: str, encoded: Encoded) -> None:
+        self._known[key] = encoded
+        self._known.move_to_end(key)
+        while len(self._known) > self._max_cached_entries:
+            self._known.popitem(last=False)
+
+    async def _lookup(self, key: str, discrete: bool) -> Encoded | None:
+        """What the store holds under key, or None (absent, unreadable: encode again)."""
+        known = self._known.get(key)
+        if known is not None:
+            self._known.move_to_end(key)
+            # Codes live in this process; embeddings must still be in the store for the
+            # LLM worker to read (the store may have been swept since).
+            if discrete or await self._store_op("exists", self.store.exists(key)):
+                return known
+            del self._known[key]
+            return None
+        data = await self._store_op("get", self.store.get(key))
+        if data is None:
+            return None
+        try:
+            kind, rows = artifact_rows(data)
+            codes = tuple(decode_codes(data)) if kind == CODES else None
+        except ValueError as e:
+            log.warning("artifact %s is unreadable (%s); encoding again", key, e)
+            return None
+        if (codes is not None) != discrete:
+            return None
+        encoded = Encoded(rows, codes)
+        self._remember(key, encoded)
+        return encoded
+
+    async def _store_op(self, operation: str, call: Any) -> Any:
+        """Await a store call; a missing key or a failing store reads as None (a miss)."""
+        started = time.perf_counter()
+        try:
+            result = await call
+        except KeyNotFound:
+            self.metrics.observe_store(operation, time.perf_counter() - started)
+            return None
+        except StoreError as e:
+            self.metrics.observe_store(operation, time.perf_counter() - started, failed=True)
+            log.warning("artifact store %s failed (%s); encoding instead", operation, e)
+            return None
+        self.metrics.observe_store(operation, time.perf_counter() - started)
+        return result

@@ -1,0 +1,59 @@
+"""Where a served model's parts live on disk, and the revision that keys its encoder outputs.
+
+Two layouts are served:
+
+    DIR/config.json                  an LLM alone (text only)
+    DIR/llm/config.json              an omni checkpoint: one directory per component,
+    DIR/vision_encoder/config.json   as a converted reference checkpoint is laid out
+    DIR/audio_encoder/ ...           (any encoder may be absent: its inputs are refused)
+    DIR/image_tokenizer/ ...
+    DIR/audio_tokenizer/ ...
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ENCODER_COMPONENTS = ("vision_encoder", "audio_encoder", "image_tokenizer", "audio_tokenizer")
+_REVISION_CHARS = 16  # 64 bits of the weights' sha256: plenty to tell revisions apart
+
+
+@dataclass(frozen=True, slots=True)
+class ModelLayout:
+    root: Path
+    llm_dir: Path
+    components: dict[str, Path] = field(default_factory=dict)
+
+    @classmethod
+    def from_dir(cls, root: Path) -> ModelLayout:
+        root = Path(root)
+        if (root / "llm" / "config.json").is_file():
+            found = {
+                name: root / name for name in ENCODER_COMPONENTS if (root / name / "config.json").is_file()
+            }
+            return cls(root, root / "llm", found)
+        if (root / "config.json").is_file():
+            return cls(root, root)
+        raise ValueError(f"{root} has neither config.json nor llm/config.json; is it a checkpoint?")
+
+    @property
+    def has_encoders(self) -> bool:
+        return bool(self.components)
+
+
+def component_revision(component_dir: Path) -> str:
+    """A short sha256 of the component's files (configs and weights, in name order).
+
+    Part of every encoder output's store key, so new weights never read old outputs. Reads
+    every byte once at start-up (a second or two for a real encoder's weights).
+    """
+    h = hashlib.sha256()
+    for path in sorted(component_dir.iterdir()):
+        if path.is_file() and path.suffix in (".json", ".safetensors"):
+            h.update(path.name.encode() + b"\0")
+            with path.open("rb") as f:
+                while chunk := f.read(1 << 20):
+                    h.update(chunk)
+    return h.hexdigest()[:_REVISION_CHARS]

@@ -1,0 +1,219 @@
+"""The SigLIP tower against transformers, and the TA-Tok tokenizer's codes against a brute-force
+nearest-code search, on tiny random weights and small random images."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from transformers import SiglipVisionConfig as HFSiglipVisionConfig
+from transformers import SiglipVisionModel
+from transformers.models.siglip.image_processing_pil_siglip import SiglipImageProcessorPil
+
+from gpu_workers.models.siglip_vision import SiglipVisionConfig, SiglipVisionTower
+from gpu_workers.models.ta_tok import TATokConfig, TATokImageTokenizer, make_tiny_image_tokenizer
+
+# 6 x 6 patches, 4 layers: hidden_states has 5 entries, [-2] is layer 2's output
+HF_VISION: dict[str, Any] = {
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "num_channels": 3,
+    "image_size": 84,
+    "patch_size": 14,
+    "layer_norm_eps": 1e-6,
+    "hidden_act": "gelu_pytorch_tanh",
+}
+
+
+@pytest.fixture(scope="module")
+def hf_model() -> SiglipVisionModel:
+    torch.manual_seed(0)
+    config = HFSiglipVisionConfig(**HF_VISION, vision_use_head=True)
+    config._attn_implementation = "eager"  # an attention path independent of the SDPA call under test
+    model = SiglipVisionModel(config).eval()
+    # The default init (std 0.02, unit norms, zero biases) barely moves activations.
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name and name.endswith("weight"):
+                p.copy_(1.0 + 0.2 * torch.randn_like(p))
+            else:
+                p.copy_(0.15 * torch.randn_like(p))
+    return model
+
+
+def random_pixels(batch: int, size: int, seed: int) -> torch.Tensor:
+    return torch.randn(batch, 3, size, size, generator=torch.Generator().manual_seed(seed))
+
+
+def random_image(width: int, height: int, mode: str, seed: int) -> Image.Image:
+    data = np.random.default_rng(seed).integers(0, 256, (height, width, len(mode)), dtype=np.uint8)
+    return Image.fromarray(data if len(mode) > 1 else data[..., 0], mode=mode)
+
+
+@pytest.mark.parametrize("feature_layer", [-2, -1, 1])
+def test_tower_matches_transformers_hidden_state(hf_model: SiglipVisionModel, feature_layer: int) -> None:
+    tower = SiglipVisionTower(SiglipVisionConfig.from_hf(HF_VISION), feature_layer).eval()
+    tower.load_hf_state_dict(hf_model.state_dict())  # bare 5.x names, with the unused rest
+    assert len(tower.encoder.layers) == [3, 4, 1][[-2, -1, 1].index(feature_layer)]
+    pixels = random_pixels(2, 84, seed=1)
+    with torch.inference_mode():
+        want = hf_model(pixels, output_hidden_states=True).hidden_states[feature_layer]
+        got = tower(pixels)
+    assert got.shape == (2, 36, 64)
+    assert want.std() > 0.5  # a live signal, not one the residual stream swamps
+    assert (got - want).abs().max().item() < 1e-4
+
+
+def test_tower_loads_prefixed_full_checkpoints_and_rejects_gaps(hf_model: SiglipVisionModel) -> None:
+    full = hf_model.state_dict()
+    tower = SiglipVisionTower(SiglipVisionConfig.from_hf({"vision_config": HF_VISION}), -2).eval()
+    pixels = random_pixels(1, 84, seed=2)
+    with torch.inference_mode():
+        want = hf_model(pixels, output_hidden_states=True).hidden_states[-2]
+    for prefix in ("vision_model.", "model.vision_model."):
+        weights = {prefix + k: v for k, v in full.items()}
+        weights["text_model.embeddings.token_embedding.weight"] = torch.zeros(4, 8)  # another tower
+        weights["logit_scale"] = torch.zeros(1)
+        tower.load_hf_state_dict(weights)
+        with torch.inference_mode():
+            assert (tower(pixels) - want).abs().max().item() < 1e-4
+
+    missing = {k: v for k, v in full.items() if k != "encoder.layers.2.mlp.fc1.bias"}
+    with pytest.raises(ValueError, match=r"missing \['encoder.layers.2.mlp.fc1.bias'\]"):
+        tower.load_hf_state_dict(missing)
+    # layer 4 does not exist in a 4-layer config: a wrong checkpoint, not an unused layer
+    extra = {**full, "encoder.layers.4.mlp.fc1.bias": torch.zeros(128)}
+    with pytest.raises(ValueError, match=r"unexpected \['encoder.layers.4.mlp.fc1.bias'\]"):
+        tower.load_hf_state_dict(extra)
+    wrong = {**full, "embeddings.position_embedding.weight": torch.zeros(49, 64)}
+    with pytest.raises(ValueError, match="shape"):
+        tower.load_hf_state_dict(wrong)
+
+
+def test_config_defaults_follow_transformers() -> None:
+    # config.json files saved by transformers omit default values, as so400m's does
+    so400m: dict[str, Any] = {"hidden_size": 1152, "image_size": 384, "intermediate_size": 4304,
+                              "num_attention_heads": 16, "num_hidden_layers": 27, "patch_size": 14}  # fmt: skip
+    ours, hf = SiglipVisionConfig.from_hf({"vision_config": so400m}), HFSiglipVisionConfig(**so400m)
+    for field in SiglipVisionConfig.__dataclass_fields__:
+        assert getattr(ours, field) == getattr(hf, field), field
+    assert ours.grid_size == 27  # 384 // 14: the conv leaves the last 6 pixel rows and columns out
+    with pytest.raises(ValueError, match="feature_layer"):
+        TATokConfig.from_hf({"vision_config": so400m, "bottleneck_dim": 4, "codebook_size": 8,
+                             "feature_layer": -29})  # fmt: skip
+    with pytest.raises(ValueError, match="divisible"):
+        SiglipVisionConfig.from_hf({**so400m, "num_attention_heads": 7})
+
+
+# ---------------------------------------------------------------------------------------------
+# The tokenizer
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_tiny_image_tokenizer(tmp_path_factory.mktemp("ta-tok"))
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_dir: Path) -> TATokImageTokenizer:
+    return TATokImageTokenizer.from_dir(tiny_dir)
+
+
+def test_codes_equal_brute_force_nearest_code(tokenizer: TATokImageTokenizer) -> None:
+    pixels = random_pixels(2, 112, seed=3)
+    with torch.inference_mode():
+        codes = tokenizer(pixels)
+        hidden = tokenizer.vision_model(pixels).double().numpy()  # (2, 64, 32)
+    w, b = (p.detach().double().numpy() for p in (tokenizer.bottleneck.weight, tokenizer.bottleneck.bias))
+    z = hidden @ w.T + b
+    z /= np.linalg.norm(z, axis=-1, keepdims=True)
+    book = tokenizer.codebook.weight.detach().double().numpy()
+    book /= np.linalg.norm(book, axis=-1, keepdims=True)
+    cos = z @ book.T  # (2, 64, 64)
+    want = cos.argmax(-1)
+    # the check means something only when the winner is not a float32 near-tie
+    top2 = np.sort(cos, axis=-1)[..., -2:]
+    assert (top2[..., 1] - top2[..., 0]).min() > 1e-5
+    assert codes.dtype == torch.int64
+    assert codes.numpy().tolist() == want.tolist()
+
+
+def test_ties_go_to_the_lowest_index(tiny_dir: Path) -> None:
+    model = TATokImageTokenizer.from_dir(tiny_dir)
+    pixels = random_pixels(1, 112, seed=4)
+    with torch.inference_mode():
+        before = model(pixels)[0]
+        winner = int(before.max())
+        assert winner > 10
+        # row 3 becomes an exact copy of the winner, row 7 the same direction at twice the length
+        model.codebook.weight[3] = model.codebook.weight[winner]
+        model.codebook.weight[7] = 2 * model.codebook.weight[winner]
+        after = model(pixels)[0]
+    assert (after[before == winner] == 3).all()
+
+
+def test_batch_equals_one_at_a_time(tokenizer: TATokImageTokenizer) -> None:
+    images = [random_image(130, 90, "RGB", 5), random_image(112, 112, "RGBA", 6), random_image(40, 300, "L", 7)]
+    with torch.inference_mode():
+        batched = tokenizer(tokenizer.preprocess(images))
+        single = torch.cat([tokenizer(tokenizer.preprocess([image])) for image in images])
+    assert batched.shape == (3, 64)
+    assert torch.equal(batched, single)
+
+
+def test_preprocess_matches_transformers(tokenizer: TATokImageTokenizer) -> None:
+    images = [random_image(130, 90, "RGB", 8), random_image(112, 112, "RGB", 9), random_image(57, 200, "RGBA", 10)]
+    hf = SiglipImageProcessorPil(size={"height": 112, "width": 112})
+    want = hf(images=images, return_tensors="np")["pixel_values"]
+    got = tokenizer.preprocess(images).numpy()
+    assert got.shape == want.shape == (3, 3, 112, 112)
+    assert np.abs(got - want).max() < 1e-5
+
+
+def test_tiny_checkpoint(tmp_path: Path, tiny_dir: Path, tokenizer: TATokImageTokenizer) -> None:
+    again = make_tiny_image_tokenizer(tmp_path / "again")
+    for name in ("config.json", "model.safetensors"):
+        assert (again / name).read_bytes() == (tiny_dir / name).read_bytes()
+    assert (make_tiny_image_tokenizer(tmp_path / "other", seed=1) / "model.safetensors").read_bytes() != (
+        tiny_dir / "model.safetensors"
+    ).read_bytes()
+
+    assert tokenizer.num_codes == 64
+    assert len(tokenizer.vision_model.encoder.layers) == 2  # of 3: feature_layer -2
+    images = [random_image(100, 80, "RGB", 11), random_image(64, 128, "RGB", 12)]
+    with torch.inference_mode():
+        codes = tokenizer(tokenizer.preprocess(images))
+    assert codes.shape == (2, 64)
+    assert 0 <= int(codes.min()) and int(codes.max()) < 64
+    assert not torch.equal(codes[0], codes[1])
+    assert all(len(set(row.tolist())) > 8 for row in codes)  # not a handful of codes everywhere
+
+
+def test_bf16_tower_keeps_a_float32_codebook(tiny_dir: Path) -> None:
+    model = TATokImageTokenizer.from_dir(tiny_dir, dtype=torch.bfloat16)
+    assert model.bottleneck.weight.dtype == torch.bfloat16
+    assert model.codebook.weight.dtype == torch.float32
+    with torch.inference_mode():
+        assert model.features(random_pixels(1, 112, seed=13)).dtype == torch.float32
+
+
+def test_reference_geometry_gives_729_codes() -> None:
+    vision = {"hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
+              "image_size": 384, "patch_size": 14}  # fmt: skip
+    config = TATokConfig.from_hf({"vision_config": vision, "bottleneck_dim": 8, "codebook_size": 32})
+    model = TATokImageTokenizer(config).eval()
+    assert len(model.vision_model.encoder.layers) == 1
+    pixels = model.preprocess([random_image(500, 300, "RGB", 14)])
+    assert pixels.shape == (1, 3, 384, 384)
+    with torch.inference_mode():
+        codes = model(pixels)
+    assert model.num_codes == 729
+    assert codes.shape == (1, 729)
+    with pytest.raises(ValueError, match="pixel_values"):
+        model(torch.zeros(1, 3, 378, 378))
