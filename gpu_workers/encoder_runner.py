@@ -147,10 +147,11 @@ class VisionEncoderComponent(Component):
                 image_std=_triple(pre.get("image_std", OPENAI_CLIP_STD)),
             )
         )
+        default = VideoConfig()
         self.video = VideoConfig(
-            max_pixels_per_frame=int(pre.get("video_max_pixels", VideoConfig.max_pixels_per_frame)),
-            min_frames=int(pre.get("video_min_frames", VideoConfig.min_frames)),
-            frames_per_chunk=int(pre.get("video_frames_per_chunk", VideoConfig.frames_per_chunk)),
+            max_pixels_per_frame=int(pre.get("video_max_pixels", default.max_pixels_per_frame)),
+            min_frames=int(pre.get("video_min_frames", default.min_frames)),
+            frames_per_chunk=int(pre.get("video_frames_per_chunk", default.frames_per_chunk)),
         )
         self.model = Qwen2_5_VisionEncoder(c)
         self.model.load_hf_state_dict(load_state_dict(component_dir))
@@ -160,8 +161,9 @@ class VisionEncoderComponent(Component):
         """-> (patches (N, patch_dim), grid items); an image is one grid item, a video one per chunk."""
         p = self.processor.config
         if kind == "image":
-            (pixels, grids) = self.processor.preprocess([media])
-            return pixels.numpy(), [tuple(grids[0].tolist())]  # type: ignore[list-item]
+            pixels, image_grid = self.processor.preprocess([media])
+            t, h, w = (int(v) for v in image_grid[0].tolist())
+            return pixels.numpy(), [(t, h, w)]
         frames: list[np.ndarray] = list(media)
         while len(frames) < max(self.video.min_frames, 1) or len(frames) % p.temporal_patch_size:
             frames.append(frames[-1])  # short clips repeat their last frame, as the reference pads
@@ -170,7 +172,8 @@ class VisionEncoderComponent(Component):
         resized = [self._normalize_frame(f, h, w) for f in frames]
         stack = np.stack(resized)  # (T, C, H, W)
         chunk = self.video.frames_per_chunk - self.video.frames_per_chunk % p.temporal_patch_size
-        patches, grids = [], []
+        patches: list[np.ndarray] = []
+        grids: list[tuple[int, int, int]] = []
         for start in range(0, len(frames), chunk):
             part = stack[start : start + chunk]
             patches.append(patchify(part, p.patch_size, p.temporal_patch_size, p.merge_size))

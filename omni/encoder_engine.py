@@ -9,6 +9,7 @@ requests submitting the same key share one encode.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from dataclasses import dataclass
@@ -93,10 +94,13 @@ class EncoderEngine:
             item = protocol.EncodeItem(self._next_id, component, kind, key, data, fmt, param)
             self._queue.append(_Pending(item, future))
             self._by_key[key] = future
-            future.add_done_callback(lambda _f, k=key: self._by_key.pop(k, None))
+            future.add_done_callback(functools.partial(self._forget_key, key))
             self._wakeup.set()
         # shield: one waiter giving up (client gone) must not cancel the others' result
         return await asyncio.shield(future)
+
+    def _forget_key(self, key: str, _future: object) -> None:
+        self._by_key.pop(key, None)
 
     async def _run(self) -> None:
         while not self._closing:
@@ -120,7 +124,7 @@ class EncoderEngine:
     async def _execute(self, batch: list[_Pending]) -> None:
         self._batch_id += 1
         sent = time.monotonic()
-        self.worker.send(protocol.EncodeBatch(self._batch_id, [p.item for p in batch]))
+        await self.worker.send(protocol.EncodeBatch(self._batch_id, [p.item for p in batch]))
         reply = await self.worker.recv()
         if isinstance(reply, protocol.WorkerError):
             self._fail(batch, EngineError(f"encoder error: {reply.message}"))

@@ -257,7 +257,7 @@ class LLMEngine:
         step = self._to_step(self._step_id, output, self._pending_finished)
         self._pending_finished = []
         sent = time.monotonic()
-        self.worker.send(step)
+        await self.worker.send(step)
         reply = await self.worker.recv()
         elapsed = time.monotonic() - sent
         self.metrics.add_step(

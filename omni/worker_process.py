@@ -3,6 +3,13 @@
 Reading is driven by the event loop (add_reader on the pipe's fd), so a slow worker never
 blocks the server. A worker that exits closes its end of the pipe, which the reader sees as
 EOF: every pending and later receive then raises WorkerDied.
+
+The server's end is a non-blocking socket (uvloop makes any fd it watches non-blocking), so
+multiprocessing's Connection, which assumes a blocking fd, cannot read or write it: a frame
+larger than the socket buffer (a long prompt, a media item) would fail half-sent. This end
+speaks Connection's framing itself, a 4-byte big-endian length (or -1 and an 8-byte length)
+then the payload, with loop.sock_sendall and a receive buffer; the worker's end stays a
+plain blocking Connection.
 """
 
 from __future__ import annotations
@@ -10,8 +17,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import multiprocessing as mp
+import os
+import socket
+import struct
 from collections.abc import Callable
-from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 
 from gpu_workers import protocol
@@ -31,7 +40,9 @@ class WorkerProcess:
         self._on_exit = on_exit
         self.ready: protocol.Ready | None = None
         self._process: BaseProcess | None = None
-        self._conn: Connection | None = None
+        self._sock: socket.socket | None = None
+        self._received = bytearray()
+        self._send_lock = asyncio.Lock()
         self._inbox: asyncio.Queue[protocol.Message | None] | None = None
         self._dead = False
 
@@ -55,10 +66,14 @@ class WorkerProcess:
         )
         self._process.start()
         child_conn.close()  # so the worker's exit reads as EOF here
-        self._conn = parent_conn
+        # a duplex Pipe is a Unix socketpair: take the fd over as a socket
+        self._sock = socket.socket(fileno=os.dup(parent_conn.fileno()))
+        parent_conn.close()
+        self._sock.setblocking(False)
+        self._received = bytearray()
         self._dead = False
         self._inbox = asyncio.Queue()
-        asyncio.get_running_loop().add_reader(parent_conn.fileno(), self._on_readable)
+        asyncio.get_running_loop().add_reader(self._sock.fileno(), self._on_readable)
         try:
             message = await asyncio.wait_for(self.recv(), timeout)
         except TimeoutError:
@@ -73,11 +88,17 @@ class WorkerProcess:
         self.ready = message
         return message
 
-    def send(self, message: protocol.Message) -> None:
-        if self._dead or self._conn is None:
+    async def send(self, message: protocol.Message) -> None:
+        if self._dead or self._sock is None:
             raise WorkerDied(f"worker {self.worker_id} is not running")
+        data = protocol.encode(message)
+        if len(data) > 0x7FFFFFFF:
+            header = struct.pack("!iQ", -1, len(data))
+        else:
+            header = struct.pack("!i", len(data))
         try:
-            self._conn.send_bytes(protocol.encode(message))
+            async with self._send_lock:  # frames must not interleave
+                await asyncio.get_running_loop().sock_sendall(self._sock, header + data)
         except OSError as exc:
             self._mark_dead()
             raise WorkerDied(f"worker {self.worker_id}: {exc}") from exc
@@ -97,23 +118,56 @@ class WorkerProcess:
         return self._process.exitcode if self._process is not None else None
 
     def _on_readable(self) -> None:
-        assert self._conn is not None and self._inbox is not None
+        assert self._sock is not None and self._inbox is not None
+        gone = False
         try:
-            while self._conn.poll():
-                self._inbox.put_nowait(protocol.decode(self._conn.recv_bytes()))
-        except (EOFError, OSError):
-            self._mark_dead()
+            while True:
+                chunk = self._sock.recv(1 << 20)
+                if not chunk:  # EOF: the worker is gone
+                    gone = True
+                    break
+                self._received += chunk
+        except BlockingIOError:
+            pass  # drained for now
+        except OSError:
+            gone = True
+        try:
+            # frames that arrived before the EOF (e.g. a fatal WorkerError) still count
+            while (payload := self._next_frame()) is not None:
+                self._inbox.put_nowait(protocol.decode(payload))
         except ValueError:
             log.exception("worker %d sent an undecodable frame", self.worker_id)
+            gone = True
+        if gone:
             self._mark_dead()
+
+    def _next_frame(self) -> bytes | None:
+        """One whole frame off the receive buffer, or None until the rest arrives."""
+        buf = self._received
+        if len(buf) < 4:
+            return None
+        (size,) = struct.unpack_from("!i", buf, 0)
+        start = 4
+        if size == -1:
+            if len(buf) < 12:
+                return None
+            (size,) = struct.unpack_from("!Q", buf, 4)
+            start = 12
+        elif size < 0:
+            raise ValueError(f"bad frame length {size}")
+        if len(buf) < start + size:
+            return None
+        payload = bytes(buf[start : start + size])
+        del buf[: start + size]
+        return payload
 
     def _mark_dead(self) -> None:
         if self._dead:
             return
         self._dead = True
-        if self._conn is not None:
+        if self._sock is not None:
             try:
-                asyncio.get_running_loop().remove_reader(self._conn.fileno())
+                asyncio.get_running_loop().remove_reader(self._sock.fileno())
             except (OSError, ValueError, RuntimeError):
                 pass
         if self._inbox is not None:
@@ -127,7 +181,7 @@ class WorkerProcess:
             return
         if not self._dead:
             try:
-                self.send(protocol.Shutdown())
+                await self.send(protocol.Shutdown())
             except WorkerDied:
                 pass
         deadline = asyncio.get_running_loop().time() + timeout
@@ -141,6 +195,6 @@ class WorkerProcess:
         if process is not None and process.is_alive():
             process.kill()
             await asyncio.get_running_loop().run_in_executor(None, process.join, 5.0)
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None

@@ -54,10 +54,13 @@ PROCESSES: dict[str, subprocess.Popen[bytes]] = {}
 
 
 @contextlib.contextmanager
-def running_server(*args: str, timeout: float = 180.0) -> Iterator[str]:
-    """Yield the server's base URL (http://127.0.0.1:PORT) once /health answers 200."""
+def running_server(
+    *args: str, timeout: float = 180.0, env: dict[str, str] | None = None
+) -> Iterator[str]:
+    """Yield the server's base URL (http://127.0.0.1:PORT) once /health answers 200.
+    env: extra environment variables for the server (and so its workers)."""
     port = free_port()
-    env = dict(os.environ, PYTHONPATH=str(ROOT), OMNI_LOG_LEVEL="WARNING")
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMNI_LOG_LEVEL="WARNING", **(env or {}))
     proc = subprocess.Popen(
         [sys.executable, "-m", "omni.cli", "--port", str(port), "--num-threads", "1", *args],
         cwd=ROOT,

@@ -8,7 +8,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from gpu_workers.tiny_checkpoints import default_checkpoint_dir, make_tiny_checkpoint
+from gpu_workers.tiny_checkpoints import default_checkpoint_dir, make_tiny_checkpoint, make_tiny_omni_checkpoint
+from omni.model_layout import ENCODER_COMPONENTS, ModelLayout, component_revision
 from tests.gpu_workers.test_llama_vs_transformers import our_logits
 
 PROMPT = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5]
@@ -65,9 +66,27 @@ def test_hyperclovax_without_post_norm_is_granite(tmp_path: Path) -> None:
 
 def test_default_checkpoint_is_built_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     d = default_checkpoint_dir(tmp_path)
-    stamp = (d / "model.safetensors").stat().st_mtime_ns
+    weights = d / "llm" / "model.safetensors"
+    stamp = weights.stat().st_mtime_ns
     assert default_checkpoint_dir(tmp_path) == d
-    assert (d / "model.safetensors").stat().st_mtime_ns == stamp
+    assert weights.stat().st_mtime_ns == stamp
+    layout = ModelLayout.from_dir(d)
+    assert layout.llm_dir == d / "llm"
+    assert sorted(layout.components) == sorted(ENCODER_COMPONENTS)
     assert [p.name for p in tmp_path.iterdir()] == [d.name]  # no temp dirs left behind
     monkeypatch.setenv("OMNI_SERVE_CACHE", str(tmp_path))
     assert default_checkpoint_dir() == d
+
+
+def test_omni_checkpoint_is_deterministic_and_revisions_track_weights(tmp_path: Path) -> None:
+    a = make_tiny_omni_checkpoint(tmp_path / "a")
+    b = make_tiny_omni_checkpoint(tmp_path / "b")
+    files = sorted(p.relative_to(a) for p in a.rglob("*") if p.is_file())
+    assert files == sorted(p.relative_to(b) for p in b.rglob("*") if p.is_file())
+    for rel in files:
+        assert (a / rel).read_bytes() == (b / rel).read_bytes(), rel
+    # the revision in encoder store keys follows the weights, not the directory's path
+    assert component_revision(a / "vision_encoder") == component_revision(b / "vision_encoder")
+    assert component_revision(a / "vision_encoder") != component_revision(a / "audio_encoder")
+    c = make_tiny_omni_checkpoint(tmp_path / "c", seed=1)
+    assert component_revision(c / "vision_encoder") != component_revision(a / "vision_encoder")
