@@ -27,7 +27,7 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
     body = await read_json(request)
     req = parse_chat_completion_request(body)
     model = request.app[MODELS].get(req.model)
-    if not model.pool.serving or (model.media is not None and not model.media.ready):
+    if not model.pool.serving:  # a media request also needs the encoder: see MediaPipeline
         raise service_unavailable("The model is starting; retry shortly.", retry_after_s=5)
     prompt_ids, media = await _render_prompt(model, req)
     params = sampling_params(
