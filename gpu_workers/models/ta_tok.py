@@ -14,7 +14,10 @@ kept in float32 by from_dir: a near-tie must not flip with the storage precision
 On disk (from_dir): config.json {"model_type": "ta_tok", "vision_config": {...}, "bottleneck_dim",
 "codebook_size", "feature_layer", "image_mean", "image_std"} and model.safetensors holding the
 tower under "vision_model." (transformers names, as a full SigLIP checkpoint has them),
-"bottleneck.weight", "bottleneck.bias" and "codebook.weight".
+"bottleneck.weight", "bottleneck.bias" and "codebook.weight" (and "encode_task_layer.0.*" when
+the config sets encode_task_layer). A converter from the public TA-Tok folds its codebook
+projection into codebook.weight (normalize(embedding_proj(embedding.weight)) is what it
+compares against) and moves its tower from "encoder." to "vision_model.".
 """
 
 from __future__ import annotations
@@ -49,6 +52,9 @@ class TATokConfig:
     feature_layer: int = -2
     image_mean: tuple[float, float, float] = (0.5, 0.5, 0.5)
     image_std: tuple[float, float, float] = (0.5, 0.5, 0.5)
+    # The public TA-Tok applies Linear(hidden, hidden) + Tanh to the SigLIP features before
+    # the bottleneck ("encode_task_layer"); converted real checkpoints set this.
+    encode_task_layer: bool = False
 
     @property
     def num_codes(self) -> int:
@@ -89,6 +95,7 @@ class TATokConfig:
             feature_layer=feature_layer,
             image_mean=triple("image_mean"),
             image_std=triple("image_std"),
+            encode_task_layer=bool(config.get("encode_task_layer", False)),
         )
 
 
@@ -103,6 +110,10 @@ class TATokImageTokenizer(nn.Module):
         super().__init__()
         self.config = config
         self.vision_model = SiglipVisionTower(config.vision, config.feature_layer)
+        h = config.vision.hidden_size
+        self.encode_task_layer = (
+            nn.Sequential(nn.Linear(h, h), nn.Tanh()) if config.encode_task_layer else None
+        )
         self.bottleneck = nn.Linear(config.vision.hidden_size, config.bottleneck_dim)
         self.codebook = nn.Embedding(config.codebook_size, config.bottleneck_dim)
 
@@ -128,6 +139,8 @@ class TATokImageTokenizer(nn.Module):
     def features(self, pixel_values: torch.Tensor) -> torch.Tensor:
         """pixel_values (B, 3, S, S) -> L2-normalised bottleneck features (B, G*G, bottleneck_dim) float32."""
         h = self.vision_model(pixel_values)  # (B, G*G, hidden)
+        if self.encode_task_layer is not None:
+            h = self.encode_task_layer(h)
         return F.normalize(self.bottleneck(h).float(), dim=-1)
 
     def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
@@ -144,6 +157,8 @@ class TATokImageTokenizer(nn.Module):
         rest = {k: v for k, v in state_dict.items() if not k.startswith(_TOWER_PREFIX)}
         # the tower is loaded; check the rest against a view without it
         head = nn.ModuleDict({"bottleneck": self.bottleneck, "codebook": self.codebook})
+        if self.encode_task_layer is not None:
+            head["encode_task_layer"] = self.encode_task_layer
         load_exact(head, rest, "ta_tok")
 
     @classmethod

@@ -3,6 +3,7 @@ nearest-code search, on tiny random weights and small random images."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -10,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
+from safetensors.torch import load_file
 from transformers import SiglipVisionConfig as HFSiglipVisionConfig
 from transformers import SiglipVisionModel
 from transformers.models.siglip.image_processing_pil_siglip import SiglipImageProcessorPil
@@ -217,3 +219,24 @@ def test_reference_geometry_gives_729_codes() -> None:
     assert codes.shape == (1, 729)
     with pytest.raises(ValueError, match="pixel_values"):
         model(torch.zeros(1, 3, 378, 378))
+
+
+def test_encode_task_layer_runs_before_the_bottleneck(tmp_path: Path) -> None:
+    base = make_tiny_image_tokenizer(tmp_path / "base")
+    raw = json.loads((base / "config.json").read_text()) | {"encode_task_layer": True}
+    config = TATokConfig.from_hf(raw)
+    model = TATokImageTokenizer(config).eval()
+    tensors = load_file(str(base / "model.safetensors"))
+    h = config.vision.hidden_size
+    gen = torch.Generator().manual_seed(7)
+    tensors["encode_task_layer.0.weight"] = 0.3 * torch.randn(h, h, generator=gen)
+    tensors["encode_task_layer.0.bias"] = 0.1 * torch.randn(h, generator=gen)
+    model.load_hf_state_dict(tensors)
+    x = torch.randn(2, 3, 112, 112, generator=gen)
+    with torch.inference_mode():
+        tower = model.vision_model(x)
+        task = torch.tanh(tower @ tensors["encode_task_layer.0.weight"].T + tensors["encode_task_layer.0.bias"])
+        want = torch.nn.functional.normalize(model.bottleneck(task), dim=-1)
+        assert torch.allclose(model.features(x), want, atol=1e-6)
+    with pytest.raises(ValueError, match="missing"):
+        TATokImageTokenizer(config).load_hf_state_dict(load_file(str(base / "model.safetensors")))
