@@ -17,6 +17,7 @@ Components (one directory each under the model root; a missing one is simply not
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import logging
 import time
@@ -171,7 +172,8 @@ class VisionEncoderComponent(Component):
         h, w = smart_resize(height, width, p.factor, p.min_pixels, min(p.max_pixels, self.video.max_pixels_per_frame))
         resized = [self._normalize_frame(f, h, w) for f in frames]
         stack = np.stack(resized)  # (T, C, H, W)
-        chunk = self.video.frames_per_chunk - self.video.frames_per_chunk % p.temporal_patch_size
+        tps = p.temporal_patch_size
+        chunk = max(tps, self.video.frames_per_chunk - self.video.frames_per_chunk % tps)
         patches: list[np.ndarray] = []
         grids: list[tuple[int, int, int]] = []
         for start in range(0, len(frames), chunk):
@@ -293,7 +295,8 @@ class EncoderRunner:
         decoded = self._decode_all(batch.items, results)
         forwards: list[list[Any]] = []
         for name, component in self.components.items():
-            items = [it for it in batch.items if it.component == name and it.item_id not in results]
+            items = [it for it in batch.items if it.component == name and it.item_id in decoded]
+            started = time.perf_counter()
             prepared = []
             for item in items:
                 try:
@@ -302,15 +305,16 @@ class EncoderRunner:
                     results[item.item_id] = _client_error(item, f"cannot use the {item.kind} in {item.param}: {e}")
             if not prepared:
                 continue
-            started = time.perf_counter()
             with torch.inference_mode():
                 outputs = component.forward([p for _, p in prepared])
             forwards.append([name, len(prepared), time.perf_counter() - started])
             for (item, _), out in zip(prepared, outputs):
                 results[item.item_id] = self._publish(component, item, out)
         for item in batch.items:
-            if item.item_id not in results:
-                results[item.item_id] = _client_error(item, f"this model has no {item.component} for {item.param}")
+            if item.item_id not in results:  # no such component, or one that takes other media
+                results[item.item_id] = _client_error(
+                    item, f"this model has no {item.component} for the {item.kind} in {item.param}"
+                )
         return protocol.EncodeResult(batch.batch_id, [results[it.item_id] for it in batch.items], forwards)
 
     def _decode_all(self, items: list[protocol.EncodeItem], results: dict[int, protocol.EncodedItem]) -> dict[int, Any]:
@@ -321,7 +325,9 @@ class EncoderRunner:
             if item.component not in self.components or item.kind not in self.components[item.component].kinds:
                 continue  # reported as unsupported by encode()
             key = (item.kind, item.fmt, item.data)
-            if key not in seen:
+            cached = seen.get(key)
+            # a failure is decoded again for another part: its message names the part
+            if cached is None or (isinstance(cached, APIError) and cached.param != item.param):
                 try:
                     seen[key] = self._decode(item)
                 except APIError as e:
@@ -352,7 +358,7 @@ class EncoderRunner:
         num_rows = len(codes) if codes is not None else int(out.shape[0])
         try:
             self.store.put(item.key, data)
-        except (StoreError, TimeoutError, OSError) as e:
+        except (StoreError, TimeoutError, concurrent.futures.TimeoutError, OSError, ValueError) as e:
             log.error("store put %s failed: %s", item.key, e)
             return protocol.EncodedItem(item.item_id, num_rows, codes, store_error=str(e) or type(e).__name__)
         return protocol.EncodedItem(item.item_id, num_rows, codes)

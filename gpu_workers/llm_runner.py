@@ -210,8 +210,14 @@ class LLMRunner:
     # ---- injected embeddings -----------------------------------------------------------
     def _drop_unreadable_media(self, scheduled: list[_Scheduled]) -> list[list[str]]:
         """Load the embeddings each chunk needs; a request whose artifact cannot be read leaves
-        this step (and the runner) instead of failing everyone batched with it."""
+        this step (and the runner) instead of failing everyone batched with it.
+
+        A request that reads a block a dropped request was to write in this same step (the
+        scheduler lets a newcomer hit blocks hashed earlier in the same schedule pass) leaves
+        too: that KV will never be written.
+        """
         failed: list[list[str]] = []
+        unwritten: set[int] = set()
         for s in list(scheduled):
             state = self.requests[s.request_id]
             start, end = s.num_computed_tokens, s.num_computed_tokens + s.num_scheduled_tokens
@@ -222,10 +228,28 @@ class LLMRunner:
                     except Exception as exc:  # store down, key gone, or a malformed artifact
                         log.error("request %s: cannot read %s: %s", s.request_id, ref.key, exc)
                         failed.append([s.request_id, f"cannot read encoder output {ref.key}: {exc}"])
+                        unwritten.update(self._blocks_written(s))
                         scheduled.remove(s)
                         del self.requests[s.request_id]
                         break
+        while unwritten:  # to a fixpoint: a dropped sharer's own writes go unwritten too
+            more: set[int] = set()
+            for s in list(scheduled):
+                state = self.requests[s.request_id]
+                end = s.num_computed_tokens + s.num_scheduled_tokens
+                if unwritten.intersection(state.block_ids[: -(-end // self.block_size)]):
+                    failed.append([s.request_id, "shares prompt blocks with a request that failed in the same step"])
+                    more.update(self._blocks_written(s))
+                    scheduled.remove(s)
+                    del self.requests[s.request_id]
+            unwritten = more
         return failed
+
+    def _blocks_written(self, s: _Scheduled) -> list[int]:
+        """Block ids a chunk writes: those holding positions [start, end)."""
+        bs = self.block_size
+        start, end = s.num_computed_tokens, s.num_computed_tokens + s.num_scheduled_tokens
+        return self.requests[s.request_id].block_ids[start // bs : -(-end // bs)]
 
     def _embedding(self, ref: protocol.MediaRef) -> torch.Tensor:
         x = self.embeddings.get(ref.key)

@@ -2,6 +2,7 @@ import pytest
 
 from scheduler.block_manager import BlockManager
 from scheduler.request import Request, RequestId, SamplingParams
+from scheduler.scheduler import Scheduler, SchedulerConfig
 
 
 def make_request(request_id: str, prompt: list[int]) -> Request:
@@ -198,3 +199,96 @@ def test_check_invariants_catches_corruption():
     bm._free[0] = None  # an in-use block in the free queue
     with pytest.raises(AssertionError):
         bm.check_invariants()
+
+
+# -- free(uncache=True): the request's last step never ran ---------------------------------
+
+
+def test_free_uncache_drops_only_blocks_no_other_request_holds():
+    shared = list(range(8))
+    b_prompt = shared + [50, 51, 52, 53, 54]  # blocks: shared 0 1, own full 3, own partial 4
+    for uncache in (False, True):
+        bm = BlockManager(num_blocks=8, block_size=4)
+        a = make_request("a", list(range(10)))
+        assert admit(bm, a) == [0, 1, 2]
+        b = make_request("b", b_prompt)
+        assert admit(bm, b) == [0, 1, 3, 4]
+        assert bm.get_computed_blocks(make_request("probe", b_prompt)) == ([0, 1, 3], 12)
+        bm.free(b, uncache=uncache)
+        bm.check_invariants()
+        assert bm.num_free_blocks == 5
+        if not uncache:  # the control: a plain free keeps b's own full block cached
+            assert bm.get_computed_blocks(make_request("again", b_prompt)) == ([0, 1, 3], 12)
+            assert bm.occupancy == 4 / 8
+            continue
+        # block 3 only b held: gone from the cache; 0 and 1 are a's too, so they stay
+        assert bm.get_computed_blocks(make_request("again", b_prompt)) == ([0, 1], 8)
+        assert bm.num_cached_prefix_blocks(b_prompt) == 2
+        assert bm.occupancy == 3 / 8
+        # an uncached block holds nothing reusable: reused first, like an unhashed tail
+        assert bm.allocate(make_request("x", [9]), 1) == [3]
+        bm.check_invariants()
+        bm.free(a, uncache=True)  # now no one else holds 0, 1, 2
+        bm.check_invariants()
+        assert bm.get_computed_blocks(make_request("fresh", list(range(10)))) == ([], 0)
+        assert bm.num_free_blocks == 7 and bm.occupancy == 1 / 8
+
+
+def test_free_uncache_keeps_an_equal_hash_another_block_holds():
+    bm = BlockManager(num_blocks=8, block_size=2)
+    a = make_request("a", [1, 2, 3, 4, 5])
+    assert admit(bm, a) == [0, 1, 2]
+    dup = make_request("dup", [1, 2, 3, 4, 5])
+    assert bm.allocate(dup, 5) == [3, 4, 5]  # admitted without its hits: unhashed duplicates
+    dup.num_computed_tokens = 5
+    bm.cache_full_blocks(dup)
+    bm.check_invariants()
+    bm.free(dup, uncache=True)
+    bm.check_invariants()
+    assert bm.get_computed_blocks(make_request("c", [1, 2, 3, 4, 5])) == ([0, 1], 4)
+    bm.free(a)
+    bm.check_invariants()
+    assert bm.num_free_blocks == 8 and bm.occupancy == 2 / 8
+
+
+def test_scheduler_abort_with_uncache_after_a_step_that_never_ran():
+    s = Scheduler(SchedulerConfig(4, 32, 64), BlockManager(16, 4))
+    a = make_request("a", list(range(1, 11)))
+    s.add_request(a)
+    out = s.schedule()
+    assert [(r.request.request_id, r.block_ids) for r in out.scheduled_new] == [("a", [0, 1, 2])]
+    s.update_from_output(out, {RequestId("a"): 100})
+    s.check_invariants()
+    b_prompt = list(range(1, 9)) + [60, 61, 62, 63, 64]
+    s.add_request(make_request("b", b_prompt))
+    out = s.schedule()  # a decodes; b hits a's two blocks (written by step 1) and adds 3, 4
+    new = [(r.request.request_id, r.block_ids, r.num_computed_tokens) for r in out.scheduled_new]
+    assert new == [("b", [0, 1, 3, 4], 8)]
+    assert s.block_manager.num_cached_prefix_blocks(b_prompt) == 3  # hashed at schedule time
+    # the worker dropped b from this step: its block 3 was never written
+    assert s.abort_request(RequestId("b"), uncache=True) is not None
+    s.check_invariants()
+    assert s.block_manager.num_cached_prefix_blocks(b_prompt) == 2
+    assert s.block_manager.get_computed_blocks(make_request("c", b_prompt)) == ([0, 1], 8)
+    assert [r.request_id for r in s.update_from_output(out, {RequestId("a"): 101})] == ["a"]
+    s.check_invariants()
+    assert s.schedule().finished_request_ids == ["b"]
+    s.check_invariants()
+
+
+def test_scheduler_uncache_when_the_sharer_joined_in_the_same_step():
+    s = Scheduler(SchedulerConfig(4, 64, 64), BlockManager(16, 4))
+    a_prompt = list(range(1, 11))
+    s.add_request(make_request("a", a_prompt))
+    s.add_request(make_request("b", list(range(1, 9)) + [60, 61, 62]))
+    out = s.schedule()
+    new = [(r.request.request_id, r.block_ids, r.num_computed_tokens) for r in out.scheduled_new]
+    assert new == [("a", [0, 1, 2], 0), ("b", [0, 1, 3], 8)]  # b reads a's blocks in this step
+    # The worker drops a, and with it b, which reads blocks a never wrote (LLMRunner's
+    # _drop_unreadable_media); the engine aborts both with uncache.
+    s.abort_request(RequestId("a"), uncache=True)
+    s.check_invariants()
+    assert s.block_manager.num_cached_prefix_blocks(a_prompt) == 2  # b still holds 0 and 1
+    s.abort_request(RequestId("b"), uncache=True)
+    s.check_invariants()
+    assert s.block_manager.num_cached_prefix_blocks(a_prompt) == 0
