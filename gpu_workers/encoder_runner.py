@@ -277,6 +277,7 @@ class EncoderRunner:
         device: str = "cpu",
         dtype: torch.dtype = torch.float32,
         limits: MediaLimits | None = None,
+        max_decode_threads: int = 4,
     ) -> None:
         root = Path(model_dir)
         self.device = torch.device(device)
@@ -289,6 +290,7 @@ class EncoderRunner:
         }
         if not self.components:
             raise ValueError(f"{root}: no encoder component ({', '.join(COMPONENTS)}) found")
+        self._decoders = concurrent.futures.ThreadPoolExecutor(max_decode_threads, thread_name_prefix="decode")
 
     def encode(self, batch: protocol.EncodeBatch) -> protocol.EncodeResult:
         results: dict[int, protocol.EncodedItem] = {}
@@ -318,26 +320,37 @@ class EncoderRunner:
         return protocol.EncodeResult(batch.batch_id, [results[it.item_id] for it in batch.items], forwards)
 
     def _decode_all(self, items: list[protocol.EncodeItem], results: dict[int, protocol.EncodedItem]) -> dict[int, Any]:
-        """Decode every item once; two components asking for the same media share a decode."""
-        decoded: dict[int, Any] = {}
+        """Decode every item once; two components asking for the same media share a decode.
+
+        Distinct media decode in parallel threads (Pillow and FFmpeg release the GIL), so one
+        long video does not hold up the images batched with it."""
+        usable = [
+            it for it in items
+            if it.component in self.components and it.kind in self.components[it.component].kinds
+        ]  # fmt: skip  (the rest is reported as unsupported by encode())
+        first: dict[tuple[str, str | None, bytes], protocol.EncodeItem] = {}
+        for item in usable:
+            first.setdefault((item.kind, item.fmt, item.data), item)
         seen: dict[tuple[str, str | None, bytes], Any] = {}
-        for item in items:
-            if item.component not in self.components or item.kind not in self.components[item.component].kinds:
-                continue  # reported as unsupported by encode()
-            key = (item.kind, item.fmt, item.data)
-            cached = seen.get(key)
-            # a failure is decoded again for another part: its message names the part
-            if cached is None or (isinstance(cached, APIError) and cached.param != item.param):
-                try:
-                    seen[key] = self._decode(item)
-                except APIError as e:
-                    seen[key] = e
-            value = seen[key]
+        if first:
+            futures = {key: self._decoders.submit(self._try_decode, it) for key, it in first.items()}
+            seen = {key: f.result() for key, f in futures.items()}
+        decoded: dict[int, Any] = {}
+        for item in usable:
+            value = seen[(item.kind, item.fmt, item.data)]
+            if isinstance(value, APIError) and value.param != item.param:
+                value = self._try_decode(item)  # decoded again so the message names this part
             if isinstance(value, APIError):
                 results[item.item_id] = _client_error(item, value.message)
             else:
                 decoded[item.item_id] = value
         return decoded
+
+    def _try_decode(self, item: protocol.EncodeItem) -> Any:
+        try:
+            return self._decode(item)
+        except APIError as e:
+            return e
 
     def _decode(self, item: protocol.EncodeItem) -> Any:
         if item.kind == "image":
