@@ -289,7 +289,7 @@ class MediaPipeline:
         try:
             kind, rows = artifact_rows(data)
             codes = tuple(decode_codes(data)) if kind == CODES else None
-        except ValueError as e:
+        except Exception as e:  # ValueError, or safetensors' own error on a corrupt body
             log.warning("artifact %s is unreadable (%s); encoding again", key, e)
             return None
         if (codes is not None) != discrete:

@@ -53,8 +53,17 @@ def read_header(data: bytes) -> dict[str, object]:
 
 
 def artifact_rows(data: bytes) -> tuple[str, int]:
-    """(EMBEDDINGS or CODES, number of rows) of an encoder artifact, from its header alone."""
+    """(EMBEDDINGS or CODES, number of rows) of an encoder artifact, from its header alone;
+    ValueError when the bytes are cut short of what the header describes."""
     header = read_header(data)
+    (header_len,) = struct.unpack_from("<Q", data, 0)
+    ends = [
+        int(e["data_offsets"][1])
+        for k, e in header.items()
+        if k != "__metadata__" and isinstance(e, dict) and isinstance(e.get("data_offsets"), list)
+    ]
+    if 8 + header_len + max(ends, default=0) > len(data):
+        raise ValueError("encoder artifact is truncated")
     for name in (EMBEDDINGS, CODES):
         entry = header.get(name)
         if isinstance(entry, dict) and isinstance(entry.get("shape"), list) and entry["shape"]:
