@@ -211,9 +211,7 @@ class AudioEncoderComponent(Component):
         self.model.to(device=device, dtype=dtype).eval()
 
     def prepare(self, kind: str, media: Any) -> np.ndarray:
-        if len(media) == 0:
-            raise ValueError("the audio is empty")
-        return np.asarray(media, dtype=np.float32)
+        return _waveform(media)
 
     def forward(self, prepared: list[np.ndarray]) -> list[torch.Tensor]:
         feats = self.features(prepared)
@@ -256,12 +254,16 @@ class AudioTokenizerComponent(Component):
         self.model = FSQAudioTokenizer.from_dir(component_dir, device=device, dtype=dtype)
 
     def prepare(self, kind: str, media: Any) -> np.ndarray:
-        if len(media) == 0:
-            raise ValueError("the audio is empty")
-        return np.asarray(media, dtype=np.float32)
+        return _waveform(media)
 
     def forward(self, prepared: list[np.ndarray]) -> list[torch.Tensor]:
         return [torch.tensor(units, dtype=torch.int64) for units in self.model.encode(prepared)]
+
+
+def _waveform(media: Any) -> np.ndarray:
+    if len(media) == 0:
+        raise ValueError("the audio is empty")
+    return np.asarray(media, dtype=np.float32)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -18,7 +18,7 @@ from gpu_workers import protocol
 from gpu_workers.worker import WorkerSpec
 from omni.engine import EngineError
 from omni.metrics import Metrics
-from omni.worker_process import WorkerDied, WorkerProcess
+from omni.worker_process import WorkerDied, WorkerProcess, restart_until_up
 
 log = logging.getLogger("omni.encoder_engine")
 
@@ -152,12 +152,4 @@ class EncoderEngine:
         self._ready = False
         log.error("%s: %s; restarting the encoder worker", self.model_name, cause)
         await self.worker.kill()
-        delay = 1.0
-        while not self._closing:
-            try:
-                await self._start_worker()
-                return
-            except WorkerDied as exc:
-                log.error("%s: encoder restart failed: %s", self.model_name, exc)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 30.0)
+        await restart_until_up(self._start_worker, lambda: self._closing, f"{self.model_name} encoder")

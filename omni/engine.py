@@ -19,7 +19,7 @@ from gpu_workers import protocol
 from gpu_workers.worker import WorkerSpec
 from omni.config import EngineConfig
 from omni.metrics import Metrics
-from omni.worker_process import WorkerDied, WorkerProcess
+from omni.worker_process import WorkerDied, WorkerProcess, restart_until_up
 from scheduler.block_manager import BlockManager
 from scheduler.output import SchedulerOutput
 from scheduler.placement import WorkerState
@@ -398,13 +398,5 @@ class LLMEngine:
         # Only the requests on this worker fail; the KV cache is gone with the process.
         self._fail_all(EngineError(f"worker failed: {cause}"))
         await self.worker.kill()
-        delay = 1.0
-        while not self._closing:
-            try:
-                await self._start_worker()
-                return
-            except WorkerDied as exc:
-                log.error("%s: restart failed: %s", self.config.model_name, exc)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 30.0)
+        await restart_until_up(self._start_worker, lambda: self._closing, self.config.model_name)
 

@@ -20,7 +20,7 @@ import multiprocessing as mp
 import os
 import socket
 import struct
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from multiprocessing.process import BaseProcess
 
 from gpu_workers import protocol
@@ -198,3 +198,18 @@ class WorkerProcess:
         if self._sock is not None:
             self._sock.close()
             self._sock = None
+
+
+async def restart_until_up(
+    start: Callable[[], Awaitable[None]], closing: Callable[[], bool], what: str
+) -> None:
+    """Call start() until it succeeds or closing() is true, backing off from 1 s to 30 s."""
+    delay = 1.0
+    while not closing():
+        try:
+            await start()
+            return
+        except WorkerDied as exc:
+            log.error("%s: restart failed: %s", what, exc)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 30.0)
