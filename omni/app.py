@@ -112,9 +112,11 @@ async def _media_pipeline(
         max_batch_items=config.encoder_max_batch_items,
         start_timeout=config.worker_start_timeout,
     )
-    return MediaPipeline(
+    pipeline = MediaPipeline(
         config.model_name, tokenizer, encoder, store, revisions, config.media_limits, metrics
     )
+    pipeline.check_vocabulary(layout.codebook_sizes())
+    return pipeline
 
 
 async def _store_ctx(app: web.Application) -> AsyncIterator[None]:

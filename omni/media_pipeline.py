@@ -117,6 +117,18 @@ class MediaPipeline:
     def ready(self) -> bool:
         return self.encoder.ready
 
+    def check_vocabulary(self, num_codes: dict[str, int]) -> None:
+        """Raise ValueError at start-up when a discrete component (component -> codebook
+        size) has codes the LLM's vocabulary cannot write: a mis-converted checkpoint would
+        otherwise fail on its first image."""
+        for component, n in num_codes.items():
+            for code in (0, n - 1):
+                if self.tokenizer.token_to_id(code_token(component, code)) is None:
+                    raise ValueError(
+                        f"{self.model_name}: the {component} has {n} codes but the LLM's "
+                        f"vocabulary has no {code_token(component, code)} token"
+                    )
+
     # ---- 1. parts -> bytes ---------------------------------------------------------------
     async def load_items(self, messages: Sequence[ChatMessage]) -> list[MediaItem]:
         parts = [

@@ -13,6 +13,8 @@ Two layouts are served:
 from __future__ import annotations
 
 import hashlib
+import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -41,6 +43,20 @@ class ModelLayout:
     @property
     def has_encoders(self) -> bool:
         return bool(self.components)
+
+    def codebook_sizes(self) -> dict[str, int]:
+        """Codes each discrete component can emit, read from its config.json."""
+        sizes: dict[str, int] = {}
+        for name, path in self.components.items():
+            try:
+                config = json.loads((path / "config.json").read_text())
+                if name == "image_tokenizer":
+                    sizes[name] = int(config["codebook_size"])
+                elif name == "audio_tokenizer":
+                    sizes[name] = math.prod(int(level) for level in config["levels"])
+            except (KeyError, TypeError, ValueError) as e:
+                raise ValueError(f"{path}/config.json: no usable codebook size ({e!r})") from None
+        return sizes
 
 
 def component_revision(component_dir: Path) -> str:

@@ -22,6 +22,7 @@ from omni.engine import EngineError
 from omni.media import MediaLimits
 from omni.media_pipeline import MediaPipeline, PromptInputs
 from omni.metrics import Metrics
+from omni.model_layout import ModelLayout
 from omni.store.base import StoreError
 from omni.store.codec import encode_codes, encode_tensors
 from omni.store.keys import encoder_key
@@ -482,3 +483,18 @@ async def test_an_mp4_becomes_a_video_item(
     at = rendered.index(pad)
     assert prompt.token_ids == rendered[:at] + [pad] * rows + rendered[at + 1 :]
     assert prompt.media == (MediaSpan(at, rows, video_key),)
+
+
+# ---- start-up: discrete codes must be writable by the LLM ------------------------------------
+async def test_codebooks_must_fit_the_vocabulary(
+    tmp_path: Path, tokenizer: TextTokenizer, store: LocalStore
+) -> None:
+    root = make_tiny_omni_checkpoint(tmp_path / "omni")
+    sizes = ModelLayout.from_dir(root).codebook_sizes()
+    assert sizes == {"image_tokenizer": 64, "audio_tokenizer": 81}
+    pipeline = make_pipeline(tokenizer, FakeEncoder(store), store)
+    pipeline.check_vocabulary(sizes)
+    with pytest.raises(ValueError, match=r"<\|vision00064\|>"):
+        pipeline.check_vocabulary({"image_tokenizer": 65})
+    with pytest.raises(ValueError, match=r"<\|audio0081\|>"):
+        pipeline.check_vocabulary({"audio_tokenizer": 82})
