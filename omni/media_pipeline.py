@@ -34,11 +34,13 @@ from omni.media import MediaLimits, decode_base64, is_video, load_media_bytes
 from omni.metrics import Metrics
 from omni.store.base import ArtifactStore, KeyNotFound, StoreError
 from omni.store.codec import CODES, artifact_rows, decode_codes
-from omni.store.keys import encoder_key
+from omni.store.keys import content_hash, encoder_key_for
 from omni.tokenizer import TextTokenizer
 from scheduler.request import MediaSpan
 
 log = logging.getLogger("omni.media")
+
+_HASH_IN_THREAD_BYTES = 1 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +71,7 @@ class MediaItem:
     param: str  # e.g. messages[0].content[1]
     data: bytes
     fmt: str | None = None
+    digest: str = ""  # content_hash of data and the decode params: the key's last segment
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,15 +144,27 @@ class MediaPipeline:
         self.limits.check_num_items(len(parts), "messages")
 
         async def load(param: str, part: Any) -> MediaItem:
+            fmt = None
             if isinstance(part, InputAudioPart):
-                return MediaItem("audio", param, decode_base64(part.data, self.limits, param), part.format)
-            data = await load_media_bytes(part.url, self.limits, param)
-            if isinstance(part, VideoURLPart) or is_video(data):
-                return MediaItem("video", param, data)
-            assert isinstance(part, ImageURLPart)
-            return MediaItem("image", param, data)
+                kind, data, fmt = "audio", decode_base64(part.data, self.limits, param), part.format
+            else:
+                data = await load_media_bytes(part.url, self.limits, param)
+                kind = "video" if isinstance(part, VideoURLPart) or is_video(data) else "image"
+            params = self._decode_params(kind)
+            if len(data) > _HASH_IN_THREAD_BYTES:  # keep the event loop free of long hashes
+                digest = await asyncio.to_thread(content_hash, data, params)
+            else:
+                digest = content_hash(data, params)
+            return MediaItem(kind, param, data, fmt, digest)
 
         return list(await asyncio.gather(*(load(p, part) for p, part in parts)))
+
+    def _decode_params(self, kind: str) -> dict[str, object]:
+        """What besides the bytes decides an encoder's output (the rest is in the revision)."""
+        params: dict[str, object] = {"kind": kind}
+        if kind == "video":  # the worker samples frames by these
+            params |= {"fps": self.limits.video_fps, "max_frames": self.limits.max_video_frames}
+        return params
 
     @staticmethod
     def template_messages(messages: Sequence[ChatMessage], items: list[MediaItem]) -> list[dict[str, Any]]:
@@ -249,10 +264,8 @@ class MediaPipeline:
 
     # ---- the artifact store as a cache ---------------------------------------------------
     def _key(self, item: MediaItem, component: str) -> str:
-        params: dict[str, object] = {"kind": item.kind}
-        if item.kind == "video":  # the worker samples frames by these; the rest is in the revision
-            params |= {"fps": self.limits.video_fps, "max_frames": self.limits.max_video_frames}
-        return encoder_key(component, self.revisions[component], item.data, params)
+        digest = item.digest or content_hash(item.data, self._decode_params(item.kind))
+        return encoder_key_for(component, self.revisions[component], digest)
 
     async def _encoded(self, item: MediaItem, p: Placeholder) -> tuple[str, Encoded]:
         key = self._key(item, p.component)

@@ -26,9 +26,14 @@ def content_hash(media: bytes, params: Mapping[str, object]) -> str:
 
 def encoder_key(component: str, revision: str, media: bytes, params: Mapping[str, object]) -> str:
     """enc/<component>/<revision>/<sha256 of media + params>: the same media skips the encoder."""
+    return encoder_key_for(component, revision, content_hash(media, params))
+
+
+def encoder_key_for(component: str, revision: str, digest: str) -> str:
+    """encoder_key with content_hash already computed (one hash serves every component)."""
     validate_segment("component", component)
     validate_segment("revision", revision)
-    return validate_key(f"enc/{component}/{revision}/{content_hash(media, params)}")
+    return validate_key(f"enc/{component}/{revision}/{digest}")
 
 
 def output_key(kind: str, ext: str) -> str:
