@@ -51,6 +51,11 @@ class WorkerProcess:
         return self.spec.worker_id
 
     @property
+    def label(self) -> str:
+        """How logs and errors name it: "llm worker 0", "encoder worker 0"."""
+        return f"{self.spec.kind} worker {self.worker_id}"
+
+    @property
     def is_alive(self) -> bool:
         return not self._dead and self._process is not None and self._process.is_alive()
 
@@ -61,7 +66,7 @@ class WorkerProcess:
         self._process = ctx.Process(
             target=worker_main,
             args=(child_conn, self.spec.to_bytes()),
-            name=f"omni-worker-{self.worker_id}",
+            name=f"omni-{self.spec.kind}-{self.worker_id}",
             daemon=True,
         )
         self._process.start()
@@ -78,19 +83,19 @@ class WorkerProcess:
             message = await asyncio.wait_for(self.recv(), timeout)
         except TimeoutError:
             await self.kill()
-            raise WorkerDied(f"worker {self.worker_id} not ready after {timeout:.0f}s") from None
+            raise WorkerDied(f"{self.label} not ready after {timeout:.0f}s") from None
         if isinstance(message, protocol.WorkerError):
             await self.kill()
-            raise WorkerDied(f"worker {self.worker_id} failed to start: {message.message}")
+            raise WorkerDied(f"{self.label} failed to start: {message.message}")
         if not isinstance(message, protocol.Ready):
             await self.kill()
-            raise WorkerDied(f"worker {self.worker_id} sent {type(message).__name__} first")
+            raise WorkerDied(f"{self.label} sent {type(message).__name__} first")
         self.ready = message
         return message
 
     async def send(self, message: protocol.Message) -> None:
         if self._dead or self._sock is None:
-            raise WorkerDied(f"worker {self.worker_id} is not running")
+            raise WorkerDied(f"{self.label} is not running")
         data = protocol.encode(message)
         if len(data) > 0x7FFFFFFF:
             header = struct.pack("!iQ", -1, len(data))
@@ -101,16 +106,16 @@ class WorkerProcess:
                 await asyncio.get_running_loop().sock_sendall(self._sock, header + data)
         except OSError as exc:
             self._mark_dead()
-            raise WorkerDied(f"worker {self.worker_id}: {exc}") from exc
+            raise WorkerDied(f"{self.label}: {exc}") from exc
 
     async def recv(self) -> protocol.Message:
         assert self._inbox is not None
         if self._dead and self._inbox.empty():
-            raise WorkerDied(f"worker {self.worker_id} exited")
+            raise WorkerDied(f"{self.label} exited")
         message = await self._inbox.get()
         if message is None:
             self._inbox.put_nowait(None)  # keep the EOF marker for later receivers
-            raise WorkerDied(f"worker {self.worker_id} exited (code {self.exitcode})")
+            raise WorkerDied(f"{self.label} exited (code {self.exitcode})")
         return message
 
     @property
@@ -136,7 +141,7 @@ class WorkerProcess:
             while (payload := self._next_frame()) is not None:
                 self._inbox.put_nowait(protocol.decode(payload))
         except ValueError:
-            log.exception("worker %d sent an undecodable frame", self.worker_id)
+            log.exception("%s sent an undecodable frame", self.label)
             gone = True
         if gone:
             self._mark_dead()
