@@ -215,20 +215,26 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
     except ValueError as exc:
         raise SystemExit(f"omni-serve: {exc}") from None
     models = _models(args)
+    layouts = []
+    for _, model_dir in models:
+        try:
+            layouts.append(ModelLayout.from_dir(model_dir.resolve()))
+        except ValueError as exc:
+            raise SystemExit(f"omni-serve: {exc}") from None
     num_threads = args.num_threads
+    encoders_on_cpu = (args.encoder_device or device) == "cpu"
     if num_threads is None and on_cpu:
-        # CPU workers share the machine's cores; more torch threads than cores only thrash.
-        num_threads = max(1, (os.cpu_count() or 1) // (num_workers * len(models)))
+        # CPU workers share the machine's cores; more torch threads than cores only thrash
+        # (OpenMP threads spin). An omni model's encoder worker is one more CPU worker.
+        num_cpu_workers = num_workers * len(models)
+        num_cpu_workers += sum(1 for layout in layouts if layout.has_encoders and encoders_on_cpu)
+        num_threads = max(1, (os.cpu_count() or 1) // num_cpu_workers)
     dtype = args.dtype
     if dtype == "auto":
         dtype = "float32" if on_cpu else "bfloat16"
     limits = media_limits_from_args(args)
     engines = []
-    for model_name, model_dir in models:
-        try:
-            layout = ModelLayout.from_dir(model_dir.resolve())
-        except ValueError as exc:
-            raise SystemExit(f"omni-serve: {exc}") from None
+    for (model_name, _), layout in zip(models, layouts):
         engines.append(
             EngineConfig(
                 model_name=model_name,

@@ -1,0 +1,44 @@
+"""Flag parsing into the server's frozen config (no server is started)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gpu_workers.tiny_checkpoints import make_tiny_checkpoint, make_tiny_omni_checkpoint
+from omni.cli import build_parser, config_from_args
+
+
+@pytest.fixture(scope="module")
+def dirs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    root = tmp_path_factory.mktemp("models")
+    return make_tiny_checkpoint(root / "text", "llama"), make_tiny_omni_checkpoint(root / "omni")
+
+
+def test_omni_layout_gets_its_encoder_and_text_layout_none(dirs: tuple[Path, Path]) -> None:
+    text, omni = dirs
+    args = build_parser().parse_args(["--model", f"t={text}", "--model", f"o={omni}", "--allow-remote-media"])
+    config = config_from_args(args)
+    by_name = {e.model_name: e for e in config.engines}
+    assert by_name["t"].model_dir == text.resolve() and by_name["t"].encoder_dir is None
+    assert by_name["o"].model_dir == omni.resolve() / "llm" and by_name["o"].encoder_dir == omni.resolve()
+    assert by_name["o"].media_limits.allow_remote
+
+
+def test_cpu_threads_are_split_over_llm_and_encoder_workers(
+    dirs: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    text, omni = dirs
+    monkeypatch.setattr("os.cpu_count", lambda: 8)
+    only_text = config_from_args(build_parser().parse_args(["--model", str(text)]))
+    assert only_text.engines[0].num_threads == 8
+    with_encoder = config_from_args(build_parser().parse_args(["--model", str(omni)]))
+    assert with_encoder.engines[0].num_threads == 4  # the LLM worker and the encoder worker
+    elsewhere = config_from_args(build_parser().parse_args(["--model", str(omni), "--encoder-device", "cuda:0"]))
+    assert elsewhere.engines[0].num_threads == 8
+
+
+def test_a_directory_that_is_no_checkpoint_exits_with_a_message(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit, match="neither config.json nor llm/config.json"):
+        config_from_args(build_parser().parse_args(["--model", str(tmp_path)]))
