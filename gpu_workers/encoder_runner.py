@@ -49,7 +49,6 @@ from gpu_workers.models.qwen2_audio_encoder import AudioEncoderConfig, Qwen2Audi
 from gpu_workers.store_client import StoreClient
 from omni.api.errors import APIError
 from omni.media import MediaLimits, decode_audio, decode_image, decode_video
-from omni.store.base import StoreError
 from omni.store.codec import encode_codes
 
 log = logging.getLogger("omni.encoder")
@@ -298,6 +297,7 @@ class EncoderRunner:
         results: dict[int, protocol.EncodedItem] = {}
         decoded = self._decode_all(batch.items, results)
         forwards: list[list[Any]] = []
+        publish: list[tuple[protocol.EncodeItem, bytes]] = []
         for name, component in self.components.items():
             items = [it for it in batch.items if it.component == name and it.item_id in decoded]
             started = time.perf_counter()
@@ -313,7 +313,9 @@ class EncoderRunner:
                 outputs = component.forward([p for _, p in prepared])
             forwards.append([name, len(prepared), time.perf_counter() - started])
             for (item, _), out in zip(prepared, outputs):
-                results[item.item_id] = self._publish(component, item, out)
+                results[item.item_id], data = self._serialize(component, item, out)
+                publish.append((item, data))
+        self._publish(publish, results)
         for item in batch.items:
             if item.item_id not in results:  # no such component, or one that takes other media
                 results[item.item_id] = _client_error(
@@ -362,21 +364,25 @@ class EncoderRunner:
             return frames
         return decode_audio(item.data, item.fmt, self.limits, item.param)
 
-    def _publish(self, component: Component, item: protocol.EncodeItem, out: torch.Tensor) -> protocol.EncodedItem:
+    @staticmethod
+    def _serialize(
+        component: Component, item: protocol.EncodeItem, out: torch.Tensor
+    ) -> tuple[protocol.EncodedItem, bytes]:
         meta = {"component": component.name, "kind": item.kind}
-        codes: list[int] | None = None
         if component.discrete:
             codes = [int(c) for c in out.tolist()]
-            data = encode_codes(codes, meta)
-        else:
-            data = embeddings_to_bytes(out, meta)
-        num_rows = len(codes) if codes is not None else int(out.shape[0])
-        try:
-            self.store.put(item.key, data)
-        except (StoreError, TimeoutError, concurrent.futures.TimeoutError, OSError, ValueError) as e:
-            log.error("store put %s failed: %s", item.key, e)
-            return protocol.EncodedItem(item.item_id, num_rows, codes, store_error=str(e) or type(e).__name__)
-        return protocol.EncodedItem(item.item_id, num_rows, codes)
+            return protocol.EncodedItem(item.item_id, len(codes), codes), encode_codes(codes, meta)
+        return protocol.EncodedItem(item.item_id, int(out.shape[0])), embeddings_to_bytes(out, meta)
+
+    def _publish(
+        self, outputs: list[tuple[protocol.EncodeItem, bytes]], results: dict[int, protocol.EncodedItem]
+    ) -> None:
+        """Write every output of the batch at once; a failed write marks only its item."""
+        errors = self.store.put_many([(item.key, data) for item, data in outputs])
+        for (item, _), error in zip(outputs, errors):
+            if error is not None:
+                log.error("store put %s failed: %s", item.key, error)
+                results[item.item_id].store_error = str(error) or type(error).__name__
 
 
 def _client_error(item: protocol.EncodeItem, message: str) -> protocol.EncodedItem:

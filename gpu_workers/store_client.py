@@ -9,6 +9,7 @@ The same ArtifactStore classes the server uses, so both sides agree on keys and 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import secrets
 import threading
 from collections import OrderedDict
@@ -52,6 +53,27 @@ class StoreClient:
 
     def put(self, key: str, data: bytes) -> None:
         self._call(self._store.put(key, data))
+
+    def put_many(self, items: list[tuple[str, bytes]]) -> list[Exception | None]:
+        """Publish several artifacts concurrently (one S3 round trip of latency, not one
+        per item); each item's exception, or None when it was stored."""
+
+        async def one(key: str, data: bytes) -> Exception | None:
+            try:
+                await self._store.put(key, data)
+            except Exception as e:  # StoreError, or a key the store refuses (ValueError)
+                return e
+            return None
+
+        async def every() -> list[Exception | None]:
+            return list(await asyncio.gather(*(one(k, d) for k, d in items)))
+
+        if not items:
+            return []
+        try:
+            return self._call(every())
+        except (TimeoutError, concurrent.futures.TimeoutError) as e:
+            return [e] * len(items)
 
     def close(self) -> None:
         try:
