@@ -217,6 +217,8 @@ class MediaPipeline:
                     param=kind_items[-1].param,
                     code="unsupported_content_type",
                 )
+        if slots and not self.encoder.ready:  # starting, or restarting after a crash
+            raise service_unavailable("The model's encoders are starting; retry shortly.", retry_after_s=5)
         missing = {p.component for _, p, _ in slots} - self.encoder.components
         if missing:
             item = next(it for _, p, it in slots if p.component in missing)
@@ -231,12 +233,12 @@ class MediaPipeline:
             job = (id(item), p.component)
             if job not in jobs:
                 jobs[job] = asyncio.ensure_future(self._encoded(item, p))
-        try:
-            await asyncio.gather(*jobs.values())
-        finally:
-            for f in jobs.values():
-                if not f.done():
-                    f.cancel()
+        # Every job's outcome is collected (none is left unretrieved); the first error wins.
+        # If this request is cancelled, gather cancels the jobs; encodes already submitted
+        # finish in the engine and are cached for the next asker.
+        for outcome in await asyncio.gather(*jobs.values(), return_exceptions=True):
+            if isinstance(outcome, BaseException):
+                raise outcome
         out: list[int] = []
         spans: list[MediaSpan] = []
         start = 0

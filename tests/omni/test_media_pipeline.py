@@ -498,3 +498,13 @@ async def test_codebooks_must_fit_the_vocabulary(
         pipeline.check_vocabulary({"image_tokenizer": 65})
     with pytest.raises(ValueError, match=r"<\|audio0081\|>"):
         pipeline.check_vocabulary({"audio_tokenizer": 82})
+
+
+async def test_media_while_the_encoder_is_not_ready_is_a_503(
+    tokenizer: TextTokenizer, store: LocalStore
+) -> None:
+    encoder = FakeEncoder(store, frozenset())  # a worker still starting knows no components yet
+    encoder.ready = False
+    error = await expand_error(make_pipeline(tokenizer, encoder, store), chat(*IMAGE_AUDIO))
+    assert error.status == 503 and error.headers.get("Retry-After") == "5"
+    assert encoder.calls == []
