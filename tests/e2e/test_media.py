@@ -30,6 +30,7 @@ BLOCK_SIZE = 4
 NUM_IMAGE_CODES = 64  # the tiny TA-Tok: 112 px / 14 = 8 x 8 codes
 MAX_IMAGE_PIXELS = 200 * 200
 MAX_ITEMS = 4
+MAX_AUDIO_SECONDS = 5
 
 
 @pytest.fixture(scope="module")
@@ -53,6 +54,7 @@ def server(omni_dir: Path, store_dir: Path) -> Iterator[str]:
         "--store", f"local:{store}",
         "--max-image-pixels", str(MAX_IMAGE_PIXELS),
         "--max-media-items", str(MAX_ITEMS),
+        "--max-audio-seconds", str(MAX_AUDIO_SECONDS),
     ) as base:  # fmt: skip
         yield base
 
@@ -221,6 +223,9 @@ BAD_MEDIA = {
     "not base64": [image_part("data:image/png;base64,@@@@")],
     "too many pixels": [image_part(big_png())],
     "corrupt audio": [{"type": "input_audio", "input_audio": {"data": b64(b"RIFF" + b"\x01" * 80), "format": "wav"}}],
+    "audio too long": [
+        {"type": "input_audio", "input_audio": {"data": b64(wav_bytes(MAX_AUDIO_SECONDS + 1, rate=16_000, channels=1)), "format": "wav"}}
+    ],
     "unknown audio format": [{"type": "input_audio", "input_audio": {"data": b64(wav_bytes(0.2)), "format": "xyz"}}],
     "corrupt video": [
         {"type": "video_url", "video_url": {"url": "data:video/mp4;base64," + b64(b"\x00\x00\x00\x18ftypmp42" + b"\x07" * 200)}}
