@@ -7,266 +7,29 @@ video of the batch into one variable-length sequence, the audio encoder stacks e
 window. Outputs go to the artifact store under the keys the server chose (write, then
 publish); only row counts and discrete codes travel back over the pipe.
 
-Components (one directory each under the model root; a missing one is simply not served):
-
-    vision_encoder   image, video -> embeddings   Qwen2.5-VL ViT + projector
-    audio_encoder    audio -> embeddings          Qwen2-Audio encoder + projector
-    image_tokenizer  image -> codes               TA-Tok (SigLIP features, nearest code)
-    audio_tokenizer  audio -> units               FSQ audio tokenizer
+Components (gpu_workers/encoder_components.py) each have a directory under the model root;
+a missing one is simply not served.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
-import json
 import logging
 import time
-from abc import ABC, abstractmethod
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
-import numpy as np
 import torch
-from PIL import Image
-from safetensors import safe_open
 
 from gpu_workers import protocol
 from gpu_workers.artifacts import embeddings_to_bytes
-from gpu_workers.audio_features import AudioFeatureConfig, LogMelExtractor
-from gpu_workers.image_processing import (
-    OPENAI_CLIP_MEAN,
-    OPENAI_CLIP_STD,
-    ImageProcessingConfig,
-    ImageProcessor,
-    patchify,
-    smart_resize,
-    to_rgb,
-)
-from gpu_workers.loader import checkpoint_files
-from gpu_workers.models.qwen2_5_vl_vision import Qwen2_5_VisionEncoder, VisionEncoderConfig
-from gpu_workers.models.qwen2_audio_encoder import AudioEncoderConfig, Qwen2AudioEncoder
+from gpu_workers.encoder_components import COMPONENTS, Component
 from gpu_workers.store_client import StoreClient
 from omni.api.errors import APIError
 from omni.media import MediaLimits, decode_audio, decode_image, decode_video
 from omni.store.codec import encode_codes
 
 log = logging.getLogger("omni.encoder")
-
-COMPONENTS = ("vision_encoder", "audio_encoder", "image_tokenizer", "audio_tokenizer")
-
-
-def read_json(path: Path) -> dict[str, Any]:
-    try:
-        raw = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise ValueError(f"{path.parent}: no {path.name}") from None
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{path}: not valid JSON ({e})") from None
-    if not isinstance(raw, dict):
-        raise ValueError(f"{path}: want a JSON object")
-    return raw
-
-
-def load_state_dict(component_dir: Path) -> dict[str, torch.Tensor]:
-    tensors: dict[str, torch.Tensor] = {}
-    for path in checkpoint_files(component_dir):
-        with safe_open(str(path), framework="pt") as f:
-            for name in f.keys():  # noqa: SIM118 - safe_open is not a dict
-                tensors[name] = f.get_tensor(name)
-    return tensors
-
-
-def _triple(value: Any) -> tuple[float, float, float]:
-    if not isinstance(value, list | tuple) or len(value) != 3:
-        raise ValueError(f"preprocessor_config.json: want three per-channel values, got {value!r}")
-    return float(value[0]), float(value[1]), float(value[2])
-
-
-@dataclass(frozen=True, slots=True)
-class VideoConfig:
-    """How a video becomes vision-tower input (the reference model's values by default)."""
-
-    max_pixels_per_frame: int = 378 * 378
-    min_frames: int = 4
-    frames_per_chunk: int = 32  # frames per grid item, bounding one attention segment's size
-
-
-# ---------------------------------------------------------------------------------------------
-# Components
-
-
-class Component(ABC):
-    """One encoder. prepare() runs per item (a ValueError there is the client's fault);
-    forward() runs once over every prepared item of a batch."""
-
-    name: ClassVar[str]
-    kinds: ClassVar[frozenset[str]]
-    discrete: ClassVar[bool]
-    _registry: ClassVar[dict[str, type[Component]]] = {}
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        Component._registry[cls.name] = cls
-
-    def __init__(self, component_dir: Path, device: torch.device, dtype: torch.dtype) -> None:
-        self.dir = component_dir
-        self.device = device
-        self.dtype = dtype
-
-    @classmethod
-    def create(cls, name: str, component_dir: Path, device: torch.device, dtype: torch.dtype) -> Component:
-        return cls._registry[name](component_dir, device, dtype)
-
-    @abstractmethod
-    def prepare(self, kind: str, media: Any) -> Any: ...
-
-    @abstractmethod
-    def forward(self, prepared: list[Any]) -> list[torch.Tensor]:
-        """One output per item: (rows, hidden) embeddings, or (n,) int64 codes."""
-
-
-class VisionEncoderComponent(Component):
-    name = "vision_encoder"
-    kinds = frozenset({"image", "video"})
-    discrete = False
-
-    def __init__(self, component_dir: Path, device: torch.device, dtype: torch.dtype) -> None:
-        super().__init__(component_dir, device, dtype)
-        self.config = VisionEncoderConfig.from_hf(read_json(component_dir / "config.json"))
-        pre = read_json(component_dir / "preprocessor_config.json")
-        c = self.config
-        self.processor = ImageProcessor(
-            ImageProcessingConfig(
-                patch_size=c.patch_size,
-                temporal_patch_size=c.temporal_patch_size,
-                merge_size=c.spatial_merge_size,
-                min_pixels=int(pre.get("min_pixels", 3_136)),
-                max_pixels=int(pre.get("max_pixels", 2_073_600)),
-                image_mean=_triple(pre.get("image_mean", OPENAI_CLIP_MEAN)),
-                image_std=_triple(pre.get("image_std", OPENAI_CLIP_STD)),
-            )
-        )
-        default = VideoConfig()
-        self.video = VideoConfig(
-            max_pixels_per_frame=int(pre.get("video_max_pixels", default.max_pixels_per_frame)),
-            min_frames=int(pre.get("video_min_frames", default.min_frames)),
-            frames_per_chunk=int(pre.get("video_frames_per_chunk", default.frames_per_chunk)),
-        )
-        self.model = Qwen2_5_VisionEncoder(c)
-        self.model.load_hf_state_dict(load_state_dict(component_dir))
-        self.model.to(device=device, dtype=dtype).eval()
-
-    def prepare(self, kind: str, media: Any) -> tuple[np.ndarray, list[tuple[int, int, int]]]:
-        """-> (patches (N, patch_dim), grid items); an image is one grid item, a video one per chunk."""
-        p = self.processor.config
-        if kind == "image":
-            pixels, image_grid = self.processor.preprocess([media])
-            t, h, w = (int(v) for v in image_grid[0].tolist())
-            return pixels.numpy(), [(t, h, w)]
-        frames: list[np.ndarray] = list(media)
-        while len(frames) < max(self.video.min_frames, 1) or len(frames) % p.temporal_patch_size:
-            frames.append(frames[-1])  # short clips repeat their last frame, as the reference pads
-        height, width = frames[0].shape[:2]
-        h, w = smart_resize(height, width, p.factor, p.min_pixels, min(p.max_pixels, self.video.max_pixels_per_frame))
-        resized = [self._normalize_frame(f, h, w) for f in frames]
-        stack = np.stack(resized)  # (T, C, H, W)
-        tps = p.temporal_patch_size
-        chunk = max(tps, self.video.frames_per_chunk - self.video.frames_per_chunk % tps)
-        patches: list[np.ndarray] = []
-        grids: list[tuple[int, int, int]] = []
-        for start in range(0, len(frames), chunk):
-            part = stack[start : start + chunk]
-            patches.append(patchify(part, p.patch_size, p.temporal_patch_size, p.merge_size))
-            grids.append((part.shape[0] // p.temporal_patch_size, h // p.patch_size, w // p.patch_size))
-        return np.concatenate(patches), grids
-
-    def _normalize_frame(self, frame: np.ndarray, h: int, w: int) -> np.ndarray:
-        image = Image.fromarray(frame)
-        if image.size != (w, h):
-            image = image.resize((w, h), resample=Image.Resampling.BICUBIC)
-        return self.processor.normalize(image)  # already (h, w): normalize only rescales
-
-    def forward(self, prepared: list[tuple[np.ndarray, list[tuple[int, int, int]]]]) -> list[torch.Tensor]:
-        pixels = torch.from_numpy(np.concatenate([p for p, _ in prepared])).to(self.device, self.dtype)
-        grids = [g for _, item_grids in prepared for g in item_grids]
-        out = self.model(pixels, torch.tensor(grids, dtype=torch.int64))  # (sum rows, hidden)
-        merge = self.config.spatial_merge_size**2
-        rows = [sum(t * h * w for t, h, w in item_grids) // merge for _, item_grids in prepared]
-        return list(torch.split(out, rows))
-
-
-class AudioEncoderComponent(Component):
-    name = "audio_encoder"
-    kinds = frozenset({"audio"})
-    discrete = False
-
-    def __init__(self, component_dir: Path, device: torch.device, dtype: torch.dtype) -> None:
-        super().__init__(component_dir, device, dtype)
-        self.config = AudioEncoderConfig.from_hf(read_json(component_dir / "config.json"))
-        self.features = LogMelExtractor(AudioFeatureConfig(num_mel_bins=self.config.num_mel_bins), device)
-        self.model = Qwen2AudioEncoder(self.config)
-        self.model.load_hf_state_dict(load_state_dict(component_dir))
-        self.model.to(device=device, dtype=dtype).eval()
-
-    def prepare(self, kind: str, media: Any) -> np.ndarray:
-        return _waveform(media)
-
-    def forward(self, prepared: list[np.ndarray]) -> list[torch.Tensor]:
-        feats = self.features(prepared)
-        out, per_window = self.model(feats.features.to(self.dtype), feats.valid_frames)
-        rows, start = [], 0
-        for n in feats.windows_per_clip:  # a clip owns consecutive windows
-            rows.append(sum(per_window[start : start + n]))
-            start += n
-        return list(torch.split(out, rows))
-
-
-class ImageTokenizerComponent(Component):
-    name = "image_tokenizer"
-    kinds = frozenset({"image"})
-    discrete = True
-
-    def __init__(self, component_dir: Path, device: torch.device, dtype: torch.dtype) -> None:
-        super().__init__(component_dir, device, dtype)
-        from gpu_workers.models.ta_tok import TATokImageTokenizer  # noqa: PLC0415
-
-        self.model = TATokImageTokenizer.from_dir(component_dir, device=device, dtype=dtype)
-
-    def prepare(self, kind: str, media: Any) -> Image.Image:
-        return to_rgb(media)
-
-    def forward(self, prepared: list[Image.Image]) -> list[torch.Tensor]:
-        pixels = self.model.preprocess(prepared).to(self.device, self.dtype)
-        return list(self.model(pixels))  # (B, num_codes) -> B rows
-
-
-class AudioTokenizerComponent(Component):
-    name = "audio_tokenizer"
-    kinds = frozenset({"audio"})
-    discrete = True
-
-    def __init__(self, component_dir: Path, device: torch.device, dtype: torch.dtype) -> None:
-        super().__init__(component_dir, device, dtype)
-        from gpu_workers.models.fsq_audio_tokenizer import FSQAudioTokenizer  # noqa: PLC0415
-
-        self.model = FSQAudioTokenizer.from_dir(component_dir, device=device, dtype=dtype)
-
-    def prepare(self, kind: str, media: Any) -> np.ndarray:
-        return _waveform(media)
-
-    def forward(self, prepared: list[np.ndarray]) -> list[torch.Tensor]:
-        return [torch.tensor(units, dtype=torch.int64) for units in self.model.encode(prepared)]
-
-
-def _waveform(media: Any) -> np.ndarray:
-    if len(media) == 0:
-        raise ValueError("the audio is empty")
-    return np.asarray(media, dtype=np.float32)
-
-
-# ---------------------------------------------------------------------------------------------
-# The runner
 
 
 class EncoderRunner:

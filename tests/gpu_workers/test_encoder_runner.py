@@ -19,7 +19,8 @@ from PIL import Image
 import gpu_workers.encoder_runner as encoder_runner_module
 from gpu_workers import protocol
 from gpu_workers.artifacts import embeddings_from_bytes
-from gpu_workers.encoder_runner import EncoderRunner, VisionEncoderComponent
+from gpu_workers.encoder_components import VisionEncoderComponent
+from gpu_workers.encoder_runner import EncoderRunner
 from gpu_workers.image_processing import smart_resize
 from gpu_workers.models.qwen2_audio_encoder import output_lengths
 from gpu_workers.store_client import StoreClient
