@@ -27,13 +27,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from omni.api.errors import APIError, bad_request, service_unavailable
-from omni.api.schemas import ChatMessage, ImageURLPart, InputAudioPart, TextPart, VideoURLPart
+from omni.api.schemas import ChatMessage, InputAudioPart, TextPart, VideoURLPart
 from omni.encoder_engine import EncoderEngine
 from omni.engine import EngineError
 from omni.media import MediaLimits, decode_base64, is_video, load_media_bytes
 from omni.metrics import Metrics
 from omni.store.base import ArtifactStore, KeyNotFound, StoreError
-from omni.store.codec import CODES, artifact_rows, decode_codes
+from omni.store.codec import EMBEDDINGS, artifact_rows, decode_codes, header_size
 from omni.store.keys import content_hash, encoder_key_for
 from omni.tokenizer import TextTokenizer
 from scheduler.request import MediaSpan
@@ -41,6 +41,7 @@ from scheduler.request import MediaSpan
 log = logging.getLogger("omni.media")
 
 _HASH_IN_THREAD_BYTES = 1 << 20
+_HEAD_BYTES = 4096  # an encoder artifact's safetensors header is a few hundred bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -310,16 +311,29 @@ class MediaPipeline:
                 return known
             del self._known[key]
             return None
-        data = await self._store_op("get", self.store.get(key))
-        if data is None:
-            return None
         try:
-            kind, rows = artifact_rows(data)
-            codes = tuple(decode_codes(data)) if kind == CODES else None
+            if discrete:  # codes are small and needed here: read them whole
+                data = await self._store_op("get", self.store.get(key))
+                if data is None:
+                    return None
+                kind, rows = artifact_rows(data)
+                codes = tuple(decode_codes(data))
+            else:  # embeddings stay in the store: the header's shape is all this needs
+                found = await self._store_op("read_head", self.store.read_head(key, _HEAD_BYTES))
+                if found is None:
+                    return None
+                head, size = found
+                if header_size(head) > len(head):  # an unusually long header: read it all
+                    found = await self._store_op("read_head", self.store.read_head(key, header_size(head)))
+                    if found is None:
+                        return None
+                    head, size = found
+                kind, rows = artifact_rows(head, size)
+                if kind != EMBEDDINGS:
+                    return None
+                codes = None
         except Exception as e:  # ValueError, or safetensors' own error on a corrupt body
             log.warning("artifact %s is unreadable (%s); encoding again", key, e)
-            return None
-        if (codes is not None) != discrete:
             return None
         encoded = Encoded(rows, codes)
         self._remember(key, encoded)

@@ -77,6 +77,13 @@ class ArtifactStore(ABC):
     async def get(self, key: str) -> bytes:
         """Raises KeyNotFound when absent, StoreError when the backend fails."""
 
+    async def read_head(self, key: str, length: int) -> tuple[bytes, int]:
+        """The first `length` bytes (fewer if the artifact is shorter) and the artifact's total
+        size: enough to read a safetensors header without fetching megabytes of embeddings.
+        Raises as get() does. Backends override this with a ranged read."""
+        data = await self.get(key)
+        return data[:length], len(data)
+
     @abstractmethod
     async def exists(self, key: str) -> bool: ...
 

@@ -39,11 +39,18 @@ EMBEDDINGS = "embeddings"
 CODES = "codes"
 
 
-def read_header(data: bytes) -> dict[str, object]:
-    """The safetensors JSON header (shapes, dtypes, __metadata__) without loading tensors."""
-    if len(data) < 8:
+def header_size(head: bytes) -> int:
+    """Bytes from the start of a safetensors file to the end of its JSON header."""
+    if len(head) < 8:
         raise ValueError("not a safetensors artifact: shorter than its header length")
-    (header_len,) = struct.unpack_from("<Q", data, 0)
+    (header_len,) = struct.unpack_from("<Q", head, 0)
+    return 8 + int(header_len)
+
+
+def read_header(data: bytes) -> dict[str, object]:
+    """The safetensors JSON header (shapes, dtypes, __metadata__) without loading tensors;
+    data may stop right after the header."""
+    header_len = header_size(data) - 8
     if header_len > len(data) - 8:
         raise ValueError("not a safetensors artifact: header runs past the end")
     header = json.loads(data[8 : 8 + header_len])
@@ -52,17 +59,20 @@ def read_header(data: bytes) -> dict[str, object]:
     return header
 
 
-def artifact_rows(data: bytes) -> tuple[str, int]:
-    """(EMBEDDINGS or CODES, number of rows) of an encoder artifact, from its header alone;
-    ValueError when the bytes are cut short of what the header describes."""
+def artifact_rows(data: bytes, total_size: int | None = None) -> tuple[str, int]:
+    """(EMBEDDINGS or CODES, number of rows) of an encoder artifact, from its header alone.
+
+    data: the artifact, or just its head (through the header) when total_size gives the
+    artifact's full size. ValueError when that size falls short of what the header describes.
+    """
     header = read_header(data)
-    (header_len,) = struct.unpack_from("<Q", data, 0)
     ends = [
         int(e["data_offsets"][1])
         for k, e in header.items()
         if k != "__metadata__" and isinstance(e, dict) and isinstance(e.get("data_offsets"), list)
     ]
-    if 8 + header_len + max(ends, default=0) > len(data):
+    size = len(data) if total_size is None else total_size
+    if header_size(data) + max(ends, default=0) > size:
         raise ValueError("encoder artifact is truncated")
     for name in (EMBEDDINGS, CODES):
         entry = header.get(name)

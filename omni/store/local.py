@@ -68,6 +68,20 @@ class LocalStore(ArtifactStore, backend="local"):
         except OSError as e:
             raise StoreError(f"local store: cannot read {key}: {e.strerror or e}") from e
 
+    async def read_head(self, key: str, length: int) -> tuple[bytes, int]:
+        path = self._path(key)
+
+        def read() -> tuple[bytes, int]:
+            with path.open("rb") as f:
+                return f.read(length), os.fstat(f.fileno()).st_size
+
+        try:
+            return await asyncio.to_thread(read)
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            raise KeyNotFound(key) from None
+        except OSError as e:
+            raise StoreError(f"local store: cannot read {key}: {e.strerror or e}") from e
+
     async def exists(self, key: str) -> bool:
         path = self._path(key)
         return await asyncio.to_thread(path.is_file)

@@ -120,6 +120,40 @@ class S3Store(ArtifactStore, backend="s3"):
         except _BACKEND_ERRORS as e:
             raise self._error("get", key, e) from e
 
+    async def read_head(self, key: str, length: int) -> tuple[bytes, int]:
+        obj, client = self._object_key(key), self._started()
+        if length <= 0:
+            return b"", await self._size(key)
+        try:
+            resp = await client.get_object(Bucket=self.bucket, Key=obj, Range=f"bytes=0-{length - 1}")
+            async with resp["Body"] as body:
+                data: bytes = await body.read()
+            # "bytes 0-99/12345": the total after the slash; absent if the range was ignored
+            content_range = resp.get("ContentRange") or ""
+            total = int(content_range.rpartition("/")[2]) if "/" in content_range else len(data)
+            return data[:length], total
+        except ClientError as e:
+            code = e.response.get("Error", {}).get("Code")
+            if code in _NOT_FOUND_CODES:
+                raise KeyNotFound(key) from None
+            if code == "InvalidRange":  # an empty object has no byte 0
+                return b"", 0
+            raise self._error("get", key, e) from e
+        except (*_BACKEND_ERRORS, ValueError) as e:
+            raise self._error("get", key, e) from e
+
+    async def _size(self, key: str) -> int:
+        obj, client = self._object_key(key), self._started()
+        try:
+            head = await client.head_object(Bucket=self.bucket, Key=obj)
+        except ClientError as e:
+            if e.response.get("Error", {}).get("Code") in _NOT_FOUND_CODES:
+                raise KeyNotFound(key) from None
+            raise self._error("head", key, e) from e
+        except _BACKEND_ERRORS as e:
+            raise self._error("head", key, e) from e
+        return int(head["ContentLength"])
+
     async def exists(self, key: str) -> bool:
         obj, client = self._object_key(key), self._started()
         try:

@@ -106,9 +106,14 @@ class FakeEncoder:
 
 
 class FlakyStore(LocalStore):
-    """get/exists fail like a broken backend while failing is set."""
+    """get/read_head/exists fail like a broken backend while failing is set."""
 
     failing = True
+
+    async def read_head(self, key: str, length: int) -> tuple[bytes, int]:
+        if self.failing:
+            raise StoreError("backend unreachable")
+        return await super().read_head(key, length)
 
     async def get(self, key: str) -> bytes:
         if self.failing:
@@ -304,7 +309,9 @@ async def test_second_request_hits_and_a_fresh_pipeline_reads_the_store(
     assert third == first
     assert fresh_encoder.calls == []
     assert cache_counts(fresh_metrics) == {c: (1.0, 0.0) for c in ALL_COMPONENTS}
-    assert sample(fresh_metrics, "omni_store_operation_seconds_count", operation="get") == 4.0
+    # codes are read whole; embeddings only as far as their header
+    assert sample(fresh_metrics, "omni_store_operation_seconds_count", operation="get") == 2.0
+    assert sample(fresh_metrics, "omni_store_operation_seconds_count", operation="read_head") == 2.0
     assert sample(fresh_metrics, "omni_store_errors_total", operation="get") == 0.0
 
 
@@ -369,8 +376,9 @@ async def test_a_failing_store_reads_as_a_miss_and_is_counted(
     pipeline = make_pipeline(tokenizer, encoder, flaky, metrics)
     _, first = await render(pipeline, chat(*IMAGE_AUDIO))
     assert first == reference
-    assert len(encoder.calls) == 4  # every get failed: everything encoded
-    assert sample(metrics, "omni_store_errors_total", operation="get") == 4.0
+    assert len(encoder.calls) == 4  # every read failed: everything encoded
+    assert sample(metrics, "omni_store_errors_total", operation="get") == 2.0
+    assert sample(metrics, "omni_store_errors_total", operation="read_head") == 2.0
 
     _, second = await render(pipeline, chat(*IMAGE_AUDIO))
     assert second == reference

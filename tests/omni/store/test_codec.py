@@ -1,7 +1,14 @@
 import numpy as np
 import pytest
 
-from omni.store.codec import decode_tensors, encode_tensors
+from omni.store.codec import (
+    artifact_rows,
+    decode_codes,
+    decode_tensors,
+    encode_codes,
+    encode_tensors,
+    header_size,
+)
 
 
 def test_round_trip() -> None:
@@ -38,3 +45,16 @@ def test_is_not_pickle() -> None:
     assert not data.startswith(b"\x80")  # pickle protocol 2+ opcode
     with pytest.raises(Exception):
         decode_tensors(b"\x80\x04garbage")
+
+
+def test_artifact_rows_from_the_head_alone() -> None:
+    data = encode_tensors({"embeddings": np.zeros((7, 4), dtype=np.float32)})
+    head = data[: header_size(data)]
+    assert artifact_rows(head, len(data)) == ("embeddings", 7)
+    assert artifact_rows(data) == ("embeddings", 7)
+    with pytest.raises(ValueError, match="truncated"):
+        artifact_rows(head, len(data) - 1)
+    with pytest.raises(ValueError, match="truncated"):
+        artifact_rows(data[:-1])
+    codes = encode_codes([3, 1, 2])
+    assert artifact_rows(codes) == ("codes", 3) and decode_codes(codes) == [3, 1, 2]

@@ -82,3 +82,16 @@ def test_registry_lists_both_backends() -> None:
     assert store_class("s3").backend == "s3"
     with pytest.raises(ValueError, match="unknown store backend"):
         store_class("ftp")
+
+
+@pytest.mark.parametrize("length", [0, 1, 5, 11, 100])
+async def test_read_head_returns_a_prefix_and_the_total_size(store: ArtifactStore, length: int) -> None:
+    await store.put("enc/x/r/head", b"hello world")
+    assert await store.read_head("enc/x/r/head", length) == (b"hello world"[:length], 11)
+
+
+async def test_read_head_of_missing_and_empty_artifacts(store: ArtifactStore) -> None:
+    with pytest.raises(KeyNotFound):
+        await store.read_head("enc/x/r/none", 8)
+    await store.put("enc/x/r/empty", b"")
+    assert await store.read_head("enc/x/r/empty", 8) == (b"", 0)
