@@ -13,6 +13,7 @@ sampled for a request exactly when its chunk ends at len(token_ids).
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -127,6 +128,7 @@ class LLMRunner:
         self.read_artifact = read_artifact
         # Injected embeddings by store key, already on the device in the model's dtype.
         self.embeddings = LRUBytes(embedding_cache_bytes)
+        self._readers = concurrent.futures.ThreadPoolExecutor(8, thread_name_prefix="artifact-read")
 
     @property
     def model_config(self) -> LlamaFamilyConfig:
@@ -218,6 +220,7 @@ class LLMRunner:
         """
         failed: list[list[str]] = []
         unwritten: set[int] = set()
+        self._prefetch(scheduled)
         for s in list(scheduled):
             state = self.requests[s.request_id]
             start, end = s.num_computed_tokens, s.num_computed_tokens + s.num_scheduled_tokens
@@ -251,12 +254,44 @@ class LLMRunner:
         start, end = s.num_computed_tokens, s.num_computed_tokens + s.num_scheduled_tokens
         return self.requests[s.request_id].block_ids[start // bs : -(-end // bs)]
 
+    def _prefetch(self, scheduled: list[_Scheduled]) -> None:
+        """Read every artifact this step needs and the cache lacks, concurrently: several new
+        requests' images cost one store round trip of latency, not one each. Failures are
+        left for _embedding to meet (and report) again."""
+        keys: set[str] = set()
+        for s in scheduled:
+            start, end = s.num_computed_tokens, s.num_computed_tokens + s.num_scheduled_tokens
+            for ref in self.requests[s.request_id].media:
+                if ref.offset < end and start < ref.offset + ref.length and self.embeddings.get(ref.key) is None:
+                    keys.add(ref.key)
+        if len(keys) < 2:
+            return
+        assert self.read_artifact is not None
+        read = self.read_artifact
+
+        def load(key: str) -> tuple[str, bytes | None]:
+            try:
+                return key, read(key)
+            except Exception:
+                return key, None
+
+        for key, data in self._readers.map(load, sorted(keys)):
+            if data is not None:
+                try:
+                    self._cache_embedding(key, data)
+                except Exception:  # noqa: S110 - malformed: _embedding reads it again and reports it
+                    pass
+
+    def _cache_embedding(self, key: str, data: bytes) -> torch.Tensor:
+        x = embeddings_from_bytes(data).to(self.device, self.dtype)
+        self.embeddings.put(key, x, x.numel() * x.element_size())
+        return x
+
     def _embedding(self, ref: protocol.MediaRef) -> torch.Tensor:
         x = self.embeddings.get(ref.key)
         if x is None:
             assert self.read_artifact is not None
-            x = embeddings_from_bytes(self.read_artifact(ref.key)).to(self.device, self.dtype)
-            self.embeddings.put(ref.key, x, x.numel() * x.element_size())
+            x = self._cache_embedding(ref.key, self.read_artifact(ref.key))
         hidden = self.model_config.hidden_size
         if tuple(x.shape) != (ref.length, hidden):
             raise ValueError(f"{ref.key} holds {tuple(x.shape)} embeddings, the prompt wants ({ref.length}, {hidden})")

@@ -329,3 +329,28 @@ def test_a_request_reading_blocks_of_a_dropped_one_in_the_same_step_leaves_too(t
     assert "same step" in result.failed[1][1]
     assert [(s.request_id, s.token_id) for s in result.sampled] == [("t", want)]
     assert set(runner.requests) == {"t"}
+
+
+def test_a_steps_artifacts_are_prefetched_together_and_failures_stay_per_request(tiny: Path) -> None:
+    rows = random_rows(SPAN_REF[1], seed=5)
+    artifacts = Artifacts({KEY: artifact(rows), KEY + "-b": artifact(random_rows(SPAN_REF[1], seed=6))})
+    runner = make_runner(tiny, artifacts)
+    ref_a, ref_b = protocol.MediaRef(KEY, *SPAN_REF), protocol.MediaRef(KEY + "-b", *SPAN_REF)
+    missing = protocol.MediaRef(KEY + "-gone", *SPAN_REF)
+    step = protocol.Step(
+        0,
+        [
+            media_request("a", PROMPT, list(range(8)), len(PROMPT), [ref_a]),
+            media_request("b", PROMPT, list(range(8, 16)), len(PROMPT), [ref_b]),
+            media_request("c", PROMPT, list(range(16, 24)), len(PROMPT), [missing]),
+        ],
+        [],
+        [],
+    )
+    result = runner.execute(step)
+    assert [f[0] for f in result.failed] == ["c"]
+    assert sorted(s.request_id for s in result.sampled) == ["a", "b"]
+    # each present artifact read once (by the prefetch), the missing one tried again for its error
+    assert sorted(artifacts.reads) == sorted([KEY, KEY + "-b", KEY + "-gone", KEY + "-gone"])
+    want_a = int(reference_logits(runner, PROMPT, rows).argmax())
+    assert next(s.token_id for s in result.sampled if s.request_id == "a") == want_a
