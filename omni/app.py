@@ -69,9 +69,10 @@ async def _models_ctx(app: web.Application) -> AsyncIterator[None]:
         )
 
     async def start_all() -> None:
-        starts = [m.pool.start() for m in registry]
-        starts += [m.media.encoder.start() for m in registry if m.media is not None]
-        await asyncio.gather(*starts)
+        # Encoders first: an LLM worker sizes its KV cache from the GPU memory still free
+        # once it has loaded, so a runner sharing its GPU must already hold its weights.
+        await asyncio.gather(*(m.media.encoder.start() for m in registry if m.media is not None))
+        await asyncio.gather(*(m.pool.start() for m in registry))
 
     # Workers load in the background so /health can answer 503 while they do.
     app[STARTUP] = asyncio.create_task(start_all(), name="start-engines")
