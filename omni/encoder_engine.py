@@ -48,6 +48,7 @@ class EncoderEngine:
         self._wakeup = asyncio.Event()
         self.worker = WorkerProcess(spec, on_exit=self._wakeup.set)
         self._queue: list[_Pending] = []
+        self._inflight: list[_Pending] = []  # the batch the worker is running
         self._by_key: dict[str, asyncio.Future[protocol.EncodedItem]] = {}
         self._next_id = 0
         self._batch_id = 0
@@ -71,14 +72,16 @@ class EncoderEngine:
 
     async def stop(self) -> None:
         self._closing = True
+        # taken before cancelling: the loop forgets its in-flight batch as it unwinds
+        pending = self._inflight + self._queue
         if self._task is not None:
             self._task.cancel()
             try:
                 await self._task
             except asyncio.CancelledError:
                 pass
-        self._fail(self._queue, EngineError("server shutting down"))
-        self._queue = []
+        self._fail(pending + self._queue, EngineError("server shutting down"))
+        self._inflight, self._queue = [], []
         await self.worker.stop()
 
     async def encode(
@@ -112,6 +115,7 @@ class EncoderEngine:
                 await self._wakeup.wait()
                 continue
             batch, self._queue = self._queue[: self.max_batch_items], self._queue[self.max_batch_items :]
+            self._inflight = batch
             try:
                 await self._execute(batch)
             except WorkerDied as exc:
@@ -120,6 +124,8 @@ class EncoderEngine:
             except Exception as exc:  # a bug costs this batch, not the server
                 log.exception("%s: encode batch failed", self.model_name)
                 self._fail(batch, EngineError(f"internal error: {exc}"))
+            finally:
+                self._inflight = []
 
     async def _execute(self, batch: list[_Pending]) -> None:
         self._batch_id += 1

@@ -113,3 +113,16 @@ async def test_a_killed_worker_fails_its_batch_and_is_restarted(engine: EncoderE
     assert new_process is not None and new_process.pid != pid
     result = await asyncio.wait_for(encode_image(engine, png_bytes(112, 56)), 60)
     assert (result.num_rows, result.error) == (8, None)
+
+
+async def test_stop_fails_the_batch_in_flight(engine: EncoderEngine) -> None:
+    process = engine.worker._process
+    assert process is not None and process.pid is not None
+    os.kill(process.pid, signal.SIGSTOP)  # the batch stays unanswered until stop()
+    in_flight = asyncio.ensure_future(encode_image(engine, png_bytes(56, 56)))
+    await until(lambda: engine._batch_id == 1 and not engine._queue, timeout=30)
+    stopping = asyncio.ensure_future(engine.stop())
+    with pytest.raises(EngineError, match="shutting down"):
+        await asyncio.wait_for(in_flight, 10)  # failed before the worker is even asked to exit
+    os.kill(process.pid, signal.SIGCONT)  # now it reads Shutdown and exits
+    await asyncio.wait_for(stopping, 30)
