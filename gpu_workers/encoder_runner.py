@@ -78,13 +78,17 @@ class EncoderRunner:
             for (item, _), out in zip(prepared, outputs):
                 results[item.item_id], data = self._serialize(component, item, out)
                 publish.append((item, data))
-        self._publish(publish, results)
+        put_started = time.perf_counter()
+        failures = self._publish(publish, results)
+        put_seconds = time.perf_counter() - put_started if publish else 0.0
         for item in batch.items:
             if item.item_id not in results:  # no such component, or one that takes other media
                 results[item.item_id] = _client_error(
                     item, f"this model has no {item.component} for the {item.kind} in {item.param}"
                 )
-        return protocol.EncodeResult(batch.batch_id, [results[it.item_id] for it in batch.items], forwards)
+        return protocol.EncodeResult(
+            batch.batch_id, [results[it.item_id] for it in batch.items], forwards, put_seconds, failures
+        )
 
     def _decode_all(self, items: list[protocol.EncodeItem], results: dict[int, protocol.EncodedItem]) -> dict[int, Any]:
         """Decode every item once; two components asking for the same media share a decode.
@@ -139,13 +143,15 @@ class EncoderRunner:
 
     def _publish(
         self, outputs: list[tuple[protocol.EncodeItem, bytes]], results: dict[int, protocol.EncodedItem]
-    ) -> None:
-        """Write every output of the batch at once; a failed write marks only its item."""
+    ) -> int:
+        """Write every output of the batch at once; a failed write marks only its item.
+        Returns how many failed."""
         errors = self.store.put_many([(item.key, data) for item, data in outputs])
         for (item, _), error in zip(outputs, errors):
             if error is not None:
                 log.error("store put %s failed: %s", item.key, error)
                 results[item.item_id].store_error = str(error) or type(error).__name__
+        return sum(error is not None for error in errors)
 
 
 def _client_error(item: protocol.EncodeItem, message: str) -> protocol.EncodedItem:

@@ -168,6 +168,10 @@ class EncodeResult:
     items: list[EncodedItem]
     # (component, items encoded together, seconds of preprocessing + forward) per forward
     forwards: list[list[Any]] = field(default_factory=list)
+    # the artifact-store writes of this batch: seconds for all of them (they run
+    # concurrently), and how many failed
+    store_put_seconds: float = 0.0
+    store_put_failures: int = 0
 
 
 Message = (

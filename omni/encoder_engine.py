@@ -138,6 +138,9 @@ class EncoderEngine:
         if not isinstance(reply, protocol.EncodeResult) or reply.batch_id != self._batch_id:
             raise WorkerDied(f"encoder worker replied out of order: {type(reply).__name__}")
         self.metrics.observe_encoder_batch(self.model_name, time.monotonic() - sent, reply.forwards)
+        if any(r.error is None for r in reply.items):  # something was encoded, so written
+            self.metrics.observe_store("put", reply.store_put_seconds)
+        self.metrics.add_store_errors("put", reply.store_put_failures)
         by_id = {r.item_id: r for r in reply.items}
         for pending in batch:
             result = by_id.get(pending.item.item_id)

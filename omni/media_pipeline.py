@@ -283,8 +283,7 @@ class MediaPipeline:
         if result.error is not None:
             raise bad_request(result.error, param=item.param)
         encoded = Encoded(result.num_rows, tuple(result.codes) if result.codes is not None else None)
-        if result.store_error is not None:
-            self.metrics.observe_store("put", 0.0, failed=True)
+        if result.store_error is not None:  # counted by the engine with the batch's timing
             if not p.discrete:  # the LLM worker reads embeddings from the store: nothing to read
                 raise service_unavailable(
                     f"The artifact store could not take the {p.component} output: {result.store_error}",

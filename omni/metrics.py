@@ -161,7 +161,7 @@ class Metrics:
         )
         self.store_latency = Histogram(
             "omni_store_operation_seconds",
-            "Artifact store operations made by the server, by operation.",
+            "Artifact store operations by operation (put: one concurrent batch of encoder writes).",
             ["operation"],
             buckets=LATENCY_BUCKETS_S,
             registry=r,
@@ -228,6 +228,10 @@ class Metrics:
         self.store_latency.labels(operation).observe(seconds)
         if failed:
             self.store_errors.labels(operation).inc()
+
+    def add_store_errors(self, operation: str, n: int) -> None:
+        if n:
+            self.store_errors.labels(operation).inc(n)
 
     def render(self) -> tuple[bytes, str]:
         """The exposition text and its content type (with charset: set it as a header)."""

@@ -126,3 +126,22 @@ async def test_stop_fails_the_batch_in_flight(engine: EncoderEngine) -> None:
         await asyncio.wait_for(in_flight, 10)  # failed before the worker is even asked to exit
     os.kill(process.pid, signal.SIGCONT)  # now it reads Shutdown and exits
     await asyncio.wait_for(stopping, 30)
+
+
+async def test_store_writes_are_timed_and_failures_counted(checkpoint: Path, tmp_path: Path) -> None:
+    (tmp_path / "blocker").write_bytes(b"")  # a file where the store's directory should be
+    spec = WorkerSpec(
+        worker_id=0, model_dir=str(checkpoint), kind="encoder", store=f"local:{tmp_path / 'blocker' / 'store'}",
+        num_threads=1,
+    )  # fmt: skip
+    metrics = Metrics()
+    engine = EncoderEngine(spec, metrics, MODEL, start_timeout=120.0)
+    await engine.start()
+    try:
+        result = await asyncio.wait_for(encode_image(engine, png_bytes(56, 56)), 60)
+    finally:
+        await engine.stop()
+    assert result.num_rows == 4 and result.store_error is not None
+    registry = metrics.registry
+    assert registry.get_sample_value("omni_store_errors_total", {"operation": "put"}) == 1.0
+    assert registry.get_sample_value("omni_store_operation_seconds_count", {"operation": "put"}) == 1.0

@@ -412,7 +412,6 @@ async def test_a_store_error_on_embeddings_is_a_503(tokenizer: TextTokenizer, st
     error = await expand_error(make_pipeline(tokenizer, encoder, store, metrics), chat(*IMAGE_AUDIO))
     assert (error.status, error.code, error.headers) == (503, "service_unavailable", {"Retry-After": "5"})
     assert "bucket is gone" in error.message
-    assert sample(metrics, "omni_store_errors_total", operation="put") == 1.0
 
 
 async def test_a_store_error_on_codes_still_serves_them_uncached(
@@ -427,7 +426,6 @@ async def test_a_store_error_on_codes_still_serves_them_uncached(
     _, first = await render(pipeline, chat(*IMAGE_AUDIO))
     assert first == reference  # the codes came back over the pipe
     assert [c.component for c in encoder.calls] == ["image_tokenizer"]
-    assert sample(metrics, "omni_store_errors_total", operation="put") == 1.0
 
     _, second = await render(pipeline, chat(*IMAGE_AUDIO))
     assert second == reference
