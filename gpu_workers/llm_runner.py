@@ -36,6 +36,8 @@ log = logging.getLogger("omni.llm_runner")
 # Reads an encoder artifact's bytes by key (the artifact store); raises when it cannot.
 ArtifactReader = Callable[[str], bytes]
 DEFAULT_EMBEDDING_CACHE_BYTES = 1024**3
+# request id -> [(first row within its chunk, embedding rows to put there)]
+MediaRows = dict[str, list[tuple[int, torch.Tensor]]]
 
 
 def kv_bytes_per_block(model: LlamaFamilyConfig, block_size: int, dtype: torch.dtype) -> int:
@@ -138,11 +140,11 @@ class LLMRunner:
         for request_id in step.finished_request_ids:
             self.requests.pop(request_id, None)  # unknown ids: nothing to drop
         scheduled = self._apply_deltas(step)
-        failed = self._drop_unreadable_media(scheduled)
+        failed, media = self._load_media(scheduled)
         if not scheduled:
             return protocol.StepResult(step.step_id, [], failed)
         with torch.inference_mode():
-            return protocol.StepResult(step.step_id, self._run(scheduled), failed)
+            return protocol.StepResult(step.step_id, self._run(scheduled, media), failed)
 
     def _apply_deltas(self, step: protocol.Step) -> list[_Scheduled]:
         # Everything is checked before any state changes, so a rejected step leaves the
@@ -210,61 +212,70 @@ class LLMRunner:
             raise ValueError(f"request {r.request_id!r} has media but this worker has no artifact store")
 
     # ---- injected embeddings -----------------------------------------------------------
-    def _drop_unreadable_media(self, scheduled: list[_Scheduled]) -> list[list[str]]:
-        """Load the embeddings each chunk needs; a request whose artifact cannot be read leaves
-        this step (and the runner) instead of failing everyone batched with it.
+    def _chunk_media(self, s: _Scheduled) -> list[tuple[protocol.MediaRef, int, int]]:
+        """(ref, lo, hi) for each item the chunk computes: prompt positions [lo, hi) =
+        [start, end) & [offset, offset + length). A chunk boundary may cut an item anywhere."""
+        start, end = s.num_computed_tokens, s.num_computed_tokens + s.num_scheduled_tokens
+        spans = []
+        for ref in self.requests[s.request_id].media:
+            lo, hi = max(start, ref.offset), min(end, ref.offset + ref.length)
+            if lo < hi:
+                spans.append((ref, lo, hi))
+        return spans
 
-        A request that reads a block a dropped request was to write in this same step (the
-        scheduler lets a newcomer hit blocks hashed earlier in the same schedule pass) leaves
-        too: that KV will never be written.
+    def _load_media(self, scheduled: list[_Scheduled]) -> tuple[list[list[str]], MediaRows]:
+        """The embedding rows each chunk injects, by request: [(row in the chunk, rows)].
+
+        A request whose artifact cannot be read leaves this step (and the runner) instead of
+        failing everyone batched with it, and is reported as failed. So does a request that
+        reads a block a dropped one was to write in this same step (the scheduler lets a
+        newcomer hit blocks hashed earlier in the same schedule pass): that KV never exists.
         """
+        wanted = {s.request_id: spans for s in scheduled if (spans := self._chunk_media(s))}
+        if not wanted:
+            return [], {}  # the text-only step: nothing to do
+        self._prefetch({ref.key for spans in wanted.values() for ref, _, _ in spans})
         failed: list[list[str]] = []
+        rows: MediaRows = {}
         unwritten: set[int] = set()
-        self._prefetch(scheduled)
-        for s in list(scheduled):
-            state = self.requests[s.request_id]
-            start, end = s.num_computed_tokens, s.num_computed_tokens + s.num_scheduled_tokens
-            for ref in state.media:
-                if ref.offset < end and start < ref.offset + ref.length:
-                    try:
-                        self._embedding(ref)
-                    except Exception as exc:  # store down, key gone, or a malformed artifact
-                        log.error("request %s: cannot read %s: %s", s.request_id, ref.key, exc)
-                        failed.append([s.request_id, f"cannot read encoder output {ref.key}: {exc}"])
-                        unwritten.update(self._blocks_written(s))
-                        scheduled.remove(s)
-                        del self.requests[s.request_id]
-                        break
+        for s in [s for s in scheduled if s.request_id in wanted]:
+            pieces = rows[s.request_id] = []
+            for ref, lo, hi in wanted[s.request_id]:
+                try:
+                    x = self._embedding(ref)
+                except Exception as exc:  # store down, key gone, or a malformed artifact
+                    log.error("request %s: cannot read %s: %s", s.request_id, ref.key, exc)
+                    failed.append([s.request_id, f"cannot read encoder output {ref.key}: {exc}"])
+                    del rows[s.request_id]
+                    unwritten.update(self._drop(s, scheduled))
+                    break
+                pieces.append((lo - s.num_computed_tokens, x[lo - ref.offset : hi - ref.offset]))
         while unwritten:  # to a fixpoint: a dropped sharer's own writes go unwritten too
             more: set[int] = set()
             for s in list(scheduled):
-                state = self.requests[s.request_id]
                 end = s.num_computed_tokens + s.num_scheduled_tokens
-                if unwritten.intersection(state.block_ids[: -(-end // self.block_size)]):
+                if unwritten.intersection(self.requests[s.request_id].block_ids[: -(-end // self.block_size)]):
                     failed.append([s.request_id, "shares prompt blocks with a request that failed in the same step"])
-                    more.update(self._blocks_written(s))
-                    scheduled.remove(s)
-                    del self.requests[s.request_id]
+                    rows.pop(s.request_id, None)
+                    more.update(self._drop(s, scheduled))
             unwritten = more
-        return failed
+        return failed, rows
 
-    def _blocks_written(self, s: _Scheduled) -> list[int]:
-        """Block ids a chunk writes: those holding positions [start, end)."""
+    def _drop(self, s: _Scheduled, scheduled: list[_Scheduled]) -> list[int]:
+        """Take a request out of this step and the runner; the block ids it was to write."""
         bs = self.block_size
         start, end = s.num_computed_tokens, s.num_computed_tokens + s.num_scheduled_tokens
-        return self.requests[s.request_id].block_ids[start // bs : -(-end // bs)]
+        written = self.requests[s.request_id].block_ids[start // bs : -(-end // bs)]
+        scheduled.remove(s)
+        del self.requests[s.request_id]
+        return written
 
-    def _prefetch(self, scheduled: list[_Scheduled]) -> None:
-        """Read every artifact this step needs and the cache lacks, concurrently: several new
+    def _prefetch(self, keys: set[str]) -> None:
+        """Read every artifact the step needs and the cache lacks, concurrently: several new
         requests' images cost one store round trip of latency, not one each. Failures are
         left for _embedding to meet (and report) again."""
-        keys: set[str] = set()
-        for s in scheduled:
-            start, end = s.num_computed_tokens, s.num_computed_tokens + s.num_scheduled_tokens
-            for ref in self.requests[s.request_id].media:
-                if ref.offset < end and start < ref.offset + ref.length and self.embeddings.get(ref.key) is None:
-                    keys.add(ref.key)
-        if len(keys) < 2:
+        missing = sorted(k for k in keys if self.embeddings.get(k) is None)
+        if len(missing) < 2:
             return
         assert self.read_artifact is not None
         read = self.read_artifact
@@ -275,7 +286,7 @@ class LLMRunner:
             except Exception:
                 return key, None
 
-        for key, data in self._readers.map(load, sorted(keys)):
+        for key, data in self._readers.map(load, missing):
             if data is not None:
                 try:
                     self._cache_embedding(key, data)
@@ -297,30 +308,21 @@ class LLMRunner:
             raise ValueError(f"{ref.key} holds {tuple(x.shape)} embeddings, the prompt wants ({ref.length}, {hidden})")
         return x  # type: ignore[no-any-return]
 
-    def _inputs_embeds(self, scheduled: list[_Scheduled], input_ids: torch.Tensor) -> torch.Tensor | None:
-        """Token embeddings with every media row in place, or None when no chunk has media.
-
-        A chunk computing prompt positions [start, end) at packed rows [row, row + end - start)
-        takes item rows [lo - offset, hi - offset) where [lo, hi) = [start, end) & [offset,
-        offset + length): a chunk boundary may cut an item anywhere.
-        """
-        pieces: list[tuple[int, torch.Tensor]] = []
-        row = 0
-        for s in scheduled:
-            start, end = s.num_computed_tokens, s.num_computed_tokens + s.num_scheduled_tokens
-            for ref in self.requests[s.request_id].media:
-                lo, hi = max(start, ref.offset), min(end, ref.offset + ref.length)
-                if lo < hi:
-                    pieces.append((row + lo - start, self._embedding(ref)[lo - ref.offset : hi - ref.offset]))
-            row += s.num_scheduled_tokens
-        if not pieces:
+    def _inputs_embeds(
+        self, scheduled: list[_Scheduled], input_ids: torch.Tensor, media: MediaRows
+    ) -> torch.Tensor | None:
+        """Token embeddings with every media row in place, or None when no chunk has media."""
+        if not any(media.values()):
             return None
         h = self.model.embed(input_ids)  # (T, H)
-        for first_row, rows in pieces:
-            h[first_row : first_row + rows.shape[0]] = rows
+        row = 0  # the chunk's first row in the packed batch
+        for s in scheduled:
+            for first, rows in media.get(s.request_id, ()):
+                h[row + first : row + first + rows.shape[0]] = rows
+            row += s.num_scheduled_tokens
         return h
 
-    def _run(self, scheduled: list[_Scheduled]) -> list[protocol.SampledToken]:
+    def _run(self, scheduled: list[_Scheduled], media: MediaRows) -> list[protocol.SampledToken]:
         input_ids: list[int] = []
         positions: list[int] = []
         chunks: list[SequenceChunk] = []
@@ -342,7 +344,7 @@ class LLMRunner:
             torch.tensor(positions, device=self.device),
             self.kv_caches,
             metadata,
-            inputs_embeds=self._inputs_embeds(scheduled, ids),
+            inputs_embeds=self._inputs_embeds(scheduled, ids, media),
         )  # (T, H)
         if not sample_rows:
             return []

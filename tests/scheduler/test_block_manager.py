@@ -285,7 +285,7 @@ def test_scheduler_uncache_when_the_sharer_joined_in_the_same_step():
     new = [(r.request.request_id, r.block_ids, r.num_computed_tokens) for r in out.scheduled_new]
     assert new == [("a", [0, 1, 2], 0), ("b", [0, 1, 3], 8)]  # b reads a's blocks in this step
     # The worker drops a, and with it b, which reads blocks a never wrote (LLMRunner's
-    # _drop_unreadable_media); the engine aborts both with uncache.
+    # _load_media); the engine aborts both with uncache.
     s.abort_request(RequestId("a"), uncache=True)
     s.check_invariants()
     assert s.block_manager.num_cached_prefix_blocks(a_prompt) == 2  # b still holds 0 and 1
