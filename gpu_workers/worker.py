@@ -39,8 +39,9 @@ class WorkerSpec:
     # "llm" runs Steps (LLMRunner); "encoder" runs EncodeBatches (EncoderRunner) over the
     # component directories under model_dir.
     kind: str = "llm"
-    # The artifact store (omni/store/spec.py syntax); encoders write there, the LLM reads.
-    store: str = ""
+    # The artifact store (omni/store/spec.py syntax; "" is the default local one) that
+    # encoders write and the LLM reads; None for a text-only LLM, which opens none.
+    store: str | None = None
     store_endpoint_url: str | None = None
     store_region: str | None = None
     embedding_cache_bytes: int = 1024**3
@@ -96,8 +97,12 @@ def _build_runner(spec: WorkerSpec) -> Any:
 
     if spec.num_threads:
         torch.set_num_threads(spec.num_threads)
-    store = StoreClient(spec.store, endpoint_url=spec.store_endpoint_url, region=spec.store_region)
+    store = None
+    if spec.store is not None:
+        store = StoreClient(spec.store, endpoint_url=spec.store_endpoint_url, region=spec.store_region)
     if spec.kind == "encoder":
+        if store is None:
+            raise ValueError("an encoder worker needs an artifact store")
         from gpu_workers.encoder_runner import EncoderRunner  # noqa: PLC0415
         from omni.media import MediaLimits  # noqa: PLC0415
 
@@ -119,7 +124,7 @@ def _build_runner(spec: WorkerSpec) -> Any:
         kv_cache_memory_bytes=spec.kv_cache_memory_bytes,
         max_model_len=spec.max_model_len,
         attention_backend=spec.attention_backend,
-        read_artifact=store.get,
+        read_artifact=store.get if store is not None else None,
         embedding_cache_bytes=spec.embedding_cache_bytes,
     )
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import hmac
 import logging
 import time
@@ -12,11 +11,11 @@ from collections.abc import AsyncIterator
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
-from gpu_workers.worker import WorkerSpec
 from omni.api import chat, completions, system
 from omni.api.errors import error_middleware, unauthorized
 from omni.config import EngineConfig, ServerConfig
 from omni.encoder_engine import EncoderEngine
+from omni.engine import worker_spec
 from omni.media_pipeline import MediaPipeline
 from omni.model_layout import ModelLayout, component_revision
 from omni.model_pool import ModelPool
@@ -94,20 +93,9 @@ async def _media_pipeline(
         name: await asyncio.to_thread(component_revision, path)
         for name, path in layout.components.items()
     }
-    spec = WorkerSpec(
-        worker_id=0,
-        model_dir=str(layout.root),
-        device=config.encoder_device or (config.devices[0] if config.devices else config.device),
-        dtype=config.dtype,
-        num_threads=config.num_threads,
-        kind="encoder",
-        store=config.store,
-        store_endpoint_url=config.store_endpoint_url,
-        store_region=config.store_region,
-        media_limits=dataclasses.asdict(config.media_limits),
-    )
+    device = config.encoder_device or (config.devices[0] if config.devices else config.device)
     encoder = EncoderEngine(
-        spec,
+        worker_spec(config, "encoder", 0, device),
         metrics,
         config.model_name,
         max_batch_items=config.encoder_max_batch_items,

@@ -9,6 +9,7 @@ awaits in the same loop, so the scheduler is only ever touched from one task.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections import Counter
@@ -60,6 +61,31 @@ class RequestStream:
                 return
 
 
+def worker_spec(config: EngineConfig, kind: str, worker_id: int, device: str) -> WorkerSpec:
+    """A model's config as one of its worker processes gets it (kind "llm" or "encoder").
+
+    Only an omni model's workers open the artifact store: a text-only LLM never reads it.
+    """
+    media = config.encoder_dir is not None
+    return WorkerSpec(
+        worker_id=worker_id,
+        model_dir=str(config.model_dir if kind == "llm" else config.encoder_dir),
+        device=device,
+        dtype=config.dtype,
+        block_size=config.block_size,
+        num_kv_blocks=config.num_kv_blocks,
+        kv_cache_memory_bytes=config.kv_cache_memory_bytes,
+        max_model_len=config.max_model_len,
+        attention_backend=config.attention_backend,
+        num_threads=config.num_threads,
+        kind=kind,
+        store=config.store if media else None,
+        store_endpoint_url=config.store_endpoint_url,
+        store_region=config.store_region,
+        media_limits=dataclasses.asdict(config.media_limits) if kind == "encoder" else {},
+    )
+
+
 class LLMEngine:
     """One LLM worker process and its scheduler; a ModelPool holds one per worker."""
 
@@ -96,22 +122,7 @@ class LLMEngine:
 
     # ---- lifecycle -------------------------------------------------------------------
     def _worker_spec(self) -> WorkerSpec:
-        c = self.config
-        return WorkerSpec(
-            worker_id=self.worker_id,
-            model_dir=str(c.model_dir),
-            device=self.device,
-            dtype=c.dtype,
-            block_size=c.block_size,
-            num_kv_blocks=c.num_kv_blocks,
-            kv_cache_memory_bytes=c.kv_cache_memory_bytes,
-            max_model_len=c.max_model_len,
-            attention_backend=c.attention_backend,
-            num_threads=c.num_threads,
-            store=c.store,
-            store_endpoint_url=c.store_endpoint_url,
-            store_region=c.store_region,
-        )
+        return worker_spec(self.config, "llm", self.worker_id, self.device)
 
     @property
     def ready(self) -> bool:
