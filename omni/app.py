@@ -17,7 +17,7 @@ from omni.config import EngineConfig, ServerConfig
 from omni.encoder_engine import EncoderEngine
 from omni.engine import worker_spec
 from omni.media_pipeline import MediaPipeline
-from omni.model_layout import ModelLayout, component_revision
+from omni.model_layout import ModelLayout
 from omni.model_pool import ModelPool
 from omni.metrics import Metrics
 from omni.served_model import ModelRegistry, ServedModel
@@ -70,7 +70,9 @@ async def _models_ctx(app: web.Application) -> AsyncIterator[None]:
     async def start_all() -> None:
         # Encoders first: an LLM worker sizes its KV cache from the GPU memory still free
         # once it has loaded, so a runner sharing its GPU must already hold its weights.
-        await asyncio.gather(*(m.media.encoder.start() for m in registry if m.media is not None))
+        # Hashing the encoders' weights for their store keys overlaps the workers' start.
+        pipelines = [m.media for m in registry if m.media is not None]
+        await asyncio.gather(*(p.encoder.start() for p in pipelines), *(p.load_revisions() for p in pipelines))
         await asyncio.gather(*(m.pool.start() for m in registry))
 
     # Workers load in the background so /health can answer 503 while they do.
@@ -89,10 +91,6 @@ async def _media_pipeline(
 ) -> MediaPipeline:
     assert config.encoder_dir is not None
     layout = ModelLayout.from_dir(config.encoder_dir)
-    revisions = {
-        name: await asyncio.to_thread(component_revision, path)
-        for name, path in layout.components.items()
-    }
     device = config.encoder_device or (config.devices[0] if config.devices else config.device)
     encoder = EncoderEngine(
         worker_spec(config, "encoder", 0, device),
@@ -102,7 +100,7 @@ async def _media_pipeline(
         start_timeout=config.worker_start_timeout,
     )
     pipeline = MediaPipeline(
-        config.model_name, tokenizer, encoder, store, revisions, config.media_limits, metrics
+        config.model_name, tokenizer, encoder, store, layout.components, config.media_limits, metrics
     )
     pipeline.check_vocabulary(layout.codebook_sizes())
     return pipeline

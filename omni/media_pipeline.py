@@ -22,8 +22,9 @@ import asyncio
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from omni.api.errors import APIError, bad_request, service_unavailable
@@ -32,6 +33,7 @@ from omni.encoder_engine import EncoderEngine
 from omni.engine import EngineError
 from omni.media import MediaLimits, decode_base64, is_video, load_media_bytes
 from omni.metrics import Metrics
+from omni.model_layout import component_revision
 from omni.store.base import ArtifactStore, KeyNotFound, StoreError
 from omni.store.codec import EMBEDDINGS, artifact_rows, decode_codes, header_size
 from omni.store.keys import content_hash, encoder_key_for
@@ -94,7 +96,7 @@ class MediaPipeline:
         tokenizer: TextTokenizer,
         encoder: EncoderEngine,
         store: ArtifactStore,
-        revisions: dict[str, str],
+        components: Mapping[str, Path | str],
         limits: MediaLimits,
         metrics: Metrics,
         *,
@@ -104,7 +106,10 @@ class MediaPipeline:
         self.tokenizer = tokenizer
         self.encoder = encoder
         self.store = store
-        self.revisions = revisions  # component -> weights revision, for store keys
+        # component -> weights revision, for store keys: a str as given, or hashed from the
+        # component's directory by load_revisions()
+        self._components = dict(components)
+        self.revisions = {c: r for c, r in self._components.items() if isinstance(r, str)}
         self.limits = limits
         self.metrics = metrics
         self._pad_ids: dict[int, Placeholder] = {}
@@ -119,7 +124,13 @@ class MediaPipeline:
 
     @property
     def ready(self) -> bool:
-        return self.encoder.ready
+        return self.encoder.ready and len(self.revisions) == len(self._components)
+
+    async def load_revisions(self) -> None:
+        """Hash each component directory's files (a few seconds for real weights), concurrently."""
+        dirs = {c: Path(d) for c, d in self._components.items() if c not in self.revisions}
+        hashed = await asyncio.gather(*(asyncio.to_thread(component_revision, d) for d in dirs.values()))
+        self.revisions.update(zip(dirs, hashed))
 
     def check_vocabulary(self, num_codes: dict[str, int]) -> None:
         """Raise ValueError at start-up when a discrete component (component -> codebook
@@ -218,7 +229,7 @@ class MediaPipeline:
                     param=kind_items[-1].param,
                     code="unsupported_content_type",
                 )
-        if slots and not self.encoder.ready:  # starting, or restarting after a crash
+        if slots and not self.ready:  # starting, or restarting after a crash
             raise service_unavailable("The model's encoders are starting; retry shortly.", retry_after_s=5)
         missing = {p.component for _, p, _ in slots} - self.encoder.components
         if missing:

@@ -22,7 +22,7 @@ from omni.engine import EngineError
 from omni.media import MediaLimits
 from omni.media_pipeline import MediaPipeline, PromptInputs
 from omni.metrics import Metrics
-from omni.model_layout import ModelLayout
+from omni.model_layout import ModelLayout, component_revision
 from omni.store.base import StoreError
 from omni.store.codec import encode_codes, encode_tensors
 from omni.store.keys import encoder_key
@@ -514,3 +514,18 @@ async def test_media_while_the_encoder_is_not_ready_is_a_503(
     error = await expand_error(make_pipeline(tokenizer, encoder, store), chat(*IMAGE_AUDIO))
     assert error.status == 503 and error.headers.get("Retry-After") == "5"
     assert encoder.calls == []
+
+
+async def test_revisions_are_hashed_from_component_directories(
+    tmp_path: Path, tokenizer: TextTokenizer, store: LocalStore
+) -> None:
+    layout = ModelLayout.from_dir(make_tiny_omni_checkpoint(tmp_path / "omni"))
+    pipeline = MediaPipeline(
+        MODEL, tokenizer, cast(EncoderEngine, FakeEncoder(store)), store, layout.components, MediaLimits(), Metrics()
+    )
+    assert not pipeline.ready  # keys cannot be made before the revisions are known
+    error = await expand_error(pipeline, chat(*IMAGE_AUDIO))
+    assert error.status == 503
+    await pipeline.load_revisions()
+    assert pipeline.ready
+    assert pipeline.revisions == {name: component_revision(path) for name, path in layout.components.items()}
