@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from aiohttp import web
@@ -16,8 +15,7 @@ from omni.api.schemas import (
     read_json,
     sampling_params,
 )
-from omni.engine import EngineError
-from omni.generation import Generation, Usage, choice_params, new_request_id
+from omni.generation import Delta, Generation, Usage, choice_params, new_request_id
 from omni.served_model import ServedModel
 from omni.state import MODELS
 from scheduler.request import MediaSpan
@@ -71,16 +69,8 @@ async def _complete(
         }
         for i, c in enumerate(collected)
     ]
-    return web.json_response(
-        {
-            "id": completion_id,
-            "object": "chat.completion",
-            "created": int(time.time()),
-            "model": model.name,
-            "choices": choices,
-            "usage": _usage(generations).to_json(),
-        }
-    )
+    body = sse.completion_body(completion_id, "chat.completion", model.name, choices)
+    return web.json_response(body | {"usage": _usage(generations).to_json()})
 
 
 async def _stream(
@@ -91,45 +81,26 @@ async def _stream(
     generations: list[Generation],
 ) -> web.StreamResponse:
     response = await sse.open_event_stream(request)
-    created = int(time.time())
-
-    def chunk(choices: list[dict[str, Any]], usage: Usage | None = None) -> dict[str, Any]:
-        payload: dict[str, Any] = {
-            "id": completion_id,
-            "object": "chat.completion.chunk",
-            "created": created,
-            "model": model.name,
-            "choices": choices,
-        }
-        if req.include_usage:
-            payload["usage"] = usage.to_json() if usage is not None else None
-        return payload
-
+    stream = sse.ChunkStream(response, completion_id, "chat.completion.chunk", model.name, req.include_usage)
     for i in range(len(generations)):  # the role comes first, in a chunk of its own
         role = {"role": "assistant", "content": ""}
-        first = {"index": i, "delta": role, "logprobs": None, "finish_reason": None}
-        await sse.send_event(response, chunk([first]))
-    try:
-        async for index, delta in sse.interleave(generations):
-            if not delta.text and delta.finish_reason is None and not req.logprobs:
-                continue  # a token that completes no character yet
-            choice: dict[str, Any] = {
-                "index": index,
-                "delta": {"content": delta.text} if delta.text else {},
-                "logprobs": (
-                    {"content": chat_logprob_entries(model.tokenizer, delta.logprobs)}
-                    if req.logprobs
-                    else None
-                ),
-                "finish_reason": delta.finish_reason,
-            }
-            await sse.send_event(response, chunk([choice]))
-    except EngineError as exc:
-        await sse.send_error_and_done(response, exc)
-        return response
-    if req.include_usage:
-        await sse.send_event(response, chunk([], _usage(generations)))
-    await sse.send_done(response)
+        await stream.send([{"index": i, "delta": role, "logprobs": None, "finish_reason": None}])
+
+    def choice(index: int, delta: Delta) -> dict[str, Any] | None:
+        if not delta.text and delta.finish_reason is None and not req.logprobs:
+            return None  # a token that completes no character yet
+        return {
+            "index": index,
+            "delta": {"content": delta.text} if delta.text else {},
+            "logprobs": (
+                {"content": chat_logprob_entries(model.tokenizer, delta.logprobs)}
+                if req.logprobs
+                else None
+            ),
+            "finish_reason": delta.finish_reason,
+        }
+
+    await stream.run(generations, choice, lambda: _usage(generations))
     return response
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from aiohttp import web
@@ -16,8 +15,7 @@ from omni.api.schemas import (
     read_json,
     sampling_params,
 )
-from omni.engine import EngineError
-from omni.generation import Generation, Usage, choice_params, new_request_id
+from omni.generation import Delta, Generation, Usage, choice_params, new_request_id
 from omni.served_model import ServedModel
 from omni.state import MODELS
 
@@ -95,16 +93,8 @@ async def _complete(
         }
         for i, c in enumerate(collected)
     ]
-    return web.json_response(
-        {
-            "id": completion_id,
-            "object": "text_completion",
-            "created": int(time.time()),
-            "model": model.name,
-            "choices": choices,
-            "usage": _usage(generations, req.n).to_json(),
-        }
-    )
+    body = sse.completion_body(completion_id, "text_completion", model.name, choices)
+    return web.json_response(body | {"usage": _usage(generations, req.n).to_json()})
 
 
 async def _stream(
@@ -115,40 +105,17 @@ async def _stream(
     generations: list[Generation],
 ) -> web.StreamResponse:
     response = await sse.open_event_stream(request)
-    created = int(time.time())
-    offsets = [0] * len(generations)
+    stream = sse.ChunkStream(response, completion_id, "text_completion", model.name, req.include_usage)
+    offsets = [0] * len(generations)  # characters of each choice sent so far (logprob offsets)
 
-    def chunk(choices: list[dict[str, Any]], usage: Usage | None = None) -> dict[str, Any]:
-        payload: dict[str, Any] = {
-            "id": completion_id,
-            "object": "text_completion",
-            "created": created,
-            "model": model.name,
-            "choices": choices,
-        }
-        if req.include_usage:
-            payload["usage"] = usage.to_json() if usage is not None else None
-        return payload
+    def choice(index: int, delta: Delta) -> dict[str, Any] | None:
+        if not delta.text and delta.finish_reason is None and req.logprobs is None:
+            return None
+        lp = None
+        if req.logprobs is not None:
+            lp = completion_logprobs(model.tokenizer, delta.logprobs, offsets[index])
+        offsets[index] += len(delta.text)
+        return {"index": index, "text": delta.text, "logprobs": lp, "finish_reason": delta.finish_reason}
 
-    try:
-        async for index, delta in sse.interleave(generations):
-            if not delta.text and delta.finish_reason is None and req.logprobs is None:
-                continue
-            lp = None
-            if req.logprobs is not None:
-                lp = completion_logprobs(model.tokenizer, delta.logprobs, offsets[index])
-            offsets[index] += len(delta.text)
-            choice = {
-                "index": index,
-                "text": delta.text,
-                "logprobs": lp,
-                "finish_reason": delta.finish_reason,
-            }
-            await sse.send_event(response, chunk([choice]))
-    except EngineError as exc:
-        await sse.send_error_and_done(response, exc)
-        return response
-    if req.include_usage:
-        await sse.send_event(response, chunk([], _usage(generations, req.n)))
-    await sse.send_done(response)
+    await stream.run(generations, choice, lambda: _usage(generations, req.n))
     return response

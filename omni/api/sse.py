@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import orjson
 from aiohttp import web
 
 from omni.api.errors import service_unavailable
 from omni.engine import EngineError
-from omni.generation import Delta, Generation, TokenLogprob
+from omni.generation import Delta, Generation, TokenLogprob, Usage
 
 
 async def open_event_stream(request: web.Request) -> web.StreamResponse:
@@ -39,6 +41,58 @@ async def send_error_and_done(response: web.StreamResponse, exc: EngineError) ->
     """A worker failed mid-stream: the status is sent already, so say it in an event."""
     await send_event(response, service_unavailable(str(exc)).to_dict())
     await send_done(response)
+
+
+def completion_body(
+    completion_id: str, obj: str, model: str, choices: list[dict[str, Any]], created: int | None = None
+) -> dict[str, Any]:
+    """The envelope OpenAI puts around choices, for a whole response and for each chunk."""
+    return {
+        "id": completion_id,
+        "object": obj,
+        "created": int(time.time()) if created is None else created,
+        "model": model,
+        "choices": choices,
+    }
+
+
+class ChunkStream:
+    """One streamed completion: every chunk carries the same id, object, created and model,
+    and, when stream_options.include_usage was asked for, a usage field (null until the last)."""
+
+    def __init__(
+        self, response: web.StreamResponse, completion_id: str, obj: str, model: str, include_usage: bool
+    ) -> None:
+        self.response = response
+        self.completion_id, self.obj, self.model = completion_id, obj, model
+        self.include_usage = include_usage
+        self.created = int(time.time())
+
+    async def send(self, choices: list[dict[str, Any]], usage: Usage | None = None) -> None:
+        payload = completion_body(self.completion_id, self.obj, self.model, choices, self.created)
+        if self.include_usage:
+            payload["usage"] = usage.to_json() if usage is not None else None
+        await send_event(self.response, payload)
+
+    async def run(
+        self,
+        generations: Sequence[Generation],
+        choice: Callable[[int, Delta], dict[str, Any] | None],
+        usage: Callable[[], Usage],
+    ) -> None:
+        """Send one chunk per delta that choice() turns into a choice (None: skip it), then the
+        usage chunk and [DONE]; a worker failure mid-stream ends it with an error event."""
+        try:
+            async for index, delta in interleave(generations):
+                c = choice(index, delta)
+                if c is not None:
+                    await self.send([c])
+        except EngineError as exc:
+            await send_error_and_done(self.response, exc)
+            return
+        if self.include_usage:
+            await self.send([], usage())
+        await send_done(self.response)
 
 
 @dataclass(slots=True)
