@@ -11,7 +11,6 @@ runs once over every prepared item of a batch. gpu_workers/encoder_runner.py dri
 
 from __future__ import annotations
 
-import json
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +19,6 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 from PIL import Image
-from safetensors import safe_open
 
 from gpu_workers.audio_features import AudioFeatureConfig, LogMelExtractor
 from gpu_workers.image_processing import (
@@ -32,32 +30,11 @@ from gpu_workers.image_processing import (
     smart_resize,
     to_rgb,
 )
-from gpu_workers.loader import checkpoint_files
+from gpu_workers.loader import load_safetensors, read_json
 from gpu_workers.models.qwen2_5_vl_vision import Qwen2_5_VisionEncoder, VisionEncoderConfig
 from gpu_workers.models.qwen2_audio_encoder import AudioEncoderConfig, Qwen2AudioEncoder
 
 COMPONENTS = ("vision_encoder", "audio_encoder", "image_tokenizer", "audio_tokenizer")
-
-
-def read_json(path: Path) -> dict[str, Any]:
-    try:
-        raw = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise ValueError(f"{path.parent}: no {path.name}") from None
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{path}: not valid JSON ({e})") from None
-    if not isinstance(raw, dict):
-        raise ValueError(f"{path}: want a JSON object")
-    return raw
-
-
-def load_state_dict(component_dir: Path) -> dict[str, torch.Tensor]:
-    tensors: dict[str, torch.Tensor] = {}
-    for path in checkpoint_files(component_dir):
-        with safe_open(str(path), framework="pt") as f:
-            for name in f.keys():  # noqa: SIM118 - safe_open is not a dict
-                tensors[name] = f.get_tensor(name)
-    return tensors
 
 
 def _triple(value: Any) -> tuple[float, float, float]:
@@ -137,7 +114,7 @@ class VisionEncoderComponent(Component):
             frames_per_chunk=int(pre.get("video_frames_per_chunk", default.frames_per_chunk)),
         )
         self.model = Qwen2_5_VisionEncoder(c)
-        self.model.load_hf_state_dict(load_state_dict(component_dir))
+        self.model.load_hf_state_dict(load_safetensors(component_dir))
         self.model.to(device=device, dtype=dtype).eval()
 
     def prepare(self, kind: str, media: Any) -> tuple[np.ndarray, list[tuple[int, int, int]]]:
@@ -189,7 +166,7 @@ class AudioEncoderComponent(Component):
         self.config = AudioEncoderConfig.from_hf(read_json(component_dir / "config.json"))
         self.features = LogMelExtractor(AudioFeatureConfig(num_mel_bins=self.config.num_mel_bins), device)
         self.model = Qwen2AudioEncoder(self.config)
-        self.model.load_hf_state_dict(load_state_dict(component_dir))
+        self.model.load_hf_state_dict(load_safetensors(component_dir))
         self.model.to(device=device, dtype=dtype).eval()
 
     def prepare(self, kind: str, media: Any) -> np.ndarray:

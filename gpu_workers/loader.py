@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors import safe_open
@@ -21,15 +22,21 @@ SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 
 
-def read_config(model_dir: Path) -> LlamaFamilyConfig:
-    path = model_dir / "config.json"
+def read_json(path: Path) -> dict[str, Any]:
+    """A JSON object file; ValueError naming the file when it is missing or malformed."""
     if not path.is_file():
-        raise ValueError(f"{model_dir}: no config.json")
+        raise ValueError(f"{path.parent}: no {path.name}")
     try:
         raw = json.loads(path.read_text())
     except json.JSONDecodeError as e:
         raise ValueError(f"{path}: not valid JSON ({e})") from None
-    return LlamaFamilyConfig.from_hf(raw)
+    if not isinstance(raw, dict):
+        raise ValueError(f"{path}: want a JSON object")
+    return raw
+
+
+def read_config(model_dir: Path) -> LlamaFamilyConfig:
+    return LlamaFamilyConfig.from_hf(read_json(model_dir / "config.json"))
 
 
 def checkpoint_files(model_dir: Path) -> list[Path]:
@@ -48,6 +55,16 @@ def checkpoint_files(model_dir: Path) -> list[Path]:
     if any(model_dir.glob("*.bin")) or any(model_dir.glob("*.pt")):
         raise ValueError(f"{model_dir}: only pickle weights (.bin/.pt) found; convert them to safetensors")
     raise ValueError(f"{model_dir}: neither {SINGLE_FILE} nor {INDEX_FILE} found")
+
+
+def load_safetensors(model_dir: Path, device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
+    """Every tensor of a (possibly sharded) safetensors checkpoint, by its stored name."""
+    tensors: dict[str, torch.Tensor] = {}
+    for path in checkpoint_files(model_dir):
+        with safe_open(str(path), framework="pt", device=str(device)) as f:
+            for name in f.keys():  # noqa: SIM118 - safe_open is not a dict
+                tensors[name] = f.get_tensor(name)
+    return tensors
 
 
 def load_model(

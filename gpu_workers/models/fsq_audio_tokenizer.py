@@ -36,10 +36,11 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from torch import nn
 
 from gpu_workers.audio_features import AudioFeatureConfig, LogMelExtractor
+from gpu_workers.loader import load_safetensors, read_json
 from gpu_workers.models.hf_weights import load_exact
 from gpu_workers.models.qwen2_audio_encoder import AudioEncoderConfig, Qwen2AudioEncoder
 
@@ -176,17 +177,13 @@ class FSQAudioTokenizer(nn.Module):
     ) -> FSQAudioTokenizer:
         """Load config.json + model.safetensors; the encoder in dtype, fsq_proj in float32."""
         path = Path(path)
-        try:
-            raw = json.loads((path / CONFIG_FILE).read_text())
-        except (OSError, json.JSONDecodeError) as e:
-            raise ValueError(f"{path / CONFIG_FILE}: cannot read ({e})") from None
-        config = FSQAudioTokenizerConfig.from_hf(raw)
+        config = FSQAudioTokenizerConfig.from_hf(read_json(path / CONFIG_FILE))
         # built on meta: no memory or time spent on a random init that the weights overwrite
         with torch.device("meta"):
             model = cls(config)
         model.encoder.to(dtype)
         model = model.to_empty(device=device)
-        load_exact(model, load_file(str(path / WEIGHTS_FILE)), "audio tokenizer")
+        load_exact(model, load_safetensors(path), "audio tokenizer")
         return model.eval()
 
 

@@ -32,10 +32,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from PIL import Image
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from torch import nn
 
 from gpu_workers.image_processing import to_rgb
+from gpu_workers.loader import load_safetensors, read_json
 from gpu_workers.models.hf_weights import load_exact
 from gpu_workers.models.siglip_vision import SiglipVisionConfig, SiglipVisionTower, num_layers_for
 
@@ -166,10 +167,10 @@ class TATokImageTokenizer(nn.Module):
         cls, path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32
     ) -> TATokImageTokenizer:
         path = Path(path)
-        config = TATokConfig.from_hf(json.loads((path / "config.json").read_text()))
+        config = TATokConfig.from_hf(read_json(path / "config.json"))
         with torch.device(device):
             model = cls(config)
-        model.load_hf_state_dict(load_file(str(path / "model.safetensors"), device=str(device)))
+        model.load_hf_state_dict(load_safetensors(path, device))
         model.to(dtype)
         model.codebook.float()  # see the module docstring: codes must not depend on dtype
         return model.eval()
