@@ -17,18 +17,11 @@ from PIL import Image
 from gpu_workers.tiny_checkpoints import make_tiny_omni_checkpoint
 from tests.e2e.conftest import read_metric
 from tests.e2e.server import running_server
+from tests.omni.store.conftest import AWS_TEST_ENV
 
 MODEL = "omni-tiny"
 BUCKET = "omni-e2e"
 PREFIX = "run1"
-AWS_ENV = {
-    "AWS_ACCESS_KEY_ID": "testing",
-    "AWS_SECRET_ACCESS_KEY": "testing",
-    "AWS_DEFAULT_REGION": "us-east-1",
-    "AWS_CONFIG_FILE": "/nonexistent",
-    "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent",
-    "AWS_EC2_METADATA_DISABLED": "true",
-}
 
 
 class Moto:
@@ -82,7 +75,7 @@ def serve_on_s3(omni_dir: Path, moto: Moto):  # type: ignore[no-untyped-def]
         "--store", f"s3://{BUCKET}/{PREFIX}",
         "--store-endpoint-url", moto.endpoint,
         "--store-region", "us-east-1",
-        env=AWS_ENV,
+        env=AWS_TEST_ENV,
     )  # fmt: skip
 
 

@@ -8,7 +8,7 @@ import pytest
 from omni.store import ArtifactStore, LocalStore, S3Store
 
 BUCKET = "omni-test"
-_FAKE_ENV = {
+AWS_TEST_ENV = {
     "AWS_ACCESS_KEY_ID": "testing",
     "AWS_SECRET_ACCESS_KEY": "testing",
     "AWS_DEFAULT_REGION": "us-east-1",
@@ -23,7 +23,7 @@ _FAKE_ENV = {
 def aws_env(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in ("AWS_SESSION_TOKEN", "AWS_PROFILE", "AWS_ENDPOINT_URL"):
         monkeypatch.delenv(name, raising=False)
-    for name, value in _FAKE_ENV.items():
+    for name, value in AWS_TEST_ENV.items():
         monkeypatch.setenv(name, value)
 
 
