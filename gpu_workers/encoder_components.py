@@ -31,8 +31,10 @@ from gpu_workers.image_processing import (
     to_rgb,
 )
 from gpu_workers.loader import load_safetensors, read_json
+from gpu_workers.models.fsq_audio_tokenizer import FSQAudioTokenizer
 from gpu_workers.models.qwen2_5_vl_vision import Qwen2_5_VisionEncoder, VisionEncoderConfig
 from gpu_workers.models.qwen2_audio_encoder import AudioEncoderConfig, Qwen2AudioEncoder
+from gpu_workers.models.ta_tok import TATokImageTokenizer
 
 COMPONENTS = ("vision_encoder", "audio_encoder", "image_tokenizer", "audio_tokenizer")
 
@@ -67,7 +69,8 @@ class Component(ABC):
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        Component._registry[cls.name] = cls
+        if "name" in cls.__dict__:  # a concrete component, not a shared base
+            Component._registry[cls.name] = cls
 
     def __init__(self, component_dir: Path, device: torch.device, dtype: torch.dtype) -> None:
         self.dir = component_dir
@@ -156,9 +159,19 @@ class VisionEncoderComponent(Component):
         return list(torch.split(out, rows))
 
 
-class AudioEncoderComponent(Component):
-    name = "audio_encoder"
+class AudioComponent(Component):
+    """A component that reads 16 kHz mono waveforms."""
+
     kinds = frozenset({"audio"})
+
+    def prepare(self, kind: str, media: Any) -> np.ndarray:
+        if len(media) == 0:
+            raise ValueError("the audio is empty")
+        return np.asarray(media, dtype=np.float32)
+
+
+class AudioEncoderComponent(AudioComponent):
+    name = "audio_encoder"
     discrete = False
 
     def __init__(self, component_dir: Path, device: torch.device, dtype: torch.dtype) -> None:
@@ -168,9 +181,6 @@ class AudioEncoderComponent(Component):
         self.model = Qwen2AudioEncoder(self.config)
         self.model.load_hf_state_dict(load_safetensors(component_dir))
         self.model.to(device=device, dtype=dtype).eval()
-
-    def prepare(self, kind: str, media: Any) -> np.ndarray:
-        return _waveform(media)
 
     def forward(self, prepared: list[np.ndarray]) -> list[torch.Tensor]:
         feats = self.features(prepared)
@@ -189,8 +199,6 @@ class ImageTokenizerComponent(Component):
 
     def __init__(self, component_dir: Path, device: torch.device, dtype: torch.dtype) -> None:
         super().__init__(component_dir, device, dtype)
-        from gpu_workers.models.ta_tok import TATokImageTokenizer  # noqa: PLC0415
-
         self.model = TATokImageTokenizer.from_dir(component_dir, device=device, dtype=dtype)
 
     def prepare(self, kind: str, media: Any) -> Image.Image:
@@ -201,25 +209,14 @@ class ImageTokenizerComponent(Component):
         return list(self.model(pixels))  # (B, num_codes) -> B rows
 
 
-class AudioTokenizerComponent(Component):
+class AudioTokenizerComponent(AudioComponent):
     name = "audio_tokenizer"
-    kinds = frozenset({"audio"})
     discrete = True
 
     def __init__(self, component_dir: Path, device: torch.device, dtype: torch.dtype) -> None:
         super().__init__(component_dir, device, dtype)
-        from gpu_workers.models.fsq_audio_tokenizer import FSQAudioTokenizer  # noqa: PLC0415
-
         self.model = FSQAudioTokenizer.from_dir(component_dir, device=device, dtype=dtype)
-
-    def prepare(self, kind: str, media: Any) -> np.ndarray:
-        return _waveform(media)
 
     def forward(self, prepared: list[np.ndarray]) -> list[torch.Tensor]:
         return [torch.tensor(units, dtype=torch.int64) for units in self.model.encode(prepared)]
 
-
-def _waveform(media: Any) -> np.ndarray:
-    if len(media) == 0:
-        raise ValueError("the audio is empty")
-    return np.asarray(media, dtype=np.float32)
