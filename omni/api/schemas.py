@@ -432,6 +432,10 @@ class ChatCompletionRequest(GenerationFields):
         """SamplingParams.logprobs: None, or how many alternatives besides the sampled token."""
         return (self.top_logprobs or 0) if self.logprobs else None
 
+    @property
+    def template_messages(self) -> list[dict[str, Json]]:
+        return [m.to_template_dict() for m in self.messages]
+
 
 def parse_chat_completion_request(body: Body) -> ChatCompletionRequest:
     model = _required_str(body, "model")
