@@ -203,22 +203,22 @@ class LLMRunner:
     def _check_media(self, r: protocol.NewRequest) -> None:
         end = 0
         for ref in r.media:
-            if ref.offset < end or ref.length < 1 or ref.offset + ref.length > len(r.token_ids):
+            if ref.offset < end or ref.num_rows < 1 or ref.offset + ref.num_rows > len(r.token_ids):
                 raise ValueError(
                     f"request {r.request_id!r}: media spans must be sorted, disjoint and inside the prompt"
                 )
-            end = ref.offset + ref.length
+            end = ref.offset + ref.num_rows
         if r.media and self.read_artifact is None:
             raise ValueError(f"request {r.request_id!r} has media but this worker has no artifact store")
 
     # ---- injected embeddings -----------------------------------------------------------
     def _chunk_media(self, s: _Scheduled) -> list[tuple[protocol.MediaRef, int, int]]:
         """(ref, lo, hi) for each item the chunk computes: prompt positions [lo, hi) =
-        [start, end) & [offset, offset + length). A chunk boundary may cut an item anywhere."""
+        [start, end) & [offset, offset + num_rows). A chunk boundary may cut an item anywhere."""
         start, end = s.num_computed_tokens, s.num_computed_tokens + s.num_scheduled_tokens
         spans = []
         for ref in self.requests[s.request_id].media:
-            lo, hi = max(start, ref.offset), min(end, ref.offset + ref.length)
+            lo, hi = max(start, ref.offset), min(end, ref.offset + ref.num_rows)
             if lo < hi:
                 spans.append((ref, lo, hi))
         return spans
@@ -304,8 +304,8 @@ class LLMRunner:
             assert self.read_artifact is not None
             x = self._cache_embedding(ref.key, self.read_artifact(ref.key))
         hidden = self.model_config.hidden_size
-        if tuple(x.shape) != (ref.length, hidden):
-            raise ValueError(f"{ref.key} holds {tuple(x.shape)} embeddings, the prompt wants ({ref.length}, {hidden})")
+        if tuple(x.shape) != (ref.num_rows, hidden):
+            raise ValueError(f"{ref.key} holds {tuple(x.shape)} embeddings, the prompt wants ({ref.num_rows}, {hidden})")
         return x  # type: ignore[no-any-return]
 
     def _inputs_embeds(

@@ -29,13 +29,13 @@ class SamplingOptions:
 
 @dataclass(slots=True)
 class MediaRef:
-    """An encoder output injected at prompt positions [offset, offset + length): the rows of
+    """An encoder output injected at prompt positions [offset, offset + num_rows): the rows of
     the artifact stored under key replace the placeholder tokens' embeddings there."""
 
     TAG: ClassVar[int] = 10
     key: str
     offset: int
-    length: int
+    num_rows: int
 
 
 @dataclass(slots=True)

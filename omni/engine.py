@@ -329,8 +329,7 @@ class LLMEngine:
                     block_ids=list(s.block_ids),
                     num_computed_tokens=s.num_computed_tokens,
                     num_scheduled_tokens=s.num_scheduled_tokens,
-                    # a span's content hash is the store key of the embeddings it holds
-                    media=[protocol.MediaRef(m.content_hash, m.offset, m.length) for m in s.request.media],
+                    media=[protocol.MediaRef(m.key, m.offset, m.num_rows) for m in s.request.media],
                 )
             )
         cached = [

@@ -117,7 +117,7 @@ class MediaPipeline:
             token_id = tokenizer.token_to_id(token)
             if token_id is not None:
                 self._pad_ids[token_id] = placeholder
-        # What an artifact holds (rows, codes) by key: a hit needs no store read at all.
+        # What an artifact holds (num_rows, codes) by key: a hit needs no store read at all.
         self._known: OrderedDict[str, Encoded] = OrderedDict()
         self._max_cached_entries = max_cached_entries
         self._code_ids: dict[tuple[str, int], int] = {}
@@ -326,7 +326,7 @@ class MediaPipeline:
                 data = await self._store_op("get", self.store.get(key))
                 if data is None:
                     return None
-                kind, rows = artifact_rows(data)
+                _tensor, num_rows = artifact_rows(data)
                 codes = tuple(decode_codes(data))
             else:  # embeddings stay in the store: the header's shape is all this needs
                 found = await self._store_op("read_head", self.store.read_head(key, _HEAD_BYTES))
@@ -338,14 +338,14 @@ class MediaPipeline:
                     if found is None:
                         return None
                     head, size = found
-                kind, rows = artifact_rows(head, size)
-                if kind != EMBEDDINGS:
+                tensor, num_rows = artifact_rows(head, size)
+                if tensor != EMBEDDINGS:
                     return None
                 codes = None
         except Exception as e:  # ValueError, or safetensors' own error on a corrupt body
             log.warning("artifact %s is unreadable (%s); encoding again", key, e)
             return None
-        encoded = Encoded(rows, codes)
+        encoded = Encoded(num_rows, codes)
         self._remember(key, encoded)
         return encoded
 

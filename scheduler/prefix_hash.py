@@ -2,7 +2,7 @@
 
 A block's hash covers its parent's hash, its token ids and its extra keys, so equal hashes
 mean equal prefixes: blocks [0, i] of two requests hold the same KV. Extra keys carry
-whatever besides token ids decides the KV, e.g. (content_hash, offset) of each image or
+whatever besides token ids decides the KV, e.g. (key, offset) of each image or
 audio embedding overlapping the block: two different images behind the same placeholder
 tokens must never share a cache entry.
 """
@@ -32,16 +32,16 @@ def hash_block(
 
 
 def media_extra_keys(media: Sequence[MediaSpan], start: int, end: int) -> tuple[object, ...]:
-    """Extra keys of the block holding positions [start, end): (content_hash, start - offset)
+    """Extra keys of the block holding positions [start, end): (key, start - offset)
     for each media span overlapping it. The second item says which of the item's embedding
     rows the block starts at (negative when the item starts inside the block):
 
         positions   start ........ end
-        span            offset ..................... offset + length
+        span            offset ..................... offset + num_rows
         key         (hash, start - offset) = (hash, -2) when the item begins 2 tokens in
     """
     return tuple(
-        (span.content_hash, start - span.offset)
+        (span.key, start - span.offset)
         for span in media
         if span.offset < end and span.end > start
     )

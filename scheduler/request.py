@@ -29,19 +29,19 @@ class RequestStatus(enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class MediaSpan:
-    """An image/audio/video item's embedding rows at prompt positions [offset, offset + length).
+    """An image/audio/video item's embedding rows at prompt positions [offset, offset + num_rows).
 
     The tokens there are placeholders, equal for every item, so the prefix cache keys the
-    blocks they overlap by content_hash too (scheduler/prefix_hash.py).
+    blocks they overlap by key too (scheduler/prefix_hash.py).
     """
 
     offset: int
-    length: int
-    content_hash: str
+    num_rows: int
+    key: str  # the artifact-store key of the embeddings: it names their content
 
     @property
     def end(self) -> int:
-        return self.offset + self.length
+        return self.offset + self.num_rows
 
 
 @dataclass(frozen=True, slots=True)

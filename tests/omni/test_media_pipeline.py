@@ -284,7 +284,7 @@ async def test_expand_splices_rows_and_codes_and_spans_point_at_the_pad_runs(
     #  <|image_start|>  IMAGE_PAD x rows            <|image_end|>
     for span, name, kind in zip(prompt.media, ("IMAGE_PAD", "AUDIO_PAD"), ("image", "audio")):
         assert prompt.token_ids[span.offset - 1 : span.end + 1] == (
-            [tid(f"<|{kind}_start|>")] + [pad[name]] * span.length + [tid(f"<|{kind}_end|>")]
+            [tid(f"<|{kind}_start|>")] + [pad[name]] * span.num_rows + [tid(f"<|{kind}_end|>")]
         )
 
 

@@ -17,12 +17,12 @@ def request(request_id: str, image_hash: str) -> Request:
         RequestId(request_id),
         list(TOKENS),
         SamplingParams(max_tokens=4),
-        media=(MediaSpan(offset=8, length=12, content_hash=image_hash),),
+        media=(MediaSpan(offset=8, num_rows=12, key=image_hash),),
     )
 
 
 def test_extra_keys_name_the_item_and_the_row_each_block_starts_at() -> None:
-    span = MediaSpan(offset=6, length=5, content_hash="h")
+    span = MediaSpan(offset=6, num_rows=5, key="h")
     assert media_extra_keys([span], 0, 4) == ()
     assert media_extra_keys([span], 4, 8) == (("h", -2),)  # the item begins 2 tokens in
     assert media_extra_keys([span], 8, 12) == (("h", 2),)  # from its third row on
