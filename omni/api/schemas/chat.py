@@ -1,0 +1,267 @@
+"""The body of POST /v1/chat/completions: messages and their content parts, output modalities."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import ClassVar, Literal, TypeAlias
+
+from omni.api.errors import bad_request
+from omni.api.schemas.fields import (
+    Body,
+    GenerationFields,
+    Json,
+    missing,
+    opt_bool,
+    opt_int,
+    opt_object,
+    opt_str,
+    parse_generation_fields,
+    required_str,
+    type_error,
+    unsupported,
+    value_error,
+)
+
+MAX_TOP_LOGPROBS = 20
+
+ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
+MODALITIES = frozenset({"text", "image", "audio"})
+AUDIO_FORMATS = frozenset({"wav", "mp3", "flac", "opus", "pcm16", "aac"})
+
+
+@dataclass(frozen=True, slots=True)
+class TextPart:
+    text: str
+    type: Literal["text"] = "text"
+
+
+@dataclass(frozen=True, slots=True)
+class ImageURLPart:
+    url: str  # http(s) URL or data: URL; fetching and size limits are the media layer's job
+    detail: str | None = None
+    type: Literal["image_url"] = "image_url"
+
+
+@dataclass(frozen=True, slots=True)
+class InputAudioPart:
+    data: str  # base64
+    format: str
+    type: Literal["input_audio"] = "input_audio"
+
+
+@dataclass(frozen=True, slots=True)
+class VideoURLPart:
+    url: str
+    type: Literal["video_url"] = "video_url"
+
+
+ContentPart: TypeAlias = TextPart | ImageURLPart | InputAudioPart | VideoURLPart
+
+
+@dataclass(frozen=True, slots=True)
+class ChatMessage:
+    role: str
+    # None only for an assistant turn (e.g. one that only made tool calls).
+    content: str | tuple[ContentPart, ...] | None
+    name: str | None = None
+    tool_call_id: str | None = None
+    # Passed through to the chat template unchanged.
+    tool_calls: tuple[Mapping[str, Json], ...] = ()
+
+    @property
+    def text(self) -> str:
+        """The message's text parts joined; media parts contribute nothing."""
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(p.text for p in self.content if isinstance(p, TextPart))
+
+    def to_template_dict(self) -> dict[str, Json]:
+        """The message as a chat template expects it; media parts become typed dicts."""
+        content: Json
+        if self.content is None or isinstance(self.content, str):
+            content = self.content
+        else:
+            content = [_part_dict(p) for p in self.content]
+        out: dict[str, Json] = {"role": self.role, "content": content}
+        if self.name is not None:
+            out["name"] = self.name
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        if self.tool_calls:
+            out["tool_calls"] = [dict(c) for c in self.tool_calls]
+        return out
+
+
+def _part_dict(part: ContentPart) -> dict[str, Json]:
+    if isinstance(part, TextPart):
+        return {"type": "text", "text": part.text}
+    if isinstance(part, ImageURLPart):
+        return {"type": "image_url", "image_url": {"url": part.url, "detail": part.detail}}
+    if isinstance(part, InputAudioPart):
+        return {"type": "input_audio", "input_audio": {"data": part.data, "format": part.format}}
+    return {"type": "video_url", "video_url": {"url": part.url}}
+
+
+def _parse_part(value: Json, param: str) -> ContentPart:
+    if not isinstance(value, dict):
+        raise type_error(param, "an object", value)
+    kind = required_str(value, "type", f"{param}.type")
+    if kind == "text":
+        return TextPart(required_str(value, "text", f"{param}.text"))
+    if kind in ("image_url", "video_url"):
+        inner = value.get(kind)
+        if isinstance(inner, str):  # some clients send the URL directly
+            url, detail = inner, None
+        elif isinstance(inner, dict):
+            url = required_str(inner, "url", f"{param}.{kind}.url")
+            detail = opt_str(inner, "detail", f"{param}.{kind}.detail")
+        else:
+            raise type_error(f"{param}.{kind}", "an object", inner)
+        return ImageURLPart(url, detail) if kind == "image_url" else VideoURLPart(url)
+    if kind == "input_audio":
+        inner = value.get("input_audio")
+        if not isinstance(inner, dict):
+            raise type_error(f"{param}.input_audio", "an object", inner)
+        return InputAudioPart(
+            data=required_str(inner, "data", f"{param}.input_audio.data"),
+            format=required_str(inner, "format", f"{param}.input_audio.format"),
+        )
+    raise value_error(
+        f"{param}.type",
+        f"unsupported content part type '{kind}'; "
+        "expected text, image_url, input_audio or video_url.",
+    )
+
+
+def _parse_message(value: Json, param: str) -> ChatMessage:
+    if not isinstance(value, dict):
+        raise type_error(param, "an object", value)
+    role = required_str(value, "role", f"{param}.role")
+    if role not in ROLES:
+        roles = ", ".join(sorted(ROLES))
+        raise value_error(f"{param}.role", f"'{role}'; supported roles are {roles}.")
+    raw = value.get("content")
+    content: str | tuple[ContentPart, ...] | None
+    if raw is None:
+        if role != "assistant":
+            raise missing(f"{param}.content")
+        content = None
+    elif isinstance(raw, str):
+        content = raw
+    elif isinstance(raw, list):
+        if not raw:
+            raise value_error(f"{param}.content", "a content array must not be empty.")
+        content = tuple(_parse_part(p, f"{param}.content[{i}]") for i, p in enumerate(raw))
+        if role != "user" and not all(isinstance(p, TextPart) for p in content):
+            raise value_error(f"{param}.content", f"a {role} message may only contain text parts.")
+    else:
+        raise type_error(f"{param}.content", "a string or an array of content parts", raw)
+    tool_calls = value.get("tool_calls")
+    if tool_calls is not None and (
+        role != "assistant"
+        or not isinstance(tool_calls, list)
+        or not all(isinstance(c, dict) for c in tool_calls)
+    ):
+        expected = "an array of objects on an assistant message"
+        raise type_error(f"{param}.tool_calls", expected, tool_calls)
+    return ChatMessage(
+        role=role,
+        content=content,
+        name=opt_str(value, "name", f"{param}.name"),
+        tool_call_id=opt_str(value, "tool_call_id", f"{param}.tool_call_id"),
+        tool_calls=tuple(tool_calls or ()),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class AudioOutput:
+    voice: str
+    format: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ChatCompletionRequest(GenerationFields):
+    model: str
+    messages: tuple[ChatMessage, ...]
+    logprobs: bool = False
+    top_logprobs: int | None = None
+    modalities: tuple[str, ...] = ("text",)
+    audio: AudioOutput | None = None
+
+    # Names the prompt in context-length errors.
+    prompt_param: ClassVar[str] = "messages"
+
+    @property
+    def num_logprobs(self) -> int | None:
+        """SamplingParams.logprobs: None, or how many alternatives besides the sampled token."""
+        return (self.top_logprobs or 0) if self.logprobs else None
+
+    @property
+    def template_messages(self) -> list[dict[str, Json]]:
+        return [m.to_template_dict() for m in self.messages]
+
+
+def parse_chat_completion_request(body: Body) -> ChatCompletionRequest:
+    model = required_str(body, "model")
+    raw = body.get("messages")
+    if raw is None:
+        raise missing("messages")
+    if not isinstance(raw, list):
+        raise type_error("messages", "an array", raw)
+    if not raw:
+        raise value_error("messages", "must contain at least one message.")
+    messages = tuple(_parse_message(m, f"messages[{i}]") for i, m in enumerate(raw))
+
+    logprobs = bool(opt_bool(body, "logprobs"))
+    top_logprobs = opt_int(body, "top_logprobs", lo=0, hi=MAX_TOP_LOGPROBS)
+    if top_logprobs is not None and not logprobs:
+        raise bad_request("'top_logprobs' requires 'logprobs' to be true.", param="top_logprobs")
+    _check_response_format(body)
+    modalities, audio = _parse_output_modalities(body)
+    return ChatCompletionRequest(
+        model=model,
+        messages=messages,
+        logprobs=logprobs,
+        top_logprobs=top_logprobs,
+        modalities=modalities,
+        audio=audio,
+        **parse_generation_fields(body),
+    )
+
+
+def _check_response_format(body: Body) -> None:
+    fmt = opt_object(body, "response_format")
+    if fmt is not None and fmt.get("type", "text") != "text":
+        raise unsupported("response_format", "only {\"type\": \"text\"} is supported.")
+
+
+def _parse_output_modalities(body: Body) -> tuple[tuple[str, ...], AudioOutput | None]:
+    raw = body.get("modalities")
+    if raw is None:
+        modalities: tuple[str, ...] = ("text",)
+    elif not isinstance(raw, list) or not all(isinstance(m, str) for m in raw):
+        raise type_error("modalities", "an array of strings", raw)
+    elif not raw or not set(raw) <= MODALITIES:
+        supported = ", ".join(sorted(MODALITIES))
+        raise value_error("modalities", f"{raw}; each must be one of {supported}.")
+    else:
+        modalities = tuple(dict.fromkeys(raw))  # de-duplicated, order kept
+    audio_body = opt_object(body, "audio")
+    audio = None
+    if audio_body is not None:
+        audio = AudioOutput(
+            voice=required_str(audio_body, "voice", "audio.voice"),
+            format=required_str(audio_body, "format", "audio.format"),
+        )
+        if audio.format not in AUDIO_FORMATS:
+            supported = ", ".join(sorted(AUDIO_FORMATS))
+            raise value_error("audio.format", f"'{audio.format}'; supported: {supported}.")
+    if "audio" in modalities and audio is None:
+        raise bad_request(
+            "The 'audio' modality requires the 'audio' parameter (voice and format).",
+            param="audio",
+        )
+    return modalities, audio

@@ -1,0 +1,94 @@
+"""The body of POST /v1/completions: one or more prompts, as text or token ids."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar, TypeAlias
+
+from omni.api.schemas.fields import (
+    Body,
+    GenerationFields,
+    Json,
+    missing,
+    opt_bool,
+    opt_int,
+    opt_str,
+    parse_generation_fields,
+    required_str,
+    type_error,
+    unsupported,
+    value_error,
+)
+
+MAX_COMPLETION_LOGPROBS = 5
+
+Prompt: TypeAlias = str | tuple[int, ...]
+
+
+def _parse_prompts(body: Body) -> tuple[Prompt, ...]:
+    if body.get("prompt") is None:
+        raise missing("prompt")
+    raw = body["prompt"]
+    expected = "a string, an array of strings, an array of token ids or an array of token id arrays"
+    if isinstance(raw, str):
+        return (raw,)
+    if not isinstance(raw, list):
+        raise type_error("prompt", expected, raw)
+    if not raw:
+        raise value_error("prompt", "must not be empty.")
+    if all(isinstance(p, str) for p in raw):
+        return tuple(raw)
+    if all(isinstance(t, int) and not isinstance(t, bool) for t in raw):
+        return (_token_ids(raw, "prompt"),)
+    if all(isinstance(p, list) for p in raw):
+        return tuple(_token_ids(p, f"prompt[{i}]") for i, p in enumerate(raw))
+    raise type_error("prompt", expected, raw)
+
+
+def _token_ids(raw: list[Json], param: str) -> tuple[int, ...]:
+    if not raw:
+        raise value_error(param, "a token id array must not be empty.")
+    for t in raw:
+        if isinstance(t, bool) or not isinstance(t, int):
+            raise type_error(param, "an array of integer token ids", raw)
+        if t < 0:
+            raise value_error(param, f"token ids must be non-negative, got {t}.")
+    return tuple(raw)
+
+
+def check_token_ids(token_ids: tuple[int, ...], vocab_size: int, param: str = "prompt") -> None:
+    """Token ids sent by the client must exist in the model's vocabulary."""
+    bad = next((t for t in token_ids if t >= vocab_size), None)
+    if bad is not None:
+        raise value_error(
+            param, f"token id {bad} is out of range for a vocabulary of {vocab_size}."
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CompletionRequest(GenerationFields):
+    model: str
+    # One set of n choices per prompt, in order: choice index = prompt index * n + i.
+    prompts: tuple[Prompt, ...]
+    logprobs: int | None = None
+
+    prompt_param: ClassVar[str] = "prompt"
+
+    @property
+    def num_logprobs(self) -> int | None:
+        return self.logprobs
+
+
+def parse_completion_request(body: Body) -> CompletionRequest:
+    model = required_str(body, "model")
+    prompts = _parse_prompts(body)
+    if opt_bool(body, "echo"):
+        raise unsupported("echo", "the prompt cannot be echoed.")
+    if opt_str(body, "suffix"):
+        raise unsupported("suffix", "insertion is not supported.")
+    return CompletionRequest(
+        model=model,
+        prompts=prompts,
+        logprobs=opt_int(body, "logprobs", lo=0, hi=MAX_COMPLETION_LOGPROBS),
+        **parse_generation_fields(body),
+    )

@@ -1,0 +1,313 @@
+"""What every endpoint's body shares: JSON readers, error helpers, the generation fields,
+and sampling_params, which fits a parsed request to its prompt."""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar, TypeAlias
+
+import orjson
+from aiohttp import web
+
+from omni.api.errors import APIError, bad_request
+from scheduler.request import SamplingParams
+
+MAX_N = 16
+MAX_STOP_STRINGS = 4
+# torch.Generator.manual_seed accepts exactly this range.
+MIN_SEED, MAX_SEED = -(2**63), 2**64 - 1
+
+Json: TypeAlias = Any
+Body: TypeAlias = Mapping[str, Json]
+
+
+async def read_json(request: web.Request) -> dict[str, Json]:
+    """The request body as a JSON object; a body over client_max_size raises 413 (aiohttp)."""
+    raw = await request.read()
+    try:
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError as e:
+        raise bad_request(f"The request body is not valid JSON: {e}") from None
+    if not isinstance(data, dict):
+        raise bad_request("The request body must be a JSON object.")
+    return data
+
+
+# ----------------------------------------------------------------------------- errors
+
+
+def _json_type(value: Json) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int):
+        return "an integer"
+    if isinstance(value, float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "an array"
+    if isinstance(value, dict):
+        return "an object"
+    return type(value).__name__
+
+
+def type_error(param: str, expected: str, value: Json) -> APIError:
+    return bad_request(
+        f"Invalid type for '{param}': expected {expected}, but got {_json_type(value)} instead.",
+        param=param,
+        code="invalid_type",
+    )
+
+
+def value_error(param: str, detail: str) -> APIError:
+    return bad_request(f"Invalid value for '{param}': {detail}", param=param, code="invalid_value")
+
+
+def unsupported(param: str, detail: str) -> APIError:
+    return bad_request(
+        f"'{param}' is not supported: {detail}", param=param, code="unsupported_parameter"
+    )
+
+
+def missing(param: str) -> APIError:
+    return bad_request(
+        f"Missing required parameter: '{param}'.", param=param, code="missing_required_parameter"
+    )
+
+
+# ----------------------------------------------------------------------------- field readers
+
+
+def opt_bool(body: Body, key: str, param: str | None = None) -> bool | None:
+    value = body.get(key)
+    if value is None or isinstance(value, bool):
+        return value
+    raise type_error(param or key, "a boolean", value)
+
+
+def opt_str(body: Body, key: str, param: str | None = None) -> str | None:
+    value = body.get(key)
+    if value is None or isinstance(value, str):
+        return value
+    raise type_error(param or key, "a string", value)
+
+
+def opt_int(body: Body, key: str, *, lo: int | None = None, hi: int | None = None) -> int | None:
+    value = body.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise type_error(key, "an integer", value)
+    if lo is not None and value < lo or hi is not None and value > hi:
+        if hi is None:
+            raise value_error(key, f"must be at least {lo}, got {value}.")
+        if lo is None:
+            raise value_error(key, f"must be at most {hi}, got {value}.")
+        raise value_error(key, f"must be between {lo} and {hi}, got {value}.")
+    return value
+
+
+def opt_number(body: Body, key: str) -> float | None:
+    value = body.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise type_error(key, "a number", value)
+    if not math.isfinite(value):
+        raise value_error(key, "must be a finite number.")
+    return float(value)
+
+
+def required_str(body: Body, key: str, param: str | None = None) -> str:
+    param = param or key
+    if key not in body or body[key] is None:
+        raise missing(param)
+    value = body[key]
+    if not isinstance(value, str):
+        raise type_error(param, "a string", value)
+    return value
+
+
+def opt_object(body: Body, key: str) -> Mapping[str, Json] | None:
+    value = body.get(key)
+    if value is None or isinstance(value, dict):
+        return value
+    raise type_error(key, "an object", value)
+
+
+# ----------------------------------------------------------------------------- shared fields
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GenerationFields(ABC):
+    """The fields both endpoints share, validated but not yet fitted to a prompt."""
+
+    # None: as many as the context allows.
+    max_tokens: int | None = None
+    # The field max_tokens came from, to name it in a context-length error.
+    max_tokens_param: str = "max_tokens"
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int | None = None
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    n: int = 1
+    stream: bool = False
+    include_usage: bool = False
+    # Extensions (as in vLLM).
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+    stop_token_ids: tuple[int, ...] = ()
+
+    # Names the prompt in context-length errors; each endpoint's request sets it.
+    prompt_param: ClassVar[str]
+
+    # Abstract because each endpoint spells logprobs its own way (a flag and a count, or a count).
+    @property
+    @abstractmethod
+    def num_logprobs(self) -> int | None:
+        """SamplingParams.logprobs: None, or how many alternatives besides the sampled token."""
+
+
+def _parse_stop(body: Body) -> tuple[str, ...]:
+    value = body.get("stop")
+    if value is None:
+        return ()
+    stops = [value] if isinstance(value, str) else value
+    if not isinstance(stops, list):
+        raise type_error("stop", "a string or an array of strings", value)
+    if len(stops) > MAX_STOP_STRINGS:
+        raise value_error(
+            "stop", f"at most {MAX_STOP_STRINGS} stop sequences are allowed, got {len(stops)}."
+        )
+    for s in stops:
+        if not isinstance(s, str):
+            raise type_error("stop", "a string or an array of strings", s)
+        if not s:
+            raise value_error("stop", "stop sequences must not be empty.")
+    return tuple(stops)
+
+
+def _parse_stop_token_ids(body: Body) -> tuple[int, ...]:
+    value = body.get("stop_token_ids")
+    if value is None:
+        return ()
+    if not isinstance(value, list) or not all(
+        isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in value
+    ):
+        raise type_error("stop_token_ids", "an array of non-negative integers", value)
+    return tuple(value)
+
+
+def parse_generation_fields(body: Body) -> dict[str, Json]:
+    """GenerationFields' values, as keyword arguments for a request class."""
+    max_tokens_param = (
+        "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+    )
+    max_tokens = opt_int(body, max_tokens_param, lo=1)
+    if max_tokens_param == "max_completion_tokens":
+        opt_int(body, "max_tokens", lo=1)  # still validated; max_completion_tokens wins
+
+    temperature = opt_number(body, "temperature")
+    if temperature is not None and not 0.0 <= temperature <= 2.0:
+        raise value_error("temperature", f"must be between 0 and 2, got {temperature}.")
+    top_p = opt_number(body, "top_p")
+    if top_p is not None and not 0.0 < top_p <= 1.0:
+        raise value_error("top_p", f"must be greater than 0 and at most 1, got {top_p}.")
+    top_k = opt_int(body, "top_k", lo=-1)
+    for key in ("presence_penalty", "frequency_penalty"):
+        penalty = opt_number(body, key)
+        if penalty is not None and not -2.0 <= penalty <= 2.0:
+            raise value_error(key, f"must be between -2 and 2, got {penalty}.")
+        if penalty:
+            raise unsupported(key, "this server only accepts 0.")
+    repetition_penalty = opt_number(body, "repetition_penalty")
+    if repetition_penalty is not None and repetition_penalty != 1.0:
+        raise unsupported("repetition_penalty", "this server only accepts 1.")
+    if opt_object(body, "logit_bias"):
+        raise unsupported("logit_bias", "this server does not apply logit biases.")
+
+    stream = bool(opt_bool(body, "stream"))
+    include_usage = False
+    options = opt_object(body, "stream_options")
+    if options is not None:
+        if not stream:
+            raise bad_request(
+                "'stream_options' is only allowed when 'stream' is true.", param="stream_options"
+            )
+        param = "stream_options.include_usage"
+        include_usage = bool(opt_bool(options, "include_usage", param))
+    n = opt_int(body, "n", lo=1, hi=MAX_N)
+
+    return {
+        "max_tokens": max_tokens,
+        "max_tokens_param": max_tokens_param,
+        "temperature": 1.0 if temperature is None else temperature,
+        "top_p": 1.0 if top_p is None else top_p,
+        "top_k": top_k if top_k is not None and top_k > 0 else None,  # -1 and 0 mean "off"
+        "seed": opt_int(body, "seed", lo=MIN_SEED, hi=MAX_SEED),
+        "stop": _parse_stop(body),
+        "n": 1 if n is None else n,
+        "stream": stream,
+        "include_usage": include_usage,
+        "ignore_eos": bool(opt_bool(body, "ignore_eos")),
+        "skip_special_tokens": opt_bool(body, "skip_special_tokens") is not False,
+        "stop_token_ids": _parse_stop_token_ids(body),
+    }
+
+
+# ----------------------------------------------------------------------------- fitting
+
+
+def sampling_params(
+    request: GenerationFields,
+    *,
+    num_prompt_tokens: int,
+    max_model_len: int,
+    stop_token_ids: tuple[int, ...] = (),
+) -> SamplingParams:
+    """Fit the request to one prompt of num_prompt_tokens tokens.
+
+    The one place a request's sampling fields become the scheduler's SamplingParams.
+
+    positions: 0 ........ num_prompt_tokens ........ max_model_len
+               [ prompt  ][ at most max_model_len - num_prompt_tokens new tokens ]
+    """
+    prompt_param = request.prompt_param
+    if num_prompt_tokens <= 0:
+        raise value_error(prompt_param, "the prompt is empty (it encodes to no tokens).")
+    room = max_model_len - num_prompt_tokens
+    if room <= 0:
+        raise bad_request(
+            f"This model's maximum context length is {max_model_len} tokens. However, your "
+            f"{prompt_param} resulted in {num_prompt_tokens} tokens, which leaves no room for "
+            f"the completion. Please reduce the length of the {prompt_param}.",
+            param=prompt_param,
+            code="context_length_exceeded",
+        )
+    max_tokens = request.max_tokens
+    if max_tokens is not None and max_tokens > room:
+        raise bad_request(
+            f"This model's maximum context length is {max_model_len} tokens. However, you "
+            f"requested {num_prompt_tokens + max_tokens} tokens ({num_prompt_tokens} in "
+            f"the {prompt_param}, {max_tokens} in the completion). Please reduce the "
+            f"length of the {prompt_param} or the completion.",
+            param=request.max_tokens_param,
+            code="context_length_exceeded",
+        )
+    return SamplingParams(
+        max_tokens=room if max_tokens is None else max_tokens,
+        temperature=request.temperature,
+        top_p=request.top_p,
+        top_k=request.top_k,
+        seed=request.seed,
+        logprobs=request.num_logprobs,
+        stop_token_ids=request.stop_token_ids + stop_token_ids,
+        ignore_eos=request.ignore_eos,
+    )
