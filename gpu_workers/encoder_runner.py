@@ -25,8 +25,7 @@ from gpu_workers import protocol
 from gpu_workers.artifacts import embeddings_to_bytes
 from gpu_workers.encoder_components import COMPONENTS, Component
 from gpu_workers.store_client import StoreClient
-from omni.api.errors import APIError
-from omni.media import MediaLimits, decode_audio, decode_image, decode_video
+from omni.media import MediaError, MediaLimits, decode_audio, decode_image, decode_video
 from omni.store.codec import encode_codes
 
 log = logging.getLogger("omni.encoder")
@@ -109,9 +108,9 @@ class EncoderRunner:
         decoded: dict[int, Any] = {}
         for item in usable:
             value = seen[(item.kind, item.fmt, item.data)]
-            if isinstance(value, APIError) and value.param != item.param:
+            if isinstance(value, MediaError) and value.param != item.param:
                 value = self._try_decode(item)  # decoded again so the message names this part
-            if isinstance(value, APIError):
+            if isinstance(value, MediaError):
                 results[item.item_id] = _client_error(item, value.message)
             else:
                 decoded[item.item_id] = value
@@ -120,7 +119,7 @@ class EncoderRunner:
     def _try_decode(self, item: protocol.EncodeItem) -> Any:
         try:
             return self._decode(item)
-        except APIError as e:
+        except MediaError as e:
             return e
 
     def _decode(self, item: protocol.EncodeItem) -> Any:

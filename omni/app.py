@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
-from omni.api import chat, completions, system
+from omni.api import artifacts, chat, completions, system
 from omni.api.errors import error_middleware, unauthorized
 from omni.config import EngineConfig, ServerConfig
 from omni.encoder_engine import EncoderEngine
@@ -23,7 +23,6 @@ from omni.metrics import Metrics
 from omni.served_model import ModelRegistry, ServedModel
 from omni.state import CONFIG, METRICS, MODELS, STORE
 from omni.store.base import ArtifactStore
-from omni.store.local import ARTIFACT_ROUTE, LocalStore, artifact_route
 from omni.store.spec import StoreSpec
 from omni.tokenizer import TextTokenizer
 
@@ -33,7 +32,7 @@ log = logging.getLogger("omni.app")
 STARTUP = web.AppKey("startup", asyncio.Task)
 
 _OPEN_PATHS = frozenset({"/health", "/ready", "/metrics"})
-_OPEN_PREFIXES = ("/v1/artifacts/",)
+_OPEN_PREFIXES = (artifacts.ARTIFACT_PATH,)
 
 
 def _auth_middleware(api_key: str) -> Middleware:
@@ -141,13 +140,6 @@ def create_app(config: ServerConfig) -> web.Application:
     app.router.add_get("/ready", system.health)
     app.router.add_get("/metrics", system.metrics)
     # Signed URLs of the local store; the signature is the authorization (no bearer key).
-    app.router.add_get(ARTIFACT_ROUTE, _serve_artifact)
+    app.router.add_get(artifacts.ARTIFACT_ROUTE, artifacts.get_artifact)
     return app
 
-
-
-async def _serve_artifact(request: web.Request) -> web.StreamResponse:
-    store = request.app[STORE]
-    if not isinstance(store, LocalStore):  # S3 hands out presigned URLs of its own
-        raise web.HTTPNotFound()
-    return await artifact_route(store)(request)

@@ -1,7 +1,7 @@
 """OpenAI-style errors: {"error": {"message", "type", "param", "code"}} with the right status.
 
-Handlers raise APIError (usually through the helpers below); error_middleware turns it, any
-aiohttp HTTP error (unknown route, wrong method, body too large) and any unexpected exception
+Handlers raise APIError (usually through the helpers below); error_middleware turns it, the
+media layer's MediaError (a 400 naming the part), any aiohttp HTTP error (unknown route, wrong method, body too large) and any unexpected exception
 into that JSON shape, so a client never sees an HTML error page.
 """
 
@@ -14,6 +14,8 @@ from typing import Any
 import orjson
 from aiohttp import web
 from aiohttp.typedefs import Handler
+
+from omni.media.errors import MediaError
 
 logger = logging.getLogger(__name__)
 
@@ -119,6 +121,8 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         return await handler(request)
     except APIError as e:
         return e.to_response()
+    except MediaError as e:  # the media layer knows nothing of HTTP: its errors are the client's
+        return bad_request(e.message, param=e.param).to_response()
     except web.HTTPException as e:
         if e.status < 400:
             raise  # redirects and other non-errors pass through unchanged

@@ -1,21 +1,31 @@
 """Decoding of request media (images, audio, video) into plain arrays, bounded by MediaLimits.
 
-Runs in the server process, so nothing here may import torch: a runner turns these arrays
-into tensors.
+A shared layer: the server uses it to load and check media, the encoder worker to decode it.
+It imports neither torch nor the HTTP API (a test enforces both): errors are MediaError, which
+the API turns into a 400 naming the part. Fetching media by URL (source.py, aiohttp's client)
+is the server's alone and is imported from omni.media.source, so a worker never loads aiohttp.
 """
 
 from omni.media.audio import decode_audio
+from omni.media.errors import MediaError
 from omni.media.image import decode_image
 from omni.media.limits import MediaLimits
-from omni.media.source import decode_base64, load_media_bytes
 from omni.media.video import decode_video, is_video
 
 __all__ = [
+    "MediaError",
     "MediaLimits",
     "decode_audio",
-    "decode_base64",
     "decode_image",
     "decode_video",
     "is_video",
-    "load_media_bytes",
 ]
+
+
+def __getattr__(name: str) -> object:
+    # Transitional: the loaders live in omni.media.source, imported on first use only.
+    if name in ("decode_base64", "load_media_bytes"):
+        from omni.media import source
+
+        return getattr(source, name)
+    raise AttributeError(name)

@@ -6,7 +6,7 @@ import av
 import numpy as np
 import numpy.typing as npt
 
-from omni.api.errors import APIError, bad_request
+from omni.media.errors import MediaError
 from omni.media.limits import MediaLimits
 
 SAMPLE_RATE = 16_000
@@ -20,22 +20,22 @@ def decode_audio(
 ) -> npt.NDArray[np.float32]:
     """Mono float32 samples in [-1, 1] at 16 kHz."""
     if fmt is not None and fmt.lower() not in AUDIO_FORMATS:
-        raise bad_request(
+        raise MediaError(
             f"Unsupported audio format {fmt!r} in {param}; expected one of "
             f"{', '.join(sorted(AUDIO_FORMATS))}.",
             param=param,
         )
     if len(data) > limits.max_bytes:
-        raise bad_request(
+        raise MediaError(
             f"Audio in {param} is larger than {limits.max_bytes} bytes (max_bytes).", param=param
         )
     try:
         return _decode(data, limits, param)
-    except APIError:
+    except MediaError:
         raise
     except Exception:
         # FFmpegError subclasses, or IndexError/ValueError from a container with no audio.
-        raise bad_request(f"could not decode audio in {param}", param=param) from None
+        raise MediaError(f"could not decode audio in {param}", param=param) from None
 
 
 def _decode(data: bytes, limits: MediaLimits, param: str) -> npt.NDArray[np.float32]:
@@ -62,15 +62,15 @@ def _decode(data: bytes, limits: MediaLimits, param: str) -> npt.NDArray[np.floa
         for out in resampler.resample(None):  # flush the resampler's delay line
             chunks.append(out.to_ndarray().mean(axis=0))
     if not chunks:
-        raise bad_request(f"could not decode audio in {param}: no samples", param=param)
+        raise MediaError(f"could not decode audio in {param}: no samples", param=param)
     samples = np.concatenate(chunks).astype(np.float32, copy=False)
     if samples.shape[0] > max_samples:
         raise _too_long(limits, param)
     return samples
 
 
-def _too_long(limits: MediaLimits, param: str) -> APIError:
-    return bad_request(
+def _too_long(limits: MediaLimits, param: str) -> MediaError:
+    return MediaError(
         f"Audio in {param} is longer than {limits.max_audio_seconds} s (max_audio_seconds).",
         param=param,
     )

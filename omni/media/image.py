@@ -5,13 +5,13 @@ import warnings
 
 from PIL import Image
 
-from omni.api.errors import APIError, bad_request
+from omni.media.errors import MediaError
 from omni.media.limits import MediaLimits
 
 
 def decode_image(data: bytes, limits: MediaLimits, param: str) -> Image.Image:
     if len(data) > limits.max_bytes:
-        raise bad_request(
+        raise MediaError(
             f"Image in {param} is larger than {limits.max_bytes} bytes (max_bytes).", param=param
         )
     try:
@@ -22,14 +22,14 @@ def decode_image(data: bytes, limits: MediaLimits, param: str) -> Image.Image:
             image = Image.open(io.BytesIO(data))
             width, height = image.size  # from the header: nothing decoded yet
             if width * height > limits.max_image_pixels:
-                raise bad_request(_too_many_pixels(width, height, limits, param), param=param)
+                raise MediaError(_too_many_pixels(width, height, limits, param), param=param)
             image.seek(0)  # animated images (GIF, APNG, WebP): the first frame
             image.load()
             return image.convert("RGB")
-    except APIError:
+    except MediaError:
         raise
     except Image.DecompressionBombError:
-        raise bad_request(
+        raise MediaError(
             f"Image in {param} has too many pixels (max_image_pixels is "
             f"{limits.max_image_pixels}).",
             param=param,
@@ -37,7 +37,7 @@ def decode_image(data: bytes, limits: MediaLimits, param: str) -> Image.Image:
     except Exception:
         # Pillow's plugins raise many types on bad input (OSError, SyntaxError, struct.error,
         # IndexError, ...): all of them mean the client sent something that is not an image.
-        raise bad_request(f"could not decode image in {param}", param=param) from None
+        raise MediaError(f"could not decode image in {param}", param=param) from None
 
 
 def _too_many_pixels(width: int, height: int, limits: MediaLimits, param: str) -> str:

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from omni.api.errors import bad_request
+from omni.media.errors import MediaError
 
 _MIB = 1024 * 1024
 
@@ -20,7 +20,7 @@ class MediaLimits:
 
     def check_num_items(self, num_items: int, param: str) -> None:
         if num_items > self.max_items_per_request:
-            raise bad_request(
+            raise MediaError(
                 f"{num_items} media items in one request; at most "
                 f"{self.max_items_per_request} are allowed (max_items_per_request).",
                 param=param,

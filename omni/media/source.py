@@ -19,7 +19,7 @@ from aiohttp.abc import ResolveResult
 from aiohttp.resolver import ThreadedResolver
 from yarl import URL
 
-from omni.api.errors import APIError, bad_request
+from omni.media.errors import MediaError
 from omni.media.limits import MediaLimits
 
 _MAX_REDIRECTS = 5
@@ -47,7 +47,7 @@ def is_public_address(ip: IPAddress) -> bool:
 def _check_address(address: str, url: str, param: str) -> None:
     ip = ipaddress.ip_address(address.split("%", 1)[0])  # drop an IPv6 zone id
     if not is_public_address(ip):
-        raise bad_request(
+        raise MediaError(
             f"Refusing to fetch {url}: it resolves to the non-public address {ip}.", param=param
         )
 
@@ -74,7 +74,7 @@ def decode_base64(data: str, limits: MediaLimits, param: str) -> bytes:
     try:
         raw = base64.b64decode(data, validate=True)
     except (binascii.Error, ValueError):
-        raise bad_request(f"Invalid base64 data in {param}.", param=param) from None
+        raise MediaError(f"Invalid base64 data in {param}.", param=param) from None
     if len(raw) > limits.max_bytes:
         raise _too_large(limits, param)
     return raw
@@ -85,15 +85,15 @@ def _parse_data_url(url: str, limits: MediaLimits, param: str) -> bytes:
     header, sep, payload = url[len("data:") :].partition(",")
     parts = header.split(";")
     if not sep or "/" not in parts[0] or parts[-1].strip().lower() != "base64":
-        raise bad_request(
+        raise MediaError(
             f"Malformed data URL in {param}: expected data:<mime type>;base64,<data>.",
             param=param,
         )
     return decode_base64(payload.strip(), limits, param)
 
 
-def _too_large(limits: MediaLimits, param: str) -> APIError:
-    return bad_request(
+def _too_large(limits: MediaLimits, param: str) -> MediaError:
+    return MediaError(
         f"Media in {param} is larger than the limit of {limits.max_bytes} bytes (max_bytes).",
         param=param,
     )
@@ -104,13 +104,13 @@ async def load_media_bytes(url: str, limits: MediaLimits, param: str) -> bytes:
         return _parse_data_url(url, limits, param)
     scheme = url.partition(":")[0].lower()
     if scheme not in ("http", "https"):
-        raise bad_request(
+        raise MediaError(
             f"Unsupported media URL in {param}: use a data: URL"
             + (" or an http(s) URL." if limits.allow_remote else "."),
             param=param,
         )
     if not limits.allow_remote:
-        raise bad_request(
+        raise MediaError(
             f"Remote media URLs are disabled ({param}); send a data: URL, or start the "
             "server with --allow-remote-media.",
             param=param,
@@ -120,7 +120,7 @@ async def load_media_bytes(url: str, limits: MediaLimits, param: str) -> bytes:
             _fetch(url, limits, param), timeout=limits.remote_fetch_timeout_s
         )
     except asyncio.TimeoutError:
-        raise bad_request(
+        raise MediaError(
             f"Fetching {url} for {param} took longer than {limits.remote_fetch_timeout_s} s.",
             param=param,
         ) from None
@@ -130,9 +130,9 @@ def _check_url(url: str, param: str) -> URL:
     try:
         parsed = URL(url)
     except ValueError:
-        raise bad_request(f"Invalid media URL in {param}.", param=param) from None
+        raise MediaError(f"Invalid media URL in {param}.", param=param) from None
     if parsed.scheme not in ("http", "https") or not parsed.host:
-        raise bad_request(f"Invalid media URL in {param}.", param=param)
+        raise MediaError(f"Invalid media URL in {param}.", param=param)
     try:
         literal = ipaddress.ip_address(parsed.host)
     except ValueError:
@@ -153,14 +153,14 @@ async def _fetch(url: str, limits: MediaLimits, param: str) -> bytes:
                         target = _check_url(str(target.join(URL(resp.headers["Location"]))), param)
                         continue
                     if resp.status != 200:
-                        raise bad_request(
+                        raise MediaError(
                             f"Fetching {url} for {param} returned HTTP {resp.status}.",
                             param=param,
                         )
                     return await _read_capped(resp, limits, param)
             except aiohttp.ClientError as e:
-                raise bad_request(f"Could not fetch {url} for {param}: {e}", param=param) from None
-    raise bad_request(f"Too many redirects fetching {url} for {param}.", param=param)
+                raise MediaError(f"Could not fetch {url} for {param}: {e}", param=param) from None
+    raise MediaError(f"Too many redirects fetching {url} for {param}.", param=param)
 
 
 async def _read_capped(resp: aiohttp.ClientResponse, limits: MediaLimits, param: str) -> bytes:

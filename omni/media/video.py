@@ -14,7 +14,7 @@ import av
 import numpy as np
 import numpy.typing as npt
 
-from omni.api.errors import APIError, bad_request
+from omni.media.errors import MediaError
 from omni.media.limits import MediaLimits
 
 Frame = npt.NDArray[np.uint8]  # (H, W, 3) RGB
@@ -40,18 +40,18 @@ def decode_video(
 ) -> tuple[list[Frame], list[float]]:
     """Sampled RGB frames and their times in seconds from the first frame."""
     if len(data) > limits.max_bytes:
-        raise bad_request(
+        raise MediaError(
             f"Video in {param} is larger than {limits.max_bytes} bytes (max_bytes).", param=param
         )
     try:
         frames, times = _decode(data, limits, param)
-    except APIError:
+    except MediaError:
         raise
     except Exception:
         # FFmpegError subclasses, or IndexError/ValueError from a container with no video.
-        raise bad_request(f"could not decode video in {param}", param=param) from None
+        raise MediaError(f"could not decode video in {param}", param=param) from None
     if not frames:
-        raise bad_request(f"could not decode video in {param}: no frames", param=param)
+        raise MediaError(f"could not decode video in {param}: no frames", param=param)
     return frames, times
 
 
@@ -61,7 +61,7 @@ def _decode(data: bytes, limits: MediaLimits, param: str) -> tuple[list[Frame], 
     with av.open(io.BytesIO(data), mode="r") as container:
         stream = container.streams.video[0]
         if stream.width * stream.height > limits.max_image_pixels:
-            raise bad_request(
+            raise MediaError(
                 f"Video in {param} is {stream.width}x{stream.height}, over the limit of "
                 f"{limits.max_image_pixels} pixels per frame (max_image_pixels).",
                 param=param,
@@ -83,7 +83,7 @@ def _decode(data: bytes, limits: MediaLimits, param: str) -> tuple[list[Frame], 
             if t + 1e-6 < next_time:
                 continue
             if frame.width * frame.height > limits.max_image_pixels:
-                raise bad_request(
+                raise MediaError(
                     f"Video in {param} has a frame over max_image_pixels.", param=param
                 )
             frames.append(cast(Frame, frame.to_ndarray(format="rgb24")))

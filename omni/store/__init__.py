@@ -1,4 +1,8 @@
-"""The artifact store (data plane): encoder outputs and generated media, on disk or in S3."""
+"""The artifact store (data plane): encoder outputs and generated media, on disk or in S3.
+
+A shared layer: the server and the workers both use it; it imports neither torch nor aiohttp's
+web layer. S3Store (aiobotocore) is imported only when an s3:// store is opened or named.
+"""
 
 from omni.store.base import (
     ArtifactStore,
@@ -9,17 +13,13 @@ from omni.store.base import (
     validate_key,
 )
 from omni.store.keys import encoder_key, output_key
-from omni.store.local import ARTIFACT_ROUTE, LocalStore, artifact_route
-from omni.store.s3 import S3Store
+from omni.store.local import LocalStore
 
 __all__ = [
-    "ARTIFACT_ROUTE",
     "ArtifactStore",
     "KeyNotFound",
     "LocalStore",
-    "S3Store",
     "StoreError",
-    "artifact_route",
     "encoder_key",
     "output_key",
     "store_backends",

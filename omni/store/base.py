@@ -6,6 +6,7 @@ worker pipes; see "Data plane: the artifact store" in docs/ARCHITECTURE.md.
 
 from __future__ import annotations
 
+import importlib
 import re
 from abc import ABC, abstractmethod
 from types import TracebackType
@@ -114,18 +115,24 @@ class ArtifactStore(ABC):
         await self.close()
 
 
-def store_backends() -> dict[str, type[ArtifactStore]]:
-    # Importing the package registers every backend (omni/store/__init__.py).
-    import omni.store  # noqa: F401
+# Where each backend is defined. A backend's module is imported only when that backend is
+# used, so a process on the local store never loads aiobotocore (nor aiohttp with it).
+_BACKEND_MODULES = {"local": "omni.store.local", "s3": "omni.store.s3"}
 
+
+def store_backends() -> dict[str, type[ArtifactStore]]:
+    """Every backend, importing each (for listings and tests; serving uses store_class)."""
+    for backend in _BACKEND_MODULES:
+        store_class(backend)
     return dict(ArtifactStore._registry)
 
 
 def store_class(backend: str) -> type[ArtifactStore]:
-    backends = store_backends()
-    try:
-        return backends[backend]
-    except KeyError:
+    module = _BACKEND_MODULES.get(backend)
+    if module is None:
         raise ValueError(
-            f"unknown store backend {backend!r}; known: {', '.join(sorted(backends))}"
-        ) from None
+            f"unknown store backend {backend!r}; known: {', '.join(sorted(_BACKEND_MODULES))}"
+        )
+    if backend not in ArtifactStore._registry:
+        importlib.import_module(module)  # defining the class registers it
+    return ArtifactStore._registry[backend]

@@ -1,23 +1,20 @@
-"""LocalStore: artifacts as files under a directory, served by omni-serve at signed URLs."""
+"""LocalStore: artifacts as files under a directory, served by omni-serve at signed URLs
+(the route that serves them is the API's: omni/api/artifacts.py)."""
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
 import hmac
-import mimetypes
 import os
 import tempfile
 import time
 from pathlib import Path
 
-from aiohttp import web
-from aiohttp.typedefs import Handler
-
-from omni.api.errors import APIError, not_found
 from omni.store.base import ArtifactStore, KeyNotFound, StoreError, validate_key
 
-ARTIFACT_ROUTE = "/v1/artifacts/{key:.+}"
+# Where omni-serve serves signed artifact URLs (omni/api/artifacts.py routes it).
+ARTIFACT_PATH = "/v1/artifacts/"
 _TMP_PREFIX = ".tmp-"  # keys cannot start a segment with ".", so temp names never clash
 
 
@@ -99,7 +96,7 @@ class LocalStore(ArtifactStore, backend="local"):
         validate_key(key)
         expires = int(time.time()) + expires_s
         # The key charset is URL-safe, so it needs no quoting.
-        return f"{self.url_base}/v1/artifacts/{key}?expires={expires}&sig={self.sign(key, expires)}"
+        return f"{self.url_base}{ARTIFACT_PATH}{key}?expires={expires}&sig={self.sign(key, expires)}"
 
     def sign(self, key: str, expires: int) -> str:
         # "\n" separates the fields: a key never contains one, so ("a1", 23) != ("a", 123).
@@ -112,39 +109,3 @@ class LocalStore(ArtifactStore, backend="local"):
         # Bytes, not str: compare_digest raises on non-ASCII str, and sig comes from a client.
         expected = self.sign(key, expires).encode()
         return hmac.compare_digest(expected, sig.encode("utf-8", "replace"))
-
-
-def _forbidden(message: str) -> web.Response:
-    return APIError(403, message, code="invalid_signature").to_response()
-
-
-def artifact_route(store: LocalStore) -> Handler:
-    """The GET handler for ARTIFACT_ROUTE: checks the signed URL, then serves the bytes."""
-
-    async def get_artifact(request: web.Request) -> web.StreamResponse:
-        key = request.match_info["key"]
-        try:
-            expires = int(request.query["expires"])
-            sig = request.query["sig"]
-        except (KeyError, ValueError):
-            return _forbidden("Artifact URL is missing a valid `expires` or `sig` parameter.")
-        if not store.verify(key, expires, sig):
-            return _forbidden("Artifact URL signature is invalid or has expired.")
-        try:
-            data = await store.get(key)
-        except (KeyNotFound, ValueError):
-            return not_found(f"Artifact `{key}` does not exist.", code="not_found").to_response()
-        except StoreError:
-            return APIError(500, "The artifact could not be read.").to_response()
-        content_type = mimetypes.guess_type(key)[0] or "application/octet-stream"
-        max_age = max(0, expires - int(time.time()))
-        return web.Response(
-            body=data,
-            content_type=content_type,
-            headers={
-                "Cache-Control": f"private, max-age={max_age}",
-                "X-Content-Type-Options": "nosniff",
-            },
-        )
-
-    return get_artifact

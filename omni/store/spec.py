@@ -8,9 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlparse
 
-from omni.store.base import ArtifactStore
-from omni.store.local import LocalStore
-from omni.store.s3 import S3Store
+from omni.store.base import ArtifactStore, store_class
 
 
 def default_store_dir() -> Path:
@@ -50,6 +48,7 @@ class StoreSpec:
     ) -> ArtifactStore:
         """The store, not yet started. A local store without a secret gets a random one, so
         its signed URLs stop working when the process restarts."""
+        cls = store_class(self.backend)  # imports the S3 client only for an s3:// store
         if self.backend == "local":
-            return LocalStore(Path(self.location), url_base, secret or secrets.token_bytes(32))
-        return S3Store(self.location, self.prefix, endpoint_url=endpoint_url, region=region)
+            return cls(Path(self.location), url_base, secret or secrets.token_bytes(32))  # type: ignore[call-arg]
+        return cls(self.location, self.prefix, endpoint_url=endpoint_url, region=region)  # type: ignore[call-arg]

@@ -4,6 +4,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from omni.api import errors
 from omni.api.errors import APIError, error_middleware
 from omni.api.schemas import read_json
+from omni.media.errors import MediaError
 
 
 async def _raise_api_error(request: web.Request) -> web.Response:
@@ -22,6 +23,10 @@ async def _unavailable(request: web.Request) -> web.Response:
     raise errors.service_unavailable("The server is starting.", retry_after_s=5)
 
 
+async def _bad_media(request: web.Request) -> web.Response:
+    raise MediaError("could not decode image in messages[0].content[1]", param="messages[0].content[1]")
+
+
 async def _redirect(request: web.Request) -> web.Response:
     raise web.HTTPFound("/elsewhere")
 
@@ -33,6 +38,7 @@ def make_app() -> web.Application:
     app.router.add_post("/echo", _echo)
     app.router.add_get("/unavailable", _unavailable)
     app.router.add_get("/redirect", _redirect)
+    app.router.add_get("/media", _bad_media)
     return app
 
 
@@ -119,3 +125,17 @@ async def test_middleware() -> None:
         r = await client.get("/redirect", allow_redirects=False)
         assert r.status == 302
         assert r.headers["Location"] == "/elsewhere"
+
+
+async def test_media_error_is_a_400_naming_the_part() -> None:
+    async with TestClient(TestServer(make_app())) as client:
+        r = await client.get("/media")
+        assert r.status == 400
+        assert await r.json() == {
+            "error": {
+                "message": "could not decode image in messages[0].content[1]",
+                "type": "invalid_request_error",
+                "param": "messages[0].content[1]",
+                "code": None,
+            }
+        }

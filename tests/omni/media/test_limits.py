@@ -2,7 +2,7 @@ import dataclasses
 
 import pytest
 
-from omni.api.errors import APIError
+from omni.media.errors import MediaError
 from omni.media.limits import MediaLimits
 
 
@@ -26,7 +26,7 @@ def test_frozen() -> None:
 def test_max_items_per_request() -> None:
     limits = MediaLimits(max_items_per_request=2)
     limits.check_num_items(2, "messages")
-    with pytest.raises(APIError) as e:
+    with pytest.raises(MediaError) as e:
         limits.check_num_items(3, "messages")
-    assert (e.value.status, e.value.param) == (400, "messages")
+    assert e.value.param == "messages"
     assert "max_items_per_request" in e.value.message

@@ -5,7 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from omni.store import ArtifactStore, LocalStore, S3Store
+from omni.store import ArtifactStore, LocalStore
+from omni.store.s3 import S3Store
 
 BUCKET = "omni-test"
 AWS_TEST_ENV = {

@@ -8,7 +8,8 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-from omni.store import ARTIFACT_ROUTE, LocalStore, StoreError, artifact_route
+from omni.api.artifacts import ARTIFACT_ROUTE, serve_artifact
+from omni.store import LocalStore, StoreError
 from omni.store import local as local_module
 
 
@@ -86,8 +87,11 @@ async def test_signed_url_rejects_tampering_and_expiry(local_store: LocalStore) 
 
 @pytest.fixture
 async def client(local_store: LocalStore):  # type: ignore[no-untyped-def]
+    async def get(request: web.Request) -> web.StreamResponse:
+        return await serve_artifact(local_store, request)
+
     app = web.Application()
-    app.router.add_get(ARTIFACT_ROUTE, artifact_route(local_store))
+    app.router.add_get(ARTIFACT_ROUTE, get)
     async with TestClient(TestServer(app)) as c:
         yield c
 

@@ -4,7 +4,8 @@ import time
 import aiohttp
 import pytest
 
-from omni.store import KeyNotFound, S3Store, StoreError
+from omni.store import KeyNotFound, StoreError
+from omni.store.s3 import S3Store
 from tests.omni.store.conftest import BUCKET, make_s3_store
 
 
