@@ -15,6 +15,7 @@ from omni.api.schemas import (
     parse_completion_request,
     sampling_params,
 )
+from omni.api.schemas.chat import AudioOutput
 from scheduler.request import SamplingParams
 
 USER = [{"role": "user", "content": "hi"}]
@@ -68,7 +69,7 @@ def test_chat_all_fields() -> None:
             presence_penalty=0,
             frequency_penalty=0.0,
             ignore_eos=True,
-            modalities=["text", "audio"],
+            modalities=["text", "text"],
             audio={"voice": "alloy", "format": "wav"},
         )
     )
@@ -89,8 +90,8 @@ def test_chat_all_fields() -> None:
         logprobs=True,
         top_logprobs=3,
         ignore_eos=True,
-        modalities=("text", "audio"),
-        audio=r.audio,
+        modalities=("text",),
+        audio=AudioOutput(voice="alloy", format="wav"),
     )
     assert r.num_logprobs == 3
     assert r.messages[1].content == (
@@ -105,8 +106,6 @@ def test_chat_all_fields() -> None:
         "tool_calls": [{"id": "c1"}],
     }
     assert r.messages[3].to_template_dict() == {"role": "tool", "content": "42", "tool_call_id": "c1"}
-    assert r.modalities == ("text", "audio")
-    assert r.audio is not None and r.audio.voice == "alloy"
 
 
 def test_chat_logprobs_without_top() -> None:
@@ -186,7 +185,7 @@ CHAT_ERRORS: list[tuple[dict[str, Any], str]] = [
     (chat(response_format={"type": "json_object"}), "response_format"),
     (chat(modalities=["text", "smell"]), "modalities"),
     (chat(modalities="text"), "modalities"),
-    (chat(modalities=["audio"]), "audio"),
+    (chat(modalities=["audio"]), "modalities"),
     (chat(modalities=["audio"], audio={"voice": "a", "format": "ogg"}), "audio.format"),
     (chat(audio={"format": "wav"}), "audio.voice"),
     (chat(ignore_eos="no"), "ignore_eos"),
@@ -201,6 +200,35 @@ def test_chat_errors(body: dict[str, Any], param: str) -> None:
     assert info.value.type == "invalid_request_error"
     assert info.value.param == param
     assert param in info.value.message
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        chat(modalities=["text", "audio"], audio={"voice": "alloy", "format": "wav"}),
+        chat(modalities=["audio"], audio={"voice": "alloy", "format": "mp3"}),
+        chat(modalities=["audio", "text"]),
+    ],
+)
+def test_audio_output_is_refused_until_it_exists(body: dict[str, Any]) -> None:
+    with pytest.raises(APIError) as info:
+        parse_chat_completion_request(body)
+    assert (info.value.status, info.value.type, info.value.param, info.value.code) == (
+        400, "invalid_request_error", "modalities", "unsupported_parameter"
+    )
+    assert info.value.message == (
+        "'modalities' is not supported: audio output is not available yet; ask for [\"text\"]."
+    )
+
+
+def test_audio_object_is_validated_before_the_modality_is_refused() -> None:
+    with pytest.raises(APIError) as info:
+        parse_chat_completion_request(
+            chat(modalities=["text", "audio"], audio={"voice": "alloy", "format": "ogg"})
+        )
+    assert (info.value.status, info.value.param, info.value.code) == (
+        400, "audio.format", "invalid_value"
+    )
 
 
 def test_type_error_message() -> None:
