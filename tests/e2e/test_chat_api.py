@@ -35,7 +35,9 @@ def test_openai_client_chat_and_stream_agree(server: str) -> None:
     )
     assert full.object == "chat.completion"
     assert full.choices[0].message.role == "assistant"
-    assert full.usage.completion_tokens == 24 or full.choices[0].finish_reason == "stop"
+    # Greedy on the fixed tiny checkpoint: it runs to max_tokens, never reaching an EOS.
+    assert full.usage.completion_tokens == 24
+    assert full.choices[0].finish_reason == "length"
     chunks = list(
         client.chat.completions.create(
             model=MODEL,
@@ -54,9 +56,8 @@ def test_openai_client_chat_and_stream_agree(server: str) -> None:
     assert finish == [full.choices[0].finish_reason]
 
 
-def test_streamed_deltas_equal_full_decode(server: str, tiny_model_dir) -> None:
-    """Exact incremental detokenization: with logprobs we learn the token ids' texts too."""
-    tok = TextTokenizer.from_dir(tiny_model_dir)
+def test_streamed_deltas_equal_full_decode(server: str) -> None:
+    """Streamed deltas join to exactly the non-streamed text, partial characters included."""
     body = {
         "model": MODEL,
         "messages": [{"role": "user", "content": "Write café 東京 😀 please"}],
@@ -72,7 +73,10 @@ def test_streamed_deltas_equal_full_decode(server: str, tiny_model_dir) -> None:
     streamed = "".join(deltas)
     full = post(server, "/v1/chat/completions", {**body, "stream": False}).json()
     assert streamed == full["choices"][0]["message"]["content"]
-    assert "\ufffd" not in streamed or "\ufffd" in tok.decode(tok.encode(streamed))
+    # Seed 7 makes the tiny model emit tokens that are parts of UTF-8 characters, so the
+    # deltas above had to hold back and complete characters (and keep stray bytes as U+FFFD,
+    # as the full decode does; tests/omni/test_detokenizer.py checks that byte for byte).
+    assert "\ufffd" in streamed
 
 
 def test_seeded_sampling_repeats(server: str) -> None:
@@ -95,9 +99,11 @@ def test_n_choices_and_logprobs(server: str) -> None:
     }
     out = post(server, "/v1/chat/completions", body).json()
     assert [c["index"] for c in out["choices"]] == [0, 1, 2]
+    # Seeded: every choice runs to max_tokens.
+    assert [c["finish_reason"] for c in out["choices"]] == ["length"] * 3
     for choice in out["choices"]:
         entries = choice["logprobs"]["content"]
-        assert len(entries) >= 1
+        assert len(entries) == 8
         for e in entries:
             assert e["logprob"] <= 0.0
             assert len(e["top_logprobs"]) == 2
@@ -127,19 +133,19 @@ def test_stop_string_is_never_emitted(server: str) -> None:
     assert len(full) >= 6
     stop = full[3:5]
     cut = full[: full.index(stop)]
-    for stream in (False, True):
-        body = {**base, "stop": [stop], "stream": stream}
-        if not stream:
-            out = post(server, "/v1/chat/completions", body).json()["choices"][0]
-            assert out["message"]["content"] == cut
-            assert out["finish_reason"] == "stop"
-        else:
-            with httpx.stream("POST", f"{server}/v1/chat/completions", json=body, timeout=60) as r:
-                events = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
-            chunks = [json.loads(e) for e in events[:-1]]
-            text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks)
-            assert text == cut
-            assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
+    body = {**base, "stop": [stop]}
+    out = post(server, "/v1/chat/completions", body).json()["choices"][0]
+    assert out["message"]["content"] == cut
+    assert out["finish_reason"] == "stop"
+    with httpx.stream(
+        "POST", f"{server}/v1/chat/completions", json={**body, "stream": True}, timeout=60
+    ) as r:
+        events = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks)
+    assert text == cut
+    assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
 
 
 def test_completions_endpoint(server: str, tiny_model_dir) -> None:
@@ -172,7 +178,8 @@ def test_prefix_cache_reports_cached_tokens_and_skips_compute(server: str, tiny_
     out = post(server, "/v1/chat/completions", {**body, "messages": second}).json()
     after = read_metric(server, "omni_computed_tokens_total")
     cached = out["usage"]["prompt_tokens_details"]["cached_tokens"]
-    assert cached >= shared // BLOCK_SIZE * BLOCK_SIZE
+    # Only whole blocks are cached: those wholly inside the shared prefix.
+    assert cached == shared // BLOCK_SIZE * BLOCK_SIZE
     # max_tokens=1: the only steps were the prefill, which computed just the uncached rest.
     assert after - before == len(ids_b) - cached
 
@@ -239,6 +246,8 @@ async def test_disconnect_mid_stream_frees_blocks(server: str) -> None:
         "seed": 1,
         "stream": True,
     }
+    # The server is shared by the whole run: count this test's abort as a delta.
+    aborts = read_metric(server, "omni_requests_total", finish_reason="abort")
     async with httpx.AsyncClient(timeout=60) as client:
         async with client.stream("POST", f"{server}/v1/chat/completions", json=body) as r:
             seen = 0
@@ -258,4 +267,4 @@ async def test_disconnect_mid_stream_frees_blocks(server: str) -> None:
         await asyncio.sleep(0.1)
     assert read_metric(server, "omni_requests_running") == 0
     assert read_metric(server, "omni_kv_cache_usage_ratio") == 0
-    assert read_metric(server, "omni_requests_total", finish_reason="abort") >= 1
+    assert read_metric(server, "omni_requests_total", finish_reason="abort") == aborts + 1
