@@ -11,6 +11,15 @@ from gpu_workers.tiny_checkpoints import make_tiny_checkpoint
 from tests.e2e.server import running_server
 
 BLOCK_SIZE = 4
+E2E_DIR = Path(__file__).resolve().parent
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test here starts the real server: all are slow; -m "not slow" is the unit suite."""
+    for item in items:
+        if item.path.is_relative_to(E2E_DIR):
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture(scope="session")
