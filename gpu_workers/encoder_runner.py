@@ -21,17 +21,23 @@ from typing import Any
 
 import torch
 
-from gpu_workers import protocol
 from gpu_workers.artifacts import embeddings_to_bytes
+from gpu_workers.distributed import GroupMember
 from gpu_workers.encoder_components import COMPONENTS, Component
+from gpu_workers.runner import Runner, register_runner
 from gpu_workers.store_client import StoreClient
+from omni import protocol
 from omni.media import MediaError, MediaLimits, decode_audio, decode_image, decode_video
 from omni.store.codec import encode_codes
 
 log = logging.getLogger("omni.encoder")
 
 
-class EncoderRunner:
+@register_runner
+class EncoderRunner(Runner):
+    SPEC = protocol.EncoderWorkerSpec
+    JOB = protocol.EncodeBatch
+
     def __init__(
         self,
         model_dir: Path | str,
@@ -55,10 +61,30 @@ class EncoderRunner:
             raise ValueError(f"{root}: no encoder component ({', '.join(COMPONENTS)}) found")
         self._decoders = concurrent.futures.ThreadPoolExecutor(max_decode_threads, thread_name_prefix="decode")
 
+    @classmethod
+    def from_spec(cls, spec: protocol.EncoderWorkerSpec, group: GroupMember) -> EncoderRunner:
+        return cls(
+            spec.model_dir,
+            store=StoreClient.from_settings(spec.store),
+            device=spec.device,
+            dtype=getattr(torch, spec.dtype),
+            limits=spec.media_limits,
+        )
+
+    def ready_message(self, spec: protocol.EncoderWorkerSpec) -> protocol.EncoderReady:
+        return protocol.EncoderReady(spec.worker_id, spec.device, list(self.components))
+
+    def run(self, job: protocol.EncodeBatch) -> protocol.EncodeResult:
+        return self.encode(job)
+
+    def close(self) -> None:
+        self._decoders.shutdown(wait=False)
+        self.store.close()
+
     def encode(self, batch: protocol.EncodeBatch) -> protocol.EncodeResult:
         results: dict[int, protocol.EncodedItem] = {}
         decoded = self._decode_all(batch.items, results)
-        forwards: list[list[Any]] = []
+        forwards: list[protocol.ForwardTiming] = []
         publish: list[tuple[protocol.EncodeItem, bytes]] = []
         for name, component in self.components.items():
             items = [it for it in batch.items if it.component == name and it.item_id in decoded]
@@ -73,7 +99,7 @@ class EncoderRunner:
                 continue
             with torch.inference_mode():
                 outputs = component.forward([p for _, p in prepared])
-            forwards.append([name, len(prepared), time.perf_counter() - started])
+            forwards.append(protocol.ForwardTiming(name, len(prepared), time.perf_counter() - started))
             for (item, _), out in zip(prepared, outputs):
                 results[item.item_id], data = self._serialize(component, item, out)
                 publish.append((item, data))

@@ -21,15 +21,17 @@ from pathlib import Path
 
 import torch
 
-from gpu_workers import protocol
 from gpu_workers.artifacts import embeddings_from_bytes
 from gpu_workers.attention.backend import KVCache, SequenceChunk
 from gpu_workers.attention.registry import create_attention_backend
+from gpu_workers.distributed import GroupMember
 from gpu_workers.loader import load_model
 from gpu_workers.models.packed_linear import pack_linears
 from gpu_workers.models.llama import LlamaFamilyConfig
 from gpu_workers.sampler import Sampler, validate_options
-from gpu_workers.store_client import LRUBytes
+from gpu_workers.runner import Runner, register_runner
+from gpu_workers.store_client import LRUBytes, StoreClient
+from omni import protocol
 
 log = logging.getLogger("omni.llm_runner")
 
@@ -75,7 +77,11 @@ class _Scheduled:
     num_scheduled_tokens: int
 
 
-class LLMRunner:
+@register_runner
+class LLMRunner(Runner):
+    SPEC = protocol.LLMWorkerSpec
+    JOB = protocol.Step
+
     def __init__(
         self,
         model_dir: Path | str,
@@ -131,6 +137,37 @@ class LLMRunner:
         # Injected embeddings by store key, already on the device in the model's dtype.
         self.embeddings = LRUBytes(embedding_cache_bytes)
         self._readers = concurrent.futures.ThreadPoolExecutor(8, thread_name_prefix="artifact-read")
+
+    @classmethod
+    def from_spec(cls, spec: protocol.LLMWorkerSpec, group: GroupMember) -> LLMRunner:
+        store = StoreClient.from_settings(spec.store) if spec.store is not None else None
+        return cls(
+            model_dir=spec.model_dir,
+            device=spec.device,
+            dtype=getattr(torch, spec.dtype),
+            block_size=spec.block_size,
+            num_kv_blocks=spec.num_kv_blocks,
+            kv_cache_memory_bytes=spec.kv_cache_memory_bytes,
+            max_model_len=spec.max_model_len,
+            attention_backend=spec.attention_backend,
+            read_artifact=store.get if store is not None else None,
+            embedding_cache_bytes=spec.embedding_cache_bytes,
+        )
+
+    def ready_message(self, spec: protocol.LLMWorkerSpec) -> protocol.LLMReady:
+        return protocol.LLMReady(
+            worker_id=spec.worker_id,
+            device=spec.device,
+            num_kv_blocks=self.num_kv_blocks,
+            block_size=self.block_size,
+            max_model_len=self.max_model_len,
+        )
+
+    def run(self, job: protocol.Step) -> protocol.StepResult:
+        return self.execute(job)
+
+    def close(self) -> None:
+        self._readers.shutdown(wait=False)
 
     @property
     def model_config(self) -> LlamaFamilyConfig:
@@ -223,7 +260,7 @@ class LLMRunner:
                 spans.append((ref, lo, hi))
         return spans
 
-    def _load_media(self, scheduled: list[_Scheduled]) -> tuple[list[list[str]], MediaRows]:
+    def _load_media(self, scheduled: list[_Scheduled]) -> tuple[list[protocol.FailedRequest], MediaRows]:
         """The embedding rows each chunk injects, by request: [(row in the chunk, rows)].
 
         A request whose artifact cannot be read leaves this step (and the runner) instead of
@@ -235,7 +272,7 @@ class LLMRunner:
         if not wanted:
             return [], {}  # the text-only step: nothing to do
         self._prefetch({ref.key for spans in wanted.values() for ref, _, _ in spans})
-        failed: list[list[str]] = []
+        failed: list[protocol.FailedRequest] = []
         rows: MediaRows = {}
         unwritten: set[int] = set()
         for s in [s for s in scheduled if s.request_id in wanted]:
@@ -245,7 +282,7 @@ class LLMRunner:
                     x = self._embedding(ref)
                 except Exception as exc:  # store down, key gone, or a malformed artifact
                     log.error("request %s: cannot read %s: %s", s.request_id, ref.key, exc)
-                    failed.append([s.request_id, f"cannot read encoder output {ref.key}: {exc}"])
+                    failed.append(protocol.FailedRequest(s.request_id, f"cannot read encoder output {ref.key}: {exc}"))
                     del rows[s.request_id]
                     unwritten.update(self._drop(s, scheduled))
                     break
@@ -255,7 +292,9 @@ class LLMRunner:
             for s in list(scheduled):
                 end = s.num_computed_tokens + s.num_scheduled_tokens
                 if unwritten.intersection(self.requests[s.request_id].block_ids[: -(-end // self.block_size)]):
-                    failed.append([s.request_id, "shares prompt blocks with a request that failed in the same step"])
+                    failed.append(
+                        protocol.FailedRequest(s.request_id, "shares prompt blocks with a request that failed in the same step")
+                    )
                     rows.pop(s.request_id, None)
                     more.update(self._drop(s, scheduled))
             unwritten = more
@@ -354,5 +393,8 @@ class LLMRunner:
         sampled = []
         for request_id, state, out in zip(sample_ids, states, outputs):
             state.token_ids.append(out.token_id)
-            sampled.append(protocol.SampledToken(request_id, out.token_id, out.logprob, out.top_logprobs))
+            top = None
+            if out.top_logprobs is not None:
+                top = [protocol.TopLogprob(int(t), float(lp)) for t, lp in out.top_logprobs]
+            sampled.append(protocol.SampledToken(request_id, out.token_id, out.logprob, top))
         return sampled

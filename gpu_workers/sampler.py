@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from gpu_workers.protocol import SamplingOptions
+from omni.protocol import SamplingOptions
 
 
 @dataclass(slots=True)

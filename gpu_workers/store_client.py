@@ -16,6 +16,7 @@ from collections import OrderedDict
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
+from omni.protocol import StoreSettings
 from omni.store.base import ArtifactStore
 from omni.store.spec import StoreSpec
 
@@ -43,6 +44,10 @@ class StoreClient:
         self._thread = threading.Thread(target=self._loop.run_forever, name="store-loop", daemon=True)
         self._thread.start()
         self._call(self._store.start())
+
+    @classmethod
+    def from_settings(cls, settings: StoreSettings) -> StoreClient:
+        return cls(settings.location, endpoint_url=settings.endpoint_url, region=settings.region)
 
     def _call(self, coro: Coroutine[Any, Any, T]) -> T:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(self._timeout_s)

@@ -15,7 +15,7 @@ from omni.api import artifacts, chat, completions, system
 from omni.api.errors import error_middleware, unauthorized
 from omni.config import EngineConfig, ServerConfig
 from omni.encoder_engine import EncoderEngine
-from omni.engine import worker_spec
+from omni.worker_specs import encoder_device, encoder_worker_spec
 from omni.media_pipeline import MediaPipeline
 from omni.model_layout import ModelLayout
 from omni.model_pool import ModelPool
@@ -90,9 +90,8 @@ async def _media_pipeline(
 ) -> MediaPipeline:
     assert config.encoder_dir is not None
     layout = ModelLayout.from_dir(config.encoder_dir)
-    device = config.encoder_device or (config.devices[0] if config.devices else config.device)
     encoder = EncoderEngine(
-        worker_spec(config, "encoder", 0, device),
+        encoder_worker_spec(config, encoder_device(config)),
         metrics,
         config.model_name,
         max_batch_items=config.encoder_max_batch_items,

@@ -14,11 +14,10 @@ import logging
 import time
 from dataclasses import dataclass
 
-from gpu_workers import protocol
-from gpu_workers.worker import WorkerSpec
-from omni.engine import EngineError
+from omni import protocol
 from omni.metrics import Metrics
-from omni.worker_process import WorkerDied, WorkerProcess, restart_until_up
+from omni.supervisor import EngineError, SupervisedWorker
+from omni.worker_process import WorkerDied
 
 log = logging.getLogger("omni.encoder_engine")
 
@@ -29,60 +28,30 @@ class _Pending:
     future: asyncio.Future[protocol.EncodedItem]
 
 
-class EncoderEngine:
+class EncoderEngine(SupervisedWorker):
     def __init__(
         self,
-        spec: WorkerSpec,
+        spec: protocol.EncoderWorkerSpec,
         metrics: Metrics,
         model_name: str,
         *,
         max_batch_items: int = 32,
         start_timeout: float = 600.0,
     ) -> None:
-        self.spec = spec
+        super().__init__(spec, name=f"{model_name} encoder worker", start_timeout=start_timeout)
         self.metrics = metrics
         self.model_name = model_name
         self.max_batch_items = max_batch_items
-        self.start_timeout = start_timeout
         self.components: frozenset[str] = frozenset()
-        self._wakeup = asyncio.Event()
-        self.worker = WorkerProcess(spec, on_exit=self._wakeup.set)
         self._queue: list[_Pending] = []
         self._inflight: list[_Pending] = []  # the batch the worker is running
         self._by_key: dict[str, asyncio.Future[protocol.EncodedItem]] = {}
         self._next_id = 0
         self._batch_id = 0
-        self._ready = False
-        self._closing = False
-        self._task: asyncio.Task[None] | None = None
 
-    @property
-    def ready(self) -> bool:
-        return self._ready and self.worker.is_alive
-
-    async def start(self) -> None:
-        await self._start_worker()
-        self._task = asyncio.create_task(self._run(), name=f"encoder-{self.model_name}")
-
-    async def _start_worker(self) -> None:
-        ready = await self.worker.start(timeout=self.start_timeout)
+    def on_ready(self, ready: protocol.EncoderReady) -> None:
         self.components = frozenset(ready.components)
-        self._ready = True
-        log.info("%s: encoder worker ready on %s: %s", self.model_name, ready.device, ", ".join(ready.components))
-
-    async def stop(self) -> None:
-        self._closing = True
-        # taken before cancelling: the loop forgets its in-flight batch as it unwinds
-        pending = self._inflight + self._queue
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
-        self._fail(pending + self._queue, EngineError("server shutting down"))
-        self._inflight, self._queue = [], []
-        await self.worker.stop()
+        log.info("%s: ready on %s: %s", self.name, ready.device, ", ".join(ready.components))
 
     async def encode(
         self, component: str, kind: str, key: str, data: bytes, fmt: str | None, param: str
@@ -98,34 +67,29 @@ class EncoderEngine:
             self._queue.append(_Pending(item, future))
             self._by_key[key] = future
             future.add_done_callback(functools.partial(self._forget_key, key))
-            self._wakeup.set()
+            self.wake()
         # shield: one waiter giving up (client gone) must not cancel the others' result
         return await asyncio.shield(future)
 
     def _forget_key(self, key: str, _future: object) -> None:
         self._by_key.pop(key, None)
 
-    async def _run(self) -> None:
-        while not self._closing:
-            if not self.worker.is_alive:
-                await self._restart(WorkerDied(f"encoder worker exited (code {self.worker.exitcode})"))
-                continue
-            if not self._queue:
-                self._wakeup.clear()
-                await self._wakeup.wait()
-                continue
-            batch, self._queue = self._queue[: self.max_batch_items], self._queue[self.max_batch_items :]
-            self._inflight = batch
-            try:
-                await self._execute(batch)
-            except WorkerDied as exc:
-                self._fail(batch, EngineError(f"encoder worker failed: {exc}"))
-                await self._restart(exc)
-            except Exception as exc:  # a bug costs this batch, not the server
-                log.exception("%s: encode batch failed", self.model_name)
-                self._fail(batch, EngineError(f"internal error: {exc}"))
-            finally:
-                self._inflight = []
+    async def run_once(self) -> None:
+        if not self._queue:
+            await self.wait_for_work()
+            return
+        batch, self._queue = self._queue[: self.max_batch_items], self._queue[self.max_batch_items :]
+        self._inflight = batch
+        try:
+            await self._execute(batch)
+        except WorkerDied:
+            raise  # the supervisor fails the batch in flight (fail_on_worker) and restarts
+        except Exception as exc:  # a bug costs this batch, not the server
+            log.exception("%s: encode batch failed", self.name)
+            self._fail(batch, EngineError(f"internal error: {exc}"))
+            self._inflight = []
+        else:
+            self._inflight = []
 
     async def _execute(self, batch: list[_Pending]) -> None:
         self._batch_id += 1
@@ -151,14 +115,18 @@ class EncoderEngine:
             else:
                 pending.future.set_result(result)
 
-    def _fail(self, batch: list[_Pending], error: Exception) -> None:
+    def fail_on_worker(self, error: EngineError) -> None:
+        """Only the batch in flight died with the worker; queued items wait for the new one."""
+        self._fail(self._inflight, error)
+        self._inflight = []
+
+    def fail_pending(self, error: EngineError) -> None:
+        self._fail(self._inflight + self._queue, error)
+        self._inflight, self._queue = [], []
+
+    @staticmethod
+    def _fail(batch: list[_Pending], error: Exception) -> None:
         for pending in batch:
             if not pending.future.done():
                 pending.future.set_exception(error)
                 pending.future.exception()  # retrieved: nobody may be waiting any more
-
-    async def _restart(self, cause: BaseException) -> None:
-        self._ready = False
-        log.error("%s: %s; restarting the encoder worker", self.model_name, cause)
-        await self.worker.kill()
-        await restart_until_up(self._start_worker, lambda: self._closing, f"{self.model_name} encoder")

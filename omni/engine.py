@@ -1,26 +1,28 @@
-"""LLMEngine: one model's scheduler and worker, driven by a step loop in the event loop.
+"""LLMEngine: one LLM worker and its scheduler, driven by a step loop in the event loop.
 
-Requests come in as scheduler Requests and leave as a stream of TokenEvents. The loop runs
-one step at a time: schedule -> send the Step -> await its StepResult -> update the scheduler
--> hand each request its new token. Aborts (client gone, stop string) happen between
-awaits in the same loop, so the scheduler is only ever touched from one task.
+Requests come in as scheduler Requests and leave as a stream of TokenEvents. One turn of the
+loop (run_once) runs one step: schedule -> send the Step -> await its StepResult -> update the
+scheduler -> hand each request its new token. Aborts (client gone, stop string) happen between
+awaits in the same loop, so the scheduler is only ever touched from one task. Spawning,
+restarting and stopping the worker are SupervisedWorker's (omni/supervisor.py).
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import time
 from collections import Counter
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-from gpu_workers import protocol
-from gpu_workers.worker import WorkerSpec
+from omni import protocol
 from omni.config import EngineConfig
 from omni.metrics import Metrics
-from omni.worker_process import WorkerDied, WorkerProcess, restart_until_up
+from omni.step_message import step_message
+from omni.supervisor import EngineError, SupervisedWorker
+from omni.worker_process import WorkerDied
+from omni.worker_specs import llm_worker_spec
 from scheduler.block_manager import BlockManager
 from scheduler.output import SchedulerOutput
 from scheduler.placement import WorkerState
@@ -28,11 +30,9 @@ from scheduler.prefix_hash import BlockHash
 from scheduler.request import Request, RequestId, RequestStatus
 from scheduler.scheduler import Scheduler, SchedulerConfig
 
+__all__ = ["EngineError", "LLMEngine", "RequestStream", "TokenEvent"]
+
 log = logging.getLogger("omni.engine")
-
-
-class EngineError(RuntimeError):
-    """A request could not be completed because its worker failed."""
 
 
 @dataclass(slots=True)
@@ -61,32 +61,35 @@ class RequestStream:
                 return
 
 
-def worker_spec(config: EngineConfig, kind: str, worker_id: int, device: str) -> WorkerSpec:
-    """A model's config as one of its worker processes gets it (kind "llm" or "encoder").
+class InflightPrefixes:
+    """Leading block hashes of requests placed on a worker and not yet finished: placement
+    counts them as cached, since their KV will be by the time a newcomer is scheduled."""
 
-    Only an omni model's workers open the artifact store: a text-only LLM never reads it.
-    """
-    media = config.encoder_dir is not None
-    return WorkerSpec(
-        worker_id=worker_id,
-        model_dir=str(config.model_dir if kind == "llm" else config.encoder_dir),
-        device=device,
-        dtype=config.dtype,
-        block_size=config.block_size,
-        num_kv_blocks=config.num_kv_blocks,
-        kv_cache_memory_bytes=config.kv_cache_memory_bytes,
-        max_model_len=config.max_model_len,
-        attention_backend=config.attention_backend,
-        num_threads=config.num_threads,
-        kind=kind,
-        store=config.store if media else None,
-        store_endpoint_url=config.store_endpoint_url,
-        store_region=config.store_region,
-        media_limits=dataclasses.asdict(config.media_limits) if kind == "encoder" else {},
-    )
+    def __init__(self) -> None:
+        self._count: Counter[BlockHash] = Counter()
+        self._of: dict[RequestId, list[BlockHash]] = {}
+
+    def add(self, request_id: RequestId, hashes: list[BlockHash]) -> None:
+        self._count.update(hashes)
+        self._of[request_id] = hashes
+
+    def remove(self, request_id: RequestId) -> None:
+        hashes = self._of.pop(request_id, None)
+        if hashes:
+            self._count.subtract(hashes)
+            for h in hashes:
+                if self._count[h] <= 0:
+                    del self._count[h]
+
+    def __contains__(self, block_hash: BlockHash) -> bool:
+        return block_hash in self._count
+
+    def clear(self) -> None:
+        self._count.clear()
+        self._of.clear()
 
 
-class LLMEngine:
+class LLMEngine(SupervisedWorker):
     """One LLM worker process and its scheduler; a ModelPool holds one per worker."""
 
     def __init__(
@@ -101,39 +104,22 @@ class LLMEngine:
         self.metrics = metrics
         self.worker_id = worker_id
         self.device = device or config.device
+        super().__init__(
+            llm_worker_spec(config, worker_id, self.device),
+            name=f"{config.model_name} llm worker {worker_id}",
+            start_timeout=config.worker_start_timeout,
+        )
         self._label = str(worker_id)  # the metrics' worker label
-        self._wakeup = asyncio.Event()
-        # A worker that dies while this engine idles must still be noticed and restarted.
-        self.worker = WorkerProcess(self._worker_spec(), on_exit=self._wakeup.set)
         self.scheduler: Scheduler | None = None
         self.max_model_len = 0
         self._streams: dict[RequestId, RequestStream] = {}
-        self._task: asyncio.Task[None] | None = None
-        self._step_id = 0
-        self._ready = False
-        self._closing = False
         self._prefix_seen = (0, 0)
         self._preemptions_seen = 0
         self._pending_finished: list[RequestId] = []
-        # Leading block hashes of requests placed here and not yet finished: placement counts
-        # them as cached, since their KV will be by the time a newcomer is scheduled.
-        self._inflight: Counter[BlockHash] = Counter()
-        self._inflight_of: dict[RequestId, list[BlockHash]] = {}
+        self._inflight = InflightPrefixes()
 
     # ---- lifecycle -------------------------------------------------------------------
-    def _worker_spec(self) -> WorkerSpec:
-        return worker_spec(self.config, "llm", self.worker_id, self.device)
-
-    @property
-    def ready(self) -> bool:
-        return self._ready and self.worker.is_alive
-
-    async def start(self) -> None:
-        await self._start_worker()
-        self._task = asyncio.create_task(self._run(), name=f"engine-{self.config.model_name}")
-
-    async def _start_worker(self) -> None:
-        ready = await self.worker.start(timeout=self.config.worker_start_timeout)
+    def on_ready(self, ready: protocol.LLMReady) -> None:
         # The context can never exceed what the KV cache holds for one request.
         self.max_model_len = min(ready.max_model_len, ready.num_kv_blocks * ready.block_size)
         block_manager = BlockManager(
@@ -150,26 +136,14 @@ class LLMEngine:
         self._prefix_seen = (0, 0)
         self._preemptions_seen = 0
         self._pending_finished = []
-        self._ready = True
         log.info(
-            "%s: worker ready on %s, %d KV blocks of %d tokens, max_model_len %d",
-            self.config.model_name,
+            "%s: ready on %s, %d KV blocks of %d tokens, max_model_len %d",
+            self.name,
             ready.device,
             ready.num_kv_blocks,
             ready.block_size,
             self.max_model_len,
         )
-
-    async def stop(self) -> None:
-        self._closing = True
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
-        self._fail_all(EngineError("server shutting down"))
-        await self.worker.stop()
 
     # ---- requests --------------------------------------------------------------------
     def submit(
@@ -181,9 +155,8 @@ class LLMEngine:
         self._streams[request.request_id] = stream
         self.scheduler.add_request(request)
         if block_hashes:
-            self._inflight.update(block_hashes)
-            self._inflight_of[request.request_id] = block_hashes
-        self._wakeup.set()
+            self._inflight.add(request.request_id, block_hashes)
+        self.wake()
         return stream
 
     def placement_state(self, block_hashes: list[BlockHash]) -> WorkerState:
@@ -204,12 +177,7 @@ class LLMEngine:
 
     def _forget(self, request_id: RequestId) -> RequestStream | None:
         """Drop the server-side bookkeeping of a request that ended, however it ended."""
-        hashes = self._inflight_of.pop(request_id, None)
-        if hashes:
-            self._inflight.subtract(hashes)
-            for h in hashes:
-                if self._inflight[h] <= 0:
-                    del self._inflight[h]
+        self._inflight.remove(request_id)
         return self._streams.pop(request_id, None)
 
     def abort(
@@ -224,48 +192,36 @@ class LLMEngine:
             self.scheduler.abort_request(request_id, status)
         if stream is not None:
             self.metrics.request_finished(self.config.model_name, status.value, stream.request)
-        self._wakeup.set()
+        self.wake()
 
     # ---- the step loop ---------------------------------------------------------------
-    async def _run(self) -> None:
-        while not self._closing:
-            if not self.worker.is_alive:
-                died = WorkerDied(f"worker {self.worker_id} exited (code {self.worker.exitcode})")
-                log.error("%s: %s; restarting it", self.config.model_name, died)
-                await self._restart(died)
-                continue
-            scheduler = self.scheduler
-            assert scheduler is not None
-            if not scheduler.has_unfinished_requests:
-                self._update_gauges()
-                self._wakeup.clear()
-                await self._wakeup.wait()
-                continue
-            output = scheduler.schedule()
-            # Ids of requests that ended between steps travel with the next real step.
-            self._pending_finished.extend(output.finished_request_ids)
-            if output.total_num_scheduled_tokens == 0:
-                # Nothing fits right now (admission guarantees one request fits an empty
-                # cache, so this only lasts until an abort or a finish frees blocks).
-                self._update_gauges()
-                self._wakeup.clear()
-                await self._wakeup.wait()
-                continue
-            try:
-                await self._execute(scheduler, output)
-            except WorkerDied as exc:
-                log.error(
-                    "%s worker %d: %s; restarting it", self.config.model_name, self.worker_id, exc
-                )
-                await self._restart(exc)
-            except Exception as exc:  # a bug must cost this step's requests, not the server
-                log.exception("%s: step failed", self.config.model_name)
-                self._fail_step(output, EngineError(f"internal error: {exc}"))
+    async def run_once(self) -> None:
+        scheduler = self.scheduler
+        assert scheduler is not None
+        if not scheduler.has_unfinished_requests:
             self._update_gauges()
+            await self.wait_for_work()
+            return
+        output = scheduler.schedule()
+        # Ids of requests that ended between steps travel with the next real step.
+        self._pending_finished.extend(output.finished_request_ids)
+        if output.total_num_scheduled_tokens == 0:
+            # Nothing fits right now (admission guarantees one request fits an empty
+            # cache, so this only lasts until an abort or a finish frees blocks).
+            self._update_gauges()
+            await self.wait_for_work()
+            return
+        try:
+            await self._execute(scheduler, output)
+        except WorkerDied:
+            raise
+        except Exception as exc:  # a bug must cost this step's requests, not the server
+            log.exception("%s: step failed", self.name)
+            self._fail_step(output, EngineError(f"internal error: {exc}"))
+        self._update_gauges()
 
     async def _execute(self, scheduler: Scheduler, output: SchedulerOutput) -> None:
-        self._step_id += 1
-        step = self._to_step(self._step_id, output, self._pending_finished)
+        step = step_message(output, self._pending_finished)
         self._pending_finished = []
         sent = time.monotonic()
         await self.worker.send(step)
@@ -277,10 +233,10 @@ class LLMEngine:
         if isinstance(reply, protocol.WorkerError):
             self._fail_step(output, EngineError(f"worker error: {reply.message}"))
             return
-        if not isinstance(reply, protocol.StepResult) or reply.step_id != self._step_id:
+        if not isinstance(reply, protocol.StepResult) or reply.step_id != step.step_id:
             raise WorkerDied(f"worker replied out of order: {type(reply).__name__}")
-        for request_id, reason in reply.failed:  # dropped by the worker before its forward
-            self._fail_request(RequestId(request_id), EngineError(reason))
+        for failed in reply.failed:  # dropped by the worker before its forward
+            self._fail_request(RequestId(failed.request_id), EngineError(failed.reason))
         by_id = {RequestId(s.request_id): s for s in reply.sampled}
         updated = scheduler.update_from_output(
             output, {rid: s.token_id for rid, s in by_id.items()}
@@ -293,61 +249,18 @@ class LLMEngine:
             sampled = by_id[request.request_id]
             finish_reason = request.status.value if request.is_finished else None
             self._observe_token(stream, now)
+            top = sampled.top_logprobs
             stream.queue.put_nowait(
                 TokenEvent(
                     token_id=sampled.token_id,
                     logprob=sampled.logprob,
-                    top_logprobs=(
-                        [(int(t), float(lp)) for t, lp in sampled.top_logprobs]
-                        if sampled.top_logprobs is not None
-                        else None
-                    ),
+                    top_logprobs=[(t.token_id, t.logprob) for t in top] if top is not None else None,
                     finish_reason=finish_reason,
                 )
             )
             if finish_reason is not None:
                 self._forget(request.request_id)
                 self.metrics.request_finished(self.config.model_name, finish_reason, request)
-
-    def _to_step(
-        self, step_id: int, output: SchedulerOutput, finished: list[RequestId]
-    ) -> protocol.Step:
-        new = []
-        for s in output.scheduled_new:
-            p = s.request.sampling_params
-            new.append(
-                protocol.NewRequest(
-                    request_id=s.request.request_id,
-                    token_ids=s.request.all_token_ids,
-                    sampling=protocol.SamplingOptions(
-                        temperature=p.temperature,
-                        top_p=p.top_p,
-                        top_k=p.top_k,
-                        seed=p.seed,
-                        logprobs=p.logprobs,
-                    ),
-                    block_ids=list(s.block_ids),
-                    num_computed_tokens=s.num_computed_tokens,
-                    num_scheduled_tokens=s.num_scheduled_tokens,
-                    media=[protocol.MediaRef(m.key, m.offset, m.num_rows) for m in s.request.media],
-                )
-            )
-        cached = [
-            protocol.CachedRequest(
-                request_id=c.request_id,
-                new_block_ids=list(c.new_block_ids),
-                num_computed_tokens=c.num_computed_tokens,
-                num_scheduled_tokens=c.num_scheduled_tokens,
-                resumed=c.resumed,
-            )
-            for c in output.scheduled_cached
-        ]
-        return protocol.Step(
-            step_id=step_id,
-            new_requests=new,
-            cached_requests=cached,
-            finished_request_ids=[str(r) for r in finished],
-        )
 
     def _observe_token(self, stream: RequestStream, now: float) -> None:
         name = self.config.model_name
@@ -394,19 +307,12 @@ class LLMEngine:
             stream.queue.put_nowait(error)
             self.metrics.request_finished(self.config.model_name, "error", stream.request)
 
-    def _fail_all(self, error: BaseException) -> None:
+    def fail_on_worker(self, error: EngineError) -> None:
+        """Every request of this engine: the KV cache, and so all their state, is gone with
+        the process (the scheduler is rebuilt when the worker is back)."""
         for request_id, stream in list(self._streams.items()):
             if self.scheduler is not None:
                 self.scheduler.abort_request(request_id)
             stream.queue.put_nowait(error)
         self._streams.clear()
         self._inflight.clear()
-        self._inflight_of.clear()
-
-    async def _restart(self, cause: BaseException) -> None:
-        self._ready = False
-        # Only the requests on this worker fail; the KV cache is gone with the process.
-        self._fail_all(EngineError(f"worker failed: {cause}"))
-        await self.worker.kill()
-        await restart_until_up(self._start_worker, lambda: self._closing, self.config.model_name)
-

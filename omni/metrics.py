@@ -8,6 +8,7 @@ Every series carries the served model's name; scheduler-side series also the llm
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -18,6 +19,7 @@ from prometheus_client import (
     generate_latest,
 )
 
+from omni.protocol import ForwardTiming
 from scheduler.request import Request
 
 # From 1 ms (a cached tiny prompt) to minutes (a long generation or a queue under load).
@@ -217,12 +219,12 @@ class Metrics:
     def encoder_cache(self, model: str, component: str, *, hit: bool) -> None:
         (self.encoder_cache_hits if hit else self.encoder_cache_misses).labels(model, component).inc()
 
-    def observe_encoder_batch(self, model: str, seconds: float, forwards: list[list[object]]) -> None:
-        """forwards: [component, items, seconds] per forward, as the encoder worker reports."""
+    def observe_encoder_batch(self, model: str, seconds: float, forwards: Sequence[ForwardTiming]) -> None:
+        """forwards: one per component forward, as the encoder worker reports them."""
         self.encoder_batch_latency.labels(model).observe(seconds)
-        for component, items, forward_s in forwards:
-            self.encoder_batch_size.labels(model, str(component)).observe(float(items))  # type: ignore[arg-type]
-            self.encoder_forward_latency.labels(model, str(component)).observe(float(forward_s))  # type: ignore[arg-type]
+        for f in forwards:
+            self.encoder_batch_size.labels(model, f.component).observe(f.num_items)
+            self.encoder_forward_latency.labels(model, f.component).observe(f.seconds)
 
     def observe_store(self, operation: str, seconds: float, *, failed: bool = False) -> None:
         self.store_latency.labels(operation).observe(seconds)

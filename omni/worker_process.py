@@ -1,4 +1,10 @@
-"""The server's handle on one worker process: spawn, wait for Ready, exchange messages.
+"""The server's handle on one worker: spawn its process (or process group), wait for its ready
+message, exchange messages.
+
+A worker whose spec has world_size > 1 is a torch.distributed group of that many processes,
+spawned together with one rendezvous address: rank 0 owns the message pipe, every other rank
+holds a pipe of its own only so that its exit reads as EOF here. Any rank exiting is the
+whole worker dying; kill() ends every rank, and the next start() spawns the group anew.
 
 Reading is driven by the event loop (add_reader on the pipe's fd), so a slow worker never
 blocks the server. A worker that exits closes its end of the pipe, which the reader sees as
@@ -22,9 +28,10 @@ import socket
 import struct
 from collections.abc import Awaitable, Callable
 from multiprocessing.process import BaseProcess
+from typing import Any
 
-from gpu_workers import protocol
-from gpu_workers.worker import WorkerSpec, worker_main
+from gpu_workers.worker import worker_main
+from omni import protocol
 
 log = logging.getLogger("omni.worker_process")
 
@@ -34,16 +41,25 @@ class WorkerDied(RuntimeError):
 
 
 class WorkerProcess:
-    def __init__(self, spec: WorkerSpec, on_exit: Callable[[], None] | None = None) -> None:
-        """on_exit runs (in the event loop) when the process is seen to exit or hang up."""
+    def __init__(
+        self,
+        spec: protocol.WorkerSpec,
+        on_exit: Callable[[], None] | None = None,
+        *,
+        entry: Callable[..., None] = worker_main,
+    ) -> None:
+        """on_exit runs (in the event loop) when a process is seen to exit or hang up.
+        entry is the processes' target (tests name one that registers a test runner first)."""
         self.spec = spec
         self._on_exit = on_exit
-        self.ready: protocol.Ready | None = None
-        self._process: BaseProcess | None = None
+        self._entry = entry
+        self.ready: Any = None  # the kind's ready message (spec.READY)
+        self._processes: list[BaseProcess] = []
         self._sock: socket.socket | None = None
+        self._lifelines: list[socket.socket] = []  # ranks > 0: EOF when one exits
         self._received = bytearray()
         self._send_lock = asyncio.Lock()
-        self._inbox: asyncio.Queue[protocol.Message | None] | None = None
+        self._inbox: asyncio.Queue[Any | None] | None = None
         self._dead = False
 
     @property
@@ -53,32 +69,50 @@ class WorkerProcess:
     @property
     def label(self) -> str:
         """How logs and errors name it: "llm worker 0", "encoder worker 0"."""
-        return f"{self.spec.kind} worker {self.worker_id}"
+        return f"{self.spec.LABEL} {self.worker_id}"
 
     @property
     def is_alive(self) -> bool:
-        return not self._dead and self._process is not None and self._process.is_alive()
+        return not self._dead and bool(self._processes) and all(p.is_alive() for p in self._processes)
 
-    async def start(self, timeout: float) -> protocol.Ready:
-        """Spawn the process and wait for its Ready; raise WorkerDied with its reason if not."""
+    @property
+    def pids(self) -> list[int | None]:
+        return [p.pid for p in self._processes]
+
+    async def start(self, timeout: float) -> Any:
+        """Spawn the process(es) and wait for the ready message; raise WorkerDied with the
+        reason if none comes."""
         ctx = mp.get_context("spawn")
-        parent_conn, child_conn = ctx.Pipe(duplex=True)
-        self._process = ctx.Process(
-            target=worker_main,
-            args=(child_conn, self.spec.to_bytes()),
-            name=f"omni-{self.spec.kind}-{self.worker_id}",
-            daemon=True,
-        )
-        self._process.start()
-        child_conn.close()  # so the worker's exit reads as EOF here
-        # a duplex Pipe is a Unix socketpair: take the fd over as a socket
-        self._sock = socket.socket(fileno=os.dup(parent_conn.fileno()))
-        parent_conn.close()
-        self._sock.setblocking(False)
+        spec_bytes = protocol.encode(self.spec)
+        world_size = self.spec.world_size
+        init_method = f"tcp://127.0.0.1:{_free_port()}" if world_size > 1 else None
+        loop = asyncio.get_running_loop()
         self._received = bytearray()
         self._dead = False
         self._inbox = asyncio.Queue()
-        asyncio.get_running_loop().add_reader(self._sock.fileno(), self._on_readable)
+        self._processes, self._lifelines = [], []
+        for rank in range(world_size):
+            parent_conn, child_conn = ctx.Pipe(duplex=True)
+            suffix = f"-rank{rank}" if world_size > 1 else ""
+            process = ctx.Process(
+                target=self._entry,
+                args=(child_conn, spec_bytes, rank, init_method),
+                name=f"omni-{self.spec.LABEL.replace(' ', '-')}-{self.worker_id}{suffix}",
+                daemon=True,
+            )
+            process.start()
+            self._processes.append(process)
+            child_conn.close()  # so the worker's exit reads as EOF here
+            # a duplex Pipe is a Unix socketpair: take the fd over as a socket
+            sock = socket.socket(fileno=os.dup(parent_conn.fileno()))
+            parent_conn.close()
+            sock.setblocking(False)
+            if rank == 0:
+                self._sock = sock
+                loop.add_reader(sock.fileno(), self._on_readable)
+            else:
+                self._lifelines.append(sock)
+                loop.add_reader(sock.fileno(), self._on_lifeline, sock)
         try:
             message = await asyncio.wait_for(self.recv(), timeout)
         except TimeoutError:
@@ -87,13 +121,13 @@ class WorkerProcess:
         if isinstance(message, protocol.WorkerError):
             await self.kill()
             raise WorkerDied(f"{self.label} failed to start: {message.message}")
-        if not isinstance(message, protocol.Ready):
+        if not isinstance(message, self.spec.READY):
             await self.kill()
             raise WorkerDied(f"{self.label} sent {type(message).__name__} first")
         self.ready = message
         return message
 
-    async def send(self, message: protocol.Message) -> None:
+    async def send(self, message: Any) -> None:
         if self._dead or self._sock is None:
             raise WorkerDied(f"{self.label} is not running")
         data = protocol.encode(message)
@@ -108,7 +142,7 @@ class WorkerProcess:
             self._mark_dead()
             raise WorkerDied(f"{self.label}: {exc}") from exc
 
-    async def recv(self) -> protocol.Message:
+    async def recv(self) -> Any:
         assert self._inbox is not None
         if self._dead and self._inbox.empty():
             raise WorkerDied(f"{self.label} exited")
@@ -120,7 +154,19 @@ class WorkerProcess:
 
     @property
     def exitcode(self) -> int | None:
-        return self._process.exitcode if self._process is not None else None
+        """The first exit code among the ranks that have exited."""
+        return next((p.exitcode for p in self._processes if p.exitcode is not None), None)
+
+    def _on_lifeline(self, sock: socket.socket) -> None:
+        try:
+            if sock.recv(1 << 12):
+                return  # a follower rank writes nothing; ignore it if it does
+        except BlockingIOError:
+            return
+        except OSError:
+            pass
+        log.error("%s: a rank of its group exited", self.label)
+        self._mark_dead()
 
     def _on_readable(self) -> None:
         assert self._sock is not None and self._inbox is not None
@@ -170,9 +216,11 @@ class WorkerProcess:
         if self._dead:
             return
         self._dead = True
-        if self._sock is not None:
+        for sock in [self._sock, *self._lifelines]:
+            if sock is None:
+                continue
             try:
-                asyncio.get_running_loop().remove_reader(self._sock.fileno())
+                asyncio.get_running_loop().remove_reader(sock.fileno())
             except (OSError, ValueError, RuntimeError):
                 pass
         if self._inbox is not None:
@@ -182,7 +230,7 @@ class WorkerProcess:
 
     async def stop(self, timeout: float = 10.0) -> None:
         """Ask the worker to exit; kill it if it does not within the timeout."""
-        if self._process is None:
+        if not self._processes:
             return
         if not self._dead:
             try:
@@ -190,19 +238,31 @@ class WorkerProcess:
             except WorkerDied:
                 pass
         deadline = asyncio.get_running_loop().time() + timeout
-        while self._process.is_alive() and asyncio.get_running_loop().time() < deadline:
+        leader = self._processes[0]
+        while leader.is_alive() and asyncio.get_running_loop().time() < deadline:
             await asyncio.sleep(0.05)
         await self.kill()
 
     async def kill(self) -> None:
+        """End every rank (a group lives and dies whole) and close the pipes."""
         self._mark_dead()
-        process = self._process
-        if process is not None and process.is_alive():
+        loop = asyncio.get_running_loop()
+        alive = [p for p in self._processes if p.is_alive()]
+        for process in alive:
             process.kill()
-            await asyncio.get_running_loop().run_in_executor(None, process.join, 5.0)
-        if self._sock is not None:
-            self._sock.close()
-            self._sock = None
+        for process in alive:
+            await loop.run_in_executor(None, process.join, 5.0)
+        for sock in [self._sock, *self._lifelines]:
+            if sock is not None:
+                sock.close()
+        self._sock, self._lifelines = None, []
+
+
+def _free_port() -> int:
+    """A loopback TCP port free right now, for a group's torch.distributed rendezvous."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 async def restart_until_up(

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import torch
 
-from gpu_workers import protocol
+from omni import protocol
 from gpu_workers.llm_runner import LLMRunner
 
 VOCAB = 256

@@ -17,7 +17,7 @@ import torch
 from PIL import Image
 
 import gpu_workers.encoder_runner as encoder_runner_module
-from gpu_workers import protocol
+from omni import protocol
 from gpu_workers.artifacts import embeddings_from_bytes
 from gpu_workers.encoder_components import VisionEncoderComponent
 from gpu_workers.encoder_runner import EncoderRunner
@@ -190,7 +190,7 @@ def test_batched_equals_one_item_per_batch(env: Env, media: Media, mixed: protoc
         (r,) = alone.items
         assert (r.error, r.store_error, r.num_rows) == (None, None, by_id[it.item_id].num_rows)
         # c. a batch of one item: exactly one forward, of that item's component, over one item
-        assert [(name, n) for name, n, _ in alone.forwards] == [(it.component, 1)]
+        assert [(f.component, f.num_items) for f in alone.forwards] == [(it.component, 1)]
         if it.component in (IMAGE_TOK, AUDIO_TOK):
             assert r.codes == by_id[it.item_id].codes
             assert decode_codes(env.store.get(alone_item.key)) == r.codes
@@ -204,8 +204,8 @@ def test_batched_equals_one_item_per_batch(env: Env, media: Media, mixed: protoc
 
 
 def test_one_forward_per_component_with_its_item_count(mixed: protocol.EncodeResult) -> None:
-    assert [(name, n) for name, n, _ in mixed.forwards] == [(VISION, 3), (AUDIO, 1), (IMAGE_TOK, 2), (AUDIO_TOK, 1)]
-    assert all(isinstance(seconds, float) and seconds >= 0 for _, _, seconds in mixed.forwards)
+    assert [(f.component, f.num_items) for f in mixed.forwards] == [(VISION, 3), (AUDIO, 1), (IMAGE_TOK, 2), (AUDIO_TOK, 1)]
+    assert all(isinstance(f.seconds, float) and f.seconds >= 0 for f in mixed.forwards)
 
 
 def test_forward_calls_are_counted_per_component(env: Env, media: Media, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -221,7 +221,7 @@ def test_forward_calls_are_counted_per_component(env: Env, media: Media, monkeyp
         monkeypatch.setattr(component, "forward", counting)
     items = [dataclasses.replace(it, key=it.key.replace("mixed-", "count-")) for it in mixed_items(media)]
     result = env.runner.encode(protocol.EncodeBatch(8, items))
-    assert calls == [(name, n) for name, n, _ in result.forwards]
+    assert calls == [(f.component, f.num_items) for f in result.forwards]
     assert sorted(calls) == sorted([(VISION, 3), (AUDIO, 1), (IMAGE_TOK, 2), (AUDIO_TOK, 1)])
 
 
@@ -274,7 +274,7 @@ def test_bad_items_fail_alone_and_name_their_param(env: Env, media: Media) -> No
             env.store.get(it.key)  # nothing was published
     assert "decode image" in str(bad[0].error) and "decode audio" in str(bad[1].error)
     assert "decode video" in str(bad[2].error) and "'xyz'" in str(bad[3].error)
-    assert [(name, n) for name, n, _ in result.forwards] == [(VISION, 1)]
+    assert [(f.component, f.num_items) for f in result.forwards] == [(VISION, 1)]
 
 
 def test_a_kind_the_component_does_not_take_fails_alone(env: Env, media: Media) -> None:

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from gpu_workers import protocol
+from omni import protocol
 from gpu_workers.llm_runner import CPU_KV_CACHE_BYTES, LLMRunner, kv_bytes_per_block
 from gpu_workers.tiny_checkpoints import make_tiny_checkpoint
 from tests.gpu_workers.conftest import MiniScheduler
@@ -100,7 +100,7 @@ def test_seeded_requests_reproduce_whatever_shares_the_batch(tiny: Path) -> None
     first = next(s for res in sched.results for s in res.sampled if s.request_id == "r0")
     assert first.logprob is not None and first.logprob < 0
     assert first.top_logprobs is not None and len(first.top_logprobs) == 2
-    assert first.top_logprobs[0][1] >= first.top_logprobs[1][1]  # best first
+    assert first.top_logprobs[0].logprob >= first.top_logprobs[1].logprob  # best first
 
 
 def test_prefix_cache_hit_reads_another_requests_blocks(tiny: Path) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from gpu_workers import protocol
+from omni import protocol
 from gpu_workers.artifacts import embeddings_to_bytes
 from gpu_workers.attention.backend import SequenceChunk
 from gpu_workers.llm_runner import LLMRunner
@@ -217,8 +217,8 @@ def test_missing_artifact_fails_only_its_request(tiny: Path) -> None:
         [],
     )
     result = runner.execute(step)
-    assert [f[0] for f in result.failed] == ["m"]
-    assert KEY in result.failed[0][1]
+    assert [f.request_id for f in result.failed] == ["m"]
+    assert KEY in result.failed[0].reason
     assert [(s.request_id, s.token_id) for s in result.sampled] == [("p", want)]
     assert set(runner.requests) == {"p"}
     with pytest.raises(ValueError, match="unknown"):
@@ -226,7 +226,7 @@ def test_missing_artifact_fails_only_its_request(tiny: Path) -> None:
     # alone in its step: nothing runs, the failure is still reported
     m2 = media_request("m2", PROMPT, list(range(10, 18)), 10, [protocol.MediaRef(KEY, *SPAN_REF)])
     alone = runner.execute(protocol.Step(2, [m2], [], []))
-    assert alone.sampled == [] and [f[0] for f in alone.failed] == ["m2"]
+    assert alone.sampled == [] and [f.request_id for f in alone.failed] == ["m2"]
     assert set(runner.requests) == {"p"}
 
 
@@ -237,7 +237,7 @@ def test_failure_in_a_later_chunk_drops_the_request_then(tiny: Path) -> None:
     first = runner.execute(protocol.Step(0, [r], [], []))
     assert (first.sampled, first.failed) == ([], [])
     second = runner.execute(protocol.Step(1, [], [protocol.CachedRequest("m", [], 8, 8)], []))
-    assert [f[0] for f in second.failed] == ["m"] and not runner.requests
+    assert [f.request_id for f in second.failed] == ["m"] and not runner.requests
 
 
 # ---- d. malformed media -----------------------------------------------------------------------
@@ -268,9 +268,9 @@ def test_malformed_artifact_fails_its_request_not_the_step(
         [],
     )
     result = runner.execute(step)
-    assert [f[0] for f in result.failed] == ["m"]
-    assert result.failed[0][1].startswith(f"cannot read encoder output {KEY}: ")
-    assert reason in result.failed[0][1]
+    assert [f.request_id for f in result.failed] == ["m"]
+    assert result.failed[0].reason.startswith(f"cannot read encoder output {KEY}: ")
+    assert reason in result.failed[0].reason
     assert [(s.request_id, s.token_id) for s in result.sampled] == [("p", want)]
     assert set(runner.requests) == {"p"}
 
@@ -325,8 +325,8 @@ def test_a_request_reading_blocks_of_a_dropped_one_in_the_same_step_leaves_too(t
         [],
     )
     result = runner.execute(step)
-    assert [f[0] for f in result.failed] == ["m", "s"]
-    assert "same step" in result.failed[1][1]
+    assert [f.request_id for f in result.failed] == ["m", "s"]
+    assert "same step" in result.failed[1].reason
     assert [(s.request_id, s.token_id) for s in result.sampled] == [("t", want)]
     assert set(runner.requests) == {"t"}
 
@@ -348,7 +348,7 @@ def test_a_steps_artifacts_are_prefetched_together_and_failures_stay_per_request
         [],
     )
     result = runner.execute(step)
-    assert [f[0] for f in result.failed] == ["c"]
+    assert [f.request_id for f in result.failed] == ["c"]
     assert sorted(s.request_id for s in result.sampled) == ["a", "b"]
     # each present artifact read once (by the prefetch), the missing one tried again for its error
     assert sorted(artifacts.reads) == sorted([KEY, KEY + "-b", KEY + "-gone", KEY + "-gone"])

@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gpu_workers.protocol import SamplingOptions
+from omni.protocol import SamplingOptions
 from gpu_workers.sampler import Sampler
 
 

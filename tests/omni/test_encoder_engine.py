@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from gpu_workers.protocol import EncodedItem
+from omni.protocol import EncodedItem
 from gpu_workers.tiny_checkpoints import make_tiny_omni_checkpoint
-from gpu_workers.worker import WorkerSpec
+from omni.protocol import EncoderWorkerSpec, StoreSettings
 from omni.encoder_engine import EncoderEngine
 from omni.engine import EngineError
 from omni.metrics import Metrics
@@ -36,8 +36,8 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 async def engine(checkpoint: Path, tmp_path: Path) -> AsyncIterator[EncoderEngine]:
-    spec = WorkerSpec(
-        worker_id=0, model_dir=str(checkpoint), kind="encoder", store=f"local:{tmp_path / 'store'}", num_threads=1
+    spec = EncoderWorkerSpec(
+        model_dir=str(checkpoint), store=StoreSettings(f"local:{tmp_path / 'store'}"), num_threads=1
     )
     engine = EncoderEngine(spec, Metrics(), MODEL, start_timeout=120.0)
     await engine.start()
@@ -95,7 +95,7 @@ async def test_two_submissions_of_one_key_share_one_encode(engine: EncoderEngine
 
 
 async def test_a_killed_worker_fails_its_batch_and_is_restarted(engine: EncoderEngine) -> None:
-    process = engine.worker._process
+    process = engine.worker._processes[0]
     assert process is not None and process.pid is not None
     pid = process.pid
     # Stopped, the worker cannot answer: the batch is certainly in flight when it dies.
@@ -109,14 +109,14 @@ async def test_a_killed_worker_fails_its_batch_and_is_restarted(engine: EncoderE
         await asyncio.wait_for(in_flight, 30)
 
     await until(lambda: engine.ready, timeout=120)
-    new_process = engine.worker._process
+    new_process = engine.worker._processes[0]
     assert new_process is not None and new_process.pid != pid
     result = await asyncio.wait_for(encode_image(engine, png_bytes(112, 56)), 60)
     assert (result.num_rows, result.error) == (8, None)
 
 
 async def test_stop_fails_the_batch_in_flight(engine: EncoderEngine) -> None:
-    process = engine.worker._process
+    process = engine.worker._processes[0]
     assert process is not None and process.pid is not None
     os.kill(process.pid, signal.SIGSTOP)  # the batch stays unanswered until stop()
     in_flight = asyncio.ensure_future(encode_image(engine, png_bytes(56, 56)))
@@ -130,10 +130,9 @@ async def test_stop_fails_the_batch_in_flight(engine: EncoderEngine) -> None:
 
 async def test_store_writes_are_timed_and_failures_counted(checkpoint: Path, tmp_path: Path) -> None:
     (tmp_path / "blocker").write_bytes(b"")  # a file where the store's directory should be
-    spec = WorkerSpec(
-        worker_id=0, model_dir=str(checkpoint), kind="encoder", store=f"local:{tmp_path / 'blocker' / 'store'}",
-        num_threads=1,
-    )  # fmt: skip
+    spec = EncoderWorkerSpec(
+        model_dir=str(checkpoint), store=StoreSettings(f"local:{tmp_path / 'blocker' / 'store'}"), num_threads=1
+    )
     metrics = Metrics()
     engine = EncoderEngine(spec, metrics, MODEL, start_timeout=120.0)
     await engine.start()

@@ -13,7 +13,7 @@ from typing import Any, cast
 import numpy as np
 import pytest
 
-from gpu_workers import protocol
+from omni import protocol
 from gpu_workers.tiny_checkpoints import make_tiny_omni_checkpoint
 from omni.api.errors import APIError
 from omni.api.schemas import ChatCompletionRequest, parse_chat_completion_request

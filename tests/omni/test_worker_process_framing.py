@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import struct
 
-from gpu_workers import protocol
-from gpu_workers.worker import WorkerSpec
+from omni import protocol
+from omni.protocol import LLMWorkerSpec
 from omni.worker_process import WorkerProcess
 
 
 def frames_of(data: bytes, cut_every: int) -> list[bytes]:
-    proc = WorkerProcess(WorkerSpec(worker_id=0, model_dir="unused"))
+    proc = WorkerProcess(LLMWorkerSpec(worker_id=0, model_dir="unused"))
     out = []
     for i in range(0, len(data), cut_every):  # bytes arrive in arbitrary pieces
         proc._received += data[i : i + cut_every]

@@ -1,0 +1,243 @@
+"""The messages a worker and the server exchange, per worker kind.
+
+A request travels in full once (NewRequest) and as deltas afterwards (CachedRequest). Every
+nested structure is a message of its own, so nothing crosses the pipe as an untyped list.
+Tags are unique across the whole protocol (specs.py holds 20-39); the wire format is wire.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+from omni.protocol.wire import message
+
+# ---- common ------------------------------------------------------------------------------
+
+
+@message
+@dataclass(slots=True)
+class Shutdown:
+    TAG: ClassVar[int] = 5
+
+
+@message
+@dataclass(slots=True)
+class WorkerError:
+    """The worker could not run a job (or could not start); fatal ones end the worker."""
+
+    TAG: ClassVar[int] = 9
+    message: str
+    job_id: int | None = None  # the Step's step_id or the EncodeBatch's batch_id
+    fatal: bool = False
+
+
+# ---- the LLM worker ----------------------------------------------------------------------
+
+
+@message
+@dataclass(slots=True)
+class SamplingOptions:
+    """What the worker's sampler needs of a request's SamplingParams (omni/step_message.py
+    derives it, in one place)."""
+
+    TAG: ClassVar[int] = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int | None = None
+    seed: int | None = None
+    # None: no logprobs. 0: sampled token only. k > 0: also the top k alternatives.
+    logprobs: int | None = None
+
+
+@message
+@dataclass(slots=True)
+class MediaRef:
+    """An encoder output injected at prompt positions [offset, offset + num_rows): the rows
+    of the artifact stored under key replace the placeholder tokens' embeddings there."""
+
+    TAG: ClassVar[int] = 10
+    key: str
+    offset: int
+    num_rows: int
+
+
+@message
+@dataclass(slots=True)
+class NewRequest:
+    """First appearance of a request on a worker: everything the worker keeps about it."""
+
+    TAG: ClassVar[int] = 2
+    request_id: str
+    token_ids: list[int]  # prompt token ids (the worker appends what it samples)
+    sampling: SamplingOptions
+    block_ids: list[int]  # the request's whole block table so far
+    num_computed_tokens: int  # tokens [0, num_computed_tokens) already have KV in the cache
+    num_scheduled_tokens: int  # compute tokens [num_computed, num_computed + num_scheduled)
+    media: list[MediaRef] = field(default_factory=list)  # sorted by offset, non-overlapping
+
+
+@message
+@dataclass(slots=True)
+class CachedRequest:
+    """A request the worker already knows: only what changed since its last step."""
+
+    TAG: ClassVar[int] = 3
+    request_id: str
+    new_block_ids: list[int]  # appended to the block table, or the whole table if resumed
+    num_computed_tokens: int
+    num_scheduled_tokens: int
+    # True after a preemption: new_block_ids replaces the table (KV is recomputed from
+    # num_computed_tokens, which then counts only prefix-cache hits).
+    resumed: bool = False
+
+
+@message
+@dataclass(slots=True)
+class Step:
+    """One forward pass: prefill chunks and decodes together.
+
+    The worker samples a token for a scheduled request exactly when its chunk reaches the end
+    of its known tokens (num_computed + num_scheduled == len(token_ids)); a partial prefill
+    chunk samples nothing.
+    """
+
+    TAG: ClassVar[int] = 4
+    step_id: int  # the scheduler's (SchedulerOutput.step_id): the one step counter
+    new_requests: list[NewRequest]
+    cached_requests: list[CachedRequest]
+    # Requests that finished or were aborted since the last step: drop their worker state.
+    finished_request_ids: list[str]
+
+    @property
+    def job_id(self) -> int:
+        return self.step_id
+
+
+@message
+@dataclass(slots=True)
+class LLMReady:
+    """An LLM worker has loaded: the KV cache it could allocate bounds the scheduler."""
+
+    TAG: ClassVar[int] = 6
+    worker_id: int
+    device: str
+    num_kv_blocks: int
+    block_size: int
+    max_model_len: int
+
+
+@message
+@dataclass(slots=True)
+class TopLogprob:
+    TAG: ClassVar[int] = 15
+    token_id: int
+    logprob: float
+
+
+@message
+@dataclass(slots=True)
+class SampledToken:
+    TAG: ClassVar[int] = 7
+    request_id: str
+    token_id: int
+    logprob: float | None = None
+    # best first, when logprobs > 0 was asked for
+    top_logprobs: list[TopLogprob] | None = None
+
+
+@message
+@dataclass(slots=True)
+class FailedRequest:
+    """A request dropped from a step before the forward (its injected embeddings could not be
+    read); the server fails just it."""
+
+    TAG: ClassVar[int] = 16
+    request_id: str
+    reason: str
+
+
+@message
+@dataclass(slots=True)
+class StepResult:
+    TAG: ClassVar[int] = 8
+    step_id: int
+    sampled: list[SampledToken]
+    failed: list[FailedRequest] = field(default_factory=list)
+
+
+# ---- the encoder worker ------------------------------------------------------------------
+
+
+@message
+@dataclass(slots=True)
+class EncodeItem:
+    """One media item for one encoder component; the worker decodes the bytes itself."""
+
+    TAG: ClassVar[int] = 11
+    item_id: int
+    component: str  # vision_encoder | audio_encoder | image_tokenizer | audio_tokenizer
+    kind: str  # the media kind: image | video | audio
+    key: str  # where the output goes in the artifact store
+    data: bytes  # the media as the client sent it (image/audio/video file bytes)
+    fmt: str | None  # the client's audio format name, if any
+    param: str  # the request field it came from, e.g. "messages[0].content[1]", for errors
+
+
+@message
+@dataclass(slots=True)
+class EncodeBatch:
+    TAG: ClassVar[int] = 12
+    batch_id: int
+    items: list[EncodeItem]
+
+    @property
+    def job_id(self) -> int:
+        return self.batch_id
+
+
+@message
+@dataclass(slots=True)
+class EncodedItem:
+    TAG: ClassVar[int] = 13
+    item_id: int
+    num_rows: int  # embedding rows (continuous components) or codes (discrete ones)
+    codes: list[int] | None = None  # discrete components only
+    error: str | None = None  # the media could not be decoded: a client error naming param
+    store_error: str | None = None  # decoded and encoded, but the store refused the output
+
+
+@message
+@dataclass(slots=True)
+class ForwardTiming:
+    """One component's forward over a batch: how many items it took and how long
+    (preprocessing + forward)."""
+
+    TAG: ClassVar[int] = 17
+    component: str
+    num_items: int
+    seconds: float
+
+
+@message
+@dataclass(slots=True)
+class EncodeResult:
+    TAG: ClassVar[int] = 14
+    batch_id: int
+    items: list[EncodedItem]
+    forwards: list[ForwardTiming] = field(default_factory=list)
+    # the artifact-store writes of this batch: seconds for all of them (they run
+    # concurrently), and how many failed
+    store_put_seconds: float = 0.0
+    store_put_failures: int = 0
+
+
+@message
+@dataclass(slots=True)
+class EncoderReady:
+    """An encoder worker has loaded: the components it found under its model directory."""
+
+    TAG: ClassVar[int] = 18
+    worker_id: int
+    device: str
+    components: list[str]

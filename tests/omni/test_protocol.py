@@ -1,0 +1,143 @@
+"""Every message crosses the pipe and comes back equal; malformed frames are refused."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import msgpack
+import pytest
+
+from omni import protocol
+from omni.media.limits import MediaLimits
+from omni.protocol import wire
+
+SAMPLING = protocol.SamplingOptions(temperature=0.7, top_p=0.9, top_k=5, seed=-3, logprobs=2)
+MEDIA = protocol.MediaRef("enc/vision_encoder/r/abc", offset=4, num_rows=9)
+NEW = protocol.NewRequest("r1", [1, 2, 3], SAMPLING, [7, 2], 0, 3, [MEDIA])
+CACHED = protocol.CachedRequest("r0", [5], 17, 1, resumed=True)
+TOP = protocol.TopLogprob(11, -0.25)
+SAMPLED = protocol.SampledToken("r1", 42, -0.5, [TOP, protocol.TopLogprob(3, -1.5)])
+ITEM = protocol.EncodeItem(3, "audio_encoder", "audio", "enc/a/r/k", b"\x00\xffRIFF", "wav", "messages[0].content[1]")
+ENCODED = protocol.EncodedItem(3, 2, [9, 8], error=None, store_error="disk full")
+FORWARD = protocol.ForwardTiming("vision_encoder", 4, 0.125)
+STORE = protocol.StoreSettings("s3://bucket/prefix", "http://127.0.0.1:9000", "us-east-1")
+LIMITS = MediaLimits(max_bytes=123, video_fps=1.5, allow_remote=True)
+
+# One instance of every message type, with no field left at its default where avoidable.
+EXAMPLES: dict[type, object] = {
+    protocol.Shutdown: protocol.Shutdown(),
+    protocol.WorkerError: protocol.WorkerError("boom", job_id=4, fatal=True),
+    protocol.SamplingOptions: SAMPLING,
+    protocol.MediaRef: MEDIA,
+    protocol.NewRequest: NEW,
+    protocol.CachedRequest: CACHED,
+    protocol.Step: protocol.Step(8, [NEW], [CACHED], ["gone"]),
+    protocol.LLMReady: protocol.LLMReady(1, "cuda:1", 4096, 16, 8192),
+    protocol.TopLogprob: TOP,
+    protocol.SampledToken: SAMPLED,
+    protocol.FailedRequest: protocol.FailedRequest("r2", "cannot read encoder output"),
+    protocol.StepResult: protocol.StepResult(8, [SAMPLED], [protocol.FailedRequest("r2", "x")]),
+    protocol.EncodeItem: ITEM,
+    protocol.EncodeBatch: protocol.EncodeBatch(2, [ITEM, dataclasses.replace(ITEM, item_id=4, fmt=None)]),
+    protocol.EncodedItem: ENCODED,
+    protocol.ForwardTiming: FORWARD,
+    protocol.EncodeResult: protocol.EncodeResult(2, [ENCODED], [FORWARD], 0.5, 1),
+    protocol.EncoderReady: protocol.EncoderReady(0, "cpu", ["vision_encoder", "audio_tokenizer"]),
+    protocol.StoreSettings: STORE,
+    MediaLimits: LIMITS,
+    protocol.LLMWorkerSpec: protocol.LLMWorkerSpec(
+        worker_id=2, device="cuda:2", dtype="bfloat16", num_threads=3, world_size=1, model_dir="/m/llm",
+        block_size=32, num_kv_blocks=100, kv_cache_memory_bytes=1 << 30, max_model_len=4096,
+        attention_backend="flash_attn", store=STORE, embedding_cache_bytes=1 << 20,
+    ),  # fmt: skip
+    protocol.EncoderWorkerSpec: protocol.EncoderWorkerSpec(
+        worker_id=0, device="cuda:3", world_size=1, model_dir="/m", store=STORE, media_limits=LIMITS
+    ),
+}
+
+
+def _ours() -> set[type]:
+    # Tests may register message types of their own (the worker-group test does).
+    return {cls for cls in wire.message_types().values() if cls.__module__.startswith("omni.")}
+
+
+def test_every_message_type_has_an_example() -> None:
+    assert set(EXAMPLES) == _ours()
+
+
+@pytest.mark.parametrize("cls", sorted(EXAMPLES, key=lambda c: c.__name__), ids=lambda c: c.__name__)
+def test_round_trip(cls: type) -> None:
+    message = EXAMPLES[cls]
+    decoded = protocol.decode(protocol.encode(message))
+    assert type(decoded) is cls
+    assert decoded == message
+
+
+def test_nested_messages_come_back_typed() -> None:
+    step = protocol.decode(protocol.encode(EXAMPLES[protocol.Step]))
+    assert isinstance(step, protocol.Step)
+    assert isinstance(step.new_requests[0].sampling, protocol.SamplingOptions)
+    assert isinstance(step.new_requests[0].media[0], protocol.MediaRef)
+    result = protocol.decode(protocol.encode(EXAMPLES[protocol.StepResult]))
+    assert isinstance(result.sampled[0].top_logprobs[0], protocol.TopLogprob)
+    assert isinstance(result.failed[0], protocol.FailedRequest)
+    spec = protocol.decode(protocol.encode(EXAMPLES[protocol.EncoderWorkerSpec]))
+    assert isinstance(spec.media_limits, MediaLimits) and isinstance(spec.store, protocol.StoreSettings)
+
+
+def _wire(message: object) -> list:
+    return msgpack.unpackb(protocol.encode(message), raw=False)
+
+
+def test_unknown_tag_is_refused() -> None:
+    with pytest.raises(ValueError, match="not an omni-serve message"):
+        protocol.decode(msgpack.packb([999, 1, 2]))
+    with pytest.raises(ValueError, match="not an omni-serve message"):
+        protocol.decode(msgpack.packb({"tag": 4}))
+
+
+@pytest.mark.parametrize("cls", sorted(EXAMPLES, key=lambda c: c.__name__), ids=lambda c: c.__name__)
+def test_wrong_field_count_is_refused(cls: type) -> None:
+    items = _wire(EXAMPLES[cls])
+    with pytest.raises(ValueError, match=f"{cls.__name__}: expected {len(items) - 1} fields"):
+        protocol.decode(msgpack.packb(items + [None], use_bin_type=True))
+    if len(items) > 1:
+        with pytest.raises(ValueError, match=f"{cls.__name__}: expected"):
+            protocol.decode(msgpack.packb(items[:-1], use_bin_type=True))
+
+
+def test_a_nested_message_with_the_wrong_tag_is_refused() -> None:
+    items = _wire(EXAMPLES[protocol.Step])
+    items[2][0][0] = protocol.CachedRequest.TAG  # a CachedRequest tag where a NewRequest goes
+    with pytest.raises(ValueError, match="expected a NewRequest message"):
+        protocol.decode(msgpack.packb(items, use_bin_type=True))
+    items = _wire(EXAMPLES[protocol.LLMWorkerSpec])
+    store_at = [f.name for f in dataclasses.fields(protocol.LLMWorkerSpec)].index("store") + 1
+    items[store_at] = ["s3://x", None, None]  # the nested message's tag is missing
+    with pytest.raises(ValueError, match="expected a StoreSettings message"):
+        protocol.decode(msgpack.packb(items, use_bin_type=True))
+
+
+def test_a_list_field_that_is_not_a_list_is_refused() -> None:
+    items = _wire(EXAMPLES[protocol.EncodeBatch])
+    items[2] = 5
+    with pytest.raises(ValueError, match="EncodeBatch.items: expected a list of EncodeItem"):
+        protocol.decode(msgpack.packb(items, use_bin_type=True))
+
+
+def test_only_registered_messages_are_encoded() -> None:
+    @dataclasses.dataclass
+    class Stray:
+        x: int = 1
+
+    with pytest.raises(TypeError, match="not a registered message"):
+        protocol.encode(Stray())
+
+
+def test_tags_never_repeat() -> None:
+    @dataclasses.dataclass
+    class Impostor:
+        TAG = protocol.Step.TAG
+
+    with pytest.raises(ValueError, match="tag 4 is taken by Step"):
+        protocol.register(Impostor)
