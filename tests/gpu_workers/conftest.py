@@ -1,17 +1,22 @@
-"""Tiny transformers checkpoints (saved with save_pretrained) and a miniature scheduler."""
+"""Tiny transformers checkpoints (saved with save_pretrained) and a driver that runs an
+LLMRunner under the real scheduler."""
 
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, field
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
-from omni import protocol
 from gpu_workers.llm_runner import LLMRunner
+from omni import protocol
+from omni.step_message import step_message
+from scheduler.block_manager import BlockManager
+from scheduler.request import Request, RequestId, SamplingParams
+from scheduler.scheduler import Scheduler, SchedulerConfig
 
 VOCAB = 256
 # Small but varied: explicit head_dim != hidden / heads, llama3 RoPE and tied embeddings on
@@ -120,28 +125,27 @@ def hf_greedy(model: Any, prompt: list[int], max_new_tokens: int) -> list[int]:
     return list(out[0, len(prompt) :].tolist())
 
 
-@dataclass
-class _Req:
-    request_id: str
-    token_ids: list[int]
-    sampling: protocol.SamplingOptions
-    max_new_tokens: int
-    num_computed: int = 0
-    block_ids: list[int] = field(default_factory=list)
-    output: list[int] = field(default_factory=list)
-    sent: bool = False
-
-
-class MiniScheduler:
-    """Drives an LLMRunner with protocol Steps the way the real scheduler does: requests
-    join at chosen steps, prefill in chunks of at most `chunk` tokens, decode one token a
-    step, and get blocks from a shuffled free list so block tables are not contiguous."""
+class StepDriver:
+    """Drives an LLMRunner exactly as the engine does: the real Scheduler and BlockManager,
+    the engine's own step_message(), and every Step round-tripped through the wire format.
+    Requests join at chosen steps; `chunk` is the step's token budget, so long prompts
+    prefill in pieces; the free block queue is shuffled so block tables are not contiguous."""
 
     def __init__(self, runner: LLMRunner, chunk: int | None = None, seed: int = 0) -> None:
         self.runner = runner
-        self.chunk = chunk
-        self.free = list(range(runner.num_kv_blocks))
-        random.Random(seed).shuffle(self.free)
+        capacity = runner.num_kv_blocks * runner.block_size
+        blocks = BlockManager(runner.num_kv_blocks, runner.block_size, enable_prefix_caching=True)
+        order = list(blocks._free)
+        random.Random(seed).shuffle(order)
+        blocks._free = OrderedDict.fromkeys(order)  # a test's liberty: scatter the tables
+        self.scheduler = Scheduler(
+            SchedulerConfig(
+                max_num_seqs=64,
+                max_num_batched_tokens=chunk or 4096,
+                max_model_len=min(runner.max_model_len, capacity),
+            ),
+            blocks,
+        )
         self.step_id = 0
         self.results: list[protocol.StepResult] = []
 
@@ -155,56 +159,40 @@ class MiniScheduler:
     ) -> list[list[int]]:
         join_at = join_at or [0] * len(prompts)
         sampling = sampling or [protocol.SamplingOptions(temperature=0.0)] * len(prompts)
-        pending = [
-            (at, _Req(f"r{i}", list(p), s, max_new_tokens))
-            for i, (p, at, s) in enumerate(zip(prompts, join_at, sampling))
+        requests = [
+            Request(
+                request_id=RequestId(f"r{i}"),
+                prompt_token_ids=list(p),
+                sampling_params=SamplingParams(
+                    max_tokens=max_new_tokens,
+                    temperature=s.temperature,
+                    top_p=s.top_p,
+                    top_k=s.top_k,
+                    seed=s.seed,
+                    logprobs=s.logprobs,
+                    ignore_eos=True,
+                ),
+            )
+            for i, (p, s) in enumerate(zip(prompts, sampling))
         ]
-        running: list[_Req] = []
-        done: list[_Req] = []
-        finished_ids: list[str] = []
-        while pending or running:
-            running += [r for at, r in pending if at <= self.step_id]
-            pending = [(at, r) for at, r in pending if at > self.step_id]
-            new, cached, scheduled = [], [], {}
-            bs = self.runner.block_size
-            for r in running:
-                n = len(r.token_ids) - r.num_computed
-                if self.chunk is not None:
-                    n = min(n, self.chunk)
-                need = -(-(r.num_computed + n) // bs) - len(r.block_ids)
-                fresh = [self.free.pop() for _ in range(max(need, 0))]
-                r.block_ids += fresh
-                scheduled[r.request_id] = n
-                if not r.sent:
-                    new.append(
-                        protocol.NewRequest(r.request_id, list(r.token_ids), r.sampling, list(r.block_ids), r.num_computed, n)
-                    )
-                    r.sent = True
-                else:
-                    cached.append(protocol.CachedRequest(r.request_id, fresh, r.num_computed, n))
-            step = protocol.Step(self.step_id, new, cached, finished_ids)
-            # the message crosses a process boundary in production: round-trip it here too
-            decoded = protocol.decode(protocol.encode(step))
-            assert isinstance(decoded, protocol.Step) and decoded == step
-            result = self.runner.execute(decoded)
-            self.results.append(result)
-            self.step_id += 1
-            finished_ids = []
-            by_id = {s.request_id: s for s in result.sampled}
-            for r in list(running):
-                r.num_computed += scheduled[r.request_id]
-                if r.request_id in by_id:
-                    assert r.num_computed == len(r.token_ids)
-                    tok = by_id[r.request_id].token_id
-                    r.token_ids.append(tok)
-                    r.output.append(tok)
-                else:
-                    assert r.num_computed < len(r.token_ids)
-                if len(r.output) == r.max_new_tokens:
-                    running.remove(r)
-                    done.append(r)
-                    finished_ids.append(r.request_id)
-                    self.free += r.block_ids
-        self.runner.execute(protocol.Step(self.step_id, [], [], finished_ids))
+        pending = list(zip(join_at, requests))
+        while pending or self.scheduler.has_unfinished_requests:
+            for at, request in [(at, r) for at, r in pending if at <= self.step_id]:
+                self.scheduler.add_request(request)
+                pending.remove((at, request))
+            self._step()
+        self._step()  # the last finished ids reach the worker, as they do with the next step
         assert not self.runner.requests
-        return [r.output for r in sorted(done, key=lambda r: int(r.request_id[1:]))]
+        self.scheduler.block_manager.check_invariants()
+        return [r.output_token_ids for r in requests]
+
+    def _step(self) -> None:
+        output = self.scheduler.schedule()
+        step = step_message(output, output.finished_request_ids)
+        # the message crosses a process boundary in production: round-trip it here too
+        decoded = protocol.decode(protocol.encode(step))
+        assert isinstance(decoded, protocol.Step) and decoded == step
+        result = self.runner.execute(decoded)
+        self.results.append(result)
+        self.scheduler.update_from_output(output, {RequestId(s.request_id): s.token_id for s in result.sampled})
+        self.step_id += 1

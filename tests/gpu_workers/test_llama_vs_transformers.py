@@ -11,7 +11,7 @@ from gpu_workers.attention.backend import SequenceChunk
 from gpu_workers.attention.torch_sdpa import TorchSDPABackend
 from gpu_workers.llm_runner import LLMRunner
 from gpu_workers.loader import load_model
-from tests.gpu_workers.conftest import MiniScheduler, hf_greedy
+from tests.gpu_workers.conftest import StepDriver, hf_greedy
 
 MODEL_TYPES = ["llama", "qwen2", "granite"]
 PROMPTS = [
@@ -62,7 +62,7 @@ def expected_tokens(hf_checkpoint: Any) -> dict[str, list[list[int]]]:
 def test_batched_greedy_matches_generate(
     hf_checkpoint: Any, expected_tokens: dict[str, list[list[int]]], model_type: str
 ) -> None:
-    got = MiniScheduler(runner(hf_checkpoint(model_type)[0])).run(PROMPTS, MAX_NEW)
+    got = StepDriver(runner(hf_checkpoint(model_type)[0])).run(PROMPTS, MAX_NEW)
     assert got == expected_tokens[model_type]
 
 
@@ -70,7 +70,7 @@ def test_batched_greedy_matches_generate(
 def test_chunked_prefill_matches_generate(
     hf_checkpoint: Any, expected_tokens: dict[str, list[list[int]]], model_type: str
 ) -> None:
-    sched = MiniScheduler(runner(hf_checkpoint(model_type)[0]), chunk=3)
+    sched = StepDriver(runner(hf_checkpoint(model_type)[0]), chunk=3)
     assert sched.run(PROMPTS, MAX_NEW) == expected_tokens[model_type]
     # the 13-token prompt really was split: its first steps sampled nothing
     assert "r2" not in {s.request_id for s in sched.results[0].sampled}
@@ -81,7 +81,7 @@ def test_mixed_prefill_and_decode_steps_match_generate(
     hf_checkpoint: Any, expected_tokens: dict[str, list[list[int]]], model_type: str
 ) -> None:
     # r0 decodes while r1 prefills at step 2 and r2 prefills in chunks of 5 from step 3
-    sched = MiniScheduler(runner(hf_checkpoint(model_type)[0], block_size=2), chunk=5, seed=1)
+    sched = StepDriver(runner(hf_checkpoint(model_type)[0], block_size=2), chunk=5, seed=1)
     got = sched.run(PROMPTS, MAX_NEW, join_at=[0, 2, 3, 3])
     assert got == expected_tokens[model_type]
 

@@ -8,7 +8,7 @@ import torch
 from omni import protocol
 from gpu_workers.llm_runner import CPU_KV_CACHE_BYTES, LLMRunner, kv_bytes_per_block
 from gpu_workers.tiny_checkpoints import make_tiny_checkpoint
-from tests.gpu_workers.conftest import MiniScheduler
+from tests.gpu_workers.conftest import StepDriver
 
 GREEDY = protocol.SamplingOptions(temperature=0.0)
 
@@ -74,7 +74,7 @@ def test_invalid_steps_raise_and_change_nothing(tiny: Path) -> None:
 
 def test_preempted_request_resumes_with_the_same_tokens(tiny: Path) -> None:
     prompt = [11, 12, 13, 14, 15, 16]
-    expected = MiniScheduler(make_runner(tiny)).run([prompt], 6)[0]
+    expected = StepDriver(make_runner(tiny)).run([prompt], 6)[0]
     r = make_runner(tiny)
     tokens = list(prompt)
     r.execute(protocol.Step(0, [new("a", prompt, [0, 1])], [], []))
@@ -92,8 +92,8 @@ def test_preempted_request_resumes_with_the_same_tokens(tiny: Path) -> None:
 def test_seeded_requests_reproduce_whatever_shares_the_batch(tiny: Path) -> None:
     seeded = protocol.SamplingOptions(temperature=1.0, seed=1234, logprobs=2)
     prompts = [[1, 2, 3], [4, 5, 6, 7, 8], [9]]
-    alone = MiniScheduler(make_runner(tiny)).run([prompts[0]], 8, sampling=[seeded])[0]
-    sched = MiniScheduler(make_runner(tiny), chunk=2)
+    alone = StepDriver(make_runner(tiny)).run([prompts[0]], 8, sampling=[seeded])[0]
+    sched = StepDriver(make_runner(tiny), chunk=2)
     others = [protocol.SamplingOptions(temperature=1.0), protocol.SamplingOptions(temperature=0.7, top_p=0.9)]
     mixed = sched.run(prompts, 8, sampling=[seeded, *others], join_at=[1, 0, 2])[0]
     assert alone == mixed
@@ -105,7 +105,7 @@ def test_seeded_requests_reproduce_whatever_shares_the_batch(tiny: Path) -> None
 
 def test_prefix_cache_hit_reads_another_requests_blocks(tiny: Path) -> None:
     shared, tail = [21, 22, 23, 24, 25, 26, 27, 28], [29, 30, 31]
-    expected = MiniScheduler(make_runner(tiny)).run([shared + tail], 4)[0]
+    expected = StepDriver(make_runner(tiny)).run([shared + tail], 4)[0]
     r = make_runner(tiny)
     r.execute(protocol.Step(0, [new("a", shared, [7, 3])], [], []))
     # b's first two blocks are a's: its KV for positions [0, 8) is already there
