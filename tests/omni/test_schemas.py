@@ -221,6 +221,16 @@ def test_audio_output_is_refused_until_it_exists(body: dict[str, Any]) -> None:
     )
 
 
+@pytest.mark.parametrize("modalities", [["text", "image"], ["image"]])
+def test_image_output_is_refused_until_it_exists(modalities: list[str]) -> None:
+    with pytest.raises(APIError) as info:
+        parse_chat_completion_request(chat(modalities=modalities))
+    assert (info.value.status, info.value.param, info.value.code) == (400, "modalities", "unsupported_parameter")
+    assert info.value.message == (
+        "'modalities' is not supported: image output is not available yet; ask for [\"text\"]."
+    )
+
+
 def test_audio_object_is_validated_before_the_modality_is_refused() -> None:
     with pytest.raises(APIError) as info:
         parse_chat_completion_request(

@@ -261,8 +261,9 @@ def _parse_output_modalities(body: Body) -> tuple[tuple[str, ...], AudioOutput |
         if audio.format not in AUDIO_FORMATS:
             supported = ", ".join(sorted(AUDIO_FORMATS))
             raise value_error("audio.format", f"'{audio.format}'; supported: {supported}.")
-    # Until the audio decoder exists, asking for audio is refused rather than answered with
-    # text alone. When it lands, the 'audio' modality will require the 'audio' parameter.
-    if "audio" in modalities:
-        raise unsupported("modalities", "audio output is not available yet; ask for [\"text\"].")
+    # Until the decoders exist, asking for audio or image output is refused rather than
+    # answered with text alone. When audio lands, its modality will require 'audio'.
+    for modality in ("audio", "image"):
+        if modality in modalities:
+            raise unsupported("modalities", f"{modality} output is not available yet; ask for [\"text\"].")
     return modalities, audio
