@@ -108,20 +108,20 @@ def _part_dict(part: ContentPart) -> dict[str, Json]:
 def _parse_part(value: Json, param: str) -> ContentPart:
     if not isinstance(value, dict):
         raise type_error(param, "an object", value)
-    kind = required_str(value, "type", f"{param}.type")
-    if kind == "text":
+    part_type = required_str(value, "type", f"{param}.type")
+    if part_type == "text":
         return TextPart(required_str(value, "text", f"{param}.text"))
-    if kind in ("image_url", "video_url"):
-        inner = value.get(kind)
+    if part_type in ("image_url", "video_url"):
+        inner = value.get(part_type)
         if isinstance(inner, str):  # some clients send the URL directly
             url, detail = inner, None
         elif isinstance(inner, dict):
-            url = required_str(inner, "url", f"{param}.{kind}.url")
-            detail = opt_str(inner, "detail", f"{param}.{kind}.detail")
+            url = required_str(inner, "url", f"{param}.{part_type}.url")
+            detail = opt_str(inner, "detail", f"{param}.{part_type}.detail")
         else:
-            raise type_error(f"{param}.{kind}", "an object", inner)
-        return ImageURLPart(url, detail) if kind == "image_url" else VideoURLPart(url)
-    if kind == "input_audio":
+            raise type_error(f"{param}.{part_type}", "an object", inner)
+        return ImageURLPart(url, detail) if part_type == "image_url" else VideoURLPart(url)
+    if part_type == "input_audio":
         inner = value.get("input_audio")
         if not isinstance(inner, dict):
             raise type_error(f"{param}.input_audio", "an object", inner)
@@ -131,7 +131,7 @@ def _parse_part(value: Json, param: str) -> ContentPart:
         )
     raise value_error(
         f"{param}.type",
-        f"unsupported content part type '{kind}'; "
+        f"unsupported content part type '{part_type}'; "
         "expected text, image_url, input_audio or video_url.",
     )
 
