@@ -16,7 +16,7 @@ from omni.api.errors import error_middleware, unauthorized
 from omni.config import EngineConfig, ServerConfig
 from omni.encoder_engine import EncoderEngine
 from omni.worker_specs import encoder_device, encoder_worker_spec
-from omni.media_pipeline import MediaPipeline
+from omni.media_input.pipeline import MediaPipeline
 from omni.model_layout import ModelLayout
 from omni.model_pool import ModelPool
 from omni.metrics import Metrics

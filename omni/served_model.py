@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from omni.api.errors import model_not_found
-from omni.media_pipeline import MediaPipeline
+from omni.media_input.pipeline import MediaPipeline
 from omni.model_pool import ModelPool
 from omni.tokenizer import TextTokenizer
 

@@ -15,12 +15,12 @@ import pytest
 
 from omni import protocol
 from gpu_workers.tiny_checkpoints import make_tiny_omni_checkpoint
-from omni.api.errors import APIError
+from omni.api.errors import APIError, bad_request
 from omni.api.schemas import ChatCompletionRequest, parse_chat_completion_request
 from omni.encoder_engine import EncoderEngine
 from omni.engine import EngineError
-from omni.media import MediaLimits
-from omni.media_pipeline import MediaPipeline, PromptInputs
+from omni.media import MediaError, MediaLimits
+from omni.media_input.pipeline import MediaPipeline, PromptInputs
 from omni.metrics import Metrics
 from omni.model_layout import ModelLayout, component_revision
 from omni.store.base import StoreError
@@ -195,8 +195,13 @@ async def render(pipeline: MediaPipeline, req: ChatCompletionRequest) -> tuple[l
 
 
 async def expand_error(pipeline: MediaPipeline, req: ChatCompletionRequest) -> APIError:
-    with pytest.raises(APIError) as e:
+    """The error the client gets: the media layer's MediaError becomes a 400 naming the part
+    (in error_middleware), as here."""
+    with pytest.raises((APIError, MediaError)) as e:
         await render(pipeline, req)
+    if isinstance(e.value, MediaError):
+        return bad_request(e.value.message, param=e.value.param)
+    assert isinstance(e.value, APIError)
     return e.value
 
 
