@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 
 from omni.detokenizer import IncrementalDetokenizer
@@ -88,7 +88,7 @@ class Generation:
         self.skip_special_tokens = skip_special_tokens
         self.usage = Usage(prompt_tokens=len(prompt_token_ids))
 
-    async def deltas(self) -> AsyncIterator[Delta]:
+    async def deltas(self) -> AsyncGenerator[Delta, None]:
         pool = self.model.pool
         stream = pool.submit(self.request)
         detok = IncrementalDetokenizer(

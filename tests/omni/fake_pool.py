@@ -1,0 +1,49 @@
+"""FakePool: ModelPool's interface to the orchestrator, with no worker. Every request gets the
+same scripted tokens, the last one finishing it, and every submit and abort is recorded."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from scheduler.request import Request, RequestId, RequestStatus
+
+
+@dataclass(frozen=True, slots=True)
+class FakeEvent:
+    token_id: int
+    logprob: float | None
+    top_logprobs: list[tuple[int, float]] | None
+    finish_reason: str | None
+
+
+@dataclass(slots=True)
+class FakeStream:
+    request: Request
+    events: list[FakeEvent]
+
+    async def __aiter__(self) -> AsyncIterator[FakeEvent]:
+        for event in self.events:
+            yield event
+
+
+@dataclass
+class FakePool:
+    tokens: list[int]  # what every request generates, in order
+    finish_reason: str = "length"
+    serving: bool = True
+    max_model_len: int = 256
+    submitted: list[Request] = field(default_factory=list)
+    aborted: list[tuple[RequestId, RequestStatus]] = field(default_factory=list)
+
+    def submit(self, request: Request) -> FakeStream:
+        self.submitted.append(request)
+        last = len(self.tokens) - 1
+        events = [
+            FakeEvent(t, -0.5, None, self.finish_reason if i == last else None)
+            for i, t in enumerate(self.tokens)
+        ]
+        return FakeStream(request, events)
+
+    def abort(self, stream: FakeStream, status: RequestStatus = RequestStatus.FINISHED_ABORTED) -> None:
+        self.aborted.append((stream.request.request_id, status))
