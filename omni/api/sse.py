@@ -1,10 +1,12 @@
-"""Server-sent events, and running several choices of one request side by side."""
+"""Assembly's shared parts: server-sent events, the response envelope, and running the
+choices of one request side by side (their routed outputs, omni/output_router.py)."""
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
+from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -13,7 +15,8 @@ from aiohttp import web
 
 from omni.api.errors import service_unavailable
 from omni.engine import EngineError
-from omni.generation import Delta, Generation, TokenLogprob, Usage
+from omni.generation import Delta, TokenLogprob, Usage
+from omni.output_router import OutputRouter
 
 
 async def open_event_stream(request: web.Request) -> web.StreamResponse:
@@ -76,17 +79,18 @@ class ChunkStream:
 
     async def run(
         self,
-        generations: Sequence[Generation],
+        outputs: Sequence[OutputRouter],
         choice: Callable[[int, Delta], dict[str, Any] | None],
         usage: Callable[[], Usage],
     ) -> None:
         """Send one chunk per delta that choice() turns into a choice (None: skip it), then the
         usage chunk and [DONE]; a worker failure mid-stream ends it with an error event."""
         try:
-            async for index, delta in interleave(generations):
-                c = choice(index, delta)
-                if c is not None:
-                    await self.send([c])
+            async with aclosing(interleave(outputs)) as deltas:  # a client gone aborts at once
+                async for index, delta in deltas:
+                    c = choice(index, delta)
+                    if c is not None:
+                        await self.send([c])
         except EngineError as exc:
             await send_error_and_done(self.response, exc)
             return
@@ -102,16 +106,17 @@ class Choice:
     finish_reason: str | None = None
 
 
-async def collect(generations: Sequence[Generation]) -> list[Choice]:
-    """Run every generation to its end; a worker failure becomes a 503."""
-    parts: list[list[str]] = [[] for _ in generations]
-    choices = [Choice() for _ in generations]
+async def collect(outputs: Sequence[OutputRouter]) -> list[Choice]:
+    """Run every choice to its end; a worker failure becomes a 503."""
+    parts: list[list[str]] = [[] for _ in outputs]
+    choices = [Choice() for _ in outputs]
     try:
-        async for index, delta in interleave(generations):
-            parts[index].append(delta.text)
-            choices[index].logprobs.extend(delta.logprobs)
-            if delta.finish_reason is not None:
-                choices[index].finish_reason = delta.finish_reason
+        async with aclosing(interleave(outputs)) as deltas:
+            async for index, delta in deltas:
+                parts[index].append(delta.text)
+                choices[index].logprobs.extend(delta.logprobs)
+                if delta.finish_reason is not None:
+                    choices[index].finish_reason = delta.finish_reason
     except EngineError as exc:
         raise service_unavailable(str(exc)) from exc
     for choice, text in zip(choices, parts):
@@ -119,28 +124,29 @@ async def collect(generations: Sequence[Generation]) -> list[Choice]:
     return choices
 
 
-async def interleave(generations: Sequence[Generation]) -> AsyncIterator[tuple[int, Delta]]:
-    """Yield (choice index, delta) from all generations as their tokens arrive.
+async def interleave(outputs: Sequence[OutputRouter]) -> AsyncGenerator[tuple[int, Delta], None]:
+    """Yield (choice index, delta) from every choice's output as its tokens arrive.
 
     The pump tasks belong to this generator: leaving it early (client gone, error)
     cancels them, and each Generation then aborts its request.
     """
-    if len(generations) == 1:  # the common case needs no tasks
-        async for delta in generations[0].deltas():
-            yield 0, delta
+    if len(outputs) == 1:  # the common case needs no tasks
+        async with aclosing(outputs[0].deltas()) as deltas:
+            async for delta in deltas:
+                yield 0, delta
         return
     queue: asyncio.Queue[tuple[int, Delta | BaseException | None]] = asyncio.Queue()
 
-    async def pump(index: int, generation: Generation) -> None:
+    async def pump(index: int, output: OutputRouter) -> None:
         try:
-            async for delta in generation.deltas():
+            async for delta in output.deltas():
                 queue.put_nowait((index, delta))
         except Exception as exc:  # handed to the consumer, which raises it
             queue.put_nowait((index, exc))
             return
         queue.put_nowait((index, None))
 
-    tasks = [asyncio.create_task(pump(i, g)) for i, g in enumerate(generations)]
+    tasks = [asyncio.create_task(pump(i, o)) for i, o in enumerate(outputs)]
     try:
         remaining = len(tasks)
         while remaining:

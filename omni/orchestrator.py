@@ -1,0 +1,112 @@
+"""The request lifecycle, in one place: one function per endpoint that reads top-down.
+
+    parse -> model -> media -> prompt -> generate -> route output -> assemble
+
+Each step lives in the module that owns its noun: parsing in omni/api/schemas, media items in
+omni/media_input, prompt building in omni/prompt.py, one choice's tokens in omni/generation.py,
+output spans in omni/output_router.py. Assembly (the JSON body or the SSE chunks) is the
+endpoint's own response format, so its handler in omni/api passes it in: the API layer calls
+down into this module, never the other way round.
+
+Nothing runs on a worker until assembly iterates the outputs: Generation submits its request
+when its deltas are first asked for, so an error in an earlier step costs no engine work.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TypeAlias, TypeVar
+
+from aiohttp import web
+
+from omni.api.errors import service_unavailable
+from omni.api.schemas import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    parse_chat_completion_request,
+    parse_completion_request,
+    read_json,
+    sampling_params,
+)
+from omni.generation import Generation, choice_params, new_request_id
+from omni.output_router import OutputRouter
+from omni.prompt import chat_prompt, completion_prompts, load_media
+from omni.served_model import ServedModel
+from omni.state import MODELS
+
+
+@dataclass(frozen=True, slots=True)
+class Completion:
+    """What assembly gets: every choice's routed output, in choice index order, not yet run."""
+
+    id: str
+    model: ServedModel
+    outputs: list[OutputRouter]
+
+
+R = TypeVar("R", ChatCompletionRequest, CompletionRequest)
+# (the HTTP request, the parsed body, the completion) -> the response: JSON, or SSE if req.stream
+Assemble: TypeAlias = Callable[[web.Request, R, Completion], Awaitable[web.StreamResponse]]
+
+
+async def chat_completion(
+    request: web.Request, assemble: Assemble[ChatCompletionRequest]
+) -> web.StreamResponse:
+    req = parse_chat_completion_request(await read_json(request))
+    model = _model(request, req.model)
+    _check_serving(model)  # before media: no fetching or encoding for a model that cannot answer
+    items = await load_media(model, req)
+    prompt = await chat_prompt(model, req, items)
+    params = sampling_params(
+        req, max_model_len=model.pool.max_model_len, num_prompt_tokens=len(prompt.token_ids)
+    )
+    completion_id = new_request_id("chatcmpl")
+    generations = [
+        Generation(
+            model,
+            prompt.token_ids,
+            choice_params(params, i),
+            req.stop,
+            f"{completion_id}-{i}",
+            req.skip_special_tokens,
+            prompt.media,
+        )
+        for i in range(req.n)
+    ]
+    outputs = [OutputRouter(g) for g in generations]
+    return await assemble(request, req, Completion(completion_id, model, outputs))
+
+
+async def completion(request: web.Request, assemble: Assemble[CompletionRequest]) -> web.StreamResponse:
+    req = parse_completion_request(await read_json(request))
+    model = _model(request, req.model)
+    prompts = completion_prompts(model, req)  # no media: a malformed prompt is a 400 even while starting
+    _check_serving(model)
+    completion_id = new_request_id("cmpl")
+    generations = []
+    for p, ids in enumerate(prompts):  # n choices per prompt: choice index = p * n + i
+        params = sampling_params(req, max_model_len=model.pool.max_model_len, num_prompt_tokens=len(ids))
+        generations += [
+            Generation(
+                model,
+                ids,
+                choice_params(params, i),
+                req.stop,
+                f"{completion_id}-{p * req.n + i}",
+                req.skip_special_tokens,
+            )
+            for i in range(req.n)
+        ]
+    outputs = [OutputRouter(g) for g in generations]
+    return await assemble(request, req, Completion(completion_id, model, outputs))
+
+
+def _model(request: web.Request, name: str) -> ServedModel:
+    return request.app[MODELS].get(name)  # a 404 naming the model if it is not served
+
+
+def _check_serving(model: ServedModel) -> None:
+    # A media request also needs the encoder: MediaPipeline.expand answers 503 for that.
+    if not model.pool.serving:
+        raise service_unavailable("The model is starting; retry shortly.", retry_after_s=5)

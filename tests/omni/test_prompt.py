@@ -1,0 +1,80 @@
+"""Prompt building for a text-only model: the chat template's ids, media refused by part, and
+completion prompts encoded or checked against the vocabulary. (Media expansion for an omni
+model is tests/omni/test_media_pipeline.py.)"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, cast
+
+import pytest
+
+from omni.api.errors import APIError
+from omni.api.schemas import parse_chat_completion_request, parse_completion_request
+from omni.model_pool import ModelPool
+from omni.prompt import chat_prompt, completion_prompts, load_media
+from omni.served_model import ServedModel
+from omni.tokenizer import TextTokenizer
+from tests.omni.fake_pool import FakePool
+
+PNG_URL = "data:image/png;base64,iVBORw0KGgo="
+
+
+@pytest.fixture(scope="module")
+def model(tiny_tokenizer_dir: Path) -> ServedModel:
+    tokenizer = TextTokenizer.from_dir(tiny_tokenizer_dir)
+    return ServedModel("m", tokenizer, cast(ModelPool, FakePool([1])), created=0)
+
+
+def chat(*messages: dict[str, Any]) -> Any:
+    return parse_chat_completion_request({"model": "m", "messages": list(messages)})
+
+
+async def test_text_chat_is_the_template_and_no_media(model: ServedModel) -> None:
+    req = chat({"role": "user", "content": [{"type": "text", "text": "Hi"}]})
+    assert await load_media(model, req) == []
+    prompt = await chat_prompt(model, req, [])
+    assert prompt.token_ids == model.tokenizer.apply_chat_template(req.messages)
+    assert prompt.token_ids == model.tokenizer.encode(
+        "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False
+    )
+    assert prompt.media == ()
+
+
+async def test_a_text_only_model_refuses_the_first_media_part_by_name(model: ServedModel) -> None:
+    image = {"type": "image_url", "image_url": {"url": PNG_URL}}
+    look = {"role": "user", "content": [{"type": "text", "text": "Look"}, image]}
+    req = chat({"role": "user", "content": "Hello"}, look)
+    with pytest.raises(APIError) as e:
+        await load_media(model, req)
+    error = e.value
+    assert (error.status, error.param) == (400, "messages[1].content[1]")
+    assert error.code == "unsupported_content_type"
+    assert error.message == "This model does not accept image_url input."
+
+
+def test_completion_prompts_encode_text_and_keep_token_ids(model: ServedModel) -> None:
+    req = parse_completion_request({"model": "m", "prompt": ["Hello", "world"]})
+    assert completion_prompts(model, req) == [
+        model.tokenizer.encode("Hello"),
+        model.tokenizer.encode("world"),
+    ]
+    req = parse_completion_request({"model": "m", "prompt": [[3, 4], [5]]})
+    assert completion_prompts(model, req) == [[3, 4], [5]]
+
+
+@pytest.mark.parametrize(
+    ("prompt", "message"),
+    [
+        ([[3], [1 << 20]], "prompt 1 has token ids outside [0, {vocab})"),
+        (["Hello", ""], "prompt 1 is empty"),
+    ],
+)
+def test_bad_completion_prompts_are_400s_naming_the_prompt(
+    model: ServedModel, prompt: list[Any], message: str
+) -> None:
+    req = parse_completion_request({"model": "m", "prompt": prompt})
+    with pytest.raises(APIError) as e:
+        completion_prompts(model, req)
+    vocab = model.tokenizer.vocab_size
+    assert (e.value.status, e.value.param, e.value.message) == (400, "prompt", message.format(vocab=vocab))
