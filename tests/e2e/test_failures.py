@@ -84,9 +84,8 @@ def test_worker_crash_fails_its_requests_then_recovers(tiny_model_dir: Path) -> 
         assert error["type"] == "server_error"
         assert error["code"] == "service_unavailable"
         assert error["param"] is None
-        # "<worker label> failed: <cause>": the cause (pipe closed, exit code) is whichever the
-        # engine saw first.
-        assert "worker failed: " in error["message"]
+        # "<kind> failed: <cause>", the cause naming the worker (pipe closed or exit code)
+        assert error["message"].startswith("llm worker failed: llm worker 0")
         deadline = time.monotonic() + 120
         while httpx.get(f"{base}/health").status_code != 200:
             assert time.monotonic() < deadline, "the worker was not restarted"
