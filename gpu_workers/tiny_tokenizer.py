@@ -74,7 +74,7 @@ def audio_code_token(unit: int) -> str:
 # ChatML. Content is a string, a list of parts or none (an assistant turn with tool calls).
 # Media parts arrive as {"type": "image" | "video" | "audio", "id": ...} (transformers'
 # multimodal convention) and render as the reference model does: a mime header, then one
-# placeholder per representation, which the server expands (omni/media_pipeline.py).
+# placeholder per representation, which the server expands (omni/media_input/placeholders.py).
 CHAT_TEMPLATE = """\
 {%- for message in messages -%}
 {{- '<|im_start|>' + message['role'] + '\\n' -}}

@@ -21,11 +21,3 @@ __all__ = [
     "is_video",
 ]
 
-
-def __getattr__(name: str) -> object:
-    # Transitional: the loaders live in omni.media.source, imported on first use only.
-    if name in ("decode_base64", "load_media_bytes"):
-        from omni.media import source
-
-        return getattr(source, name)
-    raise AttributeError(name)
