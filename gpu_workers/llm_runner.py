@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from gpu_workers.artifacts import embeddings_from_bytes
@@ -59,6 +60,21 @@ def default_kv_cache_bytes(device: torch.device) -> int:
         free, _total = torch.cuda.mem_get_info(device)
         return int(free * GPU_KV_CACHE_FRACTION)
     return CPU_KV_CACHE_BYTES
+
+
+def apply_token_masks(logits: torch.Tensor, masks: list[bytes | None]) -> None:
+    """Grammar masks, in place: a row with a mask keeps only the tokens its bits allow (tokens
+    past the mask's end, e.g. the padding rows of an embedding larger than the tokenizer, are
+    never allowed). Applied before sampling, so greedy and sampled decoding both obey it."""
+    vocab = logits.shape[1]
+    for row, mask in enumerate(masks):
+        if mask is None:
+            continue
+        bits = np.unpackbits(np.frombuffer(mask, dtype=np.uint8), bitorder="little")
+        allowed = np.zeros(vocab, dtype=bool)
+        n = min(vocab, bits.size)
+        allowed[:n] = bits[:n].astype(bool)
+        logits[row].masked_fill_(torch.from_numpy(~allowed).to(logits.device), float("-inf"))
 
 
 @dataclass(slots=True)
@@ -181,7 +197,8 @@ class LLMRunner(Runner):
         if not scheduled:
             return protocol.StepResult(step.step_id, [], failed)
         with torch.inference_mode():
-            return protocol.StepResult(step.step_id, self._run(scheduled, media), failed)
+            masks = {m.request_id: m.bitmask for m in step.token_masks}
+            return protocol.StepResult(step.step_id, self._run(scheduled, media, masks), failed)
 
     def _apply_deltas(self, step: protocol.Step) -> list[_Scheduled]:
         # Everything is checked before any state changes, so a rejected step leaves the
@@ -361,7 +378,9 @@ class LLMRunner(Runner):
             row += s.num_scheduled_tokens
         return h
 
-    def _run(self, scheduled: list[_Scheduled], media: MediaRows) -> list[protocol.SampledToken]:
+    def _run(
+        self, scheduled: list[_Scheduled], media: MediaRows, masks: dict[str, bytes] | None = None
+    ) -> list[protocol.SampledToken]:
         input_ids: list[int] = []
         positions: list[int] = []
         chunks: list[SequenceChunk] = []
@@ -388,6 +407,8 @@ class LLMRunner(Runner):
         if not sample_rows:
             return []
         logits = self.model.compute_logits(hidden[torch.tensor(sample_rows, device=self.device)])  # (N, V)
+        if masks:
+            apply_token_masks(logits, [masks.get(r) for r in sample_ids])
         states = [self.requests[r] for r in sample_ids]
         outputs = self.sampler.sample(logits, [s.sampling for s in states], [s.generator for s in states])
         sampled = []

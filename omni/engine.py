@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from omni import protocol
 from omni.config import EngineConfig
+from omni.constrained.constraint import TokenConstraint, fill_masks
 from omni.metrics import Metrics
 from omni.step_message import step_message
 from omni.supervisor import EngineError, SupervisedWorker
@@ -47,6 +48,8 @@ class TokenEvent:
 class RequestStream:
     request: Request
     worker_id: int
+    # The request's grammar (omni/constrained): masks its sampling, ends it when complete.
+    constraint: TokenConstraint | None = None
     queue: asyncio.Queue[TokenEvent | BaseException] = field(default_factory=asyncio.Queue)
     first_token_time: float | None = None
     last_token_time: float | None = None
@@ -147,11 +150,14 @@ class LLMEngine(SupervisedWorker):
 
     # ---- requests --------------------------------------------------------------------
     def submit(
-        self, request: Request, block_hashes: list[BlockHash] | None = None
+        self,
+        request: Request,
+        block_hashes: list[BlockHash] | None = None,
+        constraint: TokenConstraint | None = None,
     ) -> RequestStream:
         if not self.ready or self.scheduler is None:
             raise EngineError("the model's worker is not ready")
-        stream = RequestStream(request, self.worker_id)
+        stream = RequestStream(request, self.worker_id, constraint)
         self._streams[request.request_id] = stream
         self.scheduler.add_request(request)
         if block_hashes:
@@ -221,7 +227,7 @@ class LLMEngine(SupervisedWorker):
         self._update_gauges()
 
     async def _execute(self, scheduler: Scheduler, output: SchedulerOutput) -> None:
-        step = step_message(output, self._pending_finished)
+        step = step_message(output, self._pending_finished, self._token_masks(output))
         self._pending_finished = []
         sent = time.monotonic()
         await self.worker.send(step)
@@ -247,6 +253,8 @@ class LLMEngine(SupervisedWorker):
             if stream is None:
                 continue
             sampled = by_id[request.request_id]
+            if stream.constraint is not None and not request.is_finished:
+                self._advance_constraint(request, stream.constraint, sampled.token_id)
             finish_reason = request.status.value if request.is_finished else None
             self._observe_token(stream, now)
             top = sampled.top_logprobs
@@ -261,6 +269,30 @@ class LLMEngine(SupervisedWorker):
             if finish_reason is not None:
                 self._forget(request.request_id)
                 self.metrics.request_finished(self.config.model_name, finish_reason, request)
+
+    def _token_masks(self, output: SchedulerOutput) -> list[protocol.TokenMask]:
+        """The grammar mask of every constrained request whose chunk samples in this step."""
+        sampling: list[tuple[RequestId, TokenConstraint]] = []
+        scheduled = [(s.request.request_id, s.num_computed_tokens, s.num_scheduled_tokens) for s in output.scheduled_new]
+        scheduled += [(c.request_id, c.num_computed_tokens, c.num_scheduled_tokens) for c in output.scheduled_cached]
+        for request_id, computed, num in scheduled:
+            stream = self._streams.get(request_id)
+            if stream is None or stream.constraint is None or not stream.constraint.active:
+                continue
+            if computed + num == stream.request.num_tokens:  # the chunk ends at its last token
+                sampling.append((request_id, stream.constraint))
+        if not sampling:
+            return []
+        masks = fill_masks([c for _, c in sampling])
+        return [protocol.TokenMask(r, m) for (r, _), m in zip(sampling, masks)]
+
+    def _advance_constraint(self, request: Request, constraint: TokenConstraint, token_id: int) -> None:
+        """Feed the sampled token to the grammar; a grammar that is complete ends the request
+        as a stop string would (no extra step to sample an EOS it would force anyway)."""
+        constraint.advance(token_id)
+        if constraint.complete or constraint.violated:
+            assert self.scheduler is not None
+            self.scheduler.abort_request(request.request_id, RequestStatus.FINISHED_STOPPED)
 
     def _observe_token(self, stream: RequestStream, now: float) -> None:
         name = self.config.model_name

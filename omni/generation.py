@@ -12,6 +12,7 @@ import uuid
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 
+from omni.constrained.constraint import TokenConstraint
 from omni.detokenizer import IncrementalDetokenizer
 from omni.served_model import ServedModel
 from scheduler.request import MediaSpan, Request, RequestId, RequestStatus, SamplingParams
@@ -75,6 +76,7 @@ class Generation:
         request_id: str,
         skip_special_tokens: bool = True,
         media: tuple[MediaSpan, ...] = (),
+        constraint: TokenConstraint | None = None,
     ) -> None:
         self.model = model
         self.request = Request(
@@ -85,12 +87,13 @@ class Generation:
             media=media,
         )
         self.stop = stop
+        self.constraint = constraint  # the choice's own grammar matcher, if it has one
         self.skip_special_tokens = skip_special_tokens
         self.usage = Usage(prompt_tokens=len(prompt_token_ids))
 
     async def deltas(self) -> AsyncGenerator[Delta, None]:
         pool = self.model.pool
-        stream = pool.submit(self.request)
+        stream = pool.submit(self.request, self.constraint)
         detok = IncrementalDetokenizer(
             self.model.tokenizer, skip_special_tokens=self.skip_special_tokens, stop=self.stop
         )

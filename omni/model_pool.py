@@ -6,6 +6,7 @@ import asyncio
 import logging
 
 from omni.config import EngineConfig
+from omni.constrained.constraint import TokenConstraint
 from omni.engine import EngineError, LLMEngine, RequestStream
 from omni.metrics import Metrics
 from scheduler.placement import Placement, make_placement
@@ -55,13 +56,13 @@ class ModelPool:
     async def stop(self) -> None:
         await asyncio.gather(*(e.stop() for e in self.engines), return_exceptions=True)
 
-    def submit(self, request: Request) -> RequestStream:
+    def submit(self, request: Request, constraint: TokenConstraint | None = None) -> RequestStream:
         live = [e for e in self.engines if e.ready]
         if not live:
             raise EngineError("no worker of this model is ready")
         if len(self.engines) == 1:  # nothing to choose: skip hashing the prompt here
             self.metrics.add_placement(self.name, str(live[0].worker_id), "only")
-            return live[0].submit(request)
+            return live[0].submit(request, constraint=constraint)
         # One hash chain serves every worker: they share the block size. Full blocks only.
         hashes = block_hashes(
             request.prompt_token_ids, self.config.block_size, media=request.media
@@ -71,7 +72,7 @@ class ModelPool:
         )
         engine = self.engines[decision.worker_id]
         self.metrics.add_placement(self.name, str(decision.worker_id), decision.reason)
-        return engine.submit(request, hashes)
+        return engine.submit(request, hashes, constraint)
 
     def abort(
         self, stream: RequestStream, status: RequestStatus = RequestStatus.FINISHED_ABORTED

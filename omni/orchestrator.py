@@ -29,6 +29,7 @@ from omni.api.schemas import (
     read_json,
     sampling_params,
 )
+from omni.constrained.compiler import CompiledGrammar
 from omni.generation import Generation, choice_params, new_request_id
 from omni.output_router import OutputRouter
 from omni.prompt import chat_prompt, completion_prompts, load_media
@@ -61,6 +62,7 @@ async def chat_completion(
     params = sampling_params(
         req, max_model_len=model.pool.max_model_len, num_prompt_tokens=len(prompt.token_ids)
     )
+    grammar = await _grammar(model, req)
     completion_id = new_request_id("chatcmpl")
     generations = [
         Generation(
@@ -71,6 +73,7 @@ async def chat_completion(
             f"{completion_id}-{i}",
             req.skip_special_tokens,
             prompt.media,
+            grammar.new_constraint() if grammar is not None else None,
         )
         for i in range(req.n)
     ]
@@ -83,6 +86,7 @@ async def completion(request: web.Request, assemble: Assemble[CompletionRequest]
     model = _model(request, req.model)
     prompts = completion_prompts(model, req)  # no media: a malformed prompt is a 400 even while starting
     _check_serving(model)
+    grammar = await _grammar(model, req)
     completion_id = new_request_id("cmpl")
     generations = []
     for p, ids in enumerate(prompts):  # n choices per prompt: choice index = p * n + i
@@ -95,11 +99,18 @@ async def completion(request: web.Request, assemble: Assemble[CompletionRequest]
                 req.stop,
                 f"{completion_id}-{p * req.n + i}",
                 req.skip_special_tokens,
+                constraint=grammar.new_constraint() if grammar is not None else None,
             )
             for i in range(req.n)
         ]
     outputs = [OutputRouter(g) for g in generations]
     return await assemble(request, req, Completion(completion_id, model, outputs))
+
+
+async def _grammar(model: ServedModel, req: ChatCompletionRequest | CompletionRequest) -> CompiledGrammar | None:
+    """The request's output constraint, compiled (off the event loop, once per spec); a spec
+    that does not compile is a 400 before any work is queued."""
+    return None if req.grammar is None else await model.grammars.compile(req.grammar)
 
 
 def _model(request: web.Request, name: str) -> ServedModel:

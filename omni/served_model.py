@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from omni.api.errors import model_not_found
+from omni.constrained.compiler import GrammarCompiler
 from omni.media_input.pipeline import MediaPipeline
 from omni.model_pool import ModelPool
 from omni.tokenizer import TextTokenizer
@@ -17,6 +18,11 @@ class ServedModel:
     pool: ModelPool
     created: int
     media: MediaPipeline | None = None  # None: a text-only model, media parts are refused
+    # Output constraints for this model's tokenizer, compiled once per spec.
+    grammars: GrammarCompiler = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.grammars = GrammarCompiler(self.tokenizer)
 
     @property
     def ready(self) -> bool:

@@ -22,9 +22,14 @@ def sampling_options(params: SamplingParams) -> protocol.SamplingOptions:
     )
 
 
-def step_message(output: SchedulerOutput, finished: Sequence[RequestId]) -> protocol.Step:
+def step_message(
+    output: SchedulerOutput,
+    finished: Sequence[RequestId],
+    token_masks: Sequence[protocol.TokenMask] = (),
+) -> protocol.Step:
     """finished: every request that ended since the last Step sent (the output's own, plus
-    those of outputs that had nothing to compute and so were never sent)."""
+    those of outputs that had nothing to compute and so were never sent). token_masks: the
+    grammar masks of the constrained requests that sample in this step."""
     new = [
         protocol.NewRequest(
             request_id=s.request.request_id,
@@ -52,4 +57,5 @@ def step_message(output: SchedulerOutput, finished: Sequence[RequestId]) -> prot
         new_requests=new,
         cached_requests=cached,
         finished_request_ids=[str(r) for r in finished],
+        token_masks=list(token_masks),
     )

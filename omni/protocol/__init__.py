@@ -21,6 +21,7 @@ from omni.protocol.messages import (
     Shutdown,
     Step,
     StepResult,
+    TokenMask,
     TopLogprob,
     WorkerError,
 )
@@ -47,6 +48,7 @@ __all__ = [
     "Step",
     "StepResult",
     "StoreSettings",
+    "TokenMask",
     "TopLogprob",
     "WorkerError",
     "WorkerSpec",

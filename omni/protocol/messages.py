@@ -94,6 +94,18 @@ class CachedRequest:
 
 @message
 @dataclass(slots=True)
+class TokenMask:
+    """The tokens a request may sample this step (its grammar's next-token set): bit t of the
+    little-endian int32 words is set when token t is allowed; tokens past the mask's end are
+    not. Sent only for constrained requests that sample in this step."""
+
+    TAG: ClassVar[int] = 19
+    request_id: str
+    bitmask: bytes
+
+
+@message
+@dataclass(slots=True)
 class Step:
     """One forward pass: prefill chunks and decodes together.
 
@@ -108,6 +120,7 @@ class Step:
     cached_requests: list[CachedRequest]
     # Requests that finished or were aborted since the last step: drop their worker state.
     finished_request_ids: list[str]
+    token_masks: list[TokenMask] = field(default_factory=list)
 
     @property
     def job_id(self) -> int:

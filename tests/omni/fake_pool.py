@@ -36,7 +36,7 @@ class FakePool:
     submitted: list[Request] = field(default_factory=list)
     aborted: list[tuple[RequestId, RequestStatus]] = field(default_factory=list)
 
-    def submit(self, request: Request) -> FakeStream:
+    def submit(self, request: Request, constraint: object = None) -> FakeStream:
         self.submitted.append(request)
         last = len(self.tokens) - 1
         events = [

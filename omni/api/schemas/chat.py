@@ -7,6 +7,8 @@ from dataclasses import dataclass
 from typing import ClassVar, Literal, TypeAlias
 
 from omni.api.errors import bad_request
+from omni.api.schemas.structured import parse_grammar
+from omni.constrained.spec import GrammarSpec
 from omni.api.schemas.fields import (
     Body,
     GenerationFields,
@@ -190,6 +192,7 @@ class ChatCompletionRequest(GenerationFields):
     top_logprobs: int | None = None
     modalities: tuple[str, ...] = ("text",)
     audio: AudioOutput | None = None
+    grammar: GrammarSpec | None = None  # response_format, structured_outputs, guided_*
 
     # Names the prompt in context-length errors.
     prompt_param: ClassVar[str] = "messages"
@@ -219,7 +222,7 @@ def parse_chat_completion_request(body: Body) -> ChatCompletionRequest:
     top_logprobs = opt_int(body, "top_logprobs", lo=0, hi=MAX_TOP_LOGPROBS)
     if top_logprobs is not None and not logprobs:
         raise bad_request("'top_logprobs' requires 'logprobs' to be true.", param="top_logprobs")
-    _check_response_format(body)
+    grammar = parse_grammar(body)
     modalities, audio = _parse_output_modalities(body)
     return ChatCompletionRequest(
         model=model,
@@ -228,14 +231,9 @@ def parse_chat_completion_request(body: Body) -> ChatCompletionRequest:
         top_logprobs=top_logprobs,
         modalities=modalities,
         audio=audio,
+        grammar=grammar,
         **parse_generation_fields(body),
     )
-
-
-def _check_response_format(body: Body) -> None:
-    fmt = opt_object(body, "response_format")
-    if fmt is not None and fmt.get("type", "text") != "text":
-        raise unsupported("response_format", "only {\"type\": \"text\"} is supported.")
 
 
 def _parse_output_modalities(body: Body) -> tuple[tuple[str, ...], AudioOutput | None]:

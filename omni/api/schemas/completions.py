@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar, TypeAlias
 
+from omni.api.schemas.structured import parse_grammar
+from omni.constrained.spec import GrammarSpec
 from omni.api.schemas.fields import (
     Body,
     GenerationFields,
@@ -71,6 +73,7 @@ class CompletionRequest(GenerationFields):
     # One set of n choices per prompt, in order: choice index = prompt index * n + i.
     prompts: tuple[Prompt, ...]
     logprobs: int | None = None
+    grammar: GrammarSpec | None = None  # response_format, structured_outputs, guided_*
 
     prompt_param: ClassVar[str] = "prompt"
 
@@ -90,5 +93,6 @@ def parse_completion_request(body: Body) -> CompletionRequest:
         model=model,
         prompts=prompts,
         logprobs=opt_int(body, "logprobs", lo=0, hi=MAX_COMPLETION_LOGPROBS),
+        grammar=parse_grammar(body),
         **parse_generation_fields(body),
     )
