@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from omni import protocol
 from omni.config import EngineConfig
-from omni.constrained.constraint import TokenConstraint, fill_masks
+from omni.constrained.constraint import MaskFiller, TokenConstraint
 from omni.metrics import Metrics
 from omni.step_message import step_message
 from omni.supervisor import EngineError, SupervisedWorker
@@ -120,6 +120,7 @@ class LLMEngine(SupervisedWorker):
         self._preemptions_seen = 0
         self._pending_finished: list[RequestId] = []
         self._inflight = InflightPrefixes()
+        self._masks = MaskFiller()
 
     # ---- lifecycle -------------------------------------------------------------------
     def on_ready(self, ready: protocol.LLMReady) -> None:
@@ -227,7 +228,7 @@ class LLMEngine(SupervisedWorker):
         self._update_gauges()
 
     async def _execute(self, scheduler: Scheduler, output: SchedulerOutput) -> None:
-        step = step_message(output, self._pending_finished, self._token_masks(output))
+        step = step_message(output, self._pending_finished, await self._token_masks(output))
         self._pending_finished = []
         sent = time.monotonic()
         await self.worker.send(step)
@@ -270,7 +271,7 @@ class LLMEngine(SupervisedWorker):
                 self._forget(request.request_id)
                 self.metrics.request_finished(self.config.model_name, finish_reason, request)
 
-    def _token_masks(self, output: SchedulerOutput) -> list[protocol.TokenMask]:
+    async def _token_masks(self, output: SchedulerOutput) -> list[protocol.TokenMask]:
         """The grammar mask of every constrained request whose chunk samples in this step."""
         sampling: list[tuple[RequestId, TokenConstraint]] = []
         scheduled = [(s.request.request_id, s.num_computed_tokens, s.num_scheduled_tokens) for s in output.scheduled_new]
@@ -283,7 +284,7 @@ class LLMEngine(SupervisedWorker):
                 sampling.append((request_id, stream.constraint))
         if not sampling:
             return []
-        masks = fill_masks([c for _, c in sampling])
+        masks = await self._masks.fill([c for _, c in sampling])
         return [protocol.TokenMask(r, m) for (r, _), m in zip(sampling, masks)]
 
     def _advance_constraint(self, request: Request, constraint: TokenConstraint, token_id: int) -> None:

@@ -13,7 +13,7 @@ import pytest
 
 from omni.api.errors import APIError
 from omni.constrained.compiler import GrammarCompiler
-from omni.constrained.constraint import TokenConstraint, allowed_tokens, fill_masks
+from omni.constrained.constraint import MaskFiller, TokenConstraint, allowed_tokens, fill_masks
 from omni.constrained.spec import GrammarKind, GrammarSpec
 from omni.tokenizer import TextTokenizer
 
@@ -139,3 +139,14 @@ async def test_masks_follow_each_constraint_separately(compiler: GrammarCompiler
     mask_a, mask_b = fill_masks([a, b])
     assert set(allowed_tokens(mask_a, tokenizer.vocab_size)) != set(allowed_tokens(mask_b, tokenizer.vocab_size))
     assert first_a in allowed_tokens(mask_b, tokenizer.vocab_size)
+
+
+async def test_parallel_masks_equal_the_sequential_ones(compiler: GrammarCompiler, tokenizer: TextTokenizer) -> None:
+    grammar = await compiler.compile(GrammarSpec(GrammarKind.JSON_SCHEMA, json.dumps(SCHEMA)))
+    constraints = [grammar.new_constraint() for _ in range(5)]
+    for i, c in enumerate(constraints):  # five different states
+        walk_prefix = tokenizer.encode('{"n":' + str(i + 1), add_special_tokens=False)[: i + 1]
+        for token in walk_prefix:
+            c.advance(token)
+        assert not c.violated
+    assert await MaskFiller(num_threads=2).fill(constraints) == fill_masks(constraints)
