@@ -84,6 +84,13 @@ class RequestState:
     sampling: protocol.SamplingOptions
     generator: torch.Generator | None  # only for seeded requests; lives as long as the request
     media: list[protocol.MediaRef] = field(default_factory=list)
+    # token_ids[:num_prompt_tokens] is the prompt. A state is made from a NewRequest, which
+    # the scheduler sends once, at a request's first schedule, before it has any output (a
+    # resumed request comes back as a CachedRequest), so its token_ids are all prompt.
+    num_prompt_tokens: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.num_prompt_tokens = len(self.token_ids)
 
 
 @dataclass(frozen=True, slots=True)
@@ -410,7 +417,7 @@ class LLMRunner(Runner):
         if masks:
             apply_token_masks(logits, [masks.get(r) for r in sample_ids])
         states = [self.requests[r] for r in sample_ids]
-        outputs = self.sampler.sample(logits, [s.sampling for s in states], [s.generator for s in states])
+        outputs = self.sampler.sample(logits, [s.sampling for s in states], [s.generator for s in states], states)
         sampled = []
         for request_id, state, out in zip(sample_ids, states, outputs):
             state.token_ids.append(out.token_id)

@@ -7,18 +7,36 @@ from collections.abc import Sequence
 
 from omni import protocol
 from scheduler.output import SchedulerOutput
-from scheduler.request import RequestId, SamplingParams
+from scheduler.request import Request, RequestId
 
 
-def sampling_options(params: SamplingParams) -> protocol.SamplingOptions:
+def sampling_options(request: Request) -> protocol.SamplingOptions:
     """The worker's view of a request's sampling params (max_tokens, stops and EOS stay in the
-    scheduler, which decides when a request ends)."""
+    scheduler, which decides when a request ends; the worker sees the stop ids only to ban
+    them during min_tokens, and so needs the request for its EOS ids)."""
+    params = request.sampling_params
+    stop_ids: list[int] = []
+    if params.min_tokens > 0:
+        # vLLM bans EOS here even with ignore_eos: min_tokens promises non-stop tokens.
+        stop_ids = sorted(set(params.stop_token_ids) | request.eos_token_ids)
     return protocol.SamplingOptions(
         temperature=params.temperature,
         top_p=params.top_p,
         top_k=params.top_k,
         seed=params.seed,
         logprobs=params.logprobs,
+        presence_penalty=params.presence_penalty,
+        frequency_penalty=params.frequency_penalty,
+        repetition_penalty=params.repetition_penalty,
+        logit_bias_token_ids=[t for t, _ in params.logit_bias],
+        logit_bias_values=[b for _, b in params.logit_bias],
+        min_p=params.min_p,
+        allowed_token_ids=(
+            None if params.allowed_token_ids is None else list(params.allowed_token_ids)
+        ),
+        bad_words_token_ids=[list(w) for w in params.bad_words_token_ids],
+        min_tokens=params.min_tokens,
+        min_tokens_stop_ids=stop_ids,
     )
 
 
@@ -34,7 +52,7 @@ def step_message(
         protocol.NewRequest(
             request_id=s.request.request_id,
             token_ids=s.request.all_token_ids,
-            sampling=sampling_options(s.request.sampling_params),
+            sampling=sampling_options(s.request),
             block_ids=list(s.block_ids),
             num_computed_tokens=s.num_computed_tokens,
             num_scheduled_tokens=s.num_scheduled_tokens,

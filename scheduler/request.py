@@ -55,6 +55,21 @@ class SamplingParams:
     logprobs: int | None = None
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
+    # EOS and stop_token_ids can neither be sampled nor end the request until this many
+    # tokens are out (vLLM's min_tokens).
+    min_tokens: int = 0
+    # OpenAI's: logit - count * frequency_penalty - (count > 0) * presence_penalty, counting
+    # output tokens only.
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    # transformers' and vLLM's: a token already in the prompt or the output has its logit
+    # divided by this when positive, multiplied when negative.
+    repetition_penalty: float = 1.0
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias), ids unique
+    min_p: float = 0.0
+    allowed_token_ids: tuple[int, ...] | None = None  # None: every token may be sampled
+    # Each bad word's token sequence: its last token is banned where the rest ends the output.
+    bad_words_token_ids: tuple[tuple[int, ...], ...] = ()
 
     @property
     def greedy(self) -> bool:
@@ -101,8 +116,12 @@ class Request:
         """Record a sampled token and decide whether the request is done."""
         self.output_token_ids.append(token_id)
         params = self.sampling_params
-        if token_id in params.stop_token_ids or (
-            not params.ignore_eos and token_id in self.eos_token_ids
+        # The worker bans stops while fewer than min_tokens tokens precede the one it samples;
+        # this check agrees, so min_tokens of 3 means three tokens, then an EOS at the 4th.
+        may_stop = self.num_output_tokens > params.min_tokens
+        if may_stop and (
+            token_id in params.stop_token_ids
+            or (not params.ignore_eos and token_id in self.eos_token_ids)
         ):
             self.status = RequestStatus.FINISHED_STOPPED
         elif self.num_output_tokens >= params.max_tokens:

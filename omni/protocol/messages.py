@@ -48,6 +48,20 @@ class SamplingOptions:
     seed: int | None = None
     # None: no logprobs. 0: sampled token only. k > 0: also the top k alternatives.
     logprobs: int | None = None
+    # The fields below are scheduler/request.py SamplingParams' own; their defaults do nothing.
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    # logit_bias as two parallel lists (msgpack maps would need int keys decoded as such).
+    logit_bias_token_ids: list[int] = field(default_factory=list)
+    logit_bias_values: list[float] = field(default_factory=list)
+    min_p: float = 0.0
+    allowed_token_ids: list[int] | None = None  # None: every token may be sampled
+    bad_words_token_ids: list[list[int]] = field(default_factory=list)
+    min_tokens: int = 0
+    # EOS and the stop ids: the sampler bans them while fewer than min_tokens are out (the
+    # scheduler still decides when a request ends). Empty when min_tokens is 0.
+    min_tokens_stop_ids: list[int] = field(default_factory=list)
 
 
 @message

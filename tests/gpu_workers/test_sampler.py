@@ -1,10 +1,16 @@
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import cast
+
 import pytest
 import torch
+from transformers import MinPLogitsWarper, RepetitionPenaltyLogitsProcessor, TemperatureLogitsWarper
 
 from omni.protocol import SamplingOptions
-from gpu_workers.sampler import Sampler
+from gpu_workers.sampler import Sampler, process_logits, validate_options, warp_logits
+
+INF = float("inf")
 
 
 def logits(n: int = 4, v: int = 50, seed: int = 0) -> torch.Tensor:
@@ -15,22 +21,47 @@ def gen(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
 
 
+@dataclass
+class History:
+    """A request's tokens as the runner's RequestState holds them."""
+
+    prompt: list[int]
+    output: list[int]
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self.prompt + self.output
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt)
+
+
+def no_history(n: int) -> list[History]:
+    return [History([1], []) for _ in range(n)]
+
+
+def banned(x: torch.Tensor) -> list[list[int]]:
+    """Per row, the token ids that can no longer be sampled."""
+    return [torch.nonzero(row == -INF).flatten().tolist() for row in x]
+
+
 def test_greedy_is_argmax() -> None:
     x = logits()
-    out = Sampler().sample(x, [SamplingOptions(temperature=0.0)] * 4, [None] * 4)
+    out = Sampler().sample(x, [SamplingOptions(temperature=0.0)] * 4, [None] * 4, no_history(4))
     assert [o.token_id for o in out] == x.argmax(-1).tolist()
     assert all(o.logprob is None and o.top_logprobs is None for o in out)
 
 
 def test_top_k_1_equals_greedy() -> None:
     x = logits(v=1000)
-    out = Sampler().sample(x, [SamplingOptions(temperature=1.5, top_k=1)] * 4, [None] * 4)
+    out = Sampler().sample(x, [SamplingOptions(temperature=1.5, top_k=1)] * 4, [None] * 4, no_history(4))
     assert [o.token_id for o in out] == x.argmax(-1).tolist()
 
 
 def test_tiny_top_p_equals_greedy() -> None:
     x = logits(v=1000)
-    out = Sampler().sample(x, [SamplingOptions(temperature=1.0, top_p=1e-6)] * 4, [gen(1)] * 4)
+    out = Sampler().sample(x, [SamplingOptions(temperature=1.0, top_p=1e-6)] * 4, [gen(1)] * 4, no_history(4))
     assert [o.token_id for o in out] == x.argmax(-1).tolist()
 
 
@@ -39,7 +70,7 @@ def test_top_k_keeps_sampling_inside_the_top_k() -> None:
     allowed = set(x[0].topk(3).indices.tolist())
     g = gen(3)
     for _ in range(30):
-        (o,) = Sampler().sample(x, [SamplingOptions(temperature=5.0, top_k=3)], [g])
+        (o,) = Sampler().sample(x, [SamplingOptions(temperature=5.0, top_k=3)], [g], no_history(1))
         assert o.token_id in allowed
 
 
@@ -49,7 +80,7 @@ def test_seeded_sampling_is_reproducible_and_independent_of_batch() -> None:
 
     def run(rows: list[int]) -> list[int]:
         g = gen(7)
-        return [Sampler().sample(x[rows], [opts[i] for i in rows], [g if i == 0 else None for i in rows])[0].token_id
+        return [Sampler().sample(x[rows], [opts[i] for i in rows], [g if i == 0 else None for i in rows], no_history(len(rows)))[0].token_id
                 for _ in range(20)]  # fmt: skip
 
     alone, batched = run([0]), run([0, 1, 2])
@@ -61,10 +92,166 @@ def test_logprobs_come_from_raw_logits() -> None:
     x = logits(n=2, v=30)
     raw = x.log_softmax(-1)
     opts = [SamplingOptions(temperature=0.5, logprobs=3), SamplingOptions(temperature=0.0, logprobs=0)]
-    out = Sampler().sample(x, opts, [gen(0), None])
+    out = Sampler().sample(x, opts, [gen(0), None], no_history(2))
     assert out[0].logprob == pytest.approx(raw[0, out[0].token_id].item(), abs=1e-6)
     assert out[1].logprob == pytest.approx(raw[1].max().item(), abs=1e-6) and out[1].top_logprobs is None
     top = raw[0].topk(3)
     assert out[0].top_logprobs is not None
     assert [t for t, _ in out[0].top_logprobs] == top.indices.tolist()
     assert [lp for _, lp in out[0].top_logprobs] == pytest.approx(top.values.tolist(), abs=1e-6)
+
+
+# ---- logit processors: penalties and min_p against transformers' own processors
+
+
+def test_no_adjusting_request_leaves_the_logits_untouched() -> None:
+    x = logits(n=3)
+    assert process_logits(x, [SamplingOptions(temperature=0.7, top_k=3, min_p=0.2)] * 3, no_history(3)) is x
+
+
+def test_repetition_penalty_matches_transformers() -> None:
+    x = logits(n=3, v=50)
+    x[0, 12] = 0.0  # a logit of exactly 0 in the history: transformers divides it
+    # row 0's prompt and output both count; row 2 repeats tokens (a set, for transformers)
+    histories = [History([3, 12, 40], [7, 7, 3]), History([9, 1], [2]), History([5, 5, 5], [5, 6])]
+    penalties = [1.3, 0.6, 2.0]
+    opts = [SamplingOptions(temperature=0.0, repetition_penalty=p) for p in penalties]
+    got = process_logits(x, opts, histories)
+    for i, (h, p) in enumerate(zip(histories, penalties)):
+        expected = RepetitionPenaltyLogitsProcessor(p)(torch.tensor([h.token_ids]), x[i : i + 1].clone())
+        assert torch.equal(got[i], expected[0])
+    assert got[0, 12].item() == 0.0
+    assert torch.equal(got[:, 41:], x[:, 41:])  # no history past token 40: nothing changed
+
+
+def test_frequency_and_presence_penalties_follow_openai_over_output_tokens() -> None:
+    x = logits(n=2, v=30)
+    histories = [History([4, 4, 9], [4, 11, 11, 11, 2]), History([0, 1, 2], [])]
+    opts = [
+        SamplingOptions(temperature=0.0, frequency_penalty=0.5, presence_penalty=-1.25),
+        SamplingOptions(temperature=1.0, frequency_penalty=2.0, presence_penalty=2.0),
+    ]
+    got = process_logits(x, opts, histories)
+    # OpenAI: logit - count * frequency_penalty - (count > 0) * presence_penalty, by hand
+    counts = {4: 1, 11: 3, 2: 1}  # row 0's output; its prompt's 4, 4 and 9 do not count
+    expected = [
+        x[0, t].item() - counts.get(t, 0) * 0.5 - (counts.get(t, 0) > 0) * -1.25 for t in range(30)
+    ]
+    assert got[0].tolist() == pytest.approx(expected, abs=1e-6)
+    assert got[0, 9].item() == x[0, 9].item()  # in the prompt only: untouched
+    assert torch.equal(got[1], x[1])  # no output yet: nothing to penalize
+
+
+def test_repetition_then_frequency_and_presence_in_vllm_order() -> None:
+    x = logits(n=1, v=20)
+    h = History([1, 2], [2, 3, 3])
+    opts = [SamplingOptions(temperature=0.0, repetition_penalty=1.5, frequency_penalty=0.25, presence_penalty=0.5)]
+    got = process_logits(x, opts, [h])
+    step1 = RepetitionPenaltyLogitsProcessor(1.5)(torch.tensor([h.token_ids]), x.clone())[0]
+    counts = {2: 1, 3: 2}
+    expected = [step1[t].item() - counts.get(t, 0) * 0.25 - (t in counts) * 0.5 for t in range(20)]
+    assert got[0].tolist() == pytest.approx(expected, abs=1e-6)
+
+
+@pytest.mark.parametrize(("temperature", "min_p"), [(1.0, 0.1), (0.5, 0.05), (1.7, 0.3), (1.0, 1.0)])
+def test_min_p_after_temperature_matches_transformers(temperature: float, min_p: float) -> None:
+    x = logits(n=3, v=200, seed=4)
+    got = warp_logits(x, [SamplingOptions(temperature=temperature, min_p=min_p)] * 3)
+    no_ids = cast(torch.LongTensor, torch.zeros(3, 0, dtype=torch.long))  # warpers ignore them
+    expected = MinPLogitsWarper(min_p)(no_ids, TemperatureLogitsWarper(temperature)(no_ids, x.clone()))
+    assert torch.equal(got, expected)
+    kept = (got > -INF).sum(dim=1).tolist()
+    assert all(1 <= k < 200 for k in kept)  # it really drops tokens, and keeps the top one
+
+
+def test_sampling_with_min_p_stays_inside_the_kept_tokens() -> None:
+    x = logits(n=1, v=100, seed=2)
+    opts = [SamplingOptions(temperature=3.0, min_p=0.2)]
+    probs = (x / 3.0).softmax(-1)[0]
+    kept = set(torch.nonzero(probs >= 0.2 * probs.max()).flatten().tolist())
+    g = gen(5)
+    drawn = {Sampler().sample(x, opts, [g], no_history(1))[0].token_id for _ in range(2000)}
+    assert drawn == kept
+    assert len(kept) == 13  # of 100: the draw really is restricted, and reaches every kept token
+
+
+# ---- logit_bias, allowed_token_ids, bad_words, min_tokens: by construction
+
+
+def test_logit_bias_adds_to_the_raw_logits() -> None:
+    x = logits(n=2, v=50)
+    top = int(x[1].argmax())
+    opts = [
+        SamplingOptions(temperature=1.0, logit_bias_token_ids=[7, 8], logit_bias_values=[100.0, -3.5]),
+        SamplingOptions(temperature=0.0, logit_bias_token_ids=[top], logit_bias_values=[-100.0]),
+    ]
+    got = process_logits(x, opts, no_history(2))
+    assert got[0, 7].item() == pytest.approx(x[0, 7].item() + 100.0)
+    assert got[0, 8].item() == pytest.approx(x[0, 8].item() - 3.5)
+    assert got[1, top].item() == pytest.approx(x[1, top].item() - 100.0)
+    changed = (got != x).nonzero().tolist()
+    assert changed == [[0, 7], [0, 8], [1, top]]
+    g = gen(0)
+    outs = [Sampler().sample(x, opts, [g, None], no_history(2)) for _ in range(50)]
+    assert {o[0].token_id for o in outs} == {7}  # +100 with temperature 1: always token 7
+    second = int(x[1].topk(2).indices[1])
+    assert {o[1].token_id for o in outs} == {second}  # greedy is argmax of the biased logits
+    # logprobs still come from the raw logits
+    biased = SamplingOptions(temperature=0.0, logprobs=0, logit_bias_token_ids=[7], logit_bias_values=[100.0])
+    (with_lp,) = Sampler().sample(x[:1], [biased], [None], no_history(1))
+    assert with_lp.token_id == 7
+    assert with_lp.logprob == pytest.approx(x[0].log_softmax(-1)[7].item(), abs=1e-6)
+
+
+def test_allowed_token_ids_are_the_only_ones_sampled() -> None:
+    x = logits(n=2, v=50)
+    opts = [SamplingOptions(temperature=5.0, allowed_token_ids=[3, 11, 40]), SamplingOptions(temperature=5.0)]
+    got = process_logits(x, opts, no_history(2))
+    assert banned(got) == [[t for t in range(50) if t not in (3, 11, 40)], []]
+    assert got[0, [3, 11, 40]].tolist() == x[0, [3, 11, 40]].tolist()
+    g = gen(1)
+    drawn = {Sampler().sample(x, opts, [g, None], no_history(2))[0].token_id for _ in range(200)}
+    assert drawn == {3, 11, 40}
+    (greedy,) = Sampler().sample(x[:1], [SamplingOptions(temperature=0.0, allowed_token_ids=[3, 11, 40])], [None], no_history(1))
+    assert greedy.token_id == max((3, 11, 40), key=lambda t: x[0, t].item())
+
+
+def test_bad_words_ban_the_last_token_where_the_rest_ends_the_output() -> None:
+    x = logits(n=4, v=20)
+    words = [[5], [8, 9], [1, 2, 3]]
+    opts = [SamplingOptions(temperature=1.0, bad_words_token_ids=words)] * 4
+    histories = [
+        History([8], []),  # the prompt ends in 8, but only the output counts: only 5
+        History([0], [4, 8]),  # 8 ends the output: 9 too
+        History([0], [1, 2]),  # 1, 2 ends it: 3 too
+        History([0], [2, 1]),  # 1 alone is no prefix of [1, 2, 3]'s last token: only 5
+    ]
+    assert banned(process_logits(x, opts, histories)) == [[5], [5, 9], [3, 5], [5]]
+
+
+def test_min_tokens_bans_stop_ids_until_enough_tokens_are_out() -> None:
+    x = logits(n=3, v=20)
+    x[:, 0] = 50.0  # EOS would win every time
+    opts = [SamplingOptions(temperature=0.0, min_tokens=3, min_tokens_stop_ids=[0, 4])] * 3
+    histories = [History([1, 2], []), History([1, 2], [6, 7]), History([1, 2], [6, 7, 8])]
+    got = process_logits(x, opts, histories)
+    assert banned(got) == [[0, 4], [0, 4], []]
+    out = Sampler().sample(x, opts, [None] * 3, histories)
+    assert [o.token_id for o in out] == [int(x[0, 1:].argmax()) + 1, int(x[1, 1:].argmax()) + 1, 0]
+
+
+def test_validate_options_refuses_malformed_processors() -> None:
+    bad = [
+        SamplingOptions(repetition_penalty=0.0),
+        SamplingOptions(logit_bias_token_ids=[1], logit_bias_values=[]),
+        SamplingOptions(logit_bias_token_ids=[1], logit_bias_values=[INF]),
+        SamplingOptions(min_p=1.5),
+        SamplingOptions(allowed_token_ids=[]),
+        SamplingOptions(bad_words_token_ids=[[]]),
+        SamplingOptions(min_tokens=-1),
+        SamplingOptions(allowed_token_ids=[-1]),
+    ]
+    for options in bad:
+        with pytest.raises(ValueError):
+            validate_options(options)
+    validate_options(SamplingOptions(repetition_penalty=1.2, min_p=0.1, allowed_token_ids=[0], min_tokens=2))

@@ -11,7 +11,12 @@ from omni import protocol
 from omni.media.limits import MediaLimits
 from omni.protocol import wire
 
-SAMPLING = protocol.SamplingOptions(temperature=0.7, top_p=0.9, top_k=5, seed=-3, logprobs=2)
+SAMPLING = protocol.SamplingOptions(
+    temperature=0.7, top_p=0.9, top_k=5, seed=-3, logprobs=2, presence_penalty=-0.5,
+    frequency_penalty=1.5, repetition_penalty=1.1, logit_bias_token_ids=[7, 300],
+    logit_bias_values=[-100.0, 2.5], min_p=0.05, allowed_token_ids=[7, 9], bad_words_token_ids=[[4], [5, 6]],
+    min_tokens=3, min_tokens_stop_ids=[0, 2],
+)  # fmt: skip
 MEDIA = protocol.MediaRef("enc/vision_encoder/r/abc", offset=4, num_rows=9)
 NEW = protocol.NewRequest("r1", [1, 2, 3], SAMPLING, [7, 2], 0, 3, [MEDIA])
 CACHED = protocol.CachedRequest("r0", [5], 17, 1, resumed=True)

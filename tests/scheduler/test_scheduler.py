@@ -217,6 +217,31 @@ def test_eos_finishes_and_id_is_delivered_once():
     assert out.finished_request_ids == [] and out.is_empty
 
 
+@pytest.mark.parametrize("stop", [EOS, 9])
+def test_min_tokens_holds_back_eos_and_stop_token_ids(stop: int):
+    s = make_scheduler()
+    params = SamplingParams(max_tokens=16, min_tokens=3, stop_token_ids=(9,))
+    r = Request(RequestId("a"), [1, 2, 3], params, eos_token_ids=frozenset({EOS}))
+    s.add_request(r)
+    # Three tokens come before a stop can count (the worker bans stops while fewer than
+    # min_tokens are out): stops among them, had they slipped through, do not end it.
+    for _ in range(3):
+        _, updated = step(s, {"a": stop})
+        assert updated == [r] and r.status is RequestStatus.RUNNING
+    _, updated = step(s, {"a": stop})
+    assert r.status is RequestStatus.FINISHED_STOPPED
+    assert r.output_token_ids == [stop] * 4
+
+
+def test_min_tokens_does_not_outlast_max_tokens():
+    s = make_scheduler()
+    r = Request(RequestId("a"), [1, 2, 3], SamplingParams(max_tokens=2, min_tokens=5), eos_token_ids=frozenset({EOS}))
+    s.add_request(r)
+    step(s, {"a": EOS})
+    step(s, {"a": EOS})
+    assert r.status is RequestStatus.FINISHED_LENGTH and r.output_token_ids == [EOS, EOS]
+
+
 def test_max_model_len_finishes_with_length():
     s = make_scheduler(max_num_batched_tokens=16, max_model_len=16)
     r = make_request("a", list(range(1, 15)), max_tokens=100)
