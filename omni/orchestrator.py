@@ -60,7 +60,10 @@ async def chat_completion(
     items = await load_media(model, req)
     prompt = await chat_prompt(model, req, items)
     params = sampling_params(
-        req, max_model_len=model.pool.max_model_len, num_prompt_tokens=len(prompt.token_ids)
+        req,
+        max_model_len=model.pool.max_model_len,
+        num_prompt_tokens=len(prompt.token_ids),
+        tokenizer=model.tokenizer,
     )
     grammar = await _grammar(model, req)
     completion_id = new_request_id("chatcmpl")
@@ -90,7 +93,9 @@ async def completion(request: web.Request, assemble: Assemble[CompletionRequest]
     completion_id = new_request_id("cmpl")
     generations = []
     for p, ids in enumerate(prompts):  # n choices per prompt: choice index = p * n + i
-        params = sampling_params(req, max_model_len=model.pool.max_model_len, num_prompt_tokens=len(ids))
+        params = sampling_params(
+            req, max_model_len=model.pool.max_model_len, num_prompt_tokens=len(ids), tokenizer=model.tokenizer
+        )
         generations += [
             Generation(
                 model,

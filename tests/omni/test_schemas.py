@@ -1,3 +1,4 @@
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,9 +17,15 @@ from omni.api.schemas import (
     sampling_params,
 )
 from omni.api.schemas.chat import AudioOutput
+from omni.tokenizer import TextTokenizer
 from scheduler.request import SamplingParams
 
 USER = [{"role": "user", "content": "hi"}]
+
+
+@pytest.fixture(scope="module")
+def tok(tiny_tokenizer_dir: Path) -> TextTokenizer:
+    return TextTokenizer.from_dir(tiny_tokenizer_dir)  # 1444 tokens
 
 
 def chat(**fields: Any) -> dict[str, Any]:
@@ -176,12 +183,37 @@ CHAT_ERRORS: list[tuple[dict[str, Any], str]] = [
     (chat(n=0), "n"),
     (chat(n=17), "n"),
     (chat(n="2"), "n"),
-    (chat(presence_penalty=0.5), "presence_penalty"),
-    (chat(frequency_penalty=-1), "frequency_penalty"),
+    (chat(presence_penalty=2.5), "presence_penalty"),
+    (chat(frequency_penalty=-2.01), "frequency_penalty"),
     (chat(frequency_penalty=3), "frequency_penalty"),
     (chat(presence_penalty="0"), "presence_penalty"),
-    (chat(repetition_penalty=1.1), "repetition_penalty"),
-    (chat(logit_bias={"5": 10}), "logit_bias"),
+    (chat(repetition_penalty=0), "repetition_penalty"),
+    (chat(repetition_penalty=-1.1), "repetition_penalty"),
+    (chat(repetition_penalty=[1]), "repetition_penalty"),
+    (chat(logit_bias=[5]), "logit_bias"),
+    (chat(logit_bias={"x": 10}), "logit_bias"),
+    (chat(logit_bias={"-5": 10}), "logit_bias"),
+    (chat(logit_bias={"²": 10}), "logit_bias"),
+    (chat(logit_bias={"5": 100.5}), "logit_bias"),
+    (chat(logit_bias={"5": -101}), "logit_bias"),
+    (chat(logit_bias={"5": "1"}), "logit_bias"),
+    (chat(logit_bias={"5": True}), "logit_bias"),
+    (chat(logit_bias={"5": 1, "05": 2}), "logit_bias"),
+    (chat(min_p=1.5), "min_p"),
+    (chat(min_p=-0.1), "min_p"),
+    (chat(min_p="0.1"), "min_p"),
+    (chat(min_tokens=-1), "min_tokens"),
+    (chat(min_tokens=1.5), "min_tokens"),
+    (chat(max_tokens=4, min_tokens=5), "min_tokens"),
+    (chat(max_completion_tokens=4, min_tokens=5), "min_tokens"),
+    (chat(allowed_token_ids=[]), "allowed_token_ids"),
+    (chat(allowed_token_ids=[1, -1]), "allowed_token_ids"),
+    (chat(allowed_token_ids=[1, True]), "allowed_token_ids"),
+    (chat(allowed_token_ids="1"), "allowed_token_ids"),
+    (chat(bad_words="word"), "bad_words"),
+    (chat(bad_words=["a", 1]), "bad_words"),
+    (chat(bad_words=["a", " "]), "bad_words"),
+    (chat(bad_words=[""]), "bad_words"),
     (chat(response_format={"type": "json_object"}), "response_format"),
     (chat(modalities=["text", "smell"]), "modalities"),
     (chat(modalities="text"), "modalities"),
@@ -278,6 +310,13 @@ COMPLETION_ERRORS: list[tuple[dict[str, Any], str]] = [
     (completion(logprobs=6), "logprobs"),
     (completion(logprobs=True), "logprobs"),
     (completion(temperature=[1]), "temperature"),
+    (completion(presence_penalty=-3), "presence_penalty"),
+    (completion(repetition_penalty=0), "repetition_penalty"),
+    (completion(logit_bias={"a": 1}), "logit_bias"),
+    (completion(min_p=2), "min_p"),
+    (completion(max_tokens=1, min_tokens=2), "min_tokens"),
+    (completion(allowed_token_ids=[]), "allowed_token_ids"),
+    (completion(bad_words=[None]), "bad_words"),
     (completion(max_tokens=0), "max_tokens"),
 ]
 
@@ -300,16 +339,99 @@ def test_check_token_ids() -> None:
     )
 
 
-def test_sampling_params() -> None:
+def test_sampling_params(tok: TextTokenizer) -> None:
     r = parse_chat_completion_request(chat(temperature=0.5, top_k=5, seed=3, logprobs=True))
-    assert sampling_params(r, num_prompt_tokens=10, max_model_len=100, stop_token_ids=(7,)) == (
+    assert sampling_params(r, num_prompt_tokens=10, max_model_len=100, tokenizer=tok, stop_token_ids=(7,)) == (
         SamplingParams(
             max_tokens=90, temperature=0.5, top_p=1.0, top_k=5, seed=3, logprobs=0, stop_token_ids=(7,)
         )
     )
     c = parse_completion_request(completion(max_tokens=90, ignore_eos=True))
-    params = sampling_params(c, num_prompt_tokens=10, max_model_len=100)
+    params = sampling_params(c, num_prompt_tokens=10, max_model_len=100, tokenizer=tok)
     assert params.max_tokens == 90 and params.ignore_eos
+
+
+SAMPLING_FIELDS: dict[str, Any] = {
+    "presence_penalty": -1.5,
+    "frequency_penalty": 2,
+    "repetition_penalty": 1.2,
+    "logit_bias": {"1443": -100, "7": 2.5, "12": 100},
+    "min_p": 0.05,
+    "min_tokens": 3,
+    "allowed_token_ids": [9, 3, 9, 1443],
+    "bad_words": ["the", "  hello", "Hello there", "fibonacci"],
+}
+
+
+@pytest.mark.parametrize("parse", [parse_chat_completion_request, parse_completion_request])
+def test_sampling_fields_reach_sampling_params(parse: Any, tok: TextTokenizer) -> None:
+    body = chat(**SAMPLING_FIELDS) if parse is parse_chat_completion_request else completion(**SAMPLING_FIELDS)
+    r = parse(body)
+    assert (r.presence_penalty, r.frequency_penalty, r.repetition_penalty, r.min_p, r.min_tokens) == (
+        -1.5, 2.0, 1.2, 0.05, 3
+    )
+    assert r.logit_bias == ((7, 2.5), (12, 100.0), (1443, -100.0))  # sorted by token id
+    assert r.allowed_token_ids == (3, 9, 1443)  # a set: sorted, once each
+    assert r.bad_words == ("the", "  hello", "Hello there", "fibonacci")
+    params = sampling_params(r, num_prompt_tokens=10, max_model_len=100, tokenizer=tok)
+    assert params == SamplingParams(
+        max_tokens=90,
+        min_tokens=3,
+        presence_penalty=-1.5,
+        frequency_penalty=2.0,
+        repetition_penalty=1.2,
+        logit_bias=((7, 2.5), (12, 100.0), (1443, -100.0)),
+        min_p=0.05,
+        allowed_token_ids=(3, 9, 1443),
+        # vLLM's rule: the word as text starts ("the" is 735), then after a space when that
+        # gives another first token in as many tokens (" the" is 267); " Hello there" and
+        # " fibonacci" take another count of tokens, so only their bare form is banned.
+        bad_words_token_ids=((735,), (267,), (257, 75, 349), (513, 75, 349), (1256, 964), (69, 571)),
+    )
+    assert tok.encode("the", add_special_tokens=False) == [735]
+    assert tok.encode(" hello", add_special_tokens=False) == [513, 75, 349]
+    assert tok.encode(" Hello there", add_special_tokens=False) == [220, 1256, 964]
+    assert tok.encode(" fibonacci", add_special_tokens=False) == [1026]
+
+
+def test_sampling_fields_default_to_doing_nothing(tok: TextTokenizer) -> None:
+    r = parse_chat_completion_request(
+        chat(presence_penalty=None, frequency_penalty=0, repetition_penalty=1, logit_bias={}, min_tokens=0)
+    )
+    params = sampling_params(r, num_prompt_tokens=10, max_model_len=100, tokenizer=tok)
+    assert params == SamplingParams(max_tokens=90)
+
+
+def test_sampling_field_messages() -> None:
+    cases = {
+        "presence_penalty": (chat(presence_penalty=2.5), "must be between -2 and 2, got 2.5."),
+        "repetition_penalty": (chat(repetition_penalty=0), "must be greater than 0, got 0."),
+        "min_p": (chat(min_p=1.5), "must be between 0 and 1, got 1.5."),
+        "min_tokens": (chat(max_tokens=4, min_tokens=5), "must be at most max_tokens (4), got 5."),
+        "logit_bias": (chat(logit_bias={"5": 101}), "biases must be between -100 and 100, got 101."),
+    }
+    for param, (body, detail) in cases.items():
+        with pytest.raises(APIError) as info:
+            parse_chat_completion_request(body)
+        assert (info.value.status, info.value.param, info.value.code) == (400, param, "invalid_value")
+        assert info.value.message == f"Invalid value for '{param}': {detail}"
+    with pytest.raises(APIError) as info:
+        parse_chat_completion_request(chat(logit_bias={"5": None}))
+    assert (info.value.param, info.value.code) == ("logit_bias", "invalid_type")
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [({"logit_bias": {"1444": 1}}, "logit_bias"), ({"allowed_token_ids": [5, 1444]}, "allowed_token_ids")],
+)
+def test_token_ids_must_be_in_the_vocabulary(fields: dict[str, Any], param: str, tok: TextTokenizer) -> None:
+    for r in (parse_chat_completion_request(chat(**fields)), parse_completion_request(completion(**fields))):
+        with pytest.raises(APIError) as info:
+            sampling_params(r, num_prompt_tokens=10, max_model_len=100, tokenizer=tok)
+        assert (info.value.status, info.value.param, info.value.code) == (400, param, "invalid_value")
+        assert info.value.message == (
+            f"Invalid value for '{param}': token id 1444 is out of range for a vocabulary of 1444."
+        )
 
 
 @pytest.mark.parametrize(
@@ -324,23 +446,25 @@ def test_sampling_params() -> None:
         (completion(max_tokens=100), 1, "max_tokens", "context_length_exceeded"),
     ],
 )
-def test_context_length_errors(body: dict[str, Any], num_prompt_tokens: int, param: str, code: str) -> None:
+def test_context_length_errors(
+    body: dict[str, Any], num_prompt_tokens: int, param: str, code: str, tok: TextTokenizer
+) -> None:
     request: ChatCompletionRequest | CompletionRequest
     if "messages" in body:
         request = parse_chat_completion_request(body)
     else:
         request = parse_completion_request(body)
     with pytest.raises(APIError) as info:
-        sampling_params(request, num_prompt_tokens=num_prompt_tokens, max_model_len=100)
+        sampling_params(request, num_prompt_tokens=num_prompt_tokens, max_model_len=100, tokenizer=tok)
     assert info.value.status == 400
     assert info.value.param == param
     assert info.value.code == code
 
 
-def test_context_length_message() -> None:
+def test_context_length_message(tok: TextTokenizer) -> None:
     r = parse_chat_completion_request(chat(max_tokens=95))
     with pytest.raises(APIError) as info:
-        sampling_params(r, num_prompt_tokens=10, max_model_len=100)
+        sampling_params(r, num_prompt_tokens=10, max_model_len=100, tokenizer=tok)
     assert info.value.message == (
         "This model's maximum context length is 100 tokens. However, you requested 105 tokens "
         "(10 in the messages, 95 in the completion). Please reduce the length of the messages "

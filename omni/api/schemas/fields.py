@@ -13,12 +13,14 @@ import orjson
 from aiohttp import web
 
 from omni.api.errors import APIError, bad_request
+from omni.tokenizer import TextTokenizer
 from scheduler.request import SamplingParams
 
 MAX_N = 16
 MAX_STOP_STRINGS = 4
 # torch.Generator.manual_seed accepts exactly this range.
 MIN_SEED, MAX_SEED = -(2**63), 2**64 - 1
+MAX_LOGIT_BIAS = 100.0  # OpenAI's bound, either sign
 
 Json: TypeAlias = Any
 Body: TypeAlias = Mapping[str, Json]
@@ -164,6 +166,16 @@ class GenerationFields(ABC):
     ignore_eos: bool = False
     skip_special_tokens: bool = True
     stop_token_ids: tuple[int, ...] = ()
+    # Logit processors: OpenAI's penalties and logit_bias, vLLM's others (SamplingParams
+    # says what each does). Token ids are checked against the vocabulary in sampling_params.
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias), sorted by id
+    min_p: float = 0.0
+    min_tokens: int = 0
+    allowed_token_ids: tuple[int, ...] | None = None  # None: no restriction
+    bad_words: tuple[str, ...] = ()  # tokenized in sampling_params
 
     # Names the prompt in context-length errors; each endpoint's request sets it.
     prompt_param: ClassVar[str]
@@ -205,6 +217,57 @@ def _parse_stop_token_ids(body: Body) -> tuple[int, ...]:
     return tuple(value)
 
 
+def _parse_logit_bias(body: Body) -> tuple[tuple[int, float], ...]:
+    value = opt_object(body, "logit_bias")
+    if not value:
+        return ()
+    biases: dict[int, float] = {}
+    for key, bias in value.items():
+        # isascii: str.isdigit() also accepts digits like "²", which int() refuses
+        if not (key.isascii() and key.isdigit()):
+            raise value_error("logit_bias", f"keys must be token ids, got {key!r}.")
+        if isinstance(bias, bool) or not isinstance(bias, (int, float)):
+            raise type_error("logit_bias", "an object of numbers", bias)
+        if not -MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS:
+            raise value_error("logit_bias", f"biases must be between -100 and 100, got {bias}.")
+        token_id = int(key)
+        if token_id in biases:  # "5" and "05"
+            raise value_error("logit_bias", f"token id {token_id} appears more than once.")
+        biases[token_id] = float(bias)
+    return tuple(sorted(biases.items()))
+
+
+def _parse_allowed_token_ids(body: Body) -> tuple[int, ...] | None:
+    value = body.get("allowed_token_ids")
+    if value is None:
+        return None
+    if not isinstance(value, list) or not all(
+        isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in value
+    ):
+        raise type_error("allowed_token_ids", "an array of non-negative integers", value)
+    if not value:
+        raise value_error("allowed_token_ids", "must name at least one token.")
+    return tuple(sorted(set(value)))
+
+
+def _parse_bad_words(body: Body) -> tuple[str, ...]:
+    value = body.get("bad_words")
+    if value is None:
+        return ()
+    if not isinstance(value, list) or not all(isinstance(w, str) for w in value):
+        raise type_error("bad_words", "an array of strings", value)
+    if any(not w.strip() for w in value):
+        raise value_error("bad_words", "bad words must not be empty or only whitespace.")
+    return tuple(value)
+
+
+def _opt_range(body: Body, key: str, lo: float, hi: float) -> float | None:
+    value = opt_number(body, key)
+    if value is not None and not lo <= value <= hi:
+        raise value_error(key, f"must be between {lo:g} and {hi:g}, got {value:g}.")
+    return value
+
+
 def parse_generation_fields(body: Body) -> dict[str, Json]:
     """GenerationFields' values, as keyword arguments for a request class."""
     max_tokens_param = (
@@ -221,17 +284,19 @@ def parse_generation_fields(body: Body) -> dict[str, Json]:
     if top_p is not None and not 0.0 < top_p <= 1.0:
         raise value_error("top_p", f"must be greater than 0 and at most 1, got {top_p}.")
     top_k = opt_int(body, "top_k", lo=-1)
-    for key in ("presence_penalty", "frequency_penalty"):
-        penalty = opt_number(body, key)
-        if penalty is not None and not -2.0 <= penalty <= 2.0:
-            raise value_error(key, f"must be between -2 and 2, got {penalty}.")
-        if penalty:
-            raise unsupported(key, "this server only accepts 0.")
+    presence_penalty = _opt_range(body, "presence_penalty", -2.0, 2.0)
+    frequency_penalty = _opt_range(body, "frequency_penalty", -2.0, 2.0)
     repetition_penalty = opt_number(body, "repetition_penalty")
-    if repetition_penalty is not None and repetition_penalty != 1.0:
-        raise unsupported("repetition_penalty", "this server only accepts 1.")
-    if opt_object(body, "logit_bias"):
-        raise unsupported("logit_bias", "this server does not apply logit biases.")
+    if repetition_penalty is not None and repetition_penalty <= 0.0:
+        raise value_error(
+            "repetition_penalty", f"must be greater than 0, got {repetition_penalty:g}."
+        )
+    min_p = _opt_range(body, "min_p", 0.0, 1.0)
+    min_tokens = opt_int(body, "min_tokens", lo=0)
+    if min_tokens is not None and max_tokens is not None and min_tokens > max_tokens:
+        raise value_error(
+            "min_tokens", f"must be at most {max_tokens_param} ({max_tokens}), got {min_tokens}."
+        )
 
     stream = bool(opt_bool(body, "stream"))
     include_usage = False
@@ -259,10 +324,42 @@ def parse_generation_fields(body: Body) -> dict[str, Json]:
         "ignore_eos": bool(opt_bool(body, "ignore_eos")),
         "skip_special_tokens": opt_bool(body, "skip_special_tokens") is not False,
         "stop_token_ids": _parse_stop_token_ids(body),
+        "presence_penalty": presence_penalty or 0.0,
+        "frequency_penalty": frequency_penalty or 0.0,
+        "repetition_penalty": 1.0 if repetition_penalty is None else repetition_penalty,
+        "logit_bias": _parse_logit_bias(body),
+        "min_p": min_p or 0.0,
+        "min_tokens": min_tokens or 0,
+        "allowed_token_ids": _parse_allowed_token_ids(body),
+        "bad_words": _parse_bad_words(body),
     }
 
 
 # ----------------------------------------------------------------------------- fitting
+
+
+def _check_in_vocabulary(param: str, token_ids: tuple[int, ...], vocab_size: int) -> None:
+    bad = next((t for t in token_ids if t >= vocab_size), None)
+    if bad is not None:
+        raise value_error(
+            param, f"token id {bad} is out of range for a vocabulary of {vocab_size}."
+        )
+
+
+def bad_words_token_ids(
+    bad_words: tuple[str, ...], tokenizer: TextTokenizer
+) -> tuple[tuple[int, ...], ...]:
+    """Each bad word's token sequences, as vLLM makes them: the word as it would start the
+    text, and also as it would follow a space when that gives a different first token in as
+    many tokens (a word mid-text usually tokenizes with its leading space)."""
+    sequences: list[tuple[int, ...]] = []
+    for word in bad_words:
+        bare = tuple(tokenizer.encode(word.lstrip(), add_special_tokens=False))
+        spaced = tuple(tokenizer.encode(" " + word.lstrip(), add_special_tokens=False))
+        sequences.append(bare)
+        if spaced[0] != bare[0] and len(spaced) == len(bare):
+            sequences.append(spaced)
+    return tuple(sequences)
 
 
 def sampling_params(
@@ -270,9 +367,10 @@ def sampling_params(
     *,
     num_prompt_tokens: int,
     max_model_len: int,
+    tokenizer: TextTokenizer,
     stop_token_ids: tuple[int, ...] = (),
 ) -> SamplingParams:
-    """Fit the request to one prompt of num_prompt_tokens tokens.
+    """Fit the request to one prompt of num_prompt_tokens tokens and the model's vocabulary.
 
     The one place a request's sampling fields become the scheduler's SamplingParams.
 
@@ -291,6 +389,9 @@ def sampling_params(
             param=prompt_param,
             code="context_length_exceeded",
         )
+    vocab_size = tokenizer.vocab_size
+    _check_in_vocabulary("logit_bias", tuple(t for t, _ in request.logit_bias), vocab_size)
+    _check_in_vocabulary("allowed_token_ids", request.allowed_token_ids or (), vocab_size)
     max_tokens = request.max_tokens
     if max_tokens is not None and max_tokens > room:
         raise bad_request(
@@ -310,4 +411,12 @@ def sampling_params(
         logprobs=request.num_logprobs,
         stop_token_ids=request.stop_token_ids + stop_token_ids,
         ignore_eos=request.ignore_eos,
+        min_tokens=request.min_tokens,
+        presence_penalty=request.presence_penalty,
+        frequency_penalty=request.frequency_penalty,
+        repetition_penalty=request.repetition_penalty,
+        logit_bias=request.logit_bias,
+        min_p=request.min_p,
+        allowed_token_ids=request.allowed_token_ids,
+        bad_words_token_ids=bad_words_token_ids(request.bad_words, tokenizer),
     )
