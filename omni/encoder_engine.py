@@ -87,9 +87,9 @@ class EncoderEngine(SupervisedWorker):
         except Exception as exc:  # a bug costs this batch, not the server
             log.exception("%s: encode batch failed", self.name)
             self._fail(batch, EngineError(f"internal error: {exc}"))
-            self._inflight = []
-        else:
-            self._inflight = []
+        # Not reached when cancelled (stop) or when the worker died: fail_pending and
+        # fail_on_worker then still see the batch in flight.
+        self._inflight = []
 
     async def _execute(self, batch: list[_Pending]) -> None:
         self._batch_id += 1

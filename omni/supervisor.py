@@ -17,12 +17,12 @@ from __future__ import annotations
 import asyncio
 import logging
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from gpu_workers.worker import worker_main
 from omni import protocol
-from omni.worker_process import WorkerDied, WorkerProcess, restart_until_up
+from omni.worker_process import WorkerDied, WorkerProcess
 
 log = logging.getLogger("omni.supervisor")
 
@@ -117,3 +117,18 @@ class SupervisedWorker(ABC):
         self.fail_on_worker(EngineError(f"{self.spec.LABEL} failed: {cause}"))
         await self.worker.kill()
         await restart_until_up(self._start_worker, lambda: self._closing, self.name)
+
+
+async def restart_until_up(
+    start: Callable[[], Awaitable[None]], closing: Callable[[], bool], what: str
+) -> None:
+    """Call start() until it succeeds or closing() is true, backing off from 1 s to 30 s."""
+    delay = 1.0
+    while not closing():
+        try:
+            await start()
+            return
+        except WorkerDied as exc:
+            log.error("%s: restart failed: %s", what, exc)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 30.0)

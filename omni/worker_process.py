@@ -26,7 +26,7 @@ import multiprocessing as mp
 import os
 import socket
 import struct
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from multiprocessing.process import BaseProcess
 from typing import Any
 
@@ -263,18 +263,3 @@ def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-async def restart_until_up(
-    start: Callable[[], Awaitable[None]], closing: Callable[[], bool], what: str
-) -> None:
-    """Call start() until it succeeds or closing() is true, backing off from 1 s to 30 s."""
-    delay = 1.0
-    while not closing():
-        try:
-            await start()
-            return
-        except WorkerDied as exc:
-            log.error("%s: restart failed: %s", what, exc)
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 30.0)
