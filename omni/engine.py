@@ -121,6 +121,7 @@ class LLMEngine(SupervisedWorker):
         self._pending_finished: list[RequestId] = []
         self._inflight = InflightPrefixes()
         self._masks = MaskFiller()
+        self._num_constrained = 0  # streams with a grammar: none means no step looks for masks
 
     # ---- lifecycle -------------------------------------------------------------------
     def on_ready(self, ready: protocol.LLMReady) -> None:
@@ -163,6 +164,8 @@ class LLMEngine(SupervisedWorker):
         self.scheduler.add_request(request)
         if block_hashes:
             self._inflight.add(request.request_id, block_hashes)
+        if constraint is not None:
+            self._num_constrained += 1
         self.wake()
         return stream
 
@@ -185,7 +188,10 @@ class LLMEngine(SupervisedWorker):
     def _forget(self, request_id: RequestId) -> RequestStream | None:
         """Drop the server-side bookkeeping of a request that ended, however it ended."""
         self._inflight.remove(request_id)
-        return self._streams.pop(request_id, None)
+        stream = self._streams.pop(request_id, None)
+        if stream is not None and stream.constraint is not None:
+            self._num_constrained -= 1
+        return stream
 
     def abort(
         self, request_id: RequestId, status: RequestStatus = RequestStatus.FINISHED_ABORTED
@@ -273,6 +279,8 @@ class LLMEngine(SupervisedWorker):
 
     async def _token_masks(self, output: SchedulerOutput) -> list[protocol.TokenMask]:
         """The grammar mask of every constrained request whose chunk samples in this step."""
+        if self._num_constrained == 0:  # the common step: nothing to look at
+            return []
         sampling: list[tuple[RequestId, TokenConstraint]] = []
         scheduled = [(s.request.request_id, s.num_computed_tokens, s.num_scheduled_tokens) for s in output.scheduled_new]
         scheduled += [(c.request_id, c.num_computed_tokens, c.num_scheduled_tokens) for c in output.scheduled_cached]
@@ -349,3 +357,4 @@ class LLMEngine(SupervisedWorker):
             stream.queue.put_nowait(error)
         self._streams.clear()
         self._inflight.clear()
+        self._num_constrained = 0

@@ -45,25 +45,30 @@ class GrammarCompiler:
         self._ll_tokenizer: llguidance.LLTokenizer | None = None
         self._cache: OrderedDict[GrammarSpec, CompiledGrammar] = OrderedDict()
         self._max_cached = max_cached
-        self._lock = asyncio.Lock()  # one compile of a spec at a time; the cache serves the rest
+        self._compiling: dict[GrammarSpec, asyncio.Future[CompiledGrammar]] = {}
 
     async def compile(self, spec: GrammarSpec) -> CompiledGrammar:
         cached = self._cache.get(spec)
         if cached is not None:
             self._cache.move_to_end(spec)
             return cached
-        async with self._lock:
-            cached = self._cache.get(spec)
-            if cached is None:
-                cached = await asyncio.to_thread(self._compile, spec)
-                self._cache[spec] = cached
-                while len(self._cache) > self._max_cached:
-                    self._cache.popitem(last=False)
-        return cached
+        # Requests asking for the same spec while it compiles share that one compile; other
+        # specs compile concurrently with it.
+        task = self._compiling.get(spec)
+        if task is None:
+            task = asyncio.ensure_future(asyncio.to_thread(self._compile, spec))
+            self._compiling[spec] = task
+            task.add_done_callback(lambda _: self._compiling.pop(spec, None))
+        compiled = await asyncio.shield(task)  # one asker leaving does not cancel the others'
+        self._cache[spec] = compiled
+        while len(self._cache) > self._max_cached:
+            self._cache.popitem(last=False)
+        return compiled
 
     def _compile(self, spec: GrammarSpec) -> CompiledGrammar:
         if self._ll_tokenizer is None:  # about a second for a large vocabulary: once per model
             eos = sorted(self.tokenizer.eos_token_ids)
+            # Two first compiles may both get here; each conversion is equal, and one is kept.
             self._ll_tokenizer = llguidance.hf.from_tokenizer(
                 self.tokenizer.hf_tokenizer,  # type: ignore[arg-type]  # a PreTrainedTokenizerFast
                 n_vocab=self.tokenizer.vocab_size,

@@ -3,6 +3,7 @@ exactly the tokens that keep the output inside the grammar."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from pathlib import Path
@@ -150,3 +151,19 @@ async def test_parallel_masks_equal_the_sequential_ones(compiler: GrammarCompile
             c.advance(token)
         assert not c.violated
     assert await MaskFiller(num_threads=2).fill(constraints) == fill_masks(constraints)
+
+
+async def test_concurrent_askers_of_one_spec_share_one_compile(compiler: GrammarCompiler, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[GrammarSpec] = []
+    real = compiler._compile
+
+    def counting(spec: GrammarSpec):  # type: ignore[no-untyped-def]
+        calls.append(spec)
+        return real(spec)
+
+    monkeypatch.setattr(compiler, "_compile", counting)
+    a = GrammarSpec(GrammarKind.REGEX, "[ab]{2}")
+    b = GrammarSpec(GrammarKind.REGEX, "[cd]{2}")
+    got = await asyncio.gather(compiler.compile(a), compiler.compile(a), compiler.compile(b), compiler.compile(a))
+    assert got[0] is got[1] is got[3] and got[2] is not got[0]
+    assert sorted(calls, key=lambda s: s.source) == [a, b]
