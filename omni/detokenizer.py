@@ -22,8 +22,12 @@ _REPLACEMENT = "\ufffd"
 
 
 class _ByteLevelDecoder:
-    def __init__(self, tokenizer: TextTokenizer, skip_special_tokens: bool) -> None:
-        self._table = tokenizer.token_bytes(skip_special_tokens=skip_special_tokens)
+    def __init__(
+        self, tokenizer: TextTokenizer, skip_special_tokens: bool, keep_special: frozenset[int]
+    ) -> None:
+        self._table = tokenizer.token_bytes(
+            skip_special_tokens=skip_special_tokens, keep_special=keep_special
+        )
         self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
 
     def push(self, token_ids: Sequence[int]) -> str:
@@ -47,19 +51,25 @@ class _OffsetDecoder:
     """
 
     def __init__(
-        self, tokenizer: TextTokenizer, prompt_token_ids: Sequence[int], skip_special_tokens: bool
+        self,
+        tokenizer: TextTokenizer,
+        prompt_token_ids: Sequence[int],
+        skip_special_tokens: bool,
+        keep_special: frozenset[int],
     ) -> None:
         self._tokenizer = tokenizer
-        self._skip = skip_special_tokens
-        self._ids = list(prompt_token_ids[-_PROMPT_CONTEXT_TOKENS:])
+        # Skipped specials are dropped from the ids and the rest decoded with every special
+        # written out: the same text as a skipping decode, but keep_special survives.
+        self._drop = tokenizer.skipped_special_ids(keep_special) if skip_special_tokens else frozenset()
+        self._ids = [t for t in prompt_token_ids[-_PROMPT_CONTEXT_TOKENS:] if t not in self._drop]
         self._prefix_offset = 0
         self._read_offset = len(self._ids)
 
     def _decode(self, start: int, end: int | None = None) -> str:
-        return self._tokenizer.decode(self._ids[start:end], skip_special_tokens=self._skip)
+        return self._tokenizer.decode(self._ids[start:end], skip_special_tokens=False)
 
     def push(self, token_ids: Sequence[int]) -> str:
-        self._ids.extend(token_ids)
+        self._ids.extend(t for t in token_ids if t not in self._drop)
         prefix_text = self._decode(self._prefix_offset, self._read_offset)
         new_text = self._decode(self._prefix_offset)
         if len(new_text) <= len(prefix_text) or new_text.endswith(_REPLACEMENT):
@@ -83,13 +93,15 @@ class IncrementalDetokenizer:
         prompt_token_ids: Sequence[int] = (),
         *,
         skip_special_tokens: bool = True,
+        keep_special: frozenset[int] = frozenset(),
         stop: Sequence[str] = (),
     ) -> None:
+        """keep_special: special token ids written out even when the others are skipped."""
         self._decoder: _ByteLevelDecoder | _OffsetDecoder
         if tokenizer.is_byte_level:
-            self._decoder = _ByteLevelDecoder(tokenizer, skip_special_tokens)
+            self._decoder = _ByteLevelDecoder(tokenizer, skip_special_tokens, keep_special)
         else:
-            self._decoder = _OffsetDecoder(tokenizer, prompt_token_ids, skip_special_tokens)
+            self._decoder = _OffsetDecoder(tokenizer, prompt_token_ids, skip_special_tokens, keep_special)
         self._stop = tuple(s for s in stop if s)
         # Decoded text not yet emitted because it ends with the start of a stop string.
         self._held = ""

@@ -77,6 +77,7 @@ class Generation:
         skip_special_tokens: bool = True,
         media: tuple[MediaSpan, ...] = (),
         constraint: TokenConstraint | None = None,
+        keep_special: frozenset[int] = frozenset(),
     ) -> None:
         self.model = model
         self.request = Request(
@@ -89,13 +90,17 @@ class Generation:
         self.stop = stop
         self.constraint = constraint  # the choice's own grammar matcher, if it has one
         self.skip_special_tokens = skip_special_tokens
+        self.keep_special = keep_special  # markup the chat parsers read, kept in the text
         self.usage = Usage(prompt_tokens=len(prompt_token_ids))
 
     async def deltas(self) -> AsyncGenerator[Delta, None]:
         pool = self.model.pool
         stream = pool.submit(self.request, self.constraint)
         detok = IncrementalDetokenizer(
-            self.model.tokenizer, skip_special_tokens=self.skip_special_tokens, stop=self.stop
+            self.model.tokenizer,
+            skip_special_tokens=self.skip_special_tokens,
+            keep_special=self.keep_special,
+            stop=self.stop,
         )
         finished = False
         try:

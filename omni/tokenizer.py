@@ -69,6 +69,7 @@ class TextTokenizer:
         # The Rust tokenizer behind the transformers wrapper, for the fast paths.
         self.backend: tokenizers.Tokenizer = hf_tokenizer.backend_tokenizer
         self.eos_token_ids = eos_token_ids
+        self._keep_tables: dict[frozenset[int], list[bytes]] = {}
 
     @classmethod
     def from_dir(cls, model_dir: str | Path) -> TextTokenizer:
@@ -158,17 +159,40 @@ class TextTokenizer:
     def is_byte_level(self) -> bool:
         return isinstance(self.backend.decoder, decoders.ByteLevel)
 
-    def token_bytes(self, *, skip_special_tokens: bool) -> list[bytes]:
+    def token_bytes(
+        self, *, skip_special_tokens: bool, keep_special: frozenset[int] = frozenset()
+    ) -> list[bytes]:
         """Each id's bytes as a byte-level decoder emits them (b"" for skipped specials).
 
         decode(ids) == b"".join(table[i] for i in ids).decode("utf-8", "replace") holds
-        for byte-level tokenizers; the incremental detokenizer relies on it.
+        for byte-level tokenizers; the incremental detokenizer relies on it. keep_special
+        names special tokens written out even when the others are skipped (the markup a tool
+        call or reasoning parser reads, such as <tool_call> and <think>).
         """
         if not self.is_byte_level:
             raise ValueError("token_bytes needs a byte-level tokenizer")
-        if skip_special_tokens:
+        if not skip_special_tokens:
+            return self._token_bytes_all
+        if not keep_special:
             return self._token_bytes_skip_special
-        return self._token_bytes_all
+        table = self._keep_tables.get(keep_special)
+        if table is None:
+            table = list(self._token_bytes_skip_special)
+            full = self._token_bytes_all
+            for i in keep_special:
+                if 0 <= i < len(table):
+                    table[i] = full[i]
+            self._keep_tables[keep_special] = table
+        return table
+
+    def skipped_special_ids(self, keep_special: frozenset[int] = frozenset()) -> frozenset[int]:
+        """The ids a decode that skips special tokens drops, keep_special excepted."""
+        return self.special_token_ids - keep_special
+
+    def special_ids(self, *tokens: str) -> frozenset[int]:
+        """The ids of those of these tokens the vocabulary has."""
+        ids = (self.token_to_id(t) for t in tokens)
+        return frozenset(i for i in ids if i is not None)
 
     @cached_property
     def _token_bytes_all(self) -> list[bytes]:

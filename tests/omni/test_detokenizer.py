@@ -168,3 +168,19 @@ def test_stop_strings_property(
     if len(stops) == 1:
         i = s.find(stops[0])
         assert emitted == (s if i == -1 else s[:i])
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(ids=st.lists(token_id, max_size=40), cuts=st.lists(st.integers(0, 40), max_size=40))
+def test_kept_specials_are_written_and_the_rest_skipped(
+    tok: TextTokenizer, ids: list[int], cuts: list[int]
+) -> None:
+    """keep_special: the markup a parser reads (<think>, <tool_call>) survives a skipping decode."""
+    keep = tok.special_ids("<think>", "</think>", "<tool_call>")
+    assert len(keep) == 3
+    expected = tok.decode(
+        [i for i in ids if i in keep or i not in tok.special_token_ids], skip_special_tokens=False
+    )
+    for t in (tok, _OffsetOnly(tok.hf_tokenizer, tok.eos_token_ids)):
+        detok = IncrementalDetokenizer(t, [1281, 100], keep_special=keep)
+        assert "".join(stream(detok, ids, cuts)) == expected
