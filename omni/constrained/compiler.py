@@ -18,7 +18,7 @@ import llguidance.hf
 from llguidance.gbnf_to_lark import any_to_lark
 
 from omni.api.errors import APIError, bad_request
-from omni.constrained.constraint import TokenConstraint
+from omni.constrained.constraint import ReasoningBudget, TokenConstraint
 from omni.constrained.spec import GrammarKind, GrammarSpec
 from omni.tokenizer import TextTokenizer
 
@@ -35,8 +35,10 @@ class CompiledGrammar:
         self._matcher = matcher  # never advanced: the template every request copies
         self._vocab_size = vocab_size
 
-    def new_constraint(self, trigger_token_id: int | None = None) -> TokenConstraint:
-        return TokenConstraint(self._matcher.deep_copy(), self._vocab_size, trigger_token_id)
+    def new_constraint(
+        self, trigger_token_id: int | None = None, budget: ReasoningBudget | None = None
+    ) -> TokenConstraint:
+        return TokenConstraint(self._matcher.deep_copy(), self._vocab_size, trigger_token_id, budget)
 
 
 class GrammarCompiler:

@@ -2,7 +2,12 @@
 
 A constraint may wait for a trigger token: until the model samples it, nothing is masked; from
 the token after it on, the grammar holds. The image and audio output paths use this to keep
-an image-code or audio-unit span well formed once the model opens one.
+an image-code or audio-unit span well formed once the model opens one, and a reasoning model's
+answer is held to its grammar from the </think> that ends its reasoning.
+
+A constraint may also carry a reasoning budget (the request's thinking_token_budget): once
+that many tokens of reasoning are out, the next token is forced to be the end of reasoning.
+A budget alone, with no grammar, is a constraint too: it masks only that one step.
 """
 
 from __future__ import annotations
@@ -10,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import llguidance
 import llguidance.numpy as llg_np
@@ -18,26 +24,74 @@ import numpy as np
 log = logging.getLogger("omni.constrained")
 
 
+@dataclass(slots=True)
+class ReasoningBudget:
+    """At most max_tokens between the start and end tokens of reasoning. The reasoning is open
+    from the first token when the prompt already opened it, else from a start token the model
+    samples; it closes at the first end token."""
+
+    start_token_id: int
+    end_token_id: int
+    max_tokens: int
+    open: bool = False
+    used: int = 0
+    closed: bool = False
+
+    @property
+    def exhausted(self) -> bool:
+        return self.open and self.used >= self.max_tokens
+
+    def advance(self, token_id: int) -> None:
+        if self.open:
+            if token_id == self.end_token_id:
+                self.open, self.closed = False, True
+            else:
+                self.used += 1
+        elif not self.closed and token_id == self.start_token_id:
+            self.open = True
+
+
 class TokenConstraint:
     def __init__(
-        self, matcher: llguidance.LLMatcher, vocab_size: int, trigger_token_id: int | None = None
+        self,
+        matcher: llguidance.LLMatcher | None,
+        vocab_size: int,
+        trigger_token_id: int | None = None,
+        budget: ReasoningBudget | None = None,
     ) -> None:
-        self.matcher = matcher
+        self.matcher = matcher  # None: a reasoning budget only
         self.vocab_size = vocab_size  # the tokenizer's: a mask has ceil(vocab_size / 32) words
         self.trigger_token_id = trigger_token_id
-        self.active = trigger_token_id is None
+        self.grammar_on = matcher is not None and trigger_token_id is None
+        self.budget = budget
         self.violated = False  # a token the grammar refused got through (never expected)
+
+    @property
+    def forced_token_id(self) -> int | None:
+        """The one token the next step may sample (the end of an exhausted reasoning budget)."""
+        if self.budget is not None and self.budget.exhausted:
+            return self.budget.end_token_id
+        return None
+
+    @property
+    def active(self) -> bool:
+        """The next sampled token needs a mask."""
+        return self.grammar_on or self.forced_token_id is not None
 
     @property
     def complete(self) -> bool:
         """The grammar can take no more tokens: the request ends here ("stop")."""
-        return self.active and self.matcher.is_stopped()
+        return self.grammar_on and self.matcher is not None and self.matcher.is_stopped()
 
     def advance(self, token_id: int) -> None:
         """Record a sampled token; read complete and violated after it."""
-        if not self.active:
+        if self.budget is not None:
+            self.budget.advance(token_id)
+        if self.matcher is None:
+            return
+        if not self.grammar_on:
             if token_id == self.trigger_token_id:
-                self.active = True
+                self.grammar_on = True
             return
         if not self.matcher.consume_token(token_id):
             # Only a mask that never reached the sampler lets this happen; the request is
@@ -51,10 +105,21 @@ def fill_masks(constraints: Sequence[TokenConstraint]) -> list[bytes]:
     of the mask set when token t is allowed."""
     masks = []
     for c in constraints:
+        forced = c.forced_token_id
+        if forced is not None:
+            masks.append(single_token_mask(forced, c.vocab_size))
+            continue
+        assert c.matcher is not None, "an active constraint has a grammar or a forced token"
         words = llg_np.allocate_token_bitmask(1, c.vocab_size)
         llg_np.fill_next_token_bitmask(c.matcher, words)
         masks.append(words[0].astype("<i4", copy=False).tobytes())
     return masks
+
+
+def single_token_mask(token_id: int, vocab_size: int) -> bytes:
+    words = np.zeros((vocab_size + 31) // 32, dtype="<i4")
+    words.view(np.uint32)[token_id // 32] = np.uint32(1 << (token_id % 32))
+    return words.tobytes()
 
 
 class MaskFiller:
@@ -78,8 +143,15 @@ class MaskFiller:
         vocab = constraints[0].vocab_size
         assert all(c.vocab_size == vocab for c in constraints), "one model, one tokenizer"
         words = llg_np.allocate_token_bitmask(len(constraints), vocab)
-        llg_np.fill_next_token_bitmask_par(self._executor, [(c.matcher, i) for i, c in enumerate(constraints)], words)
-        return [row.astype("<i4", copy=False).tobytes() for row in words]
+        grammar_rows = [(c.matcher, i) for i, c in enumerate(constraints) if c.forced_token_id is None and c.matcher is not None]
+        if grammar_rows:
+            llg_np.fill_next_token_bitmask_par(self._executor, grammar_rows, words)
+        masks = [row.astype("<i4", copy=False).tobytes() for row in words]
+        for i, c in enumerate(constraints):
+            forced = c.forced_token_id
+            if forced is not None:
+                masks[i] = single_token_mask(forced, vocab)
+        return masks
 
 
 def allowed_tokens(mask: bytes, vocab_size: int) -> np.ndarray:
