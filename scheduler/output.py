@@ -2,7 +2,8 @@
 
 num_computed_tokens is always the value BEFORE this step: the worker computes tokens
 [num_computed_tokens, num_computed_tokens + num_scheduled_tokens) and samples a token
-exactly when that range ends at the request's last known token.
+exactly when that range ends at the request's last known token, unless the request is
+prefill-only (max_tokens 0), which ends there without one.
 """
 
 from __future__ import annotations

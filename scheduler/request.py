@@ -46,6 +46,8 @@ class MediaSpan:
 
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
+    # 0: a prefill-only request (completions' echo with max_tokens 0): its prompt is computed,
+    # for its prompt logprobs, and it ends without a token.
     max_tokens: int
     temperature: float = 1.0
     top_p: float = 1.0
@@ -70,10 +72,18 @@ class SamplingParams:
     allowed_token_ids: tuple[int, ...] | None = None  # None: every token may be sampled
     # Each bad word's token sequence: its last token is banned where the rest ends the output.
     bad_words_token_ids: tuple[tuple[int, ...], ...] = ()
+    # None: no prompt logprobs. k: every prompt token's logprob and rank (from the logits of
+    # the position before it), and the k most likely tokens there. Such a request takes no
+    # blocks from the prefix cache: the cached positions' logits would never be computed.
+    prompt_logprobs: int | None = None
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def prefill_only(self) -> bool:
+        return self.max_tokens == 0
 
 
 @dataclass(slots=True)
@@ -111,6 +121,11 @@ class Request:
     @property
     def is_finished(self) -> bool:
         return self.status.is_finished
+
+    @property
+    def reads_prefix_cache(self) -> bool:
+        """Whether cached blocks may stand in for computing the prompt's leading tokens."""
+        return self.sampling_params.prompt_logprobs is None
 
     def append_output_token(self, token_id: int) -> None:
         """Record a sampled token and decide whether the request is done."""

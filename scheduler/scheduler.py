@@ -186,7 +186,10 @@ class Scheduler:
     def _schedule_waiting(self, output: SchedulerOutput, budget: int) -> None:
         while self._waiting and budget > 0 and len(self._running) < self.config.max_num_seqs:
             request = self._waiting[0]
-            computed_blocks, num_cached = self.block_manager.get_computed_blocks(request)
+            computed_blocks: list[BlockId] = []
+            num_cached = 0
+            if request.reads_prefix_cache:
+                computed_blocks, num_cached = self.block_manager.get_computed_blocks(request)
             num_new = request.num_tokens - num_cached
             if num_new > budget:
                 if not self.config.enable_chunked_prefill:
@@ -197,8 +200,9 @@ class Scheduler:
             block_ids = self.block_manager.allocate(request, num_new, computed_blocks)
             self._waiting.popleft()
             self._running.append(request)
-            self.prefix_cache_queried_tokens += request.num_tokens
-            self.prefix_cache_hit_tokens += num_cached
+            if request.reads_prefix_cache:
+                self.prefix_cache_queried_tokens += request.num_tokens
+                self.prefix_cache_hit_tokens += num_cached
             if request.num_preemptions == 0:
                 request.num_cached_tokens = num_cached
             request.num_computed_tokens = num_cached
@@ -230,7 +234,8 @@ class Scheduler:
     def update_from_output(
         self, output: SchedulerOutput, sampled: Mapping[RequestId, int]
     ) -> list[Request]:
-        """Append the sampled tokens; return the requests that got one (finished or not)."""
+        """Append the sampled tokens; return the requests that got one (finished or not), and
+        the prefill-only ones whose prompt is now computed (finished, with no token)."""
         scheduled = [
             (s.request.request_id, s.num_computed_tokens, s.num_scheduled_tokens)
             for s in output.scheduled_new
@@ -245,6 +250,11 @@ class Scheduler:
                 continue  # aborted (or preempted) since this step was scheduled
             if num_computed + num_scheduled < request.num_tokens:
                 continue  # a partial prefill chunk samples nothing
+            if request.sampling_params.prefill_only:  # nor does the last chunk of these
+                request.status = RequestStatus.FINISHED_LENGTH
+                self._finish(request)
+                updated.append(request)
+                continue
             if request_id not in sampled:
                 raise ValueError(f"step {output.step_id}: no sampled token for {request_id}")
             request.append_output_token(sampled[request_id])
