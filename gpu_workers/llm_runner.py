@@ -8,7 +8,8 @@ scheduled request the tokens
     token_ids[num_computed_tokens : num_computed_tokens + num_scheduled_tokens]
 
 at positions [num_computed_tokens, num_computed_tokens + num_scheduled_tokens). A token is
-sampled for a request exactly when its chunk ends at len(token_ids).
+sampled for a request exactly when its chunk ends at len(token_ids), unless it is prefill-only.
+A request that wants prompt logprobs gets those of every prompt token its chunk predicts.
 """
 
 from __future__ import annotations
@@ -39,6 +40,9 @@ log = logging.getLogger("omni.llm_runner")
 # Reads an encoder artifact's bytes by key (the artifact store); raises when it cannot.
 ArtifactReader = Callable[[str], bytes]
 DEFAULT_EMBEDDING_CACHE_BYTES = 1024**3
+# Prompt logprobs are computed over at most this many logits at once (rows * vocab), so a
+# long prefill chunk never holds its whole (T, V) logits: 64 Mi floats, 256 MiB in float32.
+PROMPT_LOGITS_PER_SLICE = 1 << 26
 # request id -> [(first row within its chunk, embedding rows to put there)]
 MediaRows = dict[str, list[tuple[int, torch.Tensor]]]
 
@@ -88,9 +92,23 @@ class RequestState:
     # the scheduler sends once, at a request's first schedule, before it has any output (a
     # resumed request comes back as a CachedRequest), so its token_ids are all prompt.
     num_prompt_tokens: int = field(init=False)
+    # Prompt positions [1, prompt_logprobs_end) have had their logprobs sent: a prompt that
+    # is recomputed after a preemption sends none twice.
+    prompt_logprobs_end: int = 1
 
     def __post_init__(self) -> None:
         self.num_prompt_tokens = len(self.token_ids)
+
+
+@dataclass(frozen=True, slots=True)
+class _PromptRows:
+    """Prompt positions [start, start + count) of one request, whose logprobs come from the
+    hidden states of the packed rows [row, row + count) (positions start - 1 ...)."""
+
+    request_id: str
+    row: int
+    start: int
+    count: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,7 +223,8 @@ class LLMRunner(Runner):
             return protocol.StepResult(step.step_id, [], failed)
         with torch.inference_mode():
             masks = {m.request_id: m.bitmask for m in step.token_masks}
-            return protocol.StepResult(step.step_id, self._run(scheduled, media, masks), failed)
+            sampled, prompt_logprobs = self._run(scheduled, media, masks)
+        return protocol.StepResult(step.step_id, sampled, failed, prompt_logprobs)
 
     def _apply_deltas(self, step: protocol.Step) -> list[_Scheduled]:
         # Everything is checked before any state changes, so a rejected step leaves the
@@ -387,19 +406,29 @@ class LLMRunner(Runner):
 
     def _run(
         self, scheduled: list[_Scheduled], media: MediaRows, masks: dict[str, bytes] | None = None
-    ) -> list[protocol.SampledToken]:
+    ) -> tuple[list[protocol.SampledToken], list[protocol.PromptLogprobs]]:
         input_ids: list[int] = []
         positions: list[int] = []
         chunks: list[SequenceChunk] = []
         sample_rows: list[int] = []  # packed row whose hidden state predicts the next token
         sample_ids: list[str] = []
+        prompt_rows: list[_PromptRows] = []
         for s in scheduled:
             state = self.requests[s.request_id]
             start, end = s.num_computed_tokens, s.num_computed_tokens + s.num_scheduled_tokens
-            chunks.append(SequenceChunk(len(input_ids), s.num_scheduled_tokens, start, state.block_ids))
+            first_row = len(input_ids)
+            chunks.append(SequenceChunk(first_row, s.num_scheduled_tokens, start, state.block_ids))
             input_ids.extend(state.token_ids[start:end])
             positions.extend(range(start, end))
-            if end == len(state.token_ids):
+            if state.sampling.prompt_logprobs is not None:
+                # The chunk's rows at positions [start, end) predict tokens [start + 1, end + 1);
+                # those that are prompt tokens not yet sent: [lo, hi).
+                lo = max(start + 1, state.prompt_logprobs_end)
+                hi = min(end + 1, state.num_prompt_tokens)
+                if lo < hi:
+                    prompt_rows.append(_PromptRows(s.request_id, first_row + lo - 1 - start, lo, hi - lo))
+                    state.prompt_logprobs_end = hi
+            if end == len(state.token_ids) and not state.sampling.prefill_only:
                 sample_rows.append(len(input_ids) - 1)
                 sample_ids.append(s.request_id)
         metadata = self.attention_backend.build_metadata(chunks)
@@ -411,8 +440,9 @@ class LLMRunner(Runner):
             metadata,
             inputs_embeds=self._inputs_embeds(scheduled, ids, media),
         )  # (T, H)
+        prompt_logprobs = [self._prompt_logprobs(hidden, p) for p in prompt_rows]
         if not sample_rows:
-            return []
+            return [], prompt_logprobs
         logits = self.model.compute_logits(hidden[torch.tensor(sample_rows, device=self.device)])  # (N, V)
         if masks:
             apply_token_masks(logits, [masks.get(r) for r in sample_ids])
@@ -425,4 +455,32 @@ class LLMRunner(Runner):
             if out.top_logprobs is not None:
                 top = [protocol.TopLogprob(int(t), float(lp)) for t, lp in out.top_logprobs]
             sampled.append(protocol.SampledToken(request_id, out.token_id, out.logprob, top))
-        return sampled
+        return sampled, prompt_logprobs
+
+    def _prompt_logprobs(self, hidden: torch.Tensor, rows: _PromptRows) -> protocol.PromptLogprobs:
+        """Log-softmax of the raw logits (as the sampler's logprobs) at the rows predicting
+        prompt tokens [start, start + count): each token's logprob, its rank, the top k."""
+        state = self.requests[rows.request_id]
+        k = state.sampling.prompt_logprobs or 0
+        targets = torch.tensor(state.token_ids[rows.start : rows.start + rows.count], device=self.device)
+        vocab = self.model_config.vocab_size
+        per_slice = max(1, PROMPT_LOGITS_PER_SLICE // vocab)
+        chosen: list[float] = []
+        ranks: list[int] = []
+        top_ids: list[list[int]] = []
+        top_values: list[list[float]] = []
+        for i in range(0, rows.count, per_slice):
+            n = min(per_slice, rows.count - i)
+            logprobs = self.model.compute_logits(hidden[rows.row + i : rows.row + i + n]).log_softmax(dim=-1)  # (n, V)
+            target = logprobs.gather(1, targets[i : i + n, None])  # (n, 1)
+            chosen += target.squeeze(1).tolist()
+            # vLLM's rank: how many tokens are at least as likely, the token itself included
+            ranks += (logprobs >= target).sum(dim=-1).tolist()
+            if k > 0:
+                top = logprobs.topk(min(k, logprobs.shape[1]), dim=-1)
+                top_ids += top.indices.tolist()
+                top_values += top.values.tolist()
+            else:
+                top_ids += [[] for _ in range(n)]
+                top_values += [[] for _ in range(n)]
+        return protocol.PromptLogprobs(rows.request_id, rows.start, chosen, ranks, top_ids, top_values)

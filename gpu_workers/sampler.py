@@ -70,6 +70,8 @@ def validate_options(options: SamplingOptions) -> None:
         raise ValueError("a bad word must have at least one token")
     if options.min_tokens < 0:
         raise ValueError(f"min_tokens must be >= 0, got {options.min_tokens}")
+    if options.prompt_logprobs is not None and options.prompt_logprobs < 0:
+        raise ValueError(f"prompt_logprobs must be >= 0 or None, got {options.prompt_logprobs}")
     ids = itertools.chain(
         options.logit_bias_token_ids,
         options.allowed_token_ids or (),

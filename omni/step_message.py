@@ -37,6 +37,8 @@ def sampling_options(request: Request) -> protocol.SamplingOptions:
         bad_words_token_ids=[list(w) for w in params.bad_words_token_ids],
         min_tokens=params.min_tokens,
         min_tokens_stop_ids=stop_ids,
+        prompt_logprobs=params.prompt_logprobs,
+        prefill_only=params.prefill_only,
     )
 
 

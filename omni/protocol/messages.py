@@ -2,7 +2,8 @@
 
 A request travels in full once (NewRequest) and as deltas afterwards (CachedRequest). Every
 nested structure is a message of its own, so nothing crosses the pipe as an untyped list.
-Tags are unique across the whole protocol (specs.py holds 20-39); the wire format is wire.py.
+Tags are unique across the whole protocol: this module holds 1-19 and 40 on, specs.py 20-39;
+the wire format is wire.py.
 """
 
 from __future__ import annotations
@@ -62,6 +63,11 @@ class SamplingOptions:
     # EOS and the stop ids: the sampler bans them while fewer than min_tokens are out (the
     # scheduler still decides when a request ends). Empty when min_tokens is 0.
     min_tokens_stop_ids: list[int] = field(default_factory=list)
+    # None: no prompt logprobs. k: each prompt token's logprob and rank, and the top k
+    # alternatives at its position, sent back as PromptLogprobs with the steps that compute them.
+    prompt_logprobs: int | None = None
+    # max_tokens 0: compute the prompt (for its prompt logprobs) and sample nothing.
+    prefill_only: bool = False
 
 
 @message
@@ -175,6 +181,25 @@ class SampledToken:
 
 @message
 @dataclass(slots=True)
+class PromptLogprobs:
+    """Logprobs of the prompt tokens at positions [start, start + len(token_logprobs)), each
+    from the raw logits of the position before it (so start >= 1: nothing predicts token 0).
+    A chunked prefill sends one per chunk, in order; a prompt recomputed after a preemption
+    sends nothing twice."""
+
+    TAG: ClassVar[int] = 40
+    request_id: str
+    start: int
+    token_logprobs: list[float]
+    # 1 + how many other tokens are at least as likely as the prompt token (vLLM's rank)
+    ranks: list[int]
+    # per position, the k most likely tokens and their logprobs, best first ([] when k is 0)
+    top_token_ids: list[list[int]]
+    top_logprobs: list[list[float]]
+
+
+@message
+@dataclass(slots=True)
 class FailedRequest:
     """A request dropped from a step before the forward (its injected embeddings could not be
     read); the server fails just it."""
@@ -191,6 +216,7 @@ class StepResult:
     step_id: int
     sampled: list[SampledToken]
     failed: list[FailedRequest] = field(default_factory=list)
+    prompt_logprobs: list[PromptLogprobs] = field(default_factory=list)
 
 
 # ---- the encoder worker ------------------------------------------------------------------

@@ -15,13 +15,14 @@ SAMPLING = protocol.SamplingOptions(
     temperature=0.7, top_p=0.9, top_k=5, seed=-3, logprobs=2, presence_penalty=-0.5,
     frequency_penalty=1.5, repetition_penalty=1.1, logit_bias_token_ids=[7, 300],
     logit_bias_values=[-100.0, 2.5], min_p=0.05, allowed_token_ids=[7, 9], bad_words_token_ids=[[4], [5, 6]],
-    min_tokens=3, min_tokens_stop_ids=[0, 2],
+    min_tokens=3, min_tokens_stop_ids=[0, 2], prompt_logprobs=1, prefill_only=True,
 )  # fmt: skip
 MEDIA = protocol.MediaRef("enc/vision_encoder/r/abc", offset=4, num_rows=9)
 NEW = protocol.NewRequest("r1", [1, 2, 3], SAMPLING, [7, 2], 0, 3, [MEDIA])
 CACHED = protocol.CachedRequest("r0", [5], 17, 1, resumed=True)
 TOP = protocol.TopLogprob(11, -0.25)
 SAMPLED = protocol.SampledToken("r1", 42, -0.5, [TOP, protocol.TopLogprob(3, -1.5)])
+PROMPT_LOGPROBS = protocol.PromptLogprobs("r1", 1, [-0.5, -2.25], [1, 3], [[2], [9]], [[-0.5], [-0.125]])
 ITEM = protocol.EncodeItem(3, "audio_encoder", "audio", "enc/a/r/k", b"\x00\xffRIFF", "wav", "messages[0].content[1]")
 ENCODED = protocol.EncodedItem(3, 2, [9, 8], error=None, store_error="disk full")
 FORWARD = protocol.ForwardTiming("vision_encoder", 4, 0.125)
@@ -42,7 +43,8 @@ EXAMPLES: dict[type, object] = {
     protocol.TopLogprob: TOP,
     protocol.SampledToken: SAMPLED,
     protocol.FailedRequest: protocol.FailedRequest("r2", "cannot read encoder output"),
-    protocol.StepResult: protocol.StepResult(8, [SAMPLED], [protocol.FailedRequest("r2", "x")]),
+    protocol.PromptLogprobs: PROMPT_LOGPROBS,
+    protocol.StepResult: protocol.StepResult(8, [SAMPLED], [protocol.FailedRequest("r2", "x")], [PROMPT_LOGPROBS]),
     protocol.EncodeItem: ITEM,
     protocol.EncodeBatch: protocol.EncodeBatch(2, [ITEM, dataclasses.replace(ITEM, item_id=4, fmt=None)]),
     protocol.EncodedItem: ENCODED,
@@ -87,6 +89,7 @@ def test_nested_messages_come_back_typed() -> None:
     result = protocol.decode(protocol.encode(EXAMPLES[protocol.StepResult]))
     assert isinstance(result.sampled[0].top_logprobs[0], protocol.TopLogprob)
     assert isinstance(result.failed[0], protocol.FailedRequest)
+    assert isinstance(result.prompt_logprobs[0], protocol.PromptLogprobs)
     spec = protocol.decode(protocol.encode(EXAMPLES[protocol.EncoderWorkerSpec]))
     assert isinstance(spec.media_limits, MediaLimits) and isinstance(spec.store, protocol.StoreSettings)
 
