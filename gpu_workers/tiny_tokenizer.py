@@ -71,17 +71,23 @@ def audio_code_token(unit: int) -> str:
     return f"<|audio{unit:04d}|>"
 
 
-# ChatML. Content is a string, a list of parts or none (an assistant turn with tool calls).
-# Media parts arrive as {"type": "image" | "video" | "audio", "id": ...} (transformers'
-# multimodal convention) and render as the reference model does: a mime header, then one
-# placeholder per representation, which the server expands (omni/media_input/placeholders.py).
+# ChatML, in the reference model's dialect. Content is a string, a list of parts or none (an
+# assistant turn with tool calls). Media parts arrive as {"type": "image" | "video" | "audio",
+# "id": ...} (transformers' multimodal convention) and render as the reference model does: a
+# mime header, then one placeholder per representation, which the server expands
+# (omni/media_input/placeholders.py).
+# Tools: their JSON schemas go into a system turn (after the client's own system message, if
+# it is first), and an assistant's calls render as the model writes them:
+#   <tool_call>NAME<arg_key>K</arg_key><arg_value>V</arg_value>...</tool_call>
+# (a string V as it is, anything else as JSON); a tool's result is a `tool` turn.
+# Reasoning: the model may open <think> itself; `skip_reasoning` (the reference template's
+# switch) or `enable_thinking=false` (Qwen3's) ends the prompt with an empty, closed block.
 CHAT_TEMPLATE = """\
-{%- for message in messages -%}
-{{- '<|im_start|>' + message['role'] + '\\n' -}}
-{%- if message['content'] is string -%}
-{{- message['content'] -}}
-{%- elif message['content'] is iterable -%}
-{%- for part in message['content'] -%}
+{%- macro render_content(content) -%}
+{%- if content is string -%}
+{{- content -}}
+{%- elif content is iterable -%}
+{%- for part in content -%}
 {%- if part['type'] == 'text' -%}
 {{- part['text'] -}}
 {%- elif part['type'] in ('image', 'video', 'audio') -%}
@@ -100,10 +106,42 @@ CHAT_TEMPLATE = """\
 {%- endif -%}
 {%- endfor -%}
 {%- endif -%}
+{%- endmacro -%}
+{%- set ns = namespace(first=0) -%}
+{%- if tools -%}
+{%- if messages and messages[0]['role'] == 'system' -%}
+{{- '<|im_start|>system\\n' + render_content(messages[0]['content']) + '\\n\\n' -}}
+{%- set ns.first = 1 -%}
+{%- else -%}
+{{- '<|im_start|>system\\n' -}}
+{%- endif -%}
+{{- '# Tools\\nYou may call these functions:\\n' -}}
+{%- for tool in tools -%}
+{{- (tool['function'] if tool['function'] is defined else tool) | tojson + '\\n' -}}
+{%- endfor -%}
+{{- 'To call one, write <tool_call>NAME<arg_key>ARGUMENT</arg_key><arg_value>VALUE</arg_value></tool_call>.' -}}
+{{- '<|im_end|>\\n' -}}
+{%- endif -%}
+{%- for message in messages[ns.first:] -%}
+{{- '<|im_start|>' + message['role'] + '\\n' -}}
+{{- render_content(message['content']) -}}
+{%- if message['role'] == 'assistant' and message['tool_calls'] is defined and message['tool_calls'] -%}
+{%- for call in message['tool_calls'] -%}
+{%- set fn = call['function'] if call['function'] is defined else call -%}
+{{- '<tool_call>' + fn['name'] -}}
+{%- for key, value in (fn['arguments'] or {}).items() -%}
+{{- '<arg_key>' + key + '</arg_key><arg_value>' + (value if value is string else value | tojson) + '</arg_value>' -}}
+{%- endfor -%}
+{{- '</tool_call>' -}}
+{%- endfor -%}
+{%- endif -%}
 {{- '<|im_end|>\\n' -}}
 {%- endfor -%}
 {%- if add_generation_prompt -%}
 {{- '<|im_start|>assistant\\n' -}}
+{%- if skip_reasoning is true or enable_thinking is false -%}
+{{- '<think>\\n\\n</think>\\n\\n' -}}
+{%- endif -%}
 {%- endif -%}
 """
 

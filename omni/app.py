@@ -24,6 +24,7 @@ from omni.served_model import ModelRegistry, ServedModel
 from omni.state import CONFIG, METRICS, MODELS, STORE
 from omni.store.base import ArtifactStore
 from omni.store.spec import StoreSpec
+from omni.chat_format import ChatFormat
 from omni.tokenizer import TextTokenizer
 
 log = logging.getLogger("omni.app")
@@ -60,9 +61,22 @@ async def _models_ctx(app: web.Application) -> AsyncIterator[None]:
         media = None
         if engine_config.encoder_dir is not None:
             media = await _media_pipeline(engine_config, tokenizer, app[STORE], metrics)
+        chat_format = ChatFormat.resolve(
+            tokenizer,
+            tool_parser=engine_config.tool_call_parser,
+            reasoning_parser=engine_config.reasoning_parser,
+            auto_tool_choice=engine_config.enable_auto_tool_choice,
+            chat_template=engine_config.chat_template,
+            trust_request_chat_template=engine_config.trust_request_chat_template,
+        )
         registry.add(
             ServedModel(
-                engine_config.model_name, tokenizer, pool, created=int(time.time()), media=media
+                engine_config.model_name,
+                tokenizer,
+                pool,
+                created=int(time.time()),
+                media=media,
+                chat_format=chat_format,
             )
         )
 

@@ -18,6 +18,8 @@ from omni.app import STARTUP, create_app
 from omni.config import EngineConfig, ServerConfig
 from omni.media.limits import MediaLimits
 from omni.model_layout import ModelLayout
+from omni.parsers.reasoning import REASONING_PARSERS
+from omni.parsers.tool_calls import TOOL_PARSERS
 from omni.store.spec import StoreSpec
 from scheduler.placement import POLICIES, parse_weights
 
@@ -152,6 +154,35 @@ def build_parser() -> argparse.ArgumentParser:
     media.add_argument("--max-media-items", type=int, default=defaults.max_items_per_request, help="per request")
     media.add_argument("--media-fetch-timeout", type=float, default=defaults.remote_fetch_timeout_s)
     media.add_argument("--encoder-device", help="device of the encoder worker (default: the first LLM device)")
+    chat = p.add_argument_group("chat format")
+    chat.add_argument(
+        "--chat-template",
+        metavar="FILE|TEMPLATE",
+        help="Jinja chat template (a file, or the template itself) replacing the checkpoint's",
+    )
+    chat.add_argument(
+        "--trust-request-chat-template",
+        action="store_true",
+        help="render a request's own `chat_template` (off: such a request is a 400)",
+    )
+    chat.add_argument(
+        "--tool-call-parser",
+        default="auto",
+        help="how tool calls are read from the output: hermes, hyperclovax, none, or auto "
+        "(from the chat template)",
+    )
+    chat.add_argument(
+        "--enable-auto-tool-choice",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help='serve tool_choice "auto" (the model decides whether to call); on by default',
+    )
+    chat.add_argument(
+        "--reasoning-parser",
+        default="auto",
+        help="how <think> reasoning is moved into reasoning_content: think, none, or auto "
+        "(from the chat template)",
+    )
     p.add_argument("--log-level", default=os.environ.get("OMNI_LOG_LEVEL", "INFO"))
     return p
 
@@ -201,6 +232,18 @@ def _models(args: argparse.Namespace) -> list[tuple[str, Path]]:
     return models
 
 
+def _chat_template(value: str | None) -> str | None:
+    """--chat-template: a file's text, or the template given inline (it has Jinja markup)."""
+    if value is None:
+        return None
+    path = Path(value).expanduser()
+    if path.is_file():
+        return path.read_text()
+    if "{{" in value or "{%" in value:
+        return value
+    raise SystemExit(f"omni-serve: --chat-template {value!r}: no such file, and not a template")
+
+
 def config_from_args(args: argparse.Namespace) -> ServerConfig:
     devices = tuple(d.strip() for d in args.devices.split(",") if d.strip()) if args.devices else ()
     num_workers = args.llm_workers or max(1, len(devices))
@@ -233,6 +276,13 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
     if dtype == "auto":
         dtype = "float32" if on_cpu else "bfloat16"
     limits = media_limits_from_args(args)
+    chat_template = _chat_template(args.chat_template)
+    for flag, name, known in (
+        ("--tool-call-parser", args.tool_call_parser, TOOL_PARSERS),
+        ("--reasoning-parser", args.reasoning_parser, REASONING_PARSERS),
+    ):
+        if name not in ("auto", "none") and name not in known:
+            raise SystemExit(f"omni-serve: {flag} {name!r}: known are {', '.join(sorted(known))}, auto and none")
     engines = []
     for (model_name, _), layout in zip(models, layouts):
         engines.append(
@@ -261,6 +311,11 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
                 devices=devices,
                 placement=args.placement,
                 placement_weights=weights,
+                chat_template=chat_template,
+                trust_request_chat_template=args.trust_request_chat_template,
+                tool_call_parser=args.tool_call_parser,
+                enable_auto_tool_choice=args.enable_auto_tool_choice,
+                reasoning_parser=args.reasoning_parser,
             )
         )
     return ServerConfig(

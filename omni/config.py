@@ -39,6 +39,12 @@ class EngineConfig:
     encoder_dir: Path | None = None
     encoder_device: str | None = None  # default: the first LLM worker's device
     encoder_max_batch_items: int = 32
+    # The chat format (omni/chat_format.py): "auto" parsers follow the chat template.
+    chat_template: str | None = None  # replaces the checkpoint's template
+    trust_request_chat_template: bool = False
+    tool_call_parser: str = "auto"
+    enable_auto_tool_choice: bool = True
+    reasoning_parser: str = "auto"
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,6 +29,8 @@ from omni.api.schemas import (
     read_json,
     sampling_params,
 )
+from omni.chat_output import OutputFormat
+from omni.chat_turns import ChatConstraints, ban_tool_markup, check_tool_choice, output_format, tool_grammar
 from omni.constrained.compiler import CompiledGrammar
 from omni.generation import Generation, choice_params, new_request_id
 from omni.output_router import OutputRouter
@@ -44,6 +46,7 @@ class Completion:
     id: str
     model: ServedModel
     outputs: list[OutputRouter]
+    output_format: OutputFormat = OutputFormat()  # chat: how each choice's text is read back
 
 
 R = TypeVar("R", ChatCompletionRequest, CompletionRequest)
@@ -56,6 +59,7 @@ async def chat_completion(
 ) -> web.StreamResponse:
     req = parse_chat_completion_request(await read_json(request))
     model = _model(request, req.model)
+    check_tool_choice(model, req)
     _check_serving(model)  # before media: no fetching or encoding for a model that cannot answer
     items = await load_media(model, req)
     prompt = await chat_prompt(model, req, items)
@@ -65,7 +69,11 @@ async def chat_completion(
         num_prompt_tokens=len(prompt.token_ids),
         tokenizer=model.tokenizer,
     )
-    grammar = await _grammar(model, req)
+    params = ban_tool_markup(model, req, params)
+    fmt = output_format(model, req, prompt.token_ids)
+    grammar = await _grammar(model, req) if req.grammar is not None else await tool_grammar(model, req)
+    constraints = ChatConstraints(model, req, grammar, prompt.token_ids)
+    keep_special = model.tokenizer.special_ids(*fmt.markup_tokens)
     completion_id = new_request_id("chatcmpl")
     generations = [
         Generation(
@@ -76,12 +84,13 @@ async def chat_completion(
             f"{completion_id}-{i}",
             req.skip_special_tokens,
             prompt.media,
-            grammar.new_constraint() if grammar is not None else None,
+            constraints.new(),
+            keep_special,
         )
         for i in range(req.n)
     ]
     outputs = [OutputRouter(g) for g in generations]
-    return await assemble(request, req, Completion(completion_id, model, outputs))
+    return await assemble(request, req, Completion(completion_id, model, outputs, fmt))
 
 
 async def completion(request: web.Request, assemble: Assemble[CompletionRequest]) -> web.StreamResponse:

@@ -31,10 +31,10 @@ async def load_media(model: ServedModel, req: ChatCompletionRequest) -> list[Med
 async def chat_prompt(model: ServedModel, req: ChatCompletionRequest, items: list[MediaItem]) -> PromptInputs:
     """The template's token ids with every media placeholder expanded, and the spans to inject."""
     if not items:  # the messages go to the template as they are
-        return PromptInputs(_apply_template(model, req.messages), ())
+        return PromptInputs(_apply_template(model, req, req.messages), ())
     pipeline = model.media
     assert pipeline is not None  # load_media() found none to load items with otherwise
-    token_ids = _apply_template(model, pipeline.template_messages(req.messages, items))
+    token_ids = _apply_template(model, req, pipeline.template_messages(req.messages, items))
     return await pipeline.expand(token_ids, items)
 
 
@@ -56,8 +56,24 @@ def completion_prompts(model: ServedModel, req: CompletionRequest) -> list[list[
     return prompts
 
 
-def _apply_template(model: ServedModel, messages: Sequence[Message]) -> list[int]:
+def _apply_template(model: ServedModel, req: ChatCompletionRequest, messages: Sequence[Message]) -> list[int]:
+    fields, fmt = req.template, model.chat_format
+    if fields.chat_template is not None and not fmt.trust_request_chat_template:
+        raise bad_request(
+            "This server does not render a request's own chat template "
+            "(it is started with --trust-request-chat-template to allow it).",
+            param="chat_template",
+            code="unsupported_parameter",
+        )
     try:
-        return model.tokenizer.apply_chat_template(messages)
+        return model.tokenizer.apply_chat_template(
+            messages,
+            add_generation_prompt=fields.add_generation_prompt,
+            continue_final_message=fields.continue_final_message,
+            tools=req.tools.template_tools or None,
+            chat_template=fields.chat_template or fmt.chat_template,
+            **fields.kwargs,
+        )
     except ValueError as exc:
-        raise bad_request(f"Could not render the chat template: {exc}", param="messages")
+        param = "chat_template" if fields.chat_template is not None else "messages"
+        raise bad_request(f"Could not render the chat template: {exc}", param=param) from None

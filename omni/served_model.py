@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from omni.api.errors import model_not_found
+from omni.chat_format import ChatFormat
 from omni.constrained.compiler import GrammarCompiler
 from omni.media_input.pipeline import MediaPipeline
 from omni.model_pool import ModelPool
@@ -18,6 +19,8 @@ class ServedModel:
     pool: ModelPool
     created: int
     media: MediaPipeline | None = None  # None: a text-only model, media parts are refused
+    # The chat template and the tool-call and reasoning parsers (omni/chat_format.py).
+    chat_format: ChatFormat = field(default_factory=ChatFormat)
     # Output constraints for this model's tokenizer, compiled once per spec.
     grammars: GrammarCompiler = field(init=False)
 

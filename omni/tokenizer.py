@@ -120,9 +120,15 @@ class TextTokenizer:
         messages: Sequence[Message],
         *,
         add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        chat_template: str | None = None,
         **template_kwargs: Any,
     ) -> str:
-        if not self.hf_tokenizer.chat_template:
+        """The prompt text: the model's chat template (or chat_template) over the messages.
+        continue_final_message leaves the last message open, so the reply continues it."""
+        template = chat_template or self.hf_tokenizer.chat_template
+        if not template:
             raise ValueError("the model has no chat template")
         try:
             # Any: transformers types a conversation as list[dict[str, str]], too narrow.
@@ -131,27 +137,24 @@ class TextTokenizer:
             ]
             text = self.hf_tokenizer.apply_chat_template(
                 conversation,
+                tools=[dict(t) for t in tools] if tools else None,
+                chat_template=template,
                 tokenize=False,
                 add_generation_prompt=add_generation_prompt,
+                continue_final_message=continue_final_message,
                 **template_kwargs,
             )
-        except (jinja2.TemplateError, TypeError, KeyError, AttributeError) as e:
-            # TemplateError covers the template's own raise_exception(...).
+        except (jinja2.TemplateError, TypeError, KeyError, AttributeError, ValueError) as e:
+            # TemplateError covers the template's own raise_exception(...); ValueError,
+            # transformers' own refusals (e.g. a final message it cannot continue).
             raise ValueError(f"could not apply the chat template to the messages: {e}") from e
         if not isinstance(text, str):
             raise ValueError("the chat template did not render to text")
         return text
 
-    def apply_chat_template(
-        self,
-        messages: Sequence[Message],
-        *,
-        add_generation_prompt: bool = True,
-        **template_kwargs: Any,
-    ) -> list[int]:
-        text = self.render_chat(
-            messages, add_generation_prompt=add_generation_prompt, **template_kwargs
-        )
+    def apply_chat_template(self, messages: Sequence[Message], **options: Any) -> list[int]:
+        """render_chat's text as token ids (options as render_chat's)."""
+        text = self.render_chat(messages, **options)
         # The template writes any BOS itself; adding special tokens here would double it.
         return self.encode(text, add_special_tokens=False)
 

@@ -14,6 +14,7 @@ from omni.api.schemas import ChatCompletionRequest
 from omni.generation import Delta, Usage
 from omni.orchestrator import Completion
 from omni.output_router import OutputRouter
+from omni.parsers.tool_calls import ToolCallDelta
 
 
 async def create_chat_completion(request: web.Request) -> web.StreamResponse:
@@ -30,48 +31,102 @@ async def assemble(
 
 async def _complete(req: ChatCompletionRequest, completion: Completion) -> web.Response:
     tokenizer = completion.model.tokenizer
+    fmt = completion.output_format
     collected = await sse.collect(completion.outputs)
-    choices = [
-        {
-            "index": i,
-            "message": {"role": "assistant", "content": c.text},
-            "logprobs": (
-                {"content": chat_logprob_entries(tokenizer, c.logprobs)} if req.logprobs else None
-            ),
-            "finish_reason": c.finish_reason,
-        }
-        for i, c in enumerate(collected)
-    ]
+    echo = _echo(req)
+    choices = []
+    for i, c in enumerate(collected):
+        parser = fmt.new_parser()
+        reply = parser.parse(c.text)
+        message: dict[str, Any] = {"role": "assistant", "content": echo + reply.content}
+        if reply.tool_calls:
+            message["tool_calls"] = [
+                {"id": t.id, "type": "function", "function": {"name": t.name, "arguments": t.arguments}}
+                for t in reply.tool_calls
+            ]
+            if not message["content"]:
+                message["content"] = None  # as OpenAI answers a turn that only calls tools
+        if fmt.reasoning_parser is not None:
+            message["reasoning_content"] = reply.reasoning
+        choices.append(
+            {
+                "index": i,
+                "message": message,
+                "logprobs": (
+                    {"content": chat_logprob_entries(tokenizer, c.logprobs)} if req.logprobs else None
+                ),
+                "finish_reason": _finish_reason(c.finish_reason, parser.made_calls),
+            }
+        )
     body = sse.completion_body(completion.id, "chat.completion", completion.model.name, choices)
     return web.json_response(body | {"usage": _usage(completion.outputs).to_json()})
+
+
+def _finish_reason(reason: str | None, made_calls: bool) -> str | None:
+    # A reply that called tools ends for that reason, as OpenAI's do.
+    return "tool_calls" if made_calls and reason == "stop" else reason
+
+
+def _echo(req: ChatCompletionRequest) -> str:
+    """vLLM's chat echo: the reply starts with the last message when it is the assistant's
+    own (continue_final_message), so the client gets the whole turn back."""
+    last = req.messages[-1]
+    if not req.echo or last.role != "assistant" or req.template.add_generation_prompt:
+        return ""
+    return last.text
 
 
 async def _stream(
     request: web.Request, req: ChatCompletionRequest, completion: Completion
 ) -> web.StreamResponse:
     tokenizer = completion.model.tokenizer
+    fmt = completion.output_format
     response = await sse.open_event_stream(request)
     stream = sse.ChunkStream(
         response, completion.id, "chat.completion.chunk", completion.model.name, req.include_usage
     )
+    echo = _echo(req)
     for i in range(len(completion.outputs)):  # the role comes first, in a chunk of its own
-        role = {"role": "assistant", "content": ""}
+        role = {"role": "assistant", "content": echo}
         await stream.send([{"index": i, "delta": role, "logprobs": None, "finish_reason": None}])
+    parsers = [fmt.new_parser() for _ in completion.outputs]
 
     def choice(index: int, delta: Delta) -> dict[str, Any] | None:
-        if not delta.text and delta.finish_reason is None and not req.logprobs:
-            return None  # a token that completes no character yet
+        parser = parsers[index]
+        parsed = parser.push(delta.text)
+        if delta.finish_reason is not None:
+            parsed += parser.finish()
+        body: dict[str, Any] = {}
+        if parsed.reasoning:
+            body["reasoning_content"] = parsed.reasoning
+        if parsed.content:
+            body["content"] = parsed.content
+        if parsed.tool_calls:
+            body["tool_calls"] = [_tool_call_delta(t) for t in parsed.tool_calls]
+        if not body and delta.finish_reason is None and not req.logprobs:
+            return None  # a token that completes no character yet, or markup held back
         return {
             "index": index,
-            "delta": {"content": delta.text} if delta.text else {},
+            "delta": body,
             "logprobs": (
                 {"content": chat_logprob_entries(tokenizer, delta.logprobs)} if req.logprobs else None
             ),
-            "finish_reason": delta.finish_reason,
+            "finish_reason": _finish_reason(delta.finish_reason, parser.made_calls),
         }
 
     await stream.run(completion.outputs, choice, lambda: _usage(completion.outputs))
     return response
+
+
+def _tool_call_delta(t: ToolCallDelta) -> dict[str, Any]:
+    out: dict[str, Any] = {"index": t.index}
+    fn: dict[str, Any] = {"arguments": t.arguments}
+    if t.id is not None:
+        out |= {"id": t.id, "type": "function"}
+    if t.name is not None:
+        fn["name"] = t.name
+    out["function"] = fn
+    return out
 
 
 def _usage(outputs: list[OutputRouter]) -> Usage:

@@ -38,7 +38,8 @@ def server(tiny_model_dir: Path) -> Iterator[str]:
         "--num-kv-blocks",
         "512",
         "--max-model-len",
-        "512",
+        "1024",
+        "--trust-request-chat-template",
         "--max-request-bytes",
         "65536",
     ) as base:

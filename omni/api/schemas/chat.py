@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar, Literal, TypeAlias
+
+import orjson
 
 from omni.api.errors import bad_request
 from omni.api.schemas.structured import parse_grammar
+from omni.api.schemas.tools import ToolFields, parse_tool_fields
 from omni.constrained.spec import GrammarSpec
 from omni.api.schemas.fields import (
     Body,
@@ -68,8 +71,10 @@ class ChatMessage:
     content: str | tuple[ContentPart, ...] | None
     name: str | None = None
     tool_call_id: str | None = None
-    # Passed through to the chat template unchanged.
+    # For the chat template; each call's arguments parsed from their JSON text into an object,
+    # as Hugging Face templates iterate them.
     tool_calls: tuple[Mapping[str, Json], ...] = ()
+    reasoning_content: str | None = None  # an earlier turn's reasoning, for templates that show it
 
     @property
     def text(self) -> str:
@@ -94,6 +99,8 @@ class ChatMessage:
             out["tool_call_id"] = self.tool_call_id
         if self.tool_calls:
             out["tool_calls"] = [dict(c) for c in self.tool_calls]
+        if self.reasoning_content is not None:
+            out["reasoning_content"] = self.reasoning_content
         return out
 
 
@@ -162,26 +169,90 @@ def _parse_message(value: Json, param: str) -> ChatMessage:
     else:
         raise type_error(f"{param}.content", "a string or an array of content parts", raw)
     tool_calls = value.get("tool_calls")
-    if tool_calls is not None and (
-        role != "assistant"
-        or not isinstance(tool_calls, list)
-        or not all(isinstance(c, dict) for c in tool_calls)
-    ):
-        expected = "an array of objects on an assistant message"
-        raise type_error(f"{param}.tool_calls", expected, tool_calls)
+    if tool_calls is not None and (role != "assistant" or not isinstance(tool_calls, list)):
+        raise type_error(f"{param}.tool_calls", "an array of objects on an assistant message", tool_calls)
+    reasoning = opt_str(value, "reasoning_content", f"{param}.reasoning_content")
+    if reasoning is None:
+        reasoning = opt_str(value, "reasoning", f"{param}.reasoning")
     return ChatMessage(
         role=role,
         content=content,
         name=opt_str(value, "name", f"{param}.name"),
         tool_call_id=opt_str(value, "tool_call_id", f"{param}.tool_call_id"),
-        tool_calls=tuple(tool_calls or ()),
+        tool_calls=tuple(_parse_tool_call(c, f"{param}.tool_calls[{i}]") for i, c in enumerate(tool_calls or ())),
+        reasoning_content=reasoning,
     )
+
+
+def _parse_tool_call(value: Json, param: str) -> dict[str, Json]:
+    """An assistant's earlier call, for the template: its arguments text parsed to an object."""
+    if not isinstance(value, dict):
+        raise type_error(param, "an object", value)
+    fn = value.get("function")
+    if not isinstance(fn, dict):
+        raise type_error(f"{param}.function", "an object", fn)
+    name = required_str(fn, "name", f"{param}.function.name")
+    args = fn.get("arguments", "{}")
+    if isinstance(args, str):
+        try:
+            args = orjson.loads(args or "{}")
+        except orjson.JSONDecodeError as e:
+            raise value_error(f"{param}.function.arguments", f"not JSON: {e}") from None
+    if not isinstance(args, dict):
+        raise type_error(f"{param}.function.arguments", "a JSON object (as text)", args)
+    call: dict[str, Json] = {"type": "function", "function": {"name": name, "arguments": args}}
+    if value.get("id") is not None:
+        call["id"] = required_str(value, "id", f"{param}.id")
+    return call
 
 
 @dataclass(frozen=True, slots=True)
 class AudioOutput:
     voice: str
     format: str
+
+
+# Variables the server itself passes to every template; chat_template_kwargs may not set them.
+RESERVED_TEMPLATE_KWARGS = frozenset(
+    {"messages", "tools", "documents", "add_generation_prompt", "continue_final_message", "chat_template", "tokenize"}
+)
+MAX_TEMPLATE_BYTES = 64 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class TemplateFields:
+    """How the messages are rendered: vLLM's chat template fields."""
+
+    chat_template: str | None = None  # a per-request template (the server may refuse it)
+    kwargs: Mapping[str, Json] = field(default_factory=dict)  # extra template variables
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False  # the reply continues the last (assistant) message
+
+
+def _parse_template_fields(body: Body) -> TemplateFields:
+    template = opt_str(body, "chat_template")
+    if template is not None and (not template.strip() or len(template.encode()) > MAX_TEMPLATE_BYTES):
+        raise value_error("chat_template", f"must be a non-empty template of at most {MAX_TEMPLATE_BYTES} bytes.")
+    kwargs = opt_object(body, "chat_template_kwargs") or {}
+    reserved = sorted(set(kwargs) & RESERVED_TEMPLATE_KWARGS)
+    if reserved:
+        raise value_error(
+            "chat_template_kwargs", f"'{reserved[0]}' is set by the server; use the request field of that name."
+        )
+    add = opt_bool(body, "add_generation_prompt")
+    cont = bool(opt_bool(body, "continue_final_message"))
+    if cont and add:
+        raise bad_request(
+            "'continue_final_message' and 'add_generation_prompt' cannot both be true.",
+            param="continue_final_message",
+            code="invalid_value",
+        )
+    return TemplateFields(
+        chat_template=template,
+        kwargs=dict(kwargs),
+        add_generation_prompt=not cont if add is None else add,
+        continue_final_message=cont,
+    )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -193,6 +264,10 @@ class ChatCompletionRequest(GenerationFields):
     modalities: tuple[str, ...] = ("text",)
     audio: AudioOutput | None = None
     grammar: GrammarSpec | None = None  # response_format, structured_outputs, guided_*
+    tools: ToolFields = field(default_factory=ToolFields)
+    template: TemplateFields = field(default_factory=lambda: TemplateFields())
+    echo: bool = False  # vLLM: the reply starts with the last message's content when it is the assistant's
+    thinking_token_budget: int | None = None  # reasoning tokens at most, then </think> is forced
 
     # Names the prompt in context-length errors.
     prompt_param: ClassVar[str] = "messages"
@@ -223,6 +298,15 @@ def parse_chat_completion_request(body: Body) -> ChatCompletionRequest:
     if top_logprobs is not None and not logprobs:
         raise bad_request("'top_logprobs' requires 'logprobs' to be true.", param="top_logprobs")
     grammar = parse_grammar(body)
+    tools = parse_tool_fields(body)
+    if tools.forced and grammar is not None:
+        raise bad_request(
+            f"'tool_choice' {tools.choice} already constrains the output; '{grammar.param}' cannot be added.",
+            param=grammar.param,
+        )
+    template = _parse_template_fields(body)
+    if template.continue_final_message and messages[-1].role != "assistant":
+        raise value_error("continue_final_message", "the last message must be the assistant's to continue it.")
     modalities, audio = _parse_output_modalities(body)
     return ChatCompletionRequest(
         model=model,
@@ -232,6 +316,10 @@ def parse_chat_completion_request(body: Body) -> ChatCompletionRequest:
         modalities=modalities,
         audio=audio,
         grammar=grammar,
+        tools=tools,
+        template=template,
+        echo=bool(opt_bool(body, "echo")),
+        thinking_token_budget=opt_int(body, "thinking_token_budget", lo=0),
         **parse_generation_fields(body),
     )
 

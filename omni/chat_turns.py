@@ -1,0 +1,140 @@
+"""The chat-only steps of the lifecycle: what tools, tool_choice and reasoning ask of the
+generation, and how its text is read back.
+
+- check_tool_choice: a tool_choice the model's chat format cannot serve is a 400, before work.
+- tool_grammar: tool_choice "required" or a named function forces the call grammar, so a call
+  whose arguments validate against the function's schema always comes out.
+- ban_tool_markup: tool_choice "none" with tools given: the model cannot open a call.
+- output_format: the reasoning and tool-call parsers each choice's text goes through.
+- ChatConstraints: each choice's token constraint: its grammar (held off until reasoning ends
+  when the prompt leaves the model inside <think>) and its thinking_token_budget.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+from omni.api.errors import bad_request
+from omni.api.schemas import ChatCompletionRequest
+from omni.chat_output import OutputFormat
+from omni.constrained.compiler import CompiledGrammar
+from omni.constrained.constraint import ReasoningBudget, TokenConstraint
+from omni.constrained.spec import GrammarKind, GrammarSpec
+from omni.parsers.reasoning import reasoning_parser_class
+from omni.parsers.tool_calls import tool_parser_class
+from omni.parsers.tool_grammar import tool_call_grammar
+from omni.served_model import ServedModel
+from scheduler.request import SamplingParams
+
+# How far back from the prompt's end an open <think> is looked for (it is followed by at most
+# a newline or two).
+_PROMPT_TAIL_TOKENS = 4
+
+
+def check_tool_choice(model: ServedModel, req: ChatCompletionRequest) -> None:
+    tools, fmt = req.tools, model.chat_format
+    if tools.choice == "none":
+        return
+    if fmt.tool_parser is None:
+        raise bad_request(
+            f"tool_choice '{tools.choice if tools.choice != 'named' else tools.named}' needs a tool call "
+            "parser, and this model's chat format has none (the server's --tool-call-parser).",
+            param="tool_choice",
+            code="unsupported_parameter",
+        )
+    if tools.choice == "auto" and not fmt.auto_tool_choice:
+        raise bad_request(
+            'tool_choice "auto" is turned off on this server (--no-enable-auto-tool-choice); '
+            'use "none", "required" or a named function.',
+            param="tool_choice",
+            code="unsupported_parameter",
+        )
+
+
+async def tool_grammar(model: ServedModel, req: ChatCompletionRequest) -> CompiledGrammar | None:
+    forced = req.tools.forced
+    if not forced:
+        return None
+    parser = model.chat_format.tool_parser
+    assert parser is not None  # check_tool_choice refused the request otherwise
+    source = tool_call_grammar(parser, forced, parallel=not req.tools.single_call)
+    return await model.grammars.compile(GrammarSpec(GrammarKind.GRAMMAR, source, "tool_choice"))
+
+
+def ban_tool_markup(model: ServedModel, req: ChatCompletionRequest, params: SamplingParams) -> SamplingParams:
+    parser = model.chat_format.tool_parser
+    if req.tools.choice != "none" or not req.tools.functions or parser is None:
+        return params
+    start = tool_parser_class(parser).markup_tokens[0]
+    token_id = model.tokenizer.token_to_id(start)
+    if token_id is None:
+        return params
+    banned = params.bad_words_token_ids + ((token_id,),)
+    return dataclasses.replace(params, bad_words_token_ids=banned)
+
+
+def output_format(model: ServedModel, req: ChatCompletionRequest, prompt_token_ids: Sequence[int]) -> OutputFormat:
+    fmt = model.chat_format
+    reasoning = fmt.reasoning_parser
+    tool_parser = fmt.tool_parser if req.tools.choice != "none" else None
+    return OutputFormat(
+        reasoning_parser=reasoning,
+        in_reasoning=reasoning is not None and prompt_opens_reasoning(model, reasoning, prompt_token_ids),
+        tool_parser=tool_parser,
+        tools=req.tools.functions,
+        single_call=req.tools.single_call,
+    )
+
+
+def prompt_opens_reasoning(model: ServedModel, parser: str, prompt_token_ids: Sequence[int]) -> bool:
+    """The template ended the prompt inside an open reasoning block (Qwen3 and R1 style)."""
+    cls = reasoning_parser_class(parser)
+    tail = model.tokenizer.decode(prompt_token_ids[-_PROMPT_TAIL_TOKENS:], skip_special_tokens=False)
+    return tail.rstrip().endswith(cls.start)
+
+
+class ChatConstraints:
+    """Makes each choice's TokenConstraint (None when the choice needs none)."""
+
+    def __init__(
+        self,
+        model: ServedModel,
+        req: ChatCompletionRequest,
+        grammar: CompiledGrammar | None,
+        prompt_token_ids: Sequence[int],
+    ) -> None:
+        self._grammar = grammar
+        self._vocab_size = model.tokenizer.vocab_size
+        self._budget = req.thinking_token_budget
+        self._start, self._end = self._reasoning_tokens(model, req)
+        parser = model.chat_format.reasoning_parser or "think"
+        self._in_reasoning = (grammar is not None or self._budget is not None) and prompt_opens_reasoning(
+            model, parser, prompt_token_ids
+        )
+        # A reasoning model's answer is constrained from the end of its reasoning on.
+        self._trigger = self._end if self._in_reasoning and grammar is not None else None
+
+    @staticmethod
+    def _reasoning_tokens(model: ServedModel, req: ChatCompletionRequest) -> tuple[int | None, int | None]:
+        parser = model.chat_format.reasoning_parser
+        cls = reasoning_parser_class(parser or "think")
+        start, end = model.tokenizer.token_to_id(cls.start), model.tokenizer.token_to_id(cls.end)
+        if req.thinking_token_budget is not None and (start is None or end is None):
+            raise bad_request(
+                f"This model has no {cls.start}...{cls.end} tokens to bound its reasoning with.",
+                param="thinking_token_budget",
+                code="unsupported_parameter",
+            )
+        return start, end
+
+    def new(self) -> TokenConstraint | None:
+        budget = None
+        if self._budget is not None:
+            assert self._start is not None and self._end is not None
+            budget = ReasoningBudget(self._start, self._end, self._budget, open=self._in_reasoning)
+        if self._grammar is not None:
+            return self._grammar.new_constraint(self._trigger, budget)
+        if budget is not None:
+            return TokenConstraint(None, self._vocab_size, budget=budget)
+        return None

@@ -1,0 +1,227 @@
+"""Tool calling through the real server, in both parser formats: the reference model's
+(<tool_call>NAME<arg_key>K</arg_key><arg_value>V</arg_value></tool_call>, the default tiny
+checkpoint's template) and Hermes' (JSON inside <tool_call>, a server on tests' Hermes template).
+
+The tiny model has random weights, so only the forced-call grammar can make its calls valid."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import jsonschema
+import openai
+import pytest
+
+from omni.tokenizer import TextTokenizer
+from tests.e2e.server import running_server
+
+MODEL = "omni-tiny"
+TEMPLATES = Path(__file__).resolve().parent / "templates"
+ASK = [{"role": "user", "content": "What is the weather in Seoul, and what time is it there?"}]
+MARKUP = ("<tool_call>", "</tool_call>", "<arg_key>", "<arg_value>", "</arg_value>", "</arg_key>")
+
+TOOLS: list[dict[str, Any]] = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "The weather in a city.",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "city": {"type": "string", "maxLength": 12},
+                    "unit": {"enum": ["c", "f"]},
+                    "days": {"type": "integer", "minimum": 1, "maximum": 7},
+                },
+                "required": ["city", "days"],
+                "additionalProperties": False,
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "get_time",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "zone": {"type": "string", "maxLength": 8},
+                    "precise": {"type": "boolean"},
+                    "where": {
+                        "type": "object",
+                        "properties": {"lat": {"type": "number", "minimum": -90, "maximum": 90}},
+                        "required": ["lat"],
+                        "additionalProperties": False,
+                    },
+                },
+                "required": ["zone"],
+                "additionalProperties": False,
+            },
+        },
+    },
+]
+SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+
+
+@pytest.fixture(scope="module")
+def hermes_server(tiny_model_dir: Path) -> Iterator[str]:
+    with running_server(
+        "--model",
+        f"{MODEL}={tiny_model_dir}",
+        "--max-model-len",
+        "2048",
+        "--chat-template",
+        str(TEMPLATES / "hermes.jinja"),
+        "--tool-call-parser",
+        "hermes",
+    ) as base:
+        yield base
+
+
+@pytest.fixture(params=["hyperclovax", "hermes"])
+def fmt(request: pytest.FixtureRequest, server: str) -> tuple[str, str]:
+    """(parser name, base URL) of a server per tool-call format."""
+    if request.param == "hermes":
+        return "hermes", request.getfixturevalue("hermes_server")
+    return "hyperclovax", server
+
+
+# Room for a few parallel calls: "required" lets the model make as many as it likes, and the
+# random model ends its list of calls with even odds after each one.
+MAX_TOKENS = {"hyperclovax": 400, "hermes": 1000}
+
+
+def _client(base: str) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=f"{base}/v1", api_key="none", max_retries=0, timeout=120)
+
+
+async def _call(client: openai.AsyncOpenAI, stream: bool, **fields: Any) -> dict[str, Any]:
+    """The reply as one dict: content, finish_reason, and the tool calls (streamed deltas joined)."""
+    kw: dict[str, Any] = dict(model=MODEL, messages=ASK, tools=TOOLS, temperature=1.0) | {"max_tokens": 200, **fields}
+    if not stream:
+        out = await client.chat.completions.create(**kw)
+        choice = out.choices[0]
+        calls = [
+            {"id": c.id, "name": c.function.name, "arguments": c.function.arguments}
+            for c in choice.message.tool_calls or []
+        ]
+        return {"content": choice.message.content, "finish": choice.finish_reason, "calls": calls}
+    content, finish = "", None
+    calls: dict[int, dict[str, Any]] = {}
+    async for chunk in await client.chat.completions.create(stream=True, **kw):
+        for choice in chunk.choices:
+            content += choice.delta.content or ""
+            finish = choice.finish_reason or finish
+            for d in choice.delta.tool_calls or []:
+                call = calls.setdefault(d.index, {"id": None, "name": None, "arguments": ""})
+                if d.id is not None:
+                    assert call["id"] is None, "the id comes once, on the call's first fragment"
+                    call["id"] = d.id
+                if d.function is not None:
+                    call["name"] = call["name"] or d.function.name
+                    call["arguments"] += d.function.arguments or ""
+    return {"content": content or None, "finish": finish, "calls": [calls[i] for i in sorted(calls)]}
+
+
+def _check_calls(reply: dict[str, Any], names: set[str]) -> None:
+    assert reply["finish"] == "tool_calls", reply
+    assert reply["calls"], reply
+    for call in reply["calls"]:
+        assert call["id"] and call["id"].startswith("call_")
+        assert call["name"] in names, reply
+        jsonschema.validate(json.loads(call["arguments"]), SCHEMAS[call["name"]])
+    assert not any(m in (reply["content"] or "") for m in MARKUP), reply
+
+
+async def test_required_and_named_calls_always_validate(fmt: tuple[str, str]) -> None:
+    parser, base = fmt
+    client = _client(base)
+    named = {"type": "function", "function": {"name": "get_time"}}
+    limit = MAX_TOKENS[parser]
+    jobs = [_call(client, stream=i % 2 == 1, seed=i, tool_choice="required", max_tokens=limit) for i in range(20)]
+    jobs += [_call(client, stream=i % 2 == 1, seed=100 + i, tool_choice=named, max_tokens=limit) for i in range(20)]
+    replies = await asyncio.gather(*jobs)
+    for reply in replies[:20]:
+        _check_calls(reply, {"get_weather", "get_time"})
+    for reply in replies[20:]:
+        _check_calls(reply, {"get_time"})
+        assert len(reply["calls"]) == 1  # a named function is called once
+    # sampled, not fixed: the grammar is what makes every one of them valid
+    assert len({json.dumps(r["calls"][0]["arguments"]) for r in replies}) > 20
+
+
+async def test_one_call_only_without_parallel_tool_calls(fmt: tuple[str, str]) -> None:
+    client = _client(fmt[1])
+    replies = await asyncio.gather(
+        *(_call(client, stream=i % 2 == 1, seed=i, tool_choice="required", parallel_tool_calls=False) for i in range(6))
+    )
+    for reply in replies:
+        _check_calls(reply, {"get_weather", "get_time"})
+        assert len(reply["calls"]) == 1
+
+
+async def test_streamed_and_whole_replies_are_equal(fmt: tuple[str, str]) -> None:
+    client = _client(fmt[1])
+    for seed in range(3):
+        whole, streamed = await asyncio.gather(
+            _call(client, stream=False, seed=seed, tool_choice="required", max_tokens=MAX_TOKENS[fmt[0]]),
+            _call(client, stream=True, seed=seed, tool_choice="required", max_tokens=MAX_TOKENS[fmt[0]]),
+        )
+        strip = lambda r: [(c["name"], c["arguments"]) for c in r["calls"]]  # noqa: E731  # ids differ
+        assert strip(whole) == strip(streamed) and whole["content"] == streamed["content"]
+
+
+async def test_tool_choice_none_makes_no_call(fmt: tuple[str, str], tiny_model_dir: Path) -> None:
+    """A bias that makes the model open a call at once: with "auto" it does, with "none" it cannot."""
+    tok = TextTokenizer.from_dir(tiny_model_dir)
+    bias = {str(tok.token_to_id("<tool_call>")): 100}
+    client = _client(fmt[1])
+    auto = await _call(client, stream=False, seed=0, tool_choice="auto", logit_bias=bias, max_tokens=8)
+    assert auto["calls"] or "<tool_call>" in (auto["content"] or "")  # an attempt, parsed or not
+    replies = await asyncio.gather(
+        *(_call(client, stream=i % 2 == 1, seed=i, tool_choice="none", logit_bias=bias, max_tokens=8) for i in range(6))
+    )
+    for reply in replies:
+        assert reply["calls"] == [] and reply["finish"] != "tool_calls"
+        assert "<tool_call>" not in (reply["content"] or "")
+
+
+def _render(tok: TextTokenizer, template: str | None, messages: list[dict[str, Any]]) -> int:
+    return len(tok.apply_chat_template(messages, tools=TOOLS, chat_template=template))
+
+
+async def test_the_call_and_its_result_render_into_the_next_prompt(fmt: tuple[str, str], tiny_model_dir: Path) -> None:
+    parser, base = fmt
+    tok = TextTokenizer.from_dir(tiny_model_dir)
+    template = (TEMPLATES / "hermes.jinja").read_text() if parser == "hermes" else None
+    client = _client(base)
+    first = await _call(client, stream=False, seed=7, tool_choice="required", parallel_tool_calls=False)
+    call = first["calls"][0]
+    turn = {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [{"id": call["id"], "type": "function", "function": {"name": call["name"], "arguments": call["arguments"]}}],
+    }
+    result = {"role": "tool", "tool_call_id": call["id"], "content": '{"ok": true}'}
+    out = await client.chat.completions.create(model=MODEL, messages=[*ASK, turn, result], tools=TOOLS, max_tokens=1)
+    # The template renders the call with its arguments as an object, as Hugging Face templates expect.
+    parsed_turn = turn | {"tool_calls": [{**turn["tool_calls"][0], "function": {"name": call["name"], "arguments": json.loads(call["arguments"])}}]}
+    expected = _render(tok, template, [*ASK, parsed_turn, result])
+    assert out.usage.prompt_tokens == expected
+    text = tok.render_chat([*ASK, parsed_turn, result], tools=TOOLS, chat_template=template)
+    assert call["name"] in text and '{"ok": true}' in text
+    assert expected > _render(tok, template, ASK) + 10
+
+
+def test_required_without_tools_is_a_400_and_auto_without_a_parser_too(server: str) -> None:
+    r = httpx.post(
+        f"{server}/v1/chat/completions",
+        json={"model": MODEL, "messages": ASK, "tool_choice": "required", "max_tokens": 2},
+        timeout=30,
+    )
+    assert r.status_code == 400 and r.json()["error"]["param"] == "tool_choice"
