@@ -11,6 +11,7 @@ import pytest
 
 from omni.api.errors import APIError
 from omni.api.schemas import parse_chat_completion_request, parse_completion_request
+from omni.chat_format import ChatFormat
 from omni.model_pool import ModelPool
 from omni.prompt import chat_prompt, completion_prompts, load_media
 from omni.served_model import ServedModel
@@ -78,3 +79,50 @@ def test_bad_completion_prompts_are_400s_naming_the_prompt(
         completion_prompts(model, req)
     vocab = model.tokenizer.vocab_size
     assert (e.value.status, e.value.param, e.value.message) == (400, "prompt", message.format(vocab=vocab))
+
+
+def body(**fields: Any) -> Any:
+    return parse_chat_completion_request({"model": "m", "messages": [{"role": "user", "content": "Hi"}], **fields})
+
+
+async def test_a_request_template_needs_the_server_to_trust_it(model: ServedModel, tiny_tokenizer_dir: Path) -> None:
+    req = body(chat_template="{{ messages[0]['content'] }}!")
+    with pytest.raises(APIError) as e:
+        await chat_prompt(model, req, [])
+    assert (e.value.status, e.value.param, e.value.code) == (400, "chat_template", "unsupported_parameter")
+    trusting = ServedModel(
+        "m",
+        model.tokenizer,
+        model.pool,
+        created=0,
+        chat_format=ChatFormat(trust_request_chat_template=True),
+    )
+    prompt = await chat_prompt(trusting, req, [])
+    assert prompt.token_ids == model.tokenizer.encode("Hi!", add_special_tokens=False)
+    broken = body(chat_template="{{ raise_exception('no') }}")
+    with pytest.raises(APIError) as e:
+        await chat_prompt(trusting, broken, [])
+    assert (e.value.status, e.value.param) == (400, "chat_template")
+
+
+async def test_the_server_template_replaces_the_checkpoint_one(model: ServedModel) -> None:
+    served = ServedModel("m", model.tokenizer, model.pool, created=0, chat_format=ChatFormat(chat_template="<{{ messages[0]['content'] }}>"))
+    assert (await chat_prompt(served, body(), [])).token_ids == model.tokenizer.encode("<Hi>", add_special_tokens=False)
+
+
+async def test_continue_final_message_leaves_the_turn_open(model: ServedModel) -> None:
+    req = parse_chat_completion_request(
+        {
+            "model": "m",
+            "messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello, wor"}],
+            "continue_final_message": True,
+        }
+    )
+    prompt = await chat_prompt(model, req, [])
+    text = "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nHello, wor"
+    assert prompt.token_ids == model.tokenizer.encode(text, add_special_tokens=False)
+    no_prompt = parse_chat_completion_request(
+        {"model": "m", "messages": [{"role": "user", "content": "Hi"}], "add_generation_prompt": False}
+    )
+    ids = (await chat_prompt(model, no_prompt, [])).token_ids
+    assert ids == model.tokenizer.encode("<|im_start|>user\nHi<|im_end|>\n", add_special_tokens=False)
