@@ -103,8 +103,10 @@ class ChatConstraints:
         req: ChatCompletionRequest,
         grammar: CompiledGrammar | None,
         prompt_token_ids: Sequence[int],
+        max_tokens: int,
     ) -> None:
         self._grammar = grammar
+        self._max_tokens = max_tokens
         self._vocab_size = model.tokenizer.vocab_size
         self._budget = req.thinking_token_budget
         self._start, self._end = self._reasoning_tokens(model, req)
@@ -134,7 +136,7 @@ class ChatConstraints:
             assert self._start is not None and self._end is not None
             budget = ReasoningBudget(self._start, self._end, self._budget, open=self._in_reasoning)
         if self._grammar is not None:
-            return self._grammar.new_constraint(self._trigger, budget)
+            return self._grammar.new_constraint(self._trigger, budget, max_tokens=self._max_tokens)
         if budget is not None:
             return TokenConstraint(None, self._vocab_size, budget=budget)
         return None

@@ -301,7 +301,9 @@ class LLMEngine(SupervisedWorker):
         constraint.advance(token_id)
         if constraint.complete or constraint.violated:
             assert self.scheduler is not None
-            self.scheduler.abort_request(request.request_id, RequestStatus.FINISHED_STOPPED)
+            # An answer closed early to fit max_tokens was cut, even though it is well formed.
+            status = RequestStatus.FINISHED_LENGTH if constraint.cut_short else RequestStatus.FINISHED_STOPPED
+            self.scheduler.abort_request(request.request_id, status)
 
     def _observe_token(self, stream: RequestStream, now: float) -> None:
         name = self.config.model_name

@@ -19,6 +19,7 @@ from llguidance.gbnf_to_lark import any_to_lark
 
 from omni.api.errors import APIError, bad_request
 from omni.constrained.constraint import ReasoningBudget, TokenConstraint
+from omni.constrained.json_close import JsonCloser
 from omni.constrained.spec import GrammarKind, GrammarSpec
 from omni.tokenizer import TextTokenizer
 
@@ -30,15 +31,31 @@ _JSON_DEFAULTS = {"whitespace_flexible": False}
 
 
 class CompiledGrammar:
-    def __init__(self, spec: GrammarSpec, matcher: llguidance.LLMatcher, vocab_size: int) -> None:
+    def __init__(
+        self,
+        spec: GrammarSpec,
+        matcher: llguidance.LLMatcher,
+        vocab_size: int,
+        token_bytes: list[bytes] | None = None,
+    ) -> None:
         self.spec = spec
         self._matcher = matcher  # never advanced: the template every request copies
         self._vocab_size = vocab_size
+        self._token_bytes = token_bytes  # each id's bytes (byte-level tokenizers), for the closer
 
     def new_constraint(
-        self, trigger_token_id: int | None = None, budget: ReasoningBudget | None = None
+        self,
+        trigger_token_id: int | None = None,
+        budget: ReasoningBudget | None = None,
+        *,
+        max_tokens: int | None = None,
     ) -> TokenConstraint:
-        return TokenConstraint(self._matcher.deep_copy(), self._vocab_size, trigger_token_id, budget)
+        """A matcher of its own for one request. max_tokens: the request's budget, which a
+        json_object answer is closed within (see json_close.py)."""
+        closer = None
+        if self.spec.kind is GrammarKind.JSON_OBJECT and max_tokens is not None and self._token_bytes is not None:
+            closer = JsonCloser.for_tokenizer(self._token_bytes, max_tokens)
+        return TokenConstraint(self._matcher.deep_copy(), self._vocab_size, trigger_token_id, budget, closer)
 
 
 class GrammarCompiler:
@@ -84,7 +101,8 @@ class GrammarCompiler:
                 param=spec.param,
                 code="invalid_grammar",
             )
-        return CompiledGrammar(spec, matcher, self.tokenizer.vocab_size)
+        token_bytes = self.tokenizer.token_bytes(skip_special_tokens=False) if self.tokenizer.is_byte_level else None
+        return CompiledGrammar(spec, matcher, self.tokenizer.vocab_size, token_bytes)
 
 
 def grammar_text(spec: GrammarSpec) -> str:

@@ -21,6 +21,8 @@ import llguidance
 import llguidance.numpy as llg_np
 import numpy as np
 
+from omni.constrained.json_close import JsonCloser
+
 log = logging.getLogger("omni.constrained")
 
 
@@ -58,12 +60,14 @@ class TokenConstraint:
         vocab_size: int,
         trigger_token_id: int | None = None,
         budget: ReasoningBudget | None = None,
+        closer: JsonCloser | None = None,
     ) -> None:
         self.matcher = matcher  # None: a reasoning budget only
         self.vocab_size = vocab_size  # the tokenizer's: a mask has ceil(vocab_size / 32) words
         self.trigger_token_id = trigger_token_id
         self.grammar_on = matcher is not None and trigger_token_id is None
         self.budget = budget
+        self.closer = closer  # json_object: closes the answer before max_tokens cuts it
         self.violated = False  # a token the grammar refused got through (never expected)
 
     @property
@@ -71,6 +75,8 @@ class TokenConstraint:
         """The one token the next step may sample (the end of an exhausted reasoning budget)."""
         if self.budget is not None and self.budget.exhausted:
             return self.budget.end_token_id
+        if self.closer is not None and self.grammar_on:
+            return self.closer.forced_token_id
         return None
 
     @property
@@ -80,8 +86,18 @@ class TokenConstraint:
 
     @property
     def complete(self) -> bool:
-        """The grammar can take no more tokens: the request ends here ("stop")."""
-        return self.grammar_on and self.matcher is not None and self.matcher.is_stopped()
+        """The answer is whole: the grammar takes no more tokens, or the closer closed it. The
+        request ends here, "stop" (or "length" when cut_short)."""
+        if not self.grammar_on or self.matcher is None:
+            return False
+        if self.closer is not None and self.closer.closing_now and not self.closer.scanner.closing():
+            return True
+        return self.matcher.is_stopped()
+
+    @property
+    def cut_short(self) -> bool:
+        """The closer had to end the answer early: it was cut by max_tokens, if well formed."""
+        return self.closer is not None and self.closer.closing_now
 
     def advance(self, token_id: int) -> None:
         """Record a sampled token; read complete and violated after it."""
@@ -90,9 +106,13 @@ class TokenConstraint:
         if self.matcher is None:
             return
         if not self.grammar_on:
+            if self.closer is not None:
+                self.closer.spend()
             if token_id == self.trigger_token_id:
                 self.grammar_on = True
             return
+        if self.closer is not None:
+            self.closer.advance(token_id)
         if not self.matcher.consume_token(token_id):
             # Only a mask that never reached the sampler lets this happen; the request is
             # ended rather than continued from a state the grammar cannot describe.

@@ -59,7 +59,7 @@ SCHEMAS: dict[str, dict[str, Any]] = {
 
 
 async def _chat(client: openai.AsyncOpenAI, stream: bool, seed: int, **fields: Any) -> tuple[str, str]:
-    kw: dict[str, Any] = dict(model=MODEL, messages=ASK, max_tokens=200, temperature=1.0, seed=seed, **fields)
+    kw: dict[str, Any] = dict(model=MODEL, messages=ASK, temperature=1.0, seed=seed) | {"max_tokens": 200, **fields}
     if not stream:
         out = await client.chat.completions.create(**kw)
         return out.choices[0].message.content or "", out.choices[0].finish_reason
@@ -124,3 +124,17 @@ def test_a_schema_that_does_not_compile_is_a_400_and_the_server_goes_on(server: 
     assert "does not exist" in e.value.body["message"]  # type: ignore[index]
     ok = client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=3)
     assert ok.choices[0].finish_reason == "length"
+
+
+async def test_fifty_json_object_requests_all_parse(server: str) -> None:
+    """Any JSON object has no length bound: what keeps a random model's answer parseable is the
+    closer, which ends the object within max_tokens (finish_reason "length" when it had to)."""
+    client = _client(server)
+    fmt = {"type": "json_object"}
+    jobs = [_chat(client, stream=i % 2 == 1, seed=i, response_format=fmt, max_tokens=40 + i) for i in range(50)]
+    results = await asyncio.gather(*jobs)
+    finishes = []
+    for text, finish in results:
+        assert isinstance(json.loads(text), dict), text
+        finishes.append(finish)
+    assert set(finishes) <= {"stop", "length"} and len({t for t, _ in results}) > 25
