@@ -42,3 +42,26 @@ def test_cpu_threads_are_split_over_llm_and_encoder_workers(
 def test_a_directory_that_is_no_checkpoint_exits_with_a_message(tmp_path: Path) -> None:
     with pytest.raises(SystemExit, match="neither config.json nor llm/config.json"):
         config_from_args(build_parser().parse_args(["--model", str(tmp_path)]))
+
+
+def test_chat_format_flags(dirs: tuple[Path, Path], tmp_path: Path) -> None:
+    text, _ = dirs
+    template = tmp_path / "t.jinja"
+    template.write_text("{{ messages[0]['content'] }}")
+    args = ["--model", str(text), "--chat-template", str(template), "--tool-call-parser", "hermes"]
+    engine = config_from_args(build_parser().parse_args([*args, "--no-enable-auto-tool-choice", "--trust-request-chat-template"])).engines[0]
+    assert engine.chat_template == "{{ messages[0]['content'] }}"
+    assert (engine.tool_call_parser, engine.enable_auto_tool_choice, engine.trust_request_chat_template) == ("hermes", False, True)
+    default = config_from_args(build_parser().parse_args(["--model", str(text)])).engines[0]
+    assert (default.chat_template, default.tool_call_parser, default.reasoning_parser) == (None, "auto", "auto")
+    assert default.enable_auto_tool_choice and not default.trust_request_chat_template
+    inline = config_from_args(build_parser().parse_args(["--model", str(text), "--chat-template", "{{ 'x' }}"]))
+    assert inline.engines[0].chat_template == "{{ 'x' }}"
+
+
+@pytest.mark.parametrize(
+    "flags", [["--tool-call-parser", "mistral"], ["--reasoning-parser", "nope"], ["--chat-template", "/no/such/file"]]
+)
+def test_bad_chat_format_flags_exit_with_a_message(dirs: tuple[Path, Path], flags: list[str]) -> None:
+    with pytest.raises(SystemExit, match="omni-serve:"):
+        config_from_args(build_parser().parse_args(["--model", str(dirs[0]), *flags]))
