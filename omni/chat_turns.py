@@ -23,7 +23,7 @@ from omni.constrained.constraint import ReasoningBudget, TokenConstraint
 from omni.constrained.spec import GrammarKind, GrammarSpec
 from omni.parsers.reasoning import reasoning_parser_class
 from omni.parsers.tool_calls import tool_parser_class
-from omni.parsers.tool_grammar import tool_call_grammar
+from omni.parsers.tool_grammar import MAX_FREE_CHARS, tool_call_grammar
 from omni.served_model import ServedModel
 from scheduler.request import SamplingParams
 
@@ -52,14 +52,27 @@ def check_tool_choice(model: ServedModel, req: ChatCompletionRequest) -> None:
         )
 
 
-async def tool_grammar(model: ServedModel, req: ChatCompletionRequest) -> CompiledGrammar | None:
+async def tool_grammar(model: ServedModel, req: ChatCompletionRequest, max_tokens: int) -> CompiledGrammar | None:
     forced = req.tools.forced
     if not forced:
         return None
     parser = model.chat_format.tool_parser
     assert parser is not None  # check_tool_choice refused the request otherwise
-    source = tool_call_grammar(parser, forced, parallel=not req.tools.single_call)
+    source = tool_call_grammar(
+        parser, forced, parallel=not req.tools.single_call, max_free_chars=free_string_chars(max_tokens)
+    )
     return await model.grammars.compile(GrammarSpec(GrammarKind.GRAMMAR, source, "tool_choice"))
+
+
+def free_string_chars(max_tokens: int) -> int:
+    """The length bound of a forced call's free strings (those with no maxLength, enum or pattern
+    of their own): a call must be able to end within the request's budget even when the model
+    would not end a string by itself, yet a real answer's long string must not be cut. A quarter
+    of max_tokens in characters (a token is at least one), rounded down to a power of two so
+    that nearby budgets share one compiled grammar; never under MAX_FREE_CHARS. With the budget
+    a whole context leaves, the bound is far beyond any argument a model writes."""
+    quarter = max_tokens // 4
+    return max(MAX_FREE_CHARS, 1 << (quarter.bit_length() - 1)) if quarter > 0 else MAX_FREE_CHARS
 
 
 def ban_tool_markup(model: ServedModel, req: ChatCompletionRequest, params: SamplingParams) -> SamplingParams:

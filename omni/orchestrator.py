@@ -32,7 +32,8 @@ from omni.api.schemas import (
 from omni.chat_output import OutputFormat
 from omni.chat_turns import ChatConstraints, ban_tool_markup, check_tool_choice, output_format, tool_grammar
 from omni.constrained.compiler import CompiledGrammar
-from omni.generation import Generation, choice_params, new_request_id
+from omni.api.schemas.fields import truncate_prompt
+from omni.generation import Generation, choice_params, new_request_id, response_id
 from omni.output_router import OutputRouter
 from omni.prompt import chat_prompt, completion_prompts, load_media
 from omni.served_model import ServedModel
@@ -71,8 +72,8 @@ async def chat_completion(
     )
     params = ban_tool_markup(model, req, params)
     fmt = output_format(model, req, prompt.token_ids)
-    grammar = await _grammar(model, req) if req.grammar is not None else await tool_grammar(model, req)
-    constraints = ChatConstraints(model, req, grammar, prompt.token_ids)
+    grammar = await _grammar(model, req) if req.grammar is not None else await tool_grammar(model, req, params.max_tokens)
+    constraints = ChatConstraints(model, req, grammar, prompt.token_ids, params.max_tokens)
     keep_special = model.tokenizer.special_ids(*fmt.markup_tokens)
     completion_id = new_request_id("chatcmpl")
     generations = [
@@ -100,10 +101,12 @@ async def completion(request: web.Request, assemble: Assemble[CompletionRequest]
     _check_serving(model)
     grammar = await _grammar(model, req)
     completion_id = new_request_id("cmpl")
+    max_model_len = model.pool.max_model_len
     generations = []
-    for p, ids in enumerate(prompts):  # n choices per prompt: choice index = p * n + i
+    for p, full in enumerate(prompts):  # n choices per prompt: choice index = p * n + i
+        ids = truncate_prompt(full, req, max_model_len)
         params = sampling_params(
-            req, max_model_len=model.pool.max_model_len, num_prompt_tokens=len(ids), tokenizer=model.tokenizer
+            req, max_model_len=max_model_len, num_prompt_tokens=len(ids), tokenizer=model.tokenizer
         )
         generations += [
             Generation(
@@ -113,12 +116,14 @@ async def completion(request: web.Request, assemble: Assemble[CompletionRequest]
                 req.stop,
                 f"{completion_id}-{p * req.n + i}",
                 req.skip_special_tokens,
-                constraint=grammar.new_constraint() if grammar is not None else None,
+                constraint=grammar.new_constraint(max_tokens=params.max_tokens) if grammar is not None else None,
+                include_stop_str_in_output=req.include_stop_str_in_output,
             )
             for i in range(req.n)
         ]
     outputs = [OutputRouter(g) for g in generations]
-    return await assemble(request, req, Completion(completion_id, model, outputs))
+    completion_out = Completion(response_id("cmpl", req.request_id, completion_id), model, outputs)
+    return await assemble(request, req, completion_out)
 
 
 async def _grammar(model: ServedModel, req: ChatCompletionRequest | CompletionRequest) -> CompiledGrammar | None:

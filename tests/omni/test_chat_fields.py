@@ -141,3 +141,11 @@ def test_resolve_picks_detected_parsers_unless_told(tiny_tokenizer_dir: Any) -> 
     assert ChatFormat.resolve(tok, chat_template="{{ messages }}").tool_parser is None
     with pytest.raises(ValueError, match="unknown parser"):
         ChatFormat.resolve(tok, tool_parser="mistral")
+
+
+def test_free_strings_of_a_forced_call_grow_with_the_budget() -> None:
+    from omni.chat_turns import free_string_chars
+
+    assert free_string_chars(0) == free_string_chars(200) == 48  # a small budget: the floor
+    assert free_string_chars(1000) == 128 and free_string_chars(1023) == 128  # shared by nearby budgets
+    assert free_string_chars(128_000) == 16_384  # a whole context: no real argument is cut
