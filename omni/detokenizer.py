@@ -6,7 +6,11 @@ Two layers:
   token and holds back an incomplete character until its last byte arrives. Other tokenizers
   use vLLM's prefix/read offsets: decode a short window and emit what it adds.
 - stop strings: text that could still become a stop string is held back, so a stop string is
-  never partly emitted, and nothing after one is.
+  never partly emitted, and nothing after one is (the stop string itself only when asked).
+
+Whatever is held back, the text emitted is always a prefix of the text decoded so far, so a
+token's offset in the decoded text (num_decoded_chars before it was pushed) is its offset in
+the text the client gets: text[offset[i]:offset[i + 1]] is what token i added.
 """
 
 from __future__ import annotations
@@ -95,17 +99,22 @@ class IncrementalDetokenizer:
         skip_special_tokens: bool = True,
         keep_special: frozenset[int] = frozenset(),
         stop: Sequence[str] = (),
+        include_stop_str_in_output: bool = False,
     ) -> None:
-        """keep_special: special token ids written out even when the others are skipped."""
+        """keep_special: special token ids written out even when the others are skipped.
+        include_stop_str_in_output: a stop string that is hit ends the text instead of being cut."""
         self._decoder: _ByteLevelDecoder | _OffsetDecoder
         if tokenizer.is_byte_level:
             self._decoder = _ByteLevelDecoder(tokenizer, skip_special_tokens, keep_special)
         else:
             self._decoder = _OffsetDecoder(tokenizer, prompt_token_ids, skip_special_tokens, keep_special)
         self._stop = tuple(s for s in stop if s)
+        self._include_stop = include_stop_str_in_output
         # Decoded text not yet emitted because it ends with the start of a stop string.
         self._held = ""
         self.stop_reason: str | None = None
+        # Characters decoded so far, stop strings aside: where the next token's text starts.
+        self.num_decoded_chars = 0
 
     @property
     def stopped(self) -> bool:
@@ -115,13 +124,17 @@ class IncrementalDetokenizer:
         """Take newly generated ids; return the text they complete (maybe "")."""
         if self.stopped:
             return ""
-        return self._emit(self._decoder.push(token_ids), final=False)
+        text = self._decoder.push(token_ids)
+        self.num_decoded_chars += len(text)
+        return self._emit(text, final=False)
 
     def finish(self) -> str:
         """The request ended: return the text held back so far."""
         if self.stopped:
             return ""
-        return self._emit(self._decoder.finish(), final=True)
+        text = self._decoder.finish()
+        self.num_decoded_chars += len(text)
+        return self._emit(text, final=True)
 
     def _emit(self, text: str, *, final: bool) -> str:
         if not self._stop:
@@ -137,7 +150,7 @@ class IncrementalDetokenizer:
         if hit is not None:
             self.stop_reason = hit
             self._held = ""
-            return held[:hit_at]
+            return held[: hit_at + len(hit)] if self._include_stop else held[:hit_at]
         keep = 0 if final else self._partial_stop_suffix(held)
         self._held = held[len(held) - keep :] if keep else ""
         return held[: len(held) - keep]
@@ -151,3 +164,24 @@ class IncrementalDetokenizer:
                     longest = n
                     break
         return longest
+
+
+def token_offsets(
+    tokenizer: TextTokenizer,
+    token_ids: Sequence[int],
+    *,
+    skip_special_tokens: bool,
+    keep_special: frozenset[int] = frozenset(),
+) -> tuple[str, list[int]]:
+    """The text of token_ids, decoded incrementally as a generation's are, and where each
+    token's text starts in it (an echoed prompt's text_offset)."""
+    detok = IncrementalDetokenizer(
+        tokenizer, skip_special_tokens=skip_special_tokens, keep_special=keep_special
+    )
+    parts: list[str] = []
+    offsets: list[int] = []
+    for token_id in token_ids:
+        offsets.append(detok.num_decoded_chars)
+        parts.append(detok.push([token_id]))
+    parts.append(detok.finish())
+    return "".join(parts), offsets
