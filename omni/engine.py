@@ -31,7 +31,7 @@ from scheduler.prefix_hash import BlockHash
 from scheduler.request import Request, RequestId, RequestStatus
 from scheduler.scheduler import Scheduler, SchedulerConfig
 
-__all__ = ["EngineError", "LLMEngine", "RequestStream", "TokenEvent"]
+__all__ = ["EngineError", "LLMEngine", "PrefillDone", "RequestStream", "TokenEvent"]
 
 log = logging.getLogger("omni.engine")
 
@@ -45,16 +45,27 @@ class TokenEvent:
 
 
 @dataclass(slots=True)
+class PrefillDone:
+    """A prefill-only request (max_tokens 0) has computed its prompt: it ends with no token."""
+
+    finish_reason: str = "length"
+
+
+@dataclass(slots=True)
 class RequestStream:
     request: Request
     worker_id: int
     # The request's grammar (omni/constrained): masks its sampling, ends it when complete.
     constraint: TokenConstraint | None = None
-    queue: asyncio.Queue[TokenEvent | BaseException] = field(default_factory=asyncio.Queue)
+    queue: asyncio.Queue[TokenEvent | PrefillDone | BaseException] = field(default_factory=asyncio.Queue)
+    # What the worker sent of the prompt's logprobs, in order; complete once the first event
+    # is queued (the step that computes the last prompt token also samples, or ends a
+    # prefill-only request).
+    prompt_logprobs: list[protocol.PromptLogprobs] = field(default_factory=list)
     first_token_time: float | None = None
     last_token_time: float | None = None
 
-    async def __aiter__(self) -> AsyncIterator[TokenEvent]:
+    async def __aiter__(self) -> AsyncIterator[TokenEvent | PrefillDone]:
         while True:
             item = await self.queue.get()
             if isinstance(item, BaseException):
@@ -250,6 +261,9 @@ class LLMEngine(SupervisedWorker):
             raise WorkerDied(f"worker replied out of order: {type(reply).__name__}")
         for failed in reply.failed:  # dropped by the worker before its forward
             self._fail_request(RequestId(failed.request_id), EngineError(failed.reason))
+        for part in reply.prompt_logprobs:
+            if (listener := self._streams.get(RequestId(part.request_id))) is not None:
+                listener.prompt_logprobs.append(part)
         by_id = {RequestId(s.request_id): s for s in reply.sampled}
         updated = scheduler.update_from_output(
             output, {rid: s.token_id for rid, s in by_id.items()}
@@ -258,6 +272,11 @@ class LLMEngine(SupervisedWorker):
         for request in updated:
             stream = self._streams.get(request.request_id)
             if stream is None:
+                continue
+            if request.sampling_params.prefill_only:  # finished, and sampled nothing
+                stream.queue.put_nowait(PrefillDone(request.status.value))
+                self._forget(request.request_id)
+                self.metrics.request_finished(self.config.model_name, request.status.value, request)
                 continue
             sampled = by_id[request.request_id]
             if stream.constraint is not None and not request.is_finished:

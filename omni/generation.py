@@ -12,8 +12,10 @@ import uuid
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 
+from omni import protocol
 from omni.constrained.constraint import TokenConstraint
 from omni.detokenizer import IncrementalDetokenizer
+from omni.engine import PrefillDone
 from omni.served_model import ServedModel
 from scheduler.request import MediaSpan, Request, RequestId, RequestStatus, SamplingParams
 
@@ -25,12 +27,30 @@ class TokenLogprob:
     top: list[tuple[int, float]]
 
 
+@dataclass(frozen=True, slots=True)
+class PromptLogprob:
+    """A prompt token's logprob given the tokens before it, its rank there (1: the most
+    likely token), and the top alternatives there, best first."""
+
+    token_id: int
+    logprob: float
+    rank: int
+    top: list[tuple[int, float]]
+
+
+# Per prompt position: None for the first token (nothing predicts it), then one entry each.
+PromptLogprobs = list[PromptLogprob | None]
+
+
 @dataclass(slots=True)
 class Delta:
     text: str
     token_ids: list[int]
     logprobs: list[TokenLogprob] = field(default_factory=list)
     finish_reason: str | None = None
+    # Where each token's text starts in the choice's whole text (its characters up to here
+    # and beyond): text[text_offsets[i]:text_offsets[i + 1]] is what token i added.
+    text_offsets: list[int] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -57,6 +77,13 @@ def new_request_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
 
 
+def response_id(prefix: str, client_request_id: str | None, generated_id: str) -> str:
+    """The response's id: vLLM's "<prefix>-<request_id>" when the client named the request
+    (request_id), else the generated one. The engine's request ids stay generated either way:
+    two requests may carry the same client id."""
+    return generated_id if client_request_id is None else f"{prefix}-{client_request_id}"
+
+
 def choice_params(params: SamplingParams, index: int) -> SamplingParams:
     """The n choices of one seeded request differ from each other yet repeat as a set."""
     if index == 0 or params.seed is None:
@@ -64,8 +91,27 @@ def choice_params(params: SamplingParams, index: int) -> SamplingParams:
     return dataclasses.replace(params, seed=params.seed + index)
 
 
+def prompt_logprobs(
+    prompt_token_ids: list[int], parts: list[protocol.PromptLogprobs]
+) -> PromptLogprobs:
+    """The worker's PromptLogprobs messages of one request, in order, as one entry per prompt
+    position."""
+    entries: PromptLogprobs = [None]
+    for part in parts:
+        if part.start != len(entries):
+            raise RuntimeError(f"prompt logprobs from {part.start}, expected {len(entries)}")
+        for i, logprob in enumerate(part.token_logprobs):
+            top = list(zip(part.top_token_ids[i], part.top_logprobs[i]))
+            token_id = prompt_token_ids[part.start + i]
+            entries.append(PromptLogprob(token_id, logprob, part.ranks[i], top))
+    if len(entries) != len(prompt_token_ids):
+        raise RuntimeError(f"prompt logprobs for {len(entries)} of {len(prompt_token_ids)} tokens")
+    return entries
+
+
 class Generation:
-    """Iterate deltas of one choice; `usage` is complete once iteration ends."""
+    """Iterate deltas of one choice; `usage` is complete once iteration ends, and
+    `prompt_logprobs` (when the params ask for them) once the first delta is out."""
 
     def __init__(
         self,
@@ -78,6 +124,8 @@ class Generation:
         media: tuple[MediaSpan, ...] = (),
         constraint: TokenConstraint | None = None,
         keep_special: frozenset[int] = frozenset(),
+        *,
+        include_stop_str_in_output: bool = False,
     ) -> None:
         self.model = model
         self.request = Request(
@@ -91,9 +139,16 @@ class Generation:
         self.constraint = constraint  # the choice's own grammar matcher, if it has one
         self.skip_special_tokens = skip_special_tokens
         self.keep_special = keep_special  # markup the chat parsers read, kept in the text
+        self.include_stop_str_in_output = include_stop_str_in_output
         self.usage = Usage(prompt_tokens=len(prompt_token_ids))
+        self.prompt_logprobs: PromptLogprobs | None = None
 
     async def deltas(self) -> AsyncGenerator[Delta, None]:
+        params = self.request.sampling_params
+        if params.prefill_only and params.prompt_logprobs is None:
+            # Nothing the prompt's computation gives would reach the client: skip the engine.
+            yield Delta("", [], finish_reason=RequestStatus.FINISHED_LENGTH.value)
+            return
         pool = self.model.pool
         stream = pool.submit(self.request, self.constraint)
         detok = IncrementalDetokenizer(
@@ -101,11 +156,23 @@ class Generation:
             skip_special_tokens=self.skip_special_tokens,
             keep_special=self.keep_special,
             stop=self.stop,
+            include_stop_str_in_output=self.include_stop_str_in_output,
         )
         finished = False
         try:
             async for event in stream:
+                if params.prompt_logprobs is not None and self.prompt_logprobs is None:
+                    # The step that computed the last prompt token also made this event.
+                    self.prompt_logprobs = prompt_logprobs(
+                        self.request.prompt_token_ids, stream.prompt_logprobs
+                    )
+                self.usage.cached_tokens = self.request.num_cached_tokens  # known by now
+                if isinstance(event, PrefillDone):
+                    finished = True
+                    yield Delta("", [], finish_reason=event.finish_reason)
+                    return
                 self.usage.completion_tokens += 1
+                offsets = [detok.num_decoded_chars]
                 text = detok.push([event.token_id])
                 logprobs = []
                 if event.logprob is not None:
@@ -115,14 +182,14 @@ class Generation:
                 if detok.stopped:
                     finished = True
                     pool.abort(stream, RequestStatus.FINISHED_STOPPED)
-                    yield Delta(text, [event.token_id], logprobs, "stop")
+                    yield Delta(text, [event.token_id], logprobs, "stop", offsets)
                     return
                 if event.finish_reason is not None:
                     finished = True
                     text += detok.finish()
-                    yield Delta(text, [event.token_id], logprobs, event.finish_reason)
+                    yield Delta(text, [event.token_id], logprobs, event.finish_reason, offsets)
                     return
-                yield Delta(text, [event.token_id], logprobs)
+                yield Delta(text, [event.token_id], logprobs, None, offsets)
         finally:
             self.usage.cached_tokens = self.request.num_cached_tokens
             if not finished:
