@@ -304,7 +304,6 @@ COMPLETION_ERRORS: list[tuple[dict[str, Any], str]] = [
     (completion(prompt=[1, -2]), "prompt"),
     (completion(prompt=[[1], []]), "prompt[1]"),
     (completion(prompt=[[1], [0.5]]), "prompt[1]"),
-    (completion(echo=True), "echo"),
     (completion(echo="no"), "echo"),
     (completion(suffix="tail"), "suffix"),
     (completion(logprobs=6), "logprobs"),

@@ -73,6 +73,9 @@ class CompletionRequest(GenerationFields):
     # One set of n choices per prompt, in order: choice index = prompt index * n + i.
     prompts: tuple[Prompt, ...]
     logprobs: int | None = None
+    # Each choice's text starts with its prompt (and, with logprobs, its tokens with the
+    # prompt's); with max_tokens 0 that is all it holds: the prompt scored, nothing generated.
+    echo: bool = False
     grammar: GrammarSpec | None = None  # response_format, structured_outputs, guided_*
 
     prompt_param: ClassVar[str] = "prompt"
@@ -81,18 +84,33 @@ class CompletionRequest(GenerationFields):
     def num_logprobs(self) -> int | None:
         return self.logprobs
 
+    @property
+    def num_prompt_logprobs(self) -> int | None:
+        """What prompt_logprobs shows (never in a stream) and what echo's logprobs list of the
+        prompt tokens (streamed too), whichever lists more alternatives."""
+        shown = None if self.stream else self.prompt_logprobs
+        echoed = self.logprobs if self.echo else None
+        wanted = [k for k in (shown, echoed) if k is not None]
+        return max(wanted) if wanted else None
+
 
 def parse_completion_request(body: Body) -> CompletionRequest:
     model = required_str(body, "model")
     prompts = _parse_prompts(body)
-    if opt_bool(body, "echo"):
-        raise unsupported("echo", "the prompt cannot be echoed.")
+    echo = bool(opt_bool(body, "echo"))
     if opt_str(body, "suffix"):
-        raise unsupported("suffix", "insertion is not supported.")
+        raise unsupported(
+            "suffix", "this server's models have no fill-in-the-middle tokens to insert a suffix with."
+        )
+    if body.get("max_tokens") == 0 and not echo:
+        raise value_error(
+            "max_tokens", "must be at least 1, got 0 (0 is for echo alone: the prompt, scored)."
+        )
     return CompletionRequest(
         model=model,
         prompts=prompts,
         logprobs=opt_int(body, "logprobs", lo=0, hi=MAX_COMPLETION_LOGPROBS),
+        echo=echo,
         grammar=parse_grammar(body),
-        **parse_generation_fields(body),
+        **parse_generation_fields(body, zero_max_tokens=echo),
     )

@@ -21,6 +21,9 @@ MAX_STOP_STRINGS = 4
 # torch.Generator.manual_seed accepts exactly this range.
 MIN_SEED, MAX_SEED = -(2**63), 2**64 - 1
 MAX_LOGIT_BIAS = 100.0  # OpenAI's bound, either sign
+# vLLM's default max_logprobs: the alternatives a prompt position may list.
+MAX_PROMPT_LOGPROBS = 20
+MAX_REQUEST_ID_LENGTH = 256
 
 Json: TypeAlias = Any
 Body: TypeAlias = Mapping[str, Json]
@@ -35,7 +38,21 @@ async def read_json(request: web.Request) -> dict[str, Json]:
         raise bad_request(f"The request body is not valid JSON: {e}") from None
     if not isinstance(data, dict):
         raise bad_request("The request body must be a JSON object.")
-    return data
+    return merge_extra_body(data)
+
+
+def merge_extra_body(data: dict[str, Json]) -> dict[str, Json]:
+    """A literal "extra_body" object (what the OpenAI SDK merges into the body, sent as it is by
+    some clients) is merged into the body; its keys win over top-level ones of the same name,
+    as they would had the SDK merged them."""
+    if "extra_body" not in data:
+        return data
+    extra = data.pop("extra_body")
+    if extra is None:
+        return data
+    if not isinstance(extra, dict):
+        raise type_error("extra_body", "an object", extra)
+    return data | extra
 
 
 # ----------------------------------------------------------------------------- errors
@@ -163,9 +180,20 @@ class GenerationFields(ABC):
     stream: bool = False
     include_usage: bool = False
     # Extensions (as in vLLM).
+    # Every streamed chunk carries the usage so far (stream_options.continuous_usage_stats;
+    # only with include_usage, as in vLLM).
+    continuous_usage: bool = False
     ignore_eos: bool = False
     skip_special_tokens: bool = True
     stop_token_ids: tuple[int, ...] = ()
+    include_stop_str_in_output: bool = False  # a matched stop string stays in the text
+    return_tokens_as_token_ids: bool = False  # logprob tokens read "token_id:N"
+    # Keep only the last N prompt tokens; -1: the model's max_model_len (truncate_prompt).
+    truncate_prompt_tokens: int | None = None
+    # vLLM's prompt_logprobs: None, or the alternatives listed per prompt position. Never
+    # with stream beyond 0 (refused) and never streamed, as in vLLM.
+    prompt_logprobs: int | None = None
+    request_id: str | None = None  # the client's id for the request: the response id's tail
     # Logit processors: OpenAI's penalties and logit_bias, vLLM's others (SamplingParams
     # says what each does). Token ids are checked against the vocabulary in sampling_params.
     presence_penalty: float = 0.0
@@ -185,6 +213,12 @@ class GenerationFields(ABC):
     @abstractmethod
     def num_logprobs(self) -> int | None:
         """SamplingParams.logprobs: None, or how many alternatives besides the sampled token."""
+
+    @property
+    def num_prompt_logprobs(self) -> int | None:
+        """SamplingParams.prompt_logprobs: what the response will show of the prompt (nothing
+        of it in a stream)."""
+        return None if self.stream else self.prompt_logprobs
 
 
 def _parse_stop(body: Body) -> tuple[str, ...]:
@@ -268,14 +302,53 @@ def _opt_range(body: Body, key: str, lo: float, hi: float) -> float | None:
     return value
 
 
-def parse_generation_fields(body: Body) -> dict[str, Json]:
-    """GenerationFields' values, as keyword arguments for a request class."""
+def _parse_prompt_logprobs(body: Body, stream: bool) -> int | None:
+    if body.get("prompt_logprobs") == -1:  # vLLM's "the whole vocabulary"
+        raise value_error(
+            "prompt_logprobs",
+            f"the whole vocabulary (-1) is not available; ask for at most {MAX_PROMPT_LOGPROBS}.",
+        )
+    value = opt_int(body, "prompt_logprobs", lo=0, hi=MAX_PROMPT_LOGPROBS)
+    if value and stream:
+        raise bad_request(
+            "'prompt_logprobs' are not available when 'stream' is true.", param="prompt_logprobs"
+        )
+    return value
+
+
+def _parse_truncate_prompt_tokens(body: Body) -> int | None:
+    value = opt_int(body, "truncate_prompt_tokens")
+    if value is not None and value < 1 and value != -1:
+        raise value_error(
+            "truncate_prompt_tokens",
+            f"must be at least 1, or -1 for the model's maximum context length, got {value}.",
+        )
+    return value
+
+
+def _parse_request_id(body: Body) -> str | None:
+    value = opt_str(body, "request_id")
+    if value is None:
+        return None
+    if not 0 < len(value) <= MAX_REQUEST_ID_LENGTH or not value.isprintable():
+        raise value_error(
+            "request_id",
+            f"must be 1 to {MAX_REQUEST_ID_LENGTH} printable characters, got {len(value)} characters.",
+        )
+    return value
+
+
+def parse_generation_fields(body: Body, *, zero_max_tokens: bool = False) -> dict[str, Json]:
+    """GenerationFields' values, as keyword arguments for a request class.
+
+    zero_max_tokens: max_tokens may be 0 (completions' echo: the prompt alone, scored)."""
     max_tokens_param = (
         "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
     )
-    max_tokens = opt_int(body, max_tokens_param, lo=1)
+    lo = 0 if zero_max_tokens else 1
+    max_tokens = opt_int(body, max_tokens_param, lo=lo)
     if max_tokens_param == "max_completion_tokens":
-        opt_int(body, "max_tokens", lo=1)  # still validated; max_completion_tokens wins
+        opt_int(body, "max_tokens", lo=lo)  # still validated; max_completion_tokens wins
 
     temperature = opt_number(body, "temperature")
     if temperature is not None and not 0.0 <= temperature <= 2.0:
@@ -299,7 +372,7 @@ def parse_generation_fields(body: Body) -> dict[str, Json]:
         )
 
     stream = bool(opt_bool(body, "stream"))
-    include_usage = False
+    include_usage = continuous_usage = False
     options = opt_object(body, "stream_options")
     if options is not None:
         if not stream:
@@ -308,6 +381,8 @@ def parse_generation_fields(body: Body) -> dict[str, Json]:
             )
         param = "stream_options.include_usage"
         include_usage = bool(opt_bool(options, "include_usage", param))
+        param = "stream_options.continuous_usage_stats"
+        continuous_usage = include_usage and bool(opt_bool(options, "continuous_usage_stats", param))
     n = opt_int(body, "n", lo=1, hi=MAX_N)
 
     return {
@@ -321,9 +396,15 @@ def parse_generation_fields(body: Body) -> dict[str, Json]:
         "n": 1 if n is None else n,
         "stream": stream,
         "include_usage": include_usage,
+        "continuous_usage": continuous_usage,
         "ignore_eos": bool(opt_bool(body, "ignore_eos")),
         "skip_special_tokens": opt_bool(body, "skip_special_tokens") is not False,
         "stop_token_ids": _parse_stop_token_ids(body),
+        "include_stop_str_in_output": bool(opt_bool(body, "include_stop_str_in_output")),
+        "return_tokens_as_token_ids": bool(opt_bool(body, "return_tokens_as_token_ids")),
+        "truncate_prompt_tokens": _parse_truncate_prompt_tokens(body),
+        "prompt_logprobs": _parse_prompt_logprobs(body, stream),
+        "request_id": _parse_request_id(body),
         "presence_penalty": presence_penalty or 0.0,
         "frequency_penalty": frequency_penalty or 0.0,
         "repetition_penalty": 1.0 if repetition_penalty is None else repetition_penalty,
@@ -360,6 +441,20 @@ def bad_words_token_ids(
         if spaced[0] != bare[0] and len(spaced) == len(bare):
             sequences.append(spaced)
     return tuple(sequences)
+
+
+def truncate_prompt(
+    token_ids: list[int], request: GenerationFields, max_model_len: int
+) -> list[int]:
+    """The prompt's last truncate_prompt_tokens tokens (-1: the last max_model_len), as vLLM
+    keeps them; the whole prompt when the request does not ask. For chat, call it on the
+    rendered template's token ids."""
+    limit = request.truncate_prompt_tokens
+    if limit is None:
+        return token_ids
+    if limit == -1:
+        limit = max_model_len
+    return token_ids[-limit:] if len(token_ids) > limit else token_ids
 
 
 def sampling_params(
@@ -419,4 +514,5 @@ def sampling_params(
         min_p=request.min_p,
         allowed_token_ids=request.allowed_token_ids,
         bad_words_token_ids=bad_words_token_ids(request.bad_words, tokenizer),
+        prompt_logprobs=request.num_prompt_logprobs,
     )
