@@ -61,14 +61,23 @@ def completion_body(
 
 class ChunkStream:
     """One streamed completion: every chunk carries the same id, object, created and model,
-    and, when stream_options.include_usage was asked for, a usage field (null until the last)."""
+    and, when stream_options.include_usage was asked for, a usage field: null until the last
+    chunk, or with continuous_usage (vLLM's continuous_usage_stats) the running usage of the
+    chunk's choice, its prompt and the tokens it has generated so far."""
 
     def __init__(
-        self, response: web.StreamResponse, completion_id: str, obj: str, model: str, include_usage: bool
+        self,
+        response: web.StreamResponse,
+        completion_id: str,
+        obj: str,
+        model: str,
+        include_usage: bool,
+        continuous_usage: bool = False,
     ) -> None:
         self.response = response
         self.completion_id, self.obj, self.model = completion_id, obj, model
         self.include_usage = include_usage
+        self.continuous_usage = include_usage and continuous_usage
         self.created = int(time.time())
 
     async def send(self, choices: list[dict[str, Any]], usage: Usage | None = None) -> None:
@@ -76,6 +85,14 @@ class ChunkStream:
         if self.include_usage:
             payload["usage"] = usage.to_json() if usage is not None else None
         await send_event(self.response, payload)
+
+    def chunk_usage(self, output: OutputRouter, completion_tokens: int = 0) -> Usage | None:
+        """What a chunk of this choice carries as its usage before the last chunk: with
+        continuous_usage its prompt and the completion_tokens its chunks have carried so far,
+        else None (null). A chunk sent before any token (chat's role) has 0 of them."""
+        if not self.continuous_usage:
+            return None
+        return Usage(output.usage.prompt_tokens, completion_tokens, output.usage.cached_tokens)
 
     async def run(
         self,
@@ -85,12 +102,14 @@ class ChunkStream:
     ) -> None:
         """Send one chunk per delta that choice() turns into a choice (None: skip it), then the
         usage chunk and [DONE]; a worker failure mid-stream ends it with an error event."""
+        generated = [0] * len(outputs)  # tokens of each choice's deltas so far
         try:
             async with aclosing(interleave(outputs)) as deltas:  # a client gone aborts at once
                 async for index, delta in deltas:
+                    generated[index] += len(delta.token_ids)
                     c = choice(index, delta)
                     if c is not None:
-                        await self.send([c])
+                        await self.send([c], self.chunk_usage(outputs[index], generated[index]))
         except EngineError as exc:
             await send_error_and_done(self.response, exc)
             return
@@ -104,6 +123,7 @@ class Choice:
     text: str = ""
     logprobs: list[TokenLogprob] = field(default_factory=list)
     finish_reason: str | None = None
+    text_offsets: list[int] = field(default_factory=list)  # each token's, in text (Delta's)
 
 
 async def collect(outputs: Sequence[OutputRouter]) -> list[Choice]:
@@ -115,6 +135,7 @@ async def collect(outputs: Sequence[OutputRouter]) -> list[Choice]:
             async for index, delta in deltas:
                 parts[index].append(delta.text)
                 choices[index].logprobs.extend(delta.logprobs)
+                choices[index].text_offsets.extend(delta.text_offsets)
                 if delta.finish_reason is not None:
                     choices[index].finish_reason = delta.finish_reason
     except EngineError as exc:
