@@ -3,7 +3,8 @@ generation, and how its text is read back.
 
 - check_tool_choice: a tool_choice the model's chat format cannot serve is a 400, before work.
 - tool_grammar: tool_choice "required" or a named function forces the call grammar, so a call
-  whose arguments validate against the function's schema always comes out.
+  whose arguments validate against the function's schema always comes out; with "auto" the
+  same grammar switches on when the model opens a call, so a call it starts is well formed.
 - ban_tool_markup: tool_choice "none" with tools given: the model cannot open a call.
 - output_format: the reasoning and tool-call parsers each choice's text goes through.
 - ChatConstraints: each choice's token constraint: its grammar (held off until reasoning ends
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from omni.api.errors import bad_request
 from omni.api.schemas import ChatCompletionRequest
@@ -52,16 +54,34 @@ def check_tool_choice(model: ServedModel, req: ChatCompletionRequest) -> None:
         )
 
 
-async def tool_grammar(model: ServedModel, req: ChatCompletionRequest, max_tokens: int) -> CompiledGrammar | None:
-    forced = req.tools.forced
-    if not forced:
+@dataclass(frozen=True, slots=True)
+class ToolGrammar:
+    grammar: CompiledGrammar
+    trigger_token_id: int | None  # "auto": the grammar holds from the model's own <tool_call> on
+
+
+async def tool_grammar(model: ServedModel, req: ChatCompletionRequest, max_tokens: int) -> ToolGrammar | None:
+    """The call grammar: from the first token for "required" or a named function; for "auto",
+    switched on when the model opens a call, so a call it starts is always well formed."""
+    tools, parser = req.tools, model.chat_format.tool_parser
+    if parser is None or tools.choice == "none" or not tools.functions:
         return None
-    parser = model.chat_format.tool_parser
-    assert parser is not None  # check_tool_choice refused the request otherwise
+    forced = tools.forced
+    opened = not forced  # "auto"
+    trigger = None
+    if opened:
+        trigger = model.tokenizer.token_to_id(tool_parser_class(parser).markup_tokens[0])
+        if trigger is None:
+            return None  # the tokenizer cannot open a call with one token: parse what comes
     source = tool_call_grammar(
-        parser, forced, parallel=not req.tools.single_call, max_free_chars=free_string_chars(max_tokens)
+        parser,
+        forced or tools.functions,
+        parallel=not tools.single_call,
+        max_free_chars=free_string_chars(max_tokens),
+        opened=opened,
     )
-    return await model.grammars.compile(GrammarSpec(GrammarKind.GRAMMAR, source, "tool_choice"))
+    grammar = await model.grammars.compile(GrammarSpec(GrammarKind.GRAMMAR, source, "tools" if opened else "tool_choice"))
+    return ToolGrammar(grammar, trigger)
 
 
 def free_string_chars(max_tokens: int) -> int:
@@ -114,10 +134,13 @@ class ChatConstraints:
         self,
         model: ServedModel,
         req: ChatCompletionRequest,
-        grammar: CompiledGrammar | None,
+        grammar: CompiledGrammar | ToolGrammar | None,
         prompt_token_ids: Sequence[int],
         max_tokens: int,
     ) -> None:
+        own_trigger = None
+        if isinstance(grammar, ToolGrammar):
+            grammar, own_trigger = grammar.grammar, grammar.trigger_token_id
         self._grammar = grammar
         self._max_tokens = max_tokens
         self._vocab_size = model.tokenizer.vocab_size
@@ -127,8 +150,11 @@ class ChatConstraints:
         self._in_reasoning = (grammar is not None or self._budget is not None) and prompt_opens_reasoning(
             model, parser, prompt_token_ids
         )
-        # A reasoning model's answer is constrained from the end of its reasoning on.
-        self._trigger = self._end if self._in_reasoning and grammar is not None else None
+        # A reasoning model's answer is constrained from the end of its reasoning on; an "auto"
+        # tool grammar from the call the model opens.
+        self._trigger = own_trigger
+        if own_trigger is None and self._in_reasoning and grammar is not None:
+            self._trigger = self._end
 
     @staticmethod
     def _reasoning_tokens(model: ServedModel, req: ChatCompletionRequest) -> tuple[int | None, int | None]:

@@ -48,10 +48,12 @@ def tool_call_grammar(
     parallel: bool,
     max_calls: int | None = None,
     max_free_chars: int = MAX_FREE_CHARS,
+    opened: bool = False,
 ) -> str:
     """A Lark grammar (llguidance's dialect) for one call of one of functions, or, when
     parallel, one or more (at most max_calls when given); ValueError for an unknown format, no
-    functions, or max_calls under 1."""
+    functions, or max_calls under 1. opened: the first call's <tool_call> is already out (the
+    grammar is switched on by that token, for tool_choice "auto"), so the grammar begins after it."""
     if not functions:
         raise ValueError("a forced tool call needs at least one function")
     if max_calls is not None and max_calls < 1:
@@ -60,13 +62,21 @@ def tool_call_grammar(
         write_call = _FORMATS[parser_name]
     except KeyError:
         raise ValueError(f"no tool call grammar for {parser_name!r}; known: {', '.join(sorted(_FORMATS))}") from None
+    first = "opened" if opened else "call"
     rules = [
         "%llguidance {}",
-        "start: call" + _more_calls(parallel, max_calls),
+        f"start: {first}" + _more_calls(parallel, max_calls),
         "call: " + " | ".join(f"fn{i}" for i in range(len(functions))),
     ]
+    if opened:
+        rules.append("opened: " + " | ".join(f"fn{i}_opened" for i in range(len(functions))))
     for i, function in enumerate(functions):
-        rules.extend(write_call(f"fn{i}", function, max_free_chars))
+        call_rules = write_call(f"fn{i}", function, max_free_chars)
+        if opened:  # the same call, less its opening token
+            head = f"fn{i}: <tool_call> "
+            assert call_rules[0].startswith(head)
+            call_rules.append(f"fn{i}_opened: " + call_rules[0][len(head) :])
+        rules.extend(call_rules)
     return "\n".join(rules) + "\n"
 
 

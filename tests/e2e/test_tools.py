@@ -177,12 +177,16 @@ async def test_streamed_and_whole_replies_are_equal(fmt: tuple[str, str]) -> Non
 
 
 async def test_tool_choice_none_makes_no_call(fmt: tuple[str, str], tiny_model_dir: Path) -> None:
-    """A bias that makes the model open a call at once: with "auto" it does, with "none" it cannot."""
+    """A bias that makes the model open a call at once: with "auto" it does (and the call grammar,
+    switched on by that token, makes it well formed); with "none" it cannot."""
     tok = TextTokenizer.from_dir(tiny_model_dir)
     bias = {str(tok.token_to_id("<tool_call>")): 100}
     client = _client(fmt[1])
-    auto = await _call(client, stream=False, seed=0, tool_choice="auto", logit_bias=bias, max_tokens=8)
-    assert auto["calls"] or "<tool_call>" in (auto["content"] or "")  # an attempt, parsed or not
+    autos = await asyncio.gather(
+        *(_call(client, stream=i % 2 == 1, seed=i, tool_choice="auto", logit_bias=bias, max_tokens=MAX_TOKENS[fmt[0]]) for i in range(4))
+    )
+    for auto in autos:
+        _check_calls(auto, {"get_weather", "get_time"})
     replies = await asyncio.gather(
         *(_call(client, stream=i % 2 == 1, seed=i, tool_choice="none", logit_bias=bias, max_tokens=8) for i in range(6))
     )

@@ -215,3 +215,20 @@ async def test_markers_need_only_be_tokens_not_special_ones(tiny_tokenizer_dir: 
     missing = tokenizer_variant(tiny_tokenizer_dir, tmp_path / "missing", "absent")
     with pytest.raises(APIError, match='unknown special token: "<tool_call>"'):
         await GrammarCompiler(missing).compile(spec)
+
+
+@pytest.mark.parametrize("parser_name", ["hermes", "hyperclovax"])
+async def test_an_opened_grammar_completes_the_call_the_model_began(tokenizer: TextTokenizer, parser_name: str) -> None:
+    """tool_choice "auto": the grammar is switched on by the model's own <tool_call>, so it
+    begins after that token; the text with the token in front is one valid call."""
+    functions = list(FUNCTION_SETS)[0]
+    allowed = {f.name: f for f in FUNCTION_SETS[functions]}
+    text = tool_call_grammar(parser_name, list(allowed.values()), parallel=False, opened=True)
+    grammar = await GrammarCompiler(tokenizer).compile(GrammarSpec(GrammarKind.GRAMMAR, text, "tools"))
+    parser = tool_parser_class(parser_name)
+    for seed in SEEDS[:8]:
+        output, _, stopped = walk(grammar, tokenizer, seed)
+        assert stopped
+        content, calls = parser(list(allowed.values())).parse("<tool_call>" + output)
+        assert content == "" and len(calls) == 1, output
+        jsonschema.validate(json.loads(calls[0].arguments), dict(allowed[calls[0].name].parameters))
