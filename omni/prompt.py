@@ -71,6 +71,7 @@ def _apply_template(model: ServedModel, req: ChatCompletionRequest, messages: Se
             add_generation_prompt=fields.add_generation_prompt,
             continue_final_message=fields.continue_final_message,
             tools=req.tools.template_tools or None,
+            documents=[dict(d) for d in fields.documents] or None,
             chat_template=fields.chat_template or fmt.chat_template,
             **fields.kwargs,
         )

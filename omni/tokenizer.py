@@ -122,6 +122,7 @@ class TextTokenizer:
         add_generation_prompt: bool = True,
         continue_final_message: bool = False,
         tools: Sequence[Mapping[str, Any]] | None = None,
+        documents: Sequence[Mapping[str, Any]] | None = None,
         chat_template: str | None = None,
         **template_kwargs: Any,
     ) -> str:
@@ -138,6 +139,7 @@ class TextTokenizer:
             text = self.hf_tokenizer.apply_chat_template(
                 conversation,
                 tools=[dict(t) for t in tools] if tools else None,
+                documents=[dict(d) for d in documents] if documents else None,
                 chat_template=template,
                 tokenize=False,
                 add_generation_prompt=add_generation_prompt,

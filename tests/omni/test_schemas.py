@@ -36,8 +36,14 @@ def completion(**fields: Any) -> dict[str, Any]:
     return {"model": "m", "prompt": "hi", **fields}
 
 
+def test_an_unknown_field_is_a_400_naming_it() -> None:
+    with pytest.raises(APIError) as e:
+        parse_chat_completion_request(chat(unknown_field={"a": 1}))
+    assert (e.value.status, e.value.param, e.value.code) == (400, "unknown_field", "unknown_parameter")
+
+
 def test_chat_defaults() -> None:
-    r = parse_chat_completion_request(chat(user="x", tools=[], unknown_field={"a": 1}))
+    r = parse_chat_completion_request(chat(user="x", tools=[]))
     assert r == ChatCompletionRequest(model="m", messages=(ChatMessage(role="user", content="hi"),))
     assert (r.max_tokens, r.temperature, r.top_p, r.top_k, r.seed, r.stop) == (
         None, 1.0, 1.0, None, None, ()
@@ -58,7 +64,11 @@ def test_chat_all_fields() -> None:
                         {"type": "input_audio", "input_audio": {"data": "UklG", "format": "wav"}},
                     ],
                 },
-                {"role": "assistant", "content": None, "tool_calls": [{"id": "c1"}]},
+                {
+                    "role": "assistant",
+                    "content": None,
+                    "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"x": 1}'}}],
+                },
                 {"role": "tool", "content": "42", "tool_call_id": "c1"},
             ],
             stream=True,
@@ -110,7 +120,7 @@ def test_chat_all_fields() -> None:
     assert r.messages[2].to_template_dict() == {
         "role": "assistant",
         "content": None,
-        "tool_calls": [{"id": "c1"}],
+        "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": {"x": 1}}}],
     }
     assert r.messages[3].to_template_dict() == {"role": "tool", "content": "42", "tool_call_id": "c1"}
 

@@ -2,11 +2,12 @@
 
 Parsing works on already-decoded JSON (read_json reads one from a request). Every
 error is a 400 APIError whose param names the offending field, e.g. "messages[1].content".
-Fields this server does not know are ignored, as OpenAI clients send many; known fields it
-cannot honour (penalties, logit_bias, echo, ...) are rejected rather than silently dropped.
+Nothing is silently ignored: every field of OpenAI's and vLLM's APIs is honoured or a 400
+naming it, and a field of neither API is a 400 too (known_fields.py has the inventory, with
+the reason for each field this server refuses).
 
 fields.py holds what both endpoints share (and sampling_params); chat.py and completions.py
-one endpoint each. This module re-exports what the rest of the server imports.
+one endpoint each; tools.py and structured.py the tool and output-constraint fields. This module re-exports what the rest of the server imports.
 """
 
 from omni.api.schemas.chat import (

@@ -9,6 +9,7 @@ from typing import ClassVar, Literal, TypeAlias
 import orjson
 
 from omni.api.errors import bad_request
+from omni.api.schemas.known_fields import check_fields
 from omni.api.schemas.structured import parse_grammar
 from omni.api.schemas.tools import ToolFields, parse_tool_fields
 from omni.constrained.spec import GrammarSpec
@@ -227,6 +228,7 @@ class TemplateFields:
     kwargs: Mapping[str, Json] = field(default_factory=dict)  # extra template variables
     add_generation_prompt: bool = True
     continue_final_message: bool = False  # the reply continues the last (assistant) message
+    documents: tuple[Mapping[str, Json], ...] = ()  # for templates that render retrieved documents
 
 
 def _parse_template_fields(body: Body) -> TemplateFields:
@@ -247,9 +249,13 @@ def _parse_template_fields(body: Body) -> TemplateFields:
             param="continue_final_message",
             code="invalid_value",
         )
+    documents = body.get("documents")
+    if documents is not None and (not isinstance(documents, list) or not all(isinstance(d, dict) for d in documents)):
+        raise type_error("documents", "an array of objects", documents)
     return TemplateFields(
         chat_template=template,
         kwargs=dict(kwargs),
+        documents=tuple(documents or ()),
         add_generation_prompt=not cont if add is None else add,
         continue_final_message=cont,
     )
@@ -283,6 +289,7 @@ class ChatCompletionRequest(GenerationFields):
 
 
 def parse_chat_completion_request(body: Body) -> ChatCompletionRequest:
+    check_fields(body, "chat")  # a field of neither API, or a value this server cannot honour
     model = required_str(body, "model")
     raw = body.get("messages")
     if raw is None:

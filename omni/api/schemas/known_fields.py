@@ -247,7 +247,7 @@ CHAT_FIELDS: Mapping[str, KnownField] = MappingProxyType(
         "add_special_tokens": default_only(
             "the chat template writes the special tokens itself (vLLM's chat default)", False
         ),
-        "documents": rejected("documents are not passed to the chat template"),
+        "documents": honoured("passed to the chat template, for templates that render retrieved documents"),
         "chat_template": honoured("a Jinja template used instead of the model's"),
         "chat_template_kwargs": honoured("extra variables for the chat template"),
         "media_io_kwargs": rejected("media loading options are server settings"),
