@@ -12,9 +12,10 @@ import pytest
 
 from omni.api.errors import APIError
 from omni.api.schemas import parse_chat_completion_request, parse_completion_request, sampling_params
-from omni.api.schemas.fields import merge_extra_body, truncate_prompt
+from omni.api.schemas.fields import merge_extra_body, truncate_prompt, truncated_media
 from omni.generation import response_id
 from omni.tokenizer import TextTokenizer
+from scheduler.request import MediaSpan
 from tests.omni.test_schemas import chat, completion
 
 
@@ -99,6 +100,18 @@ def test_truncate_prompt_tokens() -> None:
     whole = parse_completion_request(completion(truncate_prompt_tokens=-1))
     assert truncate_prompt(ids, whole, max_model_len=4) == [16, 17, 18, 19]
     assert truncate_prompt(ids, parse_completion_request(completion()), max_model_len=4) == ids
+
+
+def test_truncation_moves_media_spans_or_refuses_to_cut_one() -> None:
+    # prompt positions: 0 1 [2 .. 5] 6 7 [8 9] 10
+    spans = (MediaSpan(2, 4, "enc/a"), MediaSpan(8, 2, "enc/b"))
+    assert truncated_media(spans, 0) == spans
+    assert truncated_media(spans, 6) == (MediaSpan(2, 2, "enc/b"),)
+    assert truncated_media(spans, 10) == ()
+    for cut in (3, 9):
+        with pytest.raises(APIError) as info:
+            truncated_media(spans, cut)
+        assert info.value.param == "truncate_prompt_tokens"
 
 
 def test_continuous_usage_needs_include_usage() -> None:

@@ -14,7 +14,7 @@ from aiohttp import web
 
 from omni.api.errors import APIError, bad_request
 from omni.tokenizer import TextTokenizer
-from scheduler.request import SamplingParams
+from scheduler.request import MediaSpan, SamplingParams
 
 MAX_N = 16
 MAX_STOP_STRINGS = 4
@@ -448,13 +448,30 @@ def truncate_prompt(
 ) -> list[int]:
     """The prompt's last truncate_prompt_tokens tokens (-1: the last max_model_len), as vLLM
     keeps them; the whole prompt when the request does not ask. For chat, call it on the
-    rendered template's token ids."""
+    rendered template's token ids (and move the media spans with truncated_media)."""
     limit = request.truncate_prompt_tokens
     if limit is None:
         return token_ids
     if limit == -1:
         limit = max_model_len
     return token_ids[-limit:] if len(token_ids) > limit else token_ids
+
+
+def truncated_media(media: tuple[MediaSpan, ...], num_cut: int) -> tuple[MediaSpan, ...]:
+    """The media spans of a prompt whose first num_cut tokens truncate_prompt dropped, at their
+    new offsets. A span the cut goes through cannot be injected in part: a 400."""
+    kept = []
+    for span in media:
+        if span.end <= num_cut:
+            continue  # wholly cut: its item is not in the prompt any more
+        if span.offset < num_cut:
+            raise value_error(
+                "truncate_prompt_tokens",
+                f"keeping the last tokens would cut a media item's {span.num_rows} embedding rows "
+                f"at prompt positions {span.offset}..{span.end - 1}; keep more tokens or none of it.",
+            )
+        kept.append(MediaSpan(span.offset - num_cut, span.num_rows, span.key))
+    return tuple(kept)
 
 
 def sampling_params(
