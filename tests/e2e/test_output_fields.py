@@ -171,7 +171,7 @@ def test_suffix_is_a_400_naming_it(client: httpx.Client) -> None:
     assert r.status_code == 400
     error = r.json()["error"]
     assert (error["param"], error["code"]) == ("suffix", "unsupported_parameter")
-    assert "fill-in-the-middle" in error["message"]
+    assert "fill in the middle" in error["message"]
 
 
 def _stop_fields(tok: TextTokenizer, include: bool) -> dict[str, Any]:

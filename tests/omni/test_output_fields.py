@@ -74,7 +74,7 @@ def test_max_tokens_zero_only_with_echo_on_completions(tok: TextTokenizer) -> No
 
 
 def test_suffix_is_refused_naming_it() -> None:
-    with pytest.raises(APIError, match="fill-in-the-middle") as info:
+    with pytest.raises(APIError, match="fill in the middle") as info:
         parse_completion_request(completion(suffix=" the end"))
     assert (info.value.status, info.value.param, info.value.code) == (400, "suffix", "unsupported_parameter")
     assert parse_completion_request(completion(suffix="")).echo is False  # nothing to insert

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar, TypeAlias
 
+from omni.api.schemas.known_fields import check_fields
 from omni.api.schemas.structured import parse_grammar
 from omni.constrained.spec import GrammarSpec
 from omni.api.schemas.fields import (
@@ -14,11 +15,9 @@ from omni.api.schemas.fields import (
     missing,
     opt_bool,
     opt_int,
-    opt_str,
     parse_generation_fields,
     required_str,
     type_error,
-    unsupported,
     value_error,
 )
 
@@ -95,13 +94,11 @@ class CompletionRequest(GenerationFields):
 
 
 def parse_completion_request(body: Body) -> CompletionRequest:
+    check_fields(body, "completions")  # a field of neither API, or a value this server cannot honour
     model = required_str(body, "model")
     prompts = _parse_prompts(body)
+    # suffix: check_fields refuses any but "" (no model here has fill-in-the-middle tokens).
     echo = bool(opt_bool(body, "echo"))
-    if opt_str(body, "suffix"):
-        raise unsupported(
-            "suffix", "this server's models have no fill-in-the-middle tokens to insert a suffix with."
-        )
     if body.get("max_tokens") == 0 and not echo:
         raise value_error(
             "max_tokens", "must be at least 1, got 0 (0 is for echo alone: the prompt, scored)."
