@@ -29,10 +29,10 @@ from omni.api.schemas import (
     read_json,
     sampling_params,
 )
+from omni.api.schemas.fields import truncate_prompt, truncated_media
 from omni.chat_output import OutputFormat
 from omni.chat_turns import ChatConstraints, ban_tool_markup, check_tool_choice, output_format, tool_grammar
 from omni.constrained.compiler import CompiledGrammar
-from omni.api.schemas.fields import truncate_prompt
 from omni.generation import Generation, choice_params, new_request_id, response_id
 from omni.output_router import OutputRouter
 from omni.prompt import chat_prompt, completion_prompts, load_media
@@ -64,34 +64,38 @@ async def chat_completion(
     _check_serving(model)  # before media: no fetching or encoding for a model that cannot answer
     items = await load_media(model, req)
     prompt = await chat_prompt(model, req, items)
+    token_ids = truncate_prompt(prompt.token_ids, req, model.pool.max_model_len)
+    media = truncated_media(prompt.media, len(prompt.token_ids) - len(token_ids))
     params = sampling_params(
         req,
         max_model_len=model.pool.max_model_len,
-        num_prompt_tokens=len(prompt.token_ids),
+        num_prompt_tokens=len(token_ids),
         tokenizer=model.tokenizer,
     )
     params = ban_tool_markup(model, req, params)
-    fmt = output_format(model, req, prompt.token_ids)
+    fmt = output_format(model, req, token_ids)
     grammar = await _grammar(model, req) if req.grammar is not None else await tool_grammar(model, req, params.max_tokens)
-    constraints = ChatConstraints(model, req, grammar, prompt.token_ids, params.max_tokens)
+    constraints = ChatConstraints(model, req, grammar, token_ids, params.max_tokens)
     keep_special = model.tokenizer.special_ids(*fmt.markup_tokens)
     completion_id = new_request_id("chatcmpl")
     generations = [
         Generation(
             model,
-            prompt.token_ids,
+            token_ids,
             choice_params(params, i),
             req.stop,
             f"{completion_id}-{i}",
             req.skip_special_tokens,
-            prompt.media,
+            media,
             constraints.new(),
             keep_special,
+            include_stop_str_in_output=req.include_stop_str_in_output,
         )
         for i in range(req.n)
     ]
     outputs = [OutputRouter(g) for g in generations]
-    return await assemble(request, req, Completion(completion_id, model, outputs, fmt))
+    completion_out = Completion(response_id("chatcmpl", req.request_id, completion_id), model, outputs, fmt)
+    return await assemble(request, req, completion_out)
 
 
 async def completion(request: web.Request, assemble: Assemble[CompletionRequest]) -> web.StreamResponse:

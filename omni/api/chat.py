@@ -9,7 +9,7 @@ from aiohttp import web
 
 from omni import orchestrator
 from omni.api import sse
-from omni.api.logprobs import chat_logprob_entries
+from omni.api.logprobs import chat_logprob_entries, prompt_logprobs_json
 from omni.api.schemas import ChatCompletionRequest
 from omni.generation import Delta, Usage
 from omni.orchestrator import Completion
@@ -53,12 +53,17 @@ async def _complete(req: ChatCompletionRequest, completion: Completion) -> web.R
                 "index": i,
                 "message": message,
                 "logprobs": (
-                    {"content": chat_logprob_entries(tokenizer, c.logprobs)} if req.logprobs else None
+                    {"content": chat_logprob_entries(tokenizer, c.logprobs, as_token_ids=req.return_tokens_as_token_ids)}
+                    if req.logprobs
+                    else None
                 ),
                 "finish_reason": _finish_reason(c.finish_reason, parser.made_calls),
             }
         )
     body = sse.completion_body(completion.id, "chat.completion", completion.model.name, choices)
+    if req.num_prompt_logprobs is not None:  # vLLM's place for them: the top level, one prompt for all choices
+        prompt = completion.outputs[0].generation.prompt_logprobs
+        body["prompt_logprobs"] = prompt_logprobs_json(tokenizer, prompt, req.prompt_logprobs)
     return web.json_response(body | {"usage": _usage(completion.outputs).to_json()})
 
 
@@ -83,12 +88,13 @@ async def _stream(
     fmt = completion.output_format
     response = await sse.open_event_stream(request)
     stream = sse.ChunkStream(
-        response, completion.id, "chat.completion.chunk", completion.model.name, req.include_usage
+        response, completion.id, "chat.completion.chunk", completion.model.name, req.include_usage, req.continuous_usage
     )
     echo = _echo(req)
-    for i in range(len(completion.outputs)):  # the role comes first, in a chunk of its own
+    for i, output in enumerate(completion.outputs):  # the role comes first, in a chunk of its own
         role = {"role": "assistant", "content": echo}
-        await stream.send([{"index": i, "delta": role, "logprobs": None, "finish_reason": None}])
+        choice0 = {"index": i, "delta": role, "logprobs": None, "finish_reason": None}
+        await stream.send([choice0], stream.chunk_usage(output))
     parsers = [fmt.new_parser() for _ in completion.outputs]
 
     def choice(index: int, delta: Delta) -> dict[str, Any] | None:
@@ -109,7 +115,9 @@ async def _stream(
             "index": index,
             "delta": body,
             "logprobs": (
-                {"content": chat_logprob_entries(tokenizer, delta.logprobs)} if req.logprobs else None
+                {"content": chat_logprob_entries(tokenizer, delta.logprobs, as_token_ids=req.return_tokens_as_token_ids)}
+                if req.logprobs
+                else None
             ),
             "finish_reason": _finish_reason(delta.finish_reason, parser.made_calls),
         }

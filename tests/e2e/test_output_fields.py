@@ -25,7 +25,6 @@ PROMPT = "The quick brown fox"
 HELLO = [{"role": "user", "content": "Hello there, how are you today?"}]
 COMPLETIONS, CHAT = "/v1/completions", "/v1/chat/completions"
 # chat.py and chat_completion() do not pass these fields on yet (their owner wires them)
-CHAT_PENDING = pytest.mark.xfail(reason="chat integration of the field is pending", strict=False)
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +93,6 @@ def test_prompt_logprobs_list_each_prompt_token_and_its_alternatives(client: htt
     assert refused(client, COMPLETIONS, prompt_logprobs=1, stream=True) == "prompt_logprobs"
 
 
-@CHAT_PENDING
 def test_chat_prompt_logprobs_are_at_the_top_level(client: httpx.Client) -> None:
     body = post(client, CHAT, max_tokens=2, prompt_logprobs=1)
     plp = body["prompt_logprobs"]
@@ -187,7 +185,6 @@ def test_include_stop_str_in_output_on_completions(client: httpx.Client, tok: Te
     assert "".join(c["choices"][0]["text"] for c in chunks) == text
 
 
-@CHAT_PENDING
 def test_include_stop_str_in_output_on_chat(client: httpx.Client, tok: TextTokenizer) -> None:
     choice = post(client, CHAT, **_stop_fields(tok, True))["choices"][0]
     assert (choice["message"]["content"], choice["finish_reason"]) == ("yy", "stop")
@@ -200,7 +197,6 @@ def test_tokens_as_token_ids_on_completions(client: httpx.Client, tok: TextToken
     assert all(next(iter(top)) == t for top, t in zip(lp["top_logprobs"], lp["tokens"]))  # the token first
 
 
-@CHAT_PENDING
 def test_tokens_as_token_ids_on_chat(client: httpx.Client) -> None:
     body = post(client, CHAT, max_tokens=4, logprobs=True, top_logprobs=1, return_tokens_as_token_ids=True)
     for entry in body["choices"][0]["logprobs"]["content"]:
@@ -220,7 +216,6 @@ def test_truncate_prompt_tokens_keeps_the_prompts_tail(client: httpx.Client, tok
         assert refused(client, CHAT, truncate_prompt_tokens=bad) == "truncate_prompt_tokens"
 
 
-@CHAT_PENDING
 def test_truncate_prompt_tokens_on_chat(client: httpx.Client) -> None:
     assert post(client, CHAT, max_tokens=1, truncate_prompt_tokens=4)["usage"]["prompt_tokens"] == 4
 
@@ -238,7 +233,6 @@ def test_continuous_usage_stats_on_completions(client: httpx.Client, tok: TextTo
     assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["total_tokens"] == prompt_tokens + 5
 
 
-@CHAT_PENDING
 def test_continuous_usage_stats_on_chat(client: httpx.Client) -> None:
     options = {"include_usage": True, "continuous_usage_stats": True}
     chunks = stream(client, CHAT, max_tokens=4, logprobs=True, stream_options=options)
@@ -257,7 +251,6 @@ def test_request_id_names_the_response(client: httpx.Client) -> None:
     assert refused(client, CHAT, request_id="") == "request_id"
 
 
-@CHAT_PENDING
 def test_request_id_names_the_chat_response(client: httpx.Client) -> None:
     assert post(client, CHAT, max_tokens=1, request_id="eval-0008")["id"] == "chatcmpl-eval-0008"
 
