@@ -10,6 +10,7 @@ Both parsers default to what the checkpoint's template shows: a template that wr
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from omni.parsers.reasoning import REASONING_PARSERS
@@ -64,7 +65,7 @@ def detect_reasoning_parser(template: str) -> str | None:
     return "think" if "<think>" in template else None
 
 
-def _pick(name: str, known: dict[str, object], detected: str | None) -> str | None:
+def _pick(name: str, known: Mapping[str, object], detected: str | None) -> str | None:
     if name == AUTO:
         return detected
     if name == NONE:

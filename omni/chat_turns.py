@@ -140,7 +140,8 @@ class ChatConstraints:
     ) -> None:
         own_trigger = None
         if isinstance(grammar, ToolGrammar):
-            grammar, own_trigger = grammar.grammar, grammar.trigger_token_id
+            own_trigger = grammar.trigger_token_id
+            grammar = grammar.grammar
         self._grammar = grammar
         self._max_tokens = max_tokens
         self._vocab_size = model.tokenizer.vocab_size

@@ -63,6 +63,7 @@ async def _complete(req: ChatCompletionRequest, completion: Completion) -> web.R
     body = sse.completion_body(completion.id, "chat.completion", completion.model.name, choices)
     if req.num_prompt_logprobs is not None:  # vLLM's place for them: the top level, one prompt for all choices
         prompt = completion.outputs[0].generation.prompt_logprobs
+        assert prompt is not None  # complete once the first delta is out, and collect() ran them all
         body["prompt_logprobs"] = prompt_logprobs_json(tokenizer, prompt, req.prompt_logprobs)
     return web.json_response(body | {"usage": _usage(completion.outputs).to_json()})
 

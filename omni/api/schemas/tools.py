@@ -106,10 +106,10 @@ def parse_tool_fields(body: Body) -> ToolFields:
     elif isinstance(value, dict):
         if value.get("type", "function") != "function":
             raise value_error("tool_choice.type", f"'{value.get('type')}'; expected 'function'.")
-        fn = value.get("function")
-        if not isinstance(fn, dict):
-            raise type_error("tool_choice.function", "an object", fn)
-        named = required_str(fn, "name", "tool_choice.function.name")
+        named_fn = value.get("function")
+        if not isinstance(named_fn, dict):
+            raise type_error("tool_choice.function", "an object", named_fn)
+        named = required_str(named_fn, "name", "tool_choice.function.name")
         choice = "named"
     else:
         raise type_error("tool_choice", "a string or an object", value)
