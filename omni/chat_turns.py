@@ -7,32 +7,23 @@ generation, and how its text is read back.
   same grammar switches on when the model opens a call, so a call it starts is well formed.
 - ban_tool_markup: tool_choice "none" with tools given: the model cannot open a call.
 - output_format: the reasoning and tool-call parsers each choice's text goes through.
-- ChatConstraints: each choice's token constraint: its grammar (held off until reasoning ends
-  when the prompt leaves the model inside <think>) and its thinking_token_budget.
+(Each choice's token constraint, its grammar and reasoning budget, is omni/choice_constraints.py.)
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from omni.api.errors import bad_request
 from omni.api.schemas import ChatCompletionRequest
 from omni.chat_output import OutputFormat
-from omni.constrained.compiler import CompiledGrammar
-from omni.constrained.constraint import ReasoningBudget, TokenConstraint
+from omni.choice_constraints import TriggeredGrammar, prompt_opens_reasoning
 from omni.constrained.spec import GrammarKind, GrammarSpec
-from omni.parsers.reasoning import reasoning_parser_class
 from omni.parsers.tool_calls import tool_parser_class
 from omni.parsers.tool_grammar import MAX_FREE_CHARS, tool_call_grammar
 from omni.served_model import ServedModel
 from scheduler.request import SamplingParams
-
-# How far back from the prompt's end an open <think> is looked for (it is followed by at most
-# a newline or two).
-_PROMPT_TAIL_TOKENS = 4
-
 
 def check_tool_choice(model: ServedModel, req: ChatCompletionRequest) -> None:
     tools, fmt = req.tools, model.chat_format
@@ -54,13 +45,7 @@ def check_tool_choice(model: ServedModel, req: ChatCompletionRequest) -> None:
         )
 
 
-@dataclass(frozen=True, slots=True)
-class ToolGrammar:
-    grammar: CompiledGrammar
-    trigger_token_id: int | None  # "auto": the grammar holds from the model's own <tool_call> on
-
-
-async def tool_grammar(model: ServedModel, req: ChatCompletionRequest, max_tokens: int) -> ToolGrammar | None:
+async def tool_grammar(model: ServedModel, req: ChatCompletionRequest, max_tokens: int) -> TriggeredGrammar | None:
     """The call grammar: from the first token for "required" or a named function; for "auto",
     switched on when the model opens a call, so a call it starts is always well formed."""
     tools, parser = req.tools, model.chat_format.tool_parser
@@ -81,7 +66,7 @@ async def tool_grammar(model: ServedModel, req: ChatCompletionRequest, max_token
         opened=opened,
     )
     grammar = await model.grammars.compile(GrammarSpec(GrammarKind.GRAMMAR, source, "tools" if opened else "tool_choice"))
-    return ToolGrammar(grammar, trigger)
+    return TriggeredGrammar(grammar, trigger)  # "auto": from the model's own <tool_call> on
 
 
 def free_string_chars(max_tokens: int) -> int:
@@ -118,65 +103,3 @@ def output_format(model: ServedModel, req: ChatCompletionRequest, prompt_token_i
         tools=req.tools.functions,
         single_call=req.tools.single_call,
     )
-
-
-def prompt_opens_reasoning(model: ServedModel, parser: str, prompt_token_ids: Sequence[int]) -> bool:
-    """The template ended the prompt inside an open reasoning block (Qwen3 and R1 style)."""
-    cls = reasoning_parser_class(parser)
-    tail = model.tokenizer.decode(prompt_token_ids[-_PROMPT_TAIL_TOKENS:], skip_special_tokens=False)
-    return tail.rstrip().endswith(cls.start)
-
-
-class ChatConstraints:
-    """Makes each choice's TokenConstraint (None when the choice needs none)."""
-
-    def __init__(
-        self,
-        model: ServedModel,
-        req: ChatCompletionRequest,
-        grammar: CompiledGrammar | ToolGrammar | None,
-        prompt_token_ids: Sequence[int],
-        max_tokens: int,
-    ) -> None:
-        own_trigger = None
-        if isinstance(grammar, ToolGrammar):
-            own_trigger = grammar.trigger_token_id
-            grammar = grammar.grammar
-        self._grammar = grammar
-        self._max_tokens = max_tokens
-        self._vocab_size = model.tokenizer.vocab_size
-        self._budget = req.thinking_token_budget
-        self._start, self._end = self._reasoning_tokens(model, req)
-        parser = model.chat_format.reasoning_parser or "think"
-        self._in_reasoning = (grammar is not None or self._budget is not None) and prompt_opens_reasoning(
-            model, parser, prompt_token_ids
-        )
-        # A reasoning model's answer is constrained from the end of its reasoning on; an "auto"
-        # tool grammar from the call the model opens.
-        self._trigger = own_trigger
-        if own_trigger is None and self._in_reasoning and grammar is not None:
-            self._trigger = self._end
-
-    @staticmethod
-    def _reasoning_tokens(model: ServedModel, req: ChatCompletionRequest) -> tuple[int | None, int | None]:
-        parser = model.chat_format.reasoning_parser
-        cls = reasoning_parser_class(parser or "think")
-        start, end = model.tokenizer.token_to_id(cls.start), model.tokenizer.token_to_id(cls.end)
-        if req.thinking_token_budget is not None and (start is None or end is None):
-            raise bad_request(
-                f"This model has no {cls.start}...{cls.end} tokens to bound its reasoning with.",
-                param="thinking_token_budget",
-                code="unsupported_parameter",
-            )
-        return start, end
-
-    def new(self) -> TokenConstraint | None:
-        budget = None
-        if self._budget is not None:
-            assert self._start is not None and self._end is not None
-            budget = ReasoningBudget(self._start, self._end, self._budget, open=self._in_reasoning)
-        if self._grammar is not None:
-            return self._grammar.new_constraint(self._trigger, budget, max_tokens=self._max_tokens)
-        if budget is not None:
-            return TokenConstraint(None, self._vocab_size, budget=budget)
-        return None

@@ -150,6 +150,7 @@ class Generation:
             yield Delta("", [], finish_reason=RequestStatus.FINISHED_LENGTH.value)
             return
         pool = self.model.pool
+        stop_token_ids = frozenset(params.stop_token_ids) | self.request.eos_token_ids
         stream = pool.submit(self.request, self.constraint)
         detok = IncrementalDetokenizer(
             self.model.tokenizer,
@@ -173,7 +174,14 @@ class Generation:
                     return
                 self.usage.completion_tokens += 1
                 offsets = [detok.num_decoded_chars]
-                text = detok.push([event.token_id])
+                # A stop token ends the text without adding to it (as vLLM has it), unless the
+                # client asked to see what stopped it.
+                ends_on_stop_token = (
+                    event.finish_reason == RequestStatus.FINISHED_STOPPED.value
+                    and event.token_id in stop_token_ids
+                    and not self.include_stop_str_in_output
+                )
+                text = "" if ends_on_stop_token else detok.push([event.token_id])
                 logprobs = []
                 if event.logprob is not None:
                     logprobs.append(

@@ -31,7 +31,8 @@ from omni.api.schemas import (
 )
 from omni.api.schemas.fields import truncate_prompt, truncated_media
 from omni.chat_output import OutputFormat
-from omni.chat_turns import ChatConstraints, ban_tool_markup, check_tool_choice, output_format, tool_grammar
+from omni.chat_turns import ban_tool_markup, check_tool_choice, output_format, tool_grammar
+from omni.choice_constraints import ChoiceConstraints
 from omni.constrained.compiler import CompiledGrammar
 from omni.generation import Generation, choice_params, new_request_id, response_id
 from omni.output_router import OutputRouter
@@ -75,7 +76,7 @@ async def chat_completion(
     params = ban_tool_markup(model, req, params)
     fmt = output_format(model, req, token_ids)
     grammar = await _grammar(model, req) if req.grammar is not None else await tool_grammar(model, req, params.max_tokens)
-    constraints = ChatConstraints(model, req, grammar, token_ids, params.max_tokens)
+    constraints = ChoiceConstraints(model, req, grammar, token_ids, params.max_tokens)
     keep_special = model.tokenizer.special_ids(*fmt.markup_tokens)
     completion_id = new_request_id("chatcmpl")
     generations = [
@@ -112,6 +113,7 @@ async def completion(request: web.Request, assemble: Assemble[CompletionRequest]
         params = sampling_params(
             req, max_model_len=max_model_len, num_prompt_tokens=len(ids), tokenizer=model.tokenizer
         )
+        constraints = ChoiceConstraints(model, req, grammar, ids, params.max_tokens)
         generations += [
             Generation(
                 model,
@@ -120,7 +122,7 @@ async def completion(request: web.Request, assemble: Assemble[CompletionRequest]
                 req.stop,
                 f"{completion_id}-{p * req.n + i}",
                 req.skip_special_tokens,
-                constraint=grammar.new_constraint(max_tokens=params.max_tokens) if grammar is not None else None,
+                constraint=constraints.new(),
                 include_stop_str_in_output=req.include_stop_str_in_output,
             )
             for i in range(req.n)

@@ -262,3 +262,15 @@ def test_a_literal_extra_body_is_merged(client: httpx.Client, tok: TextTokenizer
     text = body["choices"][0]["text"] if path == COMPLETIONS else body["choices"][0]["message"]["content"]
     assert (text, body["usage"]["completion_tokens"]) == ("yyy", 3)  # its keys won
     assert refused(client, path, extra_body=[1]) == "extra_body"
+
+
+@pytest.mark.parametrize(("include", "text"), [(False, "yyy"), (True, "yyyz")])
+def test_a_stop_token_adds_no_text_unless_asked(client: httpx.Client, tok: TextTokenizer, include: bool, text: str) -> None:
+    """As vLLM: the token that stops a request (stop_token_ids) is not part of the text."""
+    y, z = token(tok, "y"), token(tok, "z")
+    fields = {"max_tokens": 8, "logit_bias": {str(y): 60, str(z): 100}, "min_tokens": 3, "stop_token_ids": [z]}
+    # min_tokens keeps z (and EOS) out for three tokens, the bias makes y those three, then z.
+    fields["include_stop_str_in_output"] = include
+    choice = post(client, COMPLETIONS, **fields)["choices"][0]
+    assert (choice["text"], choice["finish_reason"]) == (text, "stop")
+    assert "".join(c["choices"][0]["text"] for c in stream(client, COMPLETIONS, **fields)) == text

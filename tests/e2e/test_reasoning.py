@@ -88,3 +88,23 @@ async def test_template_kwargs_reach_the_template(server: str, tiny_model_dir: P
     block = tok.encode("<think>\n\n</think>\n\n", add_special_tokens=False)
     assert skip.usage.prompt_tokens == plain.usage.prompt_tokens + len(block)
     assert getattr(skip.choices[0].message, "reasoning_content", "missing") is None
+
+
+def test_completions_honour_the_budget_too(server: str) -> None:
+    import httpx
+
+    body = {
+        "model": MODEL,
+        "prompt": "Question: why?<think>\n",
+        "max_tokens": 8,
+        "seed": 0,
+        "logprobs": 0,
+        "skip_special_tokens": False,
+        "thinking_token_budget": 3,
+    }
+    out = httpx.post(f"{server}/v1/completions", json=body, timeout=60).json()
+    tokens = out["choices"][0]["logprobs"]["tokens"]
+    assert tokens[3] == "</think>" and "</think>" not in tokens[:3]  # three of reasoning, then its end
+    del body["thinking_token_budget"]
+    free = httpx.post(f"{server}/v1/completions", json=body, timeout=60).json()
+    assert free["choices"][0]["logprobs"]["tokens"][3] != "</think>"

@@ -273,7 +273,6 @@ class ChatCompletionRequest(GenerationFields):
     tools: ToolFields = field(default_factory=ToolFields)
     template: TemplateFields = field(default_factory=lambda: TemplateFields())
     echo: bool = False  # vLLM: the reply starts with the last message's content when it is the assistant's
-    thinking_token_budget: int | None = None  # reasoning tokens at most, then </think> is forced
 
     # Names the prompt in context-length errors.
     prompt_param: ClassVar[str] = "messages"
@@ -326,7 +325,6 @@ def parse_chat_completion_request(body: Body) -> ChatCompletionRequest:
         tools=tools,
         template=template,
         echo=bool(opt_bool(body, "echo")),
-        thinking_token_budget=opt_int(body, "thinking_token_budget", lo=0),
         **parse_generation_fields(body),
     )
 

@@ -204,6 +204,7 @@ class GenerationFields(ABC):
     min_tokens: int = 0
     allowed_token_ids: tuple[int, ...] | None = None  # None: no restriction
     bad_words: tuple[str, ...] = ()  # tokenized in sampling_params
+    thinking_token_budget: int | None = None  # reasoning tokens at most, then </think> is forced
 
     # Names the prompt in context-length errors; each endpoint's request sets it.
     prompt_param: ClassVar[str]
@@ -413,6 +414,7 @@ def parse_generation_fields(body: Body, *, zero_max_tokens: bool = False) -> dic
         "min_tokens": min_tokens or 0,
         "allowed_token_ids": _parse_allowed_token_ids(body),
         "bad_words": _parse_bad_words(body),
+        "thinking_token_budget": opt_int(body, "thinking_token_budget", lo=0),
     }
 
 

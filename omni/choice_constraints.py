@@ -1,0 +1,87 @@
+"""Each choice's token constraint: the request's grammar (held off until reasoning ends when
+the prompt leaves the model inside <think>, or until the model opens a tool call for an "auto"
+tool grammar) and its thinking_token_budget. Both endpoints make theirs here."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from omni.api.errors import bad_request
+from omni.api.schemas import ChatCompletionRequest, CompletionRequest
+from omni.constrained.compiler import CompiledGrammar
+from omni.constrained.constraint import ReasoningBudget, TokenConstraint
+from omni.parsers.reasoning import reasoning_parser_class
+from omni.served_model import ServedModel
+
+# How far back from the prompt's end an open <think> is looked for (it is followed by at most
+# a newline or two).
+_PROMPT_TAIL_TOKENS = 4
+
+
+@dataclass(frozen=True, slots=True)
+class TriggeredGrammar:
+    grammar: CompiledGrammar
+    trigger_token_id: int | None  # the grammar holds from this token on (None: from the first)
+
+
+def prompt_opens_reasoning(model: ServedModel, parser: str, prompt_token_ids: Sequence[int]) -> bool:
+    """The template ended the prompt inside an open reasoning block (Qwen3 and R1 style)."""
+    cls = reasoning_parser_class(parser)
+    tail = model.tokenizer.decode(prompt_token_ids[-_PROMPT_TAIL_TOKENS:], skip_special_tokens=False)
+    return tail.rstrip().endswith(cls.start)
+
+
+class ChoiceConstraints:
+    """Makes each choice's TokenConstraint (None when the choice needs none)."""
+
+    def __init__(
+        self,
+        model: ServedModel,
+        req: ChatCompletionRequest | CompletionRequest,
+        grammar: CompiledGrammar | TriggeredGrammar | None,
+        prompt_token_ids: Sequence[int],
+        max_tokens: int,
+    ) -> None:
+        own_trigger = None
+        if isinstance(grammar, TriggeredGrammar):
+            own_trigger = grammar.trigger_token_id
+            grammar = grammar.grammar
+        self._grammar = grammar
+        self._max_tokens = max_tokens
+        self._vocab_size = model.tokenizer.vocab_size
+        self._budget = req.thinking_token_budget
+        self._start, self._end = self._reasoning_tokens(model, req)
+        parser = model.chat_format.reasoning_parser or "think"
+        self._in_reasoning = (grammar is not None or self._budget is not None) and prompt_opens_reasoning(
+            model, parser, prompt_token_ids
+        )
+        # A reasoning model's answer is constrained from the end of its reasoning on; an "auto"
+        # tool grammar from the call the model opens.
+        self._trigger = own_trigger
+        if own_trigger is None and self._in_reasoning and grammar is not None:
+            self._trigger = self._end
+
+    @staticmethod
+    def _reasoning_tokens(model: ServedModel, req: ChatCompletionRequest | CompletionRequest) -> tuple[int | None, int | None]:
+        parser = model.chat_format.reasoning_parser
+        cls = reasoning_parser_class(parser or "think")
+        start, end = model.tokenizer.token_to_id(cls.start), model.tokenizer.token_to_id(cls.end)
+        if req.thinking_token_budget is not None and (start is None or end is None):
+            raise bad_request(
+                f"This model has no {cls.start}...{cls.end} tokens to bound its reasoning with.",
+                param="thinking_token_budget",
+                code="unsupported_parameter",
+            )
+        return start, end
+
+    def new(self) -> TokenConstraint | None:
+        budget = None
+        if self._budget is not None:
+            assert self._start is not None and self._end is not None
+            budget = ReasoningBudget(self._start, self._end, self._budget, open=self._in_reasoning)
+        if self._grammar is not None:
+            return self._grammar.new_constraint(self._trigger, budget, max_tokens=self._max_tokens)
+        if budget is not None:
+            return TokenConstraint(None, self._vocab_size, budget=budget)
+        return None
