@@ -28,10 +28,10 @@ from gpu_workers.attention.backend import KVCache, SequenceChunk
 from gpu_workers.attention.registry import create_attention_backend
 from gpu_workers.distributed import GroupMember
 from gpu_workers.loader import load_model
-from gpu_workers.models.packed_linear import pack_linears
 from gpu_workers.models.llama import LlamaFamilyConfig
-from gpu_workers.sampler import Sampler, validate_options
+from gpu_workers.models.packed_linear import pack_linears
 from gpu_workers.runner import Runner, register_runner
+from gpu_workers.sampler import Sampler, validate_options
 from gpu_workers.store_client import LRUBytes, StoreClient
 from omni import protocol
 

@@ -13,19 +13,19 @@ from aiohttp.typedefs import Handler, Middleware
 
 from omni.api import artifacts, chat, completions, system
 from omni.api.errors import error_middleware, unauthorized
+from omni.chat_format import ChatFormat
 from omni.config import EngineConfig, ServerConfig
 from omni.encoder_engine import EncoderEngine
-from omni.worker_specs import encoder_device, encoder_worker_spec
 from omni.media_input.pipeline import MediaPipeline
+from omni.metrics import Metrics
 from omni.model_layout import ModelLayout
 from omni.model_pool import ModelPool
-from omni.metrics import Metrics
 from omni.served_model import ModelRegistry, ServedModel
 from omni.state import CONFIG, METRICS, MODELS, STORE
 from omni.store.base import ArtifactStore
 from omni.store.spec import StoreSpec
-from omni.chat_format import ChatFormat
 from omni.tokenizer import TextTokenizer
+from omni.worker_specs import encoder_device, encoder_worker_spec
 
 log = logging.getLogger("omni.app")
 

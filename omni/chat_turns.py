@@ -25,6 +25,7 @@ from omni.parsers.tool_grammar import MAX_FREE_CHARS, tool_call_grammar
 from omni.served_model import ServedModel
 from scheduler.request import SamplingParams
 
+
 def check_tool_choice(model: ServedModel, req: ChatCompletionRequest) -> None:
     tools, fmt = req.tools, model.chat_format
     if tools.choice == "none":

@@ -11,10 +11,11 @@ from omni import orchestrator
 from omni.api import sse
 from omni.api.logprobs import chat_logprob_entries, prompt_logprobs_json
 from omni.api.schemas import ChatCompletionRequest
-from omni.generation import Delta, Usage
+from omni.generation import Delta, TokenLogprob, Usage
 from omni.orchestrator import Completion
 from omni.output_router import OutputRouter
 from omni.parsers.tool_calls import ToolCallDelta
+from omni.tokenizer import TextTokenizer
 
 
 async def create_chat_completion(request: web.Request) -> web.StreamResponse:
@@ -52,11 +53,7 @@ async def _complete(req: ChatCompletionRequest, completion: Completion) -> web.R
             {
                 "index": i,
                 "message": message,
-                "logprobs": (
-                    {"content": chat_logprob_entries(tokenizer, c.logprobs, as_token_ids=req.return_tokens_as_token_ids)}
-                    if req.logprobs
-                    else None
-                ),
+                "logprobs": _logprobs(req, tokenizer, c.logprobs),
                 "finish_reason": _finish_reason(c.finish_reason, parser.made_calls),
             }
         )
@@ -66,6 +63,12 @@ async def _complete(req: ChatCompletionRequest, completion: Completion) -> web.R
         assert prompt is not None  # complete once the first delta is out, and collect() ran them all
         body["prompt_logprobs"] = prompt_logprobs_json(tokenizer, prompt, req.prompt_logprobs)
     return web.json_response(body | {"usage": _usage(completion.outputs).to_json()})
+
+
+def _logprobs(req: ChatCompletionRequest, tokenizer: TextTokenizer, logprobs: list[TokenLogprob]) -> dict[str, Any] | None:
+    if not req.logprobs:
+        return None
+    return {"content": chat_logprob_entries(tokenizer, logprobs, as_token_ids=req.return_tokens_as_token_ids)}
 
 
 def _finish_reason(reason: str | None, made_calls: bool) -> str | None:
@@ -115,11 +118,7 @@ async def _stream(
         return {
             "index": index,
             "delta": body,
-            "logprobs": (
-                {"content": chat_logprob_entries(tokenizer, delta.logprobs, as_token_ids=req.return_tokens_as_token_ids)}
-                if req.logprobs
-                else None
-            ),
+            "logprobs": _logprobs(req, tokenizer, delta.logprobs),
             "finish_reason": _finish_reason(delta.finish_reason, parser.made_calls),
         }
 

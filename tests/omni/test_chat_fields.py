@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
+from gpu_workers.tiny_tokenizer import CHAT_TEMPLATE
 from omni.api.errors import APIError
 from omni.api.schemas import parse_chat_completion_request
 from omni.chat_format import ChatFormat, detect_reasoning_parser, detect_tool_parser
-from gpu_workers.tiny_tokenizer import CHAT_TEMPLATE
 
 WEATHER = {
     "type": "function",

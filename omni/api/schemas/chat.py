@@ -9,10 +9,6 @@ from typing import ClassVar, Literal, TypeAlias
 import orjson
 
 from omni.api.errors import bad_request
-from omni.api.schemas.known_fields import check_fields
-from omni.api.schemas.structured import parse_grammar
-from omni.api.schemas.tools import ToolFields, parse_tool_fields
-from omni.constrained.spec import GrammarSpec
 from omni.api.schemas.fields import (
     Body,
     GenerationFields,
@@ -28,6 +24,10 @@ from omni.api.schemas.fields import (
     unsupported,
     value_error,
 )
+from omni.api.schemas.known_fields import check_fields
+from omni.api.schemas.structured import parse_grammar
+from omni.api.schemas.tools import ToolFields, parse_tool_fields
+from omni.constrained.spec import GrammarSpec
 
 MAX_TOP_LOGPROBS = 20
 

@@ -5,9 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar, TypeAlias
 
-from omni.api.schemas.known_fields import check_fields
-from omni.api.schemas.structured import parse_grammar
-from omni.constrained.spec import GrammarSpec
 from omni.api.schemas.fields import (
     Body,
     GenerationFields,
@@ -20,6 +17,9 @@ from omni.api.schemas.fields import (
     type_error,
     value_error,
 )
+from omni.api.schemas.known_fields import check_fields
+from omni.api.schemas.structured import parse_grammar
+from omni.constrained.spec import GrammarSpec
 
 MAX_COMPLETION_LOGPROBS = 5
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-from pathlib import Path
 
 import jsonschema
 import numpy as np
@@ -28,16 +27,6 @@ SCHEMA = {
     "required": ["n", "tags"],
     "additionalProperties": False,
 }
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tiny_tokenizer_dir: Path) -> TextTokenizer:
-    return TextTokenizer.from_dir(tiny_tokenizer_dir)
-
-
-@pytest.fixture
-def compiler(tokenizer: TextTokenizer) -> GrammarCompiler:
-    return GrammarCompiler(tokenizer)
 
 
 def walk(constraint: TokenConstraint, tokenizer: TextTokenizer, seed: int, limit: int = 200) -> str:

@@ -5,7 +5,6 @@ within its budget."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -35,11 +34,6 @@ def test_every_prefix_plus_its_closing_is_a_json_object(obj: dict, ascii_only: b
         assert isinstance(json.loads(closed.decode("utf-8")), dict), closed
         scanner.feed(data[cut : cut + 1])
     assert scanner.closing() == b""
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tiny_tokenizer_dir: Path) -> TextTokenizer:
-    return TextTokenizer.from_dir(tiny_tokenizer_dir)
 
 
 @pytest.mark.parametrize("max_tokens", [2, 5, 12, 40, 120])  # 1 cannot hold "{}"

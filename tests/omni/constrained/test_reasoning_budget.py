@@ -4,9 +4,6 @@ reasoning, alone or ahead of a grammar that starts at that end."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
-
-import pytest
 
 from omni.constrained.compiler import GrammarCompiler
 from omni.constrained.constraint import MaskFiller, ReasoningBudget, TokenConstraint, allowed_tokens, fill_masks
@@ -51,16 +48,6 @@ def test_the_model_ending_early_spends_nothing_more() -> None:
     for _ in range(10):
         c.advance(OTHER)
         assert not c.active
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tiny_tokenizer_dir: Path) -> TextTokenizer:
-    return TextTokenizer.from_dir(tiny_tokenizer_dir)
-
-
-@pytest.fixture
-def compiler(tokenizer: TextTokenizer) -> GrammarCompiler:
-    return GrammarCompiler(tokenizer)
 
 
 async def test_budget_then_grammar_from_the_end_of_reasoning(compiler: GrammarCompiler, tokenizer: TextTokenizer) -> None:
