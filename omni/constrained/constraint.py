@@ -61,6 +61,7 @@ class TokenConstraint:
         trigger_token_id: int | None = None,
         budget: ReasoningBudget | None = None,
         closer: JsonCloser | None = None,
+        spans: bool = False,
     ) -> None:
         self.matcher = matcher  # None: a reasoning budget only
         self.vocab_size = vocab_size  # the tokenizer's: a mask has ceil(vocab_size / 32) words
@@ -68,6 +69,11 @@ class TokenConstraint:
         self.grammar_on = matcher is not None and trigger_token_id is None
         self.budget = budget
         self.closer = closer  # json_object: closes the answer before max_tokens cuts it
+        # Span mode: the grammar holds each span the trigger opens, and the text between spans
+        # is free (image and audio spans in a reply); the request never ends for the grammar.
+        assert not spans or trigger_token_id is not None, "spans open at a trigger token"
+        self.spans = spans
+        self.num_spans = 0  # spans completed
         self.violated = False  # a token the grammar refused got through (never expected)
 
     @property
@@ -88,7 +94,7 @@ class TokenConstraint:
     def complete(self) -> bool:
         """The answer is whole: the grammar takes no more tokens, or the closer closed it. The
         request ends here, "stop" (or "length" when cut_short)."""
-        if not self.grammar_on or self.matcher is None:
+        if not self.grammar_on or self.matcher is None or self.spans:
             return False
         if self.closer is not None and self.closer.closing_now and not self.closer.scanner.closing():
             return True
@@ -118,6 +124,10 @@ class TokenConstraint:
             # ended rather than continued from a state the grammar cannot describe.
             log.error("token %d violates the grammar: %s", token_id, self.matcher.get_error())
             self.violated = True
+        elif self.spans and self.matcher.is_stopped():  # the span is whole: free text again
+            self.grammar_on = False
+            self.num_spans += 1
+            self.matcher.reset()
 
 
 def fill_masks(constraints: Sequence[TokenConstraint]) -> list[bytes]:
