@@ -51,6 +51,19 @@ class Delta:
     # Where each token's text starts in the choice's whole text (its characters up to here
     # and beyond): text[text_offsets[i]:text_offsets[i + 1]] is what token i added.
     text_offsets: list[int] = field(default_factory=list)
+    # Output spans decoded on this Delta (omni/output_router.py): the images it completed.
+    images: list[GeneratedImage] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class GeneratedImage:
+    """A decoded image as assembly hands it out: where it can be fetched (a signed URL, or a
+    data URL), and what it is."""
+
+    url: str
+    width: int
+    height: int
+    media_type: str = "image/png"
 
 
 @dataclass(slots=True)

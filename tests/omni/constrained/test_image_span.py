@@ -9,7 +9,7 @@ import pytest
 
 from omni.constrained.compiler import GrammarCompiler
 from omni.constrained.constraint import allowed_tokens, fill_masks
-from omni.constrained.image_span import EOF, EOL, END, VISION_TOKEN, ImageSpanFormat
+from omni.constrained.image_span import END, EOF, EOL, VISION_TOKEN, ImageSpanFormat
 from omni.constrained.spec import GrammarKind, GrammarSpec
 from omni.tokenizer import TextTokenizer
 
