@@ -1,0 +1,505 @@
+"""Flux-style single-stream DiT: the image decoder's denoiser.
+
+One denoising step, for a latent of h x w (the image over the VAE's 8x) and a token grid of
+gh x gw = h/2 x w/2:
+
+    condition_from_codes(codes, codebook, (h, w))   (B, cond, h, w) map, (B, cond) vec
+    cat([noisy latent, cond map], channels)         (B, in + cond, h, w)
+    patchify                                        (B, gh*gw, 4*(in + cond)) tokens
+    FluxDiT(tokens, position_ids(gh, gw), t, vec)   (B, gh*gw, 4*in) velocity tokens
+    unpatchify(velocity, gh, gw)                    (B, in, h, w)
+
+The condition: each code's codebook row (cond_channels wide), laid out on the code grid
+(27 x 27, row-major, as TA-Tok emits them), bilinearly resized to the latent grid (h, w)
+with align_corners=False (torch's default) and concatenated after the latent channels.
+Resizing happens at latent resolution, before the 2x2 packing, so each token carries
+2x2 pixels of latent and of condition. `vec` is the mean of the N code embeddings (taken
+before the resize).
+
+Sequence-parallel contract (Ulysses shards the token axis across ranks):
+
+    forward(x, positions, timestep, vec, attention=None)
+        x          (B, S_local, 4*(in_channels + cond_channels))  a shard of the tokens
+        positions  (S_local, 3)   ids (0, row, col) of those tokens on the token grid
+        timestep   (B,)           float, the value the sinusoid sees (sigma * 1000)
+        vec        (B, vec_in_dim)
+        attention  (q, k, v) -> out, all (B, H, S_local, head_dim); default full
+                   scaled_dot_product_attention over the S_local tokens given
+        returns    (B, S_local, 4*in_channels)
+
+Every operation but `attention` acts on each token alone: the embedders, LayerNorm,
+modulation, the fused projections, QK RMS-norm, the MLP and the final layer. RoPE is
+applied per token from its own row of `positions`, to q and k, after the QK-norm and before
+`attention` is called. The modulation (shift/scale/gate of every block and of the final
+layer) depends only on `timestep` and `vec`, never on tokens, so every rank computes the
+same values. Hence splitting the tokens into shards (any split: contiguous or not, uneven
+sizes) and passing an `attention` that attends each shard's q over every shard's k and v
+(e.g. all-to-all to head shards, full attention, all-to-all back) gives, row for row, the
+unsharded output. The tokens' order inside a sequence does not matter either: positions
+travel with them.
+
+`timestep`: diffusers' FluxTransformer2DModel takes sigma in [0, 1] and multiplies it by
+1000 inside; this model takes the multiplied value, so that a sampler can truncate it to an
+integer as the reference does while its Euler step keeps the exact sigma.
+
+Weights. Our names (what from_dir checkpoints hold and what the embedded tiny checkpoint
+uses) against diffusers' FluxTransformer2DModel with num_layers=0 double-stream blocks:
+
+    time_embed.linear_{1,2}        time_text_embed.timestep_embedder.linear_{1,2}
+    vec_embed.linear_{1,2}         time_text_embed.text_embedder.linear_{1,2}
+    x_embed                        x_embedder
+    blocks.i.modulation            single_transformer_blocks.i.norm.linear  (shift, scale, gate)
+    blocks.i.linear_in             rows: attn.to_q | attn.to_k | attn.to_v | proj_mlp
+    blocks.i.q_norm, k_norm        attn.norm_q, attn.norm_k
+    blocks.i.linear_out            proj_out  (input columns: attention | MLP)
+    final.modulation               norm_out.linear, halves swapped: diffusers chunks
+                                   (scale, shift), we chunk (shift, scale) like the blocks
+    final.linear                   proj_out
+    (none)                         context_embedder: it embeds text tokens, of which there
+                                   are none; dropped at conversion
+
+`FluxDiT.load_weights` takes either naming; diffusers' is converted on load (one
+concatenation per block), so a diffusers-format conversion of a real checkpoint drops in.
+A weak "autoguidance" transformer is another FluxDiT with a smaller config.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from gpu_workers.loader import load_safetensors, read_json
+from gpu_workers.models.hf_weights import load_exact
+
+# (q, k, v) -> out, all (B, H, S, head_dim); see the module docstring
+Attention = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+PATCH = 2  # Flux packs 2x2 latent pixels into one token
+_NORM_EPS = 1e-6  # LayerNorm and QK RMSNorm, as diffusers' FluxSingleTransformerBlock
+_TIME_FREQ_DIM = 256
+_TIME_MAX_PERIOD = 10000.0
+
+
+@dataclass(frozen=True, slots=True)
+class FluxDiTConfig:
+    """Defaults are the reference decoder's."""
+
+    in_channels: int = 16  # latent channels (before packing)
+    cond_channels: int = 1536  # codebook embedding width
+    hidden_size: int = 1920
+    num_heads: int = 24
+    num_layers: int = 35  # single-stream blocks
+    mlp_ratio: float = 4.0
+    axes_dims_rope: tuple[int, int, int] = (8, 36, 36)
+    rope_theta: float = 10000.0
+    vec_in_dim: int = 1536  # the pooled (mean) condition's width
+
+    def __post_init__(self) -> None:
+        for name in ("in_channels", "cond_channels", "hidden_size", "num_heads", "num_layers", "vec_in_dim"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"flux dit config: {name} must be a positive int, got {value!r}")
+        if self.hidden_size % self.num_heads:
+            raise ValueError(
+                f"flux dit config: hidden_size {self.hidden_size} is not divisible by {self.num_heads} heads"
+            )
+        axes = self.axes_dims_rope
+        if len(axes) != 3 or any(not isinstance(a, int) or a <= 0 or a % 2 for a in axes):
+            raise ValueError(f"flux dit config: axes_dims_rope must be 3 positive even ints, got {axes!r}")
+        if sum(axes) != self.head_dim:
+            raise ValueError(
+                f"flux dit config: axes_dims_rope {axes} sum to {sum(axes)}, not head_dim {self.head_dim}"
+            )
+        if not self.mlp_ratio > 0 or not self.rope_theta > 0:
+            raise ValueError("flux dit config: mlp_ratio and rope_theta must be positive")
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+    @property
+    def mlp_hidden(self) -> int:
+        return int(self.hidden_size * self.mlp_ratio)
+
+    @property
+    def token_in_dim(self) -> int:
+        return PATCH * PATCH * (self.in_channels + self.cond_channels)
+
+    @property
+    def token_out_dim(self) -> int:
+        return PATCH * PATCH * self.in_channels
+
+    @classmethod
+    def from_dict(cls, config: Mapping[str, Any]) -> FluxDiTConfig:
+        """Our config.json, or diffusers' FluxTransformer2DModel one (told apart by its
+        `_class_name` or `num_single_layers`: in diffusers `num_layers` counts double blocks).
+        A key left out takes its default: ours, or diffusers' for a diffusers config."""
+        if not isinstance(config, Mapping):
+            raise ValueError(f"flux dit config must be a dict, got {type(config).__name__}")  # noqa: TRY004
+        if "_class_name" in config or "num_single_layers" in config:
+            return _from_diffusers(config)
+        d = cls()
+        return cls(
+            in_channels=config.get("in_channels", d.in_channels),
+            cond_channels=config.get("cond_channels", d.cond_channels),
+            hidden_size=config.get("hidden_size", d.hidden_size),
+            num_heads=config.get("num_heads", d.num_heads),
+            num_layers=config.get("num_layers", d.num_layers),
+            mlp_ratio=float(config.get("mlp_ratio", d.mlp_ratio)),
+            axes_dims_rope=tuple(config.get("axes_dims_rope", d.axes_dims_rope)),
+            rope_theta=float(config.get("rope_theta", d.rope_theta)),
+            vec_in_dim=config.get("vec_in_dim", d.vec_in_dim),
+        )
+
+    @classmethod
+    def from_dir(cls, path: str | Path) -> FluxDiTConfig:
+        return cls.from_dict(read_json(Path(path) / "config.json"))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "model_type": "flux_dit",
+            "in_channels": self.in_channels,
+            "cond_channels": self.cond_channels,
+            "hidden_size": self.hidden_size,
+            "num_heads": self.num_heads,
+            "num_layers": self.num_layers,
+            "mlp_ratio": self.mlp_ratio,
+            "axes_dims_rope": list(self.axes_dims_rope),
+            "rope_theta": self.rope_theta,
+            "vec_in_dim": self.vec_in_dim,
+        }
+
+
+# FluxTransformer2DModel.__init__ defaults, for keys a diffusers config.json leaves out
+_DIFFUSERS_DEFAULTS: dict[str, Any] = {
+    "patch_size": 1,
+    "in_channels": 64,
+    "out_channels": None,
+    "num_layers": 19,
+    "num_single_layers": 38,
+    "attention_head_dim": 128,
+    "num_attention_heads": 24,
+    "pooled_projection_dim": 768,
+    "guidance_embeds": False,
+    "axes_dims_rope": (16, 56, 56),
+}
+
+
+def _from_diffusers(config: Mapping[str, Any]) -> FluxDiTConfig:
+    """diffusers FluxTransformer2DModel config -> ours:
+
+        num_single_layers                         num_layers
+        num_attention_heads                       num_heads
+        num_attention_heads * attention_head_dim  hidden_size
+        pooled_projection_dim                     vec_in_dim
+        out_channels / 4                          in_channels  (diffusers counts packed channels)
+        in_channels / 4 - out_channels / 4        cond_channels
+        axes_dims_rope                            axes_dims_rope
+        (fixed 10000, 4.0 in diffusers)           rope_theta, mlp_ratio
+        joint_attention_dim                       unused: it sizes context_embedder, for text tokens
+
+    Refused: double-stream blocks (num_layers > 0), a guidance embedder, patch_size != 1
+    (diffusers' own unpatchify in proj_out; Flux packs outside the model) and
+    out_channels left unset (then it equals in_channels and leaves no room for a condition).
+    """
+    c = {**_DIFFUSERS_DEFAULTS, **config}
+    if c["num_layers"] != 0:
+        raise ValueError(f"flux dit: diffusers config has {c['num_layers']} double-stream blocks; only 0 is supported")
+    if c["guidance_embeds"]:
+        raise ValueError("flux dit: diffusers config has guidance_embeds; guidance distillation is not supported")
+    if c["patch_size"] != 1:
+        raise ValueError(f"flux dit: diffusers config has patch_size {c['patch_size']}; only 1 is supported")
+    packed_in, packed_out = c["in_channels"], c["out_channels"]
+    if not isinstance(packed_out, int) or packed_out % 4 or packed_in % 4 or packed_in <= packed_out:
+        raise ValueError(
+            f"flux dit: diffusers in_channels {packed_in} / out_channels {packed_out} must be packed "
+            "(multiples of 4), with in_channels = 4 * (latent + condition) > out_channels = 4 * latent"
+        )
+    heads, head_dim = c["num_attention_heads"], c["attention_head_dim"]
+    return FluxDiTConfig(
+        in_channels=packed_out // 4,
+        cond_channels=(packed_in - packed_out) // 4,
+        hidden_size=heads * head_dim,
+        num_heads=heads,
+        num_layers=c["num_single_layers"],
+        axes_dims_rope=tuple(c["axes_dims_rope"]),
+        vec_in_dim=c["pooled_projection_dim"],
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Inputs: condition, packing, positions.
+
+
+def condition_from_codes(
+    codes: torch.Tensor, codebook: torch.Tensor, latent_hw: tuple[int, int]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """codes (B, G*G) ints, row-major on a G x G grid; codebook (num_codes, cond) ->
+    cond_map (B, cond, h, w) bilinearly resized to the latent grid, vec (B, cond) the mean
+    of the G*G code embeddings. Both in the codebook's dtype."""
+    if codes.dim() != 2:
+        raise ValueError(f"codes {tuple(codes.shape)}: want (B, G*G)")
+    b, n = codes.shape
+    g = math.isqrt(n)
+    if g * g != n:
+        raise ValueError(f"{n} codes do not form a square grid")
+    if n and (int(codes.min()) < 0 or int(codes.max()) >= codebook.shape[0]):
+        raise ValueError(f"codes outside [0, {codebook.shape[0]})")
+    emb = F.embedding(codes, codebook)  # (B, N, cond)
+    vec = emb.mean(dim=1)  # (B, cond)
+    grid = emb.transpose(1, 2).reshape(b, codebook.shape[1], g, g)  # (B, cond, G, G)
+    cond_map = F.interpolate(grid, size=latent_hw, mode="bilinear", align_corners=False)  # (B, cond, h, w)
+    return cond_map, vec
+
+
+def patchify(latents: torch.Tensor) -> torch.Tensor:
+    """(B, C, h, w) -> (B, h/2 * w/2, 4C): tokens row-major over the grid; inside a token
+    the features run channel-major, (c, dy, dx) -> c*4 + dy*2 + dx, as diffusers' Flux
+    pipeline packs them (_pack_latents)."""
+    b, c, h, w = latents.shape
+    if h % PATCH or w % PATCH:
+        raise ValueError(f"latent {h}x{w} is not divisible by the {PATCH}x{PATCH} patch")
+    x = latents.view(b, c, h // PATCH, PATCH, w // PATCH, PATCH)
+    return x.permute(0, 2, 4, 1, 3, 5).reshape(b, (h // PATCH) * (w // PATCH), c * PATCH * PATCH)
+
+
+def unpatchify(tokens: torch.Tensor, grid_h: int, grid_w: int) -> torch.Tensor:
+    """(B, grid_h*grid_w, 4C) -> (B, C, 2*grid_h, 2*grid_w); the inverse of patchify."""
+    b, n, d = tokens.shape
+    if n != grid_h * grid_w or d % (PATCH * PATCH):
+        raise ValueError(f"tokens {tuple(tokens.shape)} do not fill a {grid_h}x{grid_w} grid of 2x2 patches")
+    c = d // (PATCH * PATCH)
+    x = tokens.view(b, grid_h, grid_w, c, PATCH, PATCH)
+    return x.permute(0, 3, 1, 4, 2, 5).reshape(b, c, grid_h * PATCH, grid_w * PATCH)
+
+
+def position_ids(grid_h: int, grid_w: int, device: torch.device | str | None = None) -> torch.Tensor:
+    """(grid_h*grid_w, 3) ids (0, row, col) of the tokens, row-major like patchify; the
+    grid is the token grid (latent / 2), as diffusers' _prepare_latent_image_ids."""
+    rows = torch.arange(grid_h, device=device).repeat_interleave(grid_w)
+    cols = torch.arange(grid_w, device=device).repeat(grid_h)
+    return torch.stack((torch.zeros_like(rows), rows, cols), dim=-1)
+
+
+# ---------------------------------------------------------------------------------------------
+# Embeddings: timestep sinusoid and 3-axis RoPE.
+
+
+def timestep_embedding(timestep: torch.Tensor, dim: int = _TIME_FREQ_DIM) -> torch.Tensor:
+    """(B,) -> (B, dim) float32, [cos | sin] of t * 10000^(-i / (dim/2)), i < dim/2
+    (diffusers' get_timestep_embedding with flip_sin_to_cos=True, downscale_freq_shift=0)."""
+    half = dim // 2
+    exponent = -math.log(_TIME_MAX_PERIOD) * torch.arange(half, dtype=torch.float32, device=timestep.device)
+    freqs = torch.exp(exponent / half)  # (dim/2,)
+    args = timestep.float()[:, None] * freqs[None, :]  # (B, dim/2)
+    return torch.cat((args.cos(), args.sin()), dim=-1)
+
+
+def rope_cos_sin(
+    positions: torch.Tensor, axes_dims: tuple[int, ...], theta: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """positions (S, n_axes) -> cos, sin (S, head_dim) float32.
+
+    head_dim is split into one band per axis (8 | 36 | 36 for the reference); in a band of
+    width d, pair (2i, 2i+1) rotates by pos * theta^(-2i/d). Angles in float64 (as diffusers'
+    FluxPosEmbed), so large positions keep their precision."""
+    pos = positions.to(torch.float64)
+    bands = []
+    for axis, dim in enumerate(axes_dims):
+        inv_freq = 1.0 / theta ** (torch.arange(0, dim, 2, dtype=torch.float64, device=pos.device) / dim)
+        bands.append(pos[:, axis, None] * inv_freq)  # (S, dim/2)
+    angles = torch.cat(bands, dim=-1).repeat_interleave(2, dim=-1)  # (S, head_dim), pairs share an angle
+    return angles.cos().float(), angles.sin().float()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    # x (B, S, H, D); cos, sin (S, D) float32; pair (x0, x1) -> (x0 cos - x1 sin, x1 cos + x0 sin)
+    xf = x.float()
+    even, odd = xf.unflatten(-1, (-1, 2)).unbind(-1)  # (B, S, H, D/2) each
+    rotated = torch.stack((-odd, even), dim=-1).flatten(-2)  # (B, S, H, D)
+    return (xf * cos[:, None] + rotated * sin[:, None]).to(x.dtype)
+
+
+# ---------------------------------------------------------------------------------------------
+# Modules, small to large.
+
+
+class MLPEmbedder(nn.Module):
+    def __init__(self, in_dim: int, hidden: int) -> None:
+        super().__init__()
+        self.linear_1 = nn.Linear(in_dim, hidden)
+        self.linear_2 = nn.Linear(hidden, hidden)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear_2(F.silu(self.linear_1(x)))  # (B, hidden)
+
+
+class SingleStreamBlock(nn.Module):
+    """x + gate * linear_out([attention(rope(norm(q)), rope(norm(k)), v) | gelu(mlp)]), where
+    q, k, v, mlp = linear_in(LayerNorm(x) * (1 + scale) + shift)."""
+
+    def __init__(self, config: FluxDiTConfig) -> None:
+        super().__init__()
+        self.hidden = config.hidden_size
+        self.num_heads = config.num_heads
+        self.mlp_hidden = config.mlp_hidden
+        self.modulation = nn.Linear(self.hidden, 3 * self.hidden)
+        # one matmul for q, k, v and the MLP's input: rows [q | k | v | mlp]
+        self.linear_in = nn.Linear(self.hidden, 3 * self.hidden + self.mlp_hidden)
+        self.q_norm = nn.RMSNorm(config.head_dim, eps=_NORM_EPS)
+        self.k_norm = nn.RMSNorm(config.head_dim, eps=_NORM_EPS)
+        self.linear_out = nn.Linear(self.hidden + self.mlp_hidden, self.hidden)
+
+    def forward(
+        self, x: torch.Tensor, temb: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], attention: Attention
+    ) -> torch.Tensor:
+        b, s, _ = x.shape
+        shift, scale, gate = self.modulation(F.silu(temb)).chunk(3, dim=-1)  # (B, hidden) each
+        h = F.layer_norm(x, (self.hidden,), eps=_NORM_EPS) * (1 + scale[:, None]) + shift[:, None]
+        qkv, mlp = self.linear_in(h).split((3 * self.hidden, self.mlp_hidden), dim=-1)
+        q, k, v = qkv.unflatten(-1, (3, self.num_heads, -1)).unbind(2)  # (B, S, H, D) each
+        q = apply_rope(self.q_norm(q), *rope)
+        k = apply_rope(self.k_norm(k), *rope)
+        out = attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))  # (B, H, S, D)
+        out = out.transpose(1, 2).reshape(b, s, self.hidden)
+        y = self.linear_out(torch.cat((out, F.gelu(mlp, approximate="tanh")), dim=-1))  # (B, S, hidden)
+        x = x + gate[:, None] * y
+        if x.dtype == torch.float16:
+            x = x.clip(-65504, 65504)  # as diffusers: an overflow must not become inf
+        return x
+
+
+class FinalLayer(nn.Module):
+    def __init__(self, config: FluxDiTConfig) -> None:
+        super().__init__()
+        self.hidden = config.hidden_size
+        self.modulation = nn.Linear(self.hidden, 2 * self.hidden)
+        self.linear = nn.Linear(self.hidden, config.token_out_dim)
+
+    def forward(self, x: torch.Tensor, temb: torch.Tensor) -> torch.Tensor:
+        shift, scale = self.modulation(F.silu(temb)).chunk(2, dim=-1)  # (B, hidden) each
+        x = F.layer_norm(x, (self.hidden,), eps=_NORM_EPS) * (1 + scale[:, None]) + shift[:, None]
+        return self.linear(x)  # (B, S, 4*in_channels)
+
+
+class FluxDiT(nn.Module):
+    def __init__(self, config: FluxDiTConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.time_embed = MLPEmbedder(_TIME_FREQ_DIM, config.hidden_size)
+        self.vec_embed = MLPEmbedder(config.vec_in_dim, config.hidden_size)
+        self.x_embed = nn.Linear(config.token_in_dim, config.hidden_size)
+        self.blocks = nn.ModuleList(SingleStreamBlock(config) for _ in range(config.num_layers))
+        self.final = FinalLayer(config)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        timestep: torch.Tensor,
+        vec: torch.Tensor,
+        attention: Attention | None = None,
+    ) -> torch.Tensor:
+        """x (B, S_local, token_in_dim), positions (S_local, 3), timestep (B,) on the 0..1000
+        scale, vec (B, vec_in_dim) -> (B, S_local, token_out_dim); see the module docstring."""
+        c = self.config
+        b, s, d = x.shape
+        shapes_ok = positions.shape == (s, 3) and timestep.shape == (b,) and vec.shape == (b, c.vec_in_dim)
+        if d != c.token_in_dim or not shapes_ok:
+            raise ValueError(
+                f"flux dit inputs: x {tuple(x.shape)}, positions {tuple(positions.shape)}, timestep "
+                f"{tuple(timestep.shape)}, vec {tuple(vec.shape)}; want (B, S, {c.token_in_dim}), (S, 3), "
+                f"(B,), (B, {c.vec_in_dim})"
+            )
+        dtype = self.x_embed.weight.dtype
+        temb = self.time_embed(timestep_embedding(timestep).to(dtype)) + self.vec_embed(vec.to(dtype))  # (B, hidden)
+        rope = rope_cos_sin(positions, c.axes_dims_rope, c.rope_theta)  # (S_local, head_dim) x 2
+        attend = F.scaled_dot_product_attention if attention is None else attention
+        h = self.x_embed(x.to(dtype))  # (B, S_local, hidden)
+        for block in self.blocks:
+            h = block(h, temb, rope, attend)
+        return self.final(h, temb)
+
+    def load_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
+        """Load our names or diffusers' (converted first); all of them, each of the right shape."""
+        if any(name.startswith(_DIFFUSERS_MARKERS) for name in state_dict):
+            state_dict = diffusers_state_dict_to_ours(state_dict)
+        load_exact(self, state_dict, "flux dit")
+
+    @classmethod
+    def from_dir(
+        cls, path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32
+    ) -> FluxDiT:
+        """config.json (ours or diffusers') and model.safetensors (ours or diffusers' names)."""
+        path = Path(path)
+        config = FluxDiTConfig.from_dir(path)
+        # built on meta: no memory or time spent on a random init the weights overwrite
+        with torch.device("meta"):
+            model = cls(config)
+        model = model.to(dtype).to_empty(device=device)
+        model.load_weights(load_safetensors(path, device))
+        return model.eval()
+
+
+# ---------------------------------------------------------------------------------------------
+# diffusers FluxTransformer2DModel names -> ours (the table in the module docstring).
+
+_DIFFUSERS_MARKERS = ("single_transformer_blocks.", "time_text_embed.", "x_embedder.", "norm_out.")
+_DIFFUSERS_RENAMES = {
+    "time_text_embed.timestep_embedder.": "time_embed.",
+    "time_text_embed.text_embedder.": "vec_embed.",
+    "x_embedder.": "x_embed.",
+    "proj_out.": "final.linear.",
+}
+# rows of linear_in, in order
+_LINEAR_IN_PARTS = ("attn.to_q", "attn.to_k", "attn.to_v", "proj_mlp")
+_BLOCK_RENAMES = {
+    "norm.linear.": "modulation.",
+    "attn.norm_q.": "q_norm.",
+    "attn.norm_k.": "k_norm.",
+    "proj_out.": "linear_out.",
+}
+
+
+def diffusers_state_dict_to_ours(state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Rename (and fuse) a FluxTransformer2DModel state dict with no double-stream blocks.
+    context_embedder.* is dropped; a name with no counterpart is kept as it is, so that
+    loading reports it as unexpected."""
+    ours: dict[str, torch.Tensor] = {}
+    fused: dict[str, dict[str, torch.Tensor]] = {}  # "blocks.i.linear_in.weight" -> part -> tensor
+    for name, tensor in state_dict.items():
+        if name.startswith("context_embedder."):
+            continue
+        if name.startswith("norm_out.linear."):
+            # diffusers' AdaLayerNormContinuous chunks (scale, shift); ours (shift, scale)
+            scale, shift = tensor.chunk(2, dim=0)
+            ours["final.modulation." + name.removeprefix("norm_out.linear.")] = torch.cat((shift, scale), dim=0)
+            continue
+        prefix = next((p for p in _DIFFUSERS_RENAMES if name.startswith(p)), None)
+        if prefix is not None:
+            ours[_DIFFUSERS_RENAMES[prefix] + name.removeprefix(prefix)] = tensor
+            continue
+        if name.startswith("single_transformer_blocks."):
+            index, rest = name.removeprefix("single_transformer_blocks.").split(".", 1)
+            part, _, param = rest.rpartition(".")
+            if part in _LINEAR_IN_PARTS:
+                fused.setdefault(f"blocks.{index}.linear_in.{param}", {})[part] = tensor
+                continue
+            block_prefix = next((p for p in _BLOCK_RENAMES if rest.startswith(p)), None)
+            if block_prefix is not None:
+                ours[f"blocks.{index}.{_BLOCK_RENAMES[block_prefix]}{rest.removeprefix(block_prefix)}"] = tensor
+                continue
+        ours[name] = tensor
+    for target, parts in fused.items():
+        missing = [p for p in _LINEAR_IN_PARTS if p not in parts]
+        if missing:
+            raise ValueError(f"flux dit weights: {target} lacks {', '.join(missing)}")
+        ours[target] = torch.cat([parts[p] for p in _LINEAR_IN_PARTS], dim=0)
+    return ours
