@@ -8,6 +8,11 @@ waiting queue, where the prefix cache usually gives most of its KV back.
 
 The loop is synchronous: schedule() -> worker runs the step -> update_from_output() ->
 schedule(). At most one step is in flight; schedule() advances num_computed_tokens at once.
+
+The waiting queue is bounded (max_num_waiting requests, max_num_waiting_tokens tokens):
+add_request refuses a newcomer beyond either with QueueFull. The server admits requests
+against tighter limits before they get here (omni/admission.py); this bound is the backstop.
+Preempted requests rejoin the queue whatever its length: they were admitted already.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Literal
 
 from scheduler.block_manager import BlockId, BlockManager
 from scheduler.output import ScheduledCachedRequest, ScheduledNewRequest, SchedulerOutput
@@ -27,13 +33,27 @@ class SchedulerConfig:
     max_num_batched_tokens: int
     max_model_len: int
     enable_chunked_prefill: bool = True
+    # Bounds of the waiting queue for newcomers; None: unbounded.
+    max_num_waiting: int | None = None
+    max_num_waiting_tokens: int | None = None
 
     def __post_init__(self) -> None:
         if min(self.max_num_seqs, self.max_num_batched_tokens, self.max_model_len) <= 0:
             raise ValueError("max_num_seqs, max_num_batched_tokens, max_model_len must be > 0")
+        bounds = (self.max_num_waiting, self.max_num_waiting_tokens)
+        if any(b is not None and b <= 0 for b in bounds):
+            raise ValueError("max_num_waiting and max_num_waiting_tokens must be > 0")
         if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
             # Otherwise a long prompt could never be scheduled in one piece.
             raise ValueError("without chunked prefill, max_num_batched_tokens >= max_model_len")
+
+
+class QueueFull(RuntimeError):
+    """add_request refused a request: the waiting queue is at one of its bounds."""
+
+    def __init__(self, message: str, bound: Literal["requests", "tokens"]) -> None:
+        super().__init__(message)
+        self.bound = bound
 
 
 class Scheduler:
@@ -46,6 +66,7 @@ class Scheduler:
         self.block_manager = block_manager
         self._requests: dict[RequestId, Request] = {}
         self._waiting: deque[Request] = deque()
+        self._num_waiting_tokens = 0  # sum of num_tokens over _waiting
         self._running: list[Request] = []
         self._known_to_worker: set[RequestId] = set()
         self._finished_ids: list[RequestId] = []  # for the next output
@@ -63,8 +84,27 @@ class Scheduler:
             raise ValueError(f"{request.num_tokens} tokens leave no room under max_model_len")
         if request.status is not RequestStatus.WAITING:
             raise ValueError(f"a new request must be WAITING, not {request.status}")
+        self._check_room(request)
         self._requests[request.request_id] = request
         self._waiting.append(request)
+        self._num_waiting_tokens += request.num_tokens
+
+    def _check_room(self, request: Request) -> None:
+        """Raise QueueFull unless the waiting queue has room for this newcomer. An empty queue
+        always has room, so a prompt longer than the token bound can still be served."""
+        if not self._waiting:
+            return
+        config = self.config
+        if config.max_num_waiting is not None and len(self._waiting) >= config.max_num_waiting:
+            raise QueueFull(
+                f"{len(self._waiting)} requests are waiting (at most {config.max_num_waiting})", "requests"
+            )
+        limit = config.max_num_waiting_tokens
+        if limit is not None and self._num_waiting_tokens + request.num_tokens > limit:
+            raise QueueFull(
+                f"{self._num_waiting_tokens} tokens are waiting; {request.num_tokens} more would pass {limit}",
+                "tokens",
+            )
 
     def abort_request(
         self,
@@ -87,6 +127,7 @@ class Scheduler:
             self._running = [r for r in self._running if r is not request]
         else:
             self._waiting = deque(r for r in self._waiting if r is not request)
+            self._num_waiting_tokens -= request.num_tokens
         request.status = status
         self._finish(request, uncache=uncache)
         return request
@@ -111,6 +152,12 @@ class Scheduler:
     @property
     def num_waiting(self) -> int:
         return len(self._waiting)
+
+    @property
+    def num_waiting_tokens(self) -> int:
+        """Tokens the waiting requests must compute before they decode (a preempted one's
+        output included: it is recomputed)."""
+        return self._num_waiting_tokens
 
     @property
     def num_prefilling(self) -> int:
@@ -182,6 +229,7 @@ class Scheduler:
         request.num_preemptions += 1
         self.num_preemptions_total += 1
         self._waiting.appendleft(request)
+        self._num_waiting_tokens += request.num_tokens
 
     def _schedule_waiting(self, output: SchedulerOutput, budget: int) -> None:
         while self._waiting and budget > 0 and len(self._running) < self.config.max_num_seqs:
@@ -199,6 +247,7 @@ class Scheduler:
                 break
             block_ids = self.block_manager.allocate(request, num_new, computed_blocks)
             self._waiting.popleft()
+            self._num_waiting_tokens -= request.num_tokens
             self._running.append(request)
             if request.reads_prefix_cache:
                 self.prefix_cache_queried_tokens += request.num_tokens
@@ -276,6 +325,7 @@ class Scheduler:
         assert len(running) == len(self._running) and len(waiting) == len(self._waiting)
         assert not running & waiting
         assert running | waiting == self._requests.keys()
+        assert self._num_waiting_tokens == sum(r.num_tokens for r in self._waiting)
         assert len(self._running) <= self.config.max_num_seqs
         bs = self.block_manager.block_size
         for request in self._running:
