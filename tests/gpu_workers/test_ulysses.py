@@ -1,6 +1,7 @@
 """Ulysses attention over 2 and 4 gloo ranks equals full attention in one process (< 1e-5),
-with heads and tokens that do not divide by the number of ranks; so does a stack of attention
-and per-token MLP blocks, the decoder's pattern."""
+with heads and tokens that do not divide by the number of ranks; so do a stack of attention
+and per-token MLP blocks (the decoder's pattern) and the image decoder's DiT itself, its
+tokens and positions sharded and its output gathered as the decoder's driver does."""
 
 from __future__ import annotations
 

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from gpu_workers.distributed import GroupMember, destroy_group, init_group
+from gpu_workers.models.flux_dit import FluxDiT, FluxDiTConfig, position_ids
 from gpu_workers.ulysses import UlyssesAttention, gather_sequence, shard_sequence
 
 Attention = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -55,6 +56,51 @@ class StackCase:
     def tokens(self) -> torch.Tensor:
         gen = torch.Generator().manual_seed(self.seed + 1)
         return torch.randn(self.batch, self.seq, self.heads * self.head_dim, generator=gen)  # (B, S, C)
+
+
+@dataclass(frozen=True, slots=True)
+class DiTCase:
+    """The image decoder's DiT on random weights, its tokens a grid_h x grid_w latent grid."""
+
+    name: str
+    heads: int
+    grid_h: int
+    grid_w: int
+    batch: int = 2
+    seed: int = 0
+
+    @property
+    def seq(self) -> int:
+        return self.grid_h * self.grid_w
+
+    def config(self) -> FluxDiTConfig:
+        # head_dim 8 = RoPE bands 2 | 2 | 4
+        return FluxDiTConfig(
+            in_channels=4,
+            cond_channels=4,
+            hidden_size=8 * self.heads,
+            num_heads=self.heads,
+            num_layers=2,
+            axes_dims_rope=(2, 2, 4),
+            vec_in_dim=8,
+        )
+
+    def model(self) -> FluxDiT:
+        model = FluxDiT(self.config()).eval()
+        gen = torch.Generator().manual_seed(self.seed)
+        with torch.no_grad():  # norms near 1, all else small noise: no term may hide at zero
+            for name, p in sorted(model.named_parameters()):
+                noise = torch.randn(p.shape, generator=gen)
+                p.copy_(1.0 + 0.1 * noise if "norm" in name else 0.1 * noise)
+        return model
+
+    def inputs(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        c = self.config()
+        gen = torch.Generator().manual_seed(self.seed + 1)
+        x = torch.randn(self.batch, self.seq, c.token_in_dim, generator=gen)  # (B, S, 4*(in + cond))
+        vec = torch.randn(self.batch, c.vec_in_dim, generator=gen)
+        timestep = torch.tensor([750.0, 125.0])[: self.batch]
+        return x, position_ids(self.grid_h, self.grid_w), timestep, vec
 
 
 class TinyBlock(nn.Module):
@@ -105,25 +151,38 @@ ATTENTION_CASES = [
     AttentionCase("seq-5", batch=1, heads=4, seq=5, seed=6),
 ]
 STACK_CASES = [StackCase("stack", batch=2, heads=6, seq=37, seed=7)]
-CASES: dict[str, AttentionCase | StackCase] = {case.name: case for case in ATTENTION_CASES}
+# 5 x 7 = 35 tokens divide by neither 2 nor 4; 3 heads by neither, 6 heads not by 4
+DIT_CASES = [DiTCase("dit-heads-3", heads=3, grid_h=5, grid_w=7, seed=8), DiTCase("dit-heads-6", 6, 5, 7, seed=9)]
+Case = AttentionCase | StackCase | DiTCase
+CASES: dict[str, Case] = {case.name: case for case in ATTENTION_CASES}
 CASES.update((case.name, case) for case in STACK_CASES)
+CASES.update((case.name, case) for case in DIT_CASES)
 
 
-def unsharded(case: AttentionCase | StackCase) -> torch.Tensor:
+def unsharded(case: Case) -> torch.Tensor:
     with torch.no_grad():
         if isinstance(case, AttentionCase):
             return full_attention(*case.qkv())
-        return case.model()(case.tokens(), full_attention)
+        if isinstance(case, StackCase):
+            return case.model()(case.tokens(), full_attention)
+        return case.model()(*case.inputs())  # the DiT's own default attention
 
 
-def sharded(case: AttentionCase | StackCase, rank: int, world_size: int) -> torch.Tensor:
+def sharded(case: Case, rank: int, world_size: int) -> torch.Tensor:
     attention = UlyssesAttention(None, world_size, rank, case.seq, case.heads)
     with torch.no_grad():
         if isinstance(case, AttentionCase):
             q, k, v = (shard_sequence(t, rank, world_size, dim=2)[0] for t in case.qkv())
             return gather_sequence(attention(q, k, v), None, case.seq, dim=2)
-        x, _ = shard_sequence(case.tokens(), rank, world_size, dim=1)
-        return gather_sequence(case.model()(x, attention), None, case.seq, dim=1)
+        if isinstance(case, StackCase):
+            x, _ = shard_sequence(case.tokens(), rank, world_size, dim=1)
+            return gather_sequence(case.model()(x, attention), None, case.seq, dim=1)
+        # as the decoder's driver: tokens and their positions sharded alike, the output gathered
+        tokens, positions, timestep, vec = case.inputs()
+        x, _ = shard_sequence(tokens, rank, world_size, dim=1)  # (B, L, token_in_dim)
+        local_positions, _ = shard_sequence(positions, rank, world_size, dim=0)  # (L, 3), padding at (0, 0, 0)
+        out = case.model()(x, local_positions, timestep, vec, attention=attention)  # (B, L, token_out_dim)
+        return gather_sequence(out, None, case.seq, dim=1)
 
 
 def main(rank: int, world_size: int, init_method: str, out: str) -> None:
