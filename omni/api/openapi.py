@@ -1,0 +1,842 @@
+"""GET /openapi.json: the OpenAPI 3.1 document of the whole API, for schema-based fuzzers and
+client generators.
+
+The request schemas are written from the parsers (omni/api/schemas), not from OpenAI's
+reference: a range here is the range the parser refuses outside of. Every field of
+known_fields' tables is a property; a field the server only accepts at its default, or
+refuses, gets its schema from its KnownField, so the table stays the one place that says
+what is accepted. tests/omni/test_openapi.py fails when a field or a route is undocumented.
+
+What a schema cannot say is left to the descriptions and answered with a 400 naming the
+field: a token id past the vocabulary, a prompt past the context, two output constraints at
+once, a tool named twice, min_tokens above max_tokens.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping
+from typing import Any, TypeAlias
+
+import orjson
+from aiohttp import web
+
+from omni.api.schemas.chat import AUDIO_FORMATS, MAX_TEMPLATE_BYTES, MAX_TOP_LOGPROBS, RESERVED_TEMPLATE_KWARGS, ROLES
+from omni.api.schemas.completions import MAX_COMPLETION_LOGPROBS
+from omni.api.schemas.fields import (
+    MAX_LOGIT_BIAS,
+    MAX_N,
+    MAX_PROMPT_LOGPROBS,
+    MAX_REQUEST_ID_LENGTH,
+    MAX_SEED,
+    MAX_STOP_STRINGS,
+    MIN_SEED,
+)
+from omni.api.schemas.known_fields import (
+    FIELDS,
+    OBJECT,
+    PATHS,
+    STREAM_OPTIONS_FIELDS,
+    STRING,
+    STRING_MAP,
+    Disposition,
+    Endpoint,
+    JsonType,
+    KnownField,
+    SameAs,
+)
+from omni.api.schemas.structured import GUIDED_BACKENDS
+from omni.api.schemas.tools import MAX_TOOLS
+from omni.state import MODELS
+from omni.store.local import ARTIFACT_PATH
+
+Schema: TypeAlias = dict[str, Any]
+
+OPENAPI_PATH = "/openapi.json"
+# Not a request field: the server merges a literal extra_body object into the body (what the
+# OpenAI SDK does with its extra_body argument) before the fields are checked.
+EXTRA_BODY = "extra_body"
+
+
+def _ref(name: str) -> Schema:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _or_null(schema: Schema, description: str | None = None) -> Schema:
+    out: Schema = {"anyOf": [schema, {"type": "null"}]}
+    if description:
+        out["description"] = description
+    return out
+
+
+def _int(lo: int | None = None, hi: int | None = None) -> Schema:
+    out: Schema = {"type": "integer"}
+    if lo is not None:
+        out["minimum"] = lo
+    if hi is not None:
+        out["maximum"] = hi
+    return out
+
+
+def _number(lo: float | None = None, hi: float | None = None) -> Schema:
+    out: Schema = {"type": "number"}
+    if lo is not None:
+        out["minimum"] = lo
+    if hi is not None:
+        out["maximum"] = hi
+    return out
+
+
+_BOOL: Schema = {"type": "boolean"}
+_STRING: Schema = {"type": "string"}
+_NON_BLANK: Schema = {"type": "string", "pattern": r"\S"}
+_TOKEN_IDS: Schema = {"type": "array", "items": _int(0)}
+_JSON_SCHEMA: Schema = {"type": ["object", "boolean"], "description": "A JSON schema."}
+
+
+# ----------------------------------------------------------------------------- request fields
+
+# The schema of each HONOURED field (and of an INFORMATIONAL one whose parser checks more than
+# its JsonType), without null: _field_schema adds it, as every known field takes null.
+_SHARED_FIELDS: dict[str, Schema] = {
+    "frequency_penalty": _number(-2.0, 2.0),
+    "presence_penalty": _number(-2.0, 2.0),
+    "logit_bias": {
+        "type": "object",
+        "propertyNames": {"pattern": "^[0-9]+$"},
+        "additionalProperties": _number(-MAX_LOGIT_BIAS, MAX_LOGIT_BIAS),
+        "description": "Token id (as a decimal string, each id once) -> a bias added to its logit.",
+    },
+    "n": _int(1, MAX_N),
+    "seed": _int(MIN_SEED, MAX_SEED),
+    "stop": {
+        "anyOf": [
+            {"type": "string", "minLength": 1},
+            {"type": "array", "maxItems": MAX_STOP_STRINGS, "items": {"type": "string", "minLength": 1}},
+        ]
+    },
+    "stream": _BOOL,
+    "stream_options": _ref("StreamOptions"),
+    "temperature": _number(0.0, 2.0),
+    "top_p": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
+    "top_k": _int(-1),
+    "min_p": _number(0.0, 1.0),
+    "repetition_penalty": {"type": "number", "exclusiveMinimum": 0},
+    "stop_token_ids": _TOKEN_IDS,
+    "include_stop_str_in_output": _BOOL,
+    "ignore_eos": _BOOL,
+    "min_tokens": _int(0),
+    "skip_special_tokens": _BOOL,
+    "truncate_prompt_tokens": {
+        "type": "integer",
+        "anyOf": [{"minimum": 1}, {"const": -1}],
+        "description": "Keep the prompt's last N tokens; -1: the model's maximum context length.",
+    },
+    "prompt_logprobs": _int(0, MAX_PROMPT_LOGPROBS),
+    "allowed_token_ids": {"type": "array", "minItems": 1, "items": _int(0)},
+    "bad_words": {"type": "array", "items": _NON_BLANK},
+    "response_format": _ref("ResponseFormat"),
+    "structured_outputs": _ref("StructuredOutputs"),
+    "guided_json": {"anyOf": [_JSON_SCHEMA, _STRING], "description": "A JSON schema, or its JSON text."},
+    "guided_regex": {"type": "string", "minLength": 1},
+    "guided_choice": {"type": "array", "minItems": 1, "items": {"type": "string", "minLength": 1}},
+    "guided_grammar": {"type": "string", "minLength": 1},
+    "guided_decoding_backend": {"enum": sorted(GUIDED_BACKENDS)},
+    "request_id": {"type": "string", "minLength": 1, "maxLength": MAX_REQUEST_ID_LENGTH},
+    "return_tokens_as_token_ids": _BOOL,
+    "thinking_token_budget": _int(0),
+}
+
+_CHAT_FIELDS: dict[str, Schema] = {
+    **_SHARED_FIELDS,
+    "messages": {"type": "array", "minItems": 1, "items": _ref("ChatMessage")},
+    "max_tokens": _int(1),
+    "max_completion_tokens": _int(1),
+    "logprobs": _BOOL,
+    "top_logprobs": _int(0, MAX_TOP_LOGPROBS),
+    # image and audio output are refused until their decoders exist
+    "modalities": {"type": "array", "minItems": 1, "items": {"enum": ["text"]}},
+    "audio": {
+        "type": "object",
+        "properties": {"voice": _STRING, "format": {"enum": sorted(AUDIO_FORMATS)}},
+        "required": ["voice", "format"],
+    },
+    "parallel_tool_calls": _BOOL,
+    "tool_choice": _ref("ToolChoice"),
+    "tools": {"type": "array", "maxItems": MAX_TOOLS, "items": _ref("Tool")},
+    "echo": _BOOL,
+    "add_generation_prompt": _BOOL,
+    "continue_final_message": _BOOL,
+    "documents": {"type": "array", "items": {"type": "object"}},
+    "chat_template": {
+        **_NON_BLANK,
+        "description": f"At most {MAX_TEMPLATE_BYTES} bytes; refused unless the server trusts request templates.",
+    },
+    "chat_template_kwargs": {
+        "type": "object",
+        "propertyNames": {"not": {"enum": sorted(RESERVED_TEMPLATE_KWARGS)}},
+    },
+}
+
+_COMPLETION_FIELDS: dict[str, Schema] = {
+    **_SHARED_FIELDS,
+    "prompt": {
+        "anyOf": [
+            _STRING,
+            {"type": "array", "minItems": 1, "items": _STRING},
+            {"type": "array", "minItems": 1, "items": _int(0)},
+            {"type": "array", "minItems": 1, "items": {"type": "array", "minItems": 1, "items": _int(0)}},
+        ],
+        "description": "Text or token ids, one prompt or many.",
+    },
+    "max_tokens": {**_int(0), "description": "0 only with echo: the prompt alone, scored."},
+    "echo": _BOOL,
+    "logprobs": _int(0, MAX_COMPLETION_LOGPROBS),
+}
+
+FIELD_SCHEMAS: Mapping[Endpoint, Mapping[str, Schema]] = {"chat": _CHAT_FIELDS, "completions": _COMPLETION_FIELDS}
+
+# The fields a parser requires (null is "missing"); every other field takes null.
+REQUIRED: Mapping[Endpoint, tuple[str, ...]] = {"chat": ("model", "messages"), "completions": ("model", "prompt")}
+
+_JSON_TYPES: dict[JsonType, Schema] = {
+    STRING: _STRING,
+    OBJECT: {"type": "object"},
+    STRING_MAP: {"type": "object", "additionalProperties": _STRING},
+}
+
+
+def _field_schema(field: KnownField, explicit: Schema | None) -> Schema | None:
+    """The field's schema with null; None when an HONOURED field has none written (the test's
+    failure: the document would leave the field out)."""
+    if field.disposition is Disposition.HONOURED:
+        return None if explicit is None else _or_null(explicit, field.reason)
+    if field.disposition is Disposition.INFORMATIONAL:
+        assert field.json_type is not None
+        return _or_null(explicit or _JSON_TYPES[field.json_type], field.reason)
+    if field.disposition is Disposition.REJECTED:
+        return {"type": "null", "description": f"Not supported: {field.reason}. Only null is accepted."}
+    # ACCEPTED_DEFAULT_ONLY
+    same = [d for d in field.defaults if isinstance(d, SameAs)]
+    if same:  # best_of: equal to n
+        return _or_null(
+            {"type": "number"},
+            f"Only {field.accepted} is accepted: {field.reason}.",
+        )
+    return {"enum": [*field.defaults, None], "description": f"Only {field.accepted} is accepted: {field.reason}."}
+
+
+def _request_schema(endpoint: Endpoint, model_names: list[str]) -> Schema:
+    explicit = FIELD_SCHEMAS[endpoint]
+    properties: dict[str, Schema] = {}
+    for name, field in FIELDS[endpoint].items():
+        if name == "model":
+            model: Schema = {"type": "string", "description": "A served model's name (GET /v1/models)."}
+            if model_names:
+                model["enum"] = list(model_names)
+            properties[name] = model
+            continue
+        schema = _field_schema(field, explicit.get(name))
+        if schema is None:
+            continue
+        if name in REQUIRED[endpoint]:  # the parsers' missing_required_parameter: null is missing
+            schema = {**explicit[name], "description": field.reason}
+        properties[name] = schema
+    properties[EXTRA_BODY] = _or_null(
+        {"type": "object"}, "Merged into the body (its keys win): what the OpenAI SDK sends as extra_body."
+    )
+    return {
+        "type": "object",
+        "properties": properties,
+        "required": list(REQUIRED[endpoint]),
+        # a field of neither OpenAI's nor vLLM's API is a 400 naming it
+        "additionalProperties": False,
+    }
+
+
+def _stream_options() -> Schema:
+    properties: dict[str, Schema] = {}
+    for name, field in STREAM_OPTIONS_FIELDS.items():
+        schema = _field_schema(field, _BOOL)
+        assert schema is not None
+        properties[name] = schema
+    return {
+        "type": "object",
+        "properties": properties,
+        "additionalProperties": False,
+        "description": "Only when stream is true.",
+    }
+
+
+# ----------------------------------------------------------------------------- messages
+
+
+def _part(kind: str, properties: Schema) -> Schema:
+    return {
+        "type": "object",
+        "properties": {"type": {"const": kind}, **properties},
+        "required": ["type", *properties],
+    }
+
+
+def _url_part(kind: str) -> Schema:
+    url: Schema = {
+        "anyOf": [
+            {"type": "string", "description": "The URL itself (some clients send it bare)."},
+            {
+                "type": "object",
+                "properties": {"url": _STRING, "detail": _or_null(_STRING)},
+                "required": ["url"],
+            },
+        ],
+        "description": "An http(s) or data: URL.",
+    }
+    return _part(kind, {kind: url})
+
+
+_PART_NAMES = {"text": "TextPart", "image_url": "ImageURLPart", "input_audio": "InputAudioPart", "video_url": "VideoURLPart"}
+
+
+def _message_schemas() -> dict[str, Schema]:
+    text_only: Schema = {
+        "anyOf": [_STRING, {"type": "array", "minItems": 1, "items": _ref("TextPart")}],
+        "description": "Only the user's messages may hold media parts.",
+    }
+    any_parts: Schema = {"anyOf": [_STRING, {"type": "array", "minItems": 1, "items": _ref("ContentPart")}]}
+    shared: Schema = {
+        "name": _or_null(_STRING),
+        "tool_call_id": _or_null(_STRING),
+        "reasoning_content": _or_null(_STRING, "An earlier turn's reasoning, for templates that show it."),
+        "reasoning": _or_null(_STRING, "reasoning_content's other name, read when it is absent."),
+        "tool_calls": {"type": "null", "description": "Only an assistant message has tool calls."},
+    }
+
+    def message(roles: list[str], content: Schema, required: bool, **extra: Schema) -> Schema:
+        return {
+            "type": "object",
+            "properties": {"role": {"enum": roles}, "content": content, **shared, **extra},
+            "required": ["role", "content"] if required else ["role"],
+        }
+
+    by_role = {
+        "SystemMessage": message(["developer", "system"], text_only, True),
+        "UserMessage": message(["user"], any_parts, True),
+        "AssistantMessage": message(
+            ["assistant"],
+            {"anyOf": [*text_only["anyOf"], {"type": "null"}], "description": "null: a turn that only calls tools."},
+            False,
+            tool_calls=_or_null({"type": "array", "items": _ref("RequestToolCall")}),
+        ),
+        "ToolMessage": message(["tool"], text_only, True),
+    }
+    assert {r for s in by_role.values() for r in s["properties"]["role"]["enum"]} == ROLES
+    return {
+        "ChatMessage": {"oneOf": [_ref(name) for name in by_role]},
+        **by_role,
+        "RequestToolCall": {
+            "type": "object",
+            "properties": {
+                "id": _or_null(_STRING),
+                "type": {"description": "'function'; not read."},
+                "function": {
+                    "type": "object",
+                    "properties": {
+                        "name": _STRING,
+                        "arguments": {
+                            "anyOf": [{"type": "string", "description": "A JSON object, as text."}, {"type": "object"}],
+                            "default": "{}",
+                        },
+                    },
+                    "required": ["name"],
+                },
+            },
+            "required": ["function"],
+        },
+        "ContentPart": {
+            "oneOf": [_ref(name) for name in _PART_NAMES.values()],
+            "discriminator": {
+                "propertyName": "type",
+                "mapping": {kind: f"#/components/schemas/{name}" for kind, name in _PART_NAMES.items()},
+            },
+        },
+        "TextPart": _part("text", {"text": _STRING}),
+        "ImageURLPart": _url_part("image_url"),
+        "VideoURLPart": _url_part("video_url"),
+        "InputAudioPart": _part(
+            "input_audio",
+            {
+                "input_audio": {
+                    "type": "object",
+                    "properties": {"data": {"type": "string", "description": "base64"}, "format": _STRING},
+                    "required": ["data", "format"],
+                }
+            },
+        ),
+    }
+
+
+# ----------------------------------------------------------------------------- tools and constraints
+
+
+def _tool_schemas() -> dict[str, Schema]:
+    return {
+        "Tool": {
+            "type": "object",
+            "properties": {
+                "type": {"const": "function", "default": "function"},
+                "function": {
+                    "type": "object",
+                    "properties": {
+                        "name": {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,64}$"},
+                        "description": _or_null(_STRING),
+                        "parameters": _or_null({"type": "object", "description": "A JSON schema."}),
+                        "strict": _or_null(_BOOL),
+                    },
+                    "required": ["name"],
+                },
+            },
+            "required": ["function"],
+            "description": "Each tool's name once.",
+        },
+        "ToolChoice": {
+            "anyOf": [
+                {"enum": ["none", "auto", "required"]},
+                {
+                    "type": "object",
+                    "properties": {
+                        "type": {"const": "function", "default": "function"},
+                        "function": {"type": "object", "properties": {"name": _STRING}, "required": ["name"]},
+                    },
+                    "required": ["function"],
+                    "description": "A named function, one of the request's tools.",
+                },
+            ],
+            "description": "required and a named function need tools.",
+        },
+        "ResponseFormat": {
+            "oneOf": [
+                {"type": "object", "properties": {"type": {"enum": ["text", "json_object"]}}, "required": ["type"]},
+                {
+                    "type": "object",
+                    "properties": {
+                        "type": {"const": "json_schema"},
+                        "json_schema": {
+                            "type": "object",
+                            "properties": {
+                                "name": _STRING,
+                                "description": _STRING,
+                                "schema": {**_JSON_SCHEMA, "default": {}},
+                                "strict": _or_null(_BOOL, "The output is held to the schema either way."),
+                            },
+                        },
+                    },
+                    "required": ["type", "json_schema"],
+                },
+            ]
+        },
+        "StructuredOutputs": _structured_outputs(),
+        "StreamOptions": _stream_options(),
+    }
+
+
+def _structured_outputs() -> Schema:
+    # Exactly one of these is given (not null, not false); the others are absent or null.
+    kinds: dict[str, Schema] = {
+        "json": {"anyOf": [{"type": "object"}, {"const": True}, _STRING], "description": "A JSON schema or its text."},
+        "regex": {"type": "string", "minLength": 1},
+        "choice": {"type": "array", "minItems": 1, "items": {"type": "string", "minLength": 1}},
+        "grammar": {"type": "string", "minLength": 1, "description": "A Lark grammar."},
+        "json_object": {"const": True},
+    }
+    loose: dict[str, Schema] = {
+        "json": _or_null({"anyOf": [_JSON_SCHEMA, _STRING]}),
+        "regex": _or_null(kinds["regex"]),
+        "choice": _or_null(kinds["choice"]),
+        "grammar": _or_null(kinds["grammar"]),
+        "json_object": {"enum": [True, False, None]},
+    }
+    return {
+        "type": "object",
+        "properties": {
+            **loose,
+            "backend": {"description": "Not read: every constraint is compiled by llguidance."},
+            "whitespace_pattern": {"type": "null", "description": "Not supported: JSON output is compact."},
+        },
+        "additionalProperties": False,
+        "oneOf": [{"properties": {k: s}, "required": [k]} for k, s in kinds.items()],
+    }
+
+
+# ----------------------------------------------------------------------------- responses
+
+_LOGPROB: Schema = {"type": ["number", "null"], "description": "null: minus infinity."}
+
+
+def _response_schemas() -> dict[str, Schema]:
+    token: Schema = {
+        "type": "object",
+        "properties": {"token": _STRING, "logprob": _LOGPROB, "bytes": {"type": "array", "items": _int(0, 255)}},
+        "required": ["token", "logprob", "bytes"],
+    }
+    finish = _or_null({"enum": ["stop", "length", "tool_calls", "abort"]})
+    envelope = {"id": _STRING, "created": _int(0), "model": _STRING}
+
+    def body(obj: str, choice: Schema, usage: Schema, **extra: Schema) -> Schema:
+        return {
+            "type": "object",
+            "properties": {
+                **envelope,
+                "object": {"const": obj},
+                "choices": {"type": "array", "items": choice},
+                "usage": usage,
+                **extra,
+            },
+            "required": ["id", "object", "created", "model", "choices"],
+        }
+
+    tool_call = {
+        "type": "object",
+        "properties": {
+            "id": _STRING,
+            "type": {"const": "function"},
+            "function": {
+                "type": "object",
+                "properties": {"name": _STRING, "arguments": _STRING},
+                "required": ["name", "arguments"],
+            },
+        },
+        "required": ["id", "type", "function"],
+    }
+    tool_call_delta = {
+        "type": "object",
+        "properties": {
+            "index": _int(0),
+            "id": _STRING,
+            "type": {"const": "function"},
+            "function": {"type": "object", "properties": {"name": _STRING, "arguments": _STRING}},
+        },
+        "required": ["index", "function"],
+    }
+    chat_choice = {
+        "type": "object",
+        "properties": {
+            "index": _int(0),
+            "message": {
+                "type": "object",
+                "properties": {
+                    "role": {"const": "assistant"},
+                    "content": _or_null(_STRING),
+                    "tool_calls": {"type": "array", "items": tool_call},
+                    "reasoning_content": _or_null(_STRING),
+                },
+                "required": ["role", "content"],
+            },
+            "logprobs": _or_null(_ref("ChatLogprobs")),
+            "finish_reason": finish,
+        },
+        "required": ["index", "message", "logprobs", "finish_reason"],
+    }
+    chunk_choice = {
+        "type": "object",
+        "properties": {
+            "index": _int(0),
+            "delta": {
+                "type": "object",
+                "properties": {
+                    "role": {"const": "assistant"},
+                    "content": _STRING,
+                    "reasoning_content": _STRING,
+                    "tool_calls": {"type": "array", "items": tool_call_delta},
+                },
+            },
+            "logprobs": _or_null(_ref("ChatLogprobs")),
+            "finish_reason": finish,
+        },
+        "required": ["index", "delta", "logprobs", "finish_reason"],
+    }
+    text_choice = {
+        "type": "object",
+        "properties": {
+            "index": _int(0),
+            "text": _STRING,
+            "logprobs": _or_null(_ref("CompletionLogprobs")),
+            "finish_reason": finish,
+            "prompt_logprobs": _ref("PromptLogprobs"),
+        },
+        "required": ["index", "text", "logprobs", "finish_reason"],
+    }
+    usage_or_null = _or_null(_ref("Usage"), "With stream_options.include_usage: null until the last chunk.")
+    model = {
+        "type": "object",
+        "properties": {
+            "id": _STRING,
+            "object": {"const": "model"},
+            "created": _int(0),
+            "owned_by": _STRING,
+            "max_model_len": _or_null(_int(1)),
+        },
+        "required": ["id", "object", "created", "owned_by"],
+    }
+    return {
+        "ChatCompletion": body(
+            "chat.completion", chat_choice, _ref("Usage"), prompt_logprobs=_ref("PromptLogprobs")
+        ),
+        "ChatCompletionChunk": body("chat.completion.chunk", chunk_choice, usage_or_null),
+        "TextCompletion": body("text_completion", text_choice, _ref("Usage")),
+        "TextCompletionChunk": body("text_completion", text_choice, usage_or_null),
+        "Usage": {
+            "type": "object",
+            "properties": {
+                "prompt_tokens": _int(0),
+                "completion_tokens": _int(0),
+                "total_tokens": _int(0),
+                "prompt_tokens_details": {
+                    "type": "object",
+                    "properties": {"cached_tokens": _int(0)},
+                    "required": ["cached_tokens"],
+                },
+            },
+            "required": ["prompt_tokens", "completion_tokens", "total_tokens"],
+        },
+        "ChatLogprobs": {
+            "type": "object",
+            "properties": {
+                "content": {
+                    "type": "array",
+                    "items": {
+                        **token,
+                        "properties": {**token["properties"], "top_logprobs": {"type": "array", "items": token}},
+                        "required": [*token["required"], "top_logprobs"],
+                    },
+                }
+            },
+            "required": ["content"],
+        },
+        "CompletionLogprobs": {
+            "type": "object",
+            "properties": {
+                "tokens": {"type": "array", "items": _STRING},
+                "token_logprobs": {"type": "array", "items": _LOGPROB},
+                "top_logprobs": {
+                    "type": "array",
+                    "items": _or_null({"type": "object", "additionalProperties": _LOGPROB}),
+                },
+                "text_offset": {"type": "array", "items": _int(0)},
+            },
+            "required": ["tokens", "token_logprobs", "top_logprobs", "text_offset"],
+        },
+        "PromptLogprobs": {
+            "type": "array",
+            "description": "null for the first prompt token; then token id -> its logprob, rank and text.",
+            "items": _or_null(
+                {
+                    "type": "object",
+                    "additionalProperties": {
+                        "type": "object",
+                        "properties": {"logprob": _LOGPROB, "rank": _int(), "decoded_token": _STRING},
+                        "required": ["logprob", "rank", "decoded_token"],
+                    },
+                }
+            ),
+        },
+        "Model": model,
+        "ModelList": {
+            "type": "object",
+            "properties": {"object": {"const": "list"}, "data": {"type": "array", "items": _ref("Model")}},
+            "required": ["object", "data"],
+        },
+        "Health": {
+            "type": "object",
+            "properties": {
+                "status": {"enum": ["ok", "starting"]},
+                "not_ready": {"type": "array", "items": _STRING, "description": "The models still starting."},
+            },
+            "required": ["status"],
+        },
+        "Error": {
+            "type": "object",
+            "properties": {
+                "error": {
+                    "type": "object",
+                    "properties": {
+                        "message": _STRING,
+                        "type": _STRING,
+                        "param": _or_null(_STRING, "The field the error is about, e.g. messages[0].content."),
+                        "code": _or_null(_STRING),
+                    },
+                    "required": ["message", "type", "param", "code"],
+                }
+            },
+            "required": ["error"],
+        },
+    }
+
+
+def _json(schema: Schema) -> Schema:
+    return {"application/json": {"schema": schema}}
+
+
+_RETRY_AFTER = {"Retry-After": {"schema": _int(0), "description": "Seconds to wait before retrying."}}
+
+_ERRORS: dict[str, tuple[str, bool]] = {  # status -> (description, with Retry-After)
+    "400": ("The request is invalid; param names the field.", False),
+    "401": ("The API key is missing or wrong (only when the server has one).", False),
+    "403": ("The artifact URL's signature is invalid or has expired.", False),
+    "404": ("No such model, route or artifact.", False),
+    "413": ("The body is larger than the server's --max-request-bytes.", False),
+    "429": ("Too many requests are waiting; retry after Retry-After seconds.", True),
+    "500": ("The server had an error while processing the request.", False),
+    "503": ("The model is starting, or its worker failed.", True),
+}
+
+
+def _error_responses() -> dict[str, Schema]:
+    out: dict[str, Schema] = {}
+    for status, (description, retry) in _ERRORS.items():
+        response: Schema = {"description": description, "content": _json(_ref("Error"))}
+        if retry:
+            response["headers"] = _RETRY_AFTER
+        out[status] = response
+    out["default"] = {"description": "Any other error (e.g. 405), as an error object.", "content": _json(_ref("Error"))}
+    return out
+
+
+def _errors(*statuses: str) -> dict[str, Schema]:
+    return {s: {"$ref": f"#/components/responses/{s}"} for s in (*statuses, "default")}
+
+
+# ----------------------------------------------------------------------------- operations
+
+# The bearer key is needed only when the server runs with --api-key: {} makes it optional.
+_KEYED: list[Schema] = [{"bearer": []}, {}]
+_OPEN: list[Schema] = []
+
+
+def _generation(endpoint: Endpoint, summary: str, result: str, chunk: str) -> Schema:
+    return {
+        "post": {
+            "operationId": f"create_{'chat_completion' if endpoint == 'chat' else 'completion'}",
+            "summary": summary,
+            "security": _KEYED,
+            "requestBody": {"required": True, "content": _json(_ref(f"{result}Request"))},
+            "responses": {
+                "200": {
+                    "description": f"A {result}; with stream true, server-sent events.",
+                    "content": {
+                        **_json(_ref(result)),
+                        "text/event-stream": {
+                            "schema": {
+                                "type": "string",
+                                "description": (
+                                    f"'data: ' lines, each a {chunk} as JSON, then 'data: [DONE]'. A worker "
+                                    "failing mid-stream sends an Error object as the last event before [DONE]."
+                                ),
+                            }
+                        },
+                    },
+                },
+                **_errors("400", "401", "404", "413", "429", "500", "503"),
+            },
+        }
+    }
+
+
+def _get(operation_id: str, summary: str, responses: dict[str, Schema], security: list[Schema], **extra: Any) -> Schema:
+    return {"get": {"operationId": operation_id, "summary": summary, "security": security, **extra, "responses": responses}}
+
+
+def _paths() -> dict[str, Schema]:
+    health = {
+        "200": {"description": "Every model is ready.", "content": _json(_ref("Health"))},
+        "503": {"description": "A model is still starting (not_ready names it).", "content": _json(_ref("Health"))},
+        **_errors("500"),
+    }
+    artifact_params = [
+        {"name": "key", "in": "path", "required": True, "schema": _STRING, "description": "The artifact's store key."},
+        {"name": "expires", "in": "query", "required": True, "schema": _int(), "description": "Unix time."},
+        {"name": "sig", "in": "query", "required": True, "schema": _STRING},
+    ]
+    return {
+        PATHS["chat"]: _generation("chat", "Create a chat completion", "ChatCompletion", "ChatCompletionChunk"),
+        PATHS["completions"]: _generation("completions", "Create a completion", "TextCompletion", "TextCompletionChunk"),
+        "/v1/models": _get(
+            "list_models",
+            "The served models",
+            {"200": {"description": "The served models.", "content": _json(_ref("ModelList"))}, **_errors("401", "500")},
+            _KEYED,
+        ),
+        "/v1/models/{model}": _get(
+            "get_model",
+            "One served model",
+            {"200": {"description": "The model.", "content": _json(_ref("Model"))}, **_errors("401", "404", "500")},
+            _KEYED,
+            parameters=[{"name": "model", "in": "path", "required": True, "schema": _STRING}],
+        ),
+        "/health": _get("health", "Whether every model is ready", health, _OPEN),
+        "/ready": _get("ready", "The same as /health", health, _OPEN),
+        "/metrics": _get(
+            "metrics",
+            "Prometheus metrics",
+            {
+                "200": {
+                    "description": "The Prometheus text format.",
+                    "content": {"text/plain": {"schema": _STRING}},
+                },
+                **_errors("500"),
+            },
+            _OPEN,
+        ),
+        ARTIFACT_PATH + "{key}": _get(
+            "get_artifact",
+            "An artifact of the local store, by its signed URL (the signature is the authorization)",
+            {
+                "200": {
+                    "description": "The artifact's bytes, typed from its key.",
+                    "content": {"*/*": {"schema": {"type": "string", "format": "binary"}}},
+                },
+                **_errors("403", "404", "500"),
+            },
+            _OPEN,
+            parameters=artifact_params,
+        ),
+        OPENAPI_PATH: _get(
+            "openapi",
+            "This document",
+            {"200": {"description": "OpenAPI 3.1.", "content": _json({"type": "object"})}, **_errors("401", "500")},
+            _KEYED,
+        ),
+    }
+
+
+def openapi_document(model_names: list[str]) -> dict[str, Any]:
+    """The OpenAPI 3.1 document of the API, with `model` an enum of model_names."""
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "omni-serve",
+            "version": "1",
+            "description": "OpenAI's chat completions and completions APIs, with vLLM's extra fields.",
+        },
+        "paths": _paths(),
+        "components": {
+            "schemas": {
+                "ChatCompletionRequest": _request_schema("chat", model_names),
+                "TextCompletionRequest": _request_schema("completions", model_names),
+                **_message_schemas(),
+                **_tool_schemas(),
+                **_response_schemas(),
+            },
+            "responses": _error_responses(),
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+        },
+    }
+
+
+@functools.lru_cache(maxsize=4)
+def _document_bytes(model_names: tuple[str, ...]) -> bytes:
+    return orjson.dumps(openapi_document(list(model_names)))
+
+
+async def openapi_handler(request: web.Request) -> web.Response:
+    names = tuple(m.name for m in request.app[MODELS])
+    return web.Response(body=_document_bytes(names), content_type="application/json")
