@@ -73,9 +73,10 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from safetensors.torch import load_file
 from torch import nn
 
-from gpu_workers.loader import load_safetensors, read_json
+from gpu_workers.loader import INDEX_FILE, SINGLE_FILE, load_safetensors, read_json
 from gpu_workers.models.hf_weights import load_exact
 
 # (q, k, v) -> out, all (B, H, S, head_dim); see the module docstring
@@ -85,6 +86,8 @@ PATCH = 2  # Flux packs 2x2 latent pixels into one token
 _NORM_EPS = 1e-6  # LayerNorm and QK RMSNorm, as diffusers' FluxSingleTransformerBlock
 _TIME_FREQ_DIM = 256
 _TIME_MAX_PERIOD = 10000.0
+# the weights file of a folder saved by diffusers' save_pretrained (unsharded)
+_DIFFUSERS_FILE = "diffusion_pytorch_model.safetensors"
 
 
 @dataclass(frozen=True, slots=True)
@@ -437,15 +440,23 @@ class FluxDiT(nn.Module):
     def from_dir(
         cls, path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32
     ) -> FluxDiT:
-        """config.json (ours or diffusers') and model.safetensors (ours or diffusers' names)."""
+        """config.json (ours or diffusers'), model.safetensors (sharded or not) or, in a folder
+        saved by diffusers, an unsharded diffusion_pytorch_model.safetensors; either naming."""
         path = Path(path)
         config = FluxDiTConfig.from_dir(path)
         # built on meta: no memory or time spent on a random init the weights overwrite
         with torch.device("meta"):
             model = cls(config)
         model = model.to(dtype).to_empty(device=device)
-        model.load_weights(load_safetensors(path, device))
+        model.load_weights(_read_weights(path, device))
         return model.eval()
+
+
+def _read_weights(path: Path, device: str | torch.device) -> dict[str, torch.Tensor]:
+    ours = (path / SINGLE_FILE).is_file() or (path / INDEX_FILE).is_file()
+    if not ours and (path / _DIFFUSERS_FILE).is_file():
+        return load_file(path / _DIFFUSERS_FILE, device=str(device))
+    return load_safetensors(path, device)
 
 
 # ---------------------------------------------------------------------------------------------
