@@ -73,14 +73,17 @@ def shard_sequence(x: torch.Tensor, rank: int, world_size: int, dim: int = 1) ->
     return local.contiguous(), shard.pad
 
 
-def gather_sequence(local: torch.Tensor, group: dist.ProcessGroup | None, total_len: int, dim: int = 1) -> torch.Tensor:
+def gather_sequence(
+    local: torch.Tensor, group: dist.ProcessGroup | None, total_len: int, dim: int = 1
+) -> torch.Tensor:
     """The whole sequence on every rank, from each rank's padded shard along dim."""
     world_size = dist.get_world_size(group) if dist.is_initialized() else 1
     if world_size == 1:
         return local.narrow(dim, 0, total_len)
     expected = SequenceShard(total_len, world_size, 0).local_len
     if local.shape[dim] != expected:
-        raise ValueError(f"a shard of {total_len} tokens over {world_size} ranks has {expected}, not {local.shape[dim]}")
+        got = local.shape[dim]
+        raise ValueError(f"a shard of {total_len} tokens over {world_size} ranks has {expected}, not {got}")
     local = local.contiguous()
     shards = [torch.empty_like(local) for _ in range(world_size)]
     dist.all_gather(shards, local, group=group)
@@ -104,6 +107,10 @@ class UlyssesAttention:
         total_seq_len: int,
         num_heads: int,
     ) -> None:
+        if world_size > 1 and dist.is_initialized():
+            actual = (dist.get_rank(group), dist.get_world_size(group))
+            if actual != (rank, world_size):
+                raise ValueError(f"rank {rank} of {world_size} is rank {actual[0]} of {actual[1]} in its group")
         self.group = group
         self.shard = SequenceShard(total_seq_len, world_size, rank)
         self.num_heads = num_heads

@@ -5,6 +5,7 @@ tokens and positions sharded and its output gathered as the decoder's driver doe
 
 from __future__ import annotations
 
+import multiprocessing
 import time
 from pathlib import Path
 
@@ -17,11 +18,13 @@ from tests.gpu_workers import ulysses_cases
 from tests.gpu_workers.ulysses_cases import ATTENTION_CASES, CASES, unsharded
 
 
-def run_group(world_size: int, out: Path, timeout_s: float = 120.0) -> dict[str, torch.Tensor]:
-    init_method = f"file://{out.parent / f'rendezvous-{world_size}'}"
-    ctx = mp.start_processes(
-        ulysses_cases.main, args=(world_size, init_method, str(out)), nprocs=world_size, join=False, start_method="spawn"
-    )
+def run_group(world_size: int, out: Path, timeout_s: float = 120.0) -> dict[int, dict[str, torch.Tensor]]:
+    init_method = f"file://{out.parent / 'rendezvous'}"
+    args = (world_size, init_method, str(out))
+    # forkserver, preloaded: torch is imported once, not once per rank (seconds each here),
+    # and the server that forks the ranks has never run a thread pool that fork could break
+    multiprocessing.get_context("forkserver").set_forkserver_preload([ulysses_cases.__name__])
+    ctx = mp.start_processes(ulysses_cases.main, args=args, nprocs=world_size, join=False, start_method="forkserver")
     deadline = time.monotonic() + timeout_s
     try:
         while not ctx.join(timeout=1.0):  # raises ProcessRaisedException when a rank fails
@@ -31,13 +34,22 @@ def run_group(world_size: int, out: Path, timeout_s: float = 120.0) -> dict[str,
         for process in ctx.processes:
             if process.is_alive():
                 process.kill()
-    results: dict[str, torch.Tensor] = torch.load(out)
+    results: dict[int, dict[str, torch.Tensor]] = torch.load(out)
     return results
 
 
-@pytest.fixture(scope="module", params=[2, 4], ids=lambda n: f"{n}-ranks")
-def group_results(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict[str, torch.Tensor]:
-    return run_group(request.param, tmp_path_factory.mktemp("ulysses") / "results.pt")
+@pytest.fixture(scope="module")
+def by_ranks(tmp_path_factory: pytest.TempPathFactory) -> dict[int, dict[str, torch.Tensor]]:
+    # One spawn serves both sizes (starting torch in a process costs seconds on this machine):
+    # 4 ranks, and the group of ranks 0 and 1 inside them.
+    return run_group(4, tmp_path_factory.mktemp("ulysses") / "results.pt")
+
+
+@pytest.fixture(params=[2, 4], ids=lambda n: f"{n}-ranks")
+def group_results(
+    request: pytest.FixtureRequest, by_ranks: dict[int, dict[str, torch.Tensor]]
+) -> dict[str, torch.Tensor]:
+    return by_ranks[request.param]
 
 
 @pytest.mark.parametrize("name", list(CASES))
@@ -46,6 +58,10 @@ def test_sharded_equals_unsharded(group_results: dict[str, torch.Tensor], name: 
     got = group_results[name]
     assert got.shape == expected.shape
     assert (got - expected).abs().max().item() < 1e-5
+
+
+def test_a_rank_that_misnames_its_place_in_the_group_is_refused(group_results: dict[str, torch.Tensor]) -> None:
+    assert "misnamed-rank-refused" in group_results
 
 
 def test_one_rank_is_plain_sdpa_and_needs_no_group() -> None:

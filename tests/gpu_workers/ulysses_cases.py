@@ -168,29 +168,47 @@ def unsharded(case: Case) -> torch.Tensor:
         return case.model()(*case.inputs())  # the DiT's own default attention
 
 
-def sharded(case: Case, rank: int, world_size: int) -> torch.Tensor:
-    attention = UlyssesAttention(None, world_size, rank, case.seq, case.heads)
+def sharded(case: Case, group: dist.ProcessGroup) -> torch.Tensor:
+    rank, world_size = dist.get_rank(group), dist.get_world_size(group)
+    attention = UlyssesAttention(group, world_size, rank, case.seq, case.heads)
     with torch.no_grad():
         if isinstance(case, AttentionCase):
             q, k, v = (shard_sequence(t, rank, world_size, dim=2)[0] for t in case.qkv())
-            return gather_sequence(attention(q, k, v), None, case.seq, dim=2)
+            return gather_sequence(attention(q, k, v), group, case.seq, dim=2)
         if isinstance(case, StackCase):
             x, _ = shard_sequence(case.tokens(), rank, world_size, dim=1)
-            return gather_sequence(case.model()(x, attention), None, case.seq, dim=1)
+            return gather_sequence(case.model()(x, attention), group, case.seq, dim=1)
         # as the decoder's driver: tokens and their positions sharded alike, the output gathered
         tokens, positions, timestep, vec = case.inputs()
         x, _ = shard_sequence(tokens, rank, world_size, dim=1)  # (B, L, token_in_dim)
         local_positions, _ = shard_sequence(positions, rank, world_size, dim=0)  # (L, 3), padding at (0, 0, 0)
         out = case.model()(x, local_positions, timestep, vec, attention=attention)  # (B, L, token_out_dim)
-        return gather_sequence(out, None, case.seq, dim=1)
+        return gather_sequence(out, group, case.seq, dim=1)
+
+
+def run_cases(group: dist.ProcessGroup) -> dict[str, torch.Tensor]:
+    results = {name: sharded(case, group) for name, case in CASES.items()}
+    rank, world_size = dist.get_rank(group), dist.get_world_size(group)
+    try:  # a rank that misnames its place in the group is refused, not left to hang
+        UlyssesAttention(group, world_size, (rank + 1) % world_size, 8, 4)
+    except ValueError:
+        results["misnamed-rank-refused"] = torch.ones(())
+    return results
 
 
 def main(rank: int, world_size: int, init_method: str, out: str) -> None:
-    torch.set_num_threads(1)  # 2 or 4 ranks share a 2-core machine
+    """Every case on the whole group, then on the group of ranks 0 and 1 (the 2-rank cases,
+    and a group that is not the default one); rank 0 saves {ranks: {case: gathered output}}."""
+    torch.set_num_threads(1)  # the ranks share a 2-core machine
     member = GroupMember(rank, world_size, init_method)
     init_group(member, "cpu", timeout_s=60.0)
     try:
-        results = {name: sharded(case, rank, world_size) for name, case in CASES.items()}
+        world = dist.group.WORLD
+        assert world is not None
+        pair = dist.new_group([0, 1])  # every rank takes part in making it, ranks 0 and 1 in using it
+        results = {world_size: run_cases(world)}
+        if rank < 2:
+            results[2] = run_cases(pair)
         dist.barrier()
     finally:
         destroy_group(member)
