@@ -100,11 +100,13 @@ class FlowMatchSchedule:
 
         time_shift = config.get("time_shift_type", d.time_shift_type)
         if time_shift not in _TIME_SHIFTS:
-            raise ValueError(f"scheduler config: time_shift_type {time_shift!r} is not one of {', '.join(_TIME_SHIFTS)}")
+            raise ValueError(f"scheduler config: time_shift_type {time_shift!r} is not {' or '.join(_TIME_SHIFTS)}")
         terminal = config.get("shift_terminal")
-        if terminal is not None and (isinstance(terminal, bool) or not isinstance(terminal, int | float) or not 0 <= terminal < 1):
+        bad_terminal = isinstance(terminal, bool) or not isinstance(terminal, int | float) or not 0 <= terminal < 1
+        if terminal is not None and bad_terminal:
             raise ValueError(f"scheduler config: shift_terminal must be in [0, 1), got {terminal!r}")
-        base_len, max_len = count("base_image_seq_len", d.base_image_seq_len), count("max_image_seq_len", d.max_image_seq_len)
+        base_len = count("base_image_seq_len", d.base_image_seq_len)
+        max_len = count("max_image_seq_len", d.max_image_seq_len)
         if base_len == max_len:
             raise ValueError(f"scheduler config: base_image_seq_len and max_image_seq_len are both {base_len}")
         return cls(
@@ -125,7 +127,9 @@ class FlowMatchSchedule:
             image_seq_len, self.base_image_seq_len, self.max_image_seq_len, self.base_shift, self.max_shift
         )
 
-    def sigmas(self, num_steps: int = DEFAULT_STEPS, image_seq_len: int | None = None, mu: float | None = None) -> torch.Tensor:
+    def sigmas(
+        self, num_steps: int = DEFAULT_STEPS, image_seq_len: int | None = None, mu: float | None = None
+    ) -> torch.Tensor:
         """(num_steps + 1,) float32, from 1 down to the appended 0: scheduler.sigmas after
         set_timesteps(num_steps, mu=mu). With dynamic shifting, mu (if not given) comes from
         image_seq_len, the DiT's token count; without it both are ignored."""
@@ -150,16 +154,22 @@ class FlowMatchSchedule:
         out = torch.from_numpy(sigmas).to(torch.float32)
         return torch.cat([out, torch.zeros(1)])
 
-    def timesteps(self, num_steps: int = DEFAULT_STEPS, image_seq_len: int | None = None, mu: float | None = None) -> torch.Tensor:
+    def timesteps(
+        self, num_steps: int = DEFAULT_STEPS, image_seq_len: int | None = None, mu: float | None = None
+    ) -> torch.Tensor:
         """(num_steps,) float32: scheduler.timesteps, sigmas * num_train_timesteps."""
         return self.sigmas(num_steps, image_seq_len, mu)[:-1] * self.num_train_timesteps
 
-    def model_timesteps(self, num_steps: int = DEFAULT_STEPS, image_seq_len: int | None = None, mu: float | None = None) -> torch.Tensor:
+    def model_timesteps(
+        self, num_steps: int = DEFAULT_STEPS, image_seq_len: int | None = None, mu: float | None = None
+    ) -> torch.Tensor:
         """(num_steps,) int64: the timesteps truncated toward zero, as the reference feeds its
         DiT (torch.full(..., t.item(), dtype=torch.long)); 999.99994 becomes 999."""
         return self.timesteps(num_steps, image_seq_len, mu).to(torch.int64)
 
-    def model_sigmas(self, num_steps: int = DEFAULT_STEPS, image_seq_len: int | None = None, mu: float | None = None) -> torch.Tensor:
+    def model_sigmas(
+        self, num_steps: int = DEFAULT_STEPS, image_seq_len: int | None = None, mu: float | None = None
+    ) -> torch.Tensor:
         """(num_steps,) float32: what the reference's DiT takes as its time input,
         model_timesteps / num_train_timesteps (its timestep embedding multiplies by 1000 again)."""
         return self.model_timesteps(num_steps, image_seq_len, mu).to(torch.float32) / self.num_train_timesteps

@@ -33,7 +33,8 @@ FLUX_SCHEDULER = {
 }
 
 
-def _pair(config: dict[str, Any]) -> tuple[FlowMatchSchedule, FlowMatchEulerDiscreteScheduler]:
+def _pair(config: dict[str, Any]) -> tuple[FlowMatchSchedule, Any]:
+    # Any: diffusers' config decorators hide the scheduler's attributes from mypy
     return FlowMatchSchedule.from_config(config), FlowMatchEulerDiscreteScheduler.from_config(config)
 
 
