@@ -42,6 +42,20 @@ def parse_size(text: str) -> int:
     return int(float(match.group(1)) * _FACTORS[unit])
 
 
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {value}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0.0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {text}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="omni-serve",
@@ -115,6 +129,38 @@ def build_parser() -> argparse.ArgumentParser:
         help="largest request body (media travel inline as base64; default 64MiB)",
     )
     p.add_argument("--worker-start-timeout", type=float, default=600.0)
+    load = p.add_argument_group("admission and deadlines")
+    load.add_argument(
+        "--max-queued-requests",
+        type=_positive_int,
+        help="requests that may wait for a model, across its workers; beyond it a 429 "
+        "(default: 2 x --max-num-seqs per live worker)",
+    )
+    load.add_argument(
+        "--max-queued-tokens",
+        type=_positive_int,
+        help="prompt tokens that may wait for a model, across its workers; beyond it a 429 "
+        "(default: 2 x the KV cache's tokens per live worker)",
+    )
+    load.add_argument(
+        "--request-timeout",
+        type=_positive_float,
+        metavar="SECONDS",
+        help="abort a request this long after its prompt is ready (a 504, or an error "
+        "event in a stream); a request may ask for less with the X-Request-Timeout header "
+        "(default: no deadline)",
+    )
+    load.add_argument(
+        "--max-queued-media-items",
+        type=_positive_int,
+        help="media items that may wait for a model's encoder; beyond it a 429 (default: 4 batches)",
+    )
+    load.add_argument(
+        "--max-queued-media-bytes",
+        type=parse_size,
+        help="bytes of media that may wait for a model's encoder; beyond it a 429 "
+        "(default: 8 x --max-media-bytes)",
+    )
     p.add_argument(
         "--shutdown-timeout",
         type=float,
@@ -307,6 +353,11 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
                 attention_backend=args.attention_backend,
                 num_threads=num_threads,
                 worker_start_timeout=args.worker_start_timeout,
+                max_queued_requests=args.max_queued_requests,
+                max_queued_tokens=args.max_queued_tokens,
+                request_timeout=args.request_timeout,
+                encoder_max_queued_items=args.max_queued_media_items,
+                encoder_max_queued_bytes=args.max_queued_media_bytes,
                 num_workers=num_workers,
                 devices=devices,
                 placement=args.placement,

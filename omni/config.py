@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from omni.admission import QueueLimits
 from omni.media.limits import MediaLimits
 
 
@@ -30,6 +32,13 @@ class EngineConfig:
     placement: str = "prefix-aware"
     placement_weights: tuple[tuple[str, float], ...] = ()
     worker_start_timeout: float = 600.0
+    # Admission (omni/admission.py): the most requests, and prompt tokens, that may wait for
+    # this model across its workers; None: derived from each live worker's KV cache and batch.
+    max_queued_requests: int | None = None
+    max_queued_tokens: int | None = None
+    # Seconds from a request's arrival at the scheduler after which it is aborted; None: no
+    # deadline unless the request asks for one.
+    request_timeout: float | None = None
     # The artifact store the workers open (the server's --store and its S3 settings).
     store: str = ""
     store_endpoint_url: str | None = None
@@ -39,12 +48,26 @@ class EngineConfig:
     encoder_dir: Path | None = None
     encoder_device: str | None = None  # default: the first LLM worker's device
     encoder_max_batch_items: int = 32
+    # Media items, and their bytes, that may wait for the encoder; None: derived from the
+    # batch size and the per-item byte limit (omni/encoder_engine.py).
+    encoder_max_queued_items: int | None = None
+    encoder_max_queued_bytes: int | None = None
     # The chat format (omni/chat_format.py): "auto" parsers follow the chat template.
     chat_template: str | None = None  # replaces the checkpoint's template
     trust_request_chat_template: bool = False
     tool_call_parser: str = "auto"
     enable_auto_tool_choice: bool = True
     reasoning_parser: str = "auto"
+
+    def queue_limits(self, shares: Sequence[QueueLimits]) -> QueueLimits:
+        """The model's queue limits: each flag that is set, else the sum of the given workers'
+        shares (QueueLimits.for_worker)."""
+        max_requests = self.max_queued_requests
+        max_tokens = self.max_queued_tokens
+        return QueueLimits(
+            sum(s.max_requests for s in shares) if max_requests is None else max_requests,
+            sum(s.max_tokens for s in shares) if max_tokens is None else max_tokens,
+        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,6 +4,10 @@ Requests submit items (one per media item and component) and await the result. W
 batch runs in the worker, newly submitted items queue; the next batch takes all of them (up
 to max_batch_items), so concurrent requests share forwards without any waiting window. Two
 requests submitting the same key share one encode.
+
+The queue is bounded in items and in their bytes, as the LLM's is in requests and tokens
+(omni/admission.py): an item beyond either bound is refused at once with Overloaded (a 429),
+unless the queue is empty. An item joining the encode of its key already queued is free.
 """
 
 from __future__ import annotations
@@ -15,11 +19,19 @@ import time
 from dataclasses import dataclass
 
 from omni import protocol
+from omni.admission import Limit, Overloaded
 from omni.metrics import Metrics
 from omni.supervisor import EngineError, SupervisedWorker
 from omni.worker_process import WorkerDied
 
 log = logging.getLogger("omni.encoder_engine")
+
+# Default queue bounds: this many batches of items, and this many of the largest items'
+# bytes (the per-item limit): a little over a second of a busy encoder's work, not minutes.
+QUEUED_BATCHES = 4
+QUEUED_LARGEST_ITEMS = 8
+# An encode takes one batch's time: long enough to wait before retrying.
+RETRY_AFTER_S = 1
 
 
 @dataclass(slots=True)
@@ -36,12 +48,21 @@ class EncoderEngine(SupervisedWorker):
         model_name: str,
         *,
         max_batch_items: int = 32,
+        max_queued_items: int | None = None,
+        max_queued_bytes: int | None = None,
         start_timeout: float = 600.0,
     ) -> None:
         super().__init__(spec, name=f"{model_name} encoder worker", start_timeout=start_timeout)
         self.metrics = metrics
         self.model_name = model_name
         self.max_batch_items = max_batch_items
+        if max_queued_items is None:
+            max_queued_items = QUEUED_BATCHES * max_batch_items
+        if max_queued_bytes is None:
+            max_queued_bytes = QUEUED_LARGEST_ITEMS * spec.media_limits.max_bytes
+        self.max_queued_items = max_queued_items
+        self.max_queued_bytes = max_queued_bytes
+        self._queued_bytes = 0  # of the items in _queue
         self.components: frozenset[str] = frozenset()
         self._queue: list[_Pending] = []
         self._inflight: list[_Pending] = []  # the batch the worker is running
@@ -61,15 +82,39 @@ class EncoderEngine(SupervisedWorker):
             raise EngineError("the encoder worker is not ready")
         future = self._by_key.get(key)
         if future is None:
+            self._check_room(len(data))
             future = asyncio.get_running_loop().create_future()
             self._next_id += 1
             item = protocol.EncodeItem(self._next_id, component, kind, key, data, fmt, param)
             self._queue.append(_Pending(item, future))
+            self._queued_bytes += len(data)
             self._by_key[key] = future
             future.add_done_callback(functools.partial(self._forget_key, key))
             self.wake()
         # shield: one waiter giving up (client gone) must not cancel the others' result
         return await asyncio.shield(future)
+
+    def _check_room(self, num_bytes: int) -> None:
+        if not self._queue:
+            return
+        if len(self._queue) + 1 > self.max_queued_items:
+            limit = Limit.MEDIA_ITEMS
+            what = f"{len(self._queue)} media items are waiting, and at most {self.max_queued_items} may"
+        elif self._queued_bytes + num_bytes > self.max_queued_bytes:
+            limit = Limit.MEDIA_BYTES
+            what = (
+                f"{self._queued_bytes} bytes of media are waiting; {num_bytes} more would pass "
+                f"{self.max_queued_bytes}"
+            )
+        else:
+            return
+        self.metrics.add_rejected(self.model_name, limit.value)
+        raise Overloaded(
+            self.model_name,
+            limit,
+            f"The encoder's queue is full: {what}. Please try again in {RETRY_AFTER_S} s.",
+            RETRY_AFTER_S,
+        )
 
     def _forget_key(self, key: str, _future: object) -> None:
         self._by_key.pop(key, None)
@@ -79,6 +124,7 @@ class EncoderEngine(SupervisedWorker):
             await self.wait_for_work()
             return
         batch, self._queue = self._queue[: self.max_batch_items], self._queue[self.max_batch_items :]
+        self._queued_bytes -= sum(len(p.item.data) for p in batch)
         self._inflight = batch
         try:
             await self._execute(batch)
@@ -123,6 +169,7 @@ class EncoderEngine(SupervisedWorker):
     def fail_pending(self, error: EngineError) -> None:
         self._fail(self._inflight + self._queue, error)
         self._inflight, self._queue = [], []
+        self._queued_bytes = 0
 
     @staticmethod
     def _fail(batch: list[_Pending], error: Exception) -> None:

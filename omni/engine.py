@@ -2,9 +2,9 @@
 
 Requests come in as scheduler Requests and leave as a stream of TokenEvents. One turn of the
 loop (run_once) runs one step: schedule -> send the Step -> await its StepResult -> update the
-scheduler -> hand each request its new token. Aborts (client gone, stop string) happen between
-awaits in the same loop, so the scheduler is only ever touched from one task. Spawning,
-restarting and stopping the worker are SupervisedWorker's (omni/supervisor.py).
+scheduler -> hand each request its new token. Aborts (client gone, stop string, a deadline
+passed) happen between awaits in the same loop, so the scheduler is only ever touched from one
+task. Spawning, restarting and stopping the worker are SupervisedWorker's (omni/supervisor.py).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from omni import protocol
+from omni.admission import Limit, Overloaded, QueueLimits, QueueLoad, retry_after_s
 from omni.config import EngineConfig
 from omni.constrained.constraint import MaskFiller, TokenConstraint
 from omni.metrics import Metrics
@@ -29,11 +30,36 @@ from scheduler.output import SchedulerOutput
 from scheduler.placement import WorkerState
 from scheduler.prefix_hash import BlockHash
 from scheduler.request import Request, RequestId, RequestStatus
-from scheduler.scheduler import Scheduler, SchedulerConfig
+from scheduler.scheduler import QueueFull, Scheduler, SchedulerConfig
 
-__all__ = ["EngineError", "LLMEngine", "PrefillDone", "RequestStream", "TokenEvent"]
+__all__ = [
+    "DeadlineExceeded",
+    "EngineError",
+    "LLMEngine",
+    "PrefillDone",
+    "RefusedAtSubmit",
+    "RequestStream",
+    "TokenEvent",
+]
 
 log = logging.getLogger("omni.engine")
+
+# Weight of the newest step in the computed-token rate behind Retry-After estimates.
+_RATE_SMOOTHING = 0.2
+
+
+class DeadlineExceeded(EngineError):
+    """The request ran past its deadline and was aborted (its KV blocks freed at once)."""
+
+
+class RefusedAtSubmit(EngineError):
+    """Overloaded, found only when the request was submitted (no ModelPool.admit reserved its
+    place). Assembly submits lazily, so a stream may have begun: the refusal travels as an
+    engine error, an SSE error event in a stream, a 429 in a JSON response (engine_error)."""
+
+    def __init__(self, overloaded: Overloaded) -> None:
+        super().__init__(overloaded.message)
+        self.overloaded = overloaded
 
 
 @dataclass(slots=True)
@@ -64,6 +90,8 @@ class RequestStream:
     prompt_logprobs: list[protocol.PromptLogprobs] = field(default_factory=list)
     first_token_time: float | None = None
     last_token_time: float | None = None
+    # Fires at the request's deadline, if it has one; cancelled however else it ends.
+    deadline_timer: asyncio.TimerHandle | None = None
 
     async def __aiter__(self) -> AsyncIterator[TokenEvent | PrefillDone]:
         while True:
@@ -126,6 +154,9 @@ class LLMEngine(SupervisedWorker):
         self._label = str(worker_id)  # the metrics' worker label
         self.scheduler: Scheduler | None = None
         self.max_model_len = 0
+        self.num_kv_tokens = 0  # what the worker's KV cache holds, known once it is ready
+        # Tokens computed per second of step time, smoothed: what Retry-After is estimated from.
+        self.tokens_per_second = 0.0
         self._streams: dict[RequestId, RequestStream] = {}
         self._prefix_seen = (0, 0)
         self._preemptions_seen = 0
@@ -138,14 +169,21 @@ class LLMEngine(SupervisedWorker):
     def on_ready(self, ready: protocol.LLMReady) -> None:
         # The context can never exceed what the KV cache holds for one request.
         self.max_model_len = min(ready.max_model_len, ready.num_kv_blocks * ready.block_size)
+        self.num_kv_tokens = ready.num_kv_blocks * ready.block_size
         block_manager = BlockManager(
             ready.num_kv_blocks, ready.block_size, self.config.enable_prefix_caching
         )
+        # The backstop behind the pool's admission: the whole model's queue may be placed on
+        # this one worker, and preempted requests (at most a full batch and a full cache)
+        # rejoin its queue beyond any bound.
+        model_limits = self.config.queue_limits([self.queue_limits] * self.config.num_workers)
         self.scheduler = Scheduler(
             SchedulerConfig(
                 max_num_seqs=self.config.max_num_seqs,
                 max_num_batched_tokens=self.config.max_num_batched_tokens,
                 max_model_len=self.max_model_len,
+                max_num_waiting=model_limits.max_requests + self.config.max_num_seqs,
+                max_num_waiting_tokens=model_limits.max_tokens + self.num_kv_tokens,
             ),
             block_manager,
         )
@@ -162,17 +200,44 @@ class LLMEngine(SupervisedWorker):
         )
 
     # ---- requests --------------------------------------------------------------------
+    @property
+    def queue_limits(self) -> QueueLimits:
+        """This worker's share of its model's default queue limits (once it is ready)."""
+        return QueueLimits.for_worker(self.config.max_num_seqs, self.num_kv_tokens)
+
+    @property
+    def queued(self) -> QueueLoad:
+        """What waits in this worker's scheduler: requests, and the tokens they must compute."""
+        if self.scheduler is None:
+            return QueueLoad(0, 0)
+        return QueueLoad(self.scheduler.num_waiting, self.scheduler.num_waiting_tokens)
+
     def submit(
         self,
         request: Request,
         block_hashes: list[BlockHash] | None = None,
         constraint: TokenConstraint | None = None,
+        *,
+        timeout: float | None = None,
     ) -> RequestStream:
+        """Queue a request; timeout: seconds from its arrival after which it is aborted and
+        its stream raises DeadlineExceeded."""
         if not self.ready or self.scheduler is None:
             raise EngineError("the model's worker is not ready")
+        try:
+            self.scheduler.add_request(request)
+        except QueueFull as exc:
+            limit = Limit.TOKENS if exc.bound == "tokens" else Limit.REQUESTS
+            wait = retry_after_s(self.scheduler.num_waiting_tokens, self.tokens_per_second)
+            self.metrics.add_rejected(self.config.model_name, limit.value)
+            overloaded = Overloaded(self.config.model_name, limit, f"The model's queue is full: {exc}.", wait)
+            raise RefusedAtSubmit(overloaded) from None
         stream = RequestStream(request, self.worker_id, constraint)
         self._streams[request.request_id] = stream
-        self.scheduler.add_request(request)
+        if timeout is not None:
+            delay = max(0.0, request.arrival_time + timeout - time.monotonic())
+            loop = asyncio.get_running_loop()
+            stream.deadline_timer = loop.call_later(delay, self._expire, request.request_id, timeout)
         if block_hashes:
             self._inflight.add(request.request_id, block_hashes)
         if constraint is not None:
@@ -200,8 +265,12 @@ class LLMEngine(SupervisedWorker):
         """Drop the server-side bookkeeping of a request that ended, however it ended."""
         self._inflight.remove(request_id)
         stream = self._streams.pop(request_id, None)
-        if stream is not None and stream.constraint is not None:
+        if stream is None:
+            return None
+        if stream.constraint is not None:
             self._num_constrained -= 1
+        if stream.deadline_timer is not None:
+            stream.deadline_timer.cancel()
         return stream
 
     def abort(
@@ -216,6 +285,18 @@ class LLMEngine(SupervisedWorker):
             self.scheduler.abort_request(request_id, status)
         if stream is not None:
             self.metrics.request_finished(self.config.model_name, status.value, stream.request)
+        self.wake()
+
+    def _expire(self, request_id: RequestId, timeout: float) -> None:
+        """The request's deadline passed: abort it as a disconnect would (its blocks are
+        free before the next step) and tell its consumer why."""
+        stream = self._forget(request_id)
+        if stream is None or self.scheduler is None:
+            return
+        self.scheduler.abort_request(request_id)
+        stream.queue.put_nowait(DeadlineExceeded(f"The request did not finish within its {timeout:g} s deadline."))
+        self.metrics.request_finished(self.config.model_name, "timeout", stream.request)
+        self._update_gauges()
         self.wake()
 
     # ---- the step loop ---------------------------------------------------------------
@@ -254,6 +335,9 @@ class LLMEngine(SupervisedWorker):
         self.metrics.add_step(
             self.config.model_name, self._label, output.total_num_scheduled_tokens, elapsed
         )
+        if elapsed > 0.0:
+            rate = output.total_num_scheduled_tokens / elapsed
+            self.tokens_per_second += _RATE_SMOOTHING * (rate - self.tokens_per_second)
         if isinstance(reply, protocol.WorkerError):
             self._fail_step(output, EngineError(f"worker error: {reply.message}"))
             return
@@ -375,6 +459,8 @@ class LLMEngine(SupervisedWorker):
         for request_id, stream in list(self._streams.items()):
             if self.scheduler is not None:
                 self.scheduler.abort_request(request_id)
+            if stream.deadline_timer is not None:
+                stream.deadline_timer.cancel()
             stream.queue.put_nowait(error)
         self._streams.clear()
         self._inflight.clear()

@@ -121,6 +121,14 @@ class Metrics:
             ["model", "worker", "reason"],
             registry=r,
         )
+        self.requests_rejected = Counter(
+            "omni_requests_rejected",
+            "Requests refused with 429 before any work was queued, by the bound that refused "
+            "them: requests or tokens (the model's queue), media_items or media_bytes (the "
+            "encoder's, counted per refused item).",
+            ["model", "reason"],
+            registry=r,
+        )
         self.preemptions = Counter(
             "omni_preemptions",
             "Requests preempted for lack of KV-cache blocks.",
@@ -212,6 +220,9 @@ class Metrics:
 
     def add_placement(self, model: str, worker: str, reason: str) -> None:
         self.placements.labels(model, worker, reason).inc()
+
+    def add_rejected(self, model: str, reason: str) -> None:
+        self.requests_rejected.labels(model, reason).inc()
 
     def add_preemptions(self, model: str, worker: str, n: int = 1) -> None:
         self.preemptions.labels(model, worker).inc(n)

@@ -1,8 +1,10 @@
 """OpenAI-style errors: {"error": {"message", "type", "param", "code"}} with the right status.
 
 Handlers raise APIError (usually through the helpers below); error_middleware turns it, the
-media layer's MediaError (a 400 naming the part), any aiohttp HTTP error (unknown route, wrong method, body too large) and any unexpected exception
-into that JSON shape, so a client never sees an HTML error page.
+media layer's MediaError (a 400 naming the part), admission's Overloaded (a 429 with
+Retry-After), an engine's EngineError (503; 504 for a passed deadline), any aiohttp HTTP error
+(unknown route, wrong method, body too large) and any unexpected exception into that JSON
+shape, so a client never sees an HTML error page.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ import orjson
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
+from omni.admission import Overloaded
+from omni.engine import DeadlineExceeded, EngineError, RefusedAtSubmit
 from omni.media.errors import MediaError
 
 logger = logging.getLogger(__name__)
@@ -89,6 +93,29 @@ def service_unavailable(message: str, *, retry_after_s: int | None = None) -> AP
     return APIError(503, message, code="service_unavailable", headers=headers)
 
 
+def too_many_requests(exc: Overloaded) -> APIError:
+    """OpenAI's answer to a rate limit: 429, code rate_limit_exceeded, the type naming the
+    limit ("requests", "tokens"), and when to retry; the OpenAI clients retry it themselves."""
+    return APIError(
+        429,
+        exc.message,
+        type=exc.limit.value,
+        code="rate_limit_exceeded",
+        headers={"Retry-After": str(exc.retry_after_s)},
+    )
+
+
+def engine_error(exc: EngineError) -> APIError:
+    """A request its engine could not complete: a passed deadline is a 504 (gRPC's
+    DEADLINE_EXCEEDED maps to it, and the server gave up on its own clock, not the client's),
+    a refusal at submission a 429, a failed worker a 503."""
+    if isinstance(exc, DeadlineExceeded):
+        return APIError(504, str(exc), code="deadline_exceeded")
+    if isinstance(exc, RefusedAtSubmit):
+        return too_many_requests(exc.overloaded)
+    return service_unavailable(str(exc))
+
+
 def internal_error(
     message: str = "The server had an error while processing your request.",
 ) -> APIError:
@@ -120,9 +147,17 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
     try:
         return await handler(request)
     except APIError as e:
+        # An API error raised from an engine error (assembly's 503 for any of them) answers
+        # as that engine error does: a passed deadline is a 504, a refusal a 429.
+        if isinstance(e.__cause__, EngineError):
+            return engine_error(e.__cause__).to_response()
         return e.to_response()
     except MediaError as e:  # the media layer knows nothing of HTTP: its errors are the client's
         return bad_request(e.message, param=e.param).to_response()
+    except Overloaded as e:
+        return too_many_requests(e).to_response()
+    except EngineError as e:
+        return engine_error(e).to_response()
     except web.HTTPException as e:
         if e.status < 400:
             raise  # redirects and other non-errors pass through unchanged

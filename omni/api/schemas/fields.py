@@ -75,6 +75,31 @@ def _json_type(value: Json) -> str:
         return "an object"
     return type(value).__name__
 
+# ----------------------------------------------------------------------------- headers
+
+# A header, not a body field: it means the same on every endpoint, and neither OpenAI's nor
+# vLLM's body has a field for it (the OpenAI client's own timeout never reaches the server).
+REQUEST_TIMEOUT_HEADER = "X-Request-Timeout"
+
+
+def request_timeout(request: web.Request) -> float | None:
+    """The deadline the client asks for, in seconds from its prompt being ready; the server's
+    --request-timeout caps it (ModelPool.admit)."""
+    text = request.headers.get(REQUEST_TIMEOUT_HEADER)
+    if text is None:
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0.0):
+        raise bad_request(
+            f"The {REQUEST_TIMEOUT_HEADER} header must be a positive number of seconds, got {text!r}.",
+            code="invalid_header",
+        )
+    return value
+
+
 
 def type_error(param: str, expected: str, value: Json) -> APIError:
     return bad_request(

@@ -1,0 +1,187 @@
+"""Overload through the real server: a burst beyond the queue limits is refused at once with
+429 and Retry-After while every admitted request finishes, the OpenAI client retries such
+refusals by itself, and a request past its deadline is aborted with its KV blocks freed.
+
+The burst's figures (admitted, refused, the server's peak resident memory, the time) are
+printed (run with -s to see them), never asserted: no timing or memory thresholds here, only
+generous hang guards."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.e2e.conftest import read_metric
+from tests.e2e.server import PROCESSES, running_server, worker_pids
+
+MODEL = "m"
+MAX_NUM_SEQS = 2
+MAX_QUEUED_REQUESTS = 4
+# What the limits admit at once: a running batch and a full queue; the burst is 4x that.
+BURST = 4 * (MAX_NUM_SEQS + MAX_QUEUED_REQUESTS)
+HANG_GUARD_S = 120.0
+
+
+@pytest.fixture(scope="module")
+def small_server(tiny_model_dir: Path) -> Iterator[str]:
+    with running_server(
+        "--model", f"{MODEL}={tiny_model_dir}",
+        "--block-size", "4",
+        "--num-kv-blocks", "256",
+        "--max-model-len", "1024",
+        "--max-num-seqs", str(MAX_NUM_SEQS),
+        "--max-queued-requests", str(MAX_QUEUED_REQUESTS),
+    ) as base:  # fmt: skip
+        yield base
+
+
+@pytest.fixture(scope="module")
+def deadline_server(tiny_model_dir: Path) -> Iterator[str]:
+    with running_server(
+        "--model", f"{MODEL}={tiny_model_dir}",
+        "--block-size", "4",
+        "--num-kv-blocks", "256",
+        "--max-model-len", "1024",
+        "--request-timeout", "0.5",
+    ) as base:  # fmt: skip
+        yield base
+
+
+def chat(i: int, max_tokens: int, *, stream: bool = False) -> dict[str, object]:
+    return {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": f"Count to ten, {i}."}],
+        "max_tokens": max_tokens,
+        "ignore_eos": True,  # every admitted request runs its full length
+        "stream": stream,
+    }
+
+
+class RssSampler:
+    """The peak resident memory of the server process and of its workers, sampled from /proc
+    every few milliseconds while the block runs."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.peak_server_kib = 0
+        self.peak_total_kib = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    @staticmethod
+    def _rss_kib(pid: int) -> int:
+        try:
+            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1])
+        except (FileNotFoundError, ProcessLookupError):
+            pass
+        return 0
+
+    def _run(self) -> None:
+        workers = worker_pids(self.pid)
+        while not self._stop.wait(0.005):
+            server = self._rss_kib(self.pid)
+            self.peak_server_kib = max(self.peak_server_kib, server)
+            self.peak_total_kib = max(self.peak_total_kib, server + sum(self._rss_kib(w) for w in workers))
+
+    def __enter__(self) -> RssSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+async def _burst(base: str) -> list[httpx.Response]:
+    limits = httpx.Limits(max_connections=BURST)
+    async with httpx.AsyncClient(base_url=base, timeout=HANG_GUARD_S, limits=limits) as client:
+        return await asyncio.gather(*(client.post("/v1/chat/completions", json=chat(i, 64)) for i in range(BURST)))
+
+
+def test_a_burst_beyond_the_limits_is_refused_at_once_and_the_rest_finish(small_server: str) -> None:
+    before = read_metric(small_server, "omni_requests_rejected_total", model=MODEL, reason="requests")
+    with RssSampler(PROCESSES[small_server].pid) as rss:
+        start = time.monotonic()
+        responses = asyncio.run(asyncio.wait_for(_burst(small_server), HANG_GUARD_S))
+        elapsed = time.monotonic() - start
+    admitted = [r for r in responses if r.status_code == 200]
+    refused = [r for r in responses if r.status_code == 429]
+    assert len(admitted) + len(refused) == BURST, sorted({r.status_code for r in responses})
+    assert refused, "a burst 4x the limits was all admitted"
+    assert len(admitted) >= MAX_QUEUED_REQUESTS  # the queue fills before anything is refused
+    for r in refused:
+        assert int(r.headers["Retry-After"]) >= 1
+        error = r.json()["error"]
+        assert (error["type"], error["code"], error["param"]) == ("requests", "rate_limit_exceeded", None)
+        assert "queue is full" in error["message"]
+    for r in admitted:
+        body = r.json()
+        assert body["choices"][0]["finish_reason"] == "length"
+        assert body["usage"]["completion_tokens"] == 64
+    after = read_metric(small_server, "omni_requests_rejected_total", model=MODEL, reason="requests")
+    assert after - before == len(refused)
+    assert read_metric(small_server, "omni_requests_waiting", model=MODEL) == 0
+    assert read_metric(small_server, "omni_kv_cache_usage_ratio", model=MODEL) == 0
+    refusal_times = sorted(r.elapsed.total_seconds() for r in refused)
+    print(
+        f"\nburst of {BURST}: {len(admitted)} admitted (200), {len(refused)} refused (429) in "
+        f"{elapsed:.2f} s; slowest refusal {refusal_times[-1] * 1000:.0f} ms; peak RSS: server "
+        f"{rss.peak_server_kib / 1024:.0f} MiB, server and workers {rss.peak_total_kib / 1024:.0f} MiB"
+    )
+
+
+def test_the_openai_client_retries_refusals_by_itself(small_server: str) -> None:
+    openai = pytest.importorskip("openai")
+
+    async def burst() -> list[str | None]:
+        client = openai.AsyncOpenAI(base_url=f"{small_server}/v1", api_key="none", max_retries=10, timeout=HANG_GUARD_S)
+        async with client:
+            replies = await asyncio.gather(
+                *(
+                    client.chat.completions.create(
+                        model=MODEL,
+                        messages=[{"role": "user", "content": f"Count to ten, {i}."}],
+                        max_tokens=16,
+                        extra_body={"ignore_eos": True},
+                    )
+                    for i in range(2 * (MAX_NUM_SEQS + MAX_QUEUED_REQUESTS))
+                )
+            )
+        return [r.choices[0].finish_reason for r in replies]
+
+    assert asyncio.run(asyncio.wait_for(burst(), HANG_GUARD_S)) == ["length"] * (2 * (MAX_NUM_SEQS + MAX_QUEUED_REQUESTS))
+
+
+def test_a_stream_past_its_deadline_ends_with_an_error_and_frees_its_blocks(deadline_server: str) -> None:
+    events: list[str] = []
+    body = chat(0, 1000, stream=True)  # about 1000 steps: far past half a second on any device
+    with httpx.stream("POST", f"{deadline_server}/v1/chat/completions", json=body, timeout=HANG_GUARD_S) as r:
+        assert r.status_code == 200
+        for line in r.iter_lines():
+            if line.startswith("data: "):
+                events.append(line[6:])
+    assert events[-1] == "[DONE]"
+    error = json.loads(events[-2])["error"]
+    assert "0.5 s deadline" in error["message"]
+    assert len(events) > 3  # the role chunk, some text, then the error
+    assert read_metric(deadline_server, "omni_kv_cache_usage_ratio", model=MODEL) == 0
+    assert read_metric(deadline_server, "omni_requests_running", model=MODEL) == 0
+    assert read_metric(deadline_server, "omni_requests_total", model=MODEL, finish_reason="timeout") >= 1
+
+
+def test_a_request_past_its_deadline_is_a_504(deadline_server: str) -> None:
+    r = httpx.post(f"{deadline_server}/v1/chat/completions", json=chat(1, 1000), timeout=HANG_GUARD_S)
+    assert r.status_code == 504
+    error = r.json()["error"]
+    assert error["code"] == "deadline_exceeded"
+    assert "0.5 s deadline" in error["message"]
+    assert read_metric(deadline_server, "omni_kv_cache_usage_ratio", model=MODEL) == 0
