@@ -1,0 +1,146 @@
+"""schemathesis against the OpenAPI document, on the shared tiny server (loopback): no 5xx,
+every error an OpenAI error object whose param names a field when the error is about one,
+and every response as the document says (status, content type, body).
+
+The cases come from the document built here, openapi_document(["omni-tiny"]);
+test_the_server_serves_this_document checks that /openapi.json is that same document (it
+skips while app.py does not route it). Bounded: MAX_EXAMPLES per operation, and a body the
+server would run long on is cut down before it is sent (_bounded).
+"""
+
+from __future__ import annotations
+
+import re
+import urllib.error
+import urllib.request
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+import orjson
+import pytest
+import schemathesis
+from hypothesis import HealthCheck, settings
+from schemathesis import GenerationMode
+from schemathesis.checks import (
+    content_type_conformance,
+    negative_data_rejection,
+    not_a_server_error,
+    response_schema_conformance,
+    status_code_conformance,
+)
+
+from omni.api.openapi import OPENAPI_PATH, openapi_document
+from omni.api.schemas.known_fields import FIELDS, PATHS
+
+MAX_EXAMPLES = 60
+# Per generated body: the tokens it may ask for and the choices it may run, so that a case
+# costs milliseconds on the tiny model. Values the server refuses anyway are left as they are.
+MAX_TOKENS = 8
+MAX_CHOICES = 2
+# The codes of an error about one field: it must say which (param).
+FIELD_CODES = frozenset(
+    {"invalid_type", "invalid_value", "unsupported_parameter", "missing_required_parameter", "unknown_parameter"}
+)
+ENDPOINTS = {path: endpoint for endpoint, path in PATHS.items()}
+
+DOC = openapi_document(["omni-tiny"])
+schema = schemathesis.openapi.from_dict(DOC)
+schema.config.generation.update(modes=list(GenerationMode))  # valid bodies and invalid ones
+# The coverage phase makes every boundary case the schema has (about 1500 chat bodies, 2 minutes):
+# examples and MAX_EXAMPLES fuzzed ones per operation keep the run bounded.
+schema.config.phases.update(phases=["examples", "fuzzing"])
+
+CASES: Counter[str] = Counter()  # "POST /v1/completions" -> cases sent
+STATUSES: Counter[int] = Counter()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def case_count() -> Iterator[None]:
+    yield
+    print(f"\nopenapi fuzz: {sum(CASES.values())} cases, statuses {dict(sorted(STATUSES.items()))}: {dict(CASES)}")
+
+
+def _bounded(body: Any) -> None:
+    """Cut the run a valid body asks for: at most MAX_TOKENS tokens (none given means the
+    whole context) and MAX_CHOICES choices."""
+    if not isinstance(body, dict):
+        return
+
+    def is_int(v: Any) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool)
+
+    for key in ("max_tokens", "max_completion_tokens"):
+        if is_int(body.get(key)) and MAX_TOKENS < body[key] <= 1024:
+            body[key] = MAX_TOKENS
+    if body.get("max_tokens") is None and body.get("max_completion_tokens") is None:
+        body["max_tokens"] = MAX_TOKENS
+    if is_int(body.get("n")) and MAX_CHOICES < body["n"] <= 16:
+        body["n"] = MAX_CHOICES
+
+
+def _dump(body: Any) -> str:
+    try:
+        return orjson.dumps(body).decode()
+    except TypeError:
+        return repr(body)
+
+
+def _field_root(param: str) -> str:
+    """messages[0].content -> messages; stream_options.include_usage -> stream_options."""
+    return re.split(r"[.\[]", param, maxsplit=1)[0]
+
+
+def _check_error(path: str, status: int, body: Any) -> None:
+    assert isinstance(body, dict) and set(body) == {"error"}, body
+    error = body["error"]
+    assert isinstance(error, dict) and set(error) == {"message", "type", "param", "code"}, error
+    assert isinstance(error["message"], str) and error["message"], error
+    assert isinstance(error["type"], str), error
+    assert error["param"] is None or isinstance(error["param"], str), error
+    assert error["code"] is None or isinstance(error["code"], str), error
+    endpoint = ENDPOINTS.get(path)
+    if endpoint is None or status != 400:
+        return
+    fields = set(FIELDS[endpoint]) | {"extra_body"}
+    if error["code"] in FIELD_CODES:
+        assert error["param"] is not None, error
+    if error["param"] is not None and error["code"] != "unknown_parameter":
+        assert _field_root(error["param"]) in fields, error
+    quoted = set(re.findall(r"'([a-z_]+)'", error["message"])) & fields
+    if quoted:  # "Invalid type for 'n'": the error is about n
+        assert error["param"] is not None and _field_root(error["param"]) in fields, error
+
+
+@schema.parametrize()
+@settings(max_examples=MAX_EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
+def test_fuzz(case: schemathesis.Case, server: str) -> None:
+    _bounded(case.body)
+    CASES[f"{case.method} {case.path}"] += 1
+    response = case.call(base_url=server, timeout=60)
+    STATUSES[response.status_code] += 1
+    if response.status_code >= 500:  # pytest.fail: the whole body, which an assert's repr would cut
+        pytest.fail(f"{response.status_code} {response.text[:2000]}\nbody: {_dump(case.body)}")
+    if response.status_code >= 400 and not (case.path in ("/health", "/ready") and response.status_code == 503):
+        _check_error(case.path, response.status_code, response.json())
+    case.validate_response(
+        response,
+        checks=[
+            not_a_server_error,
+            status_code_conformance,
+            content_type_conformance,
+            response_schema_conformance,
+            negative_data_rejection,
+        ],
+    )
+
+
+def test_the_server_serves_this_document(server: str) -> None:
+    try:
+        with urllib.request.urlopen(server + OPENAPI_PATH, timeout=10) as r:
+            served = orjson.loads(r.read())
+    except urllib.error.HTTPError as e:
+        if e.code == 404:
+            pytest.skip(f"omni/app.py does not route {OPENAPI_PATH} yet")
+        raise
+    assert served == DOC
