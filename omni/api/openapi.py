@@ -687,6 +687,7 @@ _ERRORS: dict[str, tuple[str, bool]] = {  # status -> (description, with Retry-A
     "429": ("Too many requests are waiting; retry after Retry-After seconds.", True),
     "500": ("The server had an error while processing the request.", False),
     "503": ("The model is starting, or its worker failed.", True),
+    "504": ("The request passed its deadline (--request-timeout) and was aborted.", False),
 }
 
 
@@ -735,7 +736,7 @@ def _generation(endpoint: Endpoint, summary: str, result: str, chunk: str) -> Sc
                         },
                     },
                 },
-                **_errors("400", "401", "404", "413", "429", "500", "503"),
+                **_errors("400", "401", "404", "413", "429", "500", "503", "504"),
             },
         }
     }
