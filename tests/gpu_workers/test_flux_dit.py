@@ -187,8 +187,10 @@ def test_sharded_forward_equals_unsharded(ours: FluxDiT) -> None:
 
     with ThreadPoolExecutor(len(shards)) as pool:
         outs = list(pool.map(run, range(len(shards))))
+    # equal up to float rounding (SDPA over fewer query rows blocks its sums differently)
+    scale = full.abs().max().item()
     for index, out in zip(shards, outs, strict=True):
-        assert (out - full[:, index]).abs().max().item() < 1e-5
+        assert (out - full[:, index]).abs().max().item() < 1e-6 * scale
 
 
 def test_condition_from_codes() -> None:
