@@ -1,7 +1,7 @@
 """Flux-style single-stream DiT: the image decoder's denoiser.
 
-One denoising step, for a latent of h x w (the image over the VAE's 8x) and a token grid of
-gh x gw = h/2 x w/2:
+One denoising step, for a latent of h x w (the image's size / 8, the VAE's factor) and a
+token grid of gh x gw = h/2 x w/2 (a 768 x 768 image: 96 x 96 latent, 48 x 48 = 2,304 tokens):
 
     condition_from_codes(codes, codebook, (h, w))   (B, cond, h, w) map, (B, cond) vec
     cat([noisy latent, cond map], channels)         (B, in + cond, h, w)
@@ -36,14 +36,15 @@ same values. Hence splitting the tokens into shards (any split: contiguous or no
 sizes) and passing an `attention` that attends each shard's q over every shard's k and v
 (e.g. all-to-all to head shards, full attention, all-to-all back) gives, row for row, the
 unsharded output. The tokens' order inside a sequence does not matter either: positions
-travel with them.
+travel with them. Padding a shard is exact too, provided `attention` masks the padded keys
+(their positions may be anything) and the padded rows are dropped from the output.
 
 `timestep`: diffusers' FluxTransformer2DModel takes sigma in [0, 1] and multiplies it by
 1000 inside; this model takes the multiplied value, so that a sampler can truncate it to an
 integer as the reference does while its Euler step keeps the exact sigma.
 
-Weights. Our names (what from_dir checkpoints hold and what the embedded tiny checkpoint
-uses) against diffusers' FluxTransformer2DModel with num_layers=0 double-stream blocks:
+Weights. Our names (what our checkpoints hold, a tiny embedded one included) against
+diffusers' FluxTransformer2DModel with num_layers=0 double-stream blocks:
 
     time_embed.linear_{1,2}        time_text_embed.timestep_embedder.linear_{1,2}
     vec_embed.linear_{1,2}         time_text_embed.text_embedder.linear_{1,2}
