@@ -144,3 +144,34 @@ def test_the_server_serves_this_document(server: str) -> None:
             pytest.skip(f"omni/app.py does not route {OPENAPI_PATH} yet")
         raise
     assert served == DOC
+
+
+# What the fuzzer found, kept as fixed cases: its own runs are random.
+FOUND = [
+    pytest.param(
+        "/v1/completions",
+        {"prompt": "0", "allowed_token_ids": [0], "guided_choice": ["0"]},
+        id="allowed-token-ids-outside-the-grammar",
+    ),
+    pytest.param(
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": "hi"}], "repetition_penalty": 1e-40},
+        id="repetition-penalty-below-float32",
+    ),
+]
+
+
+@pytest.mark.parametrize("path, body", FOUND)
+def test_found_by_the_fuzzer(server: str, path: str, body: dict[str, Any]) -> None:
+    request = urllib.request.Request(
+        server + path,
+        orjson.dumps({"model": "omni-tiny", "max_tokens": MAX_TOKENS, **body}),
+        {"Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=60) as r:
+            status = r.status
+    except urllib.error.HTTPError as e:
+        status = e.code
+        _check_error(path, status, orjson.loads(e.read()))
+    assert status < 500
