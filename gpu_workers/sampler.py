@@ -105,6 +105,8 @@ class Sampler:
     ) -> list[SampleOutput]:
         n = logits.shape[0]
         x = process_logits(logits, options, histories)  # logits itself when no row adjusts
+        if x is not logits:
+            x = _fall_back_where_empty(x, logits)
         token_ids = torch.empty(n, dtype=torch.int64, device=logits.device)
         greedy = [i for i, o in enumerate(options) if is_greedy(o)]
         if len(greedy) == n:
@@ -190,6 +192,17 @@ def process_logits(
         x.index_put_(index, torch.tensor(b, dtype=x.dtype, device=x.device), accumulate=True)
     _apply_penalties(x, [(i, options[i], histories[i]) for i in rows])
     return x
+
+
+def _fall_back_where_empty(x: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+    """A row the processors left with nothing to sample (allowed_token_ids or bad_words that
+    exclude every token a grammar allows, or a penalty that overflowed) samples from its
+    logits as they came, grammar mask included: the grammar wins over the processors, and
+    the request goes on rather than failing its whole step."""
+    dead = ~torch.isfinite(x).any(dim=-1) | torch.isnan(x).any(dim=-1) | torch.isposinf(x).any(dim=-1)
+    if not bool(dead.any()):
+        return x
+    return torch.where(dead[:, None], logits, x)
 
 
 def _keep_allowed(x: torch.Tensor, rows: list[tuple[int, list[int] | None]]) -> None:

@@ -250,6 +250,21 @@ def media_limits_from_args(args: argparse.Namespace) -> MediaLimits:
     return limits
 
 
+def _check_encoder_queue(args: argparse.Namespace, limits: MediaLimits) -> None:
+    """The encoder admits a request's items one by one: its queue must hold every item one
+    request may bring (an image or audio clip is two items, its continuous and its discrete
+    encoding), or a request could be refused by its own items on an idle encoder."""
+    items = args.max_queued_media_items
+    if items is not None and items < 2 * limits.max_items_per_request:
+        raise SystemExit(
+            f"omni-serve: --max-queued-media-items must be at least {2 * limits.max_items_per_request} "
+            "(two per item of --max-media-items)"
+        )
+    size = args.max_queued_media_bytes
+    if size is not None and size < limits.max_bytes:
+        raise SystemExit("omni-serve: --max-queued-media-bytes must be at least --max-media-bytes")
+
+
 def default_model_dir() -> Path:
     """Make (once) the embedded small random checkpoint, in a child so we never load torch."""
     out = subprocess.run(
@@ -322,6 +337,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
     if dtype == "auto":
         dtype = "float32" if on_cpu else "bfloat16"
     limits = media_limits_from_args(args)
+    _check_encoder_queue(args, limits)
     chat_template = _chat_template(args.chat_template)
     for flag, name, known in (
         ("--tool-call-parser", args.tool_call_parser, TOOL_PARSERS),

@@ -36,8 +36,8 @@ class EngineConfig:
     # this model across its workers; None: derived from each live worker's KV cache and batch.
     max_queued_requests: int | None = None
     max_queued_tokens: int | None = None
-    # Seconds from a request's arrival at the scheduler after which it is aborted; None: no
-    # deadline unless the request asks for one.
+    # Seconds from a request's prompt being ready (Request.arrival_time) after which it is
+    # aborted; None: no deadline unless the request asks for one (X-Request-Timeout).
     request_timeout: float | None = None
     # The artifact store the workers open (the server's --store and its S3 settings).
     store: str = ""

@@ -255,3 +255,25 @@ def test_validate_options_refuses_malformed_processors() -> None:
         with pytest.raises(ValueError):
             validate_options(options)
     validate_options(SamplingOptions(repetition_penalty=1.2, min_p=0.1, allowed_token_ids=[0], min_tokens=2))
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_row_the_processors_empty_falls_back_to_its_masked_logits(temperature: float) -> None:
+    """allowed_token_ids that exclude every token a grammar allows (the grammar mask is already
+    in the logits): the grammar wins and the step goes on, greedy or sampled."""
+    x = logits(2, 50, seed=3)
+    x[0, :] = -INF
+    x[0, [7, 9]] = 0.0  # the grammar allows only 7 and 9
+    options = [
+        SamplingOptions(temperature=temperature, allowed_token_ids=[3]),
+        SamplingOptions(temperature=temperature, allowed_token_ids=[3]),
+    ]
+    out = Sampler().sample(x, options, [gen(0), gen(1)], no_history(2))
+    assert out[0].token_id in (7, 9) and out[1].token_id == 3
+
+
+def test_an_overflowing_penalty_falls_back_too() -> None:
+    x = logits(1, 50, seed=4)
+    options = [SamplingOptions(temperature=1.0, repetition_penalty=1e-320)]
+    out = Sampler().sample(x, options, [gen(0)], [History([1, 2, 3], [])])
+    assert 0 <= out[0].token_id < 50

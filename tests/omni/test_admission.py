@@ -15,9 +15,11 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import make_mocked_request
 
+from gpu_workers.tiny_checkpoints import make_tiny_checkpoint
 from omni import protocol
 from omni.admission import Limit, Overloaded, QueueLimits, QueueLoad, retry_after_s
 from omni.api.errors import error_middleware, engine_error, service_unavailable, too_many_requests
+from omni.cli import build_parser, config_from_args
 from omni.config import EngineConfig
 from omni.encoder_engine import EncoderEngine
 from omni.engine import DeadlineExceeded, EngineError, LLMEngine, RefusedAtSubmit
@@ -258,3 +260,20 @@ async def test_the_encoder_refuses_items_beyond_its_queue(live: None) -> None:
     ) == 1.0
     encoder.fail_pending(EngineError("stopping"))
     await asyncio.gather(*waiting, return_exceptions=True)
+
+
+# ----------------------------------------------------------------------------- the flags
+
+
+def test_the_flags_reach_each_models_config(tmp_path: Path) -> None:
+    model_dir = make_tiny_checkpoint(tmp_path / "text", "llama")
+    flags = ["--model", str(model_dir), "--max-queued-requests", "7", "--max-queued-tokens", "900"]
+    flags += ["--request-timeout", "2.5", "--max-queued-media-items", "40", "--max-queued-media-bytes", "64MiB"]
+    (config,) = config_from_args(build_parser().parse_args(flags)).engines
+    assert (config.max_queued_requests, config.max_queued_tokens, config.request_timeout) == (7, 900, 2.5)
+    assert (config.encoder_max_queued_items, config.encoder_max_queued_bytes) == (40, 64 * 2**20)
+    defaults = config_from_args(build_parser().parse_args(["--model", str(model_dir)])).engines[0]
+    assert (defaults.max_queued_requests, defaults.max_queued_tokens, defaults.request_timeout) == (None, None, None)
+    # the encoder admits a request's items one by one: its queue must hold one request's
+    with pytest.raises(SystemExit, match="at least 32"):
+        config_from_args(build_parser().parse_args(["--model", str(model_dir), "--max-queued-media-items", "4"]))
