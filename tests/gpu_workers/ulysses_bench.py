@@ -84,7 +84,8 @@ def _rank(rank: int, world_size: int, init_method: str, tokens: int, cores: int,
     cpu = dict.fromkeys(names, float("inf"))
     with torch.no_grad():
         for turn in range(turns + 1):  # turn 0 warms up: allocator, gloo buffers, kernels
-            for name, fn in zip(names, (alone, alone_fewer_threads, attention_alone, sharded, attention_only, all_to_alls)):
+            phases = (alone, alone_fewer_threads, attention_alone, sharded, attention_only, all_to_alls)
+            for name, fn in zip(names, phases):
                 wall, work = _timed(fn)
                 if turn:
                     best[name], cpu[name] = min(best[name], wall), min(cpu[name], work)
