@@ -85,3 +85,11 @@ class ServerConfig:
     store_secret: bytes | None = None  # HMAC key of local signed URLs; default random per process
     store_endpoint_url: str | None = None
     store_region: str | None = None
+    # Connection hygiene (omni/connections.py): a request's headers must arrive within
+    # header_timeout s of its first byte (of the connection, for its first request), its body
+    # within body_timeout s; an idle keep-alive connection closes after keepalive_timeout s;
+    # past max_connections open at once, a new connection gets a 503 and is closed.
+    header_timeout: float = 20.0
+    body_timeout: float = 60.0
+    keepalive_timeout: float = 30.0
+    max_connections: int = 1024

@@ -38,7 +38,7 @@ from omni.generation import Generation, choice_params, new_request_id, response_
 from omni.output_router import OutputRouter
 from omni.prompt import chat_prompt, completion_prompts, load_media
 from omni.served_model import ServedModel
-from omni.state import MODELS
+from omni.state import CONFIG, MODELS
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,7 +59,7 @@ Assemble: TypeAlias = Callable[[web.Request, R, Completion], Awaitable[web.Strea
 async def chat_completion(
     request: web.Request, assemble: Assemble[ChatCompletionRequest]
 ) -> web.StreamResponse:
-    req = parse_chat_completion_request(await read_json(request))
+    req = parse_chat_completion_request(await read_json(request, timeout=_body_timeout(request)))
     model = _model(request, req.model)
     check_tool_choice(model, req)
     _check_serving(model)  # before media: no fetching or encoding for a model that cannot answer
@@ -100,9 +100,9 @@ async def chat_completion(
 
 
 async def completion(request: web.Request, assemble: Assemble[CompletionRequest]) -> web.StreamResponse:
-    req = parse_completion_request(await read_json(request))
+    req = parse_completion_request(await read_json(request, timeout=_body_timeout(request)))
     model = _model(request, req.model)
-    prompts = completion_prompts(model, req)  # no media: a malformed prompt is a 400 even while starting
+    prompts = await completion_prompts(model, req)  # no media: a malformed prompt is a 400 even while starting
     _check_serving(model)
     grammar = await _grammar(model, req)
     completion_id = new_request_id("cmpl")
@@ -136,6 +136,11 @@ async def _grammar(model: ServedModel, req: ChatCompletionRequest | CompletionRe
     """The request's output constraint, compiled (off the event loop, once per spec); a spec
     that does not compile is a 400 before any work is queued."""
     return None if req.grammar is None else await model.grammars.compile(req.grammar)
+
+
+def _body_timeout(request: web.Request) -> float | None:
+    config = request.app.get(CONFIG)  # an app built without create_app (tests) has none
+    return None if config is None else config.body_timeout
 
 
 def _model(request: web.Request, name: str) -> ServedModel:

@@ -19,6 +19,8 @@ from tokenizers import decoders
 from transformers import PreTrainedTokenizerFast
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
+from omni.chat_encoder import ChatEncoder
+
 
 class TemplateMessage(Protocol):
     """A parsed chat message (omni.api.schemas.ChatMessage) that can render itself."""
@@ -53,6 +55,36 @@ def _read_json(path: Path) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
+# How many UTF-8 bytes of text one normalized byte may stand for, per normalizer. Composition
+# shrinks text (a Hangul syllable from three jamo is 9 bytes to 3; Greek with three combining
+# marks, 8 to 3); 4 leaves room. A normalizer not listed (Strip, Replace, Precompiled, ...) may
+# delete any amount of text, so a tokenizer with one has no length bound.
+_SHRINK: dict[str | None, int] = {None: 1, "NFC": 4, "NFKC": 4, "NFD": 1, "NFKD": 1}
+
+
+def _shrink_factor(normalizer: Any) -> int | None:
+    if normalizer is None:
+        return 1
+    kind = normalizer.get("type")
+    if kind == "Sequence":
+        factor = 1
+        for inner in normalizer.get("normalizers", []):
+            f = _shrink_factor(inner)
+            if f is None:
+                return None
+            factor *= f
+        return factor
+    return _SHRINK.get(kind)
+
+
+def _is_byte_level(pre_tokenizer: Any) -> bool:
+    if pre_tokenizer is None:
+        return False
+    if pre_tokenizer.get("type") == "Sequence":
+        return any(_is_byte_level(p) for p in pre_tokenizer.get("pretokenizers", []))
+    return bool(pre_tokenizer.get("type") == "ByteLevel")
+
+
 def _eos_ids(value: Any) -> frozenset[int]:
     if isinstance(value, int) and not isinstance(value, bool):
         return frozenset((value,))
@@ -69,6 +101,7 @@ class TextTokenizer:
         # The Rust tokenizer behind the transformers wrapper, for the fast paths.
         self.backend: tokenizers.Tokenizer = hf_tokenizer.backend_tokenizer
         self.eos_token_ids = eos_token_ids
+        self.chat_encoder = ChatEncoder(self.backend)
         self._keep_tables: dict[frozenset[int], list[bytes]] = {}
 
     @classmethod
@@ -104,11 +137,40 @@ class TextTokenizer:
             i for i, t in self.backend.get_added_tokens_decoder().items() if t.special
         )
 
+    @cached_property
+    def max_chars_per_token(self) -> int | None:
+        """The most characters of text one token can stand for, when there is such a bound.
+
+        Byte-level BPE writes every byte of the (normalized) text with tokens of at most L
+        bytes each (L: the longest vocabulary entry, added tokens included), so a text of B
+        bytes is at least B / L tokens. A character is at least one byte, and a normalizer
+        shrinks bytes at most F times, so C characters are at least C / (L * F) tokens. No
+        bound exists for other models (an unknown token may stand for any run of text), for
+        an added token that strips the whitespace around it, or for a normalizer that deletes.
+        """
+        spec = json.loads(self.backend.to_str())
+        model = spec.get("model") or {}
+        if model.get("type") != "BPE" or not _is_byte_level(spec.get("pre_tokenizer")):
+            return None
+        if any(t.lstrip or t.rstrip for t in self.backend.get_added_tokens_decoder().values()):
+            return None
+        shrink = _shrink_factor(spec.get("normalizer"))
+        if shrink is None:
+            return None
+        return max(len(b) for b in self._token_bytes_all) * shrink
+
+    def min_num_tokens(self, text: str) -> int:
+        """A lower bound on len(encode(text)) that costs no tokenizing (0 when none is known)."""
+        per_token = self.max_chars_per_token
+        return 0 if per_token is None else -(-len(text) // per_token)
+
     def token_to_id(self, token: str) -> int | None:
         return self.backend.token_to_id(token)
 
     def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
-        return self.backend.encode(text, add_special_tokens=add_special_tokens).ids
+        # The batch call releases the GIL while it encodes (encode() holds it throughout), so
+        # a long text encoding in a worker thread leaves the event loop running.
+        return self.backend.encode_batch_fast([text], add_special_tokens=add_special_tokens)[0].ids
 
     def decode(self, token_ids: Sequence[int], *, skip_special_tokens: bool = True) -> str:
         # The Rust decode, without transformers' clean-up of spaces: the incremental
@@ -154,11 +216,36 @@ class TextTokenizer:
             raise ValueError("the chat template did not render to text")
         return text
 
+    def render_prompt(
+        self,
+        messages: Sequence[Message],
+        *,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        documents: Sequence[Mapping[str, Any]] | None = None,
+        chat_template: str | None = None,
+        **options: Any,
+    ) -> str:
+        """render_chat over the client's values with their special tokens escaped: the text
+        encode_prompt takes (options as render_chat's; the template itself is not escaped)."""
+        escape = self.chat_encoder.escape
+        conversation = [m if isinstance(m, Mapping) else m.to_template_dict() for m in messages]
+        return self.render_chat(
+            escape(conversation),
+            tools=escape(list(tools)) if tools else None,
+            documents=escape(list(documents)) if documents else None,
+            chat_template=chat_template,
+            **escape(options),
+        )
+
+    def encode_prompt(self, text: str) -> list[int]:
+        """render_prompt's text as token ids: the template's special tokens are special, every
+        special token string the client wrote is plain text."""
+        # The template writes any BOS itself: nothing is added here.
+        return self.chat_encoder.encode(text)
+
     def apply_chat_template(self, messages: Sequence[Message], **options: Any) -> list[int]:
-        """render_chat's text as token ids (options as render_chat's)."""
-        text = self.render_chat(messages, **options)
-        # The template writes any BOS itself; adding special tokens here would double it.
-        return self.encode(text, add_special_tokens=False)
+        """The chat prompt's token ids (options as render_chat's)."""
+        return self.encode_prompt(self.render_prompt(messages, **options))
 
     @property
     def is_byte_level(self) -> bool:

@@ -37,6 +37,11 @@ PLACEHOLDERS: dict[str, Placeholder] = {
 }
 
 
+def placeholder_ids(tokenizer: TextTokenizer) -> frozenset[int]:
+    """The ids of the placeholder tokens the vocabulary has."""
+    return tokenizer.special_ids(*PLACEHOLDERS)
+
+
 def code_token(component: str, code: int) -> str:
     if component == "image_tokenizer":
         return f"<|vision{code:05d}|>"

@@ -438,12 +438,22 @@ async def test_a_store_error_on_codes_still_serves_them_uncached(
 
 
 # ---- e. requests refused before any encode ------------------------------------------------
-async def test_a_typed_placeholder_without_an_item_is_a_400(tokenizer: TextTokenizer, store: LocalStore) -> None:
-    encoder = FakeEncoder(store)
-    req = chat(text("<|IMAGE_PAD|> what is this?"), image(IMAGE))
-    error = await expand_error(make_pipeline(tokenizer, encoder, store), req)
-    assert (error.status, error.param) == (400, "messages")
-    assert encoder.calls == []
+async def test_typed_special_tokens_are_text_and_expansion_follows_the_real_items(
+    tokenizer: TextTokenizer, store: LocalStore
+) -> None:
+    """Every special token typed around an image and an audio clip: none becomes a placeholder
+    (or any special id); the prompt expands exactly as the same request with plain text does."""
+    typed = "".join(str(tokenizer.backend.id_to_token(i)) for i in sorted(tokenizer.special_token_ids))
+    pipeline = make_pipeline(tokenizer, FakeEncoder(store), store)
+    _, reference = await render(pipeline, chat(text("x"), image(IMAGE), audio(AUDIO)))
+    _, prompt = await render(pipeline, chat(text(typed), image(IMAGE), audio(AUDIO)))
+    assert [(s.num_rows, s.key) for s in prompt.media] == [(s.num_rows, s.key) for s in reference.media]
+    specials = tokenizer.special_token_ids
+    assert [i for i in prompt.token_ids if i in specials] == [i for i in reference.token_ids if i in specials]
+    as_text = tokenizer.encode_prompt(tokenizer.chat_encoder.escape(typed))  # typed, as plain text
+    shift = len(prompt.token_ids) - len(reference.token_ids)
+    assert shift == len(as_text) - len(tokenizer.encode("x", add_special_tokens=False))
+    assert [s.offset - shift for s in prompt.media] == [s.offset for s in reference.media]
 
 
 async def test_an_encoder_without_audio_components_refuses_the_audio_part(

@@ -54,14 +54,14 @@ async def test_a_text_only_model_refuses_the_first_media_part_by_name(model: Ser
     assert error.message == "This model does not accept image_url input."
 
 
-def test_completion_prompts_encode_text_and_keep_token_ids(model: ServedModel) -> None:
+async def test_completion_prompts_encode_text_and_keep_token_ids(model: ServedModel) -> None:
     req = parse_completion_request({"model": "m", "prompt": ["Hello", "world"]})
-    assert completion_prompts(model, req) == [
+    assert await completion_prompts(model, req) == [
         model.tokenizer.encode("Hello"),
         model.tokenizer.encode("world"),
     ]
     req = parse_completion_request({"model": "m", "prompt": [[3, 4], [5]]})
-    assert completion_prompts(model, req) == [[3, 4], [5]]
+    assert await completion_prompts(model, req) == [[3, 4], [5]]
 
 
 @pytest.mark.parametrize(
@@ -71,12 +71,12 @@ def test_completion_prompts_encode_text_and_keep_token_ids(model: ServedModel) -
         (["Hello", ""], "prompt 1 is empty"),
     ],
 )
-def test_bad_completion_prompts_are_400s_naming_the_prompt(
+async def test_bad_completion_prompts_are_400s_naming_the_prompt(
     model: ServedModel, prompt: list[Any], message: str
 ) -> None:
     req = parse_completion_request({"model": "m", "prompt": prompt})
     with pytest.raises(APIError) as e:
-        completion_prompts(model, req)
+        await completion_prompts(model, req)
     vocab = model.tokenizer.vocab_size
     assert (e.value.status, e.value.param, e.value.message) == (400, "prompt", message.format(vocab=vocab))
 
