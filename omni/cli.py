@@ -16,6 +16,7 @@ from aiohttp import web
 
 from omni.app import STARTUP, create_app
 from omni.config import EngineConfig, ServerConfig
+from omni.connections import ConnectionLimits, ServerRunner
 from omni.media.limits import MediaLimits
 from omni.model_layout import ModelLayout
 from omni.parsers.reasoning import REASONING_PARSERS
@@ -166,6 +167,22 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         default=60.0,
         help="seconds in-flight requests get to finish after SIGTERM",
+    )
+    conn = p.add_argument_group("connections")
+    conn.add_argument(
+        "--header-timeout",
+        type=float,
+        default=20.0,
+        help="seconds a request's headers may take to arrive; a slower client is cut off",
+    )
+    conn.add_argument(
+        "--body-timeout", type=float, default=60.0, help="seconds a request's body may take to arrive (a 408 after)"
+    )
+    conn.add_argument(
+        "--keepalive-timeout", type=float, default=30.0, help="seconds an idle keep-alive connection stays open"
+    )
+    conn.add_argument(
+        "--max-connections", type=int, default=1024, help="open connections at most; past it a new one gets a 503"
     )
     p.add_argument(
         "--store",
@@ -392,6 +409,10 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         max_request_bytes=args.max_request_bytes,
         api_key=args.api_key,
         shutdown_timeout=args.shutdown_timeout,
+        header_timeout=args.header_timeout,
+        body_timeout=args.body_timeout,
+        keepalive_timeout=args.keepalive_timeout,
+        max_connections=args.max_connections,
         store=args.store,
         store_url_base=args.store_url_base,
         store_secret=os.environ["OMNI_STORE_SECRET"].encode()
@@ -409,8 +430,10 @@ async def serve(config: ServerConfig) -> int:
     # its request and frees its KV blocks at once.
     # shutdown_timeout: on SIGTERM the socket closes at once and in-flight requests get this
     # long to finish before their handlers are cancelled (their requests aborted).
-    runner = web.AppRunner(
-        app, handler_cancellation=True, access_log=None, shutdown_timeout=config.shutdown_timeout
+    # The connection limits: header deadline, keep-alive, open connections (omni/connections.py).
+    limits = ConnectionLimits(config.header_timeout, config.keepalive_timeout, config.max_connections)
+    runner = ServerRunner(
+        app, limits, handler_cancellation=True, access_log=None, shutdown_timeout=config.shutdown_timeout
     )
     try:
         await runner.setup()  # runs the cleanup contexts: workers start loading here
