@@ -21,8 +21,10 @@ import math
 from dataclasses import dataclass
 
 # Defaults per worker, from its KV cache and batch size: a queue of QUEUED_SEQS_FACTOR
-# batches of requests and QUEUED_KV_FACTOR caches' worth of tokens. The last admitted request
-# then waits for about that many turnovers of the running batch, not more.
+# batches of requests and QUEUED_KV_FACTOR caches' worth of tokens, so the last admitted
+# request waits for about that many turnovers of the running batch, not more. A small cache
+# still lets one batch of full-length prompts wait: a queue that refuses fewer requests than
+# one step could run refuses load the scheduler would take (preempting as it must).
 QUEUED_SEQS_FACTOR = 2
 QUEUED_KV_FACTOR = 2
 # Retry-After is an estimate clamped to these seconds (the OpenAI client honours up to 60).
@@ -70,9 +72,10 @@ class QueueLimits:
             raise ValueError("queue limits must be > 0")
 
     @classmethod
-    def for_worker(cls, max_num_seqs: int, num_kv_tokens: int) -> QueueLimits:
+    def for_worker(cls, max_num_seqs: int, num_kv_tokens: int, max_model_len: int) -> QueueLimits:
         """The default limits one worker adds to its model's queue."""
-        return cls(QUEUED_SEQS_FACTOR * max_num_seqs, QUEUED_KV_FACTOR * num_kv_tokens)
+        max_tokens = max(QUEUED_KV_FACTOR * num_kv_tokens, max_num_seqs * max_model_len)
+        return cls(QUEUED_SEQS_FACTOR * max_num_seqs, max_tokens)
 
     def __add__(self, other: QueueLimits) -> QueueLimits:
         return QueueLimits(self.max_requests + other.max_requests, self.max_tokens + other.max_tokens)

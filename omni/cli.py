@@ -141,7 +141,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-queued-tokens",
         type=_positive_int,
         help="prompt tokens that may wait for a model, across its workers; beyond it a 429 "
-        "(default: 2 x the KV cache's tokens per live worker)",
+        "(default per live worker: 2 x its KV cache's tokens, at least --max-num-seqs "
+        "prompts of the full context length)",
     )
     load.add_argument(
         "--request-timeout",

@@ -203,7 +203,7 @@ class LLMEngine(SupervisedWorker):
     @property
     def queue_limits(self) -> QueueLimits:
         """This worker's share of its model's default queue limits (once it is ready)."""
-        return QueueLimits.for_worker(self.config.max_num_seqs, self.num_kv_tokens)
+        return QueueLimits.for_worker(self.config.max_num_seqs, self.num_kv_tokens, self.max_model_len)
 
     @property
     def queued(self) -> QueueLoad:

@@ -48,8 +48,10 @@ def test_each_bound_refuses_what_would_pass_it() -> None:
 
 
 def test_default_limits_come_from_the_batch_and_the_kv_cache() -> None:
-    share = QueueLimits.for_worker(max_num_seqs=8, num_kv_tokens=1024)
+    share = QueueLimits.for_worker(max_num_seqs=8, num_kv_tokens=1024, max_model_len=128)
     assert share == QueueLimits(16, 2048)
+    # a small cache still lets a batch of full-length prompts wait
+    assert QueueLimits.for_worker(max_num_seqs=8, num_kv_tokens=160, max_model_len=160).max_tokens == 8 * 160
     config = EngineConfig(model_name=MODEL, model_dir=Path("."))
     assert config.queue_limits([share, share]) == QueueLimits(32, 4096)
     flagged = EngineConfig(model_name=MODEL, model_dir=Path("."), max_queued_tokens=500)
