@@ -36,6 +36,30 @@ _OPEN_PATHS = frozenset({"/health", "/ready", "/metrics"})
 _OPEN_PREFIXES = (artifacts.ARTIFACT_PATH,)
 
 
+# nginx's status for "the client closed the connection first": nobody reads it, but a
+# response must be returned for aiohttp to finish the request quietly.
+_CLIENT_GONE = 499
+
+
+@web.middleware
+async def client_gone_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """A client that leaves before its response is written is no server error.
+
+    Writing the headers (or an event) to a connection the client has reset raises
+    ConnectionResetError, before the handler's cancellation (handler_cancellation) arrives.
+    Left to error_middleware, that would be logged as an unhandled error with its traceback;
+    here it ends the request quietly. The same error on a live connection (a store, a fetch)
+    is a real failure, and passes on."""
+    try:
+        return await handler(request)
+    except ConnectionResetError:
+        transport = request.transport
+        if transport is not None and not transport.is_closing():
+            raise
+        log.debug("%s %s: the client left before its response was written", request.method, request.path)
+        return web.Response(status=_CLIENT_GONE)
+
+
 def _auth_middleware(api_key: str) -> Middleware:
     expected = f"Bearer {api_key}".encode()
 
@@ -136,7 +160,8 @@ async def _store_ctx(app: web.Application) -> AsyncIterator[None]:
 
 
 def create_app(config: ServerConfig) -> web.Application:
-    middlewares: list[Middleware] = [error_middleware]
+    # Outermost first: errors become OpenAI error objects, unless the client is gone.
+    middlewares: list[Middleware] = [error_middleware, client_gone_middleware]
     if config.api_key:
         middlewares.append(_auth_middleware(config.api_key))
     app = web.Application(client_max_size=config.max_request_bytes, middlewares=middlewares)

@@ -62,7 +62,8 @@ async def _complete(req: ChatCompletionRequest, completion: Completion) -> web.R
         prompt = completion.outputs[0].generation.prompt_logprobs
         assert prompt is not None  # complete once the first delta is out, and collect() ran them all
         body["prompt_logprobs"] = prompt_logprobs_json(tokenizer, prompt, req.prompt_logprobs)
-    return web.json_response(body | {"usage": _usage(completion.outputs).to_json()})
+    num_items = sum(len(c.logprobs) for c in collected) + len(body.get("prompt_logprobs") or ())
+    return await sse.json_response(body | {"usage": _usage(completion.outputs).to_json()}, num_items=num_items)
 
 
 def _logprobs(req: ChatCompletionRequest, tokenizer: TextTokenizer, logprobs: list[TokenLogprob]) -> dict[str, Any] | None:

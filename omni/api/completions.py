@@ -133,7 +133,10 @@ async def _complete(req: CompletionRequest, completion: Completion) -> web.Respo
             | _prompt_logprobs_field(tokenizer, req, output)
         )
     body = sse.completion_body(completion.id, "text_completion", completion.model.name, choices)
-    return web.json_response(body | {"usage": _usage(completion.outputs, req.n).to_json()})
+    num_items = sum(len(c.logprobs) for c in collected)
+    if req.echo or req.prompt_logprobs is not None:  # each choice carries its prompt's tokens
+        num_items += sum(len(o.generation.request.prompt_token_ids) for o in completion.outputs)
+    return await sse.json_response(body | {"usage": _usage(completion.outputs, req.n).to_json()}, num_items=num_items)
 
 
 async def _stream(

@@ -31,6 +31,22 @@ async def open_event_stream(request: web.Request) -> web.StreamResponse:
     return response
 
 
+# A whole (non-streamed) body with more choices or logprob entries than this is encoded in a
+# worker thread; orjson holds the GIL while it runs, but the Python around it (and the other
+# requests' handlers between its calls) does not wait for a long encode to finish.
+_ENCODE_IN_THREAD_ITEMS = 4096
+
+
+async def json_response(payload: dict[str, Any], *, num_items: int = 0) -> web.Response:
+    """The JSON body of a whole response (orjson, as the stream's events are); num_items: how
+    many choices, tokens and logprob entries it holds, to decide where it is encoded."""
+    if num_items > _ENCODE_IN_THREAD_ITEMS:
+        body = await asyncio.to_thread(orjson.dumps, payload)
+    else:
+        body = orjson.dumps(payload)
+    return web.Response(body=body, content_type="application/json")
+
+
 async def send_event(response: web.StreamResponse, payload: object) -> None:
     await response.write(b"data: " + orjson.dumps(payload) + b"\n\n")
 
