@@ -9,7 +9,8 @@ GuardedRequestHandlers:
     |<- header_timeout ----------------->|                        |<- keepalive ->|
                             (armed at the opening; re-armed by the first byte after a response)
 
-- headers not complete within header_timeout: a 408 and the connection is closed;
+- headers not complete within header_timeout: a 408 and the connection is closed (closed
+  quietly if nothing came at all);
 - an idle keep-alive connection: closed after keepalive_timeout (aiohttp's own timer);
 - more than max_connections open: the new one gets a 503 and is closed at once.
 
@@ -59,7 +60,8 @@ class GuardedRequestHandler(RequestHandler):
     """aiohttp's protocol with a header deadline and the connection cap.
 
     It reads three of RequestHandler's private fields (3.14): `_request_count` (messages
-    parsed), `_request_in_progress` and `_messages` (the parsed requests not yet handled);
+    parsed), `_waiter` (set while start() waits for a request) and `_messages` (the parsed
+    requests not yet handled);
     tests/omni/test_connections.py fails if they go away.
     """
 
@@ -68,6 +70,7 @@ class GuardedRequestHandler(RequestHandler):
         self._limits = limits
         self._header_deadline: asyncio.TimerHandle | None = None
         self._parsed = 0  # _request_count when the deadline was armed
+        self._partial = False  # bytes of a request came since it was armed
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
@@ -79,21 +82,28 @@ class GuardedRequestHandler(RequestHandler):
         self._arm()
 
     def data_received(self, data: bytes) -> None:
+        idle = self._idle()  # before this data: waiting for a request's first byte
         super().data_received(data)
         if self._request_count != self._parsed:
             self._disarm()  # a request's headers are complete
-        if self._header_deadline is None and self._idle():
-            self._arm()  # the first byte of the next request on a kept-alive connection
+        elif self._header_deadline is not None:
+            self._partial = True
+        elif idle:
+            self._arm()  # the first bytes of the next request on a kept-alive connection
+            self._partial = True
 
     def connection_lost(self, exc: BaseException | None) -> None:
         self._disarm()
         super().connection_lost(exc)
 
     def _idle(self) -> bool:
-        return not self._request_in_progress and not self._messages
+        # start() awaits _waiter only between requests: not while a body is read or a request
+        # is handled, nor between a request's parsing and its handler starting.
+        return self._waiter is not None and not self._messages
 
     def _arm(self) -> None:
         self._parsed = self._request_count
+        self._partial = False
         self._header_deadline = self._loop.call_later(self._limits.header_timeout, self._on_header_timeout)
 
     def _disarm(self) -> None:
@@ -103,12 +113,16 @@ class GuardedRequestHandler(RequestHandler):
 
     def _on_header_timeout(self) -> None:
         self._header_deadline = None
-        if self._request_count == self._parsed and self._idle():
+        if self._request_count != self._parsed:
+            return
+        if self._partial:  # part of a request came: say why it is cut off
             self._reject(_HEADER_TIMEOUT)
+        else:  # nothing came: close quietly, as an idle keep-alive connection is closed
+            self._reject(b"")
 
     def _reject(self, response: bytes) -> None:
         transport = self.transport
-        if transport is not None and not transport.is_closing():
+        if response and transport is not None and not transport.is_closing():
             transport.write(response)
         self.force_close()
         if transport is not None:

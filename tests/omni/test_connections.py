@@ -10,7 +10,7 @@ from omni.connections import _raw_response
 
 def test_the_request_handler_fields_the_guard_reads_exist() -> None:
     slots = {name for cls in RequestHandler.__mro__ for name in getattr(cls, "__slots__", ())}
-    assert {"_request_count", "_request_in_progress", "_messages", "_manager"} <= slots
+    assert {"_request_count", "_waiter", "_messages", "_manager"} <= slots
 
 
 def test_a_raw_response_is_whole_http_with_an_openai_error() -> None:
