@@ -121,7 +121,7 @@ _SHARED_FIELDS: dict[str, Schema] = {
     "top_p": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
     "top_k": _int(-1),
     "min_p": _number(0.0, 1.0),
-    "repetition_penalty": {"type": "number", "exclusiveMinimum": 0},
+    "repetition_penalty": {"type": "number", "minimum": 0.001, "maximum": 1000},
     "stop_token_ids": _TOKEN_IDS,
     "include_stop_str_in_output": _BOOL,
     "ignore_eos": _BOOL,

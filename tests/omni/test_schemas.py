@@ -414,7 +414,7 @@ def test_sampling_fields_default_to_doing_nothing(tok: TextTokenizer) -> None:
 def test_sampling_field_messages() -> None:
     cases = {
         "presence_penalty": (chat(presence_penalty=2.5), "must be between -2 and 2, got 2.5."),
-        "repetition_penalty": (chat(repetition_penalty=0), "must be greater than 0, got 0."),
+        "repetition_penalty": (chat(repetition_penalty=0), "must be between 0.001 and 1000, got 0."),
         "min_p": (chat(min_p=1.5), "must be between 0 and 1, got 1.5."),
         "min_tokens": (chat(max_tokens=4, min_tokens=5), "must be at most max_tokens (4), got 5."),
         "logit_bias": (chat(logit_bias={"5": 101}), "biases must be between -100 and 100, got 101."),

@@ -22,6 +22,9 @@ MAX_STOP_STRINGS = 4
 # torch.Generator.manual_seed accepts exactly this range.
 MIN_SEED, MAX_SEED = -(2**63), 2**64 - 1
 MAX_LOGIT_BIAS = 100.0  # OpenAI's bound, either sign
+# Any positive value is a penalty, but float32 logits divided by a tiny one overflow to inf:
+# these bounds are far past any useful setting and keep the arithmetic finite.
+MIN_REPETITION_PENALTY, MAX_REPETITION_PENALTY = 1e-3, 1e3
 # vLLM's default max_logprobs: the alternatives a prompt position may list.
 MAX_PROMPT_LOGPROBS = 20
 MAX_REQUEST_ID_LENGTH = 256
@@ -75,26 +78,6 @@ def merge_extra_body(data: dict[str, Json]) -> dict[str, Json]:
     return data | extra
 
 
-# ----------------------------------------------------------------------------- errors
-
-
-def _json_type(value: Json) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, int):
-        return "an integer"
-    if isinstance(value, float):
-        return "a number"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, list):
-        return "an array"
-    if isinstance(value, dict):
-        return "an object"
-    return type(value).__name__
-
 # ----------------------------------------------------------------------------- headers
 
 # A header, not a body field: it means the same on every endpoint, and neither OpenAI's nor
@@ -119,6 +102,26 @@ def request_timeout(request: web.Request) -> float | None:
         )
     return value
 
+
+# ----------------------------------------------------------------------------- errors
+
+
+def _json_type(value: Json) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int):
+        return "an integer"
+    if isinstance(value, float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "an array"
+    if isinstance(value, dict):
+        return "an object"
+    return type(value).__name__
 
 
 def type_error(param: str, expected: str, value: Json) -> APIError:
@@ -405,11 +408,7 @@ def parse_generation_fields(body: Body, *, zero_max_tokens: bool = False) -> dic
     top_k = opt_int(body, "top_k", lo=-1)
     presence_penalty = _opt_range(body, "presence_penalty", -2.0, 2.0)
     frequency_penalty = _opt_range(body, "frequency_penalty", -2.0, 2.0)
-    repetition_penalty = opt_number(body, "repetition_penalty")
-    if repetition_penalty is not None and repetition_penalty <= 0.0:
-        raise value_error(
-            "repetition_penalty", f"must be greater than 0, got {repetition_penalty:g}."
-        )
+    repetition_penalty = _opt_range(body, "repetition_penalty", MIN_REPETITION_PENALTY, MAX_REPETITION_PENALTY)
     min_p = _opt_range(body, "min_p", 0.0, 1.0)
     min_tokens = opt_int(body, "min_tokens", lo=0)
     if min_tokens is not None and max_tokens is not None and min_tokens > max_tokens:
