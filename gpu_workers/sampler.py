@@ -41,8 +41,13 @@ class SampleOutput:
     top_logprobs: list[list[float | int]] | None  # [[token_id, logprob], ...] best first
 
 
+# A temperature this small is greedy: dividing float32 logits by it would overflow to inf
+# (vLLM draws the line at the same place).
+GREEDY_BELOW_TEMPERATURE = 1e-5
+
+
 def is_greedy(options: SamplingOptions) -> bool:
-    return options.temperature <= 0.0
+    return options.temperature < GREEDY_BELOW_TEMPERATURE
 
 
 def validate_options(options: SamplingOptions) -> None:
@@ -300,5 +305,6 @@ def _top_k_top_p(logits: torch.Tensor, options: list[SamplingOptions]) -> torch.
     # drop a token when the tokens ranked above it already reach top_p; rank 0 always stays
     mass_before = probs.cumsum(dim=-1) - probs
     remove |= (mass_before >= ps[:, None]) & (ps[:, None] < 1.0)
+    remove[:, 0] = False  # even a top_p that rounds to 0 in float32 keeps the top token
     sorted_logits = sorted_logits.masked_fill(remove, float("-inf"))
     return torch.empty_like(logits).scatter_(1, order, sorted_logits)

@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
-from omni.api import artifacts, chat, completions, system
+from omni.api import artifacts, chat, completions, openapi, system
 from omni.api.errors import error_middleware, unauthorized
 from omni.chat_format import ChatFormat
 from omni.config import EngineConfig, ServerConfig
@@ -32,7 +32,7 @@ log = logging.getLogger("omni.app")
 # Finishes when every engine has a ready worker; raises if one could not start.
 STARTUP = web.AppKey("startup", asyncio.Task)
 
-_OPEN_PATHS = frozenset({"/health", "/ready", "/metrics"})
+_OPEN_PATHS = frozenset({"/health", "/ready", "/metrics", "/openapi.json"})  # the API's shape is no secret
 _OPEN_PREFIXES = (artifacts.ARTIFACT_PATH,)
 
 
@@ -133,6 +133,8 @@ async def _media_pipeline(
         metrics,
         config.model_name,
         max_batch_items=config.encoder_max_batch_items,
+        max_queued_items=config.encoder_max_queued_items,
+        max_queued_bytes=config.encoder_max_queued_bytes,
         start_timeout=config.worker_start_timeout,
     )
     pipeline = MediaPipeline(
@@ -177,6 +179,7 @@ def create_app(config: ServerConfig) -> web.Application:
     app.router.add_get("/health", system.health)
     app.router.add_get("/ready", system.health)
     app.router.add_get("/metrics", system.metrics)
+    app.router.add_get(openapi.OPENAPI_PATH, openapi.openapi_handler)
     # Signed URLs of the local store; the signature is the authorization (no bearer key).
     app.router.add_get(artifacts.ARTIFACT_ROUTE, artifacts.get_artifact)
     return app

@@ -29,7 +29,7 @@ from omni.api.schemas import (
     read_json,
     sampling_params,
 )
-from omni.api.schemas.fields import truncate_prompt, truncated_media
+from omni.api.schemas.fields import request_timeout, truncate_prompt, truncated_media
 from omni.chat_output import OutputFormat
 from omni.chat_turns import ban_tool_markup, check_tool_choice, output_format, tool_grammar
 from omni.choice_constraints import ChoiceConstraints
@@ -60,9 +60,11 @@ async def chat_completion(
     request: web.Request, assemble: Assemble[ChatCompletionRequest]
 ) -> web.StreamResponse:
     req = parse_chat_completion_request(await read_json(request, timeout=_body_timeout(request)))
+    timeout = request_timeout(request)
     model = _model(request, req.model)
     check_tool_choice(model, req)
     _check_serving(model)  # before media: no fetching or encoding for a model that cannot answer
+    model.pool.check_admission()  # nor for one whose queue is full (429)
     items = await load_media(model, req)
     prompt = await chat_prompt(model, req, items)
     token_ids = truncate_prompt(prompt.token_ids, req, model.pool.max_model_len)
@@ -96,14 +98,17 @@ async def chat_completion(
     ]
     outputs = [OutputRouter(g) for g in generations]
     completion_out = Completion(response_id("chatcmpl", req.request_id, completion_id), model, outputs, fmt)
-    return await assemble(request, req, completion_out)
+    with model.pool.admit([g.request for g in generations], timeout):  # or a 429, before any streaming
+        return await assemble(request, req, completion_out)
 
 
 async def completion(request: web.Request, assemble: Assemble[CompletionRequest]) -> web.StreamResponse:
     req = parse_completion_request(await read_json(request, timeout=_body_timeout(request)))
+    timeout = request_timeout(request)
     model = _model(request, req.model)
     prompts = await completion_prompts(model, req)  # no media: a malformed prompt is a 400 even while starting
     _check_serving(model)
+    model.pool.check_admission()
     grammar = await _grammar(model, req)
     completion_id = new_request_id("cmpl")
     max_model_len = model.pool.max_model_len
@@ -129,7 +134,8 @@ async def completion(request: web.Request, assemble: Assemble[CompletionRequest]
         ]
     outputs = [OutputRouter(g) for g in generations]
     completion_out = Completion(response_id("cmpl", req.request_id, completion_id), model, outputs)
-    return await assemble(request, req, completion_out)
+    with model.pool.admit([g.request for g in generations], timeout):
+        return await assemble(request, req, completion_out)
 
 
 async def _grammar(model: ServedModel, req: ChatCompletionRequest | CompletionRequest) -> CompiledGrammar | None:

@@ -13,7 +13,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from omni.api.errors import service_unavailable
+from omni.api.errors import engine_error
 from omni.engine import EngineError
 from omni.generation import Delta, TokenLogprob, Usage
 from omni.output_router import OutputRouter
@@ -57,8 +57,9 @@ async def send_done(response: web.StreamResponse) -> None:
 
 
 async def send_error_and_done(response: web.StreamResponse, exc: EngineError) -> None:
-    """A worker failed mid-stream: the status is sent already, so say it in an event."""
-    await send_event(response, service_unavailable(str(exc)).to_dict())
+    """A worker failed, or a deadline passed, mid-stream: the status is sent already, so say it
+    in an event (the error object that status would have carried: engine_error)."""
+    await send_event(response, engine_error(exc).to_dict())
     await send_done(response)
 
 
@@ -143,7 +144,8 @@ class Choice:
 
 
 async def collect(outputs: Sequence[OutputRouter]) -> list[Choice]:
-    """Run every choice to its end; a worker failure becomes a 503."""
+    """Run every choice to its end; an engine error becomes its status (engine_error: a failed
+    worker a 503, a passed deadline a 504, a refusal a 429)."""
     parts: list[list[str]] = [[] for _ in outputs]
     choices = [Choice() for _ in outputs]
     try:
@@ -155,7 +157,7 @@ async def collect(outputs: Sequence[OutputRouter]) -> list[Choice]:
                 if delta.finish_reason is not None:
                     choices[index].finish_reason = delta.finish_reason
     except EngineError as exc:
-        raise service_unavailable(str(exc)) from exc
+        raise engine_error(exc) from exc
     for choice, text in zip(choices, parts):
         choice.text = "".join(text)
     return choices

@@ -277,3 +277,14 @@ def test_an_overflowing_penalty_falls_back_too() -> None:
     options = [SamplingOptions(temperature=1.0, repetition_penalty=1e-320)]
     out = Sampler().sample(x, options, [gen(0)], [History([1, 2, 3], [])])
     assert 0 <= out[0].token_id < 50
+
+
+@pytest.mark.parametrize(
+    "options",
+    [SamplingOptions(temperature=1.0, top_p=5e-324), SamplingOptions(temperature=5e-324), SamplingOptions(temperature=1e-6, top_p=1e-30)],
+)
+def test_values_at_the_edge_of_float32_sample_the_top_token(options: SamplingOptions) -> None:
+    """A top_p or temperature that rounds to 0 in float32 (found by the fuzzer) is greedy."""
+    x = logits(1, 50, seed=5)
+    out = Sampler().sample(x, [options], [gen(0)], no_history(1))
+    assert out[0].token_id == int(x[0].argmax())

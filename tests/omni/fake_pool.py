@@ -3,7 +3,8 @@ same scripted tokens, the last one finishing it, and every submit and abort is r
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import contextlib
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 
 from scheduler.request import Request, RequestId, RequestStatus
@@ -35,6 +36,12 @@ class FakePool:
     max_model_len: int = 256
     submitted: list[Request] = field(default_factory=list)
     aborted: list[tuple[RequestId, RequestStatus]] = field(default_factory=list)
+
+    def check_admission(self) -> None:
+        pass  # the fake's queue is never full
+
+    def admit(self, requests: Sequence[Request], timeout: float | None = None) -> contextlib.nullcontext[None]:
+        return contextlib.nullcontext()
 
     def submit(self, request: Request, constraint: object = None) -> FakeStream:
         self.submitted.append(request)
