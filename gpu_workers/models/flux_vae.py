@@ -18,7 +18,6 @@ quant_conv.* weights are never read. Only the configuration Flux uses is built: 
 from __future__ import annotations
 
 import io
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from itertools import pairwise
@@ -32,6 +31,7 @@ from PIL import Image
 from safetensors import safe_open
 from torch import nn
 
+from gpu_workers.loader import read_json
 from gpu_workers.models.hf_weights import load_exact
 
 # diffusers' AutoencoderKL __init__ defaults: what a config.json that leaves a key out means
@@ -273,13 +273,7 @@ class FluxVAEDecoder(nn.Module):
     ) -> FluxVAEDecoder:
         """A diffusers vae/ folder: config.json and diffusion_pytorch_model.safetensors (or
         model.safetensors). Only the decoder's tensors are read from the file."""
-        config_path = component_dir / "config.json"
-        if not config_path.is_file():
-            raise ValueError(f"{component_dir}: no config.json")
-        try:
-            raw = json.loads(config_path.read_text())
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{config_path}: not valid JSON ({e})") from None
+        raw = read_json(component_dir / "config.json")
         weights_path = next((component_dir / n for n in WEIGHT_FILES if (component_dir / n).is_file()), None)
         if weights_path is None:
             raise ValueError(f"{component_dir}: neither {' nor '.join(WEIGHT_FILES)} found")
