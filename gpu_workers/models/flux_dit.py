@@ -104,8 +104,13 @@ class FluxDiTConfig:
     axes_dims_rope: tuple[int, int, int] = (8, 36, 36)
     rope_theta: float = 10000.0
     vec_in_dim: int = 1536  # the pooled (mean) condition's width
+    # Latent pixels per token, each way: 1 (one token per latent pixel, as the reference's DiT
+    # runs by default) or 2 (Flux's 2 x 2 packing, as diffusers' pipeline does).
+    patch: int = 1
 
     def __post_init__(self) -> None:
+        if self.patch not in (1, 2):
+            raise ValueError(f"flux dit config: patch must be 1 or 2, got {self.patch!r}")
         for name in ("in_channels", "cond_channels", "hidden_size", "num_heads", "num_layers", "vec_in_dim"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
@@ -134,11 +139,11 @@ class FluxDiTConfig:
 
     @property
     def token_in_dim(self) -> int:
-        return PATCH * PATCH * (self.in_channels + self.cond_channels)
+        return self.patch * self.patch * (self.in_channels + self.cond_channels)
 
     @property
     def token_out_dim(self) -> int:
-        return PATCH * PATCH * self.in_channels
+        return self.patch * self.patch * self.in_channels
 
     @classmethod
     def from_dict(cls, config: Mapping[str, Any]) -> FluxDiTConfig:
@@ -160,6 +165,7 @@ class FluxDiTConfig:
             axes_dims_rope=tuple(config.get("axes_dims_rope", d.axes_dims_rope)),
             rope_theta=float(config.get("rope_theta", d.rope_theta)),
             vec_in_dim=config.get("vec_in_dim", d.vec_in_dim),
+            patch=config.get("patch", d.patch),
         )
 
     @classmethod
@@ -178,6 +184,7 @@ class FluxDiTConfig:
             "axes_dims_rope": list(self.axes_dims_rope),
             "rope_theta": self.rope_theta,
             "vec_in_dim": self.vec_in_dim,
+            "patch": self.patch,
         }
 
 
@@ -235,6 +242,7 @@ def _from_diffusers(config: Mapping[str, Any]) -> FluxDiTConfig:
         num_layers=c["num_single_layers"],
         axes_dims_rope=tuple(c["axes_dims_rope"]),
         vec_in_dim=c["pooled_projection_dim"],
+        patch=2,  # diffusers' Flux configs count packed channels
     )
 
 
@@ -263,25 +271,25 @@ def condition_from_codes(
     return cond_map, vec
 
 
-def patchify(latents: torch.Tensor) -> torch.Tensor:
-    """(B, C, h, w) -> (B, h/2 * w/2, 4C): tokens row-major over the grid; inside a token
-    the features run channel-major, (c, dy, dx) -> c*4 + dy*2 + dx, as diffusers' Flux
-    pipeline packs them (_pack_latents)."""
+def patchify(latents: torch.Tensor, patch: int = PATCH) -> torch.Tensor:
+    """(B, C, h, w) -> (B, h/p * w/p, p*p*C): tokens row-major over the grid; inside a token
+    the features run channel-major, (c, dy, dx) -> c*p*p + dy*p + dx, as diffusers' Flux
+    pipeline packs them (_pack_latents) for p = 2. p = 1 is one token per latent pixel."""
     b, c, h, w = latents.shape
-    if h % PATCH or w % PATCH:
-        raise ValueError(f"latent {h}x{w} is not divisible by the {PATCH}x{PATCH} patch")
-    x = latents.view(b, c, h // PATCH, PATCH, w // PATCH, PATCH)
-    return x.permute(0, 2, 4, 1, 3, 5).reshape(b, (h // PATCH) * (w // PATCH), c * PATCH * PATCH)
+    if h % patch or w % patch:
+        raise ValueError(f"latent {h}x{w} is not divisible by the {patch}x{patch} patch")
+    x = latents.view(b, c, h // patch, patch, w // patch, patch)
+    return x.permute(0, 2, 4, 1, 3, 5).reshape(b, (h // patch) * (w // patch), c * patch * patch)
 
 
-def unpatchify(tokens: torch.Tensor, grid_h: int, grid_w: int) -> torch.Tensor:
-    """(B, grid_h*grid_w, 4C) -> (B, C, 2*grid_h, 2*grid_w); the inverse of patchify."""
+def unpatchify(tokens: torch.Tensor, grid_h: int, grid_w: int, patch: int = PATCH) -> torch.Tensor:
+    """(B, grid_h*grid_w, p*p*C) -> (B, C, p*grid_h, p*grid_w); the inverse of patchify."""
     b, n, d = tokens.shape
-    if n != grid_h * grid_w or d % (PATCH * PATCH):
-        raise ValueError(f"tokens {tuple(tokens.shape)} do not fill a {grid_h}x{grid_w} grid of 2x2 patches")
-    c = d // (PATCH * PATCH)
-    x = tokens.view(b, grid_h, grid_w, c, PATCH, PATCH)
-    return x.permute(0, 3, 1, 4, 2, 5).reshape(b, c, grid_h * PATCH, grid_w * PATCH)
+    if n != grid_h * grid_w or d % (patch * patch):
+        raise ValueError(f"tokens {tuple(tokens.shape)} do not fill a {grid_h}x{grid_w} grid of {patch}x{patch} patches")
+    c = d // (patch * patch)
+    x = tokens.view(b, grid_h, grid_w, c, patch, patch)
+    return x.permute(0, 3, 1, 4, 2, 5).reshape(b, c, grid_h * patch, grid_w * patch)
 
 
 def position_ids(grid_h: int, grid_w: int, device: torch.device | str | None = None) -> torch.Tensor:

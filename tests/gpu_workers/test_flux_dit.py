@@ -41,6 +41,7 @@ CONFIG = FluxDiTConfig(
     num_layers=2,
     axes_dims_rope=(4, 6, 6),
     vec_in_dim=5,
+    patch=2,  # packed as diffusers' Flux pipeline packs, so its configs map onto ours
 )
 GRID = (4, 6)
 TEXT_DIM = 8  # diffusers' context_embedder width; it sees no tokens
@@ -240,8 +241,12 @@ def test_config_from_diffusers_and_ours(reference: DiffusersFlux) -> None:
     assert FluxDiTConfig.from_dict(dict(reference.config)) == CONFIG
     assert FluxDiTConfig.from_dict(CONFIG.to_dict()) == CONFIG
     assert FluxDiTConfig.from_dict({}) == FluxDiTConfig()  # the reference decoder's sizes
-    reference_size = FluxDiTConfig()
-    assert (reference_size.head_dim, reference_size.token_in_dim, reference_size.token_out_dim) == (80, 6208, 64)
+    reference_size = FluxDiTConfig()  # unpacked, as the reference's DiT runs by default
+    assert (reference_size.head_dim, reference_size.token_in_dim, reference_size.token_out_dim) == (80, 1552, 16)
+    packed = FluxDiTConfig(patch=2)
+    assert (packed.token_in_dim, packed.token_out_dim) == (6208, 64)
+    with pytest.raises(ValueError, match="patch"):
+        FluxDiTConfig(patch=3)
 
     with pytest.raises(ValueError, match="double-stream"):
         FluxDiTConfig.from_dict({**reference.config, "num_layers": 1})
@@ -274,3 +279,15 @@ def test_from_dir_reads_ours_and_diffusers(tmp_path: Path, reference: DiffusersF
         FluxDiT(CONFIG).load_weights(partial)
     with pytest.raises(ValueError, match="unexpected"):
         FluxDiT(CONFIG).load_weights({**ours.state_dict(), "extra.weight": torch.zeros(1)})
+
+
+def test_one_token_per_latent_pixel_when_unpacked() -> None:
+    """patch 1, the reference's default: a token is one latent pixel's channels, row-major."""
+    latents = torch.randn(2, 5, 3, 4)
+    tokens = patchify(latents, patch=1)
+    assert torch.equal(tokens, latents.flatten(2).transpose(1, 2))
+    assert torch.equal(unpatchify(tokens, 3, 4, patch=1), latents)
+    config = FluxDiTConfig(in_channels=4, cond_channels=6, hidden_size=32, num_heads=2, num_layers=1, axes_dims_rope=(4, 6, 6), vec_in_dim=5)
+    model = FluxDiT(config)
+    out = model(torch.randn(1, 12, config.token_in_dim), position_ids(3, 4), torch.tensor([500.0]), torch.randn(1, 5))
+    assert out.shape == (1, 12, 4)
