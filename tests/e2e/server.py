@@ -55,17 +55,22 @@ PROCESSES: dict[str, subprocess.Popen[bytes]] = {}
 
 @contextlib.contextmanager
 def running_server(
-    *args: str, timeout: float = 180.0, env: dict[str, str] | None = None
+    *args: str, timeout: float = 180.0, env: dict[str, str] | None = None, log: Path | None = None
 ) -> Iterator[str]:
     """Yield the server's base URL (http://127.0.0.1:PORT) once /health answers 200.
-    env: extra environment variables for the server (and so its workers)."""
+    env: extra environment variables for the server (and so its workers); log: a file the
+    server's output goes to (the test reads it), instead of the test's own output."""
     port = free_port()
-    env = dict(os.environ, PYTHONPATH=str(ROOT), OMNI_LOG_LEVEL="WARNING", **(env or {}))
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "omni.cli", "--port", str(port), "--num-threads", "1", *args],
-        cwd=ROOT,
-        env=env,
-    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMNI_LOG_LEVEL": "WARNING", **(env or {})}
+    with contextlib.ExitStack() as files:
+        out = files.enter_context(log.open("wb")) if log is not None else None
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "omni.cli", "--port", str(port), "--num-threads", "1", *args],
+            cwd=ROOT,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT if out is not None else None,
+        )
     base = f"http://127.0.0.1:{port}"
     try:
         wait_healthy(base, proc, timeout)

@@ -8,11 +8,7 @@ printed (pytest -s shows them) for the issue's closing note."""
 from __future__ import annotations
 
 import contextlib
-import os
-import signal
 import socket
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -22,7 +18,7 @@ import httpx
 import orjson
 import pytest
 
-from tests.e2e.server import ROOT, free_port, wait_healthy
+from tests.e2e.server import PROCESSES, running_server
 
 MODEL = "m"
 HEADER_TIMEOUT = 1.0
@@ -33,28 +29,9 @@ SHORT_CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "
 @contextlib.contextmanager
 def logged_server(model_dir: Path, log: Path, *args: str) -> Iterator[tuple[str, int]]:
     """The server with its log in a file (the tests read it): (base URL, pid)."""
-    port = free_port()
-    env = dict(os.environ, PYTHONPATH=str(ROOT), OMNI_LOG_LEVEL="INFO")
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "omni.cli", "--port", str(port), "--num-threads", "1"]
-            + ["--model", f"{MODEL}={model_dir}", "--max-model-len", "1024", "--num-kv-blocks", "512", *args],
-            cwd=ROOT,
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-        base = f"http://127.0.0.1:{port}"
-        try:
-            wait_healthy(base, proc, 180.0)
-            yield base, proc.pid
-        finally:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+    model = ("--model", f"{MODEL}={model_dir}", "--max-model-len", "1024", "--num-kv-blocks", "512")
+    with running_server(*model, *args, env={"OMNI_LOG_LEVEL": "INFO"}, log=log) as base:
+        yield base, PROCESSES[base].pid
 
 
 @pytest.fixture(scope="module")
