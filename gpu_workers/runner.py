@@ -39,8 +39,9 @@ class Runner(ABC):
 
     @abstractmethod
     def run(self, job: Any) -> Any:
-        """Execute one job message; return its result message. An exception fails only this
-        job: the server fails its requests and keeps the worker."""
+        """Execute one job message; return its result message, or an iterator of messages
+        (progress first, the result last) sent one by one as they are yielded. An exception
+        fails only this job: the server fails its requests and keeps the worker."""
 
     def follow(self) -> None:
         """Ranks > 0 of a group: take part in rank 0's jobs until the group ends."""

@@ -19,6 +19,7 @@ import os
 import signal
 import threading
 import traceback
+from collections.abc import Iterator
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -88,6 +89,12 @@ def _serve(conn: Connection, runner: Any) -> None:
             continue
         try:
             result = runner.run(message)
+            if isinstance(result, Iterator):
+                # A job with progress (the image decoder's previews): every message the
+                # runner yields is sent as it comes; the last is the job's result.
+                for reply in result:
+                    _send(conn, reply)
+                continue
         except Exception as exc:
             # The server fails the requests of this job and keeps the worker.
             log.error("job %d failed:\n%s", message.job_id, traceback.format_exc())

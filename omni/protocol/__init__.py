@@ -6,6 +6,9 @@ A shared layer: the server and every worker import it; it imports neither torch 
 
 from omni.protocol.messages import (
     CachedRequest,
+    DecodedImage,
+    DecodeImages,
+    DecodeResult,
     EncodeBatch,
     EncodedItem,
     EncodeItem,
@@ -13,9 +16,11 @@ from omni.protocol.messages import (
     EncoderReady,
     FailedRequest,
     ForwardTiming,
+    ImageJob,
     LLMReady,
     MediaRef,
     NewRequest,
+    PartialImage,
     PromptLogprobs,
     SampledToken,
     SamplingOptions,
@@ -24,13 +29,17 @@ from omni.protocol.messages import (
     StepResult,
     TokenMask,
     TopLogprob,
+    VisionDecoderReady,
     WorkerError,
 )
-from omni.protocol.specs import EncoderWorkerSpec, LLMWorkerSpec, StoreSettings, WorkerSpec
+from omni.protocol.specs import EncoderWorkerSpec, LLMWorkerSpec, StoreSettings, VisionDecoderWorkerSpec, WorkerSpec
 from omni.protocol.wire import decode, encode, message, message_types, register
 
 __all__ = [
     "CachedRequest",
+    "DecodeImages",
+    "DecodeResult",
+    "DecodedImage",
     "EncodeBatch",
     "EncodeItem",
     "EncodeResult",
@@ -39,10 +48,12 @@ __all__ = [
     "EncoderWorkerSpec",
     "FailedRequest",
     "ForwardTiming",
+    "ImageJob",
     "LLMReady",
     "LLMWorkerSpec",
     "MediaRef",
     "NewRequest",
+    "PartialImage",
     "PromptLogprobs",
     "SampledToken",
     "SamplingOptions",
@@ -52,6 +63,8 @@ __all__ = [
     "StoreSettings",
     "TokenMask",
     "TopLogprob",
+    "VisionDecoderReady",
+    "VisionDecoderWorkerSpec",
     "WorkerError",
     "WorkerSpec",
     "decode",

@@ -294,3 +294,90 @@ class EncoderReady:
     worker_id: int
     device: str
     components: list[str]
+
+
+# ---- the vision decoder (image output) -----------------------------------------------------
+
+
+@message
+@dataclass(slots=True)
+class ImageJob:
+    """One image to draw from the codes of one span. Jobs of one DecodeImages batch share
+    width, height and steps, so they run as one batch through every step."""
+
+    TAG: ClassVar[int] = 41
+    job_id: int
+    codes: list[int]  # grid_rows * grid_cols codes, row-major, as the model wrote them
+    width: int  # pixels; a size of the decoder's table
+    height: int
+    steps: int
+    seed: int
+    guidance_scale: float | None = None  # None: the checkpoint's default
+    output_format: str = "png"  # png | jpeg | webp
+    quality: int | None = None  # jpeg / webp quality, 0 to 100 (None: the encoder's default)
+    partial_images: int = 0  # intermediate previews to send before the image (0 to 3)
+
+
+@message
+@dataclass(slots=True)
+class DecodeImages:
+    """The vision decoder's job: a batch of compatible ImageJobs."""
+
+    TAG: ClassVar[int] = 42
+    batch_id: int
+    jobs: list[ImageJob]
+
+    @property
+    def job_id(self) -> int:
+        return self.batch_id
+
+
+@message
+@dataclass(slots=True)
+class PartialImage:
+    """A preview of one job, sent before the batch's DecodeResult: the image the denoiser
+    predicts at an intermediate step, encoded like the final one."""
+
+    TAG: ClassVar[int] = 43
+    batch_id: int
+    job_id: int
+    index: int  # 0-based, in the order they are sent
+    data: bytes
+
+
+@message
+@dataclass(slots=True)
+class DecodedImage:
+    TAG: ClassVar[int] = 44
+    job_id: int
+    data: bytes  # the encoded image (output_format)
+    width: int
+    height: int
+    error: str | None = None  # this job could not be drawn (its codes or sizes): a client error
+
+
+@message
+@dataclass(slots=True)
+class DecodeResult:
+    TAG: ClassVar[int] = 45
+    batch_id: int
+    images: list[DecodedImage]
+    step_seconds: float = 0.0  # mean seconds of one denoising step of the batch (all passes)
+    vae_seconds: float = 0.0  # the VAE decode and image encoding of the whole batch
+
+
+@message
+@dataclass(slots=True)
+class VisionDecoderReady:
+    """A vision decoder group has loaded on every rank."""
+
+    TAG: ClassVar[int] = 46
+    worker_id: int
+    device: str
+    world_size: int
+    grid_rows: int  # codes per span: grid_rows x grid_cols
+    grid_cols: int
+    num_codes: int  # codebook entries
+    guidance: str  # "autoguidance" | "cfg" | "none"
+    default_guidance_scale: float
+    sizes: list[str]  # the "WxH" sizes it draws

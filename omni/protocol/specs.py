@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from omni.media.limits import MediaLimits
-from omni.protocol.messages import EncoderReady, LLMReady
+from omni.protocol.messages import EncoderReady, LLMReady, VisionDecoderReady
 from omni.protocol.wire import message, register
 
 # The media layer's limits travel inside the encoder's spec as they are.
@@ -76,3 +76,21 @@ class EncoderWorkerSpec(WorkerSpec):
     model_dir: str  # the omni checkpoint root: one directory per encoder component
     store: StoreSettings = field(default_factory=StoreSettings)
     media_limits: MediaLimits = field(default_factory=MediaLimits)
+
+
+@message
+@dataclass(frozen=True, slots=True, kw_only=True)
+class VisionDecoderWorkerSpec(WorkerSpec):
+    """The image decoder: a DiT, its weak autoguidance twin, a VAE. world_size > 1 runs the
+    DiT with Ulysses sequence parallelism over the group (one process per device)."""
+
+    TAG: ClassVar[int] = 22
+    READY: ClassVar[type] = VisionDecoderReady
+    LABEL: ClassVar[str] = "vision decoder"
+
+    model_dir: str  # the checkpoint's vision_decoder/ directory
+    # The device of each rank (rank_devices[0] == device); empty: every rank on `device`.
+    rank_devices: list[str] = field(default_factory=list)
+
+    def device_of(self, rank: int) -> str:
+        return self.rank_devices[rank] if self.rank_devices else self.device

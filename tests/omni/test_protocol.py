@@ -27,6 +27,8 @@ ITEM = protocol.EncodeItem(3, "audio_encoder", "audio", "enc/a/r/k", b"\x00\xffR
 ENCODED = protocol.EncodedItem(3, 2, [9, 8], error=None, store_error="disk full")
 FORWARD = protocol.ForwardTiming("vision_encoder", 4, 0.125)
 STORE = protocol.StoreSettings("s3://bucket/prefix", "http://127.0.0.1:9000", "us-east-1")
+IMAGE_JOB = protocol.ImageJob(7, [0, 5, 65535], 880, 656, 25, 1234, 0.5, "webp", 90, 2)
+DECODED_IMAGE = protocol.DecodedImage(7, b"RIFF....WEBP", 880, 656, error=None)
 LIMITS = MediaLimits(max_bytes=123, video_fps=1.5, allow_remote=True)
 
 # One instance of every message type, with no field left at its default where avoidable.
@@ -61,6 +63,16 @@ EXAMPLES: dict[type, object] = {
     protocol.EncoderWorkerSpec: protocol.EncoderWorkerSpec(
         worker_id=0, device="cuda:3", world_size=1, model_dir="/m", store=STORE, media_limits=LIMITS
     ),
+    protocol.ImageJob: IMAGE_JOB,
+    protocol.DecodeImages: protocol.DecodeImages(5, [IMAGE_JOB, dataclasses.replace(IMAGE_JOB, job_id=8, seed=-1)]),
+    protocol.PartialImage: protocol.PartialImage(5, 7, 1, b"\x89PNG"),
+    protocol.DecodedImage: DECODED_IMAGE,
+    protocol.DecodeResult: protocol.DecodeResult(5, [DECODED_IMAGE], 0.25, 0.125),
+    protocol.VisionDecoderReady: protocol.VisionDecoderReady(0, "cuda:2", 2, 27, 27, 65536, "autoguidance", 0.75, ["768x768"]),
+    protocol.VisionDecoderWorkerSpec: protocol.VisionDecoderWorkerSpec(
+        worker_id=0, device="cuda:2", dtype="bfloat16", world_size=2, model_dir="/m/vision_decoder",
+        rank_devices=["cuda:2", "cuda:3"],
+    ),  # fmt: skip
 }
 
 
