@@ -5,7 +5,9 @@ The request schemas are written from the parsers (omni/api/schemas), not from Op
 reference: a range here is the range the parser refuses outside of. Every field of
 known_fields' tables is a property; a field the server only accepts at its default, or
 refuses, gets its schema from its KnownField, so the table stays the one place that says
-what is accepted. tests/omni/test_openapi.py fails when a field or a route is undocumented.
+what is accepted. The images endpoint has no table (its parser lists its own fields), so its
+schema is written here whole. tests/omni/test_openapi.py fails when a field or a route is
+undocumented.
 
 What a schema cannot say is left to the descriptions and answered with a 400 naming the
 field: a token id past the vocabulary, a prompt past the context, two output constraints at
@@ -32,6 +34,15 @@ from omni.api.schemas.fields import (
     MAX_STOP_STRINGS,
     MIN_SEED,
 )
+from omni.api.schemas.images import (
+    MAX_GUIDANCE,
+    MAX_IMAGES,
+    MAX_PARTIAL_IMAGES,
+    MAX_PROMPT_CHARS,
+    MAX_STEPS,
+    OUTPUT_FORMATS,
+    RESPONSE_FORMATS,
+)
 from omni.api.schemas.known_fields import (
     FIELDS,
     OBJECT,
@@ -47,12 +58,14 @@ from omni.api.schemas.known_fields import (
 )
 from omni.api.schemas.structured import GUIDED_BACKENDS
 from omni.api.schemas.tools import MAX_TOOLS
+from omni.media.image_sizes import ALLOWED_SIZES
 from omni.state import MODELS
 from omni.store.local import ARTIFACT_PATH
 
 Schema: TypeAlias = dict[str, Any]
 
 OPENAPI_PATH = "/openapi.json"
+IMAGES_PATH = "/v1/images/generations"
 # Not a request field: the server merges a literal extra_body object into the body (what the
 # OpenAI SDK does with its extra_body argument) before the fields are checked.
 EXTRA_BODY = "extra_body"
@@ -95,6 +108,22 @@ _JSON_SCHEMA: Schema = {"type": ["object", "boolean"], "description": "A JSON sc
 
 
 # ----------------------------------------------------------------------------- request fields
+
+# The drawing options a chat request's `image` object and an images request share.
+_IMAGE_OPTIONS: dict[str, Schema] = {
+    "size": {"enum": list(ALLOWED_SIZES), "description": "auto: the size of the aspect ratio the model picks."},
+    "response_format": {"enum": list(RESPONSE_FORMATS), "description": "url: a signed URL; b64_json: the bytes."},
+    "output_format": {"enum": list(OUTPUT_FORMATS), "default": "png"},
+    "output_compression": {**_int(0, 100), "description": "The jpeg or webp quality."},
+    "num_inference_steps": {**_int(1, MAX_STEPS), "description": "Denoising steps; default: the server's."},
+    "guidance_scale": {**_number(0.0, MAX_GUIDANCE), "description": "Default: the checkpoint's."},
+}
+# output_format defaults to png, which has no compression
+_COMPRESSION_NEEDS_JPEG_OR_WEBP: Schema = {
+    "if": {"properties": {"output_compression": {"not": {"type": "null"}}}, "required": ["output_compression"]},
+    "then": {"properties": {"output_format": {"enum": ["jpeg", "webp"]}}, "required": ["output_format"]},
+}
+
 
 # The schema of each HONOURED field (and of an INFORMATIONAL one whose parser checks more than
 # its JsonType), without null: _field_schema adds it, as every known field takes null.
@@ -154,8 +183,20 @@ _CHAT_FIELDS: dict[str, Schema] = {
     "max_completion_tokens": _int(1),
     "logprobs": _BOOL,
     "top_logprobs": _int(0, MAX_TOP_LOGPROBS),
-    # image and audio output are refused until their decoders exist
-    "modalities": {"type": "array", "minItems": 1, "items": {"enum": ["text"]}},
+    # audio output is refused until the vocoder exists
+    "modalities": {
+        "type": "array",
+        "minItems": 1,
+        "items": {"enum": ["text", "image"]},
+        "description": "Absent, or with image: the model may draw images (if it has a vision decoder).",
+    },
+    "image": {
+        "type": "object",
+        "properties": {name: _or_null(schema) for name, schema in _IMAGE_OPTIONS.items()},
+        "additionalProperties": False,
+        **_COMPRESSION_NEEDS_JPEG_OR_WEBP,
+        "description": "How the images the model draws are drawn and returned (an extension, shaped like audio).",
+    },
     "audio": {
         "type": "object",
         "properties": {"voice": _STRING, "format": {"enum": sorted(AUDIO_FORMATS)}},
@@ -251,6 +292,52 @@ def _request_schema(endpoint: Endpoint, model_names: list[str]) -> Schema:
         "required": list(REQUIRED[endpoint]),
         # a field of neither OpenAI's nor vLLM's API is a 400 naming it
         "additionalProperties": False,
+    }
+
+
+# POST /v1/images/generations: every field the parser reads, each taking null (its default)
+# but prompt. quality, background and moderation are accepted only at "the server decides".
+IMAGE_FIELDS: Mapping[str, Schema] = {
+    "prompt": {"type": "string", "pattern": r"\S", "maxLength": MAX_PROMPT_CHARS},
+    "n": _int(1, MAX_IMAGES),
+    **_IMAGE_OPTIONS,
+    "stream": _BOOL,
+    "partial_images": {
+        **_int(0, MAX_PARTIAL_IMAGES),
+        "description": "Previews per image from intermediate denoising steps; more than 0 needs stream.",
+    },
+    "quality": {"enum": ["auto", "standard"], "description": "Only the default: this server decides it."},
+    "background": {"enum": ["auto", "opaque"], "description": "Only the default: the images are opaque."},
+    "moderation": {"enum": ["auto"], "description": "Only the default: no moderation model runs."},
+    "user": _STRING,
+    "seed": {**_int(MIN_SEED, MAX_SEED), "description": "Image i is drawn with seed + i."},
+}
+
+
+def _image_request_schema(model_names: list[str]) -> Schema:
+    model: Schema = {"type": "string", "description": "A served model with a vision decoder; null: the only one."}
+    if model_names:
+        model["enum"] = list(model_names)
+    properties: dict[str, Schema] = {"model": _or_null(model)}
+    for name, schema in IMAGE_FIELDS.items():
+        properties[name] = schema if name == "prompt" else _or_null(schema)
+    properties["style"] = {"type": "null", "description": "Not supported: the image decoder has no styles."}
+    properties[EXTRA_BODY] = _or_null({"type": "object"}, "Merged into the body (its keys win).")
+    return {
+        "type": "object",
+        "properties": properties,
+        "required": ["prompt"],
+        "additionalProperties": False,
+        "allOf": [
+            _COMPRESSION_NEEDS_JPEG_OR_WEBP,
+            {
+                "if": {
+                    "properties": {"partial_images": {"type": "integer", "minimum": 1}},
+                    "required": ["partial_images"],
+                },
+                "then": {"properties": {"stream": {"const": True}}, "required": ["stream"]},
+            },
+        ],
     }
 
 
@@ -525,7 +612,14 @@ def _response_schemas() -> dict[str, Schema]:
                 "type": "object",
                 "properties": {
                     "role": {"const": "assistant"},
-                    "content": _or_null(_STRING),
+                    "content": {
+                        "anyOf": [
+                            _STRING,
+                            {"type": "array", "items": {"oneOf": [_ref("TextPart"), _ref("OutputImagePart")]}},
+                            {"type": "null"},
+                        ],
+                        "description": "A turn that drew images: its text part (if it has text), then its images.",
+                    },
                     "tool_calls": {"type": "array", "items": tool_call},
                     "reasoning_content": _or_null(_STRING),
                 },
@@ -544,7 +638,10 @@ def _response_schemas() -> dict[str, Schema]:
                 "type": "object",
                 "properties": {
                     "role": {"const": "assistant"},
-                    "content": _STRING,
+                    "content": {
+                        "anyOf": [_STRING, {"type": "array", "items": _ref("OutputImagePart")}],
+                        "description": "Text, or in a chunk of its own the images the tokens so far drew.",
+                    },
                     "reasoning_content": _STRING,
                     "tool_calls": {"type": "array", "items": tool_call_delta},
                 },
@@ -584,6 +681,22 @@ def _response_schemas() -> dict[str, Schema]:
         "ChatCompletionChunk": body("chat.completion.chunk", chunk_choice, usage_or_null),
         "TextCompletion": body("text_completion", text_choice, _ref("Usage")),
         "TextCompletionChunk": body("text_completion", text_choice, usage_or_null),
+        "OutputImagePart": _part(
+            "image_url",
+            {
+                "image_url": {
+                    "type": "object",
+                    "properties": {
+                        "url": {
+                            "type": "string",
+                            "description": "The image's signed URL; a data: URL with image.response_format b64_json.",
+                        }
+                    },
+                    "required": ["url"],
+                }
+            },
+        ),
+        **_image_response_schemas(),
         "Usage": {
             "type": "object",
             "properties": {
@@ -672,6 +785,60 @@ def _response_schemas() -> dict[str, Schema]:
     }
 
 
+def _image_response_schemas() -> dict[str, Schema]:
+    """The images API's bodies, as the official client's ImagesResponse, ImageGenPartialImageEvent
+    and ImageGenCompletedEvent read them."""
+    described = {
+        "output_format": {"enum": list(OUTPUT_FORMATS)},
+        "size": {"type": "string", "pattern": "^[0-9]+x[0-9]+$", "description": "WIDTHxHEIGHT, as drawn."},
+        "quality": {"const": "auto"},
+        "background": {"const": "opaque"},
+    }
+    event_image = {"b64_json": _STRING, "created_at": _int(0), **described}
+
+    def event(kind: str, **extra: Schema) -> Schema:
+        properties = {"type": {"const": kind}, **event_image, **extra}
+        return {"type": "object", "properties": properties, "required": list(properties)}
+
+    return {
+        "ImagesResponse": {
+            "type": "object",
+            "properties": {
+                "created": _int(0),
+                "data": {
+                    "type": "array",
+                    "items": {
+                        "oneOf": [
+                            {"type": "object", "properties": {"url": _STRING}, "required": ["url"]},
+                            {"type": "object", "properties": {"b64_json": _STRING}, "required": ["b64_json"]},
+                        ],
+                        "description": "By response_format: a signed URL, or the image's bytes in base64.",
+                    },
+                },
+                **described,
+                "usage": _ref("ImageUsage"),
+            },
+            "required": ["created", "data", *described, "usage"],
+        },
+        "ImageGenPartialImageEvent": event("image_generation.partial_image", partial_image_index=_int(0)),
+        "ImageGenCompletedEvent": event("image_generation.completed", usage=_ref("ImageUsage")),
+        "ImageUsage": {
+            "type": "object",
+            "properties": {
+                "input_tokens": _int(0),
+                "input_tokens_details": {
+                    "type": "object",
+                    "properties": {"text_tokens": _int(0), "image_tokens": _int(0)},
+                    "required": ["text_tokens", "image_tokens"],
+                },
+                "output_tokens": {**_int(0), "description": "The image spans' tokens, all n of them."},
+                "total_tokens": _int(0),
+            },
+            "required": ["input_tokens", "input_tokens_details", "output_tokens", "total_tokens"],
+        },
+    }
+
+
 def _json(schema: Schema) -> Schema:
     return {"application/json": {"schema": schema}}
 
@@ -713,13 +880,15 @@ _KEYED: list[Schema] = [{"bearer": []}, {}]
 _OPEN: list[Schema] = []
 
 
-def _generation(endpoint: Endpoint, summary: str, result: str, chunk: str) -> Schema:
+def _generation(operation_id: str, summary: str, request: str, result: str, events: str) -> Schema:
+    """A POST answered with result, or with stream true with server-sent events: `events`
+    says what each 'data: ' line holds."""
     return {
         "post": {
-            "operationId": f"create_{'chat_completion' if endpoint == 'chat' else 'completion'}",
+            "operationId": operation_id,
             "summary": summary,
             "security": _KEYED,
-            "requestBody": {"required": True, "content": _json(_ref(f"{result}Request"))},
+            "requestBody": {"required": True, "content": _json(_ref(request))},
             "responses": {
                 "200": {
                     "description": f"A {result}; with stream true, server-sent events.",
@@ -729,7 +898,7 @@ def _generation(endpoint: Endpoint, summary: str, result: str, chunk: str) -> Sc
                             "schema": {
                                 "type": "string",
                                 "description": (
-                                    f"'data: ' lines, each a {chunk} as JSON, then 'data: [DONE]'. A worker "
+                                    f"'data: ' lines, each {events} as JSON, then 'data: [DONE]'. A worker "
                                     "failing mid-stream sends an Error object as the last event before [DONE]."
                                 ),
                             }
@@ -758,8 +927,30 @@ def _paths() -> dict[str, Schema]:
         {"name": "sig", "in": "query", "required": True, "schema": _STRING},
     ]
     return {
-        PATHS["chat"]: _generation("chat", "Create a chat completion", "ChatCompletion", "ChatCompletionChunk"),
-        PATHS["completions"]: _generation("completions", "Create a completion", "TextCompletion", "TextCompletionChunk"),
+        PATHS["chat"]: _generation(
+            "create_chat_completion",
+            "Create a chat completion",
+            "ChatCompletionRequest",
+            "ChatCompletion",
+            "a ChatCompletionChunk",
+        ),
+        PATHS["completions"]: _generation(
+            "create_completion",
+            "Create a completion",
+            "TextCompletionRequest",
+            "TextCompletion",
+            "a TextCompletionChunk",
+        ),
+        IMAGES_PATH: _generation(
+            "create_image",
+            "Draw images from a prompt",
+            "ImageGenerationRequest",
+            "ImagesResponse",
+            (
+                "an ImageGenPartialImageEvent (partial_images of them per image, from intermediate denoising steps) "
+                "or, one per image, an ImageGenCompletedEvent (its image as b64_json whatever response_format)"
+            ),
+        ),
         "/v1/models": _get(
             "list_models",
             "The served models",
@@ -816,13 +1007,14 @@ def openapi_document(model_names: list[str]) -> dict[str, Any]:
         "info": {
             "title": "omni-serve",
             "version": "1",
-            "description": "OpenAI's chat completions and completions APIs, with vLLM's extra fields.",
+            "description": "OpenAI's chat completions, completions and images APIs, with vLLM's extra fields.",
         },
         "paths": _paths(),
         "components": {
             "schemas": {
                 "ChatCompletionRequest": _request_schema("chat", model_names),
                 "TextCompletionRequest": _request_schema("completions", model_names),
+                "ImageGenerationRequest": _image_request_schema(model_names),
                 **_message_schemas(),
                 **_tool_schemas(),
                 **_response_schemas(),

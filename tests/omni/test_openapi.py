@@ -14,9 +14,11 @@ from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT202012
 
 from omni.api.errors import APIError
-from omni.api.openapi import EXTRA_BODY, FIELD_SCHEMAS, OPENAPI_PATH, REQUIRED, openapi_document
+from omni.api.openapi import EXTRA_BODY, FIELD_SCHEMAS, IMAGES_PATH, OPENAPI_PATH, REQUIRED, openapi_document
 from omni.api.schemas import parse_chat_completion_request, parse_completion_request
 from omni.api.schemas.fields import merge_extra_body
+from omni.api.schemas.images import _KNOWN as IMAGE_FIELDS  # the parser's own list: it has no KnownField table
+from omni.api.schemas.images import parse_image_generation_request
 from omni.api.schemas.known_fields import FIELDS, STREAM_OPTIONS_FIELDS, Disposition, Endpoint
 from omni.app import create_app
 from omni.config import ServerConfig
@@ -56,6 +58,15 @@ def test_no_written_schema_is_stale(endpoint: Endpoint) -> None:
         assert table[name].disposition in (Disposition.HONOURED, Disposition.INFORMATIONAL), name
 
 
+def test_every_field_the_image_parser_reads_is_a_property_and_no_other() -> None:
+    schema = SCHEMAS["ImageGenerationRequest"]
+    assert set(schema["properties"]) == IMAGE_FIELDS | {EXTRA_BODY}
+    assert schema["required"] == ["prompt"] and schema["additionalProperties"] is False
+    for name in IMAGE_FIELDS - {"prompt"}:  # each takes null, as the parser does
+        parse_image_generation_request({"prompt": "a fox", name: None})
+        assert not list(validator("ImageGenerationRequest").iter_errors({"prompt": "a fox", name: None})), name
+
+
 def test_stream_options_are_the_known_keys() -> None:
     assert set(SCHEMAS["StreamOptions"]["properties"]) == set(STREAM_OPTIONS_FIELDS)
 
@@ -78,6 +89,9 @@ def test_model_is_an_enum_of_the_served_names() -> None:
     for name in REQUEST_SCHEMAS.values():
         assert doc["components"]["schemas"][name]["properties"]["model"]["enum"] == ["a", "b"]
     assert "enum" not in openapi_document([])["components"]["schemas"]["ChatCompletionRequest"]["properties"]["model"]
+    # optional for images: null is the only model that draws
+    image_model = doc["components"]["schemas"]["ImageGenerationRequest"]["properties"]["model"]
+    assert image_model["anyOf"] == [{**image_model["anyOf"][0], "enum": ["a", "b"]}, {"type": "null"}]
 
 
 CHAT = {"model": "omni-tiny", "messages": [{"role": "user", "content": "hi"}]}
@@ -137,6 +151,24 @@ BODIES: list[tuple[Endpoint, dict[str, Any]]] = [
     ("chat", CHAT | {"messages": [{"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": "x"}}]}]}),
     ("chat", CHAT | {"messages": [{"role": "user", "content": [{"type": "file"}]}]}),
     ("chat", CHAT | {"messages": [{"role": "user", "content": []}]}),
+    ("chat", CHAT | {"modalities": ["text", "image"]}),
+    ("chat", CHAT | {"modalities": ["image"]}),
+    ("chat", CHAT | {"modalities": ["text", "audio"]}),
+    ("chat", CHAT | {"modalities": []}),
+    ("chat", CHAT | {"modalities": ["video"]}),
+    ("chat", CHAT | {"image": {"size": "1024x576", "response_format": "b64_json", "output_format": "jpeg"}}),
+    ("chat", CHAT | {"image": {"output_format": "webp", "output_compression": 80, "num_inference_steps": 100}}),
+    ("chat", CHAT | {"image": {"size": None, "guidance_scale": 20}}),
+    ("chat", CHAT | {"image": {}}),
+    ("chat", CHAT | {"image": None}),
+    ("chat", CHAT | {"image": {"size": "1024x1024"}}),
+    ("chat", CHAT | {"image": {"output_compression": 80}}),  # png, the default, has none
+    ("chat", CHAT | {"image": {"output_format": "png", "output_compression": 80}}),
+    ("chat", CHAT | {"image": {"num_inference_steps": 0}}),
+    ("chat", CHAT | {"image": {"guidance_scale": 21}}),
+    ("chat", CHAT | {"image": {"response_format": "file"}}),
+    ("chat", CHAT | {"image": {"quality": "hd"}}),
+    ("chat", CHAT | {"image": "png"}),
     ("completions", COMPLETION),
     ("completions", COMPLETION | {"prompt": [[1, 2], [3]], "logprobs": 5, "echo": True, "max_tokens": 0}),
     ("completions", COMPLETION | {"prompt": [1, -2]}),
@@ -150,17 +182,133 @@ BODIES: list[tuple[Endpoint, dict[str, Any]]] = [
 ]
 
 
+PROMPT = {"prompt": "a red fox in snow"}
+
+# Images bodies, against parse_image_generation_request: the endpoint has no KnownField table.
+IMAGE_BODIES: list[Any] = [
+    PROMPT,
+    PROMPT | {"model": "omni-tiny", "n": 10, "size": "auto", "response_format": "b64_json", "seed": 7},
+    PROMPT | {"size": "1024x576", "output_format": "jpeg", "output_compression": 0, "user": "u"},
+    PROMPT | {"output_format": "webp", "output_compression": 100},
+    PROMPT | {"stream": True, "partial_images": 3},
+    PROMPT | {"stream": False, "partial_images": 0},
+    PROMPT | {"quality": "auto", "background": "opaque", "moderation": "auto", "style": None},
+    PROMPT | {"num_inference_steps": 1, "guidance_scale": 0},
+    PROMPT | {"num_inference_steps": 100, "guidance_scale": 20.0},
+    PROMPT | {"extra_body": {"num_inference_steps": 4}},
+    {},
+    {"prompt": None},
+    {"prompt": " "},
+    {"prompt": "x" * 32_001},
+    PROMPT | {"model": 5},
+    PROMPT | {"n": 0},
+    PROMPT | {"n": 11},
+    PROMPT | {"size": "1024x1024"},
+    PROMPT | {"size": "big"},
+    PROMPT | {"response_format": "file"},
+    PROMPT | {"output_format": "gif"},
+    pytest.param(
+        PROMPT | {"output_compression": 50},  # png, the default, has no compression
+        marks=pytest.mark.xfail(reason="the parser checks compression against an explicit png only"),
+    ),
+    PROMPT | {"output_format": "png", "output_compression": 50},
+    PROMPT | {"output_format": "jpeg", "output_compression": 101},
+    PROMPT | {"partial_images": 1},
+    PROMPT | {"stream": False, "partial_images": 2},
+    PROMPT | {"stream": True, "partial_images": 4},
+    PROMPT | {"quality": "hd"},
+    PROMPT | {"background": "transparent"},
+    PROMPT | {"moderation": "low"},
+    PROMPT | {"style": "vivid"},
+    PROMPT | {"user": 5},
+    PROMPT | {"seed": "7"},
+    PROMPT | {"num_inference_steps": 0},
+    PROMPT | {"num_inference_steps": 101},
+    PROMPT | {"guidance_scale": -1},
+    PROMPT | {"guidance_scale": 21},
+    PROMPT | {"negative_prompt": "blur"},
+]
+
+
+def _parses(parse: Any, body: dict[str, Any]) -> bool:
+    try:
+        parse(merge_extra_body(dict(body)))  # as read_json merges it
+    except APIError as e:
+        assert e.status == 400
+        return False
+    return True
+
+
+@pytest.mark.parametrize("body", IMAGE_BODIES)
+def test_the_image_schema_refuses_what_the_parser_refuses(body: dict[str, Any]) -> None:
+    errors = [e.message for e in validator("ImageGenerationRequest").iter_errors(body)]
+    assert (not errors) == _parses(parse_image_generation_request, body), errors
+
+
 @pytest.mark.parametrize("endpoint, body", BODIES)
 def test_the_schema_refuses_what_the_parser_refuses(endpoint: Endpoint, body: dict[str, Any]) -> None:
     parse = parse_chat_completion_request if endpoint == "chat" else parse_completion_request
-    try:
-        parse(merge_extra_body(dict(body)))  # as read_json merges it
-        parsed = True
-    except APIError as e:
-        assert e.status == 400
-        parsed = False
     errors = [e.message for e in validator(REQUEST_SCHEMAS[endpoint]).iter_errors(body)]
-    assert (not errors) == parsed, errors
+    assert (not errors) == _parses(parse, body), errors
+
+
+USAGE = {
+    "input_tokens": 9,
+    "input_tokens_details": {"text_tokens": 9, "image_tokens": 0},
+    "output_tokens": 760,
+    "total_tokens": 769,
+}
+DESCRIBED = {"output_format": "png", "size": "1024x576", "quality": "auto", "background": "opaque"}
+EVENT = {"b64_json": "iVBO", "created_at": 1700000000, **DESCRIBED}
+
+# (schema, body, valid): the bodies the handlers write, as their docstrings give them.
+RESPONSES: list[tuple[str, dict[str, Any], bool]] = [
+    ("ImagesResponse", {"created": 1700000000, "data": [{"url": "http://x/a.png"}], **DESCRIBED, "usage": USAGE}, True),
+    ("ImagesResponse", {"created": 0, "data": [{"b64_json": "iVBO"}] * 2, **DESCRIBED, "usage": USAGE}, True),
+    ("ImagesResponse", {"created": 1700000000, "data": [{}], **DESCRIBED, "usage": USAGE}, False),
+    ("ImagesResponse", {"created": 1700000000, "data": [{"url": "u"}], **DESCRIBED}, False),
+    ("ImageGenPartialImageEvent", {"type": "image_generation.partial_image", "partial_image_index": 0, **EVENT}, True),
+    ("ImageGenPartialImageEvent", {"type": "image_generation.partial_image", **EVENT}, False),
+    ("ImageGenCompletedEvent", {"type": "image_generation.completed", **EVENT, "usage": USAGE}, True),
+    ("ImageGenCompletedEvent", {"type": "image_generation.partial_image", **EVENT, "usage": USAGE}, False),
+]
+
+
+def _chat_completion(content: Any) -> dict[str, Any]:
+    message = {"role": "assistant", "content": content}
+    choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": "stop"}
+    return {"id": "c", "object": "chat.completion", "created": 0, "model": "m", "choices": [choice]}
+
+
+def _chunk(content: Any) -> dict[str, Any]:
+    choice = {"index": 0, "delta": {"content": content}, "logprobs": None, "finish_reason": None}
+    return {"id": "c", "object": "chat.completion.chunk", "created": 0, "model": "m", "choices": [choice]}
+
+
+IMAGE_PART = {"type": "image_url", "image_url": {"url": "http://x/a.png"}}
+RESPONSES += [
+    ("ChatCompletion", _chat_completion("hi"), True),
+    ("ChatCompletion", _chat_completion(None), True),
+    ("ChatCompletion", _chat_completion([{"type": "text", "text": "a fox:"}, IMAGE_PART]), True),
+    ("ChatCompletion", _chat_completion([IMAGE_PART, IMAGE_PART]), True),
+    ("ChatCompletion", _chat_completion([{"type": "input_audio", "input_audio": {"data": ""}}]), False),
+    ("ChatCompletionChunk", _chunk("hi"), True),
+    ("ChatCompletionChunk", _chunk([IMAGE_PART]), True),
+    ("ChatCompletionChunk", _chunk([{"type": "image_url", "image_url": {}}]), False),
+]
+
+
+@pytest.mark.parametrize("name, body, valid", RESPONSES)
+def test_the_response_schemas_describe_the_bodies(name: str, body: dict[str, Any], valid: bool) -> None:
+    errors = [e.message for e in validator(name).iter_errors(body)]
+    assert (not errors) == valid, errors
+
+
+def test_the_images_operation_streams_events() -> None:
+    content = DOC["paths"][IMAGES_PATH]["post"]["responses"]["200"]["content"]
+    assert content["application/json"]["schema"] == {"$ref": "#/components/schemas/ImagesResponse"}
+    description = content["text/event-stream"]["schema"]["description"]
+    assert "ImageGenPartialImageEvent" in description and "ImageGenCompletedEvent" in description
 
 
 async def test_the_handler_serves_the_document(tmp_path: Path) -> None:
