@@ -47,6 +47,7 @@ def worker_main(
     if not isinstance(spec, protocol.WorkerSpec):
         raise TypeError(f"a worker is started with a spec, got {type(spec).__name__}")
     member = GroupMember(rank, spec.world_size, init_method)
+    _name_process(process_name(spec, rank))
     try:
         runner = _build_runner(spec, member)
     except Exception as exc:  # start-up failure: tell the server why, then exit
@@ -63,6 +64,23 @@ def worker_main(
     finally:
         runner.close()
         destroy_group(member)
+
+
+def process_name(spec: protocol.WorkerSpec, rank: int = 0) -> str:
+    """What ps and top show for a worker: "omni-llm0", "omni-encoder0", "omni-vision0.1" (rank
+    1 of a group); at most 15 characters, the kernel's limit."""
+    name = f"omni-{spec.LABEL.split()[0]}{spec.worker_id}"
+    if spec.world_size > 1:
+        name += f".{rank}"
+    return name[:15]
+
+
+def _name_process(name: str) -> None:
+    try:
+        with open("/proc/self/comm", "w") as f:  # Linux; elsewhere the name stays python
+            f.write(name)
+    except OSError:
+        pass
 
 
 def _build_runner(spec: protocol.WorkerSpec, member: GroupMember) -> Any:

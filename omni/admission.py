@@ -40,6 +40,7 @@ class Limit(enum.Enum):
     TOKENS = "tokens"
     MEDIA_ITEMS = "media_items"
     MEDIA_BYTES = "media_bytes"
+    IMAGES = "images"  # waiting for the image decoder
 
 
 class Overloaded(Exception):

@@ -11,11 +11,12 @@ from collections.abc import AsyncIterator
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
-from omni.api import artifacts, chat, completions, openapi, system
+from omni.api import artifacts, chat, completions, images, openapi, system
 from omni.api.errors import error_middleware, unauthorized
 from omni.chat_format import ChatFormat
 from omni.config import EngineConfig, ServerConfig
 from omni.encoder_engine import EncoderEngine
+from omni.image_output import ModelImages
 from omni.media_input.pipeline import MediaPipeline
 from omni.metrics import Metrics
 from omni.model_layout import ModelLayout
@@ -25,7 +26,8 @@ from omni.state import CONFIG, METRICS, MODELS, STORE
 from omni.store.base import ArtifactStore
 from omni.store.spec import StoreSpec
 from omni.tokenizer import TextTokenizer
-from omni.worker_specs import encoder_device, encoder_worker_spec
+from omni.vision_decoder_engine import VisionDecoderEngine
+from omni.worker_specs import encoder_device, encoder_worker_spec, vision_decoder_worker_spec
 
 log = logging.getLogger("omni.app")
 
@@ -85,6 +87,9 @@ async def _models_ctx(app: web.Application) -> AsyncIterator[None]:
         media = None
         if engine_config.encoder_dir is not None:
             media = await _media_pipeline(engine_config, tokenizer, app[STORE], metrics)
+        drawing = None
+        if engine_config.vision_decoder_dir is not None:
+            drawing = _model_images(engine_config, tokenizer, app[STORE], metrics)
         chat_format = ChatFormat.resolve(
             tokenizer,
             tool_parser=engine_config.tool_call_parser,
@@ -93,23 +98,30 @@ async def _models_ctx(app: web.Application) -> AsyncIterator[None]:
             chat_template=engine_config.chat_template,
             trust_request_chat_template=engine_config.trust_request_chat_template,
         )
-        registry.add(
-            ServedModel(
-                engine_config.model_name,
-                tokenizer,
-                pool,
-                created=int(time.time()),
-                media=media,
-                chat_format=chat_format,
-            )
+        served = ServedModel(
+            engine_config.model_name,
+            tokenizer,
+            pool,
+            created=int(time.time()),
+            media=media,
+            images=drawing,
+            chat_format=chat_format,
         )
+        if drawing is not None:
+            await drawing.prepare(served.grammars)
+        registry.add(served)
 
     async def start_all() -> None:
         # Encoders first: an LLM worker sizes its KV cache from the GPU memory still free
         # once it has loaded, so a runner sharing its GPU must already hold its weights.
         # Hashing the encoders' weights for their store keys overlaps the workers' start.
         pipelines = [m.media for m in registry if m.media is not None]
-        await asyncio.gather(*(p.encoder.start() for p in pipelines), *(p.load_revisions() for p in pipelines))
+        decoders = [m.images.engine for m in registry if m.images is not None]
+        await asyncio.gather(
+            *(p.encoder.start() for p in pipelines),
+            *(p.load_revisions() for p in pipelines),
+            *(d.start() for d in decoders),
+        )
         await asyncio.gather(*(m.pool.start() for m in registry))
 
     # Workers load in the background so /health can answer 503 while they do.
@@ -120,6 +132,7 @@ async def _models_ctx(app: web.Application) -> AsyncIterator[None]:
         app[STARTUP].cancel()
         stops = [m.pool.stop() for m in registry]
         stops += [m.media.encoder.stop() for m in registry if m.media is not None]
+        stops += [m.images.engine.stop() for m in registry if m.images is not None]
         await asyncio.gather(*stops, return_exceptions=True)
 
 
@@ -142,6 +155,21 @@ async def _media_pipeline(
     )
     pipeline.check_vocabulary(layout.codebook_sizes())
     return pipeline
+
+
+def _model_images(config: EngineConfig, tokenizer: TextTokenizer, store: ArtifactStore, metrics: Metrics) -> ModelImages:
+    assert config.vision_decoder_dir is not None
+    engine = VisionDecoderEngine(
+        vision_decoder_worker_spec(config),
+        metrics,
+        config.model_name,
+        max_batch_images=config.decoder_max_batch_images,
+        max_queued_images=config.decoder_max_queued_images,
+        start_timeout=config.worker_start_timeout,
+    )
+    return ModelImages.for_model(
+        engine, config.vision_decoder_dir, tokenizer, store, metrics, default_steps=config.diffusion_steps
+    )
 
 
 async def _store_ctx(app: web.Application) -> AsyncIterator[None]:
@@ -174,6 +202,7 @@ def create_app(config: ServerConfig) -> web.Application:
     app.cleanup_ctx.append(_models_ctx)
     app.router.add_post("/v1/chat/completions", chat.create_chat_completion)
     app.router.add_post("/v1/completions", completions.create_completion)
+    app.router.add_post("/v1/images/generations", images.create_image)
     app.router.add_get("/v1/models", system.list_models)
     app.router.add_get("/v1/models/{model}", system.get_model)
     app.router.add_get("/health", system.health)

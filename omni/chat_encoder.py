@@ -22,13 +22,11 @@ the tokenizer's own matcher costs nearly what a full encode does).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-import re
-
 import tokenizers
-
 
 ESC = "\U0010fffd"  # plane 16 private use
 _DIGIT_BASE = 0xF0000  # plane 15 private use: an index is two digits in base _RADIX

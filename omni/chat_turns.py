@@ -7,6 +7,8 @@ generation, and how its text is read back.
   same grammar switches on when the model opens a call, so a call it starts is well formed.
 - ban_tool_markup: tool_choice "none" with tools given: the model cannot open a call.
 - output_format: the reasoning and tool-call parsers each choice's text goes through.
+- chat_images / ban_images: whether and how the images a model draws come out (seeded per
+  choice: choice i's first image has seed + i * SEEDS_PER_CHOICE, its next ones count up).
 (Each choice's token constraint, its grammar and reasoning budget, is omni/choice_constraints.py.)
 """
 
@@ -14,16 +16,22 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from omni.api.errors import bad_request
 from omni.api.schemas import ChatCompletionRequest
+from omni.api.schemas.images import ChatImageOptions
 from omni.chat_output import OutputFormat
-from omni.choice_constraints import TriggeredGrammar, prompt_opens_reasoning
+from omni.choice_constraints import ImageSpans, TriggeredGrammar, prompt_opens_reasoning
 from omni.constrained.spec import GrammarKind, GrammarSpec
+from omni.image_output import ImageSettings, ModelImages
+from omni.output_router import ImageRoute
 from omni.parsers.tool_calls import tool_parser_class
-from omni.parsers.tool_grammar import MAX_FREE_CHARS, tool_call_grammar
+from omni.parsers.tool_grammar import MAX_FREE_CHARS, T2I_TOOL, tool_call_grammar
 from omni.served_model import ServedModel
 from scheduler.request import SamplingParams
+
+SEEDS_PER_CHOICE = 1 << 16  # more images than one turn holds
 
 
 def check_tool_choice(model: ServedModel, req: ChatCompletionRequest) -> None:
@@ -59,12 +67,14 @@ async def tool_grammar(model: ServedModel, req: ChatCompletionRequest, max_token
         trigger = model.tokenizer.token_to_id(tool_parser_class(parser).markup_tokens[0])
         if trigger is None:
             return None  # the tokenizer cannot open a call with one token: parse what comes
+    images = model.images if req.images_allowed else None
     source = tool_call_grammar(
         parser,
         forced or tools.functions,
         parallel=not tools.single_call,
         max_free_chars=free_string_chars(max_tokens),
         opened=opened,
+        image_rules=images.format.rules("image") if images is not None else (),
     )
     grammar = await model.grammars.compile(GrammarSpec(GrammarKind.GRAMMAR, source, "tools" if opened else "tool_choice"))
     return TriggeredGrammar(grammar, trigger)  # "auto": from the model's own <tool_call> on
@@ -79,6 +89,62 @@ def free_string_chars(max_tokens: int) -> int:
     a whole context leaves, the bound is far beyond any argument a model writes."""
     quarter = max_tokens // 4
     return max(MAX_FREE_CHARS, 1 << (quarter.bit_length() - 1)) if quarter > 0 else MAX_FREE_CHARS
+
+
+@dataclass(frozen=True, slots=True)
+class ChatImages:
+    """How a chat request's choices draw the images their model opens spans for."""
+
+    images: ModelImages
+    settings: ImageSettings
+    inline: bool  # the reference dialect: the image is a t2i_model_generation call's argument
+
+    def spans(self) -> ImageSpans | None:
+        grammar = self.images.grammar
+        return None if grammar is None else ImageSpans(grammar, self.images.format.start_token_id)
+
+    def route(self, choice_index: int) -> ImageRoute:
+        seed = self.settings.seed
+        first = None if seed is None else seed + choice_index * SEEDS_PER_CHOICE
+        return self.images.route(self.settings, first_seed=first, inline=self.inline)
+
+
+def chat_images(model: ServedModel, req: ChatCompletionRequest) -> ChatImages | None:
+    """None when no image can come out: the model has no vision decoder (then asking for images
+    is a 400), or modalities leaves image out."""
+    if model.images is None:
+        if "image" in req.modalities:
+            raise bad_request("This model has no image decoder: it cannot produce images.", param="modalities")
+        if req.image is not None:
+            raise bad_request("This model has no image decoder: 'image' has nothing to set.", param="image")
+        return None
+    if not req.images_allowed:
+        return None
+    opts = req.image or ChatImageOptions()
+    settings = ImageSettings(
+        size=opts.size,
+        steps=opts.num_inference_steps,
+        guidance_scale=opts.guidance_scale,
+        seed=req.seed,
+        output_format=opts.output_format,
+        quality=opts.output_compression,
+        as_url=opts.response_format == "url",
+    )
+    tools = req.tools
+    inline = (
+        model.chat_format.tool_parser == "hyperclovax"
+        and tools.choice != "none"
+        and any(f.name == T2I_TOOL for f in tools.functions)
+    )
+    return ChatImages(model.images, settings, inline)
+
+
+def ban_images(model: ServedModel, req: ChatCompletionRequest, params: SamplingParams) -> SamplingParams:
+    """modalities without "image" on a model that draws: the model cannot open an image span."""
+    if model.images is None or req.images_allowed:
+        return params
+    start = ((model.images.format.start_token_id,),)
+    return dataclasses.replace(params, bad_words_token_ids=params.bad_words_token_ids + start)
 
 
 def ban_tool_markup(model: ServedModel, req: ChatCompletionRequest, params: SamplingParams) -> SamplingParams:

@@ -1,6 +1,8 @@
 """Each choice's token constraint: the request's grammar (held off until reasoning ends when
 the prompt leaves the model inside <think>, or until the model opens a tool call for an "auto"
-tool grammar) and its thinking_token_budget. Both endpoints make theirs here."""
+tool grammar), its thinking_token_budget, and, on a model that draws images and a request with
+no grammar of its own, the image span grammar. Both endpoints (and the images API) make theirs
+here."""
 
 from __future__ import annotations
 
@@ -32,6 +34,16 @@ def prompt_opens_reasoning(model: ServedModel, parser: str, prompt_token_ids: Se
     return tail.rstrip().endswith(cls.start)
 
 
+@dataclass(frozen=True, slots=True)
+class ImageSpans:
+    """The image span grammar a choice's output is held to wherever the model opens a span
+    (from its opening token on), or, opened, from the first token: the prompt opened it."""
+
+    grammar: CompiledGrammar
+    start_token_id: int
+    opened: bool = False
+
+
 class ChoiceConstraints:
     """Makes each choice's TokenConstraint (None when the choice needs none)."""
 
@@ -42,7 +54,10 @@ class ChoiceConstraints:
         grammar: CompiledGrammar | TriggeredGrammar | None,
         prompt_token_ids: Sequence[int],
         max_tokens: int,
+        *,
+        images: ImageSpans | None = None,
     ) -> None:
+        self._images = images if grammar is None else None  # a request's grammar leaves no room for spans
         own_trigger = None
         if isinstance(grammar, TriggeredGrammar):
             own_trigger = grammar.trigger_token_id
@@ -82,6 +97,10 @@ class ChoiceConstraints:
             budget = ReasoningBudget(self._start, self._end, self._budget, open=self._in_reasoning)
         if self._grammar is not None:
             return self._grammar.new_constraint(self._trigger, budget, max_tokens=self._max_tokens)
+        if self._images is not None:
+            if self._images.opened:  # the whole output is the one span the prompt opened
+                return self._images.grammar.new_constraint(None, budget)
+            return self._images.grammar.new_constraint(self._images.start_token_id, budget, spans=True)
         if budget is not None:
             return TokenConstraint(None, self._vocab_size, budget=budget)
         return None

@@ -218,6 +218,28 @@ def build_parser() -> argparse.ArgumentParser:
     media.add_argument("--max-media-items", type=int, default=defaults.max_items_per_request, help="per request")
     media.add_argument("--media-fetch-timeout", type=float, default=defaults.remote_fetch_timeout_s)
     media.add_argument("--encoder-device", help="device of the encoder worker (default: the first LLM device)")
+    images = p.add_argument_group("image output")
+    images.add_argument(
+        "--vision-decoder-devices",
+        help="devices of the image decoder, comma-separated, one process each: several make one "
+        "Ulysses sequence-parallel group (e.g. cuda:2,cuda:3 or cpu,cpu; default: one, on the encoder's device)",
+    )
+    images.add_argument(
+        "--diffusion-steps", type=int, default=25, help="denoising steps per image unless a request asks (default 25)"
+    )
+    images.add_argument(
+        "--max-batch-images", type=int, default=8, help="images drawn together in one batch (default 8)"
+    )
+    images.add_argument(
+        "--max-queued-images",
+        type=int,
+        help="images that may wait for the decoder; beyond it a 429 (default: 4 batches)",
+    )
+    images.add_argument(
+        "--no-image-output",
+        action="store_true",
+        help="do not start the checkpoint's image decoder: the model cannot draw images",
+    )
     chat = p.add_argument_group("chat format")
     chat.add_argument(
         "--chat-template",
@@ -344,12 +366,18 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         except ValueError as exc:
             raise SystemExit(f"omni-serve: {exc}") from None
     num_threads = args.num_threads
+    decoder_devices = tuple(d.strip() for d in (args.vision_decoder_devices or "").split(",") if d.strip())
+    if args.diffusion_steps < 1 or args.max_batch_images < 1:
+        raise SystemExit("omni-serve: --diffusion-steps and --max-batch-images must be at least 1")
     encoders_on_cpu = (args.encoder_device or device) == "cpu"
     if num_threads is None and on_cpu:
         # CPU workers share the machine's cores; more torch threads than cores only thrash
         # (OpenMP threads spin). An omni model's encoder worker is one more CPU worker.
         num_cpu_workers = num_workers * len(models)
         num_cpu_workers += sum(1 for layout in layouts if layout.has_encoders and encoders_on_cpu)
+        if not args.no_image_output:
+            ranks_on_cpu = sum(d == "cpu" for d in decoder_devices) if decoder_devices else int(encoders_on_cpu)
+            num_cpu_workers += ranks_on_cpu * sum(1 for layout in layouts if layout.vision_decoder is not None)
         num_threads = max(1, (os.cpu_count() or 1) // num_cpu_workers)
     dtype = args.dtype
     if dtype == "auto":
@@ -371,6 +399,11 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
                 model_dir=layout.llm_dir,
                 encoder_dir=layout.root if layout.has_encoders else None,
                 encoder_device=args.encoder_device,
+                vision_decoder_dir=None if args.no_image_output else layout.vision_decoder,
+                vision_decoder_devices=decoder_devices,
+                diffusion_steps=args.diffusion_steps,
+                decoder_max_batch_images=args.max_batch_images,
+                decoder_max_queued_images=args.max_queued_images,
                 media_limits=limits,
                 store=args.store,
                 store_endpoint_url=args.store_endpoint_url,

@@ -52,6 +52,14 @@ class EngineConfig:
     # batch size and the per-item byte limit (omni/encoder_engine.py).
     encoder_max_queued_items: int | None = None
     encoder_max_queued_bytes: int | None = None
+    # The image decoder (an omni checkpoint's vision_decoder/, None: no image output): one
+    # process per device of vision_decoder_devices, a Ulysses group when there are several
+    # (empty: one, on the encoder's device).
+    vision_decoder_dir: Path | None = None
+    vision_decoder_devices: tuple[str, ...] = ()
+    diffusion_steps: int = 25
+    decoder_max_batch_images: int = 8
+    decoder_max_queued_images: int | None = None  # None: 4 batches
     # The chat format (omni/chat_format.py): "auto" parsers follow the chat template.
     chat_template: str | None = None  # replaces the checkpoint's template
     trust_request_chat_template: bool = False

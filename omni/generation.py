@@ -64,6 +64,9 @@ class GeneratedImage:
     width: int
     height: int
     media_type: str = "image/png"
+    data: bytes = b""  # the encoded image (b64_json answers send it)
+    key: str | None = None  # its artifact-store key, when it was stored
+    seed: int | None = None
 
 
 @dataclass(slots=True)

@@ -38,6 +38,7 @@ _WORKER = ["model", "worker"]
 _COMPONENT = ["model", "component"]
 # Items per encoder forward: one image alone up to a full batch of a busy server.
 ENCODER_BATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+DECODER_BATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16)
 
 
 class Metrics:
@@ -183,6 +184,40 @@ class Metrics:
             registry=r,
         )
 
+        self.decoder_jobs = Counter(
+            "omni_decoder_jobs",
+            "Images drawn by the vision decoder, by outcome (ok, error: bad codes, failed: worker).",
+            ["model", "outcome"],
+            registry=r,
+        )
+        self.decoder_batch_size = Histogram(
+            "omni_decoder_batch_size",
+            "Images drawn together, one forward per denoising step for all of them.",
+            _MODEL,
+            buckets=DECODER_BATCH_BUCKETS,
+            registry=r,
+        )
+        self.decoder_step_latency = Histogram(
+            "omni_decoder_step_seconds",
+            "One denoising step of a batch (every guidance pass and every rank's share).",
+            _MODEL,
+            buckets=LATENCY_BUCKETS_S,
+            registry=r,
+        )
+        self.decoder_batch_latency = Histogram(
+            "omni_decoder_batch_seconds",
+            "From sending a batch of images to the decoder to its result (all steps, VAE, encoding).",
+            _MODEL,
+            buckets=LATENCY_BUCKETS_S,
+            registry=r,
+        )
+        self.decoder_queue = Gauge(
+            "omni_decoder_queue_length", "Images waiting for the vision decoder.", _MODEL, registry=r
+        )
+        self.decoder_running = Gauge(
+            "omni_decoder_images_running", "Images the vision decoder is drawing now.", _MODEL, registry=r
+        )
+
     def request_finished(
         self, model: str, finish_reason: str, request: Request, *, now: float | None = None
     ) -> None:
@@ -236,6 +271,22 @@ class Metrics:
         for f in forwards:
             self.encoder_batch_size.labels(model, f.component).observe(f.num_items)
             self.encoder_forward_latency.labels(model, f.component).observe(f.seconds)
+
+    def observe_decoder_batch(self, model: str, num_images: int, seconds: float, step_seconds: float) -> None:
+        self.decoder_batch_size.labels(model).observe(num_images)
+        self.decoder_batch_latency.labels(model).observe(seconds)
+        if step_seconds > 0:
+            self.decoder_step_latency.labels(model).observe(step_seconds)
+
+    def add_decoder_jobs(self, model: str, outcome: str, n: int = 1) -> None:
+        if n:
+            self.decoder_jobs.labels(model, outcome).inc(n)
+
+    def set_decoder_queue(self, model: str, length: int) -> None:
+        self.decoder_queue.labels(model).set(length)
+
+    def set_decoder_running(self, model: str, num_images: int) -> None:
+        self.decoder_running.labels(model).set(num_images)
 
     def observe_store(self, operation: str, seconds: float, *, failed: bool = False) -> None:
         self.store_latency.labels(operation).observe(seconds)

@@ -8,6 +8,7 @@ Two layouts are served:
     DIR/audio_encoder/ ...           (any encoder may be absent: its inputs are refused)
     DIR/image_tokenizer/ ...
     DIR/audio_tokenizer/ ...
+    DIR/vision_decoder/config.json   the image decoder (DiT, weak DiT, VAE, scheduler, codebook)
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ class ModelLayout:
     root: Path
     llm_dir: Path
     components: dict[str, Path] = field(default_factory=dict)
+    vision_decoder: Path | None = None  # None: the model cannot draw images
 
     @classmethod
     def from_dir(cls, root: Path) -> ModelLayout:
@@ -35,7 +37,8 @@ class ModelLayout:
             found = {
                 name: root / name for name in ENCODER_COMPONENTS if (root / name / "config.json").is_file()
             }
-            return cls(root, root / "llm", found)
+            decoder = root / "vision_decoder"
+            return cls(root, root / "llm", found, decoder if (decoder / "config.json").is_file() else None)
         if (root / "config.json").is_file():
             return cls(root, root)
         raise ValueError(f"{root} has neither config.json nor llm/config.json; is it a checkpoint?")

@@ -14,13 +14,15 @@ when its deltas are first asked for, so an error in an earlier step costs no eng
 
 from __future__ import annotations
 
+import asyncio
+import functools
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeAlias, TypeVar
 
 from aiohttp import web
 
-from omni.api.errors import service_unavailable
+from omni.api.errors import bad_request, service_unavailable
 from omni.api.schemas import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -30,15 +32,18 @@ from omni.api.schemas import (
     sampling_params,
 )
 from omni.api.schemas.fields import request_timeout, truncate_prompt, truncated_media
+from omni.api.schemas.images import ImageGenerationRequest, parse_image_generation_request
 from omni.chat_output import OutputFormat
-from omni.chat_turns import ban_tool_markup, check_tool_choice, output_format, tool_grammar
-from omni.choice_constraints import ChoiceConstraints
+from omni.chat_turns import ban_images, ban_tool_markup, chat_images, check_tool_choice, output_format, tool_grammar
+from omni.choice_constraints import ChoiceConstraints, ImageSpans
 from omni.constrained.compiler import CompiledGrammar
 from omni.generation import Generation, choice_params, new_request_id, response_id
+from omni.image_output import ImageSettings
 from omni.output_router import OutputRouter
 from omni.prompt import chat_prompt, completion_prompts, load_media
 from omni.served_model import ServedModel
 from omni.state import CONFIG, MODELS
+from scheduler.request import SamplingParams
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +54,7 @@ class Completion:
     model: ServedModel
     outputs: list[OutputRouter]
     output_format: OutputFormat = OutputFormat()  # chat: how each choice's text is read back
+    inline_images: bool = False  # chat: images are in the text (tool call arguments), not parts
 
 
 R = TypeVar("R", ChatCompletionRequest, CompletionRequest)
@@ -75,10 +81,12 @@ async def chat_completion(
         num_prompt_tokens=len(token_ids),
         tokenizer=model.tokenizer,
     )
-    params = ban_tool_markup(model, req, params)
+    params = ban_images(model, req, ban_tool_markup(model, req, params))
+    images = chat_images(model, req)
     fmt = output_format(model, req, token_ids)
     grammar = await _grammar(model, req) if req.grammar is not None else await tool_grammar(model, req, params.max_tokens)
-    constraints = ChoiceConstraints(model, req, grammar, token_ids, params.max_tokens)
+    spans = images.spans() if images is not None else None
+    constraints = ChoiceConstraints(model, req, grammar, token_ids, params.max_tokens, images=spans)
     keep_special = model.tokenizer.special_ids(*fmt.markup_tokens)
     completion_id = new_request_id("chatcmpl")
     generations = [
@@ -96,8 +104,11 @@ async def chat_completion(
         )
         for i in range(req.n)
     ]
-    outputs = [OutputRouter(g) for g in generations]
-    completion_out = Completion(response_id("chatcmpl", req.request_id, completion_id), model, outputs, fmt)
+    outputs = [OutputRouter(g, images.route(i) if images is not None else None) for i, g in enumerate(generations)]
+    completion_out = Completion(
+        response_id("chatcmpl", req.request_id, completion_id), model, outputs, fmt,
+        inline_images=images is not None and images.inline,
+    )  # fmt: skip
     with model.pool.admit([g.request for g in generations], timeout):  # or a 429, before any streaming
         return await assemble(request, req, completion_out)
 
@@ -136,6 +147,96 @@ async def completion(request: web.Request, assemble: Assemble[CompletionRequest]
     completion_out = Completion(response_id("cmpl", req.request_id, completion_id), model, outputs)
     with model.pool.admit([g.request for g in generations], timeout):
         return await assemble(request, req, completion_out)
+
+
+@dataclass(frozen=True, slots=True)
+class ImageGeneration:
+    """What the images API's assembly gets: one routed output per image (each draws exactly
+    one), not yet run, and the queue its previews arrive on: (image index, preview index,
+    the preview's bytes, its size "WxH")."""
+
+    model: ServedModel
+    outputs: list[OutputRouter]
+    previews: asyncio.Queue[tuple[int, int, bytes, str]]
+
+
+ImageAssemble: TypeAlias = Callable[[web.Request, ImageGenerationRequest, ImageGeneration], Awaitable[web.StreamResponse]]
+
+
+async def image_generation(request: web.Request, assemble: ImageAssemble) -> web.StreamResponse:
+    """POST /v1/images/generations: the prompt as a user turn, the reply forced to be one image
+    span (the prompt ends with its opening token), n choices each drawn with seed + i."""
+    req = parse_image_generation_request(await read_json(request, timeout=_body_timeout(request)))
+    timeout = request_timeout(request)
+    model = _image_model(request, req.model)
+    images = model.images
+    assert images is not None
+    chat = parse_chat_completion_request(
+        {
+            "model": model.name,
+            "messages": [{"role": "user", "content": req.prompt}],
+            # the answer is the image: templates that reason first are told not to
+            "chat_template_kwargs": {"enable_thinking": False, "skip_reasoning": True},
+        }
+    )
+    _check_serving(model)
+    if not images.ready:
+        raise service_unavailable("The image decoder is starting; retry shortly.", retry_after_s=5)
+    model.pool.check_admission()
+    prompt = await chat_prompt(model, chat, [])
+    token_ids = [*prompt.token_ids, images.format.start_token_id]
+    if len(token_ids) + images.format.span_tokens > model.pool.max_model_len:
+        raise bad_request(
+            f"The prompt is {len(token_ids)} tokens; with the {images.format.span_tokens} of an image it "
+            f"exceeds the model's context of {model.pool.max_model_len}.",
+            param="prompt",
+            code="context_length_exceeded",
+        )
+    assert images.grammar is not None  # compiled at start-up
+    constraints = ChoiceConstraints(
+        model, chat, None, token_ids, images.format.span_tokens,
+        images=ImageSpans(images.grammar, images.format.start_token_id, opened=True),
+    )  # fmt: skip
+    settings = ImageSettings(
+        size=req.size,
+        steps=req.num_inference_steps,
+        guidance_scale=req.guidance_scale,
+        seed=req.seed,
+        output_format=req.output_format,
+        quality=req.output_compression,
+        as_url=req.response_format == "url" and not req.stream,
+        partial_images=req.partial_images,
+    )
+    previews: asyncio.Queue[tuple[int, int, bytes, str]] = asyncio.Queue()
+    request_id = new_request_id("img")
+    outputs = []
+    for i in range(req.n):
+        seed = None if req.seed is None else req.seed + i
+        params = SamplingParams(max_tokens=images.format.span_tokens, seed=seed)
+        generation = Generation(model, token_ids, params, (), f"{request_id}-{i}", constraint=constraints.new())
+        on_preview = functools.partial(_queue_preview, previews, i)
+        outputs.append(OutputRouter(generation, images.route(settings, first_seed=seed, opened=True, on_preview=on_preview)))
+    with model.pool.admit([o.generation.request for o in outputs], timeout):
+        return await assemble(request, req, ImageGeneration(model, outputs, previews))
+
+
+def _queue_preview(queue: asyncio.Queue[tuple[int, int, bytes, str]], image: int, index: int, data: bytes, *, size: str) -> None:
+    queue.put_nowait((image, index, data, size))
+
+
+def _image_model(request: web.Request, name: str | None) -> ServedModel:
+    """The named model, which must draw images, or the only served model that does."""
+    registry = request.app[MODELS]
+    if name is not None:
+        model = registry.get(name)
+        if model.images is None:
+            raise bad_request(f"The model '{name}' has no image decoder: it cannot draw images.", param="model")
+        return model
+    drawing = [m for m in registry if m.images is not None]
+    if len(drawing) != 1:
+        what = "No served model draws images" if not drawing else "Several served models draw images; name one"
+        raise bad_request(f"{what}.", param="model")
+    return drawing[0]
 
 
 async def _grammar(model: ServedModel, req: ChatCompletionRequest | CompletionRequest) -> CompiledGrammar | None:

@@ -49,10 +49,17 @@ class ImageDecoder(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class ImageRoute:
-    """What a choice needs to route image spans: the span format and the decoder."""
+    """What a choice needs to route image spans: the span format and the decoder.
+
+    opened: the prompt ends with the span's opening token (the images API forces the span),
+    so the output starts inside it. inline: the image's URL is written into the text where
+    its span was, for a dialect that writes images as a tool call's argument (the
+    reference's t2i_model_generation); the image still rides on its Delta."""
 
     format: ImageSpanFormat
     decoder: ImageDecoder
+    opened: bool = False
+    inline: bool = False
 
 
 class OutputRouter:
@@ -61,7 +68,9 @@ class OutputRouter:
     def __init__(self, generation: Generation, images: ImageRoute | None = None) -> None:
         self.generation = generation
         self._images = images
-        self._span: list[int] | None = None  # the open image span's tokens after its start
+        # the open image span's tokens after its start (open from the first token when the
+        # prompt opened it)
+        self._span: list[int] | None = [] if images is not None and images.opened else None
 
     @property
     def usage(self) -> Usage:
@@ -90,7 +99,10 @@ class OutputRouter:
             if len(self._span) == fmt.span_tokens:
                 span, self._span = self._read(self._span), None
                 if span is not None:
-                    delta.images.append(await self._images.decoder.decode(span, str(self.generation.request.request_id)))
+                    image = await self._images.decoder.decode(span, str(self.generation.request.request_id))
+                    delta.images.append(image)
+                    if self._images.inline:
+                        delta.text += image.url
         return delta
 
     def _withhold(self, delta: Delta, token_id: int) -> None:

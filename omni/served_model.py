@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from omni.api.errors import model_not_found
 from omni.chat_format import ChatFormat
@@ -10,6 +11,9 @@ from omni.constrained.compiler import GrammarCompiler
 from omni.media_input.pipeline import MediaPipeline
 from omni.model_pool import ModelPool
 from omni.tokenizer import TextTokenizer
+
+if TYPE_CHECKING:  # image_output imports generation, which imports this module
+    from omni.image_output import ModelImages
 
 
 @dataclass(slots=True)
@@ -19,6 +23,7 @@ class ServedModel:
     pool: ModelPool
     created: int
     media: MediaPipeline | None = None  # None: a text-only model, media parts are refused
+    images: ModelImages | None = None  # None: no vision decoder, the model cannot draw
     # The chat template and the tool-call and reasoning parsers (omni/chat_format.py).
     chat_format: ChatFormat = field(default_factory=ChatFormat)
     # Output constraints for this model's tokenizer, compiled once per spec.
@@ -29,7 +34,11 @@ class ServedModel:
 
     @property
     def ready(self) -> bool:
-        return self.pool.ready and (self.media is None or self.media.ready)
+        return (
+            self.pool.ready
+            and (self.media is None or self.media.ready)
+            and (self.images is None or self.images.ready)
+        )
 
 
 class ModelRegistry:

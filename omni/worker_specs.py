@@ -44,3 +44,22 @@ def encoder_worker_spec(config: EngineConfig, device: str) -> protocol.EncoderWo
 def encoder_device(config: EngineConfig) -> str:
     """--encoder-device, else the first LLM worker's device."""
     return config.encoder_device or (config.devices[0] if config.devices else config.device)
+
+
+def vision_decoder_devices(config: EngineConfig) -> tuple[str, ...]:
+    """--vision-decoder-devices, else one rank on the encoder's device."""
+    return config.vision_decoder_devices or (encoder_device(config),)
+
+
+def vision_decoder_worker_spec(config: EngineConfig) -> protocol.VisionDecoderWorkerSpec:
+    assert config.vision_decoder_dir is not None, "the model has no vision decoder"
+    devices = vision_decoder_devices(config)
+    return protocol.VisionDecoderWorkerSpec(
+        worker_id=0,
+        device=devices[0],
+        dtype=config.dtype,
+        num_threads=config.num_threads,
+        world_size=len(devices),
+        model_dir=str(config.vision_decoder_dir),
+        rank_devices=list(devices) if len(devices) > 1 else [],
+    )

@@ -11,7 +11,7 @@ from omni import orchestrator
 from omni.api import sse
 from omni.api.logprobs import chat_logprob_entries, prompt_logprobs_json
 from omni.api.schemas import ChatCompletionRequest
-from omni.generation import Delta, TokenLogprob, Usage
+from omni.generation import Delta, GeneratedImage, TokenLogprob, Usage
 from omni.orchestrator import Completion
 from omni.output_router import OutputRouter
 from omni.parsers.tool_calls import ToolCallDelta
@@ -40,6 +40,8 @@ async def _complete(req: ChatCompletionRequest, completion: Completion) -> web.R
         parser = fmt.new_parser()
         reply = parser.parse(c.text)
         message: dict[str, Any] = {"role": "assistant", "content": echo + reply.content}
+        if c.images and not completion.inline_images:
+            message["content"] = _content_parts(message["content"], c.images)
         if reply.tool_calls:
             message["tool_calls"] = [
                 {"id": t.id, "type": "function", "function": {"name": t.name, "arguments": t.arguments}}
@@ -101,6 +103,7 @@ async def _stream(
         choice0 = {"index": i, "delta": role, "logprobs": None, "finish_reason": None}
         await stream.send([choice0], stream.chunk_usage(output))
     parsers = [fmt.new_parser() for _ in completion.outputs]
+    images: list[tuple[int, list[GeneratedImage]]] = []  # decoded on the delta choice() just read
 
     def choice(index: int, delta: Delta) -> dict[str, Any] | None:
         parser = parsers[index]
@@ -114,6 +117,8 @@ async def _stream(
             body["content"] = parsed.content
         if parsed.tool_calls:
             body["tool_calls"] = [_tool_call_delta(t) for t in parsed.tool_calls]
+        if delta.images and not completion.inline_images:
+            images.append((index, delta.images))
         if not body and delta.finish_reason is None and not req.logprobs:
             return None  # a token that completes no character yet, or markup held back
         return {
@@ -123,8 +128,30 @@ async def _stream(
             "finish_reason": _finish_reason(delta.finish_reason, parser.made_calls),
         }
 
-    await stream.run(completion.outputs, choice, lambda: _usage(completion.outputs))
+    def image_chunks(index: int) -> list[dict[str, Any]]:
+        """The images of the delta just sent, as chunks of their own: delta.content is then a
+        list of image parts, as the non-streamed message's content parts have them."""
+        chunks = [
+            {"index": i, "delta": {"content": [_image_part(image) for image in drawn]}, "logprobs": None, "finish_reason": None}
+            for i, drawn in images
+            if i == index
+        ]
+        images.clear()
+        return chunks
+
+    await stream.run(completion.outputs, choice, lambda: _usage(completion.outputs), extra=image_chunks)
     return response
+
+
+def _image_part(image: GeneratedImage) -> dict[str, Any]:
+    return {"type": "image_url", "image_url": {"url": image.url}}
+
+
+def _content_parts(text: str | None, images: list[GeneratedImage]) -> list[dict[str, Any]]:
+    """A turn with images: its text (when there is any), then each image, as content parts
+    (the shape a user message's content takes)."""
+    parts: list[dict[str, Any]] = [{"type": "text", "text": text}] if text else []
+    return parts + [_image_part(image) for image in images]
 
 
 def _tool_call_delta(t: ToolCallDelta) -> dict[str, Any]:

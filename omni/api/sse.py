@@ -15,7 +15,7 @@ from aiohttp import web
 
 from omni.api.errors import engine_error
 from omni.engine import EngineError
-from omni.generation import Delta, TokenLogprob, Usage
+from omni.generation import Delta, GeneratedImage, TokenLogprob, Usage
 from omni.output_router import OutputRouter
 
 
@@ -116,17 +116,24 @@ class ChunkStream:
         outputs: Sequence[OutputRouter],
         choice: Callable[[int, Delta], dict[str, Any] | None],
         usage: Callable[[], Usage],
+        extra: Callable[[int], list[dict[str, Any]]] | None = None,
     ) -> None:
         """Send one chunk per delta that choice() turns into a choice (None: skip it), then the
-        usage chunk and [DONE]; a worker failure mid-stream ends it with an error event."""
+        usage chunk and [DONE]; a worker failure mid-stream ends it with an error event.
+        extra(index): more choices to send after each delta's (chat's drawn images)."""
         generated = [0] * len(outputs)  # tokens of each choice's deltas so far
         try:
             async with aclosing(interleave(outputs)) as deltas:  # a client gone aborts at once
                 async for index, delta in deltas:
                     generated[index] += len(delta.token_ids)
                     c = choice(index, delta)
-                    if c is not None:
-                        await self.send([c], self.chunk_usage(outputs[index], generated[index]))
+                    sent = [] if c is None else [c]
+                    if extra is not None:
+                        more = extra(index)
+                        # what the delta completed goes before the choice's last chunk
+                        sent = more + sent if c is not None and c["finish_reason"] is not None else sent + more
+                    for out in sent:
+                        await self.send([out], self.chunk_usage(outputs[index], generated[index]))
         except EngineError as exc:
             await send_error_and_done(self.response, exc)
             return
@@ -141,6 +148,7 @@ class Choice:
     logprobs: list[TokenLogprob] = field(default_factory=list)
     finish_reason: str | None = None
     text_offsets: list[int] = field(default_factory=list)  # each token's, in text (Delta's)
+    images: list[GeneratedImage] = field(default_factory=list)  # drawn from its image spans
 
 
 async def collect(outputs: Sequence[OutputRouter]) -> list[Choice]:
@@ -154,6 +162,7 @@ async def collect(outputs: Sequence[OutputRouter]) -> list[Choice]:
                 parts[index].append(delta.text)
                 choices[index].logprobs.extend(delta.logprobs)
                 choices[index].text_offsets.extend(delta.text_offsets)
+                choices[index].images.extend(delta.images)
                 if delta.finish_reason is not None:
                     choices[index].finish_reason = delta.finish_reason
     except EngineError as exc:

@@ -72,14 +72,17 @@ class ImageSpanFormat:
 
     def grammar(self) -> str:
         """llguidance Lark for a span after its opening token (the constraint's trigger)."""
+        return "\n".join(["%llguidance {}", "start: image_body", *self.rules("image"), ""])
+
+    def rules(self, name: str) -> list[str]:
+        """Lark rules for embedding spans in another grammar: `name` is a whole span, opening
+        token included (a tool call's argument, in the reference's t2i_model_generation
+        dialect), `name_body` a span after its opening token."""
         last = self.first_code_id + self.num_codes - 1
         ratios = " | ".join(self.ratio_tokens)
-        return "\n".join(
-            [
-                "%llguidance {}",
-                f"start: ({ratios}) {VISION_TOKEN} row{{{self.rows}}} {EOF} {END}",
-                f"row: code{{{self.cols}}} {EOL}",
-                f"code: <[{self.first_code_id}-{last}]>",
-                "",
-            ]
-        )
+        return [
+            f"{name}: {START} {name}_body",
+            f"{name}_body: ({ratios}) {VISION_TOKEN} {name}_row{{{self.rows}}} {EOF} {END}",
+            f"{name}_row: {name}_code{{{self.cols}}} {EOL}",
+            f"{name}_code: <[{self.first_code_id}-{last}]>",
+        ]

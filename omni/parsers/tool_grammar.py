@@ -31,6 +31,10 @@ from typing import Any
 from omni.parsers.tool_calls import ToolFunction, is_string_schema
 
 MAX_FREE_CHARS = 48
+# The reference dialect's image tool: the model draws the image as this argument's value, and
+# the server answers with the image's URL in its place.
+T2I_TOOL = "t2i_model_generation"
+T2I_ARG = "discrete_image_token"
 
 # JSON as the rest of the server writes it under a grammar: no free whitespace, which a weak
 # model would fill max_tokens with. Lenient: a client's tool schema with a keyword llguidance
@@ -49,11 +53,16 @@ def tool_call_grammar(
     max_calls: int | None = None,
     max_free_chars: int = MAX_FREE_CHARS,
     opened: bool = False,
+    image_rules: Sequence[str] = (),
 ) -> str:
     """A Lark grammar (llguidance's dialect) for one call of one of functions, or, when
     parallel, one or more (at most max_calls when given); ValueError for an unknown format, no
     functions, or max_calls under 1. opened: the first call's <tool_call> is already out (the
-    grammar is switched on by that token, for tool_choice "auto"), so the grammar begins after it."""
+    grammar is switched on by that token, for tool_choice "auto"), so the grammar begins after it.
+
+    image_rules: the rules of an image span (ImageSpanFormat.rules("image")), given when the
+    model draws images: then the reference's image tool, t2i_model_generation, takes its
+    discrete_image_token argument as a whole image span (hyperclovax format only)."""
     if not functions:
         raise ValueError("a forced tool call needs at least one function")
     if max_calls is not None and max_calls < 1:
@@ -70,13 +79,19 @@ def tool_call_grammar(
     ]
     if opened:
         rules.append("opened: " + " | ".join(f"fn{i}_opened" for i in range(len(functions))))
+    images = bool(image_rules) and parser_name == "hyperclovax"
     for i, function in enumerate(functions):
-        call_rules = write_call(f"fn{i}", function, max_free_chars)
+        if images and function.name == T2I_TOOL:
+            call_rules = _t2i_call(f"fn{i}", function, max_free_chars)
+        else:
+            call_rules = write_call(f"fn{i}", function, max_free_chars)
         if opened:  # the same call, less its opening token
             head = f"fn{i}: <tool_call> "
             assert call_rules[0].startswith(head)
             call_rules.append(f"fn{i}_opened: " + call_rules[0][len(head) :])
         rules.extend(call_rules)
+    if images and any(f.name == T2I_TOOL for f in functions):
+        rules.extend(image_rules)
     return "\n".join(rules) + "\n"
 
 
@@ -115,6 +130,35 @@ def _hyperclovax_call(rule: str, function: ToolFunction, cap: int) -> list[str]:
     head = _literal(function.name + "\n")
     rules.insert(0, f"{rule}: <tool_call> {' '.join([head, *parts])} </tool_call>")
     return rules
+
+
+def _t2i_call(rule: str, function: ToolFunction, cap: int) -> list[str]:
+    """The reference's image tool: its image argument is an image span (the `image` rule),
+    whatever its schema says; its other arguments as any hyperclovax call's."""
+    rules = _hyperclovax_call(rule, function, cap)
+    schema = _object_schema(function.parameters)
+    keys = list(schema.get("properties") or {})
+    required = [k for k in schema.get("required", []) if isinstance(k, str)]
+    keys += [k for k in required if k not in keys]
+    if T2I_ARG not in keys:  # a client's schema without it: the image is the call's only argument
+        head = f"{rule}: <tool_call> {_literal(function.name + chr(10))} "
+        assert rules[0].startswith(head)
+        image_arg = f'<arg_key> {_literal(T2I_ARG)} </arg_key> "\\n" <arg_value> image </arg_value> "\\n"'
+        return [head + image_arg + " </tool_call>"]
+    value = f"{rule}_{keys.index(T2I_ARG)}_value"
+    out = []
+    skip = False
+    for r in rules:
+        if r.startswith(f"{value}: "):
+            out.append(f"{value}: image")
+            skip = True  # and the terminal rule that followed it
+            continue
+        if skip and r.startswith(value.upper() + ":"):
+            continue
+        skip = False
+        out.append(r)
+    # the image argument is required: the call exists to draw it
+    return [r.replace(f"{rule}_{keys.index(T2I_ARG)}?", f"{rule}_{keys.index(T2I_ARG)}") for r in out]
 
 
 def _bare_value(rule: str, schema: Any, definitions: Mapping[str, Any], cap: int) -> list[str]:

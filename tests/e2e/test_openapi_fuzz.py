@@ -60,14 +60,21 @@ def case_count() -> Iterator[None]:
     print(f"\nopenapi fuzz: {sum(CASES.values())} cases, statuses {dict(sorted(STATUSES.items()))}: {dict(CASES)}")
 
 
-def _bounded(body: Any) -> None:
+def _bounded(body: Any, path: str = "/v1/chat/completions") -> None:
     """Cut the run a valid body asks for: at most MAX_TOKENS tokens (none given means the
-    whole context) and MAX_CHOICES choices."""
+    whole context) and MAX_CHOICES choices; an image at most MAX_CHOICES times, in 2 steps."""
     if not isinstance(body, dict):
         return
 
     def is_int(v: Any) -> bool:
         return isinstance(v, int) and not isinstance(v, bool)
+
+    if path == "/v1/images/generations":  # no max_tokens there: it is not a field
+        if is_int(body.get("n")) and MAX_CHOICES < body["n"] <= 10:
+            body["n"] = MAX_CHOICES
+        if is_int(body.get("num_inference_steps")) and 2 < body["num_inference_steps"] <= 100:
+            body["num_inference_steps"] = 2
+        return
 
     for key in ("max_tokens", "max_completion_tokens"):
         if is_int(body.get(key)) and MAX_TOKENS < body[key] <= 1024:
@@ -114,7 +121,7 @@ def _check_error(path: str, status: int, body: Any) -> None:
 @schema.parametrize()
 @settings(max_examples=MAX_EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
 def test_fuzz(case: schemathesis.Case, server: str) -> None:
-    _bounded(case.body)
+    _bounded(case.body, case.path)
     CASES[f"{case.method} {case.path}"] += 1
     response = case.call(base_url=server, timeout=60)
     STATUSES[response.status_code] += 1

@@ -209,7 +209,6 @@ IMAGE_BODIES: list[Any] = [
     PROMPT | {"output_format": "gif"},
     pytest.param(
         PROMPT | {"output_compression": 50},  # png, the default, has no compression
-        marks=pytest.mark.xfail(reason="the parser checks compression against an explicit png only"),
     ),
     PROMPT | {"output_format": "png", "output_compression": 50},
     PROMPT | {"output_format": "jpeg", "output_compression": 101},

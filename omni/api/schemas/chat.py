@@ -24,6 +24,7 @@ from omni.api.schemas.fields import (
     unsupported,
     value_error,
 )
+from omni.api.schemas.images import ChatImageOptions, parse_chat_image_options
 from omni.api.schemas.known_fields import check_fields
 from omni.api.schemas.structured import parse_grammar
 from omni.api.schemas.tools import ToolFields, parse_tool_fields
@@ -269,6 +270,10 @@ class ChatCompletionRequest(GenerationFields):
     top_logprobs: int | None = None
     modalities: tuple[str, ...] = ("text",)
     audio: AudioOutput | None = None
+    # The model may draw images: modalities was not given, or names "image". (OpenAI's
+    # modalities know text and audio; an image the model draws on its own is part of its turn.)
+    images_allowed: bool = True
+    image: ChatImageOptions | None = None  # how drawn images are drawn and handed back
     grammar: GrammarSpec | None = None  # response_format, structured_outputs, guided_*
     tools: ToolFields = field(default_factory=ToolFields)
     template: TemplateFields = field(default_factory=lambda: TemplateFields())
@@ -315,6 +320,8 @@ def parse_chat_completion_request(body: Body) -> ChatCompletionRequest:
         raise value_error("continue_final_message", "the last message must be the assistant's to continue it.")
     modalities, audio = _parse_output_modalities(body)
     return ChatCompletionRequest(
+        images_allowed=body.get("modalities") is None or "image" in modalities,
+        image=parse_chat_image_options(body),
         model=model,
         messages=messages,
         logprobs=logprobs,
@@ -352,9 +359,8 @@ def _parse_output_modalities(body: Body) -> tuple[tuple[str, ...], AudioOutput |
         if audio.format not in AUDIO_FORMATS:
             supported = ", ".join(sorted(AUDIO_FORMATS))
             raise value_error("audio.format", f"'{audio.format}'; supported: {supported}.")
-    # Until the decoders exist, asking for audio or image output is refused rather than
-    # answered with text alone. When audio lands, its modality will require 'audio'.
-    for modality in ("audio", "image"):
-        if modality in modalities:
-            raise unsupported("modalities", f"{modality} output is not available yet; ask for [\"text\"].")
+    # Until the vocoder exists, asking for audio output is refused rather than answered with
+    # text alone. Image output needs a model with a vision decoder (checked by the lifecycle).
+    if "audio" in modalities:
+        raise unsupported("modalities", 'audio output is not available yet; ask for ["text"] or ["text", "image"].')
     return modalities, audio

@@ -165,29 +165,33 @@ def opt_str(body: Body, key: str, param: str | None = None) -> str | None:
     raise type_error(param or key, "a string", value)
 
 
-def opt_int(body: Body, key: str, *, lo: int | None = None, hi: int | None = None) -> int | None:
+def opt_int(
+    body: Body, key: str, *, lo: int | None = None, hi: int | None = None, param: str | None = None
+) -> int | None:
     value = body.get(key)
+    param = param or key
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int):
-        raise type_error(key, "an integer", value)
+        raise type_error(param, "an integer", value)
     if lo is not None and value < lo or hi is not None and value > hi:
         if hi is None:
-            raise value_error(key, f"must be at least {lo}, got {value}.")
+            raise value_error(param, f"must be at least {lo}, got {value}.")
         if lo is None:
-            raise value_error(key, f"must be at most {hi}, got {value}.")
-        raise value_error(key, f"must be between {lo} and {hi}, got {value}.")
+            raise value_error(param, f"must be at most {hi}, got {value}.")
+        raise value_error(param, f"must be between {lo} and {hi}, got {value}.")
     return value
 
 
-def opt_number(body: Body, key: str) -> float | None:
+def opt_number(body: Body, key: str, param: str | None = None) -> float | None:
     value = body.get(key)
+    param = param or key
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise type_error(key, "a number", value)
+        raise type_error(param, "a number", value)
     if not math.isfinite(value):
-        raise value_error(key, "must be a finite number.")
+        raise value_error(param, "must be a finite number.")
     return float(value)
 
 

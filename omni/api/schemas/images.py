@@ -23,6 +23,7 @@ from omni.api.schemas.fields import (
     opt_number,
     opt_str,
     required_str,
+    type_error,
     unsupported,
     value_error,
 )
@@ -88,7 +89,7 @@ def parse_image_generation_request(body: Body) -> ImageGenerationRequest:
     opt_str(body, "user")  # an identifier, recorded nowhere yet: checked for type only
     size = _size(body)
     response_format = _choice(body, "response_format", RESPONSE_FORMATS)
-    output_format = _choice(body, "output_format", OUTPUT_FORMATS)
+    output_format = _choice(body, "output_format", OUTPUT_FORMATS) or "png"
     compression = opt_int(body, "output_compression", lo=0, hi=100)
     if compression is not None and output_format == "png":
         raise value_error("output_compression", "applies to jpeg and webp output only.")
@@ -96,9 +97,7 @@ def parse_image_generation_request(body: Body) -> ImageGenerationRequest:
     partial = opt_int(body, "partial_images", lo=0, hi=MAX_PARTIAL_IMAGES)
     if partial and not stream:
         raise bad_request("'partial_images' needs 'stream' to be true.", param="partial_images")
-    guidance = opt_number(body, "guidance_scale")
-    if guidance is not None and not 0.0 <= guidance <= MAX_GUIDANCE:
-        raise value_error("guidance_scale", f"must be between 0 and {MAX_GUIDANCE:g}, got {guidance:g}.")
+    guidance = _guidance(body, "guidance_scale")
     n = opt_int(body, "n", lo=1, hi=MAX_IMAGES)
     return ImageGenerationRequest(
         model=opt_str(body, "model"),
@@ -106,7 +105,7 @@ def parse_image_generation_request(body: Body) -> ImageGenerationRequest:
         n=1 if n is None else n,
         size=size,
         response_format=response_format or "url",
-        output_format=output_format or "png",
+        output_format=output_format,
         output_compression=compression,
         stream=stream,
         partial_images=partial or 0,
@@ -116,18 +115,68 @@ def parse_image_generation_request(body: Body) -> ImageGenerationRequest:
     )
 
 
-def _size(body: Body) -> tuple[int, int] | None:
-    value = opt_str(body, "size")
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ChatImageOptions:
+    """A chat request's `image` object (an extension, shaped like `audio`): how the images the
+    model draws are drawn and handed back. Every field is optional."""
+
+    size: tuple[int, int] | None = None
+    response_format: str = "url"  # "url": a signed URL; "b64_json": a data URL
+    output_format: str = "png"
+    output_compression: int | None = None
+    num_inference_steps: int | None = None
+    guidance_scale: float | None = None
+
+
+_CHAT_IMAGE_FIELDS = ("size", "response_format", "output_format", "output_compression", "num_inference_steps", "guidance_scale")
+
+
+def parse_chat_image_options(body: Body) -> ChatImageOptions | None:
+    raw = body.get("image")
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        raise type_error("image", "an object", raw)
+    unknown = sorted(set(raw) - set(_CHAT_IMAGE_FIELDS))
+    if unknown:
+        raise bad_request(
+            f"'image.{unknown[0]}' is not a field of 'image' (fields: {', '.join(_CHAT_IMAGE_FIELDS)}).",
+            param=f"image.{unknown[0]}",
+            code="unknown_parameter",
+        )
+    output_format = _choice(raw, "output_format", OUTPUT_FORMATS, "image.output_format") or "png"
+    compression = opt_int(raw, "output_compression", lo=0, hi=100, param="image.output_compression")
+    if compression is not None and output_format == "png":
+        raise value_error("image.output_compression", "applies to jpeg and webp output only.")
+    return ChatImageOptions(
+        size=_size(raw, "image.size"),
+        response_format=_choice(raw, "response_format", RESPONSE_FORMATS, "image.response_format") or "url",
+        output_format=output_format,
+        output_compression=compression,
+        num_inference_steps=opt_int(raw, "num_inference_steps", lo=1, hi=MAX_STEPS, param="image.num_inference_steps"),
+        guidance_scale=_guidance(raw, "image.guidance_scale"),
+    )
+
+
+def _guidance(body: Body, param: str) -> float | None:
+    guidance = opt_number(body, "guidance_scale", param)
+    if guidance is not None and not 0.0 <= guidance <= MAX_GUIDANCE:
+        raise value_error(param, f"must be between 0 and {MAX_GUIDANCE:g}, got {guidance:g}.")
+    return guidance
+
+
+def _size(body: Body, param: str = "size") -> tuple[int, int] | None:
+    value = opt_str(body, "size", param)
     if value is None:
         return None
     try:
         return parse_size(value)
     except ValueError as e:
-        raise value_error("size", str(e)) from None
+        raise value_error(param, str(e)) from None
 
 
-def _choice(body: Body, key: str, allowed: tuple[str, ...]) -> str | None:
-    value = opt_str(body, key)
+def _choice(body: Body, key: str, allowed: tuple[str, ...], param: str | None = None) -> str | None:
+    value = opt_str(body, key, param)
     if value is not None and value not in allowed:
-        raise value_error(key, f"'{value}'; expected one of {', '.join(allowed)}.")
+        raise value_error(param or key, f"'{value}'; expected one of {', '.join(allowed)}.")
     return value

@@ -218,7 +218,10 @@ CHAT_FIELDS: Mapping[str, KnownField] = MappingProxyType(
         "top_logprobs": honoured("the most likely alternatives at each position, with logprobs"),
         "max_completion_tokens": honoured("the most tokens to generate (wins over max_tokens)"),
         "metadata": informational("tags for stored completions; nothing is stored and it changes no output", STRING_MAP),
-        "modalities": honoured("the output modalities; only text can be produced (the parser refuses others)"),
+        "modalities": honoured(
+            "the output modalities: text, and image on a model with a vision decoder (audio is refused until the vocoder exists)"
+        ),
+        "image": honoured("how the images the model draws are drawn and returned (an extension, shaped like audio)"),
         "moderation": rejected("no moderation model runs on the input or the output"),
         "parallel_tool_calls": honoured("whether one turn may call several tools"),
         "prediction": rejected("predicted outputs are not implemented"),

@@ -1,0 +1,312 @@
+"""Image output end to end, with the official openai client against the embedded default's
+layout (a tiny omni checkpoint with its vision_decoder/): the images API at every size and
+response format, seeds, 1 and 2 decoder ranks, images in chat (content parts, and the
+reference's t2i_model_generation tool call), streaming, and a decoder rank killed mid-job."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import os
+import signal
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from PIL import Image
+
+from gpu_workers.tiny_checkpoints import make_tiny_omni_checkpoint
+from omni.constrained.image_span import START
+from omni.media.image_sizes import RATIO_SIZES
+from omni.tokenizer import TextTokenizer
+from tests.e2e.conftest import read_metric
+from tests.e2e.server import PROCESSES, running_server, worker_pids
+
+MODEL = "omni"
+STEPS = 2  # the server's --diffusion-steps: every image here is quick
+T2I_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "t2i_model_generation",
+        "description": "Draw an image.",
+        "parameters": {
+            "type": "object",
+            "properties": {"discrete_image_token": {"type": "string"}},
+            "required": ["discrete_image_token"],
+        },
+    },
+}
+
+
+@pytest.fixture(scope="module")
+def omni_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_tiny_omni_checkpoint(tmp_path_factory.mktemp("ckpt") / "omni")
+
+
+def _server(omni_dir: Path, *extra: str) -> Iterator[str]:
+    with running_server(
+        "--model", f"{MODEL}={omni_dir}", "--max-model-len", "1024", "--diffusion-steps", str(STEPS), *extra
+    ) as base:  # fmt: skip
+        yield base
+
+
+@pytest.fixture(scope="module")
+def server(omni_dir: Path) -> Iterator[str]:
+    yield from _server(omni_dir)
+
+
+@pytest.fixture(scope="module")
+def two_ranks(omni_dir: Path) -> Iterator[str]:
+    yield from _server(omni_dir, "--vision-decoder-devices", "cpu,cpu")
+
+
+def _client(base: str, **kwargs: Any) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0, timeout=120, **kwargs)
+
+
+def _png(data: bytes) -> Image.Image:
+    image = Image.open(io.BytesIO(data))
+    assert image.format == "PNG"
+    return image
+
+
+def _fetch(url: str) -> bytes:
+    with urllib.request.urlopen(url, timeout=30) as r:
+        assert r.headers["Content-Type"] == "image/png"
+        return r.read()
+
+
+def _generate(base: str, seed: int, size: str = "768x768", response_format: str = "b64_json", **extra: Any) -> bytes:
+    result = _client(base).images.generate(
+        model=MODEL, prompt="a lighthouse at dusk", size=size, response_format=response_format,  # type: ignore[arg-type]
+        extra_body={"seed": seed, **extra},
+    )  # fmt: skip
+    assert result.data is not None and len(result.data) == 1
+    item = result.data[0]
+    if response_format == "url":
+        assert item.url is not None and item.b64_json is None
+        return _fetch(item.url)
+    assert item.b64_json is not None and item.url is None
+    return base64.b64decode(item.b64_json)
+
+
+def test_every_size_and_response_format(server: str) -> None:
+    """Both formats of one size run together, so they share the decoder's batch."""
+    cases = [(f"{w}x{h}", fmt) for w, h in RATIO_SIZES.values() for fmt in ("url", "b64_json")]
+    with ThreadPoolExecutor(4) as pool:
+        images = list(pool.map(lambda case: _generate(server, 7, *case), cases))
+    for (size, _), data in zip(cases, images):
+        assert "x".join(map(str, _png(data).size)) == size
+    by_size: dict[str, set[bytes]] = {}
+    for (size, _), data in zip(cases, images):
+        by_size.setdefault(size, set()).add(data)
+    assert all(len(v) == 1 for v in by_size.values()), "a url and b64_json of one seed are the same image"
+    assert read_metric(server, "omni_decoder_jobs_total", model=MODEL, outcome="ok") >= len(cases)
+
+
+def test_a_seed_gives_the_same_bytes_and_another_seed_other_bytes(server: str) -> None:
+    first = _generate(server, 11)
+    assert _generate(server, 11) == first
+    assert _generate(server, 12) != first
+    pixels = _png(first).convert("RGB").getcolors(maxcolors=1 << 20)
+    assert pixels is None or len(pixels) > 100, "the image is not flat"
+
+
+def test_two_decoder_ranks_draw_what_one_draws(server: str, two_ranks: str) -> None:
+    one = _png(_generate(server, 21, "1024x576"))
+    two = _png(_generate(two_ranks, 21, "1024x576"))
+    assert one.size == two.size
+    # Ulysses is exact up to float rounding (tests/gpu_workers prove 1e-5 on the latent); after
+    # quantisation to 8 bits a pixel may land one step apart.
+    diff = [abs(a - b) for a, b in zip(one.convert("RGB").tobytes(), two.convert("RGB").tobytes())]
+    assert max(diff) <= 1
+    assert sum(d != 0 for d in diff) <= len(diff) // 1000
+
+
+def test_n_images_are_distinct_and_seeded(server: str) -> None:
+    client = _client(server)
+    result = client.images.generate(
+        model=MODEL, prompt="two foxes", n=3, size="656x880", response_format="b64_json", extra_body={"seed": 5}
+    )
+    assert result.data is not None and len(result.data) == 3
+    images = [base64.b64decode(d.b64_json or "") for d in result.data]
+    assert len(set(images)) == 3
+    assert images[1] == _generate(server, 6, "656x880")  # image i has seed + i
+    assert result.usage is not None and result.usage.output_tokens > 0
+    assert result.size == "656x880" and result.output_format == "png"
+
+
+def test_streamed_images_send_partials_then_the_image(server: str) -> None:
+    client = _client(server)
+    stream = client.images.generate(
+        model=MODEL, prompt="a harbour", size="768x768", stream=True, partial_images=2,
+        extra_body={"seed": 3, "num_inference_steps": 4},
+    )  # fmt: skip
+    events = list(stream)
+    assert [e.type for e in events] == ["image_generation.partial_image"] * 2 + ["image_generation.completed"]
+    assert [e.partial_image_index for e in events[:2]] == [0, 1]  # type: ignore[union-attr]
+    final = base64.b64decode(events[-1].b64_json)
+    assert _png(final).size == (768, 768)
+    assert final == _generate(server, 3, num_inference_steps=4)  # streaming changes nothing
+    assert all(_png(base64.b64decode(e.b64_json)).size == (768, 768) for e in events[:2])
+
+
+@pytest.mark.parametrize(
+    "body, param",
+    [
+        ({"size": "1024x1024"}, "size"),
+        ({"output_format": "gif"}, "output_format"),
+        ({"n": 0}, "n"),
+        ({"n": 11}, "n"),
+        ({"num_inference_steps": 0}, "num_inference_steps"),
+        ({"num_inference_steps": 101}, "num_inference_steps"),
+        ({"guidance_scale": 50}, "guidance_scale"),
+        ({"style": "vivid"}, "style"),
+        ({"partial_images": 2}, "partial_images"),
+    ],
+)
+def test_bad_fields_are_400s_naming_them(server: str, body: dict[str, Any], param: str) -> None:
+    r = httpx.post(f"{server}/v1/images/generations", json={"model": MODEL, "prompt": "x", **body}, timeout=30)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == param
+
+
+def _tokenizer(omni_dir: Path) -> TextTokenizer:
+    return TextTokenizer.from_dir(omni_dir / "llm")
+
+
+def _chat_with_an_image(omni_dir: Path, **extra: Any) -> dict[str, Any]:
+    """A chat body whose reply opens an image span at once (a large logit bias on the opening
+    token; the span grammar does the rest) and ends right after it."""
+    start = _tokenizer(omni_dir).token_to_id(START)
+    span = 2 + 8 * 9 + 2  # the tiny decoder's 8 x 8 codes
+    return {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "draw me a boat"}],
+        "logit_bias": {str(start): 100},
+        "max_tokens": 1 + span,
+        "seed": 9,
+        **extra,
+    }
+
+
+def test_chat_returns_the_image_as_content_parts_streamed_or_not(server: str, omni_dir: Path) -> None:
+    client = _client(server)
+    body = _chat_with_an_image(omni_dir, skip_special_tokens=False)
+    reply = client.chat.completions.create(**body)
+    content = reply.choices[0].message.content
+    assert isinstance(content, list), content
+    (part,) = [p for p in content if p["type"] == "image_url"]
+    texts = [p["text"] for p in content if p["type"] == "text"]
+    assert all("<|vision" not in t and START not in t for t in texts)  # no code token reaches the client
+    image = _fetch(part["image_url"]["url"])
+    assert _png(image).size == (768, 768)  # the tiny model's ratio tokens are all in the table
+
+    chunks = list(client.chat.completions.create(**body, stream=True))
+    streamed = [c.choices[0].delta.content for c in chunks if c.choices and c.choices[0].delta.content]
+    parts = [p for d in streamed if isinstance(d, list) for p in d]
+    text = "".join(d for d in streamed if isinstance(d, str))
+    assert "<|vision" not in text and START not in text
+    assert len(parts) == 1 and _fetch(parts[0]["image_url"]["url"]) == image  # streamed == not streamed
+    assert "".join(texts) == text
+
+
+def test_chat_image_as_a_data_url(server: str, omni_dir: Path) -> None:
+    body = _chat_with_an_image(omni_dir, image={"response_format": "b64_json", "size": "880x656"})
+    reply = _client(server).chat.completions.create(**body)
+    (part,) = [p for p in reply.choices[0].message.content if p["type"] == "image_url"]  # type: ignore[union-attr]
+    url = part["image_url"]["url"]
+    assert url.startswith("data:image/png;base64,")
+    assert _png(base64.b64decode(url.split(",", 1)[1])).size == (880, 656)
+
+
+def test_t2i_tool_call_returns_the_image_url(server: str) -> None:
+    client = _client(server)
+    body: dict[str, Any] = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "paint a red kite"}],
+        "tools": [T2I_TOOL],
+        "tool_choice": "required",
+        "parallel_tool_calls": False,
+        "seed": 4,
+        "max_tokens": 200,
+    }
+    reply = client.chat.completions.create(**body)
+    choice = reply.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    (call,) = choice.message.tool_calls or []
+    assert call.function.name == "t2i_model_generation"
+    url = json.loads(call.function.arguments)["discrete_image_token"]
+    image = _fetch(url)
+    assert _png(image).size in set(RATIO_SIZES.values())
+
+    chunks = list(client.chat.completions.create(**body, stream=True))
+    arguments = "".join(
+        t.function.arguments or ""
+        for c in chunks
+        if c.choices and c.choices[0].delta.tool_calls
+        for t in c.choices[0].delta.tool_calls
+        if t.function is not None
+    )
+    assert _fetch(json.loads(arguments)["discrete_image_token"]) == image  # streamed == not streamed
+
+
+def test_text_only_modalities_draw_nothing(server: str, omni_dir: Path) -> None:
+    body = _chat_with_an_image(omni_dir, modalities=["text"])
+    reply = _client(server).chat.completions.create(**body)
+    assert isinstance(reply.choices[0].message.content, str)
+
+
+def _decoder_ranks(base: str) -> dict[str, int]:
+    ranks = {}
+    for pid in worker_pids(PROCESSES[base].pid):
+        name = Path(f"/proc/{pid}/comm").read_text().strip()
+        if name.startswith("omni-vision"):
+            ranks[name] = pid
+    return ranks
+
+
+def test_a_killed_decoder_rank_fails_its_image_with_503_and_the_next_succeeds(two_ranks: str) -> None:
+    ranks = _decoder_ranks(two_ranks)
+    assert sorted(ranks) == ["omni-vision0.0", "omni-vision0.1"]
+    outcome: dict[str, Any] = {}
+
+    def slow_image() -> None:
+        try:
+            _generate(two_ranks, 1, "1024x576", num_inference_steps=100)
+            outcome["ok"] = True
+        except openai.APIStatusError as exc:
+            outcome["status"] = exc.status_code
+            outcome["message"] = exc.message
+
+    thread = threading.Thread(target=slow_image)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while read_metric(two_ranks, "omni_decoder_images_running", model=MODEL) == 0:
+        assert time.monotonic() < deadline and thread.is_alive(), "the image never reached the decoder"
+        time.sleep(0.02)
+    time.sleep(0.2)  # well inside its 100 steps
+    os.kill(ranks["omni-vision0.1"], signal.SIGKILL)
+    thread.join(120)
+    assert outcome.get("status") == 503, outcome
+    assert "vision decoder" in outcome["message"]
+    deadline = time.monotonic() + 90
+    while True:  # the group restarts as a whole; meanwhile an image is refused with a 503
+        try:
+            data = _generate(two_ranks, 2, "768x768")
+            break
+        except openai.APIStatusError as exc:
+            assert exc.status_code == 503
+            assert time.monotonic() < deadline, "the decoder group did not come back"
+            time.sleep(0.5)
+    assert _png(data).size == (768, 768)
+    restarted = _decoder_ranks(two_ranks)
+    assert sorted(restarted) == sorted(ranks) and not set(restarted.values()) & set(ranks.values())  # both ranks anew
