@@ -23,6 +23,7 @@ unless max_calls is given.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from collections.abc import Callable, Mapping, Sequence
@@ -134,31 +135,19 @@ def _hyperclovax_call(rule: str, function: ToolFunction, cap: int) -> list[str]:
 
 def _t2i_call(rule: str, function: ToolFunction, cap: int) -> list[str]:
     """The reference's image tool: its image argument is an image span (the `image` rule),
-    whatever its schema says; its other arguments as any hyperclovax call's."""
-    rules = _hyperclovax_call(rule, function, cap)
+    whatever its schema says (and required: the call exists to draw it; a schema that does not
+    declare it gets it last); its other arguments as any hyperclovax call's."""
     schema = _object_schema(function.parameters)
-    keys = list(schema.get("properties") or {})
-    required = [k for k in schema.get("required", []) if isinstance(k, str)]
-    keys += [k for k in required if k not in keys]
-    if T2I_ARG not in keys:  # a client's schema without it: the image is the call's only argument
-        head = f"{rule}: <tool_call> {_literal(function.name + chr(10))} "
-        assert rules[0].startswith(head)
-        image_arg = f'<arg_key> {_literal(T2I_ARG)} </arg_key> "\\n" <arg_value> image </arg_value> "\\n"'
-        return [head + image_arg + " </tool_call>"]
+    properties = dict(schema.get("properties") or {})
+    properties.setdefault(T2I_ARG, {"type": "string"})
+    required = [k for k in schema.get("required", []) if isinstance(k, str) and k != T2I_ARG] + [T2I_ARG]
+    with_image = dataclasses.replace(function, parameters={**schema, "properties": properties, "required": required})
+    rules = _hyperclovax_call(rule, with_image, cap)
+    keys = list(properties) + [k for k in required if k not in properties]
     value = f"{rule}_{keys.index(T2I_ARG)}_value"
-    out = []
-    skip = False
-    for r in rules:
-        if r.startswith(f"{value}: "):
-            out.append(f"{value}: image")
-            skip = True  # and the terminal rule that followed it
-            continue
-        if skip and r.startswith(value.upper() + ":"):
-            continue
-        skip = False
-        out.append(r)
-    # the image argument is required: the call exists to draw it
-    return [r.replace(f"{rule}_{keys.index(T2I_ARG)}?", f"{rule}_{keys.index(T2I_ARG)}") for r in out]
+    terminal = value.upper() + ":"
+    # the image argument's value rule (and the terminal a string value has) become the span
+    return [f"{value}: image" if r.startswith(f"{value}: ") else r for r in rules if not r.startswith(terminal)]
 
 
 def _bare_value(rule: str, schema: Any, definitions: Mapping[str, Any], cap: int) -> list[str]:
