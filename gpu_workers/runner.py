@@ -21,7 +21,7 @@ from omni.protocol import WorkerSpec
 
 # Where the built-in runners are defined: imported in the worker process only (they import
 # torch), the first time a runner is looked up.
-_BUILTIN_RUNNER_MODULES = ("gpu_workers.llm_runner", "gpu_workers.encoder_runner")
+_BUILTIN_RUNNER_MODULES = ("gpu_workers.llm_runner", "gpu_workers.encoder_runner", "gpu_workers.vision_decoder_runner")
 
 
 class Runner(ABC):

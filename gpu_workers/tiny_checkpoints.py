@@ -11,19 +11,21 @@ model.layers.N.post_norm1.weight / post_norm2.weight, as gpu_workers/models/llam
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 
 from gpu_workers.models.llama import SUPPORTED_MODEL_TYPES, LlamaFamilyConfig
 
 # Bump when the default checkpoint's bytes change, so caches built by older code are not reused.
-TINY_CHECKPOINT_VERSION = "omni-v2"
+TINY_CHECKPOINT_VERSION = "omni-v3"
 DEFAULT_VOCAB_SIZE = 512  # used when no tokenizer is written
 _VOCAB_MULTIPLE = 64
 
@@ -241,8 +243,135 @@ TINY_AUDIO_LEVELS = (3, 3, 3, 3)
 TINY_IMAGE_CODEBOOK = 64
 
 
+# ---- the vision decoder (gpu_workers/vision_decoder.py's layout) ----------------------------
+# The tiny LLM has 64 image code tokens and short contexts: an 8 x 8 code grid.
+TINY_CODE_GRID = (8, 8)
+# A Flux DiT of patch 2 (2,304 tokens at 768 x 768), small enough for a CPU; the weak
+# autoguidance twin is the same with one block.
+TINY_DIT: dict[str, Any] = {
+    "in_channels": 16,
+    "hidden_size": 32,
+    "num_heads": 2,
+    "num_layers": 2,
+    "mlp_ratio": 2.0,
+    "axes_dims_rope": [4, 6, 6],
+    "patch": 2,
+}
+# A diffusers AutoencoderKL config of the Flux VAE's family (16 latent channels, its scaling and
+# shift, four blocks for 8x). Its cost is in the full-resolution block (7 convolutions over
+# every pixel): 4 channels there, 8 below, and no mid-block attention, which would attend over
+# every latent pixel (9,216 of them at 768 x 768).
+TINY_VAE: dict[str, Any] = {
+    "_class_name": "AutoencoderKL",
+    "act_fn": "silu",
+    "block_out_channels": [4, 4, 8, 8],
+    "down_block_types": ["DownEncoderBlock2D"] * 4,
+    "force_upcast": True,
+    "in_channels": 3,
+    "latent_channels": 16,
+    "latents_mean": None,
+    "latents_std": None,
+    "layers_per_block": 1,
+    "mid_block_add_attention": False,
+    "norm_num_groups": 2,
+    "out_channels": 3,
+    "sample_size": 1024,
+    "scaling_factor": 0.3611,
+    "shift_factor": 0.1159,
+    "up_block_types": ["UpDecoderBlock2D"] * 4,
+    "use_post_quant_conv": False,
+    "use_quant_conv": False,
+}
+# black-forest-labs/FLUX.1-dev scheduler/scheduler_config.json: dynamic (resolution) shifting
+TINY_SCHEDULER: dict[str, Any] = {
+    "_class_name": "FlowMatchEulerDiscreteScheduler",
+    "base_image_seq_len": 256,
+    "base_shift": 0.5,
+    "max_image_seq_len": 4096,
+    "max_shift": 1.15,
+    "num_train_timesteps": 1000,
+    "shift": 3.0,
+    "use_dynamic_shifting": True,
+}
+DEFAULT_GUIDANCE_SCALES = {"autoguidance": 0.75, "cfg": 4.0, "none": 0.0}
+
+
+def _fan_in_tensors(
+    shapes: dict[str, tuple[int, ...]], seed: int, gains: dict[str, float] | None = None
+) -> dict[str, torch.Tensor]:
+    """Seeded noise in sorted-name order, each weight of std gain / sqrt(fan_in) (gain 1 unless
+    named), so that activations stay of order one through a deep stack: a DiT's or a VAE's
+    output is then neither flat nor saturated. Norm scales near 1, biases small."""
+    gen = torch.Generator().manual_seed(seed)
+    tensors: dict[str, torch.Tensor] = {}
+    for name, shape in sorted(shapes.items()):
+        noise = torch.randn(shape, generator=gen)
+        if "norm" in name and name.endswith(".weight"):
+            tensors[name] = 1.0 + 0.1 * noise
+        elif name.endswith(".bias") or len(shape) < 2:
+            tensors[name] = 0.05 * noise
+        else:
+            fan_in = math.prod(shape[1:])  # (out, in) or (out, in, kh, kw)
+            tensors[name] = noise * ((gains or {}).get(name, 1.0) / math.sqrt(fan_in))
+    return tensors
+
+
+def make_tiny_vision_decoder(
+    out_dir: Path,
+    *,
+    seed: int = 0,
+    codebook: torch.Tensor,
+    guidance: str = "autoguidance",
+    code_grid: tuple[int, int] = TINY_CODE_GRID,
+    dit: Mapping[str, Any] = TINY_DIT,
+) -> Path:
+    """config.json, codebook.safetensors, transformer/ (dit: its FluxDiT config keys), vae/,
+    scheduler/, and weak_transformer/ (autoguidance: dit with one block) or uncond.safetensors
+    (cfg); codebook (num_codes, cond) is the image tokenizer's. Random weights scaled so that
+    an image has visibly varied pixels."""
+    from gpu_workers.models.flux_dit import FluxDiT, FluxDiTConfig
+    from gpu_workers.models.flux_vae import FluxVAEConfig, FluxVAEDecoder
+    from gpu_workers.vision_decoder import CODEBOOK_FILE, UNCOND_FILE, VisionDecoderConfig
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    config = VisionDecoderConfig((code_grid[0], code_grid[1]), guidance, DEFAULT_GUIDANCE_SCALES[guidance])
+    (out_dir / "config.json").write_text(json.dumps(config.to_dict(), indent=2, sort_keys=True) + "\n")
+    codebook = codebook.float().contiguous()
+    save_file({"codebook": codebook}, str(out_dir / CODEBOOK_FILE), metadata={"format": "pt"})
+
+    width = int(codebook.shape[1])
+    dits = {"transformer": dit, "weak_transformer": {**dit, "num_layers": 1}}
+    for offset, (name, raw) in enumerate(dits.items()):
+        if name == "weak_transformer" and guidance != "autoguidance":
+            continue
+        dit_config = FluxDiTConfig.from_dict({**raw, "cond_channels": width, "vec_in_dim": width})
+        with torch.device("meta"):
+            shapes = {n: tuple(t.shape) for n, t in FluxDiT(dit_config).state_dict().items()}
+        _save_component(out_dir / name, dit_config.to_dict(), _fan_in_tensors(shapes, seed + offset))
+    if guidance == "cfg":
+        gen = torch.Generator().manual_seed(seed + 2)
+        embedding = torch.randn(width, generator=gen)
+        save_file({"embedding": embedding}, str(out_dir / UNCOND_FILE), metadata={"format": "pt"})
+
+    with torch.device("meta"):
+        vae = FluxVAEDecoder(FluxVAEConfig.from_diffusers(TINY_VAE))
+    shapes = {n: tuple(t.shape) for n, t in vae.state_dict().items()}
+    vae_dir = out_dir / "vae"
+    vae_dir.mkdir(parents=True, exist_ok=True)
+    # a gentler last convolution, so the image spreads over [-1, 1] without saturating
+    tensors = _fan_in_tensors(shapes, seed + 3, {"decoder.conv_out.weight": 0.5})
+    save_file(tensors, str(vae_dir / "diffusion_pytorch_model.safetensors"), metadata={"format": "pt"})
+    (vae_dir / "config.json").write_text(json.dumps(TINY_VAE, indent=2, sort_keys=True) + "\n")
+    scheduler_dir = out_dir / "scheduler"
+    scheduler_dir.mkdir(parents=True, exist_ok=True)
+    (scheduler_dir / "scheduler_config.json").write_text(json.dumps(TINY_SCHEDULER, indent=2, sort_keys=True) + "\n")
+    return out_dir
+
+
 def make_tiny_omni_checkpoint(out_dir: Path, *, seed: int = 0) -> Path:
-    """llm/ (tiny hyperclovax), vision_encoder/, audio_encoder/, image_tokenizer/, audio_tokenizer/."""
+    """llm/ (tiny hyperclovax), vision_encoder/, audio_encoder/, image_tokenizer/, audio_tokenizer/,
+    vision_decoder/ (on the image tokenizer's codebook)."""
     from gpu_workers.models.fsq_audio_tokenizer import make_tiny_audio_tokenizer
     from gpu_workers.models.ta_tok import make_tiny_image_tokenizer
 
@@ -256,6 +385,8 @@ def make_tiny_omni_checkpoint(out_dir: Path, *, seed: int = 0) -> Path:
     make_tiny_audio_encoder(out_dir / "audio_encoder", seed=seed + 2, projector_hidden_size=hidden)
     make_tiny_image_tokenizer(out_dir / "image_tokenizer", seed=seed + 3, codebook_size=TINY_IMAGE_CODEBOOK)
     make_tiny_audio_tokenizer(out_dir / "audio_tokenizer", seed=seed + 4, levels=TINY_AUDIO_LEVELS)
+    codebook = load_file(out_dir / "image_tokenizer" / "model.safetensors")["codebook.weight"]
+    make_tiny_vision_decoder(out_dir / "vision_decoder", seed=seed + 5, codebook=codebook)
     return out_dir
 
 

@@ -8,7 +8,14 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from gpu_workers.tiny_checkpoints import default_checkpoint_dir, make_tiny_checkpoint, make_tiny_omni_checkpoint
+from gpu_workers.tiny_checkpoints import (
+    TINY_CHECKPOINT_VERSION,
+    default_checkpoint_dir,
+    make_tiny_checkpoint,
+    make_tiny_omni_checkpoint,
+)
+from gpu_workers.vision_decoder import AutoGuidance, VisionDecoder
+from omni import protocol
 from omni.model_layout import ENCODER_COMPONENTS, ModelLayout, component_revision
 from tests.gpu_workers.test_llama_vs_transformers import our_logits
 
@@ -90,3 +97,19 @@ def test_omni_checkpoint_is_deterministic_and_revisions_track_weights(tmp_path: 
     assert component_revision(a / "vision_encoder") != component_revision(a / "audio_encoder")
     c = make_tiny_omni_checkpoint(tmp_path / "c", seed=1)
     assert component_revision(c / "vision_encoder") != component_revision(a / "vision_encoder")
+
+
+def test_the_omni_checkpoints_vision_decoder_draws_on_the_image_tokenizers_codebook(tmp_path: Path) -> None:
+    assert TINY_CHECKPOINT_VERSION == "omni-v3"  # the vision decoder is part of the default checkpoint
+    root = make_tiny_omni_checkpoint(tmp_path / "omni")
+    codebook = load_file(root / "image_tokenizer" / "model.safetensors")["codebook.weight"]
+    assert torch.equal(load_file(root / "vision_decoder" / "codebook.safetensors")["codebook"], codebook)
+    decoder = VisionDecoder.from_dir(root / "vision_decoder")
+    assert decoder.config.code_grid == (8, 8) and decoder.num_codes == 64
+    assert (decoder.config.guidance, decoder.config.guidance_scale) == ("autoguidance", 0.75)
+    assert isinstance(decoder.guidance, AutoGuidance) and decoder.guidance.weak.config.num_layers == 1
+    assert decoder.transformer.config.patch == 2
+    assert decoder.schedule.use_dynamic_shifting
+    job = protocol.ImageJob(1, list(range(64)), 128, 128, 2, seed=0)
+    image = decoder.decode([job]).images[0]
+    assert image.error is None and image.data.startswith(b"\x89PNG")
