@@ -11,11 +11,17 @@ group (Ulysses). Rank 0 streams PartialImage messages as the previews are made a
 DecodeResult last. A batch whose jobs do not share a shape fails on rank 0 before it is
 broadcast, so the others never see it; a job's own error (its codes, its size) is a
 DecodedImage.error and every rank skips that job alike.
+
+Any other error inside a batch (out of memory on one device, a bug) may leave the ranks at
+different collectives, and the next batch's broadcast would then pair with a stale all-to-all.
+So in a group such an error ends the rank's process: the server sees a rank exit, fails the
+batch in flight and starts the group again (a worker of one rank just reports it and goes on).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -68,11 +74,16 @@ class VisionDecoderRunner(Runner):
     def run(self, batch: protocol.DecodeImages) -> Iterator[protocol.PartialImage | protocol.DecodeResult]:
         self.decoder.check_batch(batch.jobs)  # raises before the other ranks are involved
         self._broadcast(batch)
-        for event in self.decoder.generate(batch.jobs):
-            if isinstance(event, Preview):
-                yield protocol.PartialImage(batch.batch_id, event.job_id, event.index, event.data)
-            else:
-                yield _result(batch.batch_id, event)
+        try:
+            for event in self.decoder.generate(batch.jobs):
+                if isinstance(event, Preview):
+                    yield protocol.PartialImage(batch.batch_id, event.job_id, event.index, event.data)
+                else:
+                    yield _result(batch.batch_id, event)
+        except Exception:
+            if self.member.world_size > 1:
+                self._leave_group(batch)
+            raise
 
     def follow(self) -> None:
         while True:
@@ -80,8 +91,14 @@ class VisionDecoderRunner(Runner):
             try:
                 self.decoder.decode(batch.jobs)
             except Exception:
-                # rank 0 met the same error on the same jobs and reports it
-                log.exception("rank %d: batch %d failed", self.member.rank, batch.batch_id)
+                self._leave_group(batch)
+
+    def _leave_group(self, batch: protocol.DecodeImages) -> None:
+        """The ranks may be out of step (see the module docstring): end this process, and with
+        it the group, now. os._exit: a clean exit could wait forever on a collective."""
+        log.exception("rank %d: batch %d failed; leaving the group", self.member.rank, batch.batch_id)
+        logging.shutdown()
+        os._exit(1)
 
     def _broadcast(self, batch: protocol.DecodeImages) -> None:
         if self.member.world_size == 1:
