@@ -87,7 +87,11 @@ class VisionDecoderRunner(Runner):
 
     def follow(self) -> None:
         while True:
-            batch = self._receive()
+            try:
+                batch = self._receive()
+            except RuntimeError as exc:  # gloo / NCCL: rank 0 is gone, and with it the group
+                log.info("rank %d: the group has ended (%s)", self.member.rank, exc)
+                return
             try:
                 self.decoder.decode(batch.jobs)
             except Exception:
