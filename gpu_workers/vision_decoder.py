@@ -20,7 +20,8 @@ Checkpoint layout: the `vision_decoder/` directory of an omni checkpoint.
       scheduler/scheduler_config.json   diffusers FlowMatchEulerDiscreteScheduler config
 
 A batch's jobs share width, height and steps (the server batches them so); everything else
-(codes, seed, guidance scale, output format, previews) is per job. For a W x H image, with
+(codes, seed, guidance scale, output format, previews) is per job. A job's guidance_scale of
+None takes the config's; "none" has no scale and ignores it. For a W x H image, with
 the VAE's 8x and the DiT's patch p (1 or 2):
 
     noise      initial_noise((16, H/8, W/8), seed)     per job, drawn on the CPU
