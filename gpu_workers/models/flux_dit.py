@@ -375,8 +375,8 @@ class SingleStreamBlock(nn.Module):
         b, s, _ = x.shape
         shift, scale, gate = self.modulation(F.silu(temb)).chunk(3, dim=-1)  # (B, hidden) each
         h = F.layer_norm(x, (self.hidden,), eps=_NORM_EPS) * (1 + scale[:, None]) + shift[:, None]
-        qkv, mlp = self.linear_in(h).split((3 * self.hidden, self.mlp_hidden), dim=-1)
-        q, k, v = qkv.unflatten(-1, (3, self.num_heads, -1)).unbind(2)  # (B, S, H, D) each
+        q, k, v, mlp = self._project_in(h)
+        q, k, v = (t.unflatten(-1, (self.num_heads, -1)) for t in (q, k, v))  # (B, S, H, D) each
         q = apply_rope(self.q_norm(q), *rope)
         k = apply_rope(self.k_norm(k), *rope)
         out = attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))  # (B, H, S, D)
@@ -386,6 +386,21 @@ class SingleStreamBlock(nn.Module):
         if x.dtype == torch.float16:
             x = x.clip(-65504, 65504)  # as diffusers: an overflow must not become inf
         return x
+
+
+    def _project_in(self, h: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """q, k, v and the MLP's input. One matmul on accelerators; on a CPU four, over row
+        slices of the same weight (no copy): each output is then contiguous, and at 4,096
+        tokens the four run 10% faster than one (measured, bench/vision_decoder_bench.py)."""
+        sizes = (self.hidden, self.hidden, self.hidden, self.mlp_hidden)
+        if h.device.type != "cpu":
+            return self.linear_in(h).split(sizes, dim=-1)
+        weight, bias = self.linear_in.weight, self.linear_in.bias
+        out, start = [], 0
+        for size in sizes:
+            out.append(F.linear(h, weight[start : start + size], bias[start : start + size]))
+            start += size
+        return tuple(out)
 
 
 class FinalLayer(nn.Module):
