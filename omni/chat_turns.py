@@ -112,11 +112,9 @@ class ChatImages:
 def chat_images(model: ServedModel, req: ChatCompletionRequest) -> ChatImages | None:
     """None when no image can come out: the model has no vision decoder (then asking for images
     is a 400), or modalities leaves image out."""
-    if model.images is None:
+    if model.images is None:  # (`image` alone is accepted: it says how images are drawn, if any are)
         if "image" in req.modalities:
             raise bad_request("This model has no image decoder: it cannot produce images.", param="modalities")
-        if req.image is not None:
-            raise bad_request("This model has no image decoder: 'image' has nothing to set.", param="image")
         return None
     if not req.images_allowed:
         return None

@@ -39,8 +39,9 @@ RETRY_AFTER_S = 5  # a batch of images takes seconds: wait about one before retr
 PreviewCallback = Callable[[int, bytes], None]
 
 
-class ImageDrawError(ValueError):
-    """The decoder refused one image (its codes or its size); the caller's fault, not the worker's."""
+class ImageDrawError(EngineError):
+    """The decoder refused one image (its codes or its size). The span grammar and the size
+    table keep requests from getting here; if one does, it fails as the decoder's error (a 503)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
