@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from omni.api.errors import bad_request
 from omni.api.schemas import ChatCompletionRequest, CompletionRequest
 from omni.constrained.compiler import CompiledGrammar
-from omni.constrained.constraint import ReasoningBudget, TokenConstraint
+from omni.constrained.constraint import ReasoningBudget, TokenConstraint, WithSpans
 from omni.parsers.reasoning import reasoning_parser_class
 from omni.served_model import ServedModel
 
@@ -57,7 +57,6 @@ class ChoiceConstraints:
         *,
         images: ImageSpans | None = None,
     ) -> None:
-        self._images = images if grammar is None else None  # a request's grammar leaves no room for spans
         own_trigger = None
         if isinstance(grammar, TriggeredGrammar):
             own_trigger = grammar.trigger_token_id
@@ -76,6 +75,10 @@ class ChoiceConstraints:
         self._trigger = own_trigger
         if own_trigger is None and self._in_reasoning and grammar is not None:
             self._trigger = self._end
+        # Image spans: alone when the request has no grammar, beside one that waits for its
+        # trigger ("auto" tools, or an answer after reasoning); a grammar holding the whole
+        # output leaves no room for them.
+        self._images = images if grammar is None or self._trigger is not None else None
 
     @staticmethod
     def _reasoning_tokens(model: ServedModel, req: ChatCompletionRequest | CompletionRequest) -> tuple[int | None, int | None]:
@@ -96,7 +99,11 @@ class ChoiceConstraints:
             assert self._start is not None and self._end is not None
             budget = ReasoningBudget(self._start, self._end, self._budget, open=self._in_reasoning)
         if self._grammar is not None:
-            return self._grammar.new_constraint(self._trigger, budget, max_tokens=self._max_tokens)
+            constraint = self._grammar.new_constraint(self._trigger, budget, max_tokens=self._max_tokens)
+            if self._images is None:
+                return constraint
+            spans = self._images.grammar.new_constraint(self._images.start_token_id, spans=True)
+            return WithSpans(constraint, spans)
         if self._images is not None:
             if self._images.opened:  # the whole output is the one span the prompt opened
                 return self._images.grammar.new_constraint(None, budget)

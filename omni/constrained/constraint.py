@@ -130,6 +130,64 @@ class TokenConstraint:
             self.matcher.reset()
 
 
+class WithSpans(TokenConstraint):
+    """A triggered grammar (tool_choice "auto": from the model's <tool_call> on) and span-mode
+    constraint (image spans) side by side. They never hold together: while one is on, the
+    other waits and sees no tokens; while both are off, both watch for their trigger. The
+    request ends as the triggered grammar says; spans never end it."""
+
+    def __init__(self, primary: TokenConstraint, spans: TokenConstraint) -> None:  # noqa: D107
+        assert primary.trigger_token_id is not None and spans.spans, "a triggered grammar and a span constraint"
+        self.primary = primary
+        self.span_constraint = spans
+
+    @property
+    def _current(self) -> TokenConstraint:
+        return self.span_constraint if self.span_constraint.grammar_on else self.primary
+
+    @property  # type: ignore[override]
+    def matcher(self) -> llguidance.LLMatcher | None:
+        return self._current.matcher
+
+    @property  # type: ignore[override]
+    def vocab_size(self) -> int:
+        return self.primary.vocab_size
+
+    @property  # type: ignore[override]
+    def grammar_on(self) -> bool:
+        return self.primary.grammar_on or self.span_constraint.grammar_on
+
+    @property
+    def forced_token_id(self) -> int | None:
+        return self._current.forced_token_id
+
+    @property
+    def active(self) -> bool:
+        return self._current.active
+
+    @property
+    def complete(self) -> bool:
+        return self.primary.complete
+
+    @property
+    def cut_short(self) -> bool:
+        return self.primary.cut_short
+
+    @property  # type: ignore[override]
+    def violated(self) -> bool:
+        return self.primary.violated or self.span_constraint.violated
+
+    def advance(self, token_id: int) -> None:
+        if self.span_constraint.grammar_on:
+            self.span_constraint.advance(token_id)
+        elif self.primary.grammar_on:
+            self.primary.advance(token_id)
+        else:
+            self.primary.advance(token_id)
+            if not self.primary.grammar_on:  # its trigger did not just switch it on
+                self.span_constraint.advance(token_id)
+
+
 def fill_masks(constraints: Sequence[TokenConstraint]) -> list[bytes]:
     """The next-token bitmask of each (active) constraint: little-endian int32 words, bit t
     of the mask set when token t is allowed."""

@@ -78,3 +78,44 @@ async def test_walks_make_only_whole_spans(compiler: GrammarCompiler, tokenizer:
             row = rows_part[r * (cols + 1) : (r + 1) * (cols + 1)]
             assert all(fmt.code_of(t) is not None for t in row[:-1])
             assert tokenizer.decode([row[-1]], skip_special_tokens=False) == EOL
+
+
+async def test_spans_beside_a_triggered_grammar(compiler: GrammarCompiler, tokenizer: TextTokenizer) -> None:
+    """tool_choice "auto" with image output: an image span opened in free text is held to the span
+    grammar, a call opened by <tool_call> to the call grammar, and only the call ends the request."""
+    from omni.constrained.constraint import WithSpans
+
+    fmt = ImageSpanFormat.from_tokenizer(tokenizer, 2, 3)
+    assert fmt is not None
+    spans = await compiler.compile(GrammarSpec(GrammarKind.GRAMMAR, fmt.grammar(), "image"))
+    call_open = tokenizer.token_to_id("<tool_call>")
+    call_close = tokenizer.token_to_id("</tool_call>")
+    assert call_open is not None and call_close is not None
+    call = await compiler.compile(GrammarSpec(GrammarKind.GRAMMAR, '%llguidance {}\nstart: "f" </tool_call>\n', "tools"))
+    end = tokenizer.token_to_id(END)
+    text = tokenizer.encode("some words", add_special_tokens=False)
+    rng = np.random.default_rng(1)
+    for _ in range(5):
+        c = WithSpans(call.new_constraint(call_open), spans.new_constraint(fmt.start_token_id, spans=True))
+        for t in text:
+            assert not c.active
+            c.advance(t)
+        c.advance(fmt.start_token_id)  # an image in free text: the span grammar holds it
+        span = []
+        while c.active:
+            allowed = allowed_tokens(fill_masks([c])[0], tokenizer.vocab_size)
+            assert call_open not in allowed.tolist()
+            t = int(rng.choice(allowed))
+            c.advance(t)
+            span.append(t)
+        assert len(span) == fmt.span_tokens and span[-1] == end and not c.complete
+        c.advance(call_open)  # then a call: the call grammar holds it, to the end of the request
+        walked = []
+        while not c.complete:
+            assert c.active
+            allowed = allowed_tokens(fill_masks([c])[0], tokenizer.vocab_size)
+            assert fmt.start_token_id not in allowed.tolist()
+            t = int(rng.choice(allowed))
+            c.advance(t)
+            walked.append(t)
+        assert walked[-1] == call_close and not c.violated
