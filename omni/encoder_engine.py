@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from omni import protocol
 from omni.admission import Limit, Overloaded
 from omni.metrics import Metrics
-from omni.supervisor import EngineError, SupervisedWorker
+from omni.supervisor import EngineError, SupervisedWorker, fail_futures
 from omni.worker_process import WorkerDied
 
 log = logging.getLogger("omni.encoder_engine")
@@ -173,7 +173,4 @@ class EncoderEngine(SupervisedWorker):
 
     @staticmethod
     def _fail(batch: list[_Pending], error: Exception) -> None:
-        for pending in batch:
-            if not pending.future.done():
-                pending.future.set_exception(error)
-                pending.future.exception()  # retrieved: nobody may be waiting any more
+        fail_futures((pending.future for pending in batch), error)

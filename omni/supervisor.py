@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 from gpu_workers.worker import worker_main
@@ -117,6 +117,15 @@ class SupervisedWorker(ABC):
         self.fail_on_worker(EngineError(f"{self.spec.LABEL} failed: {cause}"))
         await self.worker.kill()
         await restart_until_up(self._start_worker, lambda: self._closing, self.name)
+
+
+def fail_futures(futures: Iterable[asyncio.Future[Any]], error: BaseException) -> None:
+    """Fail every future not yet done; its exception counts as retrieved, since its waiter may
+    be gone (a client that left)."""
+    for future in futures:
+        if not future.done():
+            future.set_exception(error)
+            future.exception()
 
 
 async def restart_until_up(

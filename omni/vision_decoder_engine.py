@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from omni import protocol
 from omni.admission import Limit, Overloaded
 from omni.metrics import Metrics
-from omni.supervisor import EngineError, SupervisedWorker
+from omni.supervisor import EngineError, SupervisedWorker, fail_futures
 from omni.worker_process import WorkerDied
 
 log = logging.getLogger("omni.vision_decoder_engine")
@@ -225,7 +225,4 @@ class VisionDecoderEngine(SupervisedWorker):
 
     @staticmethod
     def _fail(batch: list[_Pending], error: Exception) -> None:
-        for pending in batch:
-            if not pending.future.done():
-                pending.future.set_exception(error)
-                pending.future.exception()  # retrieved: nobody may be waiting any more
+        fail_futures((pending.future for pending in batch), error)
