@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
-from omni.api import artifacts, chat, completions, images, openapi, system
+from omni.api import artifacts, chat, completions, images, openapi, system, tokenize
 from omni.api.errors import error_middleware, unauthorized
 from omni.chat_format import ChatFormat
 from omni.config import EngineConfig, ServerConfig
@@ -34,7 +34,7 @@ log = logging.getLogger("omni.app")
 # Finishes when every engine has a ready worker; raises if one could not start.
 STARTUP = web.AppKey("startup", asyncio.Task)
 
-_OPEN_PATHS = frozenset({"/health", "/ready", "/metrics", "/openapi.json"})  # the API's shape is no secret
+_OPEN_PATHS = frozenset({"/health", "/ready", "/ping", "/version", "/metrics", "/openapi.json"})  # the API's shape is no secret
 _OPEN_PREFIXES = (artifacts.ARTIFACT_PATH,)
 
 
@@ -207,6 +207,11 @@ def create_app(config: ServerConfig) -> web.Application:
     app.router.add_get("/v1/models/{model}", system.get_model)
     app.router.add_get("/health", system.health)
     app.router.add_get("/ready", system.health)
+    app.router.add_get("/ping", system.ping)
+    app.router.add_post("/ping", system.ping)
+    app.router.add_get("/version", system.version)
+    app.router.add_post(tokenize.TOKENIZE_PATH, tokenize.tokenize)
+    app.router.add_post(tokenize.DETOKENIZE_PATH, tokenize.detokenize)
     app.router.add_get("/metrics", system.metrics)
     app.router.add_get(openapi.OPENAPI_PATH, openapi.openapi_handler)
     # Signed URLs of the local store; the signature is the authorization (no bearer key).

@@ -58,6 +58,7 @@ from omni.api.schemas.known_fields import (
 )
 from omni.api.schemas.structured import GUIDED_BACKENDS
 from omni.api.schemas.tools import MAX_TOOLS
+from omni.api.tokenize import DETOKENIZE_PATH, TEMPLATE_FIELDS, TOKENIZE_PATH
 from omni.media.image_sizes import ALLOWED_SIZES
 from omni.state import MODELS
 from omni.store.local import ARTIFACT_PATH
@@ -338,6 +339,64 @@ def _image_request_schema(model_names: list[str]) -> Schema:
                 "then": {"properties": {"stream": {"const": True}}, "required": ["stream"]},
             },
         ],
+    }
+
+
+def _tokenize_schemas(model_names: list[str]) -> dict[str, Schema]:
+    """vLLM's tokenizer bodies; omni/api/tokenize.py lists the fields it reads."""
+    model: Schema = {"type": "string", "description": "A served model; null: the only one."}
+    if model_names:
+        model["enum"] = list(model_names)
+    common: dict[str, Schema] = {
+        "model": _or_null(model),
+        "return_token_strs": _or_null(_BOOL, "Also answer each token's string (token_strs)."),
+        EXTRA_BODY: _or_null({"type": "object"}, "Merged into the body (its keys win)."),
+    }
+    chat = {name: _CHAT_FIELDS[name] if name == "messages" else _or_null(_CHAT_FIELDS[name]) for name in TEMPLATE_FIELDS}
+    return {
+        "TokenizeCompletionRequest": {
+            "type": "object",
+            "properties": {
+                **common,
+                "prompt": _STRING,
+                "add_special_tokens": _or_null(_BOOL, "Add the tokenizer's special tokens (e.g. BOS); default true."),
+            },
+            "required": ["prompt"],
+            "additionalProperties": False,
+        },
+        "TokenizeChatRequest": {
+            "type": "object",
+            "description": "Rendered as a chat completion renders them; media parts are a 400 for now.",
+            "properties": {
+                **common,
+                **chat,
+                "add_special_tokens": {"enum": [False, None], "description": "Only false: the template writes them."},
+            },
+            "required": ["messages"],
+            "additionalProperties": False,
+        },
+        "TokenizeResponse": {
+            "type": "object",
+            "properties": {
+                "count": _int(0),
+                "max_model_len": _or_null(_int(1), "null until the model's worker has started."),
+                "tokens": _TOKEN_IDS,
+                "token_strs": _or_null({"type": "array", "items": _or_null(_STRING)}),
+            },
+            "required": ["count", "max_model_len", "tokens", "token_strs"],
+        },
+        "DetokenizeRequest": {
+            "type": "object",
+            "properties": {
+                "model": common["model"],
+                "tokens": {**_TOKEN_IDS, "description": "Token ids, each in the model's vocabulary."},
+                EXTRA_BODY: common[EXTRA_BODY],
+            },
+            "required": ["tokens"],
+            "additionalProperties": False,
+        },
+        "DetokenizeResponse": {"type": "object", "properties": {"prompt": _STRING}, "required": ["prompt"]},
+        "Version": {"type": "object", "properties": {"version": _STRING}, "required": ["version"]},
     }
 
 
@@ -915,6 +974,22 @@ def _get(operation_id: str, summary: str, responses: dict[str, Schema], security
     return {"get": {"operationId": operation_id, "summary": summary, "security": security, **extra, "responses": responses}}
 
 
+def _post(operation_id: str, summary: str, request: Schema, result: str) -> Schema:
+    """A POST answered with one JSON body (no stream, no worker: it answers while models start)."""
+    return {
+        "post": {
+            "operationId": operation_id,
+            "summary": summary,
+            "security": _KEYED,
+            "requestBody": {"required": True, "content": _json(request)},
+            "responses": {
+                "200": {"description": f"A {result}.", "content": _json(_ref(result))},
+                **_errors("400", "401", "404", "413", "500"),
+            },
+        }
+    }
+
+
 def _paths() -> dict[str, Schema]:
     health = {
         "200": {"description": "Every model is ready.", "content": _json(_ref("Health"))},
@@ -966,6 +1041,23 @@ def _paths() -> dict[str, Schema]:
         ),
         "/health": _get("health", "Whether every model is ready", health, _OPEN),
         "/ready": _get("ready", "The same as /health", health, _OPEN),
+        "/ping": {
+            **_get("ping", "The same as /health (vLLM's name for it)", health, _OPEN),
+            "post": {"operationId": "ping_post", "summary": "The same as GET /ping", "security": _OPEN, "responses": health},
+        },
+        "/version": _get(
+            "version",
+            "The server's version",
+            {"200": {"description": "The installed package's version.", "content": _json(_ref("Version"))}, **_errors("500")},
+            _OPEN,
+        ),
+        TOKENIZE_PATH: _post(
+            "tokenize",
+            "A prompt's or chat's token ids",
+            {"oneOf": [_ref("TokenizeCompletionRequest"), _ref("TokenizeChatRequest")]},
+            "TokenizeResponse",
+        ),
+        DETOKENIZE_PATH: _post("detokenize", "Token ids back to text", _ref("DetokenizeRequest"), "DetokenizeResponse"),
         "/metrics": _get(
             "metrics",
             "Prometheus metrics",
@@ -1015,6 +1107,7 @@ def openapi_document(model_names: list[str]) -> dict[str, Any]:
                 "ChatCompletionRequest": _request_schema("chat", model_names),
                 "TextCompletionRequest": _request_schema("completions", model_names),
                 "ImageGenerationRequest": _image_request_schema(model_names),
+                **_tokenize_schemas(model_names),
                 **_message_schemas(),
                 **_tool_schemas(),
                 **_response_schemas(),

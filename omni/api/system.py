@@ -1,6 +1,11 @@
-"""Model listing, health and metrics endpoints."""
+"""Model listing, health, version and metrics endpoints."""
 
 from __future__ import annotations
+
+import functools
+import importlib.metadata
+import tomllib
+from pathlib import Path
 
 from aiohttp import web
 
@@ -35,6 +40,26 @@ async def health(request: web.Request) -> web.Response:
         return web.json_response({"status": "ok"})
     waiting = [m.name for m in registry if not m.ready]
     return web.json_response({"status": "starting", "not_ready": waiting}, status=503)
+
+
+async def ping(request: web.Request) -> web.Response:
+    """vLLM's /ping (GET and POST): /health under the name load balancers probe."""
+    return await health(request)
+
+
+async def version(request: web.Request) -> web.Response:
+    return web.json_response({"version": package_version()})
+
+
+@functools.cache
+def package_version() -> str:
+    """The installed distribution's version; from a source tree that is not installed, the
+    version pyproject.toml gives."""
+    try:
+        return importlib.metadata.version("omni-serve")
+    except importlib.metadata.PackageNotFoundError:
+        pyproject = Path(__file__).resolve().parents[2] / "pyproject.toml"
+        return str(tomllib.loads(pyproject.read_text())["project"]["version"])
 
 
 async def metrics(request: web.Request) -> web.Response:

@@ -20,6 +20,7 @@ from omni.api.schemas.fields import merge_extra_body
 from omni.api.schemas.images import _KNOWN as IMAGE_FIELDS  # the parser's own list: it has no KnownField table
 from omni.api.schemas.images import parse_image_generation_request
 from omni.api.schemas.known_fields import FIELDS, STREAM_OPTIONS_FIELDS, Disposition, Endpoint
+from omni.api.tokenize import CHAT_FIELDS, DETOKENIZE_FIELDS, PROMPT_FIELDS
 from omni.app import create_app
 from omni.config import ServerConfig
 
@@ -65,6 +66,20 @@ def test_every_field_the_image_parser_reads_is_a_property_and_no_other() -> None
     for name in IMAGE_FIELDS - {"prompt"}:  # each takes null, as the parser does
         parse_image_generation_request({"prompt": "a fox", name: None})
         assert not list(validator("ImageGenerationRequest").iter_errors({"prompt": "a fox", name: None})), name
+
+
+@pytest.mark.parametrize(
+    ("name", "fields"),
+    [
+        ("TokenizeCompletionRequest", PROMPT_FIELDS),
+        ("TokenizeChatRequest", CHAT_FIELDS),
+        ("DetokenizeRequest", DETOKENIZE_FIELDS),
+    ],
+)
+def test_every_field_the_tokenize_parser_reads_is_a_property_and_no_other(name: str, fields: frozenset[str]) -> None:
+    schema = SCHEMAS[name]
+    assert set(schema["properties"]) == fields | {EXTRA_BODY}
+    assert schema["additionalProperties"] is False
 
 
 def test_stream_options_are_the_known_keys() -> None:
