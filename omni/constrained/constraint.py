@@ -145,16 +145,16 @@ class WithSpans(TokenConstraint):
     def _current(self) -> TokenConstraint:
         return self.span_constraint if self.span_constraint.grammar_on else self.primary
 
-    @property  # type: ignore[override]
-    def matcher(self) -> llguidance.LLMatcher | None:
+    @property
+    def matcher(self) -> llguidance.LLMatcher | None:  # type: ignore[override]
         return self._current.matcher
 
-    @property  # type: ignore[override]
-    def vocab_size(self) -> int:
+    @property
+    def vocab_size(self) -> int:  # type: ignore[override]
         return self.primary.vocab_size
 
-    @property  # type: ignore[override]
-    def grammar_on(self) -> bool:
+    @property
+    def grammar_on(self) -> bool:  # type: ignore[override]
         return self.primary.grammar_on or self.span_constraint.grammar_on
 
     @property
@@ -173,8 +173,8 @@ class WithSpans(TokenConstraint):
     def cut_short(self) -> bool:
         return self.primary.cut_short
 
-    @property  # type: ignore[override]
-    def violated(self) -> bool:
+    @property
+    def violated(self) -> bool:  # type: ignore[override]
         return self.primary.violated or self.span_constraint.violated
 
     def advance(self, token_id: int) -> None:
