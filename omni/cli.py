@@ -10,6 +10,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from aiohttp import web
@@ -21,6 +22,9 @@ from omni.media.limits import MediaLimits
 from omni.model_layout import ModelLayout
 from omni.parsers.reasoning import REASONING_PARSERS
 from omni.parsers.tool_calls import TOOL_PARSERS
+from omni.sd_notify import Notifier
+from omni.served_model import ModelRegistry
+from omni.state import MODELS
 from omni.store.spec import StoreSpec
 from scheduler.placement import POLICIES, parse_weights
 
@@ -457,8 +461,37 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
     )
 
 
-async def serve(config: ServerConfig) -> int:
+class ServingCheck:
+    """The watchdog's health rule: every model has at least one ready LLM worker, and its
+    encoder and image decoder (if any) are ready. A worker that died is restarted by its
+    supervisor, which takes as long as loading it (up to --worker-start-timeout): while the
+    rule fails the pings go on for that long after it last held, then stop, and systemd
+    restarts the whole server. Before READY=1 (loading) only the loop's liveness counts."""
+
+    def __init__(self, registry: ModelRegistry, grace_s: float) -> None:
+        self.registry = registry
+        self.grace_s = grace_s
+        self.last_ok: float | None = None  # monotonic time the rule last held; None: loading
+
+    def __call__(self) -> bool:
+        if self.last_ok is None:
+            return True
+        now = time.monotonic()
+        models = list(self.registry)
+        if models and all(
+            m.pool.serving
+            and (m.media is None or m.media.ready)
+            and (m.images is None or m.images.ready)
+            for m in models
+        ):
+            self.last_ok = now
+        return now - self.last_ok <= self.grace_s
+
+
+async def serve(config: ServerConfig, notifier: Notifier | None = None) -> int:
     """Run until SIGINT/SIGTERM; return the process exit code."""
+    notifier = notifier or Notifier(None)
+    notifier.notify("STATUS=loading workers")
     app = create_app(config)
     # handler_cancellation: a client that disconnects cancels its handler, which aborts
     # its request and frees its KV blocks at once.
@@ -474,6 +507,10 @@ async def serve(config: ServerConfig) -> int:
     except (OSError, ValueError) as exc:  # e.g. a model directory without a usable tokenizer
         log.error("could not start: %s", exc)
         return 1
+    check = ServingCheck(app[MODELS], max(e.worker_start_timeout for e in config.engines))
+    # The ping task lives as long as serve(): through the drain too, which systemd times
+    # with TimeoutStopSec but may still watch.
+    pings = asyncio.create_task(notifier.ping_watchdog(check), name="sd-watchdog")
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -493,6 +530,11 @@ async def serve(config: ServerConfig) -> int:
             else:
                 if startup.done():
                     log.info("all workers ready")
+                    # start_all() has returned: every worker of every model is ready, so
+                    # /health answers 200 from here on.
+                    check.last_ok = time.monotonic()
+                    n = len(app[MODELS])
+                    notifier.notify("READY=1", f"STATUS=serving {n} model{'s' if n != 1 else ''}")
                 await stopped
         finally:
             stopped.cancel()
@@ -501,7 +543,12 @@ async def serve(config: ServerConfig) -> int:
         exit_code = 1
     finally:
         log.info("shutting down")
-        await runner.cleanup()
+        notifier.notify("STOPPING=1", "STATUS=draining")
+        try:
+            await runner.cleanup()
+        finally:
+            pings.cancel()
+            notifier.close()
     return exit_code
 
 
@@ -512,12 +559,13 @@ def main(argv: list[str] | None = None) -> None:
         format="%(asctime)s %(levelname)s %(name)s[%(process)d]: %(message)s",
     )
     config = config_from_args(args)
+    notifier = Notifier.from_env(os.environ)  # before any worker is spawned (they inherit it)
     try:
         import uvloop  # noqa: PLC0415
     except ImportError:
-        code = asyncio.run(serve(config))
+        code = asyncio.run(serve(config, notifier))
     else:
-        code = uvloop.run(serve(config))
+        code = uvloop.run(serve(config, notifier))
     raise SystemExit(code)
 
 
