@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
+from omni.access_log import add_request_id_header, request_id_middleware
 from omni.api import artifacts, chat, completions, images, openapi, system, tokenize
 from omni.api.errors import error_middleware, unauthorized
 from omni.chat_format import ChatFormat
@@ -191,10 +192,11 @@ async def _store_ctx(app: web.Application) -> AsyncIterator[None]:
 
 def create_app(config: ServerConfig) -> web.Application:
     # Outermost first: errors become OpenAI error objects, unless the client is gone.
-    middlewares: list[Middleware] = [error_middleware, client_gone_middleware]
+    middlewares: list[Middleware] = [request_id_middleware, error_middleware, client_gone_middleware]
     if config.api_key:
         middlewares.append(_auth_middleware(config.api_key))
     app = web.Application(client_max_size=config.max_request_bytes, middlewares=middlewares)
+    app.on_response_prepare.append(add_request_id_header)
     app[CONFIG] = config
     app[METRICS] = Metrics()
     app[MODELS] = ModelRegistry()

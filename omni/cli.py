@@ -15,6 +15,7 @@ from pathlib import Path
 
 from aiohttp import web
 
+from omni.access_log import AccessLogger
 from omni.app import STARTUP, create_app
 from omni.config import EngineConfig, ServerConfig
 from omni.connections import ConnectionLimits, ServerRunner
@@ -222,6 +223,12 @@ def build_parser() -> argparse.ArgumentParser:
     media.add_argument("--max-media-items", type=int, default=defaults.max_items_per_request, help="per request")
     media.add_argument("--media-fetch-timeout", type=float, default=defaults.remote_fetch_timeout_s)
     media.add_argument("--encoder-device", help="device of the encoder worker (default: the first LLM device)")
+    p.add_argument(
+        "--disable-log-requests",
+        action="store_true",
+        help="no access log line per request (vLLM's name); by default each request logs its status, "
+        "model, tokens, TTFT, latency and X-Request-Id",
+    )
     images = p.add_argument_group("image output")
     images.add_argument(
         "--vision-decoder-devices",
@@ -451,6 +458,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         body_timeout=args.body_timeout,
         keepalive_timeout=args.keepalive_timeout,
         max_connections=args.max_connections,
+        disable_log_requests=args.disable_log_requests,
         store=args.store,
         store_url_base=args.store_url_base,
         store_secret=os.environ["OMNI_STORE_SECRET"].encode()
@@ -499,8 +507,14 @@ async def serve(config: ServerConfig, notifier: Notifier | None = None) -> int:
     # long to finish before their handlers are cancelled (their requests aborted).
     # The connection limits: header deadline, keep-alive, open connections (omni/connections.py).
     limits = ConnectionLimits(config.header_timeout, config.keepalive_timeout, config.max_connections)
+    access = None if config.disable_log_requests else logging.getLogger("omni.access")
     runner = ServerRunner(
-        app, limits, handler_cancellation=True, access_log=None, shutdown_timeout=config.shutdown_timeout
+        app,
+        limits,
+        handler_cancellation=True,
+        access_log=access,
+        access_log_class=AccessLogger,
+        shutdown_timeout=config.shutdown_timeout,
     )
     try:
         await runner.setup()  # runs the cleanup contexts: workers start loading here

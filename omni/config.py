@@ -101,3 +101,4 @@ class ServerConfig:
     body_timeout: float = 60.0
     keepalive_timeout: float = 30.0
     max_connections: int = 1024
+    disable_log_requests: bool = False  # no access log line per request (omni/access_log.py)

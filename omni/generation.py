@@ -8,6 +8,7 @@ engine so its KV blocks are freed before the next step.
 from __future__ import annotations
 
 import dataclasses
+import time
 import uuid
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
@@ -157,6 +158,7 @@ class Generation:
         self.keep_special = keep_special  # markup the chat parsers read, kept in the text
         self.include_stop_str_in_output = include_stop_str_in_output
         self.usage = Usage(prompt_tokens=len(prompt_token_ids))
+        self.first_token_time: float | None = None  # time.monotonic() of its first token
         self.prompt_logprobs: PromptLogprobs | None = None
 
     async def deltas(self) -> AsyncGenerator[Delta, None]:
@@ -189,6 +191,8 @@ class Generation:
                     yield Delta("", [], finish_reason=event.finish_reason)
                     return
                 self.usage.completion_tokens += 1
+                if self.first_token_time is None:
+                    self.first_token_time = time.monotonic()
                 offsets = [detok.num_decoded_chars]
                 # A stop token ends the text without adding to it (as vLLM has it), unless the
                 # client asked to see what stopped it.

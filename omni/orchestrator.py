@@ -22,6 +22,7 @@ from typing import TypeAlias, TypeVar
 
 from aiohttp import web
 
+from omni.access_log import note_generation
 from omni.api.errors import bad_request, service_unavailable
 from omni.api.schemas import (
     ChatCompletionRequest,
@@ -109,6 +110,7 @@ async def chat_completion(
         response_id("chatcmpl", req.request_id, completion_id), model, outputs, fmt,
         inline_images=images is not None and images.inline,
     )  # fmt: skip
+    note_generation(request, model.name, generations)
     with model.pool.admit([g.request for g in generations], timeout):  # or a 429, before any streaming
         return await assemble(request, req, completion_out)
 
@@ -145,6 +147,7 @@ async def completion(request: web.Request, assemble: Assemble[CompletionRequest]
         ]
     outputs = [OutputRouter(g) for g in generations]
     completion_out = Completion(response_id("cmpl", req.request_id, completion_id), model, outputs)
+    note_generation(request, model.name, generations)
     with model.pool.admit([g.request for g in generations], timeout):
         return await assemble(request, req, completion_out)
 
@@ -216,6 +219,7 @@ async def image_generation(request: web.Request, assemble: ImageAssemble) -> web
         generation = Generation(model, token_ids, params, (), f"{request_id}-{i}", constraint=constraints.new())
         on_preview = functools.partial(_queue_preview, previews, i)
         outputs.append(OutputRouter(generation, images.route(settings, first_seed=seed, opened=True, on_preview=on_preview)))
+    note_generation(request, model.name, [o.generation for o in outputs])
     with model.pool.admit([o.generation.request for o in outputs], timeout):
         return await assemble(request, req, ImageGeneration(model, outputs, previews))
 

@@ -28,6 +28,17 @@ def test_models_and_health(server: str) -> None:
     assert httpx.get(f"{server}/v1/models/{MODEL}").json()["id"] == MODEL
 
 
+def test_every_response_carries_the_request_id(server: str) -> None:
+    body = {"model": MODEL, "messages": HELLO, "max_tokens": 2}
+    for stream in (False, True):
+        r = httpx.post(f"{server}/v1/chat/completions", json=body | {"stream": stream}, headers={"X-Request-Id": "e2e-7"})
+        assert r.status_code == 200 and r.headers["X-Request-Id"] == "e2e-7"
+    bad = httpx.post(f"{server}/v1/chat/completions", json={"model": MODEL}, headers={"X-Request-Id": "e2e-8"})
+    assert bad.status_code == 400 and bad.headers["X-Request-Id"] == "e2e-8"
+    fresh = httpx.get(f"{server}/v1/models").headers["X-Request-Id"]
+    assert len(fresh) == 32
+
+
 def test_openai_client_chat_and_stream_agree(server: str) -> None:
     client = openai.OpenAI(base_url=f"{server}/v1", api_key="unused")
     full = client.chat.completions.create(
