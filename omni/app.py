@@ -202,6 +202,12 @@ def create_app(config: ServerConfig) -> web.Application:
     app[MODELS] = ModelRegistry()
     app.cleanup_ctx.append(_store_ctx)
     app.cleanup_ctx.append(_models_ctx)
+    add_routes(app)
+    return app
+
+
+def add_routes(app: web.Application) -> None:
+    """Every route of the API (tests that build an app of their own take them from here)."""
     app.router.add_post("/v1/chat/completions", chat.create_chat_completion)
     app.router.add_post("/v1/completions", completions.create_completion)
     app.router.add_post("/v1/images/generations", images.create_image)
@@ -209,8 +215,8 @@ def create_app(config: ServerConfig) -> web.Application:
     app.router.add_get("/v1/models/{model}", system.get_model)
     app.router.add_get("/health", system.health)
     app.router.add_get("/ready", system.health)
-    app.router.add_get("/ping", system.ping)
-    app.router.add_post("/ping", system.ping)
+    app.router.add_get("/ping", system.health)  # vLLM's name for it, GET and POST
+    app.router.add_post("/ping", system.health)
     app.router.add_get("/version", system.version)
     app.router.add_post(tokenize.TOKENIZE_PATH, tokenize.tokenize)
     app.router.add_post(tokenize.DETOKENIZE_PATH, tokenize.detokenize)
@@ -218,5 +224,4 @@ def create_app(config: ServerConfig) -> web.Application:
     app.router.add_get(openapi.OPENAPI_PATH, openapi.openapi_handler)
     # Signed URLs of the local store; the signature is the authorization (no bearer key).
     app.router.add_get(artifacts.ARTIFACT_ROUTE, artifacts.get_artifact)
-    return app
 

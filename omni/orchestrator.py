@@ -18,7 +18,7 @@ import asyncio
 import functools
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TypeAlias, TypeVar
+from typing import Any, TypeAlias, TypeVar
 
 from aiohttp import web
 
@@ -153,14 +153,23 @@ async def completion(request: web.Request, assemble: Assemble[CompletionRequest]
 
 
 @dataclass(frozen=True, slots=True)
+class ImagePreview:
+    image: int  # which of the request's n images
+    index: int  # its previews count from 0
+    data: bytes
+    size: str  # "WxH"
+
+
+@dataclass(frozen=True, slots=True)
 class ImageGeneration:
     """What the images API's assembly gets: one routed output per image (each draws exactly
-    one), not yet run, and the queue its previews arrive on: (image index, preview index,
-    the preview's bytes, its size "WxH")."""
+    one), not yet run, and the queue its previews arrive on, in the order they are made.
+    Assembly may put its own events on the same queue (an image finished), so that one
+    consumer sees both in the order they happened."""
 
     model: ServedModel
     outputs: list[OutputRouter]
-    previews: asyncio.Queue[tuple[int, int, bytes, str]]
+    previews: asyncio.Queue[Any]  # ImagePreview, and what assembly puts there itself
 
 
 ImageAssemble: TypeAlias = Callable[[web.Request, ImageGenerationRequest, ImageGeneration], Awaitable[web.StreamResponse]]
@@ -210,7 +219,7 @@ async def image_generation(request: web.Request, assemble: ImageAssemble) -> web
         as_url=req.response_format == "url" and not req.stream,
         partial_images=req.partial_images,
     )
-    previews: asyncio.Queue[tuple[int, int, bytes, str]] = asyncio.Queue()
+    previews: asyncio.Queue[Any] = asyncio.Queue()
     request_id = new_request_id("img")
     outputs = []
     for i in range(req.n):
@@ -224,8 +233,8 @@ async def image_generation(request: web.Request, assemble: ImageAssemble) -> web
         return await assemble(request, req, ImageGeneration(model, outputs, previews))
 
 
-def _queue_preview(queue: asyncio.Queue[tuple[int, int, bytes, str]], image: int, index: int, data: bytes, *, size: str) -> None:
-    queue.put_nowait((image, index, data, size))
+def _queue_preview(queue: asyncio.Queue[Any], image: int, index: int, data: bytes, *, size: str) -> None:
+    queue.put_nowait(ImagePreview(image, index, data, size))
 
 
 def _image_model(request: web.Request, name: str | None) -> ServedModel:

@@ -14,6 +14,7 @@ import asyncio
 import base64
 import time
 from contextlib import suppress
+from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
@@ -24,7 +25,7 @@ from omni.api.errors import internal_error
 from omni.api.schemas.images import ImageGenerationRequest
 from omni.engine import EngineError
 from omni.generation import GeneratedImage
-from omni.orchestrator import ImageGeneration
+from omni.orchestrator import ImageGeneration, ImagePreview
 from omni.output_router import OutputRouter
 
 _PARTIAL = "image_generation.partial_image"
@@ -77,39 +78,33 @@ def _usage(outputs: list[OutputRouter]) -> dict[str, Any]:
 
 
 async def _stream(request: web.Request, req: ImageGenerationRequest, generation: ImageGeneration) -> web.StreamResponse:
+    """Each image is drawn by a task of its own. Its previews and, last, the image itself
+    arrive on the one queue in the order they happen, so a preview never follows its image."""
     response = await sse.open_event_stream(request)
-    done: asyncio.Queue[tuple[int, GeneratedImage | BaseException]] = asyncio.Queue()
+    events = generation.previews
 
-    async def draw(index: int, output: OutputRouter) -> None:
+    async def draw(output: OutputRouter) -> None:
         try:
             choices = await sse.collect([output])
-            done.put_nowait((index, _the_image(choices[0].images)))
+            events.put_nowait(_Drawn(_the_image(choices[0].images)))
         except Exception as exc:  # handed to the loop below, which ends the stream with it
-            done.put_nowait((index, exc))
+            events.put_nowait(_Drawn(exc))
 
-    tasks = [asyncio.create_task(draw(i, o)) for i, o in enumerate(generation.outputs)]
-    previews = generation.previews
+    tasks = [asyncio.create_task(draw(o)) for o in generation.outputs]
     try:
         remaining = len(tasks)
         while remaining:
-            next_preview = asyncio.ensure_future(previews.get())
-            next_done = asyncio.ensure_future(done.get())
-            finished, _ = await asyncio.wait((next_preview, next_done), return_when=asyncio.FIRST_COMPLETED)
-            for waiter in (next_preview, next_done):
-                if waiter not in finished:
-                    waiter.cancel()
-            if next_preview in finished:
-                await _send_preview(response, req, next_preview.result())
-            if next_done in finished:
-                _index, result = next_done.result()
-                remaining -= 1
-                if isinstance(result, BaseException):
-                    await sse.send_error_and_done(response, _as_engine_error(result))
-                    return response
-                while not previews.empty():  # a preview never follows its image
-                    await _send_preview(response, req, previews.get_nowait())
-                body = {**_event_image(req, result.data), **_described(req, result)}
-                await _send(response, _COMPLETED, body | {"usage": _usage(generation.outputs)})
+            event = await events.get()
+            if isinstance(event, ImagePreview):
+                body = {"partial_image_index": event.index, "size": event.size, **_event_image(req, event.data)}
+                await _send(response, _PARTIAL, body)
+                continue
+            remaining -= 1
+            if isinstance(event.result, BaseException):
+                await sse.send_error_and_done(response, _as_engine_error(event.result))
+                return response
+            body = {**_event_image(req, event.result.data), **_described(req, event.result)}
+            await _send(response, _COMPLETED, body | {"usage": _usage(generation.outputs)})
     finally:
         for task in tasks:
             task.cancel()
@@ -120,9 +115,9 @@ async def _stream(request: web.Request, req: ImageGenerationRequest, generation:
     return response
 
 
-async def _send_preview(response: web.StreamResponse, req: ImageGenerationRequest, preview: tuple[int, int, bytes, str]) -> None:
-    _image, index, data, size = preview
-    await _send(response, _PARTIAL, {"partial_image_index": index, "size": size, **_event_image(req, data)})
+@dataclass(frozen=True, slots=True)
+class _Drawn:
+    result: GeneratedImage | BaseException
 
 
 def _event_image(req: ImageGenerationRequest, data: bytes) -> dict[str, Any]:

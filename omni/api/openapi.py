@@ -84,16 +84,15 @@ def _or_null(schema: Schema, description: str | None = None) -> Schema:
 
 
 def _int(lo: int | None = None, hi: int | None = None) -> Schema:
-    out: Schema = {"type": "integer"}
-    if lo is not None:
-        out["minimum"] = lo
-    if hi is not None:
-        out["maximum"] = hi
-    return out
+    return _bounded("integer", lo, hi)
 
 
 def _number(lo: float | None = None, hi: float | None = None) -> Schema:
-    out: Schema = {"type": "number"}
+    return _bounded("number", lo, hi)
+
+
+def _bounded(kind: str, lo: float | None, hi: float | None) -> Schema:
+    out: Schema = {"type": kind}
     if lo is not None:
         out["minimum"] = lo
     if hi is not None:

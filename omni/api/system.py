@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import functools
 import importlib.metadata
-import tomllib
 from pathlib import Path
 
+import tomllib
 from aiohttp import web
 
 from omni.served_model import ServedModel
@@ -40,11 +40,6 @@ async def health(request: web.Request) -> web.Response:
         return web.json_response({"status": "ok"})
     waiting = [m.name for m in registry if not m.ready]
     return web.json_response({"status": "starting", "not_ready": waiting}, status=503)
-
-
-async def ping(request: web.Request) -> web.Response:
-    """vLLM's /ping (GET and POST): /health under the name load balancers probe."""
-    return await health(request)
 
 
 async def version(request: web.Request) -> web.Response:

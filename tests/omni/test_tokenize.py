@@ -13,8 +13,9 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-from omni.api import chat, system, tokenize
+from omni.api import system
 from omni.api.errors import error_middleware
+from omni.app import add_routes
 from omni.model_pool import ModelPool
 from omni.served_model import ModelRegistry, ServedModel
 from omni.state import MODELS
@@ -44,12 +45,7 @@ def _app(tokenizer: TextTokenizer, pool: FakePool, names: tuple[str, ...] = ("m"
     app[MODELS] = ModelRegistry()
     for name in names:
         app[MODELS].add(ServedModel(name, tokenizer, cast(ModelPool, pool), created=0))
-    app.router.add_post("/v1/chat/completions", chat.create_chat_completion)
-    app.router.add_post("/tokenize", tokenize.tokenize)
-    app.router.add_post("/detokenize", tokenize.detokenize)
-    app.router.add_get("/version", system.version)
-    app.router.add_get("/ping", system.ping)
-    app.router.add_post("/ping", system.ping)
+    add_routes(app)
     return app
 
 
