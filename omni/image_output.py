@@ -20,7 +20,6 @@ import base64
 import functools
 import json
 import logging
-import math
 import random
 import time
 from collections.abc import Callable
@@ -31,7 +30,7 @@ from omni.constrained.compiler import CompiledGrammar, GrammarCompiler
 from omni.constrained.image_span import ImageSpanFormat
 from omni.constrained.spec import GrammarKind, GrammarSpec
 from omni.generation import GeneratedImage
-from omni.media.image_sizes import RATIO_SIZES
+from omni.media.image_sizes import nearest_size
 from omni.metrics import Metrics
 from omni.output_router import ImageRoute, ImageSpan
 from omni.store.base import ArtifactStore
@@ -61,15 +60,6 @@ def read_code_grid(decoder_dir: Path) -> tuple[int, int]:
     if rows <= 0 or cols <= 0:
         raise ValueError(f"{decoder_dir}/config.json: code_grid {rows}x{cols} is not positive")
     return rows, cols
-
-
-def size_for_ratio(width: int, height: int) -> tuple[int, int]:
-    """The table's size for a W:H ratio token, else the size of the nearest aspect."""
-    exact = RATIO_SIZES.get(f"{width}:{height}")
-    if exact is not None:
-        return exact
-    aspect = math.log(width / height)
-    return min(RATIO_SIZES.values(), key=lambda size: abs(math.log(size[0] / size[1]) - aspect))
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,7 +142,7 @@ class ImageDrawer:
 
     async def decode(self, span: ImageSpan, request_id: str) -> GeneratedImage:
         s = self.settings
-        width, height = s.size or size_for_ratio(*span.ratio)
+        width, height = s.size or nearest_size(*span.ratio)
         seed = (self.first_seed if self.first_seed is not None else random.getrandbits(63)) + self.drawn
         self.drawn += 1
         started = time.monotonic()

@@ -19,6 +19,7 @@ asserts it too).
 
 from __future__ import annotations
 
+import math
 import re
 
 AUTO = "auto"
@@ -54,6 +55,16 @@ def size_for_ratio(ratio: str) -> tuple[int, int]:
     if size is None:
         raise ValueError(f"aspect ratio {ratio!r} is not in the size table ({', '.join(RATIO_SIZES)})")
     return size
+
+
+def nearest_size(width: int, height: int) -> tuple[int, int]:
+    """The table's size for the ratio W:H, else the size whose aspect is nearest (a ratio token
+    the table lacks is still drawn, at the closest shape the decoder knows)."""
+    exact = RATIO_SIZES.get(f"{width}:{height}")
+    if exact is not None:
+        return exact
+    aspect = math.log(width / height)
+    return min(RATIO_SIZES.values(), key=lambda size: abs(math.log(size[0] / size[1]) - aspect))
 
 
 def size_for_ratio_token(token: str) -> tuple[int, int]:

@@ -123,3 +123,12 @@ def test_latent_and_token_grids() -> None:
         token_grid(776, 768)  # a multiple of 8, not of 16
     with pytest.raises(ValueError, match="positive"):
         latent_grid(0, 768)
+
+
+def test_nearest_size_takes_the_table_or_the_closest_aspect() -> None:
+    from omni.media.image_sizes import nearest_size
+
+    assert nearest_size(16, 9) == (1024, 576)
+    assert nearest_size(2, 3) == (624, 928)  # 6:9 written as 2:3: the same aspect
+    assert nearest_size(21, 9) == (1072, 528)  # wider than any entry: the widest
+    assert nearest_size(1, 1) == (768, 768)
