@@ -79,6 +79,18 @@ class EngineConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class CorsPolicy:
+    """Which browser origins may call the API (omni/cors.py answers their preflights and marks
+    their responses). An origin is "*" (any) or a full "scheme://host[:port]"."""
+
+    origins: tuple[str, ...]
+    methods: tuple[str, ...] = ("*",)
+    headers: tuple[str, ...] = ("*",)
+    allow_credentials: bool = False
+    max_age: int = 600  # seconds a browser may cache a preflight's answer
+
+
+@dataclass(frozen=True, slots=True)
 class ServerConfig:
     engines: tuple[EngineConfig, ...]
     host: str = "127.0.0.1"
@@ -102,3 +114,11 @@ class ServerConfig:
     keepalive_timeout: float = 30.0
     max_connections: int = 1024
     disable_log_requests: bool = False  # no access log line per request (omni/access_log.py)
+    cors: CorsPolicy | None = None  # None: no CORS headers, preflights refused (same-origin only)
+    # TLS: both set, the server speaks HTTPS; ssl_ca_certs (with ssl_cert_reqs) verifies clients.
+    ssl_keyfile: str | None = None
+    ssl_certfile: str | None = None
+    ssl_ca_certs: str | None = None
+    ssl_cert_reqs: int = 0  # ssl.CERT_NONE; 2 (CERT_REQUIRED) demands a client certificate
+    # The path prefix a reverse proxy serves the API under ("/omni"); "" when at the root.
+    root_path: str = ""
