@@ -59,11 +59,35 @@ GPU_KV_CACHE_FRACTION = 0.85
 CPU_KV_CACHE_BYTES = 2 * 1024**3
 
 
-def default_kv_cache_bytes(device: torch.device) -> int:
+# With --gpu-memory-utilization, the share of the device kept out of the KV cache for
+# activations (logits, attention workspace) and the allocator's fragmentation.
+GPU_ACTIVATION_RESERVE = 0.05
+
+
+def default_kv_cache_bytes(device: torch.device, gpu_memory_utilization: float | None = None) -> int:
     if device.type == "cuda":
-        free, _total = torch.cuda.mem_get_info(device)
-        return int(free * GPU_KV_CACHE_FRACTION)
+        free, total = torch.cuda.mem_get_info(device)
+        if gpu_memory_utilization is None:
+            return int(free * GPU_KV_CACHE_FRACTION)
+        return kv_bytes_for_utilization(free, total, gpu_memory_utilization)
     return CPU_KV_CACHE_BYTES
+
+
+def kv_bytes_for_utilization(free: int, total: int, utilization: float) -> int:
+    """vLLM's rule: this worker may use `utilization` of the device. What is already taken
+    (its weights, and anything else holding the device: an encoder sharing it, another
+    process) counts against that share; the KV cache gets the rest, less a reserve for
+    activations. Raises when nothing is left, naming the numbers."""
+    used = total - free
+    budget = int(total * utilization) - used - int(total * GPU_ACTIVATION_RESERVE)
+    if budget <= 0:
+        gib = 1024**3
+        raise ValueError(
+            f"--gpu-memory-utilization {utilization}: {utilization * total / gib:.1f} GiB of this "
+            f"device's {total / gib:.1f} GiB, but {used / gib:.1f} GiB are in use already (weights "
+            "and other processes): no room for a KV cache; raise it or free the device"
+        )
+    return budget
 
 
 def apply_token_masks(logits: torch.Tensor, masks: list[bytes | None]) -> None:
@@ -132,6 +156,7 @@ class LLMRunner(Runner):
         block_size: int = 16,
         num_kv_blocks: int | None = None,  # wins over kv_cache_memory_bytes when both are given
         kv_cache_memory_bytes: int | None = None,
+        gpu_memory_utilization: float | None = None,  # on GPU, when no size is given
         max_model_len: int | None = None,  # default: the model's max_position_embeddings
         attention_backend: str = "auto",  # a name in attention.registry, or "auto"
         pack_cpu_weights: bool = True,  # oneDNN-packed linears on CPU (models/packed_linear.py)
@@ -159,7 +184,7 @@ class LLMRunner(Runner):
             )
         if num_kv_blocks is None:
             if kv_cache_memory_bytes is None:
-                kv_cache_memory_bytes = default_kv_cache_bytes(self.device)
+                kv_cache_memory_bytes = default_kv_cache_bytes(self.device, gpu_memory_utilization)
             num_kv_blocks = kv_cache_memory_bytes // kv_bytes_per_block(mc, block_size, dtype)
         if num_kv_blocks < 1:
             raise ValueError(f"the KV cache must hold at least one block, got {num_kv_blocks}")
@@ -189,6 +214,7 @@ class LLMRunner(Runner):
             block_size=spec.block_size,
             num_kv_blocks=spec.num_kv_blocks,
             kv_cache_memory_bytes=spec.kv_cache_memory_bytes,
+            gpu_memory_utilization=spec.gpu_memory_utilization,
             max_model_len=spec.max_model_len,
             attention_backend=spec.attention_backend,
             read_artifact=store.get if store is not None else None,

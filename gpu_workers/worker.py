@@ -25,6 +25,7 @@ from typing import Any
 
 from gpu_workers.distributed import GroupMember, destroy_group, init_group
 from omni import protocol
+from omni.log_format import setup_logging
 
 log = logging.getLogger("omni.worker")
 
@@ -39,10 +40,8 @@ def worker_main(
     # exits when the server goes away: its pipe reads EOF.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    logging.basicConfig(
-        level=os.environ.get("OMNI_LOG_LEVEL", "INFO"),
-        format="%(asctime)s %(levelname)s %(name)s[%(process)d]: %(message)s",
-    )
+    # The server's level and format (--log-level, --log-format), passed down in the environment.
+    setup_logging(os.environ.get("OMNI_LOG_LEVEL", "INFO"), os.environ.get("OMNI_LOG_FORMAT", "text"))
     spec = protocol.decode(spec_bytes)
     if not isinstance(spec, protocol.WorkerSpec):
         raise TypeError(f"a worker is started with a spec, got {type(spec).__name__}")
@@ -91,7 +90,12 @@ def _build_runner(spec: protocol.WorkerSpec, member: GroupMember) -> Any:
     if spec.num_threads:
         torch.set_num_threads(spec.num_threads)
     init_group(member, spec.device)
-    return runner_class(type(spec)).from_spec(spec, member)
+    runner = runner_class(type(spec)).from_spec(spec, member)
+    if spec.seed is not None:
+        # After loading, whose module initialisation draws from the generator: sampling
+        # then starts from the seed itself, whatever the model.
+        torch.manual_seed(spec.seed)
+    return runner
 
 
 def _serve(conn: Connection, runner: Any) -> None:

@@ -29,6 +29,7 @@ from aiohttp.abc import AbstractAccessLogger
 from aiohttp.typedefs import Handler
 
 from omni.generation import Usage
+from omni.log_format import current_request_id
 
 HEADER = "X-Request-Id"
 _USABLE = re.compile(r"^[\x21-\x7e]{1,128}$")  # printable ASCII, no spaces
@@ -62,8 +63,11 @@ def request_id(request: web.Request) -> str:
 async def request_id_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Outermost: every response, an error's included, carries the id."""
     given = request.headers.get(HEADER, "")
-    request[REQUEST_ID] = given if _USABLE.match(given) else uuid.uuid4().hex
+    rid = given if _USABLE.match(given) else uuid.uuid4().hex
+    request[REQUEST_ID] = rid
     request[_STARTED] = time.monotonic()
+    # Every log line of this request's task, and of the tasks it starts, carries the id.
+    current_request_id.set(rid)
     return await handler(request)
 
 
@@ -81,21 +85,24 @@ def note_generation(request: web.Request, model: str, choices: Sequence[_Choice]
 
 class AccessLogger(AbstractAccessLogger):
     def log(self, request: web.BaseRequest, response: web.StreamResponse, time: float) -> None:  # noqa: A002
-        fields = [f"{request.method} {request.path} {response.status}"]
+        values: dict[str, object] = {"method": request.method, "path": request.path, "status": response.status}
         noted = request.get(_GENERATION)
         if isinstance(noted, _Noted) and noted.choices:
-            prompt = noted.choices[0].usage.prompt_tokens  # one prompt for every choice
-            output = sum(c.usage.completion_tokens for c in noted.choices)
-            fields.append(f"model={noted.model} prompt_tokens={prompt} output_tokens={output}")
+            values["model"] = noted.model
+            values["prompt_tokens"] = noted.choices[0].usage.prompt_tokens  # one prompt for every choice
+            values["output_tokens"] = sum(c.usage.completion_tokens for c in noted.choices)
             firsts = [c.first_token_time for c in noted.choices if c.first_token_time is not None]
             started = request.get(_STARTED)
             if firsts and isinstance(started, float):
-                fields.append(f"ttft_ms={(min(firsts) - started) * 1000:.1f}")
-        fields.append(f"latency_ms={time * 1000:.1f}")
-        fields.append(f"request_id={request.get(REQUEST_ID, '-')}")
+                values["ttft_ms"] = round((min(firsts) - started) * 1000, 1)
+        values["latency_ms"] = round(time * 1000, 1)
+        rid = request.get(REQUEST_ID, "-")
+        text = f"{request.method} {request.path} {response.status}"
+        text += "".join(f" {k}={v}" for k, v in values.items() if k not in ("method", "path", "status"))
         # probes come every few seconds from systemd, Kubernetes and Prometheus: debug lines
         level = logging.DEBUG if request.path in _PROBES and response.status < 400 else logging.INFO
-        self.logger.log(level, " ".join(fields))
+        # The fields ride on the record too: JSON lines get them as keys (omni/log_format.py).
+        self.logger.log(level, f"{text} request_id={rid}", extra={**values, "request_id": rid})
 
     @property
     def enabled(self) -> bool:

@@ -63,12 +63,15 @@ async def client_gone_middleware(request: web.Request, handler: Handler) -> web.
         return web.Response(status=_CLIENT_GONE)
 
 
-def _auth_middleware(api_key: str) -> Middleware:
+def _auth_middleware(api_key: str, root_path: str) -> Middleware:
     expected = f"Bearer {api_key}".encode()
 
     @web.middleware
     async def auth(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if request.path not in _OPEN_PATHS and not request.path.startswith(_OPEN_PREFIXES):
+        path = request.path
+        if root_path and path.startswith(root_path + "/"):
+            path = path[len(root_path) :]
+        if path not in _OPEN_PATHS and not path.startswith(_OPEN_PREFIXES):
             given = request.headers.get("Authorization", "").encode()
             if not hmac.compare_digest(given, expected):
                 raise unauthorized("Incorrect API key provided.")
@@ -110,7 +113,7 @@ async def _models_ctx(app: web.Application) -> AsyncIterator[None]:
         )
         if drawing is not None:
             await drawing.prepare(served.grammars)
-        registry.add(served)
+        registry.add(served, engine_config.aliases)
 
     async def start_all() -> None:
         # Encoders first: an LLM worker sizes its KV cache from the GPU memory still free
@@ -177,7 +180,7 @@ async def _store_ctx(app: web.Application) -> AsyncIterator[None]:
     config = app[CONFIG]
     spec = StoreSpec.parse(config.store)
     store = spec.open(
-        url_base=config.store_url_base or f"http://{config.host}:{config.port}",
+        url_base=config.store_url_base or config.base_url,
         secret=config.store_secret,
         endpoint_url=config.store_endpoint_url,
         region=config.store_region,
@@ -194,7 +197,7 @@ def create_app(config: ServerConfig) -> web.Application:
     # Outermost first: errors become OpenAI error objects, unless the client is gone.
     middlewares: list[Middleware] = [request_id_middleware, error_middleware, client_gone_middleware]
     if config.api_key:
-        middlewares.append(_auth_middleware(config.api_key))
+        middlewares.append(_auth_middleware(config.api_key, config.root_path))
     app = web.Application(client_max_size=config.max_request_bytes, middlewares=middlewares)
     app.on_response_prepare.append(add_request_id_header)
     app[CONFIG] = config
@@ -202,26 +205,49 @@ def create_app(config: ServerConfig) -> web.Application:
     app[MODELS] = ModelRegistry()
     app.cleanup_ctx.append(_store_ctx)
     app.cleanup_ctx.append(_models_ctx)
-    add_routes(app)
+    add_routes(app, config.root_path)
     return app
 
 
-def add_routes(app: web.Application) -> None:
-    """Every route of the API (tests that build an app of their own take them from here)."""
-    app.router.add_post("/v1/chat/completions", chat.create_chat_completion)
-    app.router.add_post("/v1/completions", completions.create_completion)
-    app.router.add_post("/v1/images/generations", images.create_image)
-    app.router.add_get("/v1/models", system.list_models)
-    app.router.add_get("/v1/models/{model}", system.get_model)
-    app.router.add_get("/health", system.health)
-    app.router.add_get("/ready", system.health)
-    app.router.add_get("/ping", system.health)  # vLLM's name for it, GET and POST
-    app.router.add_post("/ping", system.health)
-    app.router.add_get("/version", system.version)
-    app.router.add_post(tokenize.TOKENIZE_PATH, tokenize.tokenize)
-    app.router.add_post(tokenize.DETOKENIZE_PATH, tokenize.detokenize)
-    app.router.add_get("/metrics", system.metrics)
-    app.router.add_get(openapi.OPENAPI_PATH, openapi.openapi_handler)
-    # Signed URLs of the local store; the signature is the authorization (no bearer key).
-    app.router.add_get(artifacts.ARTIFACT_ROUTE, artifacts.get_artifact)
+def add_routes(app: web.Application, root_path: str = "") -> None:
+    """Every route of the API (tests that build an app of their own take them from here).
 
+    With a root path ("/omni", behind a proxy) each route answers under it too: a proxy that
+    strips the prefix and one that passes it through both work."""
+    _add_routes(app, "")
+    if root_path:
+        _add_routes(app, root_path)
+
+
+def _add_routes(app: web.Application, prefix: str) -> None:
+    router = _PrefixedRouter(app.router, prefix)
+    router.add_post("/v1/chat/completions", chat.create_chat_completion)
+    router.add_post("/v1/completions", completions.create_completion)
+    router.add_post("/v1/images/generations", images.create_image)
+    router.add_get("/v1/models", system.list_models)
+    router.add_get("/v1/models/{model}", system.get_model)
+    router.add_get("/health", system.health)
+    router.add_get("/ready", system.health)
+    router.add_get("/ping", system.health)  # vLLM's name for it, GET and POST
+    router.add_post("/ping", system.health)
+    router.add_get("/version", system.version)
+    router.add_post(tokenize.TOKENIZE_PATH, tokenize.tokenize)
+    router.add_post(tokenize.DETOKENIZE_PATH, tokenize.detokenize)
+    router.add_get("/metrics", system.metrics)
+    router.add_get(openapi.OPENAPI_PATH, openapi.openapi_handler)
+    # Signed URLs of the local store; the signature is the authorization (no bearer key).
+    router.add_get(artifacts.ARTIFACT_ROUTE, artifacts.get_artifact)
+
+
+class _PrefixedRouter:
+    """add_get/add_post under a path prefix."""
+
+    def __init__(self, router: web.UrlDispatcher, prefix: str) -> None:
+        self._router = router
+        self._prefix = prefix
+
+    def add_get(self, path: str, handler: Handler) -> None:
+        self._router.add_get(self._prefix + path, handler)
+
+    def add_post(self, path: str, handler: Handler) -> None:
+        self._router.add_post(self._prefix + path, handler)

@@ -8,17 +8,23 @@ import logging
 import os
 import re
 import signal
+import ssl
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
+import orjson
 from aiohttp import web
 
 from omni.access_log import AccessLogger
+from omni.log_format import setup_logging
 from omni.app import STARTUP, create_app
-from omni.config import EngineConfig, ServerConfig
+from omni.config import CorsPolicy, EngineConfig, ServerConfig
+from omni.config_file import ConfigFileError, apply_config_file
 from omni.connections import ConnectionLimits, ServerRunner
+from omni.flag_compat import unsupported_flag_message
 from omni.media.limits import MediaLimits
 from omni.model_layout import ModelLayout
 from omni.parsers.reasoning import REASONING_PARSERS
@@ -62,10 +68,48 @@ def _positive_float(text: str) -> float:
     return value
 
 
+def _fraction(text: str) -> float:
+    value = float(text)
+    if not 0.0 < value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {text}")
+    return value
+
+
+def _string_list(text: str) -> list[str]:
+    """A JSON list, as vLLM takes its CORS flags ('["https://a.example"]'), or a comma list."""
+    text = text.strip()
+    if text.startswith("["):
+        try:
+            value = orjson.loads(text)
+        except orjson.JSONDecodeError as exc:
+            raise argparse.ArgumentTypeError(f"not a JSON list: {exc}") from None
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise argparse.ArgumentTypeError("must be a JSON list of strings")
+        return value
+    return [v.strip() for v in text.split(",") if v.strip()]
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="omni-serve",
-        description="Serve a model behind an OpenAI-compatible HTTP API.",
+        description="Serve a model behind an OpenAI-compatible HTTP API. vLLM's flag names are "
+        "accepted for the same settings (a positional model, --data-parallel-size, "
+        "--gpu-memory-utilization, ...); a vLLM flag with no counterpart is refused by name.",
+        # A flag is its whole name: an abbreviation in a config file or a launch script would
+        # change meaning when a longer flag is added.
+        allow_abbrev=False,
+    )
+    p.add_argument(
+        "model_tag",
+        nargs="?",
+        metavar="MODEL",
+        help="checkpoint directory, as in `vllm serve MODEL` (the same as one --model)",
+    )
+    p.add_argument(
+        "--config",
+        metavar="FILE",
+        type=Path,
+        help="YAML file of settings (flag names without the dashes); flags given here win over it",
     )
     p.add_argument(
         "--model",
@@ -75,7 +119,13 @@ def build_parser() -> argparse.ArgumentParser:
         "name); repeat to serve several models, picked by the request's `model` "
         "(default: a small random model made locally)",
     )
-    p.add_argument("--served-model-name", help="model name clients send (default: DIR's name)")
+    p.add_argument(
+        "--served-model-name",
+        nargs="+",
+        metavar="NAME",
+        help="model name clients send (default: DIR's name); more names are aliases of the first, "
+        "which responses carry",
+    )
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
@@ -86,9 +136,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--llm-workers",
-        type=int,
+        "--data-parallel-size",
+        "-dp",
+        type=_positive_int,
+        dest="llm_workers",
         help="data-parallel LLM worker processes per model (default: one per --devices entry)",
     )
+    for flags in (("--tensor-parallel-size", "-tp"), ("--pipeline-parallel-size", "-pp")):
+        p.add_argument(
+            *flags,
+            type=_positive_int,
+            default=1,
+            help="only 1: each LLM worker holds the whole model (scale with --data-parallel-size)",
+        )
     p.add_argument(
         "--placement",
         default="prefix-aware",
@@ -101,12 +161,20 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="prefix=3,queue=2,kv=2",
         help="weights of the prefix-aware scorers",
     )
-    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16", "half", "float"])
     p.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
     kv = p.add_mutually_exclusive_group()
     kv.add_argument("--num-kv-blocks", type=int, help="KV cache size in blocks")
     kv.add_argument(
         "--kv-cache-memory", type=parse_size, help="KV cache size in bytes (e.g. 2GiB)"
+    )
+    kv.add_argument(
+        "--gpu-memory-utilization",
+        type=_fraction,
+        help="fraction of each GPU's memory an LLM worker may use, weights, activations and "
+        "whatever else holds that GPU included: the KV cache takes what is left of it "
+        "(default on GPU: 85%% of the memory free after loading). Ignored on CPU, where "
+        "--kv-cache-memory sizes the cache (default 2GiB)",
     )
     p.add_argument("--max-model-len", type=int, help="context length (default: the model's)")
     p.add_argument("--max-num-seqs", type=int, default=64, help="requests per step at most")
@@ -116,8 +184,27 @@ def build_parser() -> argparse.ArgumentParser:
         help="tokens per step at most (default 512 on CPU, where smaller prefill chunks "
         "bring first tokens sooner at the same throughput; 8192 on GPU)",
     )
-    p.add_argument(
+    prefix = p.add_mutually_exclusive_group()
+    prefix.add_argument(
+        "--enable-prefix-caching",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="automatic prefix caching (on by default)",
+    )
+    prefix.add_argument(
         "--no-prefix-caching", action="store_true", help="disable automatic prefix caching"
+    )
+    p.add_argument(
+        "--seed",
+        type=int,
+        help="seed of each worker's random generator, for requests without a seed of their own "
+        "(default: random)",
+    )
+    p.add_argument(
+        "--max-logprobs",
+        type=_positive_int,
+        default=20,
+        help="the most logprobs (or top_logprobs, prompt_logprobs) a request may ask for (default 20)",
     )
     p.add_argument(
         "--attention-backend", default="auto", choices=["auto", "torch_sdpa", "flash_attn"]
@@ -280,8 +367,90 @@ def build_parser() -> argparse.ArgumentParser:
         help="how <think> reasoning is moved into reasoning_content: think, none, or auto "
         "(from the chat template)",
     )
-    p.add_argument("--log-level", default=os.environ.get("OMNI_LOG_LEVEL", "INFO"))
+    http = p.add_argument_group("HTTP: TLS, mounting, browsers")
+    http.add_argument("--ssl-keyfile", help="TLS private key (PEM); with --ssl-certfile the server speaks HTTPS")
+    http.add_argument("--ssl-certfile", help="TLS certificate chain (PEM)")
+    http.add_argument("--ssl-ca-certs", help="CA certificates (PEM) that client certificates are checked against")
+    http.add_argument(
+        "--ssl-cert-reqs",
+        type=int,
+        default=0,
+        choices=[0, 1, 2],
+        help="client certificates: 0 not asked, 1 checked when sent, 2 required (Python's ssl.CERT_*)",
+    )
+    http.add_argument(
+        "--root-path",
+        default="",
+        help="path prefix a reverse proxy serves the API under (e.g. /omni): requests are "
+        "answered with or without it, and generated URLs carry it",
+    )
+    http.add_argument(
+        "--allowed-origins",
+        type=_string_list,
+        help='browser origins allowed to call the API (CORS), a JSON list or comma-separated: '
+        '\'["https://ui.example.com"]\' or "*" (default: none, CORS off)',
+    )
+    http.add_argument("--allowed-methods", type=_string_list, default=["*"], help="CORS methods (default: all)")
+    http.add_argument("--allowed-headers", type=_string_list, default=["*"], help="CORS request headers (default: all)")
+    http.add_argument("--allow-credentials", action="store_true", help="CORS: let browsers send credentials")
+    logs = p.add_argument_group("logging")
+    logs.add_argument("--log-level", default=os.environ.get("OMNI_LOG_LEVEL", "INFO"))
+    logs.add_argument(
+        "--log-format",
+        choices=["text", "json"],
+        default=os.environ.get("OMNI_LOG_FORMAT", "text"),
+        help="json: one JSON object per line (time, level, logger, message, request_id, ...)",
+    )
+    logs.add_argument(
+        "--disable-log-stats", action="store_true", help="no periodic stats line (vLLM's name)"
+    )
+    logs.add_argument(
+        "--log-stats-interval",
+        type=_positive_float,
+        default=10.0,
+        metavar="SECONDS",
+        help="seconds between stats lines: throughput, running and waiting requests, KV usage, "
+        "prefix cache hit rate (default 10)",
+    )
+    compat = p.add_argument_group("vLLM flags that change nothing here (accepted so launch lines run)")
+    compat.add_argument(
+        "--trust-remote-code", action="store_true", help="no code from a checkpoint is ever run"
+    )
+    compat.add_argument("--enforce-eager", action="store_true", help="models always run eagerly")
+    compat.add_argument(
+        "--enable-chunked-prefill",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="chunked prefill is always on; --no-enable-chunked-prefill is refused",
+    )
     return p
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """Flags (and --config's file) into a namespace; a flag the parser cannot read, a vLLM
+    flag without a counterpart above all, exits with status 2 and a message naming it."""
+    tokens = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    config_path = _config_path(tokens)
+    if config_path is not None:
+        try:
+            apply_config_file(parser, config_path, tokens)
+        except ConfigFileError as exc:
+            parser.exit(2, f"omni-serve: {exc}\n")
+    args, extra = parser.parse_known_args(tokens)
+    problem = unsupported_flag_message(extra)
+    if problem is not None:
+        parser.exit(2, f"omni-serve: {problem}\n")
+    return args
+
+
+def _config_path(tokens: Sequence[str]) -> Path | None:
+    for i, token in enumerate(tokens):
+        if token == "--config" and i + 1 < len(tokens):
+            return Path(tokens[i + 1]).expanduser()
+        if token.startswith("--config="):
+            return Path(token.split("=", 1)[1]).expanduser()
+    return None
 
 
 def media_limits_from_args(args: argparse.Namespace) -> MediaLimits:
@@ -328,16 +497,23 @@ def default_model_dir() -> Path:
 
 
 def _models(args: argparse.Namespace) -> list[tuple[str, Path]]:
-    """(served name, directory) per --model; the embedded default when none is given."""
-    if not args.model:
-        return [(args.served_model_name or "omni-tiny", default_model_dir())]
-    if args.served_model_name and len(args.model) > 1:
-        raise SystemExit("omni-serve: --served-model-name needs a single --model; use NAME=DIR")
+    """(served name, directory) per model (the positional one first, then each --model); the
+    embedded default when none is given."""
+    specs = list(args.model or [])
+    if args.model_tag:
+        if "model" in getattr(args, "from_config_file", ()):
+            specs = []  # the line's positional model replaces the config file's
+        specs.insert(0, args.model_tag)
+    served = args.served_model_name[0] if args.served_model_name else None
+    if not specs:
+        return [(served or "omni-tiny", default_model_dir())]
+    if served and len(specs) > 1:
+        raise SystemExit("omni-serve: --served-model-name needs a single model; use --model NAME=DIR")
     models = []
-    for spec in args.model:
+    for spec in specs:
         name, sep, directory = spec.partition("=")
         model_dir = Path(directory if sep else name).expanduser()
-        models.append((args.served_model_name or (name if sep else model_dir.name), model_dir))
+        models.append((served or (name if sep else model_dir.name), model_dir))
     names = [n for n, _ in models]
     if len(set(names)) != len(names):
         raise SystemExit(f"omni-serve: two models share a name: {names}")
@@ -390,11 +566,14 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
             ranks_on_cpu = sum(d == "cpu" for d in decoder_devices) if decoder_devices else int(encoders_on_cpu)
             num_cpu_workers += ranks_on_cpu * sum(1 for layout in layouts if layout.vision_decoder is not None)
         num_threads = max(1, (os.cpu_count() or 1) // num_cpu_workers)
-    dtype = args.dtype
+    dtype = {"half": "float16", "float": "float32"}.get(args.dtype, args.dtype)
     if dtype == "auto":
         dtype = "float32" if on_cpu else "bfloat16"
     limits = media_limits_from_args(args)
     _check_encoder_queue(args, limits)
+    _check_vllm_only_flags(args)
+    if on_cpu and args.gpu_memory_utilization is not None:
+        log.info("--gpu-memory-utilization applies to GPUs; on CPU --kv-cache-memory sizes the KV cache")
     chat_template = _chat_template(args.chat_template)
     for flag, name, known in (
         ("--tool-call-parser", args.tool_call_parser, TOOL_PARSERS),
@@ -427,7 +606,13 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
                 max_model_len=args.max_model_len,
                 max_num_seqs=args.max_num_seqs,
                 max_num_batched_tokens=args.max_num_batched_tokens or (512 if on_cpu else 8192),
-                enable_prefix_caching=not args.no_prefix_caching,
+                enable_prefix_caching=not args.no_prefix_caching
+                if args.enable_prefix_caching is None
+                else args.enable_prefix_caching,
+                gpu_memory_utilization=args.gpu_memory_utilization,
+                seed=args.seed,
+                max_logprobs=args.max_logprobs,
+                aliases=tuple(args.served_model_name[1:]) if args.served_model_name else (),
                 attention_backend=args.attention_backend,
                 num_threads=num_threads,
                 worker_start_timeout=args.worker_start_timeout,
@@ -459,6 +644,13 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         keepalive_timeout=args.keepalive_timeout,
         max_connections=args.max_connections,
         disable_log_requests=args.disable_log_requests,
+        log_stats_interval=None if args.disable_log_stats else args.log_stats_interval,
+        cors=_cors_policy(args),
+        ssl_keyfile=args.ssl_keyfile,
+        ssl_certfile=args.ssl_certfile,
+        ssl_ca_certs=args.ssl_ca_certs,
+        ssl_cert_reqs=args.ssl_cert_reqs,
+        root_path=_root_path(args.root_path),
         store=args.store,
         store_url_base=args.store_url_base,
         store_secret=os.environ["OMNI_STORE_SECRET"].encode()
@@ -467,6 +659,62 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         store_endpoint_url=args.store_endpoint_url,
         store_region=args.store_region,
     )
+
+
+def _check_vllm_only_flags(args: argparse.Namespace) -> None:
+    for flag, value in (("--tensor-parallel-size", args.tensor_parallel_size), ("--pipeline-parallel-size", args.pipeline_parallel_size)):
+        if value != 1:
+            raise SystemExit(
+                f"omni-serve: {flag} {value}: each LLM worker holds the whole model; serve more "
+                "requests with --data-parallel-size"
+            )
+    if not args.enable_chunked_prefill:
+        raise SystemExit("omni-serve: --no-enable-chunked-prefill: prefill is always chunked (--max-num-batched-tokens sizes the chunks)")
+    if bool(args.ssl_keyfile) != bool(args.ssl_certfile):
+        raise SystemExit("omni-serve: --ssl-keyfile and --ssl-certfile go together")
+    if args.ssl_cert_reqs and not args.ssl_ca_certs:
+        raise SystemExit("omni-serve: --ssl-cert-reqs needs --ssl-ca-certs to check client certificates against")
+    for flag, value in (("--trust-remote-code", args.trust_remote_code), ("--enforce-eager", args.enforce_eager)):
+        if value:
+            log.info("%s changes nothing: omni-serve runs no checkpoint code and has no graph capture", flag)
+
+
+def _cors_policy(args: argparse.Namespace) -> CorsPolicy | None:
+    if not args.allowed_origins:
+        return None
+    for origin in args.allowed_origins:
+        if origin != "*" and not re.match(r"^https?://[^/\s]+$", origin):
+            raise SystemExit(f"omni-serve: --allowed-origins {origin!r}: an origin is scheme://host[:port], or *")
+    return CorsPolicy(
+        origins=tuple(args.allowed_origins),
+        methods=tuple(m.upper() for m in args.allowed_methods),
+        headers=tuple(args.allowed_headers),
+        allow_credentials=args.allow_credentials,
+    )
+
+
+def _root_path(value: str) -> str:
+    """'/omni/' -> '/omni'; '' stays ''."""
+    value = value.strip().rstrip("/")
+    if value and not value.startswith("/"):
+        raise SystemExit(f"omni-serve: --root-path {value!r} must start with /")
+    if any(c in value for c in "?#% "):
+        raise SystemExit(f"omni-serve: --root-path {value!r}: a plain path, without query or escapes")
+    return value
+
+
+def ssl_context(config: ServerConfig) -> ssl.SSLContext | None:
+    if not config.ssl_certfile:
+        return None
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    try:
+        context.load_cert_chain(config.ssl_certfile, config.ssl_keyfile)
+        if config.ssl_ca_certs:
+            context.load_verify_locations(config.ssl_ca_certs)
+    except (OSError, ssl.SSLError) as exc:
+        raise SystemExit(f"omni-serve: TLS: {exc}") from None
+    context.verify_mode = ssl.VerifyMode(config.ssl_cert_reqs)
+    return context
 
 
 class ServingCheck:
@@ -531,9 +779,9 @@ async def serve(config: ServerConfig, notifier: Notifier | None = None) -> int:
         loop.add_signal_handler(sig, stop.set)
     exit_code = 0
     try:
-        site = web.TCPSite(runner, config.host, config.port)
+        site = web.TCPSite(runner, config.host, config.port, ssl_context=ssl_context(config))
         await site.start()
-        log.info("omni-serve listening on http://%s:%d", config.host, config.port)
+        log.info("omni-serve listening on %s", config.base_url)
         startup = app[STARTUP]
         stopped = asyncio.create_task(stop.wait())
         try:
@@ -567,11 +815,11 @@ async def serve(config: ServerConfig, notifier: Notifier | None = None) -> int:
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s[%(process)d]: %(message)s",
-    )
+    args = parse_args(argv)
+    setup_logging(args.log_level, args.log_format)
+    # Worker processes read these when they set up their own logging.
+    os.environ["OMNI_LOG_LEVEL"] = args.log_level
+    os.environ["OMNI_LOG_FORMAT"] = args.log_format
     config = config_from_args(args)
     notifier = Notifier.from_env(os.environ)  # before any worker is spawned (they inherit it)
     try:

@@ -23,6 +23,12 @@ class EngineConfig:
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 2048
     enable_prefix_caching: bool = True
+    # On GPU: the share of the device's memory a worker may fill, the KV cache taking what
+    # the weights and everything else on the device leave (None: 85% of what is free).
+    gpu_memory_utilization: float | None = None
+    seed: int | None = None  # of the workers' generators, for requests without their own
+    max_logprobs: int = 20  # the most logprobs, top_logprobs or prompt_logprobs a request may ask
+    aliases: tuple[str, ...] = ()  # more names clients may send for this model
     attention_backend: str = "auto"
     num_threads: int | None = None
     # Data-parallel LLM workers of this model, placed round-robin over `devices` (or all on
@@ -122,3 +128,10 @@ class ServerConfig:
     ssl_cert_reqs: int = 0  # ssl.CERT_NONE; 2 (CERT_REQUIRED) demands a client certificate
     # The path prefix a reverse proxy serves the API under ("/omni"); "" when at the root.
     root_path: str = ""
+    log_stats_interval: float | None = 10.0  # seconds between stats lines; None: none
+
+    @property
+    def base_url(self) -> str:
+        """Where this server answers, as a client on this host reaches it."""
+        scheme = "https" if self.ssl_certfile else "http"
+        return f"{scheme}://{self.host}:{self.port}{self.root_path}"

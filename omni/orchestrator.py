@@ -81,6 +81,7 @@ async def chat_completion(
         max_model_len=model.pool.max_model_len,
         num_prompt_tokens=len(token_ids),
         tokenizer=model.tokenizer,
+        max_logprobs=model.pool.config.max_logprobs,
     )
     params = ban_images(model, req, ban_tool_markup(model, req, params))
     images = chat_images(model, req)
@@ -129,7 +130,11 @@ async def completion(request: web.Request, assemble: Assemble[CompletionRequest]
     for p, full in enumerate(prompts):  # n choices per prompt: choice index = p * n + i
         ids = truncate_prompt(full, req, max_model_len)
         params = sampling_params(
-            req, max_model_len=max_model_len, num_prompt_tokens=len(ids), tokenizer=model.tokenizer
+            req,
+            max_model_len=max_model_len,
+            num_prompt_tokens=len(ids),
+            tokenizer=model.tokenizer,
+            max_logprobs=model.pool.config.max_logprobs,
         )
         constraints = ChoiceConstraints(model, req, grammar, ids, params.max_tokens)
         generations += [

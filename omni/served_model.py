@@ -44,14 +44,17 @@ class ServedModel:
 class ModelRegistry:
     def __init__(self) -> None:
         self._models: dict[str, ServedModel] = {}
+        self._aliases: dict[str, ServedModel] = {}  # more names of a model (--served-model-name a b)
 
-    def add(self, model: ServedModel) -> None:
-        if model.name in self._models:
-            raise ValueError(f"two models are named {model.name!r}")
+    def add(self, model: ServedModel, aliases: tuple[str, ...] = ()) -> None:
+        for name in (model.name, *aliases):
+            if name in self._models or name in self._aliases:
+                raise ValueError(f"two models are named {name!r}")
         self._models[model.name] = model
+        self._aliases.update(dict.fromkeys(aliases, model))
 
     def get(self, name: str) -> ServedModel:
-        model = self._models.get(name)
+        model = self._models.get(name) or self._aliases.get(name)
         if model is None:
             raise model_not_found(name)
         return model

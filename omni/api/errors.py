@@ -19,6 +19,7 @@ from aiohttp.typedefs import Handler
 
 from omni.admission import Overloaded
 from omni.engine import DeadlineExceeded, EngineError, RefusedAtSubmit
+from omni.log_format import current_request_id
 from omni.media.errors import MediaError
 
 logger = logging.getLogger(__name__)
@@ -50,14 +51,13 @@ class APIError(Exception):
         self.headers = dict(headers or {})
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "error": {
-                "message": self.message,
-                "type": self.type,
-                "param": self.param,
-                "code": self.code,
-            }
-        }
+        error = {"message": self.message, "type": self.type, "param": self.param, "code": self.code}
+        # The request's X-Request-Id (an addition to OpenAI's four fields, which clients ignore),
+        # so a user's error report finds the server's log lines.
+        rid = current_request_id.get()
+        if rid:
+            error["request_id"] = rid
+        return {"error": error}
 
     def to_response(self) -> web.Response:
         return web.Response(

@@ -60,7 +60,7 @@ from omni.api.schemas.structured import GUIDED_BACKENDS
 from omni.api.schemas.tools import MAX_TOOLS
 from omni.api.tokenize import DETOKENIZE_PATH, TEMPLATE_FIELDS, TOKENIZE_PATH
 from omni.media.image_sizes import ALLOWED_SIZES
-from omni.state import MODELS
+from omni.state import CONFIG, MODELS
 from omni.store.local import ARTIFACT_PATH
 
 Schema: TypeAlias = dict[str, Any]
@@ -834,6 +834,7 @@ def _response_schemas() -> dict[str, Schema]:
                         "type": _STRING,
                         "param": _or_null(_STRING, "The field the error is about, e.g. messages[0].content."),
                         "code": _or_null(_STRING),
+                        "request_id": {**_STRING, "description": "The request's X-Request-Id, as in the server's logs."},
                     },
                     "required": ["message", "type", "param", "code"],
                 }
@@ -1091,10 +1092,12 @@ def _paths() -> dict[str, Schema]:
     }
 
 
-def openapi_document(model_names: list[str]) -> dict[str, Any]:
-    """The OpenAPI 3.1 document of the API, with `model` an enum of model_names."""
+def openapi_document(model_names: list[str], root_path: str = "") -> dict[str, Any]:
+    """The OpenAPI 3.1 document of the API, with `model` an enum of model_names; served under
+    root_path (behind a proxy), its one server is that path."""
     return {
         "openapi": "3.1.0",
+        "servers": [{"url": root_path or "/"}],
         "info": {
             "title": "omni-serve",
             "version": "1",
@@ -1118,10 +1121,12 @@ def openapi_document(model_names: list[str]) -> dict[str, Any]:
 
 
 @functools.lru_cache(maxsize=4)
-def _document_bytes(model_names: tuple[str, ...]) -> bytes:
-    return orjson.dumps(openapi_document(list(model_names)))
+def _document_bytes(model_names: tuple[str, ...], root_path: str) -> bytes:
+    return orjson.dumps(openapi_document(list(model_names), root_path))
 
 
 async def openapi_handler(request: web.Request) -> web.Response:
     names = tuple(m.name for m in request.app[MODELS])
-    return web.Response(body=_document_bytes(names), content_type="application/json")
+    config = request.app.get(CONFIG)  # an app built by a test may have none
+    body = _document_bytes(names, config.root_path if config is not None else "")
+    return web.Response(body=body, content_type="application/json")

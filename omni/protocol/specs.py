@@ -46,6 +46,7 @@ class WorkerSpec:
     # Processes in the worker's torch.distributed group (NCCL on GPU, gloo on CPU). Rank 0
     # owns the pipe; the group starts, dies and restarts as a whole.
     world_size: int = 1
+    seed: int | None = None  # seeds torch's generators at start (--seed); None: random
 
 
 @message
@@ -59,6 +60,7 @@ class LLMWorkerSpec(WorkerSpec):
     block_size: int = 16
     num_kv_blocks: int | None = None
     kv_cache_memory_bytes: int | None = None
+    gpu_memory_utilization: float | None = None  # on GPU, when neither size above is given
     max_model_len: int | None = None
     attention_backend: str = "auto"
     # Where injected embeddings are read from; None for a text-only LLM, which opens none.

@@ -281,6 +281,7 @@ class ChatCompletionRequest(GenerationFields):
 
     # Names the prompt in context-length errors.
     prompt_param: ClassVar[str] = "messages"
+    logprobs_param: ClassVar[str] = "top_logprobs"  # the field num_logprobs comes from
 
     @property
     def num_logprobs(self) -> int | None:

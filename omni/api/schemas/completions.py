@@ -78,6 +78,7 @@ class CompletionRequest(GenerationFields):
     grammar: GrammarSpec | None = None  # response_format, structured_outputs, guided_*
 
     prompt_param: ClassVar[str] = "prompt"
+    logprobs_param: ClassVar[str] = "logprobs"  # the field num_logprobs comes from
 
     @property
     def num_logprobs(self) -> int | None:

@@ -260,6 +260,7 @@ class GenerationFields(ABC):
 
     # Names the prompt in context-length errors; each endpoint's request sets it.
     prompt_param: ClassVar[str]
+    logprobs_param: ClassVar[str]
 
     # Abstract because each endpoint spells logprobs its own way (a flag and a count, or a count).
     @property
@@ -531,6 +532,7 @@ def sampling_params(
     max_model_len: int,
     tokenizer: TextTokenizer,
     stop_token_ids: tuple[int, ...] = (),
+    max_logprobs: int = MAX_PROMPT_LOGPROBS,
 ) -> SamplingParams:
     """Fit the request to one prompt of num_prompt_tokens tokens and the model's vocabulary.
 
@@ -551,6 +553,16 @@ def sampling_params(
             param=prompt_param,
             code="context_length_exceeded",
         )
+    for field_name, asked in (
+        (request.logprobs_param, request.num_logprobs),
+        ("prompt_logprobs", request.num_prompt_logprobs),
+    ):
+        if asked is not None and asked > max_logprobs:
+            raise bad_request(
+                f"'{field_name}' asks for {asked} logprobs; this server gives at most {max_logprobs} "
+                "(--max-logprobs).",
+                param=field_name,
+            )
     vocab_size = tokenizer.vocab_size
     _check_in_vocabulary("logit_bias", tuple(t for t, _ in request.logit_bias), vocab_size)
     _check_in_vocabulary("allowed_token_ids", request.allowed_token_ids or (), vocab_size)

@@ -103,7 +103,7 @@ def _relative(url: str) -> str:
 
 async def _error(resp) -> dict:  # type: ignore[no-untyped-def]
     body = orjson.loads(await resp.read())
-    assert set(body["error"]) == {"message", "type", "param", "code"}
+    assert set(body["error"]) - {"request_id"} == {"message", "type", "param", "code"}
     return body["error"]
 
 
