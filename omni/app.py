@@ -16,6 +16,7 @@ from omni.api import artifacts, chat, completions, images, openapi, system, toke
 from omni.api.errors import error_middleware, unauthorized
 from omni.chat_format import ChatFormat
 from omni.config import EngineConfig, ServerConfig
+from omni.cors import install_cors
 from omni.encoder_engine import EncoderEngine
 from omni.image_output import ModelImages
 from omni.media_input.pipeline import MediaPipeline
@@ -200,6 +201,8 @@ def create_app(config: ServerConfig) -> web.Application:
         middlewares.append(_auth_middleware(config.api_key, config.root_path))
     app = web.Application(client_max_size=config.max_request_bytes, middlewares=middlewares)
     app.on_response_prepare.append(add_request_id_header)
+    if config.cors is not None:
+        install_cors(app, config.cors)  # outermost: preflights are answered before auth
     app[CONFIG] = config
     app[METRICS] = Metrics()
     app[MODELS] = ModelRegistry()
