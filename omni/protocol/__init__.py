@@ -5,7 +5,12 @@ A shared layer: the server and every worker import it; it imports neither torch 
 """
 
 from omni.protocol.messages import (
+    AudioChunk,
+    AudioDecodeResult,
+    AudioDecoderReady,
     CachedRequest,
+    DecodeAudio,
+    DecodedAudio,
     DecodedImage,
     DecodeImages,
     DecodeResult,
@@ -13,6 +18,7 @@ from omni.protocol.messages import (
     EncodedItem,
     EncodeItem,
     EncodeResult,
+    EmbedSpeaker,
     EncoderReady,
     FailedRequest,
     ForwardTiming,
@@ -25,6 +31,7 @@ from omni.protocol.messages import (
     SampledToken,
     SamplingOptions,
     Shutdown,
+    SpeakerEmbedding,
     Step,
     StepResult,
     TokenMask,
@@ -32,17 +39,24 @@ from omni.protocol.messages import (
     VisionDecoderReady,
     WorkerError,
 )
-from omni.protocol.specs import EncoderWorkerSpec, LLMWorkerSpec, StoreSettings, VisionDecoderWorkerSpec, WorkerSpec
+from omni.protocol.specs import AudioDecoderWorkerSpec, EncoderWorkerSpec, LLMWorkerSpec, StoreSettings, VisionDecoderWorkerSpec, WorkerSpec
 from omni.protocol.wire import decode, encode, message, message_types, register
 
 __all__ = [
+    "AudioChunk",
+    "AudioDecodeResult",
+    "AudioDecoderReady",
+    "AudioDecoderWorkerSpec",
     "CachedRequest",
+    "DecodeAudio",
+    "DecodedAudio",
     "DecodeImages",
     "DecodeResult",
     "DecodedImage",
     "EncodeBatch",
     "EncodeItem",
     "EncodeResult",
+    "EmbedSpeaker",
     "EncodedItem",
     "EncoderReady",
     "EncoderWorkerSpec",
@@ -58,6 +72,7 @@ __all__ = [
     "SampledToken",
     "SamplingOptions",
     "Shutdown",
+    "SpeakerEmbedding",
     "Step",
     "StepResult",
     "StoreSettings",

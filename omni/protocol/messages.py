@@ -381,3 +381,92 @@ class VisionDecoderReady:
     guidance: str  # "autoguidance" | "cfg" | "none"
     default_guidance_scale: float
     sizes: list[str]  # the "WxH" sizes it draws
+
+
+# ---- the audio decoder (speech output) -----------------------------------------------------
+
+
+@message
+@dataclass(slots=True)
+class AudioChunk:
+    """The next units of one audio stream (one span the model is writing). The worker keeps
+    each open stream's vocoder state between chunks, so a stream's chunks must be sent in
+    order; `last` frees the state once this chunk is decoded."""
+
+    TAG: ClassVar[int] = 47
+    stream_id: int
+    units: list[int]  # unit ids (<|audioNNNN|> -> NNNN), 25 per second of audio
+    # Opening chunk only (later chunks reuse the stream's): a speaker of the checkpoint's table,
+    # or a float32 embedding taken from a reference recording (SpeakerEmbedding.embedding).
+    speaker: int = 0
+    speaker_embedding: bytes | None = None
+    first: bool = False  # opens the stream: the worker starts it from a fresh state
+    last: bool = False
+
+
+@message
+@dataclass(slots=True)
+class DecodeAudio:
+    """The audio decoder's job: at most one chunk per stream, decoded as one batch; streams
+    the server has given up on (their client left) are closed first."""
+
+    TAG: ClassVar[int] = 48
+    batch_id: int
+    chunks: list[AudioChunk]
+    closed: list[int] = field(default_factory=list)
+
+    @property
+    def job_id(self) -> int:
+        return self.batch_id
+
+
+@message
+@dataclass(slots=True)
+class DecodedAudio:
+    TAG: ClassVar[int] = 49
+    stream_id: int
+    samples: bytes  # float32 little-endian, mono, len(units) * hop of them
+    error: str | None = None  # this stream failed (a unit out of range, no such speaker): it is closed
+
+
+@message
+@dataclass(slots=True)
+class AudioDecodeResult:
+    TAG: ClassVar[int] = 50
+    batch_id: int
+    chunks: list[DecodedAudio]
+    seconds: float = 0.0  # the vocoder's time for the whole batch
+
+
+@message
+@dataclass(slots=True)
+class EmbedSpeaker:
+    """A voice from a reference recording (zero-shot): mono float32 samples at sample_rate."""
+
+    TAG: ClassVar[int] = 51
+    job_id: int
+    samples: bytes
+    sample_rate: int
+
+
+@message
+@dataclass(slots=True)
+class SpeakerEmbedding:
+    TAG: ClassVar[int] = 52
+    job_id: int
+    embedding: bytes  # float32, the speaker table's width; empty with an error
+    error: str | None = None
+
+
+@message
+@dataclass(slots=True)
+class AudioDecoderReady:
+    TAG: ClassVar[int] = 53
+    worker_id: int
+    device: str
+    sample_rate: int  # 24,000 in the reference
+    hop: int  # samples per unit (960: 25 units a second)
+    num_units: int
+    speakers: list[str]  # the checkpoint's named voices, in table order
+    speaker_encoder: bool  # voices can be taken from a reference recording
+    speaker_sample_rate: int = 16000  # what EmbedSpeaker's samples must be at

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from omni.media.limits import MediaLimits
-from omni.protocol.messages import EncoderReady, LLMReady, VisionDecoderReady
+from omni.protocol.messages import AudioDecoderReady, EncoderReady, LLMReady, VisionDecoderReady
 from omni.protocol.wire import message, register
 
 # The media layer's limits travel inside the encoder's spec as they are.
@@ -96,3 +96,16 @@ class VisionDecoderWorkerSpec(WorkerSpec):
 
     def device_of(self, rank: int) -> str:
         return self.rank_devices[rank] if self.rank_devices else self.device
+
+
+@message
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AudioDecoderWorkerSpec(WorkerSpec):
+    """The audio decoder: a causal unit vocoder (and the speaker encoder, when the checkpoint
+    has one). Streams of units arrive in chunks; each stream's state stays in the worker."""
+
+    TAG: ClassVar[int] = 23
+    READY: ClassVar[type] = AudioDecoderReady
+    LABEL: ClassVar[str] = "audio decoder"
+
+    model_dir: str  # the checkpoint's audio_decoder/ directory

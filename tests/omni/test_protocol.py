@@ -32,6 +32,8 @@ DECODED_IMAGE = protocol.DecodedImage(7, b"RIFF....WEBP", 880, 656, error=None)
 LIMITS = MediaLimits(max_bytes=123, video_fps=1.5, allow_remote=True)
 
 # One instance of every message type, with no field left at its default where avoidable.
+AUDIO_CHUNK = protocol.AudioChunk(3, [17, 6560, 0], speaker_embedding=b"\x00" * 8, first=True)
+DECODED_AUDIO = protocol.DecodedAudio(3, b"\x00\x00\x00\x00" * 2880)
 EXAMPLES: dict[type, object] = {
     protocol.Shutdown: protocol.Shutdown(),
     protocol.WorkerError: protocol.WorkerError("boom", job_id=4, fatal=True),
@@ -73,6 +75,14 @@ EXAMPLES: dict[type, object] = {
         worker_id=0, device="cuda:2", dtype="bfloat16", world_size=2, model_dir="/m/vision_decoder",
         rank_devices=["cuda:2", "cuda:3"],
     ),  # fmt: skip
+    protocol.AudioChunk: AUDIO_CHUNK,
+    protocol.DecodeAudio: protocol.DecodeAudio(6, [AUDIO_CHUNK], closed=[2, 3]),
+    protocol.DecodedAudio: DECODED_AUDIO,
+    protocol.AudioDecodeResult: protocol.AudioDecodeResult(6, [DECODED_AUDIO, protocol.DecodedAudio(4, b"", "no such unit")], 0.01),
+    protocol.EmbedSpeaker: protocol.EmbedSpeaker(7, b"\x00\x00\x80\x3f" * 4, 16000),
+    protocol.SpeakerEmbedding: protocol.SpeakerEmbedding(7, b"\x00" * 16),
+    protocol.AudioDecoderReady: protocol.AudioDecoderReady(0, "cuda:3", 24000, 960, 6561, ["vivian", "ryan"], True),
+    protocol.AudioDecoderWorkerSpec: protocol.AudioDecoderWorkerSpec(worker_id=0, device="cuda:3", model_dir="/m/audio_decoder", seed=3),
 }
 
 
