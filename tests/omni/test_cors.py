@@ -58,7 +58,9 @@ async def client(tmp_path: Path) -> AsyncIterator[Client]:
         await c.close()
 
 
-def _preflight(origin: str, method: str = "POST", headers: str | None = "authorization, content-type") -> dict[str, str]:
+def _preflight(origin: str, method: str = "POST", headers: str | None = "authorization, content-type") -> dict[
+    str, str
+]:
     out = {"Origin": origin, "Access-Control-Request-Method": method}
     if headers is not None:
         out["Access-Control-Request-Headers"] = headers
