@@ -20,7 +20,7 @@ from omni import protocol
 from omni.admission import Limit, Overloaded, QueueLimits, QueueLoad, retry_after_s
 from omni.config import EngineConfig
 from omni.constrained.constraint import MaskFiller, TokenConstraint
-from omni.metrics import Metrics
+from omni.metrics import ChoiceGroup, EngineMetrics, Metrics
 from omni.step_message import step_message
 from omni.supervisor import EngineError, SupervisedWorker
 from omni.worker_process import WorkerDied
@@ -88,10 +88,10 @@ class RequestStream:
     # is queued (the step that computes the last prompt token also samples, or ends a
     # prefill-only request).
     prompt_logprobs: list[protocol.PromptLogprobs] = field(default_factory=list)
-    first_token_time: float | None = None
-    last_token_time: float | None = None
     # Fires at the request's deadline, if it has one; cancelled however else it ends.
     deadline_timer: asyncio.TimerHandle | None = None
+    # The choices of its prompt it was admitted with (for vllm:request_params_n), if any.
+    group: ChoiceGroup | None = None
 
     async def __aiter__(self) -> AsyncIterator[TokenEvent | PrefillDone]:
         while True:
@@ -151,7 +151,8 @@ class LLMEngine(SupervisedWorker):
             name=f"{config.model_name} llm worker {worker_id}",
             start_timeout=config.worker_start_timeout,
         )
-        self._label = str(worker_id)  # the metrics' worker label
+        # Its vLLM series: engine is the worker's index, as vLLM's is a data-parallel rank's.
+        self.stats: EngineMetrics = metrics.engine(config.model_name, str(worker_id))
         self.scheduler: Scheduler | None = None
         self.max_model_len = 0
         self.num_kv_tokens = 0  # what the worker's KV cache holds, known once it is ready
@@ -190,6 +191,12 @@ class LLMEngine(SupervisedWorker):
         self._prefix_seen = (0, 0)
         self._preemptions_seen = 0
         self._pending_finished = []
+        self.stats.set_cache_config(
+            block_size=ready.block_size,
+            num_gpu_blocks=ready.num_kv_blocks,
+            enable_prefix_caching=self.config.enable_prefix_caching,
+        )
+        self._update_gauges()
         log.info(
             "%s: ready on %s, %d KV blocks of %d tokens, max_model_len %d",
             self.name,
@@ -219,9 +226,10 @@ class LLMEngine(SupervisedWorker):
         constraint: TokenConstraint | None = None,
         *,
         timeout: float | None = None,
+        group: ChoiceGroup | None = None,
     ) -> RequestStream:
         """Queue a request; timeout: seconds from its arrival after which it is aborted and
-        its stream raises DeadlineExceeded."""
+        its stream raises DeadlineExceeded; group: its prompt's choices, admitted together."""
         if not self.ready or self.scheduler is None:
             raise EngineError("the model's worker is not ready")
         try:
@@ -232,7 +240,8 @@ class LLMEngine(SupervisedWorker):
             self.metrics.add_rejected(self.config.model_name, limit.value)
             overloaded = Overloaded(self.config.model_name, limit, f"The model's queue is full: {exc}.", wait)
             raise RefusedAtSubmit(overloaded) from None
-        stream = RequestStream(request, self.worker_id, constraint)
+        request.queued_time = time.monotonic()
+        stream = RequestStream(request, self.worker_id, constraint, group=group)
         self._streams[request.request_id] = stream
         if timeout is not None:
             delay = max(0.0, request.arrival_time + timeout - time.monotonic())
@@ -284,7 +293,7 @@ class LLMEngine(SupervisedWorker):
         if self.scheduler is not None:
             self.scheduler.abort_request(request_id, status)
         if stream is not None:
-            self.metrics.request_finished(self.config.model_name, status.value, stream.request)
+            self._finished(stream, status.value)
         self.wake()
 
     def _expire(self, request_id: RequestId, timeout: float) -> None:
@@ -295,7 +304,8 @@ class LLMEngine(SupervisedWorker):
             return
         self.scheduler.abort_request(request_id)
         stream.queue.put_nowait(DeadlineExceeded(f"The request did not finish within its {timeout:g} s deadline."))
-        self.metrics.request_finished(self.config.model_name, "timeout", stream.request)
+        self.stats.deadlines_exceeded.inc()
+        self._finished(stream, RequestStatus.FINISHED_ABORTED.value)
         self._update_gauges()
         self.wake()
 
@@ -308,6 +318,10 @@ class LLMEngine(SupervisedWorker):
             await self.wait_for_work()
             return
         output = scheduler.schedule()
+        now = time.monotonic()
+        for new in output.scheduled_new:  # a request's first scheduling (resumptions are cached)
+            if new.request.scheduled_time is None:
+                new.request.scheduled_time = now
         # Ids of requests that ended between steps travel with the next real step.
         self._pending_finished.extend(output.finished_request_ids)
         if output.total_num_scheduled_tokens == 0:
@@ -332,9 +346,7 @@ class LLMEngine(SupervisedWorker):
         await self.worker.send(step)
         reply = await self.worker.recv()
         elapsed = time.monotonic() - sent
-        self.metrics.add_step(
-            self.config.model_name, self._label, output.total_num_scheduled_tokens, elapsed
-        )
+        self.stats.add_step(output.total_num_scheduled_tokens, elapsed)
         if elapsed > 0.0:
             rate = output.total_num_scheduled_tokens / elapsed
             self.tokens_per_second += _RATE_SMOOTHING * (rate - self.tokens_per_second)
@@ -360,7 +372,8 @@ class LLMEngine(SupervisedWorker):
             if request.sampling_params.prefill_only:  # finished, and sampled nothing
                 stream.queue.put_nowait(PrefillDone(request.status.value))
                 self._forget(request.request_id)
-                self.metrics.request_finished(self.config.model_name, request.status.value, request)
+                self.stats.prefill_done(request)
+                self._finished(stream, request.status.value, now)
                 continue
             sampled = by_id[request.request_id]
             if stream.constraint is not None and not request.is_finished:
@@ -378,7 +391,7 @@ class LLMEngine(SupervisedWorker):
             )
             if finish_reason is not None:
                 self._forget(request.request_id)
-                self.metrics.request_finished(self.config.model_name, finish_reason, request)
+                self._finished(stream, finish_reason, now)
 
     async def _token_masks(self, output: SchedulerOutput) -> list[protocol.TokenMask]:
         """The grammar mask of every constrained request whose chunk samples in this step."""
@@ -409,30 +422,34 @@ class LLMEngine(SupervisedWorker):
             self.scheduler.abort_request(request.request_id, status)
 
     def _observe_token(self, stream: RequestStream, now: float) -> None:
-        name = self.config.model_name
-        if stream.first_token_time is None:
-            stream.first_token_time = now
-            self.metrics.observe_ttft(name, now - stream.request.arrival_time)
+        request = stream.request
+        if request.first_token_time is None:
+            request.first_token_time = now
+            self.stats.prefill_done(request)
         else:
-            assert stream.last_token_time is not None
-            self.metrics.observe_itl(name, now - stream.last_token_time)
-        stream.last_token_time = now
+            assert request.last_token_time is not None
+            self.stats.token_gap(now - request.last_token_time)
+        request.last_token_time = now
+        self.stats.generation_tokens.inc()
+
+    def _finished(self, stream: RequestStream, finished_reason: str, now: float | None = None) -> None:
+        """Count a request that ended, whichever way (finished_reason: vLLM's)."""
+        end = time.monotonic() if now is None else now
+        self.stats.request_finished(stream.request, finished_reason, end, stream.group)
 
     def _update_gauges(self) -> None:
         scheduler = self.scheduler
         if scheduler is None:
             return
-        name = self.config.model_name
-        self.metrics.set_queue(name, self._label, scheduler.num_running, scheduler.num_waiting)
-        self.metrics.set_kv_usage(name, self._label, scheduler.kv_usage)
+        self.stats.set_scheduler_state(scheduler.num_running, scheduler.num_waiting, scheduler.kv_usage)
         queried = scheduler.prefix_cache_queried_tokens
         hits = scheduler.prefix_cache_hit_tokens
         seen_q, seen_h = self._prefix_seen
-        self.metrics.add_prefix_cache(name, self._label, queried - seen_q, hits - seen_h)
+        self.stats.add_prefix_cache(queried - seen_q, hits - seen_h)
         self._prefix_seen = (queried, hits)
         preemptions = scheduler.num_preemptions_total
         if preemptions > self._preemptions_seen:
-            self.metrics.add_preemptions(name, self._label, preemptions - self._preemptions_seen)
+            self.stats.num_preemptions.inc(preemptions - self._preemptions_seen)
         self._preemptions_seen = preemptions
 
     # ---- failures --------------------------------------------------------------------
@@ -451,7 +468,7 @@ class LLMEngine(SupervisedWorker):
         self.scheduler.abort_request(request_id, uncache=True)
         if stream is not None:
             stream.queue.put_nowait(error)
-            self.metrics.request_finished(self.config.model_name, "error", stream.request)
+            self._finished(stream, "error")
 
     def fail_on_worker(self, error: EngineError) -> None:
         """Every request of this engine: the KV cache, and so all their state, is gone with
@@ -462,6 +479,7 @@ class LLMEngine(SupervisedWorker):
             if stream.deadline_timer is not None:
                 stream.deadline_timer.cancel()
             stream.queue.put_nowait(error)
+            self._finished(stream, "error")
         self._streams.clear()
         self._inflight.clear()
         self._num_constrained = 0

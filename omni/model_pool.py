@@ -19,7 +19,7 @@ from omni.admission import Overloaded, QueueLimits, QueueLoad, retry_after_s
 from omni.config import EngineConfig
 from omni.constrained.constraint import TokenConstraint
 from omni.engine import EngineError, LLMEngine, RefusedAtSubmit, RequestStream
-from omni.metrics import Metrics
+from omni.metrics import ChoiceGroup, Metrics
 from scheduler.placement import Placement, make_placement
 from scheduler.prefix_hash import block_hashes
 from scheduler.request import Request, RequestId, RequestStatus
@@ -31,6 +31,27 @@ log = logging.getLogger("omni.model_pool")
 class _Reservation:
     num_tokens: int
     timeout: float | None  # the request's deadline, in seconds from its arrival
+    group: ChoiceGroup  # the choices of its prompt admitted with it (itself among them)
+
+
+def choice_groups(requests: Sequence[Request]) -> list[ChoiceGroup]:
+    """Each request's group of choices: one HTTP request's choices come prompt after prompt,
+    the n of one prompt side by side and on one prompt (the same token list), so a run of
+    requests with the same prompt is one prompt's n choices."""
+    groups: list[ChoiceGroup] = []
+    start = 0
+    for i in range(1, len(requests) + 1):
+        if i == len(requests) or not _same_prompt(requests[i], requests[start]):
+            group = ChoiceGroup(i - start)
+            groups += [group] * (i - start)
+            start = i
+    return groups
+
+
+def _same_prompt(a: Request, b: Request) -> bool:
+    if a.prompt_token_ids is b.prompt_token_ids:
+        return True
+    return a.prompt_token_ids == b.prompt_token_ids and a.media == b.media
 
 
 class Admission:
@@ -122,10 +143,10 @@ class ModelPool:
             raise EngineError("no worker of this model is ready")
         self._admit(QueueLoad(len(requests), sum(r.num_tokens for r in requests)))
         timeout = self._timeout(timeout)
-        for request in requests:
+        for request, group in zip(requests, choice_groups(requests)):
             if request.request_id in self._reserved:
                 raise ValueError(f"request {request.request_id} is admitted already")
-            self._reserved[request.request_id] = _Reservation(request.num_tokens, timeout)
+            self._reserved[request.request_id] = _Reservation(request.num_tokens, timeout, group)
             self._reserved_tokens += request.num_tokens
         return Admission(self, [r.request_id for r in requests])
 
@@ -162,6 +183,7 @@ class ModelPool:
             reservation = self._reserved.pop(request_id, None)
             if reservation is not None:
                 self._reserved_tokens -= reservation.num_tokens
+                reservation.group.end(0)  # never ran: its siblings' group need not wait for it
 
     def _live(self) -> list[LLMEngine]:
         return [e for e in self.engines if e.ready]
@@ -181,6 +203,7 @@ class ModelPool:
         if not live:
             raise EngineError("no worker of this model is ready")
         reservation = self._reserved.pop(request.request_id, None)
+        group: ChoiceGroup | None = None
         if reservation is None:
             try:
                 self._admit(QueueLoad(1, request.num_tokens))
@@ -189,10 +212,10 @@ class ModelPool:
             timeout = self.config.request_timeout
         else:
             self._reserved_tokens -= reservation.num_tokens
-            timeout = reservation.timeout
+            timeout, group = reservation.timeout, reservation.group
         if len(self.engines) == 1:  # nothing to choose: skip hashing the prompt here
             self.metrics.add_placement(self.name, str(live[0].worker_id), "only")
-            return live[0].submit(request, constraint=constraint, timeout=timeout)
+            return live[0].submit(request, constraint=constraint, timeout=timeout, group=group)
         # One hash chain serves every worker: they share the block size. Full blocks only.
         hashes = block_hashes(
             request.prompt_token_ids, self.config.block_size, media=request.media
@@ -202,7 +225,7 @@ class ModelPool:
         )
         engine = self.engines[decision.worker_id]
         self.metrics.add_placement(self.name, str(decision.worker_id), decision.reason)
-        return engine.submit(request, hashes, constraint, timeout=timeout)
+        return engine.submit(request, hashes, constraint, timeout=timeout, group=group)
 
     def abort(
         self, stream: RequestStream, status: RequestStatus = RequestStatus.FINISHED_ABORTED

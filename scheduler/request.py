@@ -94,6 +94,14 @@ class Request:
     eos_token_ids: frozenset[int] = frozenset()
     media: tuple[MediaSpan, ...] = ()
     arrival_time: float = field(default_factory=time.monotonic)
+    # When the request reached each phase, time.monotonic() like arrival_time; None: not yet.
+    # The engine sets them (the scheduler keeps no clock): queued on entering its scheduler,
+    # scheduled the first time a step took it (a resumption after preemption keeps it), the
+    # first and the latest sampled token as their step's result came back.
+    queued_time: float | None = None
+    scheduled_time: float | None = None
+    first_token_time: float | None = None
+    last_token_time: float | None = None
     output_token_ids: list[int] = field(default_factory=list)
     status: RequestStatus = RequestStatus.WAITING
     # Tokens whose KV is in the cache (computed here or found in the prefix cache).

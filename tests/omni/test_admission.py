@@ -145,7 +145,7 @@ def make_request(request_id: str, num_prompt_tokens: int = 8) -> Request:
 
 def rejected(pool: ModelPool, reason: str) -> float:
     value = pool.metrics.registry.get_sample_value(
-        "omni_requests_rejected_total", {"model": MODEL, "reason": reason}
+        "omni_requests_rejected_total", {"model_name": MODEL, "reason": reason}
     )
     return value or 0.0
 
@@ -206,9 +206,10 @@ async def test_a_request_past_its_deadline_is_aborted_and_its_stream_told(live: 
             await asyncio.wait_for(anext(aiter(stream)), 5)
     assert engine.scheduler.get_request(request.request_id) is None
     assert engine.scheduler.kv_usage == 0.0  # freed at the deadline, before any next step
-    assert pool.metrics.registry.get_sample_value(
-        "omni_requests_total", {"model": MODEL, "finish_reason": "timeout"}
-    ) == 1.0
+    worker = {"model_name": MODEL, "engine": "0"}
+    sample = pool.metrics.registry.get_sample_value
+    assert sample("omni_request_deadlines_exceeded_total", worker) == 1.0
+    assert sample("vllm:request_success_total", {**worker, "finished_reason": "abort"}) == 1.0  # vLLM's name for it
 
 
 async def test_a_request_that_ends_in_time_cancels_its_deadline(live: None) -> None:
@@ -258,7 +259,7 @@ async def test_the_encoder_refuses_items_beyond_its_queue(live: None) -> None:
         await encoder.encode("vision_encoder", "image", "e", b"x", None, "p")
     assert refused.value.limit is Limit.MEDIA_ITEMS
     assert encoder.metrics.registry.get_sample_value(
-        "omni_requests_rejected_total", {"model": MODEL, "reason": "media_items"}
+        "omni_requests_rejected_total", {"model_name": MODEL, "reason": "media_items"}
     ) == 1.0
     encoder.fail_pending(EngineError("stopping"))
     await asyncio.gather(*waiting, return_exceptions=True)

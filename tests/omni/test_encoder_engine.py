@@ -57,7 +57,7 @@ async def encode_image(engine: EncoderEngine, data: bytes, param: str = "message
 
 def batch_sizes(engine: EncoderEngine, component: str) -> tuple[float | None, float | None]:
     """(forwards, items) the metrics saw for component."""
-    labels = {"model": MODEL, "component": component}
+    labels = {"model_name": MODEL, "component": component}
     get = engine.metrics.registry.get_sample_value
     return get("omni_encoder_batch_size_count", labels), get("omni_encoder_batch_size_sum", labels)
 

@@ -213,8 +213,8 @@ def cache_counts(metrics: Metrics) -> dict[str, tuple[float, float]]:
     """component -> (hits, misses)"""
     return {
         c: (
-            sample(metrics, "omni_encoder_cache_hits_total", model=MODEL, component=c),
-            sample(metrics, "omni_encoder_cache_misses_total", model=MODEL, component=c),
+            sample(metrics, "omni_encoder_cache_hits_total", model_name=MODEL, component=c),
+            sample(metrics, "omni_encoder_cache_misses_total", model_name=MODEL, component=c),
         )
         for c in sorted(ALL_COMPONENTS)
     }
