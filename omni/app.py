@@ -25,6 +25,7 @@ from omni.model_layout import ModelLayout
 from omni.model_pool import ModelPool
 from omni.served_model import ModelRegistry, ServedModel
 from omni.state import CONFIG, METRICS, MODELS, STORE
+from omni.stats_logger import log_stats_forever
 from omni.store.base import ArtifactStore
 from omni.store.spec import StoreSpec
 from omni.tokenizer import TextTokenizer
@@ -177,6 +178,18 @@ def _model_images(config: EngineConfig, tokenizer: TextTokenizer, store: Artifac
     )
 
 
+async def _stats_ctx(app: web.Application) -> AsyncIterator[None]:
+    interval = app[CONFIG].log_stats_interval
+    task = None
+    if interval is not None:
+        task = asyncio.create_task(log_stats_forever(app[METRICS].registry, interval), name="stats-line")
+    try:
+        yield
+    finally:
+        if task is not None:
+            task.cancel()
+
+
 async def _store_ctx(app: web.Application) -> AsyncIterator[None]:
     config = app[CONFIG]
     spec = StoreSpec.parse(config.store)
@@ -208,6 +221,7 @@ def create_app(config: ServerConfig) -> web.Application:
     app[MODELS] = ModelRegistry()
     app.cleanup_ctx.append(_store_ctx)
     app.cleanup_ctx.append(_models_ctx)
+    app.cleanup_ctx.append(_stats_ctx)
     add_routes(app, config.root_path)
     return app
 
