@@ -1,4 +1,4 @@
-"""CORS on the real app's middleware stack (create_app with no models, an API key set) plus a
+"""CORS on the real app (create_app with a policy, no models, an API key set) plus a
 streamed and a failing toy route: preflights answered before auth, responses marked for
 allowed origins only, errors and streams included."""
 
@@ -15,7 +15,6 @@ from aiohttp.test_utils import TestClient, TestServer
 from omni.api.sse import open_event_stream, send_done, send_event
 from omni.app import create_app
 from omni.config import CorsPolicy, ServerConfig
-from omni.cors import install_cors
 
 KEY = "sk-test"
 PAGE = "http://127.0.0.1:9000"
@@ -39,9 +38,7 @@ Client = TestClient[Any, Any]
 
 
 async def _client(policy: CorsPolicy, tmp_path: Path) -> Client:
-    # cors=None: create_app installs nothing itself; the test installs the policy under test
-    app = create_app(ServerConfig(engines=(), api_key=KEY, store=f"local:{tmp_path}"))
-    install_cors(app, policy)
+    app = create_app(ServerConfig(engines=(), api_key=KEY, store=f"local:{tmp_path}", cors=policy))
     app.router.add_get("/toy/stream", streamed)
     app.router.add_get("/toy/broken", broken)
     client: Client = TestClient(TestServer(app))
@@ -207,3 +204,14 @@ async def test_a_configured_origin_matches_as_a_browser_spells_it(tmp_path: Path
         assert r.status == 403
     finally:
         await c.close()
+
+
+async def test_cors_is_off_without_a_policy(tmp_path: Path) -> None:
+    app = create_app(ServerConfig(engines=(), store=f"local:{tmp_path}"))
+    async with TestClient(TestServer(app)) as c:
+        r = await c.options(CHAT, headers=_preflight(PAGE))
+        assert r.status == 405  # as any OPTIONS: a browser blocks the call
+        r = await c.get("/v1/models", headers={"Origin": PAGE})
+        assert r.status == 200
+        assert not [h for h in r.headers if h.lower().startswith("access-control-")]
+        assert "Vary" not in r.headers
