@@ -47,20 +47,16 @@ def read_stats(registry: CollectorRegistry) -> dict[str, ModelStats]:
     """Each model's counters and gauges, from the registry's current samples."""
     stats: dict[str, ModelStats] = defaultdict(ModelStats)
     for family in registry.collect():
-        sums, maxima = _SUMS.get(family.name), _MAXIMA.get(family.name)
-        if sums is None and maxima is None:
+        field, summed = (_SUMS[family.name], True) if family.name in _SUMS else (_MAXIMA.get(family.name), False)
+        if field is None:
             continue
         for sample in family.samples:
-            if sample.name.endswith("_created"):
-                continue
             model = sample.labels.get("model_name")
-            if model is None:
+            if model is None or sample.name.endswith("_created"):
                 continue
-            entry = stats[model]
-            if sums is not None:
-                setattr(entry, sums, getattr(entry, sums) + sample.value)
-            else:
-                setattr(entry, maxima, max(getattr(entry, maxima), sample.value))
+            entry, value = stats[model], sample.value
+            old = getattr(entry, field)
+            setattr(entry, field, old + value if summed else max(old, value))
     return dict(stats)
 
 
