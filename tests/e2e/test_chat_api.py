@@ -185,9 +185,9 @@ def test_prefix_cache_reports_cached_tokens_and_skips_compute(server: str, tiny_
     assert shared > 8 * BLOCK_SIZE
     body = {"model": MODEL, "max_tokens": 1, "temperature": 0}
     post(server, "/v1/chat/completions", {**body, "messages": first}).raise_for_status()
-    before = read_metric(server, "omni_computed_tokens_total")
+    before = read_metric(server, "vllm:iteration_tokens_total_sum")
     out = post(server, "/v1/chat/completions", {**body, "messages": second}).json()
-    after = read_metric(server, "omni_computed_tokens_total")
+    after = read_metric(server, "vllm:iteration_tokens_total_sum")
     cached = out["usage"]["prompt_tokens_details"]["cached_tokens"]
     # Only whole blocks are cached: those wholly inside the shared prefix.
     assert cached == shared // BLOCK_SIZE * BLOCK_SIZE
@@ -258,7 +258,7 @@ async def test_disconnect_mid_stream_frees_blocks(server: str) -> None:
         "stream": True,
     }
     # The server is shared by the whole run: count this test's abort as a delta.
-    aborts = read_metric(server, "omni_requests_total", finish_reason="abort")
+    aborts = read_metric(server, "vllm:request_success_total", finished_reason="abort")
     async with httpx.AsyncClient(timeout=60) as client:
         async with client.stream("POST", f"{server}/v1/chat/completions", json=body) as r:
             seen = 0
@@ -267,15 +267,15 @@ async def test_disconnect_mid_stream_frees_blocks(server: str) -> None:
                     seen += 1
                 if seen >= 3:
                     break
-            assert read_metric(server, "omni_requests_running") == 1
+            assert read_metric(server, "vllm:num_requests_running") == 1
     # Bounded wait for the server to notice the closed connection.
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
-        if read_metric(server, "omni_requests_running") == 0 and read_metric(
-            server, "omni_kv_cache_usage_ratio"
+        if read_metric(server, "vllm:num_requests_running") == 0 and read_metric(
+            server, "vllm:kv_cache_usage_perc"
         ) == 0:
             break
         await asyncio.sleep(0.1)
-    assert read_metric(server, "omni_requests_running") == 0
-    assert read_metric(server, "omni_kv_cache_usage_ratio") == 0
-    assert read_metric(server, "omni_requests_total", finish_reason="abort") == aborts + 1
+    assert read_metric(server, "vllm:num_requests_running") == 0
+    assert read_metric(server, "vllm:kv_cache_usage_perc") == 0
+    assert read_metric(server, "vllm:request_success_total", finished_reason="abort") == aborts + 1

@@ -110,7 +110,7 @@ def test_every_size_and_response_format(server: str) -> None:
     for (size, _), data in zip(cases, images):
         by_size.setdefault(size, set()).add(data)
     assert all(len(v) == 1 for v in by_size.values()), "a url and b64_json of one seed are the same image"
-    assert read_metric(server, "omni_decoder_jobs_total", model=MODEL, outcome="ok") >= len(cases)
+    assert read_metric(server, "omni_decoder_jobs_total", model_name=MODEL, outcome="ok") >= len(cases)
 
 
 def test_a_seed_gives_the_same_bytes_and_another_seed_other_bytes(server: str) -> None:
@@ -297,7 +297,7 @@ def test_a_killed_decoder_rank_fails_its_image_with_503_and_the_next_succeeds(tw
     thread = threading.Thread(target=slow_image)
     thread.start()
     deadline = time.monotonic() + 60
-    while read_metric(two_ranks, "omni_decoder_images_running", model=MODEL) == 0:
+    while read_metric(two_ranks, "omni_decoder_images_running", model_name=MODEL) == 0:
         assert time.monotonic() < deadline and thread.is_alive(), "the image never reached the decoder"
         time.sleep(0.02)
     time.sleep(0.2)  # well inside its 100 steps

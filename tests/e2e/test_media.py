@@ -162,9 +162,9 @@ def test_second_turn_with_the_same_image_skips_the_encoder(
 ) -> None:
     first_turn = [user(text("Look:"), image_part(png_url(100, 100, seed=3)))]
     r1 = client.chat.completions.create(model=MODEL, messages=first_turn, max_tokens=5, temperature=0)  # type: ignore[arg-type]
-    batches = read_metric(server, "omni_encoder_batch_seconds_count", model=MODEL)
-    misses = read_metric(server, "omni_encoder_cache_misses_total", model=MODEL)
-    hits = read_metric(server, "omni_encoder_cache_hits_total", model=MODEL)
+    batches = read_metric(server, "omni_encoder_batch_seconds_count", model_name=MODEL)
+    misses = read_metric(server, "omni_encoder_cache_misses_total", model_name=MODEL)
+    hits = read_metric(server, "omni_encoder_cache_hits_total", model_name=MODEL)
 
     second_turn = [
         *first_turn,
@@ -172,9 +172,9 @@ def test_second_turn_with_the_same_image_skips_the_encoder(
         user(text("And the colours?")),
     ]
     r2 = client.chat.completions.create(model=MODEL, messages=second_turn, max_tokens=5, temperature=0)  # type: ignore[arg-type]
-    assert read_metric(server, "omni_encoder_batch_seconds_count", model=MODEL) == batches  # no encoder call
-    assert read_metric(server, "omni_encoder_cache_misses_total", model=MODEL) == misses
-    assert read_metric(server, "omni_encoder_cache_hits_total", model=MODEL) == hits + 2  # embeddings + codes
+    assert read_metric(server, "omni_encoder_batch_seconds_count", model_name=MODEL) == batches  # no encoder call
+    assert read_metric(server, "omni_encoder_cache_misses_total", model_name=MODEL) == misses
+    assert read_metric(server, "omni_encoder_cache_hits_total", model_name=MODEL) == hits + 2  # embeddings + codes
     assert r2.usage is not None and r2.usage.prompt_tokens_details is not None
     cached = r2.usage.prompt_tokens_details.cached_tokens or 0
     # the whole first turn, image included, came from the prefix cache (whole blocks of it)

@@ -89,7 +89,7 @@ def image_request(seed: int) -> dict[str, object]:
 
 
 def encoder_calls(base: str) -> float:
-    return read_metric(base, "omni_encoder_batch_seconds_count", model=MODEL)
+    return read_metric(base, "omni_encoder_batch_seconds_count", model_name=MODEL)
 
 
 def test_s3_store_end_to_end(moto: Moto, omni_dir: Path) -> None:
@@ -112,7 +112,7 @@ def test_s3_store_end_to_end(moto: Moto, omni_dir: Path) -> None:
         r = http.post("/v1/chat/completions", json=image_request(seed=1))
         assert r.status_code == 200, r.text
         assert encoder_calls(base) == 0
-        assert read_metric(base, "omni_encoder_cache_hits_total", model=MODEL) == 2
+        assert read_metric(base, "omni_encoder_cache_hits_total", model_name=MODEL) == 2
         assert r.json()["choices"][0]["message"] == first.json()["choices"][0]["message"]
 
         # S3 goes away: a new image cannot be handed to the LLM worker (a clear 503, nothing

@@ -108,7 +108,7 @@ async def _burst(base: str) -> list[httpx.Response]:
 
 
 def test_a_burst_beyond_the_limits_is_refused_at_once_and_the_rest_finish(small_server: str) -> None:
-    before = read_metric(small_server, "omni_requests_rejected_total", model=MODEL, reason="requests")
+    before = read_metric(small_server, "omni_requests_rejected_total", model_name=MODEL, reason="requests")
     with RssSampler(PROCESSES[small_server].pid) as rss:
         start = time.monotonic()
         responses = asyncio.run(asyncio.wait_for(_burst(small_server), HANG_GUARD_S))
@@ -127,10 +127,10 @@ def test_a_burst_beyond_the_limits_is_refused_at_once_and_the_rest_finish(small_
         body = r.json()
         assert body["choices"][0]["finish_reason"] == "length"
         assert body["usage"]["completion_tokens"] == 64
-    after = read_metric(small_server, "omni_requests_rejected_total", model=MODEL, reason="requests")
+    after = read_metric(small_server, "omni_requests_rejected_total", model_name=MODEL, reason="requests")
     assert after - before == len(refused)
-    assert read_metric(small_server, "omni_requests_waiting", model=MODEL) == 0
-    assert read_metric(small_server, "omni_kv_cache_usage_ratio", model=MODEL) == 0
+    assert read_metric(small_server, "vllm:num_requests_waiting", model_name=MODEL) == 0
+    assert read_metric(small_server, "vllm:kv_cache_usage_perc", model_name=MODEL) == 0
     refusal_times = sorted(r.elapsed.total_seconds() for r in refused)
     print(
         f"\nburst of {BURST}: {len(admitted)} admitted (200), {len(refused)} refused (429) in "
@@ -173,9 +173,9 @@ def test_a_stream_past_its_deadline_ends_with_an_error_and_frees_its_blocks(dead
     error = json.loads(events[-2])["error"]
     assert "0.5 s deadline" in error["message"]
     assert len(events) > 3  # the role chunk, some text, then the error
-    assert read_metric(deadline_server, "omni_kv_cache_usage_ratio", model=MODEL) == 0
-    assert read_metric(deadline_server, "omni_requests_running", model=MODEL) == 0
-    assert read_metric(deadline_server, "omni_requests_total", model=MODEL, finish_reason="timeout") >= 1
+    assert read_metric(deadline_server, "vllm:kv_cache_usage_perc", model_name=MODEL) == 0
+    assert read_metric(deadline_server, "vllm:num_requests_running", model_name=MODEL) == 0
+    assert read_metric(deadline_server, "omni_request_deadlines_exceeded_total", model_name=MODEL) >= 1
 
 
 def test_a_request_past_its_deadline_is_a_504(deadline_server: str) -> None:
@@ -184,4 +184,4 @@ def test_a_request_past_its_deadline_is_a_504(deadline_server: str) -> None:
     error = r.json()["error"]
     assert error["code"] == "deadline_exceeded"
     assert "0.5 s deadline" in error["message"]
-    assert read_metric(deadline_server, "omni_kv_cache_usage_ratio", model=MODEL) == 0
+    assert read_metric(deadline_server, "vllm:kv_cache_usage_perc", model_name=MODEL) == 0

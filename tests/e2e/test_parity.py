@@ -141,7 +141,7 @@ def test_batched_equals_alone_under_preemption_and_chunking(tmp_path: Path) -> N
         "--max-num-batched-tokens", "16", "--max-model-len", "160",
     ) as base:  # fmt: skip
         alone = asyncio.run(_run_all(base, conversations, concurrent=False))
-        assert read_metric(base, "omni_preemptions_total") == 0
+        assert read_metric(base, "vllm:num_preemptions_total") == 0
         together = asyncio.run(_run_all(base, conversations, concurrent=True))
-        assert read_metric(base, "omni_preemptions_total") > 0
+        assert read_metric(base, "vllm:num_preemptions_total") > 0
     assert together == alone

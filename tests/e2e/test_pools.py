@@ -38,14 +38,14 @@ def chat(base: str, model: str, content: str, system: str | None = None, max_tok
 def test_body_model_picks_the_pool(pool_server: str) -> None:
     models = httpx.get(f"{pool_server}/v1/models").json()["data"]
     assert sorted(m["id"] for m in models) == ["alpha", "beta"]
-    before = {m: read_metric(pool_server, "omni_requests_total", model=m) for m in ("alpha", "beta")}
+    before = {m: read_metric(pool_server, "vllm:request_success_total", model_name=m) for m in ("alpha", "beta")}
     out_a = chat(pool_server, "alpha", "Same question", max_tokens=12).json()
     out_b = chat(pool_server, "beta", "Same question", max_tokens=12).json()
     assert out_a["model"] == "alpha" and out_b["model"] == "beta"
     # Different random weights answer differently; each pool served its own request.
     assert out_a["choices"][0]["message"]["content"] != out_b["choices"][0]["message"]["content"]
-    assert read_metric(pool_server, "omni_requests_total", model="alpha") == before["alpha"] + 1
-    assert read_metric(pool_server, "omni_requests_total", model="beta") == before["beta"] + 1
+    assert read_metric(pool_server, "vllm:request_success_total", model_name="alpha") == before["alpha"] + 1
+    assert read_metric(pool_server, "vllm:request_success_total", model_name="beta") == before["beta"] + 1
     missing = chat(pool_server, "gamma", "hi")
     assert missing.status_code == 404
     assert missing.json()["error"]["code"] == "model_not_found"
@@ -55,12 +55,12 @@ def test_shared_prefix_sticks_to_the_worker_that_has_it(pool_server: str) -> Non
     system = "You are the assistant of a very long and detailed system prompt. " * 6
     first = chat(pool_server, "alpha", "Question zero?", system)
     assert first.status_code == 200
-    prefix_before = read_metric(pool_server, "omni_placement_decisions_total", model="alpha", reason="prefix")
+    prefix_before = read_metric(pool_server, "omni_placement_decisions_total", model_name="alpha", reason="prefix")
     cached = []
     for i in range(1, 7):
         out = chat(pool_server, "alpha", f"Question {i}?", system).json()
         cached.append(out["usage"]["prompt_tokens_details"]["cached_tokens"])
-    prefix_after = read_metric(pool_server, "omni_placement_decisions_total", model="alpha", reason="prefix")
+    prefix_after = read_metric(pool_server, "omni_placement_decisions_total", model_name="alpha", reason="prefix")
     assert prefix_after - prefix_before == 6
     assert min(cached) >= 64  # the system prompt's blocks, every time
 
