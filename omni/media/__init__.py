@@ -1,4 +1,5 @@
-"""Decoding of request media (images, audio, video) into plain arrays, bounded by MediaLimits.
+"""Decoding of request media (images, audio, video) into plain arrays, bounded by MediaLimits;
+encoding of generated audio into the formats the API returns (audio_encoding.py).
 
 A shared layer: the server uses it to load and check media, the encoder worker to decode it.
 It imports neither torch nor the HTTP API (a test enforces both): errors are MediaError, which
@@ -7,6 +8,7 @@ is the server's alone and is imported from omni.media.source, so a worker never 
 """
 
 from omni.media.audio import decode_audio
+from omni.media.audio_encoding import StreamingAudioEncoder, encode_audio, float_to_pcm16
 from omni.media.errors import MediaError
 from omni.media.image import decode_image
 from omni.media.limits import MediaLimits
@@ -15,9 +17,12 @@ from omni.media.video import decode_video, is_video
 __all__ = [
     "MediaError",
     "MediaLimits",
+    "StreamingAudioEncoder",
     "decode_audio",
     "decode_image",
     "decode_video",
+    "encode_audio",
+    "float_to_pcm16",
     "is_video",
 ]
 
