@@ -355,6 +355,10 @@ def test_omni_serve_args_make_a_config_that_fits_the_pod(omni_layout: Path) -> N
     (engine,) = config.engines
     assert engine.model_name == name and engine.encoder_dir == omni_layout.resolve()
     assert engine.device == "cuda:0" and engine.dtype == "bfloat16"
+    # One model, one LLM worker, one GPU: the picker reads one series of each vllm: gauge per pod
+    # (the first), so a pod with more workers would show it only part of its load.
+    assert engine.num_workers == 1
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == 1
     assert engine.store == config.store == _one("ConfigMap", "omni-serve-store")["data"]["OMNI_STORE"]
     # Loading may take --worker-start-timeout: the startup probe must wait at least that long,
     # and liveness must outlast a worker's restart, which is given as long.
