@@ -72,6 +72,20 @@ EPP_PLUGIN_TYPES: dict[str, str] = {
     "metrics-data-source": _PLUGINS + "datalayer/source/metrics/datasource.go",
     "core-metrics-extractor": _PLUGINS + "datalayer/extractor/metrics/factories.go",
 }
+# The parameters each of them decodes (the json tags of its config struct, same release; the
+# scorers without one ignore parameters).
+EPP_PLUGIN_PARAMETERS: dict[str, set[str]] = {
+    "metrics-data-source": {
+        "scheme", "path", "port", "insecureSkipVerify", "caCertPath", "clientCertPath", "clientKeyPath", "interval",
+    },
+    "core-metrics-extractor": {"engineLabelKey", "defaultEngine", "engineConfigs"},
+    "approx-prefix-cache-producer": {
+        "autoTune", "blockSizeTokens", "blockSize", "maxPrefixBlocksToMatch", "maxPrefixTokensToMatch",
+        "lruCapacityPerServer",
+    },
+    "prefix-cache-scorer": {"prefixMatchInfoProducerName", "matchLengthWeight", "matchLengthScaleTokens"},
+    "max-score-picker": {"maxNumOfEndpoints"},
+}
 # The config's group (apix/config/v1alpha1/doc.go: +groupName=llm-d.ai).
 EPP_CONFIG_API_VERSION = "llm-d.ai/v1alpha1"
 
@@ -275,6 +289,8 @@ def test_the_epp_config_has_the_scorers_and_a_max_score_picker() -> None:
     names = {}
     for plugin in config["plugins"]:
         assert plugin["type"] in EPP_PLUGIN_TYPES, f"unknown EPP plugin type {plugin['type']!r}"
+        unknown = plugin.get("parameters", {}).keys() - EPP_PLUGIN_PARAMETERS.get(plugin["type"], set())
+        assert not unknown, f"{plugin['type']} has no parameters {unknown}"
         names[plugin.get("name", plugin["type"])] = plugin["type"]  # the name defaults to the type
     refs = [p["pluginRef"] for profile in config["schedulingProfiles"] for p in profile["plugins"]]
     for source in config["dataLayer"]["sources"]:
