@@ -16,7 +16,7 @@ import yaml
 from aiohttp import web
 
 from omni.app import _OPEN_PATHS, add_routes
-from omni.cli import build_parser, config_from_args
+from omni.cli import config_from_args, parse_args
 from omni.store.spec import StoreSpec
 
 MANIFESTS = Path(__file__).resolve().parents[2] / "deploy" / "kubernetes"
@@ -334,7 +334,7 @@ def test_probes_ask_omni_serve_routes_that_need_no_api_key() -> None:
 
 def test_omni_serve_args_parse_with_its_own_parser() -> None:
     container = _container(_model_server(), "omni-serve")
-    args = build_parser().parse_args(_expanded_args(container))
+    args = parse_args(_expanded_args(container))
     assert args.host == "0.0.0.0"  # the gateway connects to the pod's IP, not to loopback
     assert args.port == container["ports"][0]["containerPort"]
     store_settings = _one("ConfigMap", "omni-serve-store")["data"]
@@ -367,7 +367,7 @@ def test_omni_serve_args_make_a_config_that_fits_the_pod(omni_layout: Path) -> N
     model = argv.index("--model") + 1
     name = argv[model].partition("=")[0]
     argv[model] = f"{name}={omni_layout}"
-    config = config_from_args(build_parser().parse_args(argv))
+    config = config_from_args(parse_args(argv))
     (engine,) = config.engines
     assert engine.model_name == name and engine.encoder_dir == omni_layout.resolve()
     assert engine.device == "cuda:0" and engine.dtype == "bfloat16"
