@@ -160,9 +160,13 @@ def _env_value(entry: dict[str, Any]) -> str:
 
 def _expanded_args(container: dict[str, Any]) -> list[str]:
     """The container's args as the kubelet passes them: $(VAR) replaced from the env entries
-    that have a value here (Secrets' are placeholders, and no arg names one)."""
-    env = {e["name"]: e for e in container.get("env", [])}
-    values = {name: _env_value(e) for name, e in env.items() if "secretKeyRef" not in e.get("valueFrom", {})}
+    whose value the manifests give (a literal or a ConfigMap key; Secrets hold placeholders, and
+    no arg names one)."""
+    values = {
+        e["name"]: _env_value(e)
+        for e in container.get("env", [])
+        if "value" in e or "configMapKeyRef" in e.get("valueFrom", {})
+    }
 
     def expand(arg: str) -> str:
         def one(m: re.Match[str]) -> str:
