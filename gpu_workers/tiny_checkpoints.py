@@ -25,7 +25,7 @@ from safetensors.torch import load_file, save_file
 from gpu_workers.models.llama import SUPPORTED_MODEL_TYPES, LlamaFamilyConfig
 
 # Bump when the default checkpoint's bytes change, so caches built by older code are not reused.
-TINY_CHECKPOINT_VERSION = "omni-v3"
+TINY_CHECKPOINT_VERSION = "omni-v4"
 DEFAULT_VOCAB_SIZE = 512  # used when no tokenizer is written
 _VOCAB_MULTIPLE = 64
 
@@ -369,9 +369,65 @@ def make_tiny_vision_decoder(
     return out_dir
 
 
+# ---- the audio decoder (gpu_workers/models/unit_vocoder.py's layout) ------------------------
+# The real hop (960 samples a unit at 24 kHz, 25 units a second) in five stages, as narrow as
+# keeps each stage at least 2 channels wide (64 -> 32 -> 16 -> 8 -> 4 -> 2), with two AMP
+# kernels; one second of audio costs about 0.2 s of one CPU thread.
+TINY_VOCODER: dict[str, Any] = {
+    "unit_embed_dim": 32,
+    "speaker_embed_dim": 16,
+    "sample_rate": 24000,
+    "units_per_second": 25,
+    "upsample_rates": [8, 5, 4, 3, 2],
+    "upsample_kernel_sizes": [16, 10, 8, 6, 4],
+    "upsample_initial_channel": 64,
+    "resblock_kernel_sizes": [3, 7],
+    "resblock_dilation_sizes": [[1, 3, 5], [1, 3, 5]],
+    "speaker_encoder": {"sample_rate": 16000, "num_mel_bins": 80, "channels": 32, "kernel_size": 5, "num_layers": 2},
+}
+# Our own neutral voice names (materials, in the spirit of OpenAI's "alloy"): the rows of the
+# tiny speaker table, in order. OpenAI's voice names are mapped onto a checkpoint's voices by
+# the server, not written here.
+TINY_VOICES = ("amber", "basalt", "cobalt", "linen")
+
+
+def make_tiny_audio_decoder(
+    out_dir: Path,
+    *,
+    seed: int = 0,
+    num_units: int = math.prod(TINY_AUDIO_LEVELS),
+    voices: tuple[str, ...] = TINY_VOICES,
+) -> Path:
+    """config.json, model.safetensors (the vocoder and its speaker table), speakers.json and
+    speaker_encoder.safetensors; num_units is the LLM's count of audio unit tokens. Random
+    weights scaled so that the audio is neither silent nor clipped (RMS about 0.2)."""
+    from gpu_workers.models.unit_vocoder import (
+        SPEAKER_ENCODER_FILE,
+        SPEAKERS_FILE,
+        WEIGHTS_FILE,
+        SpeakerEncoderConfig,
+        UnitVocoderConfig,
+        random_speaker_encoder,
+        random_unit_vocoder,
+    )
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    config = UnitVocoderConfig.from_dict({**TINY_VOCODER, "num_units": num_units, "num_speakers": len(voices)})
+    vocoder = random_unit_vocoder(config, seed)
+    save_file(vocoder.state_dict(), str(out_dir / WEIGHTS_FILE), metadata={"format": "pt"})
+    assert isinstance(config.speaker_encoder, SpeakerEncoderConfig)
+    encoder = random_speaker_encoder(config.speaker_encoder, config.speaker_embed_dim, seed + 1)
+    save_file(encoder.state_dict(), str(out_dir / SPEAKER_ENCODER_FILE), metadata={"format": "pt"})
+    (out_dir / SPEAKERS_FILE).write_text(json.dumps({"speakers": list(voices)}, indent=2) + "\n")
+    (out_dir / "config.json").write_text(json.dumps(config.to_dict(), indent=2, sort_keys=True) + "\n")
+    return out_dir
+
+
 def make_tiny_omni_checkpoint(out_dir: Path, *, seed: int = 0) -> Path:
     """llm/ (tiny hyperclovax), vision_encoder/, audio_encoder/, image_tokenizer/, audio_tokenizer/,
-    vision_decoder/ (on the image tokenizer's codebook)."""
+    vision_decoder/ (on the image tokenizer's codebook), audio_decoder/ (one unit per audio unit
+    token of the LLM)."""
     from gpu_workers.models.fsq_audio_tokenizer import make_tiny_audio_tokenizer
     from gpu_workers.models.ta_tok import make_tiny_image_tokenizer
 
@@ -387,6 +443,7 @@ def make_tiny_omni_checkpoint(out_dir: Path, *, seed: int = 0) -> Path:
     make_tiny_audio_tokenizer(out_dir / "audio_tokenizer", seed=seed + 4, levels=TINY_AUDIO_LEVELS)
     codebook = load_file(out_dir / "image_tokenizer" / "model.safetensors")["codebook.weight"]
     make_tiny_vision_decoder(out_dir / "vision_decoder", seed=seed + 5, codebook=codebook)
+    make_tiny_audio_decoder(out_dir / "audio_decoder", seed=seed + 6, num_units=num_units)
     return out_dir
 
 

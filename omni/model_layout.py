@@ -9,6 +9,7 @@ Two layouts are served:
     DIR/image_tokenizer/ ...
     DIR/audio_tokenizer/ ...
     DIR/vision_decoder/config.json   the image decoder (DiT, weak DiT, VAE, scheduler, codebook)
+    DIR/audio_decoder/config.json    the unit vocoder (its weights, voices, speaker encoder)
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ class ModelLayout:
     llm_dir: Path
     components: dict[str, Path] = field(default_factory=dict)
     vision_decoder: Path | None = None  # None: the model cannot draw images
+    audio_decoder: Path | None = None  # None: the model cannot speak
 
     @classmethod
     def from_dir(cls, root: Path) -> ModelLayout:
@@ -37,8 +39,13 @@ class ModelLayout:
             found = {
                 name: root / name for name in ENCODER_COMPONENTS if (root / name / "config.json").is_file()
             }
-            decoder = root / "vision_decoder"
-            return cls(root, root / "llm", found, decoder if (decoder / "config.json").is_file() else None)
+            return cls(
+                root,
+                root / "llm",
+                found,
+                vision_decoder=_component(root, "vision_decoder"),
+                audio_decoder=_component(root, "audio_decoder"),
+            )
         if (root / "config.json").is_file():
             return cls(root, root)
         raise ValueError(f"{root} has neither config.json nor llm/config.json; is it a checkpoint?")
@@ -60,6 +67,11 @@ class ModelLayout:
             except (KeyError, TypeError, ValueError) as e:
                 raise ValueError(f"{path}/config.json: no usable codebook size ({e!r})") from None
         return sizes
+
+
+def _component(root: Path, name: str) -> Path | None:
+    path = root / name
+    return path if (path / "config.json").is_file() else None
 
 
 def component_revision(component_dir: Path) -> str:

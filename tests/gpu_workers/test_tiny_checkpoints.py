@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -8,8 +9,10 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from gpu_workers.models.unit_vocoder import load_unit_vocoder
 from gpu_workers.tiny_checkpoints import (
     TINY_CHECKPOINT_VERSION,
+    TINY_VOICES,
     default_checkpoint_dir,
     make_tiny_checkpoint,
     make_tiny_omni_checkpoint,
@@ -80,6 +83,7 @@ def test_default_checkpoint_is_built_once(tmp_path: Path, monkeypatch: pytest.Mo
     layout = ModelLayout.from_dir(d)
     assert layout.llm_dir == d / "llm"
     assert sorted(layout.components) == sorted(ENCODER_COMPONENTS)
+    assert (layout.vision_decoder, layout.audio_decoder) == (d / "vision_decoder", d / "audio_decoder")
     assert [p.name for p in tmp_path.iterdir()] == [d.name]  # no temp dirs left behind
     monkeypatch.setenv("OMNI_SERVE_CACHE", str(tmp_path))
     assert default_checkpoint_dir() == d
@@ -99,8 +103,8 @@ def test_omni_checkpoint_is_deterministic_and_revisions_track_weights(tmp_path: 
     assert component_revision(c / "vision_encoder") != component_revision(a / "vision_encoder")
 
 
-def test_the_omni_checkpoints_vision_decoder_draws_on_the_image_tokenizers_codebook(tmp_path: Path) -> None:
-    assert TINY_CHECKPOINT_VERSION == "omni-v3"  # the vision decoder is part of the default checkpoint
+def test_the_omni_checkpoints_decoders_match_its_tokenizers(tmp_path: Path) -> None:
+    assert TINY_CHECKPOINT_VERSION == "omni-v4"  # both decoders are part of the default checkpoint
     root = make_tiny_omni_checkpoint(tmp_path / "omni")
     codebook = load_file(root / "image_tokenizer" / "model.safetensors")["codebook.weight"]
     assert torch.equal(load_file(root / "vision_decoder" / "codebook.safetensors")["codebook"], codebook)
@@ -113,3 +117,9 @@ def test_the_omni_checkpoints_vision_decoder_draws_on_the_image_tokenizers_codeb
     job = protocol.ImageJob(1, list(range(64)), 128, 128, 2, seed=0)
     image = decoder.decode([job]).images[0]
     assert image.error is None and image.data.startswith(b"\x89PNG")
+    # the audio decoder has one unit per <|audioNNNN|> token of the LLM's vocabulary
+    vocab = json.loads((root / "llm" / "tokenizer.json").read_text())["added_tokens"]
+    audio_tokens = [t["content"] for t in vocab if re.fullmatch(r"<\|audio\d{4}\|>", t["content"])]
+    vocoder = load_unit_vocoder(root / "audio_decoder")
+    assert vocoder.config.num_units == len(audio_tokens) == 81 and audio_tokens[-1] == "<|audio0080|>"
+    assert vocoder.voices == TINY_VOICES and vocoder.speaker_encoder is not None

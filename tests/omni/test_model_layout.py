@@ -1,0 +1,38 @@
+"""Which components a checkpoint directory holds (omni/model_layout.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from omni.model_layout import ModelLayout
+
+
+def component(root: Path, name: str) -> Path:
+    (root / name).mkdir(parents=True)
+    (root / name / "config.json").write_text("{}")
+    return root / name
+
+
+def test_decoders_are_found_by_their_config(tmp_path: Path) -> None:
+    component(tmp_path, "llm")
+    component(tmp_path, "vision_encoder")
+    layout = ModelLayout.from_dir(tmp_path)
+    assert (layout.vision_decoder, layout.audio_decoder) == (None, None)
+    (tmp_path / "audio_decoder").mkdir()  # a directory without its config is not a component
+    assert ModelLayout.from_dir(tmp_path).audio_decoder is None
+    (tmp_path / "audio_decoder" / "config.json").write_text("{}")
+    layout = ModelLayout.from_dir(tmp_path)
+    assert layout.audio_decoder == tmp_path / "audio_decoder" and layout.vision_decoder is None
+    assert list(layout.components) == ["vision_encoder"]  # decoders are not encoder components
+    component(tmp_path, "vision_decoder")
+    assert ModelLayout.from_dir(tmp_path).vision_decoder == tmp_path / "vision_decoder"
+
+
+def test_a_bare_llm_has_no_decoders(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text("{}")
+    layout = ModelLayout.from_dir(tmp_path)
+    assert layout.llm_dir == tmp_path and (layout.vision_decoder, layout.audio_decoder) == (None, None)
+    with pytest.raises(ValueError, match="is it a checkpoint"):
+        ModelLayout.from_dir(tmp_path / "missing")
