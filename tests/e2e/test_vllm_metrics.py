@@ -104,6 +104,7 @@ def test_vllms_series_are_there_and_move_with_traffic(server: str) -> None:
     # the stream's prompt at least: every whole block but the one its last token is in
     assert delta("vllm:prefix_cache_hits_total") >= (prompt - 1) // BLOCK_SIZE * BLOCK_SIZE
     assert value(after, "vllm:num_requests_running") == 0
-    info = {"block_size": str(BLOCK_SIZE), "num_gpu_blocks": "512", "enable_prefix_caching": "True", "cache_dtype": "auto"}
+    info = {"block_size": str(BLOCK_SIZE), "num_gpu_blocks": "512", "enable_prefix_caching": "True"}
+    info["cache_dtype"] = "auto"
     assert value(after, "vllm:cache_config_info", **info) == 1
     assert after[("process_resident_memory_bytes", frozenset())] > 0

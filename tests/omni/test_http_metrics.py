@@ -8,8 +8,12 @@ import asyncio
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
+from omni.api.errors import error_middleware
+from omni.app import add_routes
 from omni.http_metrics import http_metrics_middleware
 from omni.metrics import Metrics
+from omni.served_model import ModelRegistry
+from omni.state import MODELS
 
 
 def _app(metrics: Metrics) -> web.Application:
@@ -84,3 +88,24 @@ async def test_requests_are_counted_by_route_template_method_and_status_class() 
     assert sample("http_request_duration_seconds_count", duration) == 1
     assert sample("http_request_duration_seconds_bucket", {**duration, "le": "+Inf"}) == 1
     assert sample("http_request_duration_highr_seconds_count") == 11
+
+
+async def test_the_apps_own_routes_behind_its_error_middleware() -> None:
+    """Outermost, the middleware sees what the client gets: an error the API turned into a JSON
+    404 counts as a 4xx of the route the request matched."""
+    m = Metrics()
+    app = web.Application(middlewares=[http_metrics_middleware(m), error_middleware])
+    app[MODELS] = ModelRegistry()
+    add_routes(app)
+    async with TestClient(TestServer(app)) as client:
+        assert (await client.get("/v1/models")).status == 200
+        assert (await client.get("/v1/models/nope")).status == 404
+        assert (await client.get("/v1/nothing-here")).status == 404
+    totals = {
+        (s.labels["handler"], s.labels["status"]): s.value
+        for f in m.registry.collect()
+        if f.name == "http_requests"
+        for s in f.samples
+        if s.name == "http_requests_total"
+    }
+    assert totals == {("/v1/models", "2xx"): 1, ("/v1/models/{model}", "4xx"): 1, ("none", "4xx"): 1}

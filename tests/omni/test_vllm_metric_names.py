@@ -109,7 +109,10 @@ def test_no_series_is_exported_twice_under_an_omni_name() -> None:
     assert not set(VLLM_RETIRED) & families.keys()
     omni = {n for n in families if n.startswith("omni_")}
     # the concepts vLLM names are vLLM's alone; what is left under omni_ is omni-serve's own
-    for duplicate in ("requests_running", "requests_waiting", "kv_cache", "prompt_tokens", "generation_tokens",
-                      "time_to_first_token", "inter_token", "e2e", "prefix_cache", "preemptions", "computed_tokens"):  # fmt: skip
+    duplicates = (
+        "requests_running", "requests_waiting", "kv_cache", "prompt_tokens", "generation_tokens",
+        "time_to_first_token", "inter_token", "e2e", "prefix_cache", "preemptions", "computed_tokens",
+    )  # fmt: skip
+    for duplicate in duplicates:
         assert not [n for n in omni if duplicate in n], duplicate
     assert "omni_requests_total" not in omni
