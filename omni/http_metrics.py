@@ -29,15 +29,24 @@ UNMATCHED = "none"  # the instrumentator's handler for a request no route templa
 _CLIENT_GONE = 499
 
 
-def handler_name(request: web.Request) -> str:
+def handler_name(request: web.Request, root_path: str = "") -> str:
+    """The route's template; under a root path the route it repeats (as vLLM's handler is the
+    route's own path whatever --root-path is)."""
     resource = request.match_info.route.resource
-    return UNMATCHED if resource is None else resource.canonical
+    if resource is None:
+        return UNMATCHED
+    name = resource.canonical
+    if root_path and name.startswith(root_path + "/"):
+        return name[len(root_path) :]
+    return name
 
 
-def http_metrics_middleware(metrics: Metrics) -> Middleware:
+def http_metrics_middleware(metrics: Metrics, *, root_path: str = "") -> Middleware:
+    """root_path: the prefix the routes are also served under (omni/app.py add_routes)."""
+
     @web.middleware
     async def http_metrics(request: web.Request, handler: Handler) -> web.StreamResponse:
-        name = handler_name(request)
+        name = handler_name(request, root_path)
         if name in EXCLUDED_HANDLERS:
             return await handler(request)
         started = time.perf_counter()

@@ -92,15 +92,19 @@ async def test_requests_are_counted_by_route_template_method_and_status_class() 
 
 async def test_the_apps_own_routes_behind_its_error_middleware() -> None:
     """Outermost, the middleware sees what the client gets: an error the API turned into a JSON
-    404 counts as a 4xx of the route the request matched."""
+    404 counts as a 4xx of the route the request matched. Under a root path, a route and its
+    prefixed twin are one handler, and the prefixed probes are left out too."""
     m = Metrics()
-    app = web.Application(middlewares=[http_metrics_middleware(m), error_middleware])
+    app = web.Application(middlewares=[http_metrics_middleware(m, root_path="/omni"), error_middleware])
     app[MODELS] = ModelRegistry()
-    add_routes(app)
+    add_routes(app, "/omni")
     async with TestClient(TestServer(app)) as client:
         assert (await client.get("/v1/models")).status == 200
         assert (await client.get("/v1/models/nope")).status == 404
         assert (await client.get("/v1/nothing-here")).status == 404
+        assert (await client.get("/omni/v1/models")).status == 200
+        await client.get("/omni/health")
+        await client.get("/omni/metrics")
     totals = {
         (s.labels["handler"], s.labels["status"]): s.value
         for f in m.registry.collect()
@@ -108,4 +112,4 @@ async def test_the_apps_own_routes_behind_its_error_middleware() -> None:
         for s in f.samples
         if s.name == "http_requests_total"
     }
-    assert totals == {("/v1/models", "2xx"): 1, ("/v1/models/{model}", "4xx"): 1, ("none", "4xx"): 1}
+    assert totals == {("/v1/models", "2xx"): 2, ("/v1/models/{model}", "4xx"): 1, ("none", "4xx"): 1}
