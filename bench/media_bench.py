@@ -290,7 +290,7 @@ def metric(snap: dict, name: str, **labels: str) -> float:
 
 def metrics_diff(before: dict, after: dict) -> dict[str, Any]:
     def d(name: str, **labels: str) -> float:
-        return metric(after, name, model=MODEL, **labels) - metric(before, name, model=MODEL, **labels)
+        return metric(after, name, model_name=MODEL, **labels) - metric(before, name, model_name=MODEL, **labels)
 
     out: dict[str, Any] = {"components": {}}
     for comp in ("vision_encoder", "image_tokenizer"):
@@ -310,7 +310,7 @@ def metrics_diff(before: dict, after: dict) -> dict[str, Any]:
     batches = d("omni_encoder_batch_seconds_count")
     out["encoder_batches"] = batches
     out["encoder_batch_s_mean"] = d("omni_encoder_batch_seconds_sum") / batches if batches else None
-    queried, hits = d("omni_prefix_cache_queries_total"), d("omni_prefix_cache_hits_total")
+    queried, hits = d("vllm:prefix_cache_queries_total"), d("vllm:prefix_cache_hits_total")
     out["prefix_cache"] = {
         "queried_tokens": queried, "hit_tokens": hits, "hit_rate": hits / queried if queried else None
     }  # fmt: skip

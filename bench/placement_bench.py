@@ -98,7 +98,7 @@ def run_one(args: argparse.Namespace, policy: str, workload: list[str], label: s
             os.killpg(server.pid, signal.SIGKILL)
         log.close()
     summary = json.loads(result_file.read_text())["summary"]
-    computed = metric_sum(metrics, "omni_computed_tokens_total")
+    computed = metric_sum(metrics, "vllm:iteration_tokens_total_sum")
     completion = summary["total_completion_tokens"]
     # Each request's first token comes out of its prefill; every later one is one decode token.
     decode_tokens = completion - summary["num_completed"]
@@ -110,9 +110,9 @@ def run_one(args: argparse.Namespace, policy: str, workload: list[str], label: s
         "cached_tokens": summary["total_cached_tokens"],
         "hit_rate": summary["prefix_cache_hit_rate"],
         "prompt_tokens_computed": computed - decode_tokens,
-        "requests_per_worker": metric_by_label(metrics, "omni_placement_decisions_total", "worker"),
+        "requests_per_worker": metric_by_label(metrics, "omni_placement_decisions_total", "engine"),
         "placement_reasons": metric_by_label(metrics, "omni_placement_decisions_total", "reason"),
-        "preemptions": metric_sum(metrics, "omni_preemptions_total"),
+        "preemptions": metric_sum(metrics, "vllm:num_preemptions_total"),
     }
 
 

@@ -18,6 +18,7 @@ from omni.chat_format import ChatFormat
 from omni.config import EngineConfig, ServerConfig
 from omni.cors import install_cors
 from omni.encoder_engine import EncoderEngine
+from omni.http_metrics import http_metrics_middleware
 from omni.image_output import ModelImages
 from omni.media_input.pipeline import MediaPipeline
 from omni.metrics import Metrics
@@ -209,7 +210,14 @@ async def _store_ctx(app: web.Application) -> AsyncIterator[None]:
 
 def create_app(config: ServerConfig) -> web.Application:
     # Outermost first: errors become OpenAI error objects, unless the client is gone.
-    middlewares: list[Middleware] = [request_id_middleware, error_middleware, client_gone_middleware]
+    metrics = Metrics()
+    # The HTTP metrics outermost: they see the status the client gets (errors already JSON).
+    middlewares: list[Middleware] = [
+        http_metrics_middleware(metrics, root_path=config.root_path),
+        request_id_middleware,
+        error_middleware,
+        client_gone_middleware,
+    ]
     if config.api_key:
         middlewares.append(_auth_middleware(config.api_key, config.root_path))
     app = web.Application(client_max_size=config.max_request_bytes, middlewares=middlewares)
@@ -217,7 +225,7 @@ def create_app(config: ServerConfig) -> web.Application:
     if config.cors is not None:
         install_cors(app, config.cors)  # outermost: preflights are answered before auth
     app[CONFIG] = config
-    app[METRICS] = Metrics()
+    app[METRICS] = metrics
     app[MODELS] = ModelRegistry()
     app.cleanup_ctx.append(_store_ctx)
     app.cleanup_ctx.append(_models_ctx)

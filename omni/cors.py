@@ -43,7 +43,8 @@ def install_cors(app: web.Application, policy: CorsPolicy) -> None:
     cors = _Cors(policy)
     # Outermost but for the request id's (which only names the request, and refuses nothing):
     # before auth, errors and routing, and a preflight's answer carries its X-Request-Id too.
-    first = 1 if app.middlewares and app.middlewares[0] is request_id_middleware else 0
+    stack = list(app.middlewares)
+    first = stack.index(request_id_middleware) + 1 if request_id_middleware in stack else 0
     app.middlewares.insert(first, cors.middleware)
     app.on_response_prepare.append(cors.on_response_prepare)
 

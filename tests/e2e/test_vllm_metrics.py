@@ -108,3 +108,7 @@ def test_vllms_series_are_there_and_move_with_traffic(server: str) -> None:
     info["cache_dtype"] = "auto"
     assert value(after, "vllm:cache_config_info", **info) == 1
     assert after[("process_resident_memory_bytes", frozenset())] > 0
+    # HTTP metrics, by route template and status (the 3 choices were 2 requests)
+    http = {"method": "POST", "handler": "/v1/chat/completions", "status": "2xx"}
+    http_before = before.get(("http_requests_total", frozenset(http.items())), 0.0)
+    assert after[("http_requests_total", frozenset(http.items()))] - http_before == 2
