@@ -21,12 +21,17 @@ from omni.protocol import WorkerSpec
 
 # Where the built-in runners are defined: imported in the worker process only (they import
 # torch), the first time a runner is looked up.
-_BUILTIN_RUNNER_MODULES = ("gpu_workers.llm_runner", "gpu_workers.encoder_runner", "gpu_workers.vision_decoder_runner")
+_BUILTIN_RUNNER_MODULES = (
+    "gpu_workers.llm_runner",
+    "gpu_workers.encoder_runner",
+    "gpu_workers.vision_decoder_runner",
+    "gpu_workers.audio_decoder_runner",
+)
 
 
 class Runner(ABC):
     SPEC: ClassVar[type[WorkerSpec]]  # the spec type this runner serves
-    JOB: ClassVar[type]  # the message type it executes (a Step, an EncodeBatch, ...)
+    JOB: ClassVar[type | tuple[type, ...]]  # the message type(s) it executes (a Step, an EncodeBatch, ...)
 
     @classmethod
     @abstractmethod
