@@ -392,16 +392,27 @@ class CausalConvTranspose1d(CausalLayer):
     Computed as `stride` ordinary convolutions, one per output phase (polyphase): output
     m * u + p, for phase p in [0, u), is sum over j of W[:, :, p + j * u] . x[m - j], a causal
     convolution of J = ceil(k / u) taps over [context | x]. The weight keeps ConvTranspose1d's
-    layout (C_in, C_out, k); the J-tap kernels are rearranged from it on each call."""
+    layout (C_in, C_out, k); the J-tap kernels are rearranged from it when it changes (a copy
+    of the weight: 12M values for the reference's first stage, too many to redo per chunk)."""
 
     def __init__(self, in_channels: int, out_channels: int, kernel_size: int, stride: int, rate: int) -> None:
         super().__init__(in_channels, -(-kernel_size // stride) - 1, rate)
         self.stride = stride
         self.weight = nn.Parameter(torch.empty(in_channels, out_channels, kernel_size))
         self.bias = nn.Parameter(torch.empty(out_channels))
+        # (the weights' identity, the kernels made of them): not a buffer, so neither saved nor
+        # moved; a new device, dtype or any in-place write (load_state_dict, copy_) misses
+        self._phases: tuple[tuple[int, int, int, int], tuple[torch.Tensor, torch.Tensor]] | None = None
 
     def phase_kernels(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(C_out * u, C_in, J) kernels, row o * u + p for channel o, phase p; the bias per row."""
+        w, b = self.weight, self.bias
+        key = (w.data_ptr(), w._version, b.data_ptr(), b._version)
+        if self._phases is None or self._phases[0] != key:
+            self._phases = (key, self._rearrange())
+        return self._phases[1]
+
+    def _rearrange(self) -> tuple[torch.Tensor, torch.Tensor]:
         c_in, c_out, k = self.weight.shape
         u, taps = self.stride, self.context + 1
         w = F.pad(self.weight, (0, taps * u - k))  # (C_in, C_out, J * u): zero taps past k
@@ -455,20 +466,29 @@ def kaiser_sinc_filter(cutoff: float, half_width: float, kernel_size: int) -> to
 
 
 class _Resampler(CausalLayer):
-    """Holds the filter as a buffer computed from the config, not a weight."""
+    """Holds the filter, and the per-channel kernels made of it, as buffers computed from the
+    config, not weights."""
 
     filter: torch.Tensor  # (K,)
+    kernels: torch.Tensor  # what _conv1d takes, (C * phases, 1, taps)
 
     def __init__(self, channels: int, context: int, rate: int, config: UnitVocoderConfig) -> None:
         super().__init__(channels, context, rate)
         self.ratio = config.antialias_ratio
         self._design = (config.antialias_cutoff, config.antialias_half_width, config.antialias_kernel_size)
-        self.register_buffer("filter", kaiser_sinc_filter(*self._design), persistent=False)
+        taps = kaiser_sinc_filter(*self._design)
+        self.register_buffer("filter", taps, persistent=False)
+        self.register_buffer("kernels", self._kernels(taps), persistent=False)
+
+    def _kernels(self, taps: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
 
     def reset_filter(self) -> None:
-        """Recompute the taps (after to_empty leaves the buffer uninitialised)."""
+        """Recompute the buffers (after to_empty leaves them uninitialised)."""
+        taps = kaiser_sinc_filter(*self._design)
         with torch.no_grad():
-            self.filter.copy_(kaiser_sinc_filter(*self._design))
+            self.filter.copy_(taps)
+            self.kernels.copy_(self._kernels(taps))
 
 
 class UpSample1d(_Resampler):
@@ -480,13 +500,15 @@ class UpSample1d(_Resampler):
         ratio, taps = config.antialias_ratio, config.antialias_kernel_size
         super().__init__(channels, -(-taps // ratio) - 1, rate, config)
 
+    def _kernels(self, taps: torch.Tensor) -> torch.Tensor:
+        r, j = self.ratio, self.context + 1
+        phases = F.pad(taps, (0, j * r - taps.numel())).view(j, r).t().flip(-1)  # (r, J): [p, t] = f[p + (J-1-t)*r]
+        return phases.repeat(self.channels, 1)[:, None, :].contiguous()  # (C * r, 1, J): row c * r + p is phase p
+
     def forward(self, x: torch.Tensor, stream: Stream) -> torch.Tensor:
         full = stream.extend(self.name, x, self.rate)  # (B, C, J - 1 + T)
-        r, taps = self.ratio, self.context + 1
-        f = self.filter.to(x.dtype)
-        phases = F.pad(f, (0, taps * r - f.numel())).view(taps, r).t().flip(-1)  # (r, J): [p, t] = f[p + (J-1-t)*r]
-        kernels = phases.repeat(self.channels, 1)[:, None, :]  # (C * r, 1, J): row c * r + p is phase p
-        return _interleave(r * _conv1d(full, kernels, groups=self.channels), r)  # (B, C, T * r)
+        y = self.ratio * _conv1d(full, self.kernels, groups=self.channels)  # (B, C * r, T)
+        return _interleave(y, self.ratio)  # (B, C, T * r)
 
 
 class DownSample1d(_Resampler):
@@ -494,10 +516,12 @@ class DownSample1d(_Resampler):
         # the window of output i ends on input r * i + r - 1, the last sample of its frame
         super().__init__(channels, config.antialias_kernel_size - config.antialias_ratio, rate, config)
 
+    def _kernels(self, taps: torch.Tensor) -> torch.Tensor:
+        return taps.repeat(self.channels, 1)[:, None, :].contiguous()  # (C, 1, K): one per channel
+
     def forward(self, x: torch.Tensor, stream: Stream) -> torch.Tensor:
         full = stream.extend(self.name, x, self.rate)  # (B, C, L + r * T)
-        taps = self.filter.to(x.dtype).view(1, 1, -1).expand(self.channels, 1, -1)  # (C, 1, K): one per channel
-        return _conv1d(full, taps, stride=self.ratio, groups=self.channels)  # (B, C, T)
+        return _conv1d(full, self.kernels, stride=self.ratio, groups=self.channels)  # (B, C, T)
 
 
 class SnakeBeta(nn.Module):

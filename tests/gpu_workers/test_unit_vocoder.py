@@ -175,6 +175,10 @@ def test_causal_convolutions_are_delayed_symmetric_ones() -> None:
     reference = F.conv_transpose1d(x, up.weight, up.bias, stride=4, padding=lag)
     assert ours_up.shape == reference.shape == (2, 3, 240)
     torch.testing.assert_close(ours_up[..., 2 * lag :], reference[..., lag:-lag], rtol=0, atol=1e-5)
+    with torch.no_grad():
+        up.weight.mul_(-0.5)  # the phase kernels made of the old weights must not be reused
+    reference = F.conv_transpose1d(x, up.weight, up.bias, stride=4, padding=lag)
+    torch.testing.assert_close(run_alone(up, x)[..., 2 * lag :], reference[..., lag:-lag], rtol=0, atol=1e-5)
 
 
 def reference_amp_block(block: AMPBlock, x: torch.Tensor, kernel: int, dilations: tuple[int, ...]) -> torch.Tensor:
@@ -186,6 +190,7 @@ def reference_amp_block(block: AMPBlock, x: torch.Tensor, kernel: int, dilations
     ]  # fmt: skip
     for s, d in enumerate(dilations):
         c1, c2 = block.convs1[s], block.convs2[s]
+        assert isinstance(c1, CausalConv1d) and isinstance(c2, CausalConv1d)
         h = F.conv1d(acts[2 * s](x), c1.weight, c1.bias, padding=(kernel - 1) * d // 2, dilation=d)
         h = F.conv1d(acts[2 * s + 1](h), c2.weight, c2.bias, padding=(kernel - 1) // 2)
         lag = ACT_LAG + (kernel - 1) * d // 2 + ACT_LAG + (kernel - 1) // 2
