@@ -18,7 +18,7 @@ shared machine the figures are only indicative: the 1-minute load average before
 printed.
 
     .venv/bin/python bench/vocoder_bench.py                               # both widths: minutes on 2 cores
-    .venv/bin/python bench/vocoder_bench.py --widths tiny --repeats 5     # seconds
+    .venv/bin/python bench/vocoder_bench.py --widths tiny --repeats 7     # seconds
     .venv/bin/python bench/vocoder_bench.py --device cuda --dtype bfloat16 --threads 1
 """
 
@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--first", type=int, nargs="+", default=[2, 4, 8], help="first-chunk sizes (units)")
     p.add_argument("--steady", type=int, default=25, help="steady chunk size (units)")
     p.add_argument("--steady-chunks", type=int, default=2, help="steady chunks per stream")
-    p.add_argument("--repeats", type=int, default=3, help="streams per first-chunk size")
+    p.add_argument("--repeats", type=int, default=5, help="streams per first-chunk size")
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
     p.add_argument("--out", type=Path, help="also write the rows as JSON here")
