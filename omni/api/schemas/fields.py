@@ -14,6 +14,7 @@ import orjson
 from aiohttp import web
 
 from omni.api.errors import APIError, bad_request
+from omni.api.schemas.json_body import decode_json
 from omni.tokenizer import TextTokenizer
 from scheduler.request import MediaSpan, SamplingParams
 
@@ -33,18 +34,23 @@ Json: TypeAlias = Any
 Body: TypeAlias = Mapping[str, Json]
 
 
-# Bodies larger than this are decoded in a worker thread. orjson holds the GIL while it parses,
-# so the loop still waits for the GIL meanwhile; but only for that one C call (about 3 ms a
-# megabyte), not for the Python on either side of it.
+# Bodies larger than this are decoded in a worker thread, by json_body.decode_json: orjson holds
+# the GIL for each of its calls (about 2.5 ms a megabyte on a small box), so a long string is
+# decoded a window at a time and the loop gets the GIL between windows.
 _DECODE_IN_THREAD_BYTES = 1 << 20
+# What the body's stream buffers before readany() hands it over: each chunk is one short copy
+# into the body's buffer (aiohttp's own read() raises this to the whole body, then copies the
+# body it joined into bytes: 60 MB in one call).
+_READ_CHUNK_BYTES = 256 * 1024
 
 
 async def read_json(request: web.Request, *, timeout: float | None = None) -> dict[str, Json]:
-    """The request body as a JSON object. A body over client_max_size raises 413 (aiohttp); one
-    that has not arrived within timeout seconds is a 408, and the connection is closed."""
+    """The request body as a JSON object. A body over client_max_size is a 413 (aiohttp's
+    error); one that has not arrived within timeout seconds is a 408, and the connection is
+    closed."""
     try:
         async with asyncio.timeout(timeout):
-            raw = await request.read()
+            raw = await _read_body(request)
     except TimeoutError:
         raise APIError(
             408,
@@ -54,7 +60,7 @@ async def read_json(request: web.Request, *, timeout: float | None = None) -> di
         ) from None
     try:
         if len(raw) > _DECODE_IN_THREAD_BYTES:
-            data = await asyncio.to_thread(orjson.loads, raw)
+            data = await asyncio.to_thread(decode_json, raw)
         else:
             data = orjson.loads(raw)
     except orjson.JSONDecodeError as e:
@@ -62,6 +68,24 @@ async def read_json(request: web.Request, *, timeout: float | None = None) -> di
     if not isinstance(data, dict):
         raise bad_request("The request body must be a JSON object.")
     return merge_extra_body(data)
+
+
+async def _read_body(request: web.Request) -> bytearray:
+    """The body in one buffer, grown chunk by chunk, so that no step copies the whole body:
+    a large buffer grows in place (realloc remaps its pages), and preallocating it from
+    Content-Length would zero-fill it all at once."""
+    limit = request.client_max_size
+    declared = request.content_length
+    if limit and declared is not None and declared > limit:
+        raise web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=declared)
+    body = bytearray()
+    stream = request.content
+    stream.set_read_chunk_size(_READ_CHUNK_BYTES)
+    while chunk := await stream.readany():
+        body += chunk
+        if limit and len(body) > limit:  # a compressed body inflates past Content-Length
+            raise web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=len(body))
+    return body
 
 
 def merge_extra_body(data: dict[str, Json]) -> dict[str, Json]:
