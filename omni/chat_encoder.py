@@ -31,6 +31,7 @@ import tokenizers
 ESC = "\U0010fffd"  # plane 16 private use
 _DIGIT_BASE = 0xF0000  # plane 15 private use: an index is two digits in base _RADIX
 _RADIX = 4096
+_ESCAPE_WINDOW = 1 << 20  # characters of a client string searched for special tokens per regex call
 
 
 def _index_chars(index: int) -> str:
@@ -97,6 +98,7 @@ class ChatEncoder:
         # Special tokens as written, as the tokenizer matches them (a token that strips the
         # whitespace around it or matches only as a word is matched here as it is written).
         self._finder = re.compile(_trie_pattern(list(self._special))) if self._special else None
+        self._longest_special = max(map(len, self._special), default=0)
         # The same tokenizer with special-token matching off, for the text between markers.
         self._plain = tokenizers.Tokenizer.from_str(backend.to_str())
         self._plain.encode_special_tokens = True
@@ -114,15 +116,40 @@ class ChatEncoder:
         return _rebuild(value, escaped)
 
     def _escape_all(self, strings: list[str]) -> list[str]:
-        finder = self._finder
         out = []
         for s in strings:
             if ESC in s:
                 s = s.replace(ESC, ESC + _index_chars(0))
-            if finder is not None:
-                s = finder.sub(self._escape_match, s)
+            if self._finder is not None:
+                s = self._escape_specials(s)
             out.append(s)
         return out
+
+    def _escape_specials(self, s: str) -> str:
+        """s with each special token escaped, searched a window at a time: one regex call over
+        a 60 MB prompt held the GIL (and the event loop) for 100 ms. s itself when it has none."""
+        finder = self._finder
+        assert finder is not None
+        if len(s) <= _ESCAPE_WINDOW:
+            return finder.sub(self._escape_match, s)
+        out: list[str] = []
+        start = 0  # s[start:] is not copied to out yet
+        pos = 0
+        while pos < len(s):
+            end = min(len(s), pos + _ESCAPE_WINDOW)
+            # A match starting before `decided` is whole within s[:end]; one starting later may
+            # be a shorter token than the one the full text holds, so the next window decides it.
+            decided = len(s) if end == len(s) else end - self._longest_special + 1
+            for match in finder.finditer(s, pos, end):
+                if match.start() >= decided:
+                    break
+                out += [s[start : match.start()], self._escape_match(match)]
+                start = match.end()
+            pos = max(start, decided)
+        if not out:
+            return s
+        out.append(s[start:])
+        return "".join(out)
 
     def _escape_match(self, match: re.Match[str]) -> str:
         return ESC + _index_chars(self._special[match.group()][1])
