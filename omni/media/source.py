@@ -12,6 +12,7 @@ import asyncio
 import base64
 import binascii
 import ipaddress
+import re
 import socket
 
 import aiohttp
@@ -25,6 +26,7 @@ from omni.media.limits import MediaLimits
 _MAX_REDIRECTS = 5
 _CHUNK_BYTES = 64 * 1024
 _REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
+_SPACES = re.compile(r"\s*")
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
@@ -67,29 +69,65 @@ class _PublicOnlyResolver(ThreadedResolver):
         return hosts
 
 
-def decode_base64(data: str, limits: MediaLimits, param: str) -> bytes:
+# base64 characters decoded per call (a multiple of 4): each call holds the GIL, about 1 ms here.
+_BASE64_WINDOW = 256 * 1024
+# Longer base64 text is decoded in a worker thread, so the event loop gets the GIL between windows.
+DECODE_IN_THREAD_CHARS = 1 << 20
+
+
+async def decode_base64_off_loop(data: str, limits: MediaLimits, param: str) -> bytes:
+    if len(data) > DECODE_IN_THREAD_CHARS:
+        return await asyncio.to_thread(decode_base64, data, limits, param)
+    return decode_base64(data, limits, param)
+
+
+def decode_base64(data: str, limits: MediaLimits, param: str, start: int = 0, end: int | None = None) -> bytes:
+    """data[start:end], whitespace around it dropped, decoded as strict base64 (no whitespace or
+    other characters inside, padding only at its end) a window at a time, without copying the
+    text first: base64.b64decode(validate=True) of the whole, which also takes excess padding."""
+    start, end = _strip(data, start, len(data) if end is None else end)
     # 4 base64 chars carry 3 bytes: refuse before allocating the decoded copy.
-    if len(data) // 4 * 3 > limits.max_bytes + 3:
+    if (end - start) // 4 * 3 > limits.max_bytes + 3:
         raise _too_large(limits, param)
+    pieces = []
     try:
-        raw = base64.b64decode(data, validate=True)
+        for at in range(start, end, _BASE64_WINDOW):
+            window = data[at : min(end, at + _BASE64_WINDOW)]
+            if at + _BASE64_WINDOW < end and "=" in window:  # padding before the last window
+                raise ValueError
+            pieces.append(base64.b64decode(window, validate=True))
     except (binascii.Error, ValueError):
         raise MediaError(f"Invalid base64 data in {param}.", param=param) from None
+    raw = b"".join(pieces)  # one piece is returned as it is, not copied
     if len(raw) > limits.max_bytes:
         raise _too_large(limits, param)
     return raw
 
 
+def _strip(data: str, start: int, end: int) -> tuple[int, int]:
+    """data[start:end] without the whitespace around it, as (start, end): str.strip() would copy."""
+    spaces = _SPACES.match(data, start, end)
+    assert spaces is not None  # \s* matches everywhere
+    start = spaces.end()
+    while end > start:
+        tail = data[max(start, end - 4096) : end]
+        kept = tail.rstrip()
+        end -= len(tail) - len(kept)
+        if kept:
+            break
+    return start, end
+
+
 def _parse_data_url(url: str, limits: MediaLimits, param: str) -> bytes:
-    # data:<mime>[;<k>=<v>]*;base64,<payload>
-    header, sep, payload = url[len("data:") :].partition(",")
-    parts = header.split(";")
-    if not sep or "/" not in parts[0] or parts[-1].strip().lower() != "base64":
+    # data:<mime>[;<k>=<v>]*;base64,<payload>; the payload is decoded where it lies in url
+    comma = url.find(",")
+    parts = (url[len("data:") : comma] if comma >= 0 else "").split(";")
+    if comma < 0 or "/" not in parts[0] or parts[-1].strip().lower() != "base64":
         raise MediaError(
             f"Malformed data URL in {param}: expected data:<mime type>;base64,<data>.",
             param=param,
         )
-    return decode_base64(payload.strip(), limits, param)
+    return decode_base64(url, limits, param, comma + 1)
 
 
 def _too_large(limits: MediaLimits, param: str) -> MediaError:
@@ -101,6 +139,8 @@ def _too_large(limits: MediaLimits, param: str) -> MediaError:
 
 async def load_media_bytes(url: str, limits: MediaLimits, param: str) -> bytes:
     if url[:5].lower() == "data:":
+        if len(url) > DECODE_IN_THREAD_CHARS:
+            return await asyncio.to_thread(_parse_data_url, url, limits, param)
         return _parse_data_url(url, limits, param)
     scheme = url.partition(":")[0].lower()
     if scheme not in ("http", "https"):

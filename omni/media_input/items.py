@@ -14,7 +14,7 @@ from typing import Any, TypeAlias
 
 from omni.api.schemas import ChatMessage, ImageURLPart, InputAudioPart, TextPart, VideoURLPart
 from omni.media import MediaLimits, is_video
-from omni.media.source import decode_base64, load_media_bytes
+from omni.media.source import decode_base64_off_loop, load_media_bytes
 from omni.store.keys import content_hash
 
 _HASH_IN_THREAD_BYTES = 1 << 20
@@ -60,7 +60,7 @@ async def load_items(messages: Sequence[ChatMessage], limits: MediaLimits) -> li
     async def load(param: str, part: MediaPart) -> MediaItem:
         fmt = None
         if isinstance(part, InputAudioPart):
-            kind, data, fmt = "audio", decode_base64(part.data, limits, param), part.format
+            kind, data, fmt = "audio", await decode_base64_off_loop(part.data, limits, param), part.format
         else:
             data = await load_media_bytes(part.url, limits, param)
             # The bytes decide, not the part type: an mp4 sent as image_url is a video.
