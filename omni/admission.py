@@ -41,6 +41,7 @@ class Limit(enum.Enum):
     MEDIA_ITEMS = "media_items"
     MEDIA_BYTES = "media_bytes"
     IMAGES = "images"  # waiting for the image decoder
+    AUDIO = "audio_streams"  # answers the audio decoder speaks at once
 
 
 class Overloaded(Exception):
