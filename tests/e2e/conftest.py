@@ -8,10 +8,13 @@ from pathlib import Path
 import pytest
 
 from gpu_workers.tiny_checkpoints import make_tiny_checkpoint
-from tests.e2e.server import running_server
+from tests.e2e.server import free_port, running_server
 
 BLOCK_SIZE = 4
 E2E_DIR = Path(__file__).resolve().parent
+# The browser test's page is served from this origin, which the shared server allows (CORS).
+CORS_PAGE_PORT = free_port()
+CORS_PAGE_ORIGIN = f"http://127.0.0.1:{CORS_PAGE_PORT}"
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
@@ -42,6 +45,8 @@ def server(tiny_model_dir: Path) -> Iterator[str]:
         "--trust-request-chat-template",
         "--max-request-bytes",
         "65536",
+        "--allowed-origins",
+        f'["{CORS_PAGE_ORIGIN}"]',  # as vLLM takes it
     ) as base:
         yield base
 

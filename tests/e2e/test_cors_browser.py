@@ -1,7 +1,9 @@
 """A browser page on another origin calls the real server (issue 13, acceptance 4).
 
-One server with an API key and --allowed-origins naming one loopback page server; a second
-page server on another port is not allowed. Headless Chromium (Debian's package, which
+The shared e2e server allows one loopback origin (tests/e2e/conftest.py CORS_PAGE_ORIGIN),
+where one page server runs; a second page server on another port is not allowed. (The page
+sends a bearer key the shared server does not check; a preflight before the auth check of a
+server with a key is tests/omni/test_cors.py's.) Headless Chromium (Debian's package, which
 bin/setup's test mode installs) loads the same page from each; its script POSTs a chat
 completion with Authorization and a JSON body (so the browser sends a preflight first), then
 the same request streamed, and writes the outcome into the DOM, which --dump-dom prints once
@@ -23,7 +25,7 @@ from urllib.parse import urlencode
 
 import pytest
 
-from tests.e2e.server import running_server
+from tests.e2e.conftest import CORS_PAGE_ORIGIN, CORS_PAGE_PORT
 
 KEY = "sk-browser-test"
 CHROMIUM = shutil.which("chromium")
@@ -61,7 +63,7 @@ class _PageServer:
     """Serves PAGE (at any path; the API's URL is in the query) on a loopback port of its own,
     which makes its origin, from a thread."""
 
-    def __init__(self) -> None:
+    def __init__(self, port: int = 0) -> None:
         page = PAGE
 
         class Handler(BaseHTTPRequestHandler):
@@ -75,7 +77,7 @@ class _PageServer:
             def log_message(self, format: str, *args: object) -> None:  # noqa: A002
                 pass
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", port), Handler)
         self.origin = f"http://127.0.0.1:{self.httpd.server_address[1]}"
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
         self.thread.start()
@@ -117,20 +119,13 @@ def _load(url: str, profile: Path) -> tuple[str, str]:
 
 
 @pytest.fixture(scope="module")
-def pages(tiny_model_dir: Path) -> Iterator[tuple[str, str]]:
-    """(allowed page URL, other page URL), both calling one server that allows the first."""
-    allowed, other = _PageServer(), _PageServer()
+def pages(server: str) -> Iterator[tuple[str, str]]:
+    """(allowed page URL, other page URL), both calling the shared server, which allows the first."""
+    allowed, other = _PageServer(CORS_PAGE_PORT), _PageServer()
+    assert allowed.origin == CORS_PAGE_ORIGIN
     try:
-        with running_server(
-            "--model",
-            f"omni-tiny={tiny_model_dir}",
-            "--api-key",
-            KEY,
-            "--allowed-origins",
-            json.dumps([allowed.origin]),  # as vLLM takes it
-        ) as api:
-            query = "/?" + urlencode({"api": api})
-            yield allowed.origin + query, other.origin + query
+        query = "/?" + urlencode({"api": server})
+        yield allowed.origin + query, other.origin + query
     finally:
         allowed.close()
         other.close()
