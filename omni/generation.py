@@ -52,8 +52,21 @@ class Delta:
     # Where each token's text starts in the choice's whole text (its characters up to here
     # and beyond): text[text_offsets[i]:text_offsets[i + 1]] is what token i added.
     text_offsets: list[int] = field(default_factory=list)
-    # Output spans decoded on this Delta (omni/output_router.py): the images it completed.
+    # Output spans decoded on this Delta (omni/output_router.py): the images it completed, and
+    # the audio chunks its unit tokens completed.
     images: list[GeneratedImage] = field(default_factory=list)
+    audio: list[AudioPiece] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class AudioPiece:
+    """Audio decoded on a Delta: the next chunk of one audio span, float32 mono samples (little
+    endian). A span's pieces, concatenated, are its whole audio; `last` ends the span."""
+
+    samples: bytes
+    sample_rate: int
+    span: int  # which audio span of the choice, from 0
+    last: bool = False
 
 
 @dataclass(frozen=True, slots=True)

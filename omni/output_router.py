@@ -8,8 +8,14 @@ Text passes through. An image span (omni/constrained/image_span.py: from
 <|discrete_image_start|> to <|discrete_image_end|>, its codes held to the span grammar) is
 withheld from the text; at its last token the codes go to the image decoder, and the decoded
 image rides on that Delta (`Delta.images`). A span that the request's end cuts short (max_tokens)
-gives no image. Audio will plug in the same way: <|audioNNNN|> units sent to the vocoder in
-chunks as they arrive, each decoded chunk riding on the Delta that completed it.
+gives no image.
+
+An audio span (omni/constrained/audio_span.py: <|discrete_audio_start|>, 3 to 2,000 unit tokens,
+<|discrete_audio_end|>) is withheld from the text too, and its units go to the vocoder in chunks
+as they are sampled: a small first chunk (AudioRoute.first_chunk_units) so sound starts early,
+then chunk_units at a time, the rest at the span's end. Each decoded chunk rides on the Delta
+whose token completed it (`Delta.audio`). A span the request's end cuts short still gives the
+audio of the units it has, when there are at least 3 (max_tokens: finish_reason "length").
 
 The contract assembly relies on, which every span kind keeps: one Delta out per Delta in, in
 order; a Delta's token_ids, logprobs and finish_reason unchanged (usage counts every generated
@@ -21,13 +27,14 @@ at once, which aborts its request in the engine (its KV blocks are freed before 
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from contextlib import aclosing
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
+from omni.constrained.audio_span import AudioSpanFormat
 from omni.constrained.image_span import ImageSpanFormat
-from omni.generation import Delta, GeneratedImage, Generation, Usage
+from omni.generation import AudioPiece, Delta, GeneratedImage, Generation, Usage
 from omni.tokenizer import TextTokenizer
 
 log = logging.getLogger("omni.output_router")
@@ -45,6 +52,36 @@ class ImageSpan:
 
 class ImageDecoder(Protocol):
     async def decode(self, span: ImageSpan, request_id: str) -> GeneratedImage: ...
+
+
+class AudioSink(Protocol):
+    """One audio span's way to the vocoder (omni/audio_decoder_engine.py AudioStream)."""
+
+    async def decode(self, units: list[int], *, last: bool = False) -> bytes: ...
+
+    def close(self) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class AudioRoute:
+    """What a choice needs to route audio spans: the span format, a way to open a vocoder
+    stream per span (the request's voice bound in), and the chunking.
+
+    opened: the prompt ends with the span's opening token (the speech API forces the span)."""
+
+    format: AudioSpanFormat
+    open_stream: Callable[[], AudioSink]
+    sample_rate: int
+    first_chunk_units: int = 4
+    chunk_units: int = 25
+    opened: bool = False
+
+
+@dataclass(slots=True)
+class _OpenAudio:
+    sink: AudioSink
+    pending: list[int] = field(default_factory=list)  # units sampled, not yet sent
+    sent: int = 0  # units already decoded
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,12 +102,17 @@ class ImageRoute:
 class OutputRouter:
     """Routes the output spans of one choice (one Generation)."""
 
-    def __init__(self, generation: Generation, images: ImageRoute | None = None) -> None:
+    def __init__(self, generation: Generation, images: ImageRoute | None = None, audio: AudioRoute | None = None) -> None:
         self.generation = generation
         self._images = images
         # the open image span's tokens after its start (open from the first token when the
         # prompt opened it)
         self._span: list[int] | None = [] if images is not None and images.opened else None
+        self._audio = audio
+        self._voice: _OpenAudio | None = None  # the open audio span
+        self._audio_spans = 0  # audio spans opened so far
+        if audio is not None and audio.opened:
+            self._open_audio()
 
     @property
     def usage(self) -> Usage:
@@ -79,31 +121,87 @@ class OutputRouter:
     async def deltas(self) -> AsyncGenerator[Delta, None]:
         # aclosing: closing this generator closes the Generation's now, not when it is
         # garbage collected, so an abandoned choice is aborted before the engine's next step.
-        async with aclosing(self.generation.deltas()) as deltas:
-            async for delta in deltas:
-                yield await self.route(delta)
+        try:
+            async with aclosing(self.generation.deltas()) as deltas:
+                async for delta in deltas:
+                    yield await self.route(delta)
+        finally:
+            if self._voice is not None:  # left mid-span: the vocoder frees the stream's state
+                self._voice.sink.close()
+                self._voice = None
 
     async def route(self, delta: Delta) -> Delta:
         """The Delta the client gets for one Delta of the Generation."""
-        if self._images is None:
+        if self._images is None and self._audio is None:
             return delta
-        fmt = self._images.format
         for token_id in delta.token_ids:
-            if self._span is None:
-                if token_id == fmt.start_token_id:
-                    self._span = []
-                    self._withhold(delta, token_id)
-                continue
-            self._span.append(token_id)
-            self._withhold(delta, token_id)
-            if len(self._span) == fmt.span_tokens:
-                span, self._span = self._read(self._span), None
-                if span is not None:
-                    image = await self._images.decoder.decode(span, str(self.generation.request.request_id))
-                    delta.images.append(image)
-                    if self._images.inline:
-                        delta.text += image.url
+            if self._voice is not None:
+                await self._route_audio(delta, token_id)
+            elif self._span is not None:
+                await self._route_image(delta, token_id)
+            elif self._images is not None and token_id == self._images.format.start_token_id:
+                self._span = []
+                self._withhold(delta, token_id)
+            elif self._audio is not None and token_id == self._audio.format.start_token_id:
+                self._open_audio()
+                self._withhold(delta, token_id)
+        if delta.finish_reason is not None and self._voice is not None:
+            await self._end_audio(delta, cut=True)
         return delta
+
+    async def _route_image(self, delta: Delta, token_id: int) -> None:
+        assert self._images is not None and self._span is not None
+        self._span.append(token_id)
+        self._withhold(delta, token_id)
+        if len(self._span) == self._images.format.span_tokens:
+            span, self._span = self._read(self._span), None
+            if span is not None:
+                image = await self._images.decoder.decode(span, str(self.generation.request.request_id))
+                delta.images.append(image)
+                if self._images.inline:
+                    delta.text += image.url
+
+    def _open_audio(self) -> None:
+        assert self._audio is not None
+        self._voice = _OpenAudio(self._audio.open_stream())
+
+    async def _route_audio(self, delta: Delta, token_id: int) -> None:
+        """A token inside an audio span: a unit (sent once a chunk is full) or the span's end."""
+        route, voice = self._audio, self._voice
+        assert route is not None and voice is not None
+        self._withhold(delta, token_id)
+        if token_id == route.format.end_token_id:
+            await self._end_audio(delta, cut=False)
+            return
+        unit = route.format.unit_of(token_id)
+        if unit is None:  # the span grammar lets only units and the end through
+            log.error("%s: token %d inside an audio span is no unit", self.generation.request.request_id, token_id)
+            return
+        voice.pending.append(unit)
+        # the first chunk waits for the span's least units, so a span cut short before it has
+        # them (no audio) never sent any
+        size = max(route.first_chunk_units, route.format.min_units) if voice.sent == 0 else route.chunk_units
+        if len(voice.pending) >= size:
+            units, voice.pending = voice.pending, []
+            await self._send_audio(delta, units, last=False)
+
+    async def _end_audio(self, delta: Delta, *, cut: bool) -> None:
+        """The span ended (its end token, or the request's end cutting it short): its last
+        chunk; a cut span of fewer than 3 units gives no audio."""
+        route, voice = self._audio, self._voice
+        assert route is not None and voice is not None
+        if cut and voice.sent + len(voice.pending) < route.format.min_units:
+            voice.sink.close()
+        else:
+            await self._send_audio(delta, voice.pending, last=True)
+        self._voice = None
+        self._audio_spans += 1
+
+    async def _send_audio(self, delta: Delta, units: list[int], *, last: bool) -> None:
+        assert self._audio is not None and self._voice is not None
+        samples = await self._voice.sink.decode(units, last=last)
+        self._voice.sent += len(units)
+        delta.audio.append(AudioPiece(samples, self._audio.sample_rate, self._audio_spans, last))
 
     def _withhold(self, delta: Delta, token_id: int) -> None:
         """A span token's own text (present when special tokens are written out) is not text."""

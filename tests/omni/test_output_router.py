@@ -10,12 +10,14 @@ from contextlib import aclosing
 from pathlib import Path
 from typing import cast
 
+import numpy as np
 import pytest
 
+from omni.constrained.audio_span import AudioSpanFormat
 from omni.constrained.image_span import END, EOF, EOL, VISION_TOKEN, ImageSpanFormat
 from omni.generation import Delta, GeneratedImage, Generation
 from omni.model_pool import ModelPool
-from omni.output_router import ImageRoute, ImageSpan, OutputRouter
+from omni.output_router import AudioRoute, ImageRoute, ImageSpan, OutputRouter
 from omni.served_model import ServedModel
 from omni.tokenizer import TextTokenizer
 from scheduler.request import RequestId, RequestStatus, SamplingParams
@@ -154,3 +156,86 @@ async def test_a_span_cut_short_gives_no_image(tokenizer: TextTokenizer) -> None
     out = [d async for d in OutputRouter(g, ImageRoute(fmt, decoder)).deltas()]
     assert decoder.spans == [] and not any(d.images for d in out)
     assert out[-1].finish_reason == "length" and "".join(d.text for d in out) == ""
+
+
+class FakeSink:
+    """Records the chunks it is sent; each unit decodes to 2 samples (its value, twice)."""
+
+    def __init__(self, log: list[tuple[list[int], bool]]) -> None:
+        self.log = log
+        self.closed = False
+
+    async def decode(self, units: list[int], *, last: bool = False) -> bytes:
+        self.log.append((list(units), last))
+        return np.repeat(np.asarray(units, dtype="<f4"), 2).tobytes()
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def audio_route(tokenizer: TextTokenizer, sinks: list[FakeSink], log: list[tuple[list[int], bool]], **kw: object) -> AudioRoute:
+    fmt = AudioSpanFormat.from_tokenizer(tokenizer)
+    assert fmt is not None
+
+    def open_stream() -> FakeSink:
+        sinks.append(FakeSink(log))
+        return sinks[-1]
+
+    return AudioRoute(fmt, open_stream, 24000, first_chunk_units=1, chunk_units=3, **kw)  # type: ignore[arg-type]
+
+
+async def test_audio_units_go_to_the_vocoder_in_chunks_and_never_into_the_text(tokenizer: TextTokenizer) -> None:
+    sinks: list[FakeSink] = []
+    log: list[tuple[list[int], bool]] = []
+    route = audio_route(tokenizer, sinks, log)
+    fmt = route.format
+    unit = [fmt.first_unit_id + u for u in range(7)]
+    said = tokenizer.encode("Sure:", add_special_tokens=False)
+    tokens = [*said, fmt.start_token_id, *unit, fmt.end_token_id, *said, fmt.start_token_id, *unit[:4], fmt.end_token_id]
+    g = generation(tokenizer, FakePool(tokens))
+    g.params = SamplingParams(max_tokens=len(tokens))
+    out = [delta async for delta in OutputRouter(g, audio=route).deltas()]
+    assert "".join(d.text for d in out) == "Sure:Sure:"
+    # the first chunk waits for the span's least units (3, though 1 was asked), then 3 at a time,
+    # the rest at the end; a second span starts over
+    assert log == [([0, 1, 2], False), ([3, 4, 5], False), ([6], True), ([0, 1, 2], False), ([3], True)]
+    pieces = [p for d in out for p in d.audio]
+    assert [(p.span, p.last) for p in pieces] == [(0, False), (0, False), (0, True), (1, False), (1, True)]
+    first = np.concatenate([np.frombuffer(p.samples, dtype="<f4") for p in pieces if p.span == 0])
+    assert first.tolist() == np.repeat(np.arange(7, dtype="<f4"), 2).tolist()
+    # a piece rides on the Delta whose token completed its chunk
+    carrying = [i for i, d in enumerate(out) if d.audio]
+    assert carrying[0] == len(said) + 3 and len(sinks) == 2 and not any(s.closed for s in sinks)
+
+
+@pytest.mark.parametrize(("units", "audio"), [(4, True), (2, False)])
+async def test_a_span_cut_by_max_tokens_keeps_its_audio_when_it_has_three_units(
+    tokenizer: TextTokenizer, units: int, audio: bool
+) -> None:
+    sinks: list[FakeSink] = []
+    log: list[tuple[list[int], bool]] = []
+    route = audio_route(tokenizer, sinks, log, opened=True)  # the prompt opened the span
+    tokens = [route.format.first_unit_id + u for u in range(units)]
+    g = generation(tokenizer, FakePool(tokens))
+    g.params = SamplingParams(max_tokens=units)
+    out = [delta async for delta in OutputRouter(g, audio=route).deltas()]
+    assert out[-1].finish_reason == "length"
+    pieces = [p for d in out for p in d.audio]
+    if audio:
+        assert log[-1][1] and sum(len(u) for u, _ in log) == units and pieces[-1].last
+    else:
+        assert pieces == [] and sinks[0].closed
+
+
+async def test_leaving_mid_span_closes_the_vocoder_stream(tokenizer: TextTokenizer) -> None:
+    sinks: list[FakeSink] = []
+    log: list[tuple[list[int], bool]] = []
+    route = audio_route(tokenizer, sinks, log)
+    fmt = route.format
+    tokens = [fmt.start_token_id, *(fmt.first_unit_id + u for u in range(6)), fmt.end_token_id]
+    g = generation(tokenizer, FakePool(tokens))
+    async with aclosing(OutputRouter(g, audio=route).deltas()) as deltas:
+        async for delta in deltas:
+            if delta.audio:
+                break
+    assert sinks[0].closed
