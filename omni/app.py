@@ -14,6 +14,8 @@ from aiohttp.typedefs import Handler, Middleware
 from omni.access_log import add_request_id_header, request_id_middleware
 from omni.api import artifacts, chat, completions, images, openapi, system, tokenize
 from omni.api.errors import error_middleware, unauthorized
+from omni.audio_decoder_engine import AudioDecoderEngine
+from omni.audio_output import ModelAudio
 from omni.chat_format import ChatFormat
 from omni.config import EngineConfig, ServerConfig
 from omni.cors import install_cors
@@ -31,7 +33,8 @@ from omni.store.base import ArtifactStore
 from omni.store.spec import StoreSpec
 from omni.tokenizer import TextTokenizer
 from omni.vision_decoder_engine import VisionDecoderEngine
-from omni.worker_specs import encoder_device, encoder_worker_spec, vision_decoder_worker_spec
+from omni.supervisor import SupervisedWorker
+from omni.worker_specs import audio_decoder_worker_spec, encoder_device, encoder_worker_spec, vision_decoder_worker_spec
 
 log = logging.getLogger("omni.app")
 
@@ -97,6 +100,9 @@ async def _models_ctx(app: web.Application) -> AsyncIterator[None]:
         drawing = None
         if engine_config.vision_decoder_dir is not None:
             drawing = _model_images(engine_config, tokenizer, app[STORE], metrics)
+        speaking = None
+        if engine_config.audio_decoder_dir is not None:
+            speaking = _model_audio(engine_config, tokenizer)
         chat_format = ChatFormat.resolve(
             tokenizer,
             tool_parser=engine_config.tool_call_parser,
@@ -112,10 +118,13 @@ async def _models_ctx(app: web.Application) -> AsyncIterator[None]:
             created=int(time.time()),
             media=media,
             images=drawing,
+            audio=speaking,
             chat_format=chat_format,
         )
         if drawing is not None:
             await drawing.prepare(served.grammars)
+        if speaking is not None:
+            await speaking.prepare(served.grammars)
         registry.add(served, engine_config.aliases)
 
     async def start_all() -> None:
@@ -123,7 +132,8 @@ async def _models_ctx(app: web.Application) -> AsyncIterator[None]:
         # once it has loaded, so a runner sharing its GPU must already hold its weights.
         # Hashing the encoders' weights for their store keys overlaps the workers' start.
         pipelines = [m.media for m in registry if m.media is not None]
-        decoders = [m.images.engine for m in registry if m.images is not None]
+        decoders: list[SupervisedWorker] = [m.images.engine for m in registry if m.images is not None]
+        decoders += [m.audio.engine for m in registry if m.audio is not None]
         await asyncio.gather(
             *(p.encoder.start() for p in pipelines),
             *(p.load_revisions() for p in pipelines),
@@ -140,6 +150,7 @@ async def _models_ctx(app: web.Application) -> AsyncIterator[None]:
         stops = [m.pool.stop() for m in registry]
         stops += [m.media.encoder.stop() for m in registry if m.media is not None]
         stops += [m.images.engine.stop() for m in registry if m.images is not None]
+        stops += [m.audio.engine.stop() for m in registry if m.audio is not None]
         await asyncio.gather(*stops, return_exceptions=True)
 
 
@@ -176,6 +187,19 @@ def _model_images(config: EngineConfig, tokenizer: TextTokenizer, store: Artifac
     )
     return ModelImages.for_model(
         engine, config.vision_decoder_dir, tokenizer, store, metrics, default_steps=config.diffusion_steps
+    )
+
+
+def _model_audio(config: EngineConfig, tokenizer: TextTokenizer) -> ModelAudio:
+    engine = AudioDecoderEngine(
+        audio_decoder_worker_spec(config),
+        config.model_name,
+        max_batch_streams=config.audio_max_batch_streams,
+        max_open_streams=config.max_audio_streams,
+        start_timeout=config.worker_start_timeout,
+    )
+    return ModelAudio.for_model(
+        engine, tokenizer, first_chunk_units=config.audio_first_chunk_units, chunk_units=config.audio_chunk_units
     )
 
 

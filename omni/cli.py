@@ -23,6 +23,7 @@ from omni.log_format import setup_logging
 from omni.app import STARTUP, create_app
 from omni.config import CorsPolicy, EngineConfig, ServerConfig
 from omni.config_file import ConfigFileError, apply_config_file
+from omni.constrained.audio_span import MIN_UNITS
 from omni.connections import ConnectionLimits, ServerRunner
 from omni.flag_compat import unsupported_flag_message
 from omni.media.limits import MediaLimits
@@ -333,6 +334,31 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         help="images that may wait for the decoder; beyond it a 429 (default: 4 batches)",
     )
+    speech = p.add_argument_group("audio output")
+    speech.add_argument(
+        "--audio-decoder-device", help="device of the audio decoder (vocoder) process (default: the encoder's)"
+    )
+    speech.add_argument(
+        "--audio-first-chunk-units",
+        type=_positive_int,
+        default=4,
+        help="units (25 a second) of an audio span sent to the vocoder first, so sound starts early; at "
+        "least the span's 3 (default 4: 160 ms)",
+    )
+    speech.add_argument(
+        "--audio-chunk-units", type=_positive_int, default=25, help="units of each later chunk (default 25: 1 s)"
+    )
+    speech.add_argument(
+        "--max-audio-streams",
+        type=_positive_int,
+        default=256,
+        help="answers the vocoder speaks at once; beyond it a request asking for audio is a 429 (default 256)",
+    )
+    speech.add_argument(
+        "--no-audio-output",
+        action="store_true",
+        help="do not start the checkpoint's audio decoder: the model cannot speak",
+    )
     images.add_argument(
         "--no-image-output",
         action="store_true",
@@ -565,6 +591,8 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         if not args.no_image_output:
             ranks_on_cpu = sum(d == "cpu" for d in decoder_devices) if decoder_devices else int(encoders_on_cpu)
             num_cpu_workers += ranks_on_cpu * sum(1 for layout in layouts if layout.vision_decoder is not None)
+        if not args.no_audio_output and (args.audio_decoder_device or args.encoder_device or device) == "cpu":
+            num_cpu_workers += sum(1 for layout in layouts if layout.audio_decoder is not None)
         num_threads = max(1, (os.cpu_count() or 1) // num_cpu_workers)
     dtype = {"half": "float16", "float": "float32"}.get(args.dtype, args.dtype)
     if dtype == "auto":
@@ -572,6 +600,8 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
     limits = media_limits_from_args(args)
     _check_encoder_queue(args, limits)
     _check_vllm_only_flags(args)
+    if args.audio_first_chunk_units < MIN_UNITS:
+        raise SystemExit(f"omni-serve: --audio-first-chunk-units must be at least {MIN_UNITS} (an audio span's least)")
     if on_cpu and args.gpu_memory_utilization is not None:
         log.info("--gpu-memory-utilization applies to GPUs; on CPU --kv-cache-memory sizes the KV cache")
     chat_template = _chat_template(args.chat_template)
@@ -591,6 +621,11 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
                 encoder_device=args.encoder_device,
                 vision_decoder_dir=None if args.no_image_output else layout.vision_decoder,
                 vision_decoder_devices=decoder_devices,
+                audio_decoder_dir=None if args.no_audio_output else layout.audio_decoder,
+                audio_decoder_device=args.audio_decoder_device,
+                audio_first_chunk_units=args.audio_first_chunk_units,
+                audio_chunk_units=args.audio_chunk_units,
+                max_audio_streams=args.max_audio_streams,
                 diffusion_steps=args.diffusion_steps,
                 decoder_max_batch_images=args.max_batch_images,
                 decoder_max_queued_images=args.max_queued_images,
@@ -738,6 +773,7 @@ class ServingCheck:
             m.pool.serving
             and (m.media is None or m.media.ready)
             and (m.images is None or m.images.ready)
+            and (m.audio is None or m.audio.ready)
             for m in models
         ):
             self.last_ok = now

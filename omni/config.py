@@ -66,6 +66,14 @@ class EngineConfig:
     diffusion_steps: int = 25
     decoder_max_batch_images: int = 8
     decoder_max_queued_images: int | None = None  # None: 4 batches
+    # The audio decoder (an omni checkpoint's audio_decoder/, None: no audio output): one
+    # process on audio_decoder_device (None: the encoder's device).
+    audio_decoder_dir: Path | None = None
+    audio_decoder_device: str | None = None
+    audio_first_chunk_units: int = 4  # units of an audio span's first chunk to the vocoder
+    audio_chunk_units: int = 25  # of each later chunk
+    audio_max_batch_streams: int = 32  # streams decoded together in one vocoder batch
+    max_audio_streams: int = 256  # open streams beyond which a request asking for audio is a 429
     # The chat format (omni/chat_format.py): "auto" parsers follow the chat template.
     chat_template: str | None = None  # replaces the checkpoint's template
     trust_request_chat_template: bool = False

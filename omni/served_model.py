@@ -12,7 +12,8 @@ from omni.media_input.pipeline import MediaPipeline
 from omni.model_pool import ModelPool
 from omni.tokenizer import TextTokenizer
 
-if TYPE_CHECKING:  # image_output imports generation, which imports this module
+if TYPE_CHECKING:  # image_output and audio_output import generation, which imports this module
+    from omni.audio_output import ModelAudio
     from omni.image_output import ModelImages
 
 
@@ -24,6 +25,7 @@ class ServedModel:
     created: int
     media: MediaPipeline | None = None  # None: a text-only model, media parts are refused
     images: ModelImages | None = None  # None: no vision decoder, the model cannot draw
+    audio: ModelAudio | None = None  # None: no audio decoder, the model cannot speak
     # The chat template and the tool-call and reasoning parsers (omni/chat_format.py).
     chat_format: ChatFormat = field(default_factory=ChatFormat)
     # Output constraints for this model's tokenizer, compiled once per spec.
@@ -38,6 +40,7 @@ class ServedModel:
             self.pool.ready
             and (self.media is None or self.media.ready)
             and (self.images is None or self.images.ready)
+            and (self.audio is None or self.audio.ready)
         )
 
 

@@ -54,6 +54,19 @@ def vision_decoder_devices(config: EngineConfig) -> tuple[str, ...]:
     return config.vision_decoder_devices or (encoder_device(config),)
 
 
+def audio_decoder_worker_spec(config: EngineConfig) -> protocol.AudioDecoderWorkerSpec:
+    """--audio-decoder-device, else the encoder's device."""
+    assert config.audio_decoder_dir is not None, "the model has no audio decoder"
+    return protocol.AudioDecoderWorkerSpec(
+        worker_id=0,
+        device=config.audio_decoder_device or encoder_device(config),
+        dtype=config.dtype,
+        num_threads=config.num_threads,
+        seed=config.seed,
+        model_dir=str(config.audio_decoder_dir),
+    )
+
+
 def vision_decoder_worker_spec(config: EngineConfig) -> protocol.VisionDecoderWorkerSpec:
     assert config.vision_decoder_dir is not None, "the model has no vision decoder"
     devices = vision_decoder_devices(config)

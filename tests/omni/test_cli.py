@@ -36,15 +36,20 @@ def test_cpu_threads_are_split_over_llm_and_encoder_workers(
     only_text = config_from_args(build_parser().parse_args(["--model", str(text)]))
     assert only_text.engines[0].num_threads == 8
     omni_args = ["--model", str(omni)]
-    with_decoder = config_from_args(build_parser().parse_args(omni_args))
-    assert with_decoder.engines[0].num_threads == 2  # the LLM worker, the encoder and the image decoder
-    with_encoder = config_from_args(build_parser().parse_args([*omni_args, "--no-image-output"]))
+    with_decoders = config_from_args(build_parser().parse_args(omni_args))
+    assert with_decoders.engines[0].num_threads == 2  # the LLM worker, the encoder, the image and audio decoders
+    assert with_decoders.engines[0].audio_decoder_dir == omni.resolve() / "audio_decoder"
+    with_encoder = config_from_args(build_parser().parse_args([*omni_args, "--no-image-output", "--no-audio-output"]))
     assert with_encoder.engines[0].num_threads == 4  # the LLM worker and the encoder worker
-    assert with_encoder.engines[0].vision_decoder_dir is None
-    two_ranks = config_from_args(build_parser().parse_args([*omni_args, "--vision-decoder-devices", "cpu,cpu"]))
+    assert with_encoder.engines[0].vision_decoder_dir is None and with_encoder.engines[0].audio_decoder_dir is None
+    two_ranks = config_from_args(
+        build_parser().parse_args([*omni_args, "--vision-decoder-devices", "cpu,cpu", "--no-audio-output"])
+    )
     assert two_ranks.engines[0].num_threads == 2  # 8 cores over 4 CPU processes
     elsewhere = config_from_args(
-        build_parser().parse_args([*omni_args, "--encoder-device", "cuda:0", "--vision-decoder-devices", "cuda:1"])
+        build_parser().parse_args(
+            [*omni_args, "--encoder-device", "cuda:0", "--vision-decoder-devices", "cuda:1"]
+        )
     )
     assert elsewhere.engines[0].num_threads == 8
     assert elsewhere.engines[0].vision_decoder_devices == ("cuda:1",)
