@@ -66,11 +66,11 @@ Assemble: TypeAlias = Callable[[web.Request, R, Completion], Awaitable[web.Strea
 async def chat_completion(
     request: web.Request, assemble: Assemble[ChatCompletionRequest]
 ) -> web.StreamResponse:
-    req = parse_chat_completion_request(await read_json(request, timeout=_body_timeout(request)))
+    req = parse_chat_completion_request(await read_json(request, timeout=body_timeout(request)))
     timeout = request_timeout(request)
     model = _model(request, req.model)
     check_tool_choice(model, req)
-    _check_serving(model)  # before media: no fetching or encoding for a model that cannot answer
+    check_serving(model)  # before media: no fetching or encoding for a model that cannot answer
     model.pool.check_admission()  # nor for one whose queue is full (429)
     items = await load_media(model, req)
     prompt = await chat_prompt(model, req, items)
@@ -117,11 +117,11 @@ async def chat_completion(
 
 
 async def completion(request: web.Request, assemble: Assemble[CompletionRequest]) -> web.StreamResponse:
-    req = parse_completion_request(await read_json(request, timeout=_body_timeout(request)))
+    req = parse_completion_request(await read_json(request, timeout=body_timeout(request)))
     timeout = request_timeout(request)
     model = _model(request, req.model)
     prompts = await completion_prompts(model, req)  # no media: a malformed prompt is a 400 even while starting
-    _check_serving(model)
+    check_serving(model)
     model.pool.check_admission()
     grammar = await _grammar(model, req)
     completion_id = new_request_id("cmpl")
@@ -183,7 +183,7 @@ ImageAssemble: TypeAlias = Callable[[web.Request, ImageGenerationRequest, ImageG
 async def image_generation(request: web.Request, assemble: ImageAssemble) -> web.StreamResponse:
     """POST /v1/images/generations: the prompt as a user turn, the reply forced to be one image
     span (the prompt ends with its opening token), n choices each drawn with seed + i."""
-    req = parse_image_generation_request(await read_json(request, timeout=_body_timeout(request)))
+    req = parse_image_generation_request(await read_json(request, timeout=body_timeout(request)))
     timeout = request_timeout(request)
     model = _image_model(request, req.model)
     images = model.images
@@ -196,7 +196,7 @@ async def image_generation(request: web.Request, assemble: ImageAssemble) -> web
             "chat_template_kwargs": {"enable_thinking": False, "skip_reasoning": True},
         }
     )
-    _check_serving(model)
+    check_serving(model)
     if not images.ready:
         raise service_unavailable("The image decoder is starting; retry shortly.", retry_after_s=5)
     model.pool.check_admission()
@@ -263,7 +263,7 @@ async def _grammar(model: ServedModel, req: ChatCompletionRequest | CompletionRe
     return None if req.grammar is None else await model.grammars.compile(req.grammar)
 
 
-def _body_timeout(request: web.Request) -> float | None:
+def body_timeout(request: web.Request) -> float | None:
     config = request.app.get(CONFIG)  # an app built without create_app (tests) has none
     return None if config is None else config.body_timeout
 
@@ -272,7 +272,7 @@ def _model(request: web.Request, name: str) -> ServedModel:
     return request.app[MODELS].get(name)  # a 404 naming the model if it is not served
 
 
-def _check_serving(model: ServedModel) -> None:
+def check_serving(model: ServedModel) -> None:
     # A media request also needs the encoder: MediaPipeline.expand answers 503 for that.
     if not model.pool.serving:
         raise service_unavailable("The model is starting; retry shortly.", retry_after_s=5)

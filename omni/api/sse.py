@@ -15,7 +15,7 @@ from aiohttp import web
 
 from omni.api.errors import engine_error
 from omni.engine import EngineError
-from omni.generation import Delta, GeneratedImage, TokenLogprob, Usage
+from omni.generation import AudioPiece, Delta, GeneratedImage, TokenLogprob, Usage
 from omni.output_router import OutputRouter
 
 
@@ -149,6 +149,7 @@ class Choice:
     finish_reason: str | None = None
     text_offsets: list[int] = field(default_factory=list)  # each token's, in text (Delta's)
     images: list[GeneratedImage] = field(default_factory=list)  # drawn from its image spans
+    audio: list[AudioPiece] = field(default_factory=list)  # spoken from its audio spans, in order
 
 
 async def collect(outputs: Sequence[OutputRouter]) -> list[Choice]:
@@ -163,6 +164,7 @@ async def collect(outputs: Sequence[OutputRouter]) -> list[Choice]:
                 choices[index].logprobs.extend(delta.logprobs)
                 choices[index].text_offsets.extend(delta.text_offsets)
                 choices[index].images.extend(delta.images)
+                choices[index].audio.extend(delta.audio)
                 if delta.finish_reason is not None:
                     choices[index].finish_reason = delta.finish_reason
     except EngineError as exc:

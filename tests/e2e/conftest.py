@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from gpu_workers.tiny_checkpoints import make_tiny_checkpoint
+from gpu_workers.tiny_checkpoints import make_tiny_checkpoint, make_tiny_omni_checkpoint
 from tests.e2e.server import free_port, running_server
 
 BLOCK_SIZE = 4
@@ -48,6 +48,15 @@ def server(tiny_model_dir: Path) -> Iterator[str]:
         "--allowed-origins",
         f'["{CORS_PAGE_ORIGIN}"]',  # as vLLM takes it
     ) as base:
+        yield base
+
+
+@pytest.fixture(scope="session")
+def speaking_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The tiny omni checkpoint with its audio decoder (speech, chat audio, transcription),
+    served as "omni"; images off, so it starts quicker."""
+    omni_dir = make_tiny_omni_checkpoint(tmp_path_factory.mktemp("ckpt") / "omni")
+    with running_server("--model", f"omni={omni_dir}", "--max-model-len", "2048", "--no-image-output") as base:
         yield base
 
 

@@ -1,0 +1,192 @@
+"""POST /v1/audio/speech: text to speech, as OpenAI's API answers it.
+
+    parse -> the speaking model -> prompt (the instructions as a system turn, the input as the
+    user's, reasoning off) + the audio span's opening token -> one choice held to the span
+    grammar (3 to max_units units, then the end) -> the router sends its units to the vocoder
+    in chunks as they are sampled -> encoded (response_format), time-stretched (speed)
+
+stream_format "audio" (the default) sends the file's bytes as they are encoded, so a player
+starts before the answer is done (chunked transfer; streamed wav has unknown sizes, as
+OpenAI's); "sse" sends `speech.audio.delta` events whose `audio` is base64 of those bytes,
+then `speech.audio.done` with the usage. A vocoder that fails before the first byte is a 503;
+after it, the stream ends early (the status is sent already; an SSE stream ends with an error
+event). The same seed gives the same audio.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+from collections.abc import AsyncGenerator
+from contextlib import aclosing
+
+import numpy as np
+import orjson
+from aiohttp import web
+
+from omni.access_log import note_generation
+from omni.api.errors import bad_request, engine_error
+from omni.api.schemas import parse_chat_completion_request, read_json
+from omni.api.schemas.fields import request_timeout
+from omni.api.schemas.speech import SpeechRequest, parse_speech_request
+from omni.audio_output import ModelAudio
+from omni.constrained.audio_span import MIN_UNITS
+from omni.engine import EngineError
+from omni.generation import Generation, new_request_id
+from omni.media.audio_encoding import MEDIA_TYPES, StreamingAudioEncoder
+from omni.media.tempo import TimeStretch
+from omni.orchestrator import body_timeout, check_serving
+from omni.output_router import OutputRouter
+from omni.prompt import chat_prompt
+from omni.served_model import ServedModel
+from omni.state import MODELS
+from scheduler.request import SamplingParams
+
+log = logging.getLogger("omni.api.speech")
+
+SPEECH_PATH = "/v1/audio/speech"
+
+
+async def create_speech(request: web.Request) -> web.StreamResponse:
+    req = parse_speech_request(await read_json(request, timeout=body_timeout(request)))
+    model = _speaking_model(request, req.model)
+    audio = model.audio
+    assert audio is not None
+    check_serving(model)
+    audio.check_ready()
+    model.pool.check_admission()
+    audio.engine.check_room()
+    voice = audio.voice_index(req.voice, "voice")
+    router = await _speech_choice(model, audio, req, voice)
+    note_generation(request, model.name, [router.generation])
+    with model.pool.admit([router.generation.request], request_timeout(request)):
+        if req.stream_format == "sse":
+            return await _send_events(request, req, router)
+        return await _send_audio(request, req, router)
+
+
+async def _speech_choice(model: ServedModel, audio: ModelAudio, req: SpeechRequest, voice: int) -> OutputRouter:
+    messages = [{"role": "user", "content": req.input}]
+    if req.instructions:
+        messages.insert(0, {"role": "system", "content": req.instructions})
+    chat = parse_chat_completion_request(
+        {
+            "model": model.name,
+            "messages": messages,
+            # the answer is the speech: templates that reason first are told not to
+            "chat_template_kwargs": {"enable_thinking": False, "skip_reasoning": True},
+        }
+    )
+    prompt = await chat_prompt(model, chat, [])
+    token_ids = [*prompt.token_ids, audio.format.start_token_id]
+    room = model.pool.max_model_len - len(token_ids)
+    if room < MIN_UNITS + 1:
+        raise bad_request(
+            f"The input is {len(token_ids)} tokens; it leaves no room for speech in the model's context of "
+            f"{model.pool.max_model_len}.",
+            param="input",
+            code="context_length_exceeded",
+        )
+    assert audio.grammar is not None  # compiled at start-up
+    params = SamplingParams(max_tokens=min(req.max_units + 1, room), seed=req.seed)  # the units, then the end
+    constraint = audio.grammar.new_constraint(None)  # the whole output is the span the prompt opened
+    generation = Generation(model, token_ids, params, (), new_request_id("speech"), constraint=constraint)
+    return OutputRouter(generation, audio=audio.route(voice, opened=True))
+
+
+async def _encoded(req: SpeechRequest, router: OutputRouter, sample_rate: int) -> AsyncGenerator[bytes, None]:
+    """The file's bytes as the span's chunks are decoded, stretched and encoded."""
+    encoder = StreamingAudioEncoder(req.response_format, sample_rate)
+    stretch = TimeStretch(sample_rate, req.speed) if req.speed != 1.0 else None
+    try:
+        async with aclosing(router.deltas()) as deltas:
+            async for delta in deltas:
+                for piece in delta.audio:
+                    samples = np.frombuffer(piece.samples, dtype="<f4")
+                    if stretch is not None:
+                        samples = stretch.feed(samples)
+                    data = encoder.feed(samples)
+                    if data:
+                        yield data
+        tail = stretch.finish() if stretch is not None else np.zeros(0, dtype=np.float32)
+        data = encoder.feed(tail) + encoder.finish()
+        if data:
+            yield data
+    finally:
+        encoder.close()
+
+
+async def _send_audio(request: web.Request, req: SpeechRequest, router: OutputRouter) -> web.StreamResponse:
+    chunks = _encoded(req, router, _sample_rate(router))
+    async with aclosing(chunks):
+        try:
+            first = await anext(chunks, b"")  # before the status: an early failure is still a 503
+        except EngineError as exc:
+            raise engine_error(exc) from exc
+        response = web.StreamResponse(headers={"Content-Type": MEDIA_TYPES[req.response_format]})
+        response.enable_chunked_encoding()
+        await response.prepare(request)
+        await response.write(first)
+        try:
+            async for data in chunks:
+                await response.write(data)
+        except EngineError as exc:  # mid-stream: the status is sent; end the body early
+            log.warning("%s: speech ended early: %s", router.generation.request.request_id, exc)
+            return response
+        await response.write_eof()
+        return response
+
+
+async def _send_events(request: web.Request, req: SpeechRequest, router: OutputRouter) -> web.StreamResponse:
+    response = web.StreamResponse(
+        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+    )
+    await response.prepare(request)
+    try:
+        async with aclosing(_encoded(req, router, _sample_rate(router))) as chunks:
+            async for data in chunks:
+                await _event(response, {"type": "speech.audio.delta", "audio": base64.b64encode(data).decode()})
+    except EngineError as exc:
+        await _event(response, {"type": "error", **engine_error(exc).to_dict()})
+        await response.write_eof()
+        return response
+    usage = router.usage
+    prompt = usage.prompt_tokens
+    await _event(
+        response,
+        {
+            "type": "speech.audio.done",
+            "usage": {
+                "input_tokens": prompt,
+                "output_tokens": usage.completion_tokens,
+                "total_tokens": prompt + usage.completion_tokens,
+            },
+        },
+    )
+    await response.write_eof()
+    return response
+
+
+async def _event(response: web.StreamResponse, payload: dict[str, object]) -> None:
+    # OpenAI's speech events carry their type as the SSE event name and in the data
+    await response.write(f"event: {payload['type']}\n".encode() + b"data: " + orjson.dumps(payload) + b"\n\n")
+
+
+def _sample_rate(router: OutputRouter) -> int:
+    audio = router.generation.model.audio
+    return audio.sample_rate if audio is not None else 24000
+
+
+def _speaking_model(request: web.Request, name: str | None) -> ServedModel:
+    """The named model, which must speak, or the only served model that does."""
+    registry = request.app[MODELS]
+    if name is not None:
+        model = registry.get(name)
+        if model.audio is None:
+            raise bad_request(f"The model '{name}' has no audio decoder: it cannot speak.", param="model")
+        return model
+    speaking = [m for m in registry if m.audio is not None]
+    if len(speaking) != 1:
+        what = "No served model speaks" if not speaking else "Several served models speak; name one"
+        raise bad_request(f"{what}.", param="model")
+    return speaking[0]

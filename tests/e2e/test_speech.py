@@ -1,0 +1,100 @@
+"""POST /v1/audio/speech with the official openai client against the embedded omni checkpoint:
+every format decodes as 24 kHz mono, streamed bytes and SSE events give valid audio, the same
+seed gives the same audio, speed stretches it, and bad input is a 400 naming the field."""
+
+from __future__ import annotations
+
+import base64
+import io
+
+import av
+import httpx
+import numpy as np
+import openai
+import pytest
+
+MODEL = "omni"
+FORMATS = ("mp3", "opus", "aac", "flac", "wav", "pcm")
+
+
+def _decoded(data: bytes, fmt: str) -> tuple[np.ndarray, int]:
+    """(mono float samples, sample rate) of an encoded answer."""
+    if fmt == "pcm":
+        return np.frombuffer(data, dtype="<i2").astype(np.float32) / 32767, 24000
+    with av.open(io.BytesIO(data)) as container:
+        stream = container.streams.audio[0]
+        assert stream.codec_context.channels == 1
+        frames = [f.to_ndarray().reshape(-1) for f in container.decode(stream)]
+        return np.concatenate(frames).astype(np.float32), stream.codec_context.sample_rate
+
+
+@pytest.fixture(scope="module")
+def client(speaking_server: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{speaking_server}/v1", api_key="none", max_retries=0)
+
+
+def test_every_format_is_mono_24khz_audio_and_a_seed_repeats_it(client: openai.OpenAI) -> None:
+    lengths = set()
+    for fmt in FORMATS:
+        response = client.audio.speech.create(
+            model=MODEL, voice="alloy", input="Hello there.", response_format=fmt, extra_body={"seed": 3, "max_units": 40}
+        )
+        samples, rate = _decoded(response.content, fmt)
+        assert rate == (48000 if fmt == "opus" else 24000), fmt
+        assert samples.size > 0.1 * rate and np.abs(samples).max() > 0.01, fmt  # at least 3 units of sound
+        if fmt in ("wav", "flac", "pcm"):
+            lengths.add(samples.size)
+    assert len(lengths) == 1  # the same seed: the same units, the same length in every lossless format
+    again = client.audio.speech.create(
+        model=MODEL, voice="alloy", input="Hello there.", response_format="wav", extra_body={"seed": 3, "max_units": 40}
+    )
+    first = client.audio.speech.create(
+        model=MODEL, voice="alloy", input="Hello there.", response_format="wav", extra_body={"seed": 3, "max_units": 40}
+    )
+    assert again.content == first.content
+
+
+def test_streamed_bytes_and_events_are_valid_audio(client: openai.OpenAI, speaking_server: str) -> None:
+    body = {"voice": "coral", "input": "One, two, three.", "extra_body": {"seed": 5, "max_units": 60}}
+    whole = client.audio.speech.create(model=MODEL, response_format="pcm", **body).content  # type: ignore[arg-type]
+    with client.audio.speech.with_streaming_response.create(
+        model=MODEL, response_format="pcm", stream_format="audio", **body  # type: ignore[arg-type]
+    ) as response:
+        chunks = list(response.iter_bytes())
+    assert b"".join(chunks) == whole
+    with client.audio.speech.with_streaming_response.create(
+        model=MODEL, response_format="mp3", stream_format="sse", **body  # type: ignore[arg-type]
+    ) as response:
+        events = [line for line in response.iter_lines() if line.startswith("data: ")]
+    payloads = [httpx.Response(200, content=e[6:]).json() for e in events]
+    assert [p["type"] for p in payloads][-1] == "speech.audio.done" and payloads[-1]["usage"]["output_tokens"] > 3
+    mp3 = b"".join(base64.b64decode(p["audio"]) for p in payloads if p["type"] == "speech.audio.delta")
+    samples, rate = _decoded(mp3, "mp3")
+    assert rate == 24000 and abs(samples.size - len(whole) // 2) < 3000  # mp3 adds its encoder delay
+
+
+def test_speed_stretches_the_audio(client: openai.OpenAI) -> None:
+    body = {"voice": "amber", "input": "Slowly now.", "response_format": "pcm", "extra_body": {"seed": 9, "max_units": 30}}
+    normal = len(client.audio.speech.create(model=MODEL, **body).content)  # type: ignore[arg-type]
+    fast = len(client.audio.speech.create(model=MODEL, speed=2.0, **body).content)  # type: ignore[arg-type]
+    assert abs(fast / normal - 0.5) < 0.05
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"voice": "nobody", "input": "hi"}, "voice"),
+        ({"voice": "alloy", "input": ""}, "input"),
+        ({"voice": "alloy", "input": "x" * 4097}, "input"),
+        ({"voice": "alloy", "input": "hi", "response_format": "ogg"}, "response_format"),
+        ({"voice": "alloy", "input": "hi", "speed": 9}, "speed"),
+        ({"voice": "alloy", "input": "hi", "stream_format": "chunks"}, "stream_format"),
+        ({"input": "hi"}, "voice"),
+    ],
+)
+def test_bad_input_is_a_400_naming_the_field(speaking_server: str, body: dict[str, object], param: str) -> None:
+    r = httpx.post(f"{speaking_server}/v1/audio/speech", json={"model": MODEL, **body}, timeout=30)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == param
+    if param == "voice" and "nobody" in str(body):
+        assert "amber" in r.json()["error"]["message"]  # the voices are listed
