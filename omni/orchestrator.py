@@ -36,7 +36,7 @@ from omni.api.schemas.fields import request_timeout, truncate_prompt, truncated_
 from omni.api.schemas.images import ImageGenerationRequest, parse_image_generation_request
 from omni.chat_output import OutputFormat
 from omni.chat_turns import ban_images, ban_tool_markup, chat_images, check_tool_choice, output_format, tool_grammar
-from omni.choice_constraints import ChoiceConstraints, ImageSpans
+from omni.choice_constraints import ChoiceConstraints, OutputSpans
 from omni.constrained.compiler import CompiledGrammar
 from omni.generation import Generation, choice_params, new_request_id, response_id
 from omni.image_output import ImageSettings
@@ -212,7 +212,7 @@ async def image_generation(request: web.Request, assemble: ImageAssemble) -> web
     assert images.grammar is not None  # compiled at start-up
     constraints = ChoiceConstraints(
         model, chat, None, token_ids, images.format.span_tokens,
-        images=ImageSpans(images.grammar, images.format.start_token_id, opened=True),
+        images=OutputSpans(images.grammar, images.format.start_token_id, opened=True),
     )  # fmt: skip
     settings = ImageSettings(
         size=req.size,
@@ -276,3 +276,149 @@ def check_serving(model: ServedModel) -> None:
     # A media request also needs the encoder: MediaPipeline.expand answers 503 for that.
     if not model.pool.serving:
         raise service_unavailable("The model is starting; retry shortly.", retry_after_s=5)
+
+
+# ----------------------------------------------------------------------------- transcriptions
+# POST /v1/audio/transcriptions (assembly: omni/api/transcriptions.py). The imports of this
+# block are here, not at the top, so that the block stays one piece.
+
+import math  # noqa: E402
+
+from omni.api.errors import APIError  # noqa: E402
+from omni.api.schemas.transcriptions import (  # noqa: E402
+    TranscriptionRequest,
+    parse_transcription_request,
+    read_transcription_form,
+)
+from omni.constrained import audio_span, image_span  # noqa: E402
+from omni.media import MediaLimits  # noqa: E402
+from omni.media_input.items import MediaItem, decode_params  # noqa: E402
+from omni.media_input.placeholders import placeholder_ids  # noqa: E402
+from omni.store.keys import content_hash  # noqa: E402
+
+# The audio encoder's embedding rows per second of audio: 16 kHz samples, a 10 ms mel hop, then
+# two halvings (Qwen2-Audio's stride-2 convolution and its pooling). The encoder reports rows,
+# not samples, so a clip's duration is known to 1 / 25 s.
+AUDIO_ROWS_PER_SECOND = 25
+# A transcript's length bound: fast speech is about 5 words (7 Korean syllables) a second, a
+# few tokens each. A model still writing past this is not transcribing.
+TRANSCRIPT_TOKENS_PER_SECOND = 20
+MIN_TRANSCRIPT_TOKENS = 32
+TRANSCRIBE_INSTRUCTION = "Transcribe the audio verbatim."
+_HASH_IN_THREAD_BYTES = 1 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class Transcription:
+    """What the transcription API's assembly gets: the one routed output, not yet run."""
+
+    model: ServedModel
+    output: OutputRouter
+    duration: float  # seconds of audio, from the encoder's rows
+    num_audio_tokens: int  # the prompt tokens standing for the audio (the rest is text)
+
+
+TranscriptionAssemble: TypeAlias = Callable[
+    [web.Request, TranscriptionRequest, Transcription], Awaitable[web.StreamResponse]
+]
+
+
+async def transcription(request: web.Request, assemble: TranscriptionAssemble) -> web.StreamResponse:
+    """A user turn of the audio and an instruction to write down what is said (the language and
+    the client's prompt as hints), reasoning off, no image or audio span: the answer is the
+    transcript. The upload is a media item like a chat's input_audio part, named `file`."""
+    registry = request.app[MODELS]
+    limit = max((m.media.limits.max_bytes for m in registry if m.media is not None), default=MediaLimits().max_bytes)
+    form = await read_transcription_form(request, max_file_bytes=limit, timeout=body_timeout(request))
+    req = parse_transcription_request(form)
+    timeout = request_timeout(request)
+    model = _hearing_model(request, req.model)
+    media = model.media
+    assert media is not None  # _hearing_model
+    if len(req.file) > media.limits.max_bytes:
+        raise APIError(
+            413, f"'file' is larger than {media.limits.max_bytes} bytes (--max-media-bytes).",
+            param="file", code="payload_too_large",
+        )  # fmt: skip
+    check_serving(model)
+    if not media.ready:
+        raise service_unavailable("The model's encoders are starting; retry shortly.", retry_after_s=5)
+    if "audio_encoder" not in media.encoder.components:
+        raise bad_request(f"The model '{model.name}' has no audio encoder: it cannot transcribe.", param="model")
+    model.pool.check_admission()
+    params = decode_params("audio", media.limits)
+    if len(req.file) > _HASH_IN_THREAD_BYTES:
+        digest = await asyncio.to_thread(content_hash, req.file, params)
+    else:
+        digest = content_hash(req.file, params)
+    item = MediaItem("audio", "file", req.file, None, digest)  # fmt None: FFmpeg probes the container
+    turn = [{"type": "audio", "id": "audio_0"}, {"type": "text", "text": transcription_instruction(req)}]
+    template_ids = await asyncio.to_thread(_transcription_template, model, [{"role": "user", "content": turn}])
+    prompt = await media.expand(template_ids, [item])
+    placeholders = placeholder_ids(model.tokenizer)
+    num_audio = len(prompt.token_ids) - sum(t not in placeholders for t in template_ids)
+    duration = (prompt.media[0].num_rows if prompt.media else num_audio) / AUDIO_ROWS_PER_SECOND
+    room = model.pool.max_model_len - len(prompt.token_ids)
+    if room <= 0:
+        raise bad_request(
+            f"The audio is {duration:g} s, {num_audio} prompt tokens; with the instruction the prompt is "
+            f"{len(prompt.token_ids)} tokens, which leaves no room in the model's context of "
+            f"{model.pool.max_model_len}.",
+            param="file",
+            code="context_length_exceeded",
+        )
+    params_out = SamplingParams(
+        max_tokens=min(room, MIN_TRANSCRIPT_TOKENS + math.ceil(TRANSCRIPT_TOKENS_PER_SECOND * duration)),
+        temperature=req.temperature,
+        seed=req.seed,
+        # verbose_json's segment lists the tokens and their mean logprob
+        logprobs=0 if req.logprobs or req.response_format == "verbose_json" else None,
+        bad_words_token_ids=_span_openers(model),
+    )
+    generation = Generation(model, prompt.token_ids, params_out, (), new_request_id("trsc"), media=prompt.media)
+    output = OutputRouter(generation)
+    note_generation(request, model.name, [generation])
+    with model.pool.admit([generation.request], timeout):
+        return await assemble(request, req, Transcription(model, output, duration, num_audio))
+
+
+def transcription_instruction(req: TranscriptionRequest) -> str:
+    """The user turn's text after the audio: the instruction, then the client's hints."""
+    parts = [TRANSCRIBE_INSTRUCTION]
+    if req.language is not None:
+        parts.append(f"The speech is in the language with ISO-639-1 code '{req.language}'.")
+    if req.prompt is not None:
+        parts.append(f"Follow the style, spelling and vocabulary of this text, which may precede the audio: {req.prompt}")
+    return " ".join(parts)
+
+
+def _transcription_template(model: ServedModel, messages: list[dict[str, Any]]) -> list[int]:
+    # The answer is the transcript: templates that reason first are told not to.
+    return model.tokenizer.apply_chat_template(
+        messages,
+        add_generation_prompt=True,
+        chat_template=model.chat_format.chat_template,
+        enable_thinking=False,
+        skip_reasoning=True,
+    )
+
+
+def _span_openers(model: ServedModel) -> tuple[tuple[int, ...], ...]:
+    """Bad words: the opening tokens of image and audio spans, so that the answer is text."""
+    ids = (model.tokenizer.token_to_id(t) for t in (image_span.START, audio_span.START))
+    return tuple((i,) for i in ids if i is not None)
+
+
+def _hearing_model(request: web.Request, name: str | None) -> ServedModel:
+    """The named model, which must read audio, or the only served model that reads media."""
+    registry = request.app[MODELS]
+    if name is not None:
+        model = registry.get(name)
+        if model.media is None:
+            raise bad_request(f"The model '{name}' has no audio encoder: it cannot transcribe.", param="model")
+        return model
+    hearing = [m for m in registry if m.media is not None]
+    if len(hearing) != 1:
+        what = "No served model reads audio" if not hearing else "Several served models read audio; name one"
+        raise bad_request(f"{what}.", param="model")
+    return hearing[0]
