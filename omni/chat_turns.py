@@ -22,7 +22,7 @@ from omni.api.errors import bad_request
 from omni.api.schemas import ChatCompletionRequest
 from omni.api.schemas.images import ChatImageOptions
 from omni.chat_output import OutputFormat
-from omni.choice_constraints import ImageSpans, TriggeredGrammar, prompt_opens_reasoning
+from omni.choice_constraints import OutputSpans, TriggeredGrammar, prompt_opens_reasoning
 from omni.constrained.spec import GrammarKind, GrammarSpec
 from omni.image_output import ImageSettings, ModelImages
 from omni.output_router import ImageRoute
@@ -99,9 +99,9 @@ class ChatImages:
     settings: ImageSettings
     inline: bool  # the reference dialect: the image is a t2i_model_generation call's argument
 
-    def spans(self) -> ImageSpans | None:
+    def spans(self) -> OutputSpans | None:
         grammar = self.images.grammar
-        return None if grammar is None else ImageSpans(grammar, self.images.format.start_token_id)
+        return None if grammar is None else OutputSpans(grammar, self.images.format.start_token_id)
 
     def route(self, choice_index: int) -> ImageRoute:
         seed = self.settings.seed

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from omni.api.errors import bad_request
 from omni.api.schemas import ChatCompletionRequest, CompletionRequest
 from omni.constrained.compiler import CompiledGrammar
-from omni.constrained.constraint import ReasoningBudget, TokenConstraint, WithSpans
+from omni.constrained.constraint import ReasoningBudget, SpanSet, TokenConstraint, WithSpans
 from omni.parsers.reasoning import reasoning_parser_class
 from omni.served_model import ServedModel
 
@@ -35,9 +35,10 @@ def prompt_opens_reasoning(model: ServedModel, parser: str, prompt_token_ids: Se
 
 
 @dataclass(frozen=True, slots=True)
-class ImageSpans:
-    """The image span grammar a choice's output is held to wherever the model opens a span
-    (from its opening token on), or, opened, from the first token: the prompt opened it."""
+class OutputSpans:
+    """A span grammar (image or audio spans) a choice's output is held to wherever the model
+    opens such a span (from its opening token on), or, opened, from the first token: the
+    prompt opened it."""
 
     grammar: CompiledGrammar
     start_token_id: int
@@ -55,7 +56,8 @@ class ChoiceConstraints:
         prompt_token_ids: Sequence[int],
         max_tokens: int,
         *,
-        images: ImageSpans | None = None,
+        images: OutputSpans | None = None,
+        audio: OutputSpans | None = None,
     ) -> None:
         own_trigger = None
         if isinstance(grammar, TriggeredGrammar):
@@ -78,7 +80,8 @@ class ChoiceConstraints:
         # Image spans: alone when the request has no grammar, beside one that waits for its
         # trigger ("auto" tools, or an answer after reasoning); a grammar holding the whole
         # output leaves no room for them.
-        self._images = images if grammar is None or self._trigger is not None else None
+        kinds = [k for k in (images, audio) if k is not None]
+        self._spans = kinds if grammar is None or self._trigger is not None else []
 
     @staticmethod
     def _reasoning_tokens(model: ServedModel, req: ChatCompletionRequest | CompletionRequest) -> tuple[int | None, int | None]:
@@ -93,6 +96,15 @@ class ChoiceConstraints:
             )
         return start, end
 
+    def _span_set(self, budget: ReasoningBudget | None = None) -> TokenConstraint:
+        """The reply's span kinds as one span-mode constraint (a reasoning budget rides on the
+        first: spans are never reasoning)."""
+        kinds = [
+            k.grammar.new_constraint(k.start_token_id, budget if i == 0 else None, spans=True)
+            for i, k in enumerate(self._spans)
+        ]
+        return kinds[0] if len(kinds) == 1 else SpanSet(kinds)
+
     def new(self) -> TokenConstraint | None:
         budget = None
         if self._budget is not None:
@@ -100,14 +112,13 @@ class ChoiceConstraints:
             budget = ReasoningBudget(self._start, self._end, self._budget, open=self._in_reasoning)
         if self._grammar is not None:
             constraint = self._grammar.new_constraint(self._trigger, budget, max_tokens=self._max_tokens)
-            if self._images is None:
+            if not self._spans:
                 return constraint
-            spans = self._images.grammar.new_constraint(self._images.start_token_id, spans=True)
-            return WithSpans(constraint, spans)
-        if self._images is not None:
-            if self._images.opened:  # the whole output is the one span the prompt opened
-                return self._images.grammar.new_constraint(None, budget)
-            return self._images.grammar.new_constraint(self._images.start_token_id, budget, spans=True)
+            return WithSpans(constraint, self._span_set())
+        if len(self._spans) == 1 and self._spans[0].opened:  # the whole output is the span the prompt opened
+            return self._spans[0].grammar.new_constraint(None, budget)
+        if self._spans:
+            return self._span_set(budget)
         if budget is not None:
             return TokenConstraint(None, self._vocab_size, budget=budget)
         return None

@@ -36,7 +36,7 @@ from omni.api.schemas.fields import request_timeout, truncate_prompt, truncated_
 from omni.api.schemas.images import ImageGenerationRequest, parse_image_generation_request
 from omni.chat_output import OutputFormat
 from omni.chat_turns import ban_images, ban_tool_markup, chat_images, check_tool_choice, output_format, tool_grammar
-from omni.choice_constraints import ChoiceConstraints, ImageSpans
+from omni.choice_constraints import ChoiceConstraints, OutputSpans
 from omni.constrained.compiler import CompiledGrammar
 from omni.generation import Generation, choice_params, new_request_id, response_id
 from omni.image_output import ImageSettings
@@ -212,7 +212,7 @@ async def image_generation(request: web.Request, assemble: ImageAssemble) -> web
     assert images.grammar is not None  # compiled at start-up
     constraints = ChoiceConstraints(
         model, chat, None, token_ids, images.format.span_tokens,
-        images=ImageSpans(images.grammar, images.format.start_token_id, opened=True),
+        images=OutputSpans(images.grammar, images.format.start_token_id, opened=True),
     )  # fmt: skip
     settings = ImageSettings(
         size=req.size,

@@ -75,6 +75,10 @@ class AudioRoute:
     first_chunk_units: int = 4
     chunk_units: int = 25
     opened: bool = False
+    # Audio asked for (chat modalities with "audio"): a choice whose text ends ("stop") without
+    # an audio span goes on to speak it; this makes that continuation, the audio span opened
+    # after the text, or None when no room is left for it.
+    speak_after: Callable[[Generation], Generation | None] | None = None
 
 
 @dataclass(slots=True)
@@ -113,10 +117,19 @@ class OutputRouter:
         self._audio_spans = 0  # audio spans opened so far
         if audio is not None and audio.opened:
             self._open_audio()
+        self._spoken: Generation | None = None  # the continuation that speaks the text
+
+    @property
+    def generations(self) -> list[Generation]:
+        """The choice's requests: its own, and the one that speaks its text, if it ran."""
+        return [self.generation] if self._spoken is None else [self.generation, self._spoken]
 
     @property
     def usage(self) -> Usage:
-        return self.generation.usage
+        if self._spoken is None:
+            return self.generation.usage
+        first, spoken = self.generation.usage, self._spoken.usage
+        return Usage(first.prompt_tokens, first.completion_tokens + spoken.completion_tokens, first.cached_tokens)
 
     async def deltas(self) -> AsyncGenerator[Delta, None]:
         # aclosing: closing this generator closes the Generation's now, not when it is
@@ -124,7 +137,17 @@ class OutputRouter:
         try:
             async with aclosing(self.generation.deltas()) as deltas:
                 async for delta in deltas:
-                    yield await self.route(delta)
+                    routed = await self.route(delta)
+                    if routed.finish_reason == "stop" and self._must_speak():
+                        self._spoken = self._speak_after()
+                        if self._spoken is not None:
+                            routed.finish_reason = None  # the choice goes on: its audio
+                    yield routed
+            if self._spoken is not None:
+                self._open_audio()
+                async with aclosing(self._spoken.deltas()) as deltas:
+                    async for delta in deltas:
+                        yield await self.route(delta)
         finally:
             if self._voice is not None:  # left mid-span: the vocoder frees the stream's state
                 self._voice.sink.close()
@@ -160,6 +183,13 @@ class OutputRouter:
                 delta.images.append(image)
                 if self._images.inline:
                     delta.text += image.url
+
+    def _must_speak(self) -> bool:
+        return self._audio is not None and self._audio.speak_after is not None and self._audio_spans == 0
+
+    def _speak_after(self) -> Generation | None:
+        assert self._audio is not None and self._audio.speak_after is not None
+        return self._audio.speak_after(self.generation)
 
     def _open_audio(self) -> None:
         assert self._audio is not None

@@ -188,6 +188,64 @@ class WithSpans(TokenConstraint):
                 self.span_constraint.advance(token_id)
 
 
+class SpanSet(TokenConstraint):
+    """Several span kinds in one reply (image spans and audio spans): each span-mode constraint
+    watches for its own opening token; once one opens, it alone holds until its span closes.
+    Behaves as one span-mode constraint (WithSpans can pair it with a triggered grammar)."""
+
+    def __init__(self, kinds: Sequence[TokenConstraint]) -> None:  # noqa: D107
+        assert kinds and all(k.spans for k in kinds), "span-mode constraints"
+        self.kinds = list(kinds)
+        self.spans = True
+        self.trigger_token_id = kinds[0].trigger_token_id
+        self.budget = None
+        self.closer = None
+
+    @property
+    def _open(self) -> TokenConstraint | None:
+        return next((k for k in self.kinds if k.grammar_on), None)
+
+    @property
+    def matcher(self) -> llguidance.LLMatcher | None:  # type: ignore[override]
+        current = self._open
+        return current.matcher if current is not None else None
+
+    @property
+    def vocab_size(self) -> int:  # type: ignore[override]
+        return self.kinds[0].vocab_size
+
+    @property
+    def grammar_on(self) -> bool:  # type: ignore[override]
+        return self._open is not None
+
+    @property
+    def forced_token_id(self) -> int | None:
+        current = self._open
+        return (current or self.kinds[0]).forced_token_id  # a reasoning budget rides on the first
+
+    @property
+    def complete(self) -> bool:
+        return False  # spans never end the reply
+
+    @property
+    def violated(self) -> bool:  # type: ignore[override]
+        return any(k.violated for k in self.kinds)
+
+    @property
+    def num_spans(self) -> int:  # type: ignore[override]
+        return sum(k.num_spans for k in self.kinds)
+
+    def advance(self, token_id: int) -> None:
+        current = self._open
+        if current is not None:
+            current.advance(token_id)
+            return
+        for kind in self.kinds:  # each checks its own opening token
+            kind.advance(token_id)
+            if kind.grammar_on:
+                return
+
+
 def fill_masks(constraints: Sequence[TokenConstraint]) -> list[bytes]:
     """The next-token bitmask of each (active) constraint: little-endian int32 words, bit t
     of the mask set when token t is allowed."""

@@ -6,7 +6,9 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
+from omni.config import EngineConfig
 from scheduler.request import Request, RequestId, RequestStatus
 
 
@@ -34,6 +36,7 @@ class FakePool:
     finish_reason: str = "length"
     serving: bool = True
     max_model_len: int = 256
+    config: EngineConfig = field(default_factory=lambda: EngineConfig("fake", Path("fake")))
     submitted: list[Request] = field(default_factory=list)
     aborted: list[tuple[RequestId, RequestStatus]] = field(default_factory=list)
 

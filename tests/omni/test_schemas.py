@@ -109,6 +109,7 @@ def test_chat_all_fields() -> None:
         ignore_eos=True,
         modalities=("text",),
         images_allowed=False,  # modalities given without "image"
+        audio_allowed=False,  # nor "audio"
         audio=AudioOutput(voice="alloy", format="wav"),
     )
     assert r.num_logprobs == 3
@@ -228,7 +229,7 @@ CHAT_ERRORS: list[tuple[dict[str, Any], str]] = [
     (chat(response_format={"type": "bogus"}), "response_format.type"),
     (chat(modalities=["text", "smell"]), "modalities"),
     (chat(modalities="text"), "modalities"),
-    (chat(modalities=["audio"]), "modalities"),
+    (chat(modalities=["audio"]), "audio"),  # audio output needs its voice and format
     (chat(modalities=["audio"], audio={"voice": "a", "format": "ogg"}), "audio.format"),
     (chat(audio={"format": "wav"}), "audio.voice"),
     (chat(ignore_eos="no"), "ignore_eos"),
@@ -246,22 +247,18 @@ def test_chat_errors(body: dict[str, Any], param: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "body",
+    ("body", "param"),
     [
-        chat(modalities=["text", "audio"], audio={"voice": "alloy", "format": "wav"}),
-        chat(modalities=["audio"], audio={"voice": "alloy", "format": "mp3"}),
-        chat(modalities=["audio", "text"]),
+        (chat(modalities=["audio", "text"]), "audio"),
+        (chat(modalities=["text", "audio"], audio={"voice": "alloy", "format": "wav"}, stream=True), "audio.format"),
     ],
 )
-def test_audio_output_is_refused_until_it_exists(body: dict[str, Any]) -> None:
+def test_audio_output_needs_its_voice_and_format_and_streams_pcm16(body: dict[str, Any], param: str) -> None:
     with pytest.raises(APIError) as info:
         parse_chat_completion_request(body)
-    assert (info.value.status, info.value.type, info.value.param, info.value.code) == (
-        400, "invalid_request_error", "modalities", "unsupported_parameter"
-    )
-    assert info.value.message == (
-        "'modalities' is not supported: audio output is not available yet; ask for [\"text\"] or [\"text\", \"image\"]."
-    )
+    assert (info.value.status, info.value.param) == (400, param)
+    ok = parse_chat_completion_request(chat(modalities=["text", "audio"], audio={"voice": "alloy", "format": "pcm16"}, stream=True))
+    assert ok.audio == AudioOutput("alloy", "pcm16") and ok.audio_allowed
 
 
 @pytest.mark.parametrize("modalities, allowed", [(["text", "image"], True), (["image"], True), (["text"], False), (None, True)])

@@ -21,7 +21,6 @@ from omni.api.schemas.fields import (
     parse_generation_fields,
     required_str,
     type_error,
-    unsupported,
     value_error,
 )
 from omni.api.schemas.images import ChatImageOptions, parse_chat_image_options
@@ -273,6 +272,9 @@ class ChatCompletionRequest(GenerationFields):
     # The model may draw images: modalities was not given, or names "image". (OpenAI's
     # modalities know text and audio; an image the model draws on its own is part of its turn.)
     images_allowed: bool = True
+    # The model may speak: modalities was not given (an audio span it opens on its own is
+    # spoken), or names "audio" (then `audio` says the voice and format, and the turn is spoken).
+    audio_allowed: bool = True
     image: ChatImageOptions | None = None  # how drawn images are drawn and handed back
     grammar: GrammarSpec | None = None  # response_format, structured_outputs, guided_*
     tools: ToolFields = field(default_factory=ToolFields)
@@ -322,6 +324,7 @@ def parse_chat_completion_request(body: Body) -> ChatCompletionRequest:
     modalities, audio = _parse_output_modalities(body)
     return ChatCompletionRequest(
         images_allowed=body.get("modalities") is None or "image" in modalities,
+        audio_allowed=body.get("modalities") is None or "audio" in modalities,
         image=parse_chat_image_options(body),
         model=model,
         messages=messages,
@@ -360,8 +363,11 @@ def _parse_output_modalities(body: Body) -> tuple[tuple[str, ...], AudioOutput |
         if audio.format not in AUDIO_FORMATS:
             supported = ", ".join(sorted(AUDIO_FORMATS))
             raise value_error("audio.format", f"'{audio.format}'; supported: {supported}.")
-    # Until the vocoder exists, asking for audio output is refused rather than answered with
-    # text alone. Image output needs a model with a vision decoder (checked by the lifecycle).
+    # Audio output needs the voice and format (as OpenAI requires), and a stream carries pcm16
+    # only; a model with an audio decoder is checked by the lifecycle, as for images.
     if "audio" in modalities:
-        raise unsupported("modalities", 'audio output is not available yet; ask for ["text"] or ["text", "image"].')
+        if audio is None:
+            raise bad_request('modalities with "audio" needs the \'audio\' parameter (voice and format).', param="audio")
+        if body.get("stream") and audio.format != "pcm16":
+            raise value_error("audio.format", f"'{audio.format}'; a streamed answer's audio is pcm16.")
     return modalities, audio

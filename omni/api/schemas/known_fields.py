@@ -209,9 +209,7 @@ CHAT_FIELDS: Mapping[str, KnownField] = MappingProxyType(
         **_OPENAI_SHARED,
         # OpenAI's chat fields
         "messages": honoured("the conversation, rendered by the chat template"),
-        # Audio output is asked for through modalities, which refuses it until it exists (a 400 naming
-        # modalities); with text output, the voice and format of audio change nothing.
-        "audio": informational("the voice and format of audio output, which only modalities can ask for", OBJECT),
+        "audio": honoured("the voice and format of audio output (with modalities naming audio)"),
         "function_call": rejected("it is deprecated; use tool_choice"),
         "functions": rejected("it is deprecated; use tools"),
         "logprobs": honoured("log probabilities of the sampled tokens"),
@@ -219,7 +217,7 @@ CHAT_FIELDS: Mapping[str, KnownField] = MappingProxyType(
         "max_completion_tokens": honoured("the most tokens to generate (wins over max_tokens)"),
         "metadata": informational("tags for stored completions; nothing is stored and it changes no output", STRING_MAP),
         "modalities": honoured(
-            "the output modalities: text, and image on a model with a vision decoder (audio is refused until the vocoder exists)"
+            "the output modalities: text, image on a model with a vision decoder, audio on one with an audio decoder"
         ),
         "image": honoured("how the images the model draws are drawn and returned (an extension, shaped like audio)"),
         "moderation": rejected("no moderation model runs on the input or the output"),
