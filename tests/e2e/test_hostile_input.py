@@ -22,7 +22,7 @@ import orjson
 import pytest
 
 from gpu_workers.tiny_checkpoints import make_tiny_omni_checkpoint
-from tests.e2e.server import PROCESSES, running_server
+from tests.e2e.server import PROCESSES, running_server, worker_pids
 
 MODEL = "m"
 HEADER_TIMEOUT = 1.0
@@ -59,6 +59,28 @@ def _peak_rss_mib(pid: int) -> float:
         if line.startswith("VmHWM:"):
             return int(line.split()[1]) / 1024
     raise AssertionError("no VmHWM")
+
+
+def _rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS")
+
+
+@contextlib.contextmanager
+def peak_rss(pid: int) -> Iterator[list[str]]:
+    """Yields a list that gets, at exit, the server's and its workers' RSS before and at peak
+    meanwhile (MiB): each peak is reset first (clear_refs 5), so it is this block's own."""
+    pids = [pid, *worker_pids(pid)]
+    before = {p: _rss_mib(p) for p in pids}
+    for p in pids:
+        Path(f"/proc/{p}/clear_refs").write_text("5")
+    figures: list[str] = []
+    yield figures
+    peaks = {p: _peak_rss_mib(p) for p in pids}
+    workers = sum(peaks[p] - before[p] for p in pids[1:])
+    figures.append(f"server RSS {before[pid]:.0f} -> peak {peaks[pid]:.0f} MiB, workers' peaks +{workers:.0f} MiB")
 
 
 def _request(path: str, body: bytes) -> bytes:
@@ -176,34 +198,34 @@ def _answered_meanwhile(flight: InFlight) -> None:
 def test_a_60mb_prompt_leaves_health_and_a_short_chat_answering(guarded: tuple[str, int, Path]) -> None:
     base, pid, _ = guarded
     assert httpx.post(f"{base}/v1/chat/completions", json=SHORT_CHAT, timeout=60).status_code == 200  # warm
-    rss_before = _peak_rss_mib(pid)
     text = "All work and no play makes Jack a dull boy. " * (60_000_000 // 44)
     body = orjson.dumps({"model": MODEL, "messages": [{"role": "user", "content": text}], "max_tokens": 4})
     assert len(body) > 60_000_000
     del text
-    flight = _in_flight(base, body)
+    with peak_rss(pid) as memory:
+        flight = _in_flight(base, body)
     status, error = _error(flight.response)
     assert status.startswith("HTTP/1.1 400")
     assert (error["param"], error["code"]) == ("messages", "context_length_exceeded")
     _answered_meanwhile(flight)
-    print(f"\n60 MB prompt: {flight.figures()}; server peak RSS {rss_before:.0f} -> {_peak_rss_mib(pid):.0f} MiB")
+    print(f"\n60 MB prompt: {flight.figures()}; {memory[0]}")
 
 
 def test_a_40mb_image_is_decoded_off_the_loop(guarded: tuple[str, int, Path]) -> None:
     base, pid, _ = guarded
-    rss_before = _peak_rss_mib(pid)
     # Not an image: the encoder worker says so, after the server decoded the base64 and sent the bytes.
     url = "data:image/png;base64," + base64.b64encode(random.Random(0).randbytes(30_000_000)).decode()
     content = [{"type": "text", "text": "What is this?"}, {"type": "image_url", "image_url": {"url": url}}]
     body = orjson.dumps({"model": MODEL, "messages": [{"role": "user", "content": content}], "max_tokens": 4})
     assert len(body) > 40_000_000
     del url, content
-    flight = _in_flight(base, body)
+    with peak_rss(pid) as memory:
+        flight = _in_flight(base, body)
     status, error = _error(flight.response)
     assert status.startswith("HTTP/1.1 400")
     assert error["param"] == "messages[0].content[1]" and "decode" in error["message"]
     _answered_meanwhile(flight)
-    print(f"\n40 MB image: {flight.figures()}; server peak RSS {rss_before:.0f} -> {_peak_rss_mib(pid):.0f} MiB")
+    print(f"\n40 MB image: {flight.figures()}; {memory[0]}")
 
 
 def test_slow_headers_are_cut_off_while_others_are_served(guarded: tuple[str, int, Path]) -> None:
