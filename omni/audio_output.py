@@ -13,18 +13,30 @@ coral -> d, echo -> a, ...). Any other name is a 400 listing both. OPENAI_VOICES
 
 from __future__ import annotations
 
+import asyncio
+import uuid
+
+import numpy as np
+import orjson
+from aiohttp import web
+
 from omni.api.errors import bad_request, service_unavailable
 from omni.audio_decoder_engine import AudioDecoderEngine
 from omni.constrained.audio_span import AudioSpanFormat
 from omni.constrained.compiler import CompiledGrammar, GrammarCompiler
 from omni.constrained.spec import GrammarKind, GrammarSpec
+from omni.media.audio_encoding import MEDIA_TYPES, encode_audio
 from omni.output_router import AudioRoute
+from omni.state import STORE
+from omni.store.keys import validate_key
 from omni.tokenizer import TextTokenizer
 
 OPENAI_VOICES = (
     "alloy", "ash", "ballad", "coral", "echo", "fable", "nova", "onyx", "sage", "shimmer", "verse", "marin", "cedar",
 )  # fmt: skip
 DEFAULT_VOICE = "alloy"
+SAMPLE_RATE = 24000  # the vocoder's output (the reference's); AudioDecoderReady says it
+AUDIO_EXPIRES_S = 3600  # how long a spoken answer's id may be referred to (its stored file kept)
 FIRST_CHUNK_UNITS = 4  # 160 ms of speech before the first audio is sent
 CHUNK_UNITS = 25  # then a second at a time
 
@@ -101,3 +113,19 @@ class ModelAudio:
             chunk_units=self.chunk_units,
             opened=opened,
         )
+
+
+def new_audio_id() -> str:
+    return f"audio_{uuid.uuid4().hex}"
+
+
+async def store_spoken(request: web.Request, audio_id: str, samples: np.ndarray, fmt: str, transcript: str) -> bytes:
+    """Encode a spoken answer (off the event loop) and keep it in the artifact store under
+    out/audio/<id>.<ext>, its transcript beside it (<id>.json); the encoded bytes."""
+    store = request.app[STORE]
+    data = await asyncio.to_thread(encode_audio, samples, SAMPLE_RATE, fmt)
+    ext = "pcm" if fmt in ("pcm", "pcm16") else fmt
+    await store.put(validate_key(f"out/audio/{audio_id}.{ext}"), data, MEDIA_TYPES[fmt])
+    meta = orjson.dumps({"id": audio_id, "format": fmt, "transcript": transcript})
+    await store.put(validate_key(f"out/audio/{audio_id}.json"), meta, "application/json")
+    return data

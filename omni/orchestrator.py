@@ -34,6 +34,7 @@ from omni.api.schemas import (
 )
 from omni.api.schemas.fields import request_timeout, truncate_prompt, truncated_media
 from omni.api.schemas.images import ImageGenerationRequest, parse_image_generation_request
+from omni.chat_audio import ChatAudio, ban_audio, chat_audio
 from omni.chat_output import OutputFormat
 from omni.chat_turns import ban_images, ban_tool_markup, chat_images, check_tool_choice, output_format, tool_grammar
 from omni.choice_constraints import ChoiceConstraints, OutputSpans
@@ -56,6 +57,7 @@ class Completion:
     outputs: list[OutputRouter]
     output_format: OutputFormat = OutputFormat()  # chat: how each choice's text is read back
     inline_images: bool = False  # chat: images are in the text (tool call arguments), not parts
+    audio: ChatAudio | None = None  # chat: how the choices speak (None: they cannot)
 
 
 R = TypeVar("R", ChatCompletionRequest, CompletionRequest)
@@ -83,12 +85,16 @@ async def chat_completion(
         tokenizer=model.tokenizer,
         max_logprobs=model.pool.config.max_logprobs,
     )
-    params = ban_images(model, req, ban_tool_markup(model, req, params))
+    params = ban_audio(model, req, ban_images(model, req, ban_tool_markup(model, req, params)))
     images = chat_images(model, req)
+    speaking = chat_audio(model, req)
     fmt = output_format(model, req, token_ids)
     grammar = await _grammar(model, req) if req.grammar is not None else await tool_grammar(model, req, params.max_tokens)
     spans = images.spans() if images is not None else None
-    constraints = ChoiceConstraints(model, req, grammar, token_ids, params.max_tokens, images=spans)
+    constraints = ChoiceConstraints(
+        model, req, grammar, token_ids, params.max_tokens, images=spans,
+        audio=speaking.spans() if speaking is not None else None,
+    )  # fmt: skip
     keep_special = model.tokenizer.special_ids(*fmt.markup_tokens)
     completion_id = new_request_id("chatcmpl")
     generations = [
@@ -106,10 +112,17 @@ async def chat_completion(
         )
         for i in range(req.n)
     ]
-    outputs = [OutputRouter(g, images.route(i) if images is not None else None) for i, g in enumerate(generations)]
+    outputs = [
+        OutputRouter(
+            g,
+            images.route(i) if images is not None else None,
+            speaking.route(model) if speaking is not None else None,
+        )
+        for i, g in enumerate(generations)
+    ]
     completion_out = Completion(
         response_id("chatcmpl", req.request_id, completion_id), model, outputs, fmt,
-        inline_images=images is not None and images.inline,
+        inline_images=images is not None and images.inline, audio=speaking,
     )  # fmt: skip
     note_generation(request, model.name, generations)
     with model.pool.admit([g.request for g in generations], timeout):  # or a 429, before any streaming

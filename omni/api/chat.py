@@ -3,15 +3,21 @@
 
 from __future__ import annotations
 
+import base64
+import time
 from typing import Any
 
+import numpy as np
 from aiohttp import web
 
 from omni import orchestrator
 from omni.api import sse
 from omni.api.logprobs import chat_logprob_entries, prompt_logprobs_json
 from omni.api.schemas import ChatCompletionRequest
-from omni.generation import Delta, GeneratedImage, TokenLogprob, Usage
+from omni.audio_output import AUDIO_EXPIRES_S, new_audio_id, store_spoken
+from omni.chat_audio import ChatAudio
+from omni.generation import AudioPiece, Delta, GeneratedImage, TokenLogprob, Usage
+from omni.media.audio_encoding import float_to_pcm16
 from omni.orchestrator import Completion
 from omni.output_router import OutputRouter
 from omni.parsers.tool_calls import ToolCallDelta
@@ -27,10 +33,10 @@ async def assemble(
 ) -> web.StreamResponse:
     if req.stream:
         return await _stream(request, req, completion)
-    return await _complete(req, completion)
+    return await _complete(request, req, completion)
 
 
-async def _complete(req: ChatCompletionRequest, completion: Completion) -> web.Response:
+async def _complete(request: web.Request, req: ChatCompletionRequest, completion: Completion) -> web.Response:
     tokenizer = completion.model.tokenizer
     fmt = completion.output_format
     collected = await sse.collect(completion.outputs)
@@ -51,6 +57,10 @@ async def _complete(req: ChatCompletionRequest, completion: Completion) -> web.R
                 message["content"] = None  # as OpenAI answers a turn that only calls tools
         if fmt.reasoning_parser is not None:
             message["reasoning_content"] = reply.reasoning
+        if c.audio and completion.audio is not None:
+            message["audio"] = await _spoken(request, completion.audio, c.audio, reply.content or "")
+            if completion.audio.requested:
+                message["content"] = None  # a spoken turn's text is its transcript, as OpenAI answers
         choices.append(
             {
                 "index": i,
@@ -104,6 +114,10 @@ async def _stream(
         await stream.send([choice0], stream.chunk_usage(output))
     parsers = [fmt.new_parser() for _ in completion.outputs]
     images: list[tuple[int, list[GeneratedImage]]] = []  # decoded on the delta choice() just read
+    speaking = completion.audio
+    audio_ids = [new_audio_id() for _ in completion.outputs]
+    spoken: list[list[AudioPiece]] = [[] for _ in completion.outputs]  # each choice's audio, to store at the end
+    transcripts: list[list[str]] = [[] for _ in completion.outputs]
 
     def choice(index: int, delta: Delta) -> dict[str, Any] | None:
         parser = parsers[index]
@@ -117,6 +131,12 @@ async def _stream(
             body["content"] = parsed.content
         if parsed.tool_calls:
             body["tool_calls"] = [_tool_call_delta(t) for t in parsed.tool_calls]
+        if speaking is not None:
+            transcripts[index].append(parsed.content)
+            audio = _audio_delta(audio_ids[index], delta, speaking.requested, body)
+            if audio:
+                body["audio"] = audio
+            spoken[index].extend(delta.audio)
         if delta.images and not completion.inline_images:
             images.append((index, delta.images))
         if not body and delta.finish_reason is None and not req.logprobs:
@@ -140,7 +160,45 @@ async def _stream(
         return chunks
 
     await stream.run(completion.outputs, choice, lambda: _usage(completion.outputs), extra=image_chunks)
+    if speaking is not None:  # kept, so a later turn can refer to the audio by its id
+        for audio_id, pieces, said in zip(audio_ids, spoken, transcripts, strict=True):
+            if pieces:
+                await store_spoken(request, audio_id, _samples(pieces), "wav", "".join(said))
     return response
+
+
+def _audio_delta(audio_id: str, delta: Delta, requested: bool, body: dict[str, Any]) -> dict[str, Any]:
+    """A streamed chunk's delta.audio (OpenAI's shape): the id, base64 PCM16 of the samples
+    this delta completed, the transcript (a spoken turn's text, moved out of content), and
+    expires_at on the last."""
+    audio: dict[str, Any] = {}
+    if delta.audio:
+        pcm = float_to_pcm16(_samples(delta.audio))
+        audio["data"] = base64.b64encode(pcm).decode()
+    if requested and "content" in body:
+        audio["transcript"] = body.pop("content")
+    if delta.finish_reason is not None and (requested or audio):
+        audio["expires_at"] = int(time.time()) + AUDIO_EXPIRES_S
+    if audio:
+        audio["id"] = audio_id
+    return audio
+
+
+def _samples(pieces: list[AudioPiece]) -> np.ndarray:
+    return np.concatenate([np.frombuffer(p.samples, dtype="<f4") for p in pieces])
+
+
+async def _spoken(request: web.Request, speaking: ChatAudio, pieces: list[AudioPiece], transcript: str) -> dict[str, Any]:
+    """A non-streamed turn's message.audio: the audio in the asked format (base64 of the
+    file's bytes), stored under its id."""
+    audio_id = new_audio_id()
+    data = await store_spoken(request, audio_id, _samples(pieces), speaking.format, transcript)
+    return {
+        "id": audio_id,
+        "data": base64.b64encode(data).decode(),
+        "expires_at": int(time.time()) + AUDIO_EXPIRES_S,
+        "transcript": transcript,
+    }
 
 
 def _image_part(image: GeneratedImage) -> dict[str, Any]:

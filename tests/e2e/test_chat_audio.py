@@ -1,0 +1,115 @@
+"""Spoken chat answers with the official openai client against the embedded omni checkpoint:
+message.audio in every format decodes as mono 24 kHz audio (opus: 48 kHz), its transcript is
+the turn's text, the streamed delta.audio chunks concatenate to the non-streamed audio for the
+same seed, and no unit token reaches any content."""
+
+from __future__ import annotations
+
+import base64
+import io
+
+import av
+import httpx
+import numpy as np
+import openai
+import pytest
+
+MODEL = "omni"
+FORMATS = ("wav", "mp3", "flac", "opus", "aac", "pcm16")
+
+
+@pytest.fixture(scope="module")
+def client(speaking_server: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{speaking_server}/v1", api_key="none", max_retries=0)
+
+
+@pytest.fixture(scope="module")
+def ends_soon(speaking_server: str) -> dict[str, float]:
+    """A logit bias that makes the random model end its text within a few tokens (so its audio
+    follows within the test's budget)."""
+    tokens = httpx.post(
+        f"{speaking_server}/tokenize", json={"model": MODEL, "prompt": "<|im_end|>", "add_special_tokens": False}
+    ).json()["tokens"]
+    assert len(tokens) == 1
+    return {str(tokens[0]): 6.0}
+
+
+def _ask(bias: dict[str, float], fmt: str, **extra: object) -> dict[str, object]:
+    return {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "Say hello sadly."}],
+        "modalities": ["text", "audio"],
+        "audio": {"voice": "alloy", "format": fmt},
+        "max_tokens": 120,
+        "seed": 11,
+        "logit_bias": bias,
+        **extra,
+    }
+
+
+def _decoded(data: bytes, fmt: str) -> tuple[np.ndarray, int]:
+    if fmt == "pcm16":
+        return np.frombuffer(data, dtype="<i2").astype(np.float32) / 32767, 24000
+    with av.open(io.BytesIO(data)) as container:
+        stream = container.streams.audio[0]
+        assert stream.codec_context.channels == 1
+        frames = [f.to_ndarray().reshape(-1) for f in container.decode(stream)]
+        return np.concatenate(frames), stream.codec_context.sample_rate
+
+
+def _no_units(text: str | None) -> None:
+    assert text is None or ("<|audio" not in text and "<|discrete_audio" not in text)
+
+
+def test_spoken_answers_in_every_format(client: openai.OpenAI, ends_soon: dict[str, float]) -> None:
+    for fmt in FORMATS:
+        body = _ask(ends_soon, fmt)
+        out = client.chat.completions.create(**body)  # type: ignore[call-overload]
+        message = out.choices[0].message
+        assert message.content is None and message.audio is not None, fmt
+        assert message.audio.id.startswith("audio_") and message.audio.expires_at > 0
+        _no_units(message.audio.transcript)
+        samples, rate = _decoded(base64.b64decode(message.audio.data), fmt)
+        assert rate == (48000 if fmt == "opus" else 24000), fmt
+        assert samples.size >= 0.1 * rate and np.abs(samples).max() > 0.01, fmt  # at least 3 units
+        assert out.usage is not None and out.usage.completion_tokens > 4
+
+
+def test_streamed_audio_concatenates_to_the_answer_for_the_same_seed(
+    client: openai.OpenAI, ends_soon: dict[str, float]
+) -> None:
+    whole = client.chat.completions.create(**_ask(ends_soon, "pcm16"))  # type: ignore[call-overload]
+    assert whole.choices[0].message.audio is not None
+    expected = base64.b64decode(whole.choices[0].message.audio.data)
+    data, transcript, ids, expires = [], [], set(), []
+    for chunk in client.chat.completions.create(**_ask(ends_soon, "pcm16", stream=True)):  # type: ignore[call-overload]
+        if not chunk.choices:
+            continue
+        delta = chunk.choices[0].delta
+        _no_units(delta.content)
+        audio = delta.audio.model_dump(exclude_none=True) if delta.audio is not None else None  # the client's type
+        if audio:
+            ids.add(audio["id"])
+            data.append(base64.b64decode(audio.get("data", "")))
+            transcript.append(audio.get("transcript", ""))
+            if "expires_at" in audio:
+                expires.append(audio["expires_at"])
+    assert b"".join(data) == expected and len(data) > 1  # several chunks, as the units came
+    assert "".join(transcript) == whole.choices[0].message.audio.transcript
+    assert len(ids) == 1 and len(expires) == 1
+
+
+def test_audio_on_a_model_that_cannot_speak_is_a_400(server: str) -> None:
+    body = {
+        "model": "omni-tiny", "messages": [{"role": "user", "content": "hi"}],
+        "modalities": ["text", "audio"], "audio": {"voice": "alloy", "format": "wav"},
+    }  # fmt: skip
+    r = httpx.post(f"{server}/v1/chat/completions", json=body, timeout=30)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "modalities"
+
+
+def test_an_unknown_voice_is_a_400_listing_the_voices(speaking_server: str) -> None:
+    body = _ask({}, "wav") | {"audio": {"voice": "nobody", "format": "wav"}}
+    r = httpx.post(f"{speaking_server}/v1/chat/completions", json=body, timeout=30)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "audio.voice"
+    assert "amber" in r.json()["error"]["message"]
