@@ -102,7 +102,7 @@ async def _models_ctx(app: web.Application) -> AsyncIterator[None]:
             drawing = _model_images(engine_config, tokenizer, app[STORE], metrics)
         speaking = None
         if engine_config.audio_decoder_dir is not None:
-            speaking = _model_audio(engine_config, tokenizer)
+            speaking = _model_audio(engine_config, tokenizer, metrics)
         chat_format = ChatFormat.resolve(
             tokenizer,
             tool_parser=engine_config.tool_call_parser,
@@ -190,9 +190,10 @@ def _model_images(config: EngineConfig, tokenizer: TextTokenizer, store: Artifac
     )
 
 
-def _model_audio(config: EngineConfig, tokenizer: TextTokenizer) -> ModelAudio:
+def _model_audio(config: EngineConfig, tokenizer: TextTokenizer, metrics: Metrics) -> ModelAudio:
     engine = AudioDecoderEngine(
         audio_decoder_worker_spec(config),
+        metrics,
         config.model_name,
         max_batch_streams=config.audio_max_batch_streams,
         max_open_streams=config.max_audio_streams,

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 from omni import protocol
 from omni.admission import Limit, Overloaded
+from omni.metrics import Metrics
 from omni.supervisor import EngineError, SupervisedWorker, fail_futures
 from omni.worker_process import WorkerDied
 
@@ -110,6 +111,7 @@ class AudioDecoderEngine(SupervisedWorker):
     def __init__(
         self,
         spec: protocol.AudioDecoderWorkerSpec,
+        metrics: Metrics,
         model_name: str,
         *,
         max_batch_streams: int = 32,
@@ -117,6 +119,7 @@ class AudioDecoderEngine(SupervisedWorker):
         start_timeout: float = 600.0,
     ) -> None:
         super().__init__(spec, name=f"{model_name} audio decoder", start_timeout=start_timeout)
+        self.metrics = metrics
         self.model_name = model_name
         self.max_batch_streams = max_batch_streams
         self.max_open_streams = max_open_streams
@@ -159,6 +162,7 @@ class AudioDecoderEngine(SupervisedWorker):
             raise EngineError("the audio decoder is not ready")
         stream = AudioStream(self, next(self._ids), speaker, embedding)
         self._streams[stream.stream_id] = stream
+        self.metrics.set_audio_streams(self.model_name, len(self._streams))
         return stream
 
     async def embed_speaker(self, samples: bytes, sample_rate: int) -> bytes:
@@ -217,6 +221,7 @@ class AudioDecoderEngine(SupervisedWorker):
             stream.inflight = None
             if stream.finished and not stream.queue:
                 self._streams.pop(stream.stream_id, None)
+        self.metrics.set_audio_streams(self.model_name, len(self._streams))
 
     async def _execute(self, batch: list[tuple[AudioStream, _Chunk]], closed: list[int]) -> None:
         self._batch_id += 1
@@ -231,6 +236,12 @@ class AudioDecoderEngine(SupervisedWorker):
             raise WorkerDied(f"audio decoder replied out of order: {type(reply).__name__}")
         self.last_batch = (len(batch), time.monotonic() - sent)
         results = {r.stream_id: r for r in reply.chunks}
+        made = sum(len(r.samples) for r in reply.chunks) // 4  # float32 samples
+        rate = self.info.sample_rate if self.info is not None else 24000
+        self.metrics.observe_audio_batch(self.model_name, len(batch), self.last_batch[1], made / rate)
+        failed = sum(1 for r in reply.chunks if r.error is not None) + len(batch) - len(results)
+        self.metrics.add_audio_chunks(self.model_name, "ok", len(batch) - failed)
+        self.metrics.add_audio_chunks(self.model_name, "error", failed)
         for stream, chunk in batch:
             result = results.get(stream.stream_id)
             if result is None or result.error is not None:
@@ -266,7 +277,9 @@ class AudioDecoderEngine(SupervisedWorker):
 
     def fail_on_worker(self, error: EngineError) -> None:
         """Every opened stream's state died with the worker; a stream not yet opened goes on."""
-        for stream in [s for s in self._streams.values() if s.opened]:
+        opened = [s for s in self._streams.values() if s.opened]
+        self.metrics.add_audio_chunks(self.model_name, "failed", sum(s.inflight is not None for s in opened))
+        for stream in opened:
             self._break(stream, error)
         self._closed.clear()
         if self._inflight_embed is not None:

@@ -78,6 +78,7 @@ STEP_BUCKETS_S = (
 )  # fmt: skip
 # Items per encoder forward: one image alone up to a full batch of a busy server.
 ENCODER_BATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+AUDIO_BATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
 DECODER_BATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16)
 
 # prometheus-fastapi-instrumentator's, which vLLM's HTTP metrics come from.
@@ -384,6 +385,32 @@ class Metrics:
         self.decoder_queue = Gauge(
             "omni_decoder_queue_length", "Images waiting for the vision decoder.", _MODEL, registry=r
         )
+        self.audio_chunks = Counter(
+            "omni_audio_decoder_chunks",
+            "Chunks of units the audio decoder spoke, by outcome (ok, error: refused, failed: worker).",
+            [*_MODEL, "outcome"],
+            registry=r,
+        )
+        self.audio_seconds = Counter(
+            "omni_audio_decoder_audio_seconds", "Seconds of audio the audio decoder made.", _MODEL, registry=r
+        )
+        self.audio_batch_size = Histogram(
+            "omni_audio_decoder_batch_size",
+            "Streams whose chunks one vocoder batch decoded.",
+            _MODEL,
+            buckets=AUDIO_BATCH_BUCKETS,
+            registry=r,
+        )
+        self.audio_batch_latency = Histogram(
+            "omni_audio_decoder_batch_seconds",
+            "From sending a batch of chunks to the audio decoder to its samples.",
+            _MODEL,
+            buckets=LATENCY_BUCKETS_S,
+            registry=r,
+        )
+        self.audio_streams = Gauge(
+            "omni_audio_decoder_streams_open", "Audio spans being spoken now.", _MODEL, registry=r
+        )
         self.decoder_running = Gauge(
             "omni_decoder_images_running", "Images the vision decoder is drawing now.", _MODEL, registry=r
         )
@@ -473,6 +500,18 @@ class Metrics:
 
     def set_decoder_queue(self, model_name: str, length: int) -> None:
         self.decoder_queue.labels(model_name).set(length)
+
+    def observe_audio_batch(self, model_name: str, num_streams: int, seconds: float, audio_seconds: float) -> None:
+        self.audio_batch_size.labels(model_name).observe(num_streams)
+        self.audio_batch_latency.labels(model_name).observe(seconds)
+        self.audio_seconds.labels(model_name).inc(audio_seconds)
+
+    def add_audio_chunks(self, model_name: str, outcome: str, n: int = 1) -> None:
+        if n:
+            self.audio_chunks.labels(model_name, outcome).inc(n)
+
+    def set_audio_streams(self, model_name: str, n: int) -> None:
+        self.audio_streams.labels(model_name).set(n)
 
     def set_decoder_running(self, model_name: str, num_images: int) -> None:
         self.decoder_running.labels(model_name).set(num_images)

@@ -16,6 +16,7 @@ import pytest
 from gpu_workers.tiny_checkpoints import make_tiny_audio_decoder
 from omni import protocol
 from omni.audio_decoder_engine import AudioDecoderEngine
+from omni.metrics import Metrics
 from omni.supervisor import EngineError
 
 CHUNKS = (4, 25, 25)
@@ -29,7 +30,7 @@ def decoder_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture
 async def engine(decoder_dir: Path) -> AsyncIterator[AudioDecoderEngine]:
     spec = protocol.AudioDecoderWorkerSpec(model_dir=str(decoder_dir), num_threads=1)
-    engine = AudioDecoderEngine(spec, "tiny", max_batch_streams=4, start_timeout=120)
+    engine = AudioDecoderEngine(spec, Metrics(), "tiny", max_batch_streams=4, start_timeout=120)
     await engine.start()
     try:
         yield engine
@@ -67,6 +68,9 @@ async def test_concurrent_streams_share_batches_and_keep_their_samples_and_closi
         assert samples.shape == (len(span) * 960,)
         np.testing.assert_array_equal(samples, alone)
     assert engine.num_open_streams == 0
+    chunks = engine.metrics.audio_chunks.labels("tiny", "ok")._value.get()
+    assert chunks == 2 * sum(-(-(len(s) - 4) // 25) + 1 for s in spans)  # together and alone
+    assert engine.metrics.audio_seconds.labels("tiny")._value.get() == pytest.approx(2 * sum(map(len, spans)) / 25)
 
     # a stream given up mid-span (its client left) is closed in the worker with the next batch
     engine.worker.send = original  # type: ignore[method-assign]
