@@ -401,7 +401,7 @@ def transcription_instruction(req: TranscriptionRequest) -> str:
     if req.language is not None:
         parts.append(f"The speech is in the language with ISO-639-1 code '{req.language}'.")
     if req.prompt is not None:
-        parts.append(f"Follow the style, spelling and vocabulary of this text, which may precede the audio: {req.prompt}")
+        parts.append(f"Follow the style, spelling and words of this text, which may precede the audio: {req.prompt}")
     return " ".join(parts)
 
 

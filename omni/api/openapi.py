@@ -5,8 +5,10 @@ The request schemas are written from the parsers (omni/api/schemas), not from Op
 reference: a range here is the range the parser refuses outside of. Every field of
 known_fields' tables is a property; a field the server only accepts at its default, or
 refuses, gets its schema from its KnownField, so the table stays the one place that says
-what is accepted. The images endpoint has no table (its parser lists its own fields), so its
-schema is written here whole. tests/omni/test_openapi.py fails when a field or a route is
+what is accepted. The images, speech and transcription endpoints have no table (their parsers
+list their own fields), so their schemas are written here whole; the transcription body is a
+multipart form, whose values are text: its schema gives the type each text is read as.
+tests/omni/test_openapi.py fails when a field or a route is
 undocumented.
 
 What a schema cannot say is left to the descriptions and answered with a 400 naming the
@@ -43,6 +45,16 @@ from omni.api.schemas.images import (
     OUTPUT_FORMATS,
     RESPONSE_FORMATS,
 )
+from omni.api.schemas.speech import MAX_INPUT_CHARS, MAX_SPEED, MIN_SPEED, STREAM_FORMATS
+from omni.api.schemas.transcriptions import (
+    INCLUDES,
+    LANGUAGE_PATTERN,
+    MAX_TEMPERATURE,
+    RESPONSE_FORMATS as TRANSCRIPTION_FORMATS,
+)
+from omni.api.schemas.transcriptions import KNOWN_FIELDS as TRANSCRIPTION_FIELDS
+from omni.api.schemas.transcriptions import MAX_PROMPT_CHARS as MAX_TRANSCRIPTION_PROMPT_CHARS
+from omni.api.schemas.transcriptions import UNSUPPORTED as TRANSCRIPTION_UNSUPPORTED
 from omni.api.schemas.known_fields import (
     FIELDS,
     OBJECT,
@@ -58,7 +70,11 @@ from omni.api.schemas.known_fields import (
 )
 from omni.api.schemas.structured import GUIDED_BACKENDS
 from omni.api.schemas.tools import MAX_TOOLS
+from omni.api.speech import SPEECH_PATH
 from omni.api.tokenize import DETOKENIZE_PATH, TEMPLATE_FIELDS, TOKENIZE_PATH
+from omni.api.transcriptions import TRANSCRIPTIONS_PATH
+from omni.constrained.audio_span import MAX_UNITS, MIN_UNITS
+from omni.media.audio_encoding import MEDIA_TYPES, SPEECH_AUDIO_FORMATS
 from omni.media.image_sizes import ALLOWED_SIZES
 from omni.state import CONFIG, MODELS
 from omni.store.local import ARTIFACT_PATH
@@ -339,6 +355,108 @@ def _image_request_schema(model_names: list[str]) -> Schema:
             },
         ],
     }
+
+
+def _transcription_request_schema(model_names: list[str]) -> Schema:
+    """POST /v1/audio/transcriptions: every part of the multipart body the parser reads. A form
+    has no null: a field left out has its default. The official client sends a list's parts
+    named include[] (the brackets are dropped); a field given twice is a 400."""
+    model: Schema = {"type": "string", "description": "A served model with an audio encoder; absent: the only one."}
+    if model_names:
+        model["enum"] = list(model_names)
+    properties: dict[str, Schema] = {
+        "file": {
+            "type": "string",
+            "format": "binary",
+            "description": "The audio, in any format FFmpeg reads (wav, mp3, flac, ogg, webm, m4a, ...); "
+            "at most --max-media-bytes (a 413), and --max-audio-seconds long.",
+        },
+        "model": model,
+        "language": {
+            "type": "string",
+            "anyOf": [{"pattern": LANGUAGE_PATTERN}, {"maxLength": 0}],
+            "description": "The speech's ISO-639-1 code (e.g. en), put in the prompt as a hint; empty: none.",
+        },
+        "prompt": {
+            "type": "string",
+            "maxLength": MAX_TRANSCRIPTION_PROMPT_CHARS,
+            "description": "Text whose style, spelling and vocabulary the transcript follows (e.g. what came before).",
+        },
+        "response_format": {
+            "enum": list(TRANSCRIPTION_FORMATS),
+            "default": "json",
+            "description": "srt and vtt are refused: the model gives no timestamps.",
+        },
+        "temperature": {**_number(0.0, MAX_TEMPERATURE), "default": 0, "description": "0: greedy, with no fallback."},
+        "stream": {**_BOOL, "default": False, "description": "Server-sent events; not with verbose_json."},
+        "include": {
+            "type": "array",
+            "items": {"enum": list(INCLUDES)},
+            "description": "logprobs: each token's logprob, with response_format json only.",
+        },
+        "seed": {**_int(MIN_SEED, MAX_SEED), "description": "An extension (vLLM's): a seed repeats the transcript."},
+    }
+    for name, why in TRANSCRIPTION_UNSUPPORTED.items():
+        properties[name] = {"not": {}, "description": f"Not supported: {why} Any value is a 400."}
+    assert set(properties) == TRANSCRIPTION_FIELDS
+    return {
+        "type": "object",
+        "properties": properties,
+        "required": ["file"],
+        "additionalProperties": False,
+        "allOf": [
+            {
+                "if": {"properties": {"stream": {"const": True}}, "required": ["stream"]},
+                "then": {"properties": {"response_format": {"not": {"const": "verbose_json"}}}},
+            },
+            {
+                "if": {"properties": {"include": {"minItems": 1}}, "required": ["include"]},
+                "then": {"properties": {"response_format": {"const": "json"}}},
+            },
+        ],
+    }
+
+
+def _speech_request_schema(model_names: list[str]) -> Schema:
+    """POST /v1/audio/speech: every field omni/api/schemas/speech.py reads, each taking null (its
+    default) but input and voice."""
+    model: Schema = {"type": "string", "description": "A served model with an audio decoder; null: the only one."}
+    if model_names:
+        model["enum"] = list(model_names)
+    voice_name: Schema = {
+        "type": "string",
+        "description": "A voice of the model: a speaker of its checkpoint, or one of OpenAI's voice names "
+        "(alloy, ash, ...) mapped onto them; an unknown voice is a 400 listing the voices.",
+    }
+    properties: dict[str, Schema] = {
+        "model": _or_null(model),
+        "input": {**_NON_BLANK, "maxLength": MAX_INPUT_CHARS, "description": "The text to speak."},
+        "voice": {
+            "anyOf": [
+                voice_name,
+                {
+                    "type": "object",
+                    "properties": {"id": _STRING},
+                    "required": ["id"],
+                    "description": "OpenAI's custom voice reference; its id is a voice name here.",
+                },
+            ]
+        },
+        "instructions": _or_null({"type": "string", "maxLength": MAX_INPUT_CHARS}, "How to speak: a system turn."),
+        "response_format": _or_null({"enum": list(SPEECH_AUDIO_FORMATS), "default": "mp3"}),
+        "speed": _or_null({**_number(MIN_SPEED, MAX_SPEED), "default": 1.0}, "A time stretch that keeps the pitch."),
+        "stream_format": _or_null(
+            {"enum": list(STREAM_FORMATS), "default": "audio"},
+            "audio: the file's bytes as they are made (chunked); sse: speech.audio.delta events, then "
+            "speech.audio.done.",
+        ),
+        "seed": _or_null(_int(MIN_SEED, MAX_SEED), "An extension: the same seed speaks the same audio."),
+        "max_units": _or_null(
+            _int(MIN_UNITS, MAX_UNITS), f"An extension: the most units (25 a second) to speak; default {MAX_UNITS}."
+        ),
+        EXTRA_BODY: _or_null({"type": "object"}, "Merged into the body (its keys win)."),
+    }
+    return {"type": "object", "properties": properties, "required": ["input", "voice"], "additionalProperties": False}
 
 
 def _tokenize_schemas(model_names: list[str]) -> dict[str, Schema]:
@@ -755,6 +873,7 @@ def _response_schemas() -> dict[str, Schema]:
             },
         ),
         **_image_response_schemas(),
+        **_audio_response_schemas(),
         "Usage": {
             "type": "object",
             "properties": {
@@ -840,6 +959,116 @@ def _response_schemas() -> dict[str, Schema]:
                 }
             },
             "required": ["error"],
+        },
+    }
+
+
+def _audio_response_schemas() -> dict[str, Schema]:
+    """The audio APIs' bodies and events, as the official client's Transcription,
+    TranscriptionVerbose and TranscriptionStreamEvent read them, and OpenAI's speech events."""
+    logprob: Schema = {
+        "type": "object",
+        "properties": {"token": _STRING, "logprob": _LOGPROB, "bytes": {"type": "array", "items": _int(0, 255)}},
+        "required": ["token", "logprob", "bytes"],
+    }
+    logprobs: Schema = {"type": "array", "items": logprob, "description": "With include [logprobs]."}
+    segment: Schema = {
+        "type": "object",
+        "properties": {
+            "id": {"const": 0},
+            "seek": {"const": 0},
+            "start": {"const": 0},
+            "end": {**_number(0), "description": "The clip's duration."},
+            "text": _STRING,
+            "tokens": _TOKEN_IDS,
+            "temperature": _number(0.0, MAX_TEMPERATURE),
+            "avg_logprob": {"type": "number", "maximum": 0},
+            "compression_ratio": {**_number(0), "description": "Whisper's: the text's bytes over their zlib size."},
+            "no_speech_prob": {"const": 0, "description": "The model has no no-speech estimate."},
+        },
+        "required": [
+            "id", "seek", "start", "end", "text", "tokens", "temperature", "avg_logprob", "compression_ratio",
+            "no_speech_prob",
+        ],
+    }  # fmt: skip
+    token_count = _int(0)
+    return {
+        "Transcription": {
+            "type": "object",
+            "properties": {"text": _STRING, "logprobs": logprobs, "usage": _ref("TranscriptionUsage")},
+            "required": ["text", "usage"],
+        },
+        "TranscriptionUsage": {
+            "type": "object",
+            "properties": {
+                "type": {"const": "tokens"},
+                "input_tokens": token_count,
+                "input_token_details": {
+                    "type": "object",
+                    "properties": {"text_tokens": token_count, "audio_tokens": token_count},
+                    "required": ["text_tokens", "audio_tokens"],
+                },
+                "output_tokens": token_count,
+                "total_tokens": token_count,
+            },
+            "required": ["type", "input_tokens", "input_token_details", "output_tokens", "total_tokens"],
+        },
+        "TranscriptionVerbose": {
+            "type": "object",
+            "properties": {
+                "task": {"const": "transcribe"},
+                "language": {"type": "string", "description": "The request's language, or unknown."},
+                "duration": {**_number(0), "description": "Seconds, from the audio encoder's rows (25 a second)."},
+                "text": _STRING,
+                "segments": {
+                    "type": "array",
+                    "items": segment,
+                    "minItems": 1,
+                    "maxItems": 1,
+                    "description": "One segment, the whole clip: the model gives no timestamps.",
+                },
+                "usage": {
+                    "type": "object",
+                    "properties": {"type": {"const": "duration"}, "seconds": _number(0)},
+                    "required": ["type", "seconds"],
+                },
+            },
+            "required": ["task", "language", "duration", "text", "segments", "usage"],
+        },
+        "TranscriptTextDeltaEvent": {
+            "type": "object",
+            "properties": {"type": {"const": "transcript.text.delta"}, "delta": _STRING, "logprobs": logprobs},
+            "required": ["type", "delta"],
+        },
+        "TranscriptTextDoneEvent": {
+            "type": "object",
+            "properties": {
+                "type": {"const": "transcript.text.done"},
+                "text": {**_STRING, "description": "The deltas joined."},
+                "logprobs": logprobs,
+                "usage": _ref("TranscriptionUsage"),
+            },
+            "required": ["type", "text", "usage"],
+        },
+        "SpeechAudioDeltaEvent": {
+            "type": "object",
+            "properties": {
+                "type": {"const": "speech.audio.delta"},
+                "audio": {"type": "string", "description": "base64 of the audio file's next bytes."},
+            },
+            "required": ["type", "audio"],
+        },
+        "SpeechAudioDoneEvent": {
+            "type": "object",
+            "properties": {
+                "type": {"const": "speech.audio.done"},
+                "usage": {
+                    "type": "object",
+                    "properties": {name: token_count for name in ("input_tokens", "output_tokens", "total_tokens")},
+                    "required": ["input_tokens", "output_tokens", "total_tokens"],
+                },
+            },
+            "required": ["type", "usage"],
         },
     }
 
@@ -970,6 +1199,68 @@ def _generation(operation_id: str, summary: str, request: str, result: str, even
     }
 
 
+# The audio APIs' events are named (an `event:` line with each one's type) and no [DONE] follows.
+_AUDIO_EVENTS = (
+    "'data: ' lines, {events}, each as JSON after an 'event: ' line naming its type; no [DONE]. A worker "
+    "failing mid-stream sends an event of type error (with an Error object's error) and ends the stream."
+)
+
+
+def _event_stream(events: str) -> Schema:
+    return {"schema": {"type": "string", "description": _AUDIO_EVENTS.format(events=events)}}
+
+
+def _transcription_operation() -> Schema:
+    events = "a TranscriptTextDeltaEvent as the text comes, then one TranscriptTextDoneEvent"
+    return {
+        "post": {
+            "operationId": "create_transcription",
+            "summary": "Transcribe audio",
+            "security": _KEYED,
+            "requestBody": {
+                "required": True,
+                "content": {"multipart/form-data": {"schema": _ref("TranscriptionRequest")}},
+            },
+            "responses": {
+                "200": {
+                    "description": "By response_format: json a Transcription, verbose_json a TranscriptionVerbose, "
+                    "text the transcript; with stream true, server-sent events.",
+                    "content": {
+                        **_json({"oneOf": [_ref("Transcription"), _ref("TranscriptionVerbose")]}),
+                        "text/plain": {"schema": _STRING},
+                        "text/event-stream": _event_stream(events),
+                    },
+                },
+                **_errors("400", "401", "404", "413", "429", "500", "503", "504"),
+            },
+        }
+    }
+
+
+def _speech_operation() -> Schema:
+    audio = {MEDIA_TYPES[f]: {"schema": {"type": "string", "format": "binary"}} for f in SPEECH_AUDIO_FORMATS}
+    events = "a SpeechAudioDeltaEvent as the audio is made, then one SpeechAudioDoneEvent"
+    return {
+        "post": {
+            "operationId": "create_speech",
+            "summary": "Speak text",
+            "security": _KEYED,
+            "requestBody": {"required": True, "content": _json(_ref("SpeechRequest"))},
+            "responses": {
+                "200": {
+                    "description": "The audio file in response_format, its bytes sent as they are made (chunked); "
+                    "with stream_format sse, server-sent events.",
+                    "content": {
+                        **audio,
+                        "text/event-stream": _event_stream(events),
+                    },
+                },
+                **_errors("400", "401", "404", "413", "429", "500", "503", "504"),
+            },
+        }
+    }
+
+
 def _get(operation_id: str, summary: str, responses: dict[str, Schema], security: list[Schema], **extra: Any) -> Schema:
     return {"get": {"operationId": operation_id, "summary": summary, "security": security, **extra, "responses": responses}}
 
@@ -1026,6 +1317,8 @@ def _paths() -> dict[str, Schema]:
                 "or, one per image, an ImageGenCompletedEvent (its image as b64_json whatever response_format)"
             ),
         ),
+        TRANSCRIPTIONS_PATH: _transcription_operation(),
+        SPEECH_PATH: _speech_operation(),
         "/v1/models": _get(
             "list_models",
             "The served models",
@@ -1101,7 +1394,8 @@ def openapi_document(model_names: list[str], root_path: str = "") -> dict[str, A
         "info": {
             "title": "omni-serve",
             "version": "1",
-            "description": "OpenAI's chat completions, completions and images APIs, with vLLM's extra fields.",
+            "description": "OpenAI's chat completions, completions, images, speech and transcription APIs, "
+            "with vLLM's extra fields.",
         },
         "paths": _paths(),
         "components": {
@@ -1109,6 +1403,8 @@ def openapi_document(model_names: list[str], root_path: str = "") -> dict[str, A
                 "ChatCompletionRequest": _request_schema("chat", model_names),
                 "TextCompletionRequest": _request_schema("completions", model_names),
                 "ImageGenerationRequest": _image_request_schema(model_names),
+                "TranscriptionRequest": _transcription_request_schema(model_names),
+                "SpeechRequest": _speech_request_schema(model_names),
                 **_tokenize_schemas(model_names),
                 **_message_schemas(),
                 **_tool_schemas(),

@@ -36,6 +36,7 @@ from omni.generation import TokenLogprob
 from omni.orchestrator import Transcription
 from omni.tokenizer import TextTokenizer
 
+TRANSCRIPTIONS_PATH = "/v1/audio/transcriptions"
 _DELTA = "transcript.text.delta"
 _DONE = "transcript.text.done"
 
@@ -71,7 +72,9 @@ def _usage(t: Transcription) -> dict[str, Any]:
     }
 
 
-def _verbose(req: TranscriptionRequest, t: Transcription, text: str, logprobs: Sequence[TokenLogprob]) -> dict[str, Any]:
+def _verbose(
+    req: TranscriptionRequest, t: Transcription, text: str, logprobs: Sequence[TokenLogprob]
+) -> dict[str, Any]:
     duration = round(t.duration, 3)
     raw = text.encode()
     segment = {

@@ -20,7 +20,14 @@ from omni.api.schemas.fields import merge_extra_body
 from omni.api.schemas.images import _KNOWN as IMAGE_FIELDS  # the parser's own list: it has no KnownField table
 from omni.api.schemas.images import parse_image_generation_request
 from omni.api.schemas.known_fields import FIELDS, STREAM_OPTIONS_FIELDS, Disposition, Endpoint
+from omni.api.schemas.speech import _KNOWN as SPEECH_FIELDS
+from omni.api.schemas.speech import parse_speech_request
+from omni.api.schemas.transcriptions import KNOWN_FIELDS as TRANSCRIPTION_FIELDS
+from omni.api.schemas.transcriptions import TranscriptionForm, parse_transcription_request
+from omni.api.speech import SPEECH_PATH
 from omni.api.tokenize import CHAT_FIELDS, DETOKENIZE_FIELDS, PROMPT_FIELDS
+from omni.api.transcriptions import TRANSCRIPTIONS_PATH
+from omni.media.audio_encoding import MEDIA_TYPES, SPEECH_AUDIO_FORMATS
 from omni.app import create_app
 from omni.config import ServerConfig
 
@@ -68,6 +75,18 @@ def test_every_field_the_image_parser_reads_is_a_property_and_no_other() -> None
         assert not list(validator("ImageGenerationRequest").iter_errors({"prompt": "a fox", name: None})), name
 
 
+def test_every_field_the_audio_parsers_read_is_a_property_and_no_other() -> None:
+    transcription = SCHEMAS["TranscriptionRequest"]
+    assert set(transcription["properties"]) == TRANSCRIPTION_FIELDS  # a form: no extra_body
+    assert transcription["required"] == ["file"] and transcription["additionalProperties"] is False
+    speech = SCHEMAS["SpeechRequest"]
+    assert set(speech["properties"]) == SPEECH_FIELDS | {EXTRA_BODY}
+    assert speech["required"] == ["input", "voice"] and speech["additionalProperties"] is False
+    for name in SPEECH_FIELDS - {"input", "voice"}:  # each takes null, as the parser does
+        parse_speech_request({"input": "Hi", "voice": "alloy", name: None})
+        assert not list(validator("SpeechRequest").iter_errors({"input": "Hi", "voice": "alloy", name: None})), name
+
+
 @pytest.mark.parametrize(
     ("name", "fields"),
     [
@@ -103,6 +122,9 @@ def test_model_is_an_enum_of_the_served_names() -> None:
     doc = openapi_document(["a", "b"])
     for name in REQUEST_SCHEMAS.values():
         assert doc["components"]["schemas"][name]["properties"]["model"]["enum"] == ["a", "b"]
+    # a form has no null: a model left out is the only one that reads audio
+    assert doc["components"]["schemas"]["TranscriptionRequest"]["properties"]["model"]["enum"] == ["a", "b"]
+    assert doc["components"]["schemas"]["SpeechRequest"]["properties"]["model"]["anyOf"][0]["enum"] == ["a", "b"]
     assert "enum" not in openapi_document([])["components"]["schemas"]["ChatCompletionRequest"]["properties"]["model"]
     # optional for images: null is the only model that draws
     image_model = doc["components"]["schemas"]["ImageGenerationRequest"]["properties"]["model"]
@@ -244,6 +266,102 @@ IMAGE_BODIES: list[Any] = [
 ]
 
 
+AUDIO = {"file": "RIFF....WAVE"}  # a form's file, as the schema sees it (binary) and the parser (bytes)
+
+# Transcription bodies as typed values; the parser gets each as a form's text (_as_form).
+TRANSCRIPTION_BODIES: list[dict[str, Any]] = [
+    AUDIO,
+    AUDIO | {"model": "omni-tiny", "language": "en", "prompt": "Names: Ana.", "temperature": 0.5, "seed": 3},
+    AUDIO | {"response_format": "text", "stream": True, "temperature": 1, "language": "EN"},
+    AUDIO | {"response_format": "verbose_json", "stream": False, "language": ""},
+    AUDIO | {"include": ["logprobs"], "stream": True},
+    AUDIO | {"include": ["logprobs"], "response_format": "json"},
+    AUDIO | {"include": []},
+    {},
+    {"model": "omni-tiny"},
+    AUDIO | {"response_format": "srt"},
+    AUDIO | {"response_format": "vtt"},
+    AUDIO | {"response_format": "diarized_json"},
+    AUDIO | {"temperature": 1.5},
+    AUDIO | {"temperature": -0.5},
+    AUDIO | {"language": "eng"},
+    AUDIO | {"language": "e"},
+    AUDIO | {"prompt": "x" * 4097},
+    AUDIO | {"stream": True, "response_format": "verbose_json"},
+    AUDIO | {"include": ["words"]},
+    AUDIO | {"include": ["logprobs"], "response_format": "text"},
+    AUDIO | {"timestamp_granularities": ["word"]},
+    AUDIO | {"chunking_strategy": "auto"},
+    AUDIO | {"known_speaker_names": ["a"], "known_speaker_references": ["data:audio/wav;base64,"]},
+    AUDIO | {"keywords": ["omni"]},
+    AUDIO | {"languages": ["en"]},
+    AUDIO | {"seed": 2**64},
+    AUDIO | {"max_tokens": 8},
+]
+
+
+def _as_form(body: dict[str, Any]) -> TranscriptionForm:
+    """A typed body as the multipart form that carries it: every value as text, a list as parts."""
+    fields: dict[str, list[str]] = {}
+    for name, value in body.items():
+        if name != "file":
+            values = value if isinstance(value, list) else [value]
+            fields[name] = [str(v).lower() if isinstance(v, bool) else str(v) for v in values]
+    return TranscriptionForm(fields, body["file"].encode() if "file" in body else None)
+
+
+@pytest.mark.parametrize("body", TRANSCRIPTION_BODIES)
+def test_the_transcription_schema_refuses_what_the_parser_refuses(body: dict[str, Any]) -> None:
+    errors = [e.message for e in validator("TranscriptionRequest").iter_errors(body)]
+    try:
+        parse_transcription_request(_as_form(body))
+        parses = True
+    except APIError as e:
+        assert e.status == 400
+        parses = False
+    assert (not errors) == parses, errors
+
+
+SPEECH = {"input": "Hello there.", "voice": "alloy"}
+SPEECH_BODIES: list[dict[str, Any]] = [
+    SPEECH,
+    SPEECH | {"model": "omni-tiny", "instructions": "Cheerfully.", "response_format": "wav", "speed": 0.25, "seed": 1},
+    SPEECH | {"voice": {"id": "alloy"}, "stream_format": "sse", "speed": 4, "max_units": 3, "instructions": ""},
+    SPEECH | {"response_format": "pcm", "stream_format": "audio", "max_units": 2000},
+    SPEECH | {"input": "x" * 4096},
+    SPEECH | {"extra_body": {"seed": 2}},
+    {},
+    {"input": "Hello there."},
+    {"voice": "alloy"},
+    SPEECH | {"input": ""},
+    SPEECH | {"input": " "},
+    SPEECH | {"input": "x" * 4097},
+    SPEECH | {"input": 5},
+    SPEECH | {"voice": None},
+    SPEECH | {"voice": 5},
+    SPEECH | {"voice": {"id": None}},
+    SPEECH | {"voice": {"name": "alloy"}},
+    SPEECH | {"instructions": "x" * 4097},
+    SPEECH | {"response_format": "ogg"},
+    SPEECH | {"response_format": "pcm16"},
+    SPEECH | {"stream_format": "chunks"},
+    SPEECH | {"speed": 0.2},
+    SPEECH | {"speed": 4.5},
+    SPEECH | {"speed": True},
+    SPEECH | {"max_units": 2},
+    SPEECH | {"max_units": 2001},
+    SPEECH | {"seed": "1"},
+    SPEECH | {"model": 5},
+    SPEECH | {"language": "en"},
+]
+
+
+@pytest.mark.parametrize("body", SPEECH_BODIES)
+def test_the_speech_schema_refuses_what_the_parser_refuses(body: dict[str, Any]) -> None:
+    errors = [e.message for e in validator("SpeechRequest").iter_errors(body)]
+    assert (not errors) == _parses(parse_speech_request, body), errors
+
+
 def _parses(parse: Any, body: dict[str, Any]) -> bool:
     try:
         parse(merge_extra_body(dict(body)))  # as read_json merges it
@@ -299,6 +417,42 @@ def _chunk(content: Any) -> dict[str, Any]:
     return {"id": "c", "object": "chat.completion.chunk", "created": 0, "model": "m", "choices": [choice]}
 
 
+TOKEN_USAGE = {
+    "type": "tokens",
+    "input_tokens": 70,
+    "input_token_details": {"text_tokens": 20, "audio_tokens": 50},
+    "output_tokens": 5,
+    "total_tokens": 75,
+}
+LOGPROB = {"token": "Hi", "logprob": -0.5, "bytes": [72, 105]}
+SEGMENT = {
+    "id": 0, "seek": 0, "start": 0.0, "end": 1.0, "text": "Hi", "tokens": [5, 6], "temperature": 0.0,
+    "avg_logprob": -0.5, "compression_ratio": 0.2, "no_speech_prob": 0.0,
+}  # fmt: skip
+VERBOSE = {"task": "transcribe", "language": "en", "duration": 1.0, "text": "Hi", "segments": [SEGMENT]}
+RESPONSES += [
+    ("Transcription", {"text": "Hi", "usage": TOKEN_USAGE}, True),
+    ("Transcription", {"text": "Hi", "logprobs": [LOGPROB], "usage": TOKEN_USAGE}, True),
+    ("Transcription", {"text": "Hi"}, False),
+    ("Transcription", {"text": "Hi", "usage": {"type": "duration", "seconds": 1.0}}, False),
+    ("TranscriptionVerbose", VERBOSE | {"usage": {"type": "duration", "seconds": 1.0}}, True),
+    ("TranscriptionVerbose", VERBOSE | {"segments": [], "usage": {"type": "duration", "seconds": 1.0}}, False),
+    ("TranscriptionVerbose", VERBOSE | {"usage": TOKEN_USAGE}, False),
+    ("TranscriptTextDeltaEvent", {"type": "transcript.text.delta", "delta": "H"}, True),
+    ("TranscriptTextDeltaEvent", {"type": "transcript.text.delta", "delta": "H", "logprobs": [LOGPROB]}, True),
+    ("TranscriptTextDeltaEvent", {"type": "transcript.text.done", "delta": "H"}, False),
+    ("TranscriptTextDoneEvent", {"type": "transcript.text.done", "text": "Hi", "usage": TOKEN_USAGE}, True),
+    ("TranscriptTextDoneEvent", {"type": "transcript.text.done", "text": "Hi"}, False),
+    ("SpeechAudioDeltaEvent", {"type": "speech.audio.delta", "audio": "UklGRg=="}, True),
+    ("SpeechAudioDeltaEvent", {"type": "speech.audio.delta"}, False),
+    (
+        "SpeechAudioDoneEvent",
+        {"type": "speech.audio.done", "usage": {"input_tokens": 9, "output_tokens": 41, "total_tokens": 50}},
+        True,
+    ),
+    ("SpeechAudioDoneEvent", {"type": "speech.audio.done"}, False),
+]
+
 IMAGE_PART = {"type": "image_url", "image_url": {"url": "http://x/a.png"}}
 RESPONSES += [
     ("ChatCompletion", _chat_completion("hi"), True),
@@ -323,6 +477,20 @@ def test_the_images_operation_streams_events() -> None:
     assert content["application/json"]["schema"] == {"$ref": "#/components/schemas/ImagesResponse"}
     description = content["text/event-stream"]["schema"]["description"]
     assert "ImageGenPartialImageEvent" in description and "ImageGenCompletedEvent" in description
+
+
+def test_the_audio_operations_answer_files_and_events() -> None:
+    transcription = DOC["paths"][TRANSCRIPTIONS_PATH]["post"]
+    assert set(transcription["requestBody"]["content"]) == {"multipart/form-data"}
+    content = transcription["responses"]["200"]["content"]
+    assert set(content) == {"application/json", "text/plain", "text/event-stream"}
+    description = content["text/event-stream"]["schema"]["description"]
+    assert "TranscriptTextDeltaEvent" in description and "TranscriptTextDoneEvent" in description
+    content = DOC["paths"][SPEECH_PATH]["post"]["responses"]["200"]["content"]
+    assert set(content) == {MEDIA_TYPES[f] for f in SPEECH_AUDIO_FORMATS} | {"text/event-stream"}
+    assert set(content) >= {"audio/mpeg", "audio/opus", "audio/aac", "audio/flac", "audio/wav", "audio/pcm"}
+    description = content["text/event-stream"]["schema"]["description"]
+    assert "SpeechAudioDeltaEvent" in description and "SpeechAudioDoneEvent" in description
 
 
 async def test_the_handler_serves_the_document(tmp_path: Path) -> None:

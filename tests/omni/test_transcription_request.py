@@ -66,11 +66,12 @@ def test_every_field() -> None:
         )
     )
     assert r == TranscriptionRequest(
-        model="omni", file=WAV, language="en", prompt="Names: Ana, Bo.", temperature=0.4, stream=True, logprobs=True, seed=7
-    )
+        model="omni", file=WAV, language="en", prompt="Names: Ana, Bo.",
+        temperature=0.4, stream=True, logprobs=True, seed=7,
+    )  # fmt: skip
     assert parse_transcription_request(form(response_format="verbose_json")).response_format == "verbose_json"
     assert parse_transcription_request(form(response_format="text", stream="false")).stream is False
-    assert parse_transcription_request(form(language=" ", prompt="")) == TranscriptionRequest(model=None, file=WAV)
+    assert parse_transcription_request(form(language="", prompt=" ")) == TranscriptionRequest(model=None, file=WAV)
 
 
 @pytest.mark.parametrize(
@@ -90,6 +91,8 @@ def test_every_field() -> None:
         ({"stream": "true", "response_format": "verbose_json"}, "response_format", "not streamed"),
         ({"language": "english"}, "language", "ISO-639-1"),
         ({"language": "e1"}, "language", "ISO-639-1"),
+        ({"language": " en"}, "language", "ISO-639-1"),
+        ({"language": "en\n"}, "language", "ISO-639-1"),
         ({"prompt": "x" * (MAX_PROMPT_CHARS + 1)}, "prompt", "at most"),
         ({"include": ["words"]}, "include", "logprobs"),
         ({"include": ["logprobs"], "response_format": "text"}, "include", "json only"),
@@ -133,7 +136,8 @@ class FakeMedia:
 
     async def expand(self, token_ids: list[int], items: Sequence[MediaItem]) -> PromptInputs:
         self.items.extend(items)
-        pad, discrete = self.tokenizer.token_to_id("<|AUDIO_PAD|>"), self.tokenizer.token_to_id("<|DISCRETE_AUDIO_PAD|>")
+        pad = self.tokenizer.token_to_id("<|AUDIO_PAD|>")
+        discrete = self.tokenizer.token_to_id("<|DISCRETE_AUDIO_PAD|>")
         code = self.tokenizer.token_to_id("<|audio0000|>") or 0
         out: list[int] = []
         spans = []
@@ -225,7 +229,8 @@ async def test_json_is_the_text_and_token_usage(
     assert params.max_tokens == 32 + 20  # one second of audio
     banned = {tokenizer.token_to_id("<|discrete_image_start|>"), tokenizer.token_to_id("<|discrete_audio_start|>")}
     assert {w[0] for w in params.bad_words_token_ids} == banned
-    assert request.media == (MediaSpan(request.prompt_token_ids.index(tokenizer.token_to_id("<|AUDIO_PAD|>")), 25, "key"),)
+    pad = tokenizer.token_to_id("<|AUDIO_PAD|>")
+    assert pad is not None and request.media == (MediaSpan(request.prompt_token_ids.index(pad), AUDIO_ROWS, "key"),)
 
 
 async def test_text_and_verbose_json(client: TestClient[Any, Any], pool: FakePool) -> None:
@@ -304,7 +309,9 @@ async def test_not_multipart_is_a_400(client: TestClient[Any, Any]) -> None:
     assert r.status == 400  # no part: not even the file
 
 
-async def test_a_body_over_the_request_bound_is_a_413(tokenizer: TextTokenizer, pool: FakePool, media: FakeMedia) -> None:
+async def test_a_body_over_the_request_bound_is_a_413(
+    tokenizer: TextTokenizer, pool: FakePool, media: FakeMedia
+) -> None:
     async with TestClient(TestServer(_app(tokenizer, pool, media, client_max_size=400))) as c:
         r = await c.post(PATH, data=upload(b"x" * 600))
         assert r.status == 413

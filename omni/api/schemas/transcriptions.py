@@ -37,12 +37,13 @@ MAX_TEMPERATURE = 1.0  # OpenAI's range for transcriptions: 0 to 1
 MAX_FIELD_BYTES = 64 * 1024  # a text value; the prompt's 4096 characters are at most 16 KiB
 MAX_PARTS = 64
 _READ_CHUNK_BYTES = 256 * 1024
-_LANGUAGE = re.compile(r"^[a-z]{2}$")  # ISO-639-1
+LANGUAGE_PATTERN = "^[A-Za-z]{2}$"  # ISO-639-1, either case
+_LANGUAGE = re.compile(LANGUAGE_PATTERN)
 
 _TEXT_FIELDS = ("model", "language", "prompt", "response_format", "temperature", "stream", "seed")
 _LIST_FIELDS = ("include", "timestamp_granularities")
 # OpenAI's fields for what this model has not got: a 400 naming the field whatever its value.
-_UNSUPPORTED: Mapping[str, str] = {
+UNSUPPORTED: Mapping[str, str] = {
     "timestamp_granularities": "this model gives no timestamps.",
     "chunking_strategy": "the audio is transcribed as one block (no voice activity detection).",
     "known_speaker_names": "this model labels no speakers.",
@@ -50,7 +51,7 @@ _UNSUPPORTED: Mapping[str, str] = {
     "keywords": "put the words in 'prompt'.",
     "languages": "give one language in 'language'.",
 }
-KNOWN_FIELDS = frozenset({"file", *_TEXT_FIELDS, *_LIST_FIELDS, *_UNSUPPORTED})
+KNOWN_FIELDS = frozenset({"file", *_TEXT_FIELDS, *_LIST_FIELDS, *UNSUPPORTED})
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,7 +161,7 @@ def parse_transcription_request(form: TranscriptionForm) -> TranscriptionRequest
             param=unknown[0],
             code="unknown_parameter",
         )
-    for name, why in _UNSUPPORTED.items():
+    for name, why in UNSUPPORTED.items():
         if name in fields:
             raise unsupported(name, why)
     text = {name: _one(fields, name) for name in _TEXT_FIELDS}
@@ -209,20 +210,17 @@ def _bool(value: str | None, name: str) -> bool:
 
 
 def _language(value: str | None) -> str | None:
-    if value is None or not value.strip():
+    if not value:  # some clients send the field empty
         return None
-    code = value.strip().lower()
-    if not _LANGUAGE.match(code):
+    if not _LANGUAGE.fullmatch(value):  # (match would take "en\n")
         raise value_error("language", f"expected an ISO-639-1 code such as 'en', got {value!r}.")
-    return code
+    return value.lower()
 
 
 def _prompt(value: str | None) -> str | None:
-    if value is None or not value.strip():
-        return None
-    if len(value) > MAX_PROMPT_CHARS:
+    if value is not None and len(value) > MAX_PROMPT_CHARS:
         raise value_error("prompt", f"must be at most {MAX_PROMPT_CHARS} characters, got {len(value)}.")
-    return value
+    return value if value and value.strip() else None
 
 
 def _temperature(value: str | None) -> float:
