@@ -12,7 +12,7 @@ from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
 from omni.access_log import add_request_id_header, request_id_middleware
-from omni.api import artifacts, chat, completions, images, openapi, speech, system, tokenize
+from omni.api import artifacts, chat, completions, images, openapi, speech, system, tokenize, transcriptions
 from omni.api.errors import error_middleware, unauthorized
 from omni.audio_decoder_engine import AudioDecoderEngine
 from omni.audio_output import ModelAudio
@@ -275,6 +275,7 @@ def _add_routes(app: web.Application, prefix: str) -> None:
     router.add_post("/v1/completions", completions.create_completion)
     router.add_post("/v1/images/generations", images.create_image)
     router.add_post(speech.SPEECH_PATH, speech.create_speech)
+    router.add_post(transcriptions.TRANSCRIPTIONS_PATH, transcriptions.create_transcription)
     router.add_get("/v1/models", system.list_models)
     router.add_get("/v1/models/{model}", system.get_model)
     router.add_get("/health", system.health)

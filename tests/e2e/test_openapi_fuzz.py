@@ -75,6 +75,10 @@ def _bounded(body: Any, path: str = "/v1/chat/completions") -> None:
         if is_int(body.get("num_inference_steps")) and 2 < body["num_inference_steps"] <= 100:
             body["num_inference_steps"] = 2
         return
+    if path.startswith("/v1/audio/"):  # speech: a few units at most (25 a second); no max_tokens field
+        if body.get("max_units") is None or (is_int(body["max_units"]) and MAX_TOKENS < body["max_units"] <= 2000):
+            body["max_units"] = MAX_TOKENS
+        return
 
     for key in ("max_tokens", "max_completion_tokens"):
         if is_int(body.get(key)) and MAX_TOKENS < body[key] <= 1024:
@@ -100,7 +104,8 @@ def _field_root(param: str) -> str:
 def _check_error(path: str, status: int, body: Any) -> None:
     assert isinstance(body, dict) and set(body) == {"error"}, body
     error = body["error"]
-    assert isinstance(error, dict) and set(error) == {"message", "type", "param", "code"}, error
+    # OpenAI's four fields, and the request's X-Request-Id (omni-serve's addition)
+    assert isinstance(error, dict) and set(error) - {"request_id"} == {"message", "type", "param", "code"}, error
     assert isinstance(error["message"], str) and error["message"], error
     assert isinstance(error["type"], str), error
     assert error["param"] is None or isinstance(error["param"], str), error
