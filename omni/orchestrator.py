@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeAlias, TypeVar
@@ -23,7 +24,7 @@ from typing import Any, TypeAlias, TypeVar
 from aiohttp import web
 
 from omni.access_log import note_generation
-from omni.api.errors import bad_request, service_unavailable
+from omni.api.errors import APIError, bad_request, service_unavailable
 from omni.api.schemas import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -34,17 +35,23 @@ from omni.api.schemas import (
 )
 from omni.api.schemas.fields import request_timeout, truncate_prompt, truncated_media
 from omni.api.schemas.images import ImageGenerationRequest, parse_image_generation_request
+from omni.api.schemas.transcriptions import TranscriptionRequest, parse_transcription_request, read_transcription_form
 from omni.chat_audio import ChatAudio, ban_audio, chat_audio
 from omni.chat_output import OutputFormat
 from omni.chat_turns import ban_images, ban_tool_markup, chat_images, check_tool_choice, output_format, tool_grammar
 from omni.choice_constraints import ChoiceConstraints, OutputSpans
+from omni.constrained import audio_span, image_span
 from omni.constrained.compiler import CompiledGrammar
 from omni.generation import Generation, choice_params, new_request_id, response_id
 from omni.image_output import ImageSettings
+from omni.media import MediaLimits
+from omni.media_input.items import MediaItem, decode_params
+from omni.media_input.placeholders import placeholder_ids
 from omni.output_router import OutputRouter
 from omni.prompt import chat_prompt, completion_prompts, load_media
 from omni.served_model import ServedModel
 from omni.state import CONFIG, MODELS
+from omni.store.keys import content_hash
 from scheduler.request import SamplingParams
 
 
@@ -292,22 +299,7 @@ def check_serving(model: ServedModel) -> None:
 
 
 # ----------------------------------------------------------------------------- transcriptions
-# POST /v1/audio/transcriptions (assembly: omni/api/transcriptions.py). The imports of this
-# block are here, not at the top, so that the block stays one piece.
-
-import math  # noqa: E402
-
-from omni.api.errors import APIError  # noqa: E402
-from omni.api.schemas.transcriptions import (  # noqa: E402
-    TranscriptionRequest,
-    parse_transcription_request,
-    read_transcription_form,
-)
-from omni.constrained import audio_span, image_span  # noqa: E402
-from omni.media import MediaLimits  # noqa: E402
-from omni.media_input.items import MediaItem, decode_params  # noqa: E402
-from omni.media_input.placeholders import placeholder_ids  # noqa: E402
-from omni.store.keys import content_hash  # noqa: E402
+# POST /v1/audio/transcriptions (assembly: omni/api/transcriptions.py).
 
 # The audio encoder's embedding rows per second of audio: 16 kHz samples, a 10 ms mel hop, then
 # two halvings (Qwen2-Audio's stride-2 convolution and its pooling). The encoder reports rows,
