@@ -102,12 +102,13 @@ class ModelAudio:
             code="invalid_value",
         )
 
-    def route(self, voice: int, *, opened: bool = False) -> AudioRoute:
-        """One choice's route: each span it opens gets a vocoder stream in this voice."""
+    def route(self, voice: int, *, embedding: bytes | None = None, opened: bool = False) -> AudioRoute:
+        """One choice's route: each span it opens gets a vocoder stream in this voice (a row of
+        the table, or a speaker embedding taken from a recording)."""
         engine = self.engine
         return AudioRoute(
             self.format,
-            lambda: engine.open_stream(voice),
+            lambda: engine.open_stream(voice, embedding),
             self.sample_rate,
             first_chunk_units=self.first_chunk_units,
             chunk_units=self.chunk_units,

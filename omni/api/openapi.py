@@ -454,9 +454,26 @@ def _speech_request_schema(model_names: list[str]) -> Schema:
         "max_units": _or_null(
             _int(MIN_UNITS, MAX_UNITS), f"An extension: the most units (25 a second) to speak; default {MAX_UNITS}."
         ),
+        "reference_audio": _or_null(
+            {
+                "type": "object",
+                "properties": {"data": {**_NON_BLANK, "contentEncoding": "base64"}, "format": _or_null(_STRING)},
+                "required": ["data"],
+                "additionalProperties": False,
+            },
+            "An extension: a recording (base64, any format FFmpeg reads) whose voice is spoken in, on a model "
+            "with a speaker encoder; voice may then be left out.",
+        ),
         EXTRA_BODY: _or_null({"type": "object"}, "Merged into the body (its keys win)."),
     }
-    return {"type": "object", "properties": properties, "required": ["input", "voice"], "additionalProperties": False}
+    return {
+        "type": "object",
+        "properties": properties,
+        "required": ["input"],
+        # a voice, unless reference_audio gives one
+        "anyOf": [{"required": ["voice"]}, {"required": ["reference_audio"], "properties": {"reference_audio": {"type": "object"}}}],
+        "additionalProperties": False,
+    }
 
 
 def _tokenize_schemas(model_names: list[str]) -> dict[str, Schema]:

@@ -15,6 +15,7 @@ event). The same seed gives the same audio.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import logging
 from collections.abc import AsyncGenerator
@@ -29,11 +30,14 @@ from omni.api.errors import bad_request, engine_error
 from omni.api.schemas import parse_chat_completion_request, read_json
 from omni.api.schemas.fields import request_timeout
 from omni.api.schemas.speech import SpeechRequest, parse_speech_request
+from omni.audio_decoder_engine import AudioDecodeError
 from omni.audio_output import ModelAudio
 from omni.constrained.audio_span import MIN_UNITS
 from omni.engine import EngineError
 from omni.generation import Generation, new_request_id
+from omni.media.audio import decode_audio
 from omni.media.audio_encoding import MEDIA_TYPES, StreamingAudioEncoder
+from omni.media.errors import MediaError
 from omni.media.tempo import TimeStretch
 from omni.orchestrator import body_timeout, check_serving
 from omni.output_router import OutputRouter
@@ -56,8 +60,13 @@ async def create_speech(request: web.Request) -> web.StreamResponse:
     audio.check_ready()
     model.pool.check_admission()
     audio.engine.check_room()
-    voice = audio.voice_index(req.voice, "voice")
-    router = await _speech_choice(model, audio, req, voice)
+    embedding = None
+    if req.reference_audio is not None:
+        embedding = await _reference_voice(model, audio, req)
+        voice = 0
+    else:
+        voice = audio.voice_index(req.voice, "voice")
+    router = await _speech_choice(model, audio, req, voice, embedding)
     note_generation(request, model.name, [router.generation])
     with model.pool.admit([router.generation.request], request_timeout(request)):
         if req.stream_format == "sse":
@@ -65,7 +74,31 @@ async def create_speech(request: web.Request) -> web.StreamResponse:
         return await _send_audio(request, req, router)
 
 
-async def _speech_choice(model: ServedModel, audio: ModelAudio, req: SpeechRequest, voice: int) -> OutputRouter:
+async def _reference_voice(model: ServedModel, audio: ModelAudio, req: SpeechRequest) -> bytes:
+    """The speaker embedding of the request's reference recording (the zero-shot voice)."""
+    info = audio.engine.info
+    if info is None or not info.speaker_encoder:
+        raise bad_request("This model's voices cannot be taken from a recording (it has no speaker encoder).",
+                          param="reference_audio")  # fmt: skip
+    assert req.reference_audio is not None
+    limits = model.pool.config.media_limits
+    try:  # PyAV decodes off the event loop
+        samples = await asyncio.to_thread(
+            decode_audio, req.reference_audio, req.reference_format, limits, "reference_audio"
+        )
+    except MediaError as exc:
+        raise bad_request(exc.message, param=exc.param) from None
+    try:
+        return await audio.engine.embed_speaker(samples.astype("<f4").tobytes(), info.speaker_sample_rate)
+    except AudioDecodeError as exc:  # too short a clip, say: the client's
+        raise bad_request(f"reference_audio: {exc}", param="reference_audio") from None
+    except EngineError as exc:
+        raise engine_error(exc) from exc
+
+
+async def _speech_choice(
+    model: ServedModel, audio: ModelAudio, req: SpeechRequest, voice: int, embedding: bytes | None
+) -> OutputRouter:
     messages = [{"role": "user", "content": req.input}]
     if req.instructions:
         messages.insert(0, {"role": "system", "content": req.instructions})
@@ -91,7 +124,7 @@ async def _speech_choice(model: ServedModel, audio: ModelAudio, req: SpeechReque
     params = SamplingParams(max_tokens=min(req.max_units + 1, room), seed=req.seed)  # the units, then the end
     constraint = audio.grammar.new_constraint(None)  # the whole output is the span the prompt opened
     generation = Generation(model, token_ids, params, (), new_request_id("speech"), constraint=constraint)
-    return OutputRouter(generation, audio=audio.route(voice, opened=True))
+    return OutputRouter(generation, audio=audio.route(voice, embedding=embedding, opened=True))
 
 
 async def _encoded(req: SpeechRequest, router: OutputRouter, sample_rate: int) -> AsyncGenerator[bytes, None]:

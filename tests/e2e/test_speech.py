@@ -98,3 +98,36 @@ def test_bad_input_is_a_400_naming_the_field(speaking_server: str, body: dict[st
     assert r.json()["error"]["param"] == param
     if param == "voice" and "nobody" in str(body):
         assert "amber" in r.json()["error"]["message"]  # the voices are listed
+
+
+def _wav(freq: float) -> str:
+    """A 1 s tone at 16 kHz as a base64 wav."""
+    buffer = io.BytesIO()
+    with av.open(buffer, "w", format="wav") as container:
+        stream = container.add_stream("pcm_s16le", rate=16000, layout="mono")
+        t = np.arange(16000) / 16000
+        samples = (0.4 * np.sin(2 * np.pi * freq * t) * 32767).astype("<i2")[None, :]
+        frame = av.AudioFrame.from_ndarray(samples, format="s16", layout="mono")
+        frame.sample_rate = 16000
+        for packet in stream.encode(frame):
+            container.mux(packet)
+        for packet in stream.encode(None):
+            container.mux(packet)
+    return base64.b64encode(buffer.getvalue()).decode()
+
+
+def test_a_voice_taken_from_a_recording(speaking_server: str) -> None:
+    def speak(reference: dict[str, str]) -> bytes:
+        body = {"model": MODEL, "input": "Hello.", "response_format": "pcm", "seed": 2, "max_units": 12,
+                "reference_audio": reference}  # fmt: skip
+        r = httpx.post(f"{speaking_server}/v1/audio/speech", json=body, timeout=60)
+        assert r.status_code == 200, r.text
+        return r.content
+
+    low, high = speak({"data": _wav(150), "format": "wav"}), speak({"data": _wav(900), "format": "wav"})
+    assert len(low) == len(high) > 0  # the same units (seeded), spoken in two voices
+    assert low != high and low == speak({"data": _wav(150)})
+    bad = httpx.post(f"{speaking_server}/v1/audio/speech", json={
+        "model": MODEL, "input": "Hello.", "reference_audio": {"data": base64.b64encode(b"not audio").decode()},
+    }, timeout=30)  # fmt: skip
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "reference_audio"

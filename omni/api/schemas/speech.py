@@ -3,12 +3,16 @@
 OpenAI's fields: model, input (at most 4,096 characters), voice (a name, or {"id": name}),
 instructions, response_format (mp3 | opus | aac | flac | wav | pcm), speed (0.25 to 4) and
 stream_format (audio: the file's bytes as they are made; sse: speech.audio.delta events).
-Extensions: seed (the same seed gives the same audio) and max_units (the most units the model
-may speak, 3 to 2,000; 25 a second). A field of neither is a 400 naming it.
+Extensions: seed (the same seed gives the same audio), max_units (the most units the model
+may speak, 3 to 2,000; 25 a second) and reference_audio ({"data": base64, "format": "wav"}: a
+recording whose voice is spoken in, on a checkpoint with a speaker encoder; voice may then be
+left out). A field of neither is a 400 naming it.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 from dataclasses import dataclass
 
 from omni.api.errors import bad_request
@@ -30,7 +34,10 @@ MAX_INPUT_CHARS = 4096  # OpenAI's
 MIN_SPEED, MAX_SPEED = 0.25, 4.0
 STREAM_FORMATS = ("audio", "sse")
 _KNOWN = frozenset(
-    {"model", "input", "voice", "instructions", "response_format", "speed", "stream_format", "seed", "max_units"}
+    {
+        "model", "input", "voice", "instructions", "response_format", "speed", "stream_format", "seed", "max_units",
+        "reference_audio",
+    }  # fmt: skip
 )
 
 
@@ -45,6 +52,8 @@ class SpeechRequest:
     stream_format: str = "audio"
     seed: int | None = None
     max_units: int = MAX_UNITS
+    reference_audio: bytes | None = None  # a recording to take the voice from
+    reference_format: str | None = None
 
 
 def parse_speech_request(body: Body) -> SpeechRequest:
@@ -73,10 +82,13 @@ def parse_speech_request(body: Body) -> SpeechRequest:
     if speed is not None and not MIN_SPEED <= speed <= MAX_SPEED:
         raise value_error("speed", f"must be between {MIN_SPEED} and {MAX_SPEED}, got {speed}.")
     max_units = opt_int(body, "max_units", lo=MIN_UNITS, hi=MAX_UNITS)
+    reference, reference_format = _reference(body)
     return SpeechRequest(
         model=opt_str(body, "model"),
         input=text,
-        voice=_voice(body),
+        voice="" if reference is not None and body.get("voice") is None else _voice(body),
+        reference_audio=reference,
+        reference_format=reference_format,
         instructions=instructions,
         response_format=fmt,
         speed=1.0 if speed is None else float(speed),
@@ -84,6 +96,22 @@ def parse_speech_request(body: Body) -> SpeechRequest:
         seed=opt_int(body, "seed", lo=MIN_SEED, hi=MAX_SEED),
         max_units=MAX_UNITS if max_units is None else max_units,
     )
+
+
+def _reference(body: Body) -> tuple[bytes | None, str | None]:
+    raw = body.get("reference_audio")
+    if raw is None:
+        return None, None
+    if not isinstance(raw, dict):
+        raise type_error("reference_audio", "an object with data (base64) and format", raw)
+    data = required_str(raw, "data", "reference_audio.data")
+    try:
+        decoded = base64.b64decode(data, validate=True)
+    except (binascii.Error, ValueError):
+        raise value_error("reference_audio.data", "is not valid base64.") from None
+    if not decoded:
+        raise value_error("reference_audio.data", "is empty.")
+    return decoded, opt_str(raw, "format", "reference_audio.format")
 
 
 def _voice(body: Body) -> str:
