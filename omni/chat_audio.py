@@ -18,6 +18,9 @@ import dataclasses
 import functools
 from dataclasses import dataclass
 
+import orjson
+from aiohttp import web
+
 from omni.api.errors import bad_request
 from omni.api.schemas import ChatCompletionRequest
 from omni.audio_output import ModelAudio
@@ -26,6 +29,9 @@ from omni.constrained.audio_span import MAX_UNITS, MIN_UNITS
 from omni.generation import Generation
 from omni.output_router import AudioRoute
 from omni.served_model import ServedModel
+from omni.state import STORE
+from omni.store.base import KeyNotFound, StoreError
+from omni.store.keys import validate_key
 from scheduler.request import SamplingParams
 
 SPONTANEOUS_FORMAT = "wav"  # of an answer that spoke without being asked: no format was given
@@ -109,3 +115,25 @@ def speak_text(model: ServedModel, audio: ModelAudio, text: Generation) -> Gener
         request.media,
         audio.grammar.new_constraint(None),  # the whole output is the span it opens
     )
+
+
+async def recall_spoken(request: web.Request, req: ChatCompletionRequest) -> ChatCompletionRequest:
+    """An assistant turn given as {"audio": {"id": ...}} (an earlier spoken answer of this
+    server's, as OpenAI lets a client refer to one) gets its stored transcript as its text; an
+    id the store does not have (unknown, or expired and removed) is a 400 naming it."""
+    if not any(m.audio_id for m in req.messages):
+        return req
+    store = request.app[STORE]
+    messages = list(req.messages)
+    for i, message in enumerate(messages):
+        if message.audio_id is None or message.content is not None:
+            continue
+        param = f"messages[{i}].audio.id"
+        try:
+            meta = orjson.loads(await store.get(validate_key(f"out/audio/{message.audio_id}.json")))
+        except (KeyNotFound, ValueError, orjson.JSONDecodeError):
+            raise bad_request(f"No spoken answer has the id '{message.audio_id}' (or it expired).", param=param) from None
+        except StoreError:
+            raise bad_request(f"The spoken answer '{message.audio_id}' could not be read back.", param=param) from None
+        messages[i] = dataclasses.replace(message, content=str(meta.get("transcript", "")))
+    return dataclasses.replace(req, messages=tuple(messages))

@@ -36,7 +36,7 @@ from omni.api.schemas import (
 from omni.api.schemas.fields import request_timeout, truncate_prompt, truncated_media
 from omni.api.schemas.images import ImageGenerationRequest, parse_image_generation_request
 from omni.api.schemas.transcriptions import TranscriptionRequest, parse_transcription_request, read_transcription_form
-from omni.chat_audio import ChatAudio, ban_audio, chat_audio
+from omni.chat_audio import ChatAudio, ban_audio, chat_audio, recall_spoken
 from omni.chat_output import OutputFormat
 from omni.chat_turns import ban_images, ban_tool_markup, chat_images, check_tool_choice, output_format, tool_grammar
 from omni.choice_constraints import ChoiceConstraints, OutputSpans
@@ -78,6 +78,7 @@ async def chat_completion(
     req = parse_chat_completion_request(await read_json(request, timeout=body_timeout(request)))
     timeout = request_timeout(request)
     model = _model(request, req.model)
+    req = await recall_spoken(request, req)  # earlier spoken answers referred to by id
     check_tool_choice(model, req)
     check_serving(model)  # before media: no fetching or encoding for a model that cannot answer
     model.pool.check_admission()  # nor for one whose queue is full (429)

@@ -113,3 +113,24 @@ def test_an_unknown_voice_is_a_400_listing_the_voices(speaking_server: str) -> N
     r = httpx.post(f"{speaking_server}/v1/chat/completions", json=body, timeout=30)
     assert r.status_code == 400 and r.json()["error"]["param"] == "audio.voice"
     assert "amber" in r.json()["error"]["message"]
+
+
+def test_a_later_turn_refers_to_a_spoken_answer_by_its_id(client: openai.OpenAI, ends_soon: dict[str, float]) -> None:
+    first = client.chat.completions.create(**_ask(ends_soon, "wav"))  # type: ignore[call-overload]
+    spoken = first.choices[0].message.audio
+    assert spoken is not None
+    question = {"role": "user", "content": "Say hello sadly."}
+    follow = {"role": "user", "content": "Again?"}
+    by_id = client.chat.completions.create(
+        model=MODEL, messages=[question, {"role": "assistant", "audio": {"id": spoken.id}}, follow], max_tokens=1
+    )
+    by_text = client.chat.completions.create(
+        model=MODEL, messages=[question, {"role": "assistant", "content": spoken.transcript}, follow], max_tokens=1
+    )
+    assert by_id.usage is not None and by_text.usage is not None
+    assert by_id.usage.prompt_tokens == by_text.usage.prompt_tokens  # the id stood for its transcript
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(
+            model=MODEL, messages=[question, {"role": "assistant", "audio": {"id": "audio_0000"}}, follow], max_tokens=1
+        )
+    assert refused.value.body["param"] == "messages[1].audio.id"  # type: ignore[index]

@@ -76,6 +76,9 @@ class ChatMessage:
     # as Hugging Face templates iterate them.
     tool_calls: tuple[Mapping[str, Json], ...] = ()
     reasoning_content: str | None = None  # an earlier turn's reasoning, for templates that show it
+    # An earlier spoken answer referred to by its id (OpenAI's assistant {"audio": {"id"}}): its
+    # stored transcript becomes the turn's text (omni/chat_audio.py recall_spoken).
+    audio_id: str | None = None
 
     @property
     def text(self) -> str:
@@ -175,6 +178,14 @@ def _parse_message(value: Json, param: str) -> ChatMessage:
     reasoning = opt_str(value, "reasoning_content", f"{param}.reasoning_content")
     if reasoning is None:
         reasoning = opt_str(value, "reasoning", f"{param}.reasoning")
+    audio_id = None
+    audio = value.get("audio")
+    if audio is not None:
+        if role != "assistant" or not isinstance(audio, dict):
+            raise type_error(f"{param}.audio", "an object with an id, on an assistant message", audio)
+        audio_id = required_str(audio, "id", f"{param}.audio.id")
+        if not audio_id.startswith("audio_") or not audio_id[6:].isalnum():
+            raise value_error(f"{param}.audio.id", f"'{audio_id}' is not the id of a spoken answer.")
     return ChatMessage(
         role=role,
         content=content,
@@ -182,6 +193,7 @@ def _parse_message(value: Json, param: str) -> ChatMessage:
         tool_call_id=opt_str(value, "tool_call_id", f"{param}.tool_call_id"),
         tool_calls=tuple(_parse_tool_call(c, f"{param}.tool_calls[{i}]") for i, c in enumerate(tool_calls or ())),
         reasoning_content=reasoning,
+        audio_id=audio_id,
     )
 
 
