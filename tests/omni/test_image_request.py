@@ -197,7 +197,7 @@ def test_modalities_say_whether_the_model_may_draw(modalities: list[str] | None,
     assert req.image == ChatImageOptions(size=(768, 768))
 
 
-@pytest.mark.parametrize("modalities", [["text", "audio"], ["audio"], [], ["video"], "text"])
+@pytest.mark.parametrize("modalities", [[], ["video"], "text"])
 def test_modalities_the_server_cannot_produce_are_400s(modalities: Any) -> None:
     with pytest.raises(APIError) as e:
         parse_chat_completion_request(chat(modalities=modalities))
