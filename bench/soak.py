@@ -4,7 +4,8 @@ rate. Zero errors, flat memory and steady latency percentiles are the point; the
 printed per minute.
 
 Starts `bin/omni-serve` on its embedded default model (the tiny omni checkpoint: LLM and
-encoders; no --model) with a fresh local store, on a free port, logging to a file. Then:
+encoders; no --model) with a fresh local store (removed after), on a free port, logging to a
+file. Then:
 
   ramp   a closed loop of the traffic mix at concurrency 1, 2, 4, ... (--ramp-seconds each),
          until requests/s stops growing by 10 %: the best requests/s is the server's capacity
@@ -38,6 +39,7 @@ import math
 import os
 import platform
 import random
+import shutil
 import socket
 import statistics
 import sys
@@ -400,6 +402,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         report["table"] = "\n".join(table)
     finally:
         report["server_stop"] = server.stop()
+        shutil.rmtree(store, ignore_errors=True)
     report["totals"] = _totals(report)
     RESULTS.mkdir(parents=True, exist_ok=True)
     out = RESULTS / f"soak-{stamp}.json"
