@@ -40,6 +40,10 @@ class WorkerDied(RuntimeError):
     pass
 
 
+# A frame this long goes out as its header, then its data (one send each); a shorter one in one.
+_JOIN_BELOW = 1 << 16
+
+
 class WorkerProcess:
     def __init__(
         self,
@@ -137,7 +141,12 @@ class WorkerProcess:
             header = struct.pack("!i", len(data))
         try:
             async with self._send_lock:  # frames must not interleave
-                await asyncio.get_running_loop().sock_sendall(self._sock, header + data)
+                loop = asyncio.get_running_loop()
+                if len(data) < _JOIN_BELOW:
+                    await loop.sock_sendall(self._sock, header + data)
+                else:  # a frame of media: no copy of it on the loop just to put the header first
+                    await loop.sock_sendall(self._sock, header)
+                    await loop.sock_sendall(self._sock, data)
         except OSError as exc:
             self._mark_dead()
             raise WorkerDied(f"{self.label}: {exc}") from exc
