@@ -45,7 +45,7 @@ def guarded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, int
     model_dir = make_tiny_omni_checkpoint(tmp_path_factory.mktemp("ckpt") / "omni-tiny")
     log = tmp_path_factory.mktemp("log") / "server.log"
     timeouts = ("--header-timeout", str(HEADER_TIMEOUT), "--body-timeout", str(BODY_TIMEOUT))
-    media = ("--max-media-bytes", str(MAX_MEDIA_BYTES))
+    media = ("--max-media-bytes", str(MAX_MEDIA_BYTES), "--no-audio-output", "--no-image-output")
     with logged_server(model_dir, log, *timeouts, *media) as (base, pid):
         yield base, pid, log
 

@@ -54,7 +54,8 @@ def omni_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _server(omni_dir: Path, *extra: str) -> Iterator[str]:
     with running_server(
-        "--model", f"{MODEL}={omni_dir}", "--max-model-len", "1024", "--diffusion-steps", str(STEPS), *extra
+        "--model", f"{MODEL}={omni_dir}", "--max-model-len", "1024", "--diffusion-steps", str(STEPS),
+        "--no-audio-output", *extra
     ) as base:  # fmt: skip
         yield base
 
