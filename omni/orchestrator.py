@@ -265,17 +265,10 @@ def _queue_preview(queue: asyncio.Queue[Any], image: int, index: int, data: byte
 
 def _image_model(request: web.Request, name: str | None) -> ServedModel:
     """The named model, which must draw images, or the only served model that does."""
-    registry = request.app[MODELS]
-    if name is not None:
-        model = registry.get(name)
-        if model.images is None:
-            raise bad_request(f"The model '{name}' has no image decoder: it cannot draw images.", param="model")
-        return model
-    drawing = [m for m in registry if m.images is not None]
-    if len(drawing) != 1:
-        what = "No served model draws images" if not drawing else "Several served models draw images; name one"
-        raise bad_request(f"{what}.", param="model")
-    return drawing[0]
+    return request.app[MODELS].capable(
+        name, lambda m: m.images is not None, lacks="has no image decoder: it cannot draw images",
+        does=("draws images", "draw images"),
+    )  # fmt: skip
 
 
 async def _grammar(model: ServedModel, req: ChatCompletionRequest | CompletionRequest) -> CompiledGrammar | None:
@@ -417,14 +410,7 @@ def _span_openers(model: ServedModel) -> tuple[tuple[int, ...], ...]:
 
 def _hearing_model(request: web.Request, name: str | None) -> ServedModel:
     """The named model, which must read audio, or the only served model that reads media."""
-    registry = request.app[MODELS]
-    if name is not None:
-        model = registry.get(name)
-        if model.media is None:
-            raise bad_request(f"The model '{name}' has no audio encoder: it cannot transcribe.", param="model")
-        return model
-    hearing = [m for m in registry if m.media is not None]
-    if len(hearing) != 1:
-        what = "No served model reads audio" if not hearing else "Several served models read audio; name one"
-        raise bad_request(f"{what}.", param="model")
-    return hearing[0]
+    return request.app[MODELS].capable(
+        name, lambda m: m.media is not None, lacks="has no audio encoder: it cannot transcribe",
+        does=("reads audio", "read audio"),
+    )  # fmt: skip

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from omni.api.errors import model_not_found
+from omni.api.errors import bad_request, model_not_found
 from omni.chat_format import ChatFormat
 from omni.constrained.compiler import GrammarCompiler
 from omni.media_input.pipeline import MediaPipeline
@@ -61,6 +62,20 @@ class ModelRegistry:
         if model is None:
             raise model_not_found(name)
         return model
+
+    def capable(self, name: str | None, able: Callable[[ServedModel], bool], *, lacks: str, does: tuple[str, str]) -> ServedModel:
+        """The named model, which must be able (else a 400: it `lacks`), or the only served model
+        that is; does: what able models do, said of one and of several ("draws images", "draw images")."""
+        if name is not None:
+            model = self.get(name)
+            if not able(model):
+                raise bad_request(f"The model '{name}' {lacks}.", param="model")
+            return model
+        found = [m for m in self._models.values() if able(m)]
+        if len(found) != 1:
+            what = f"No served model {does[0]}" if not found else f"Several served models {does[1]}; name one"
+            raise bad_request(f"{what}.", param="model")
+        return found[0]
 
     def __iter__(self):  # type: ignore[no-untyped-def]
         return iter(self._models.values())

@@ -212,14 +212,6 @@ def _sample_rate(router: OutputRouter) -> int:
 
 def _speaking_model(request: web.Request, name: str | None) -> ServedModel:
     """The named model, which must speak, or the only served model that does."""
-    registry = request.app[MODELS]
-    if name is not None:
-        model = registry.get(name)
-        if model.audio is None:
-            raise bad_request(f"The model '{name}' has no audio decoder: it cannot speak.", param="model")
-        return model
-    speaking = [m for m in registry if m.audio is not None]
-    if len(speaking) != 1:
-        what = "No served model speaks" if not speaking else "Several served models speak; name one"
-        raise bad_request(f"{what}.", param="model")
-    return speaking[0]
+    return request.app[MODELS].capable(
+        name, lambda m: m.audio is not None, lacks="has no audio decoder: it cannot speak", does=("speaks", "speak")
+    )

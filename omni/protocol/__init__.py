@@ -14,11 +14,11 @@ from omni.protocol.messages import (
     DecodedImage,
     DecodeImages,
     DecodeResult,
+    EmbedSpeaker,
     EncodeBatch,
     EncodedItem,
     EncodeItem,
     EncodeResult,
-    EmbedSpeaker,
     EncoderReady,
     FailedRequest,
     ForwardTiming,
@@ -39,7 +39,14 @@ from omni.protocol.messages import (
     VisionDecoderReady,
     WorkerError,
 )
-from omni.protocol.specs import AudioDecoderWorkerSpec, EncoderWorkerSpec, LLMWorkerSpec, StoreSettings, VisionDecoderWorkerSpec, WorkerSpec
+from omni.protocol.specs import (
+    AudioDecoderWorkerSpec,
+    EncoderWorkerSpec,
+    LLMWorkerSpec,
+    StoreSettings,
+    VisionDecoderWorkerSpec,
+    WorkerSpec,
+)
 from omni.protocol.wire import decode, encode, message, message_types, register
 
 __all__ = [

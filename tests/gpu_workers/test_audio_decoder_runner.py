@@ -4,8 +4,6 @@ its stream alone; voices come from the table or from a reference recording."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 import torch
