@@ -6,13 +6,13 @@ same seed, and no unit token reaches any content."""
 from __future__ import annotations
 
 import base64
-import io
 
-import av
 import httpx
 import numpy as np
 import openai
 import pytest
+
+from tests.e2e.audio import decoded
 
 MODEL = "omni"
 FORMATS = ("wav", "mp3", "flac", "opus", "aac", "pcm16")
@@ -47,16 +47,6 @@ def _ask(bias: dict[str, float], fmt: str, **extra: object) -> dict[str, object]
     }
 
 
-def _decoded(data: bytes, fmt: str) -> tuple[np.ndarray, int]:
-    if fmt == "pcm16":
-        return np.frombuffer(data, dtype="<i2").astype(np.float32) / 32767, 24000
-    with av.open(io.BytesIO(data)) as container:
-        stream = container.streams.audio[0]
-        assert stream.codec_context.channels == 1
-        frames = [f.to_ndarray().reshape(-1) for f in container.decode(stream)]
-        return np.concatenate(frames), stream.codec_context.sample_rate
-
-
 def _no_units(text: str | None) -> None:
     assert text is None or ("<|audio" not in text and "<|discrete_audio" not in text)
 
@@ -69,7 +59,7 @@ def test_spoken_answers_in_every_format(client: openai.OpenAI, ends_soon: dict[s
         assert message.content is None and message.audio is not None, fmt
         assert message.audio.id.startswith("audio_") and message.audio.expires_at > 0
         _no_units(message.audio.transcript)
-        samples, rate = _decoded(base64.b64decode(message.audio.data), fmt)
+        samples, rate = decoded(base64.b64decode(message.audio.data), fmt)
         assert rate == (48000 if fmt == "opus" else 24000), fmt
         assert samples.size >= 0.1 * rate and np.abs(samples).max() > 0.01, fmt  # at least 3 units
         assert out.usage is not None and out.usage.completion_tokens > 4

@@ -13,19 +13,10 @@ import numpy as np
 import openai
 import pytest
 
+from tests.e2e.audio import decoded
+
 MODEL = "omni"
 FORMATS = ("mp3", "opus", "aac", "flac", "wav", "pcm")
-
-
-def _decoded(data: bytes, fmt: str) -> tuple[np.ndarray, int]:
-    """(mono float samples, sample rate) of an encoded answer."""
-    if fmt == "pcm":
-        return np.frombuffer(data, dtype="<i2").astype(np.float32) / 32767, 24000
-    with av.open(io.BytesIO(data)) as container:
-        stream = container.streams.audio[0]
-        assert stream.codec_context.channels == 1
-        frames = [f.to_ndarray().reshape(-1) for f in container.decode(stream)]
-        return np.concatenate(frames).astype(np.float32), stream.codec_context.sample_rate
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +30,7 @@ def test_every_format_is_mono_24khz_audio_and_a_seed_repeats_it(client: openai.O
         response = client.audio.speech.create(
             model=MODEL, voice="alloy", input="Hello there.", response_format=fmt, extra_body={"seed": 3, "max_units": 40}
         )
-        samples, rate = _decoded(response.content, fmt)
+        samples, rate = decoded(response.content, fmt)
         assert rate == (48000 if fmt == "opus" else 24000), fmt
         assert samples.size > 0.1 * rate and np.abs(samples).max() > 0.01, fmt  # at least 3 units of sound
         if fmt in ("wav", "flac", "pcm"):
@@ -69,7 +60,7 @@ def test_streamed_bytes_and_events_are_valid_audio(client: openai.OpenAI, speaki
     payloads = [httpx.Response(200, content=e[6:]).json() for e in events]
     assert [p["type"] for p in payloads][-1] == "speech.audio.done" and payloads[-1]["usage"]["output_tokens"] > 3
     mp3 = b"".join(base64.b64decode(p["audio"]) for p in payloads if p["type"] == "speech.audio.delta")
-    samples, rate = _decoded(mp3, "mp3")
+    samples, rate = decoded(mp3, "mp3")
     assert rate == 24000 and abs(samples.size - len(whole) // 2) < 3000  # mp3 adds its encoder delay
 
 
