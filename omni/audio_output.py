@@ -14,6 +14,7 @@ coral -> d, echo -> a, ...). Any other name is a 400 listing both. OPENAI_VOICES
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import uuid
 
 import numpy as np
@@ -68,7 +69,12 @@ class ModelAudio:
 
     async def prepare(self, compiler: GrammarCompiler) -> None:
         """Compile the span grammar (once, off the event loop)."""
-        self.grammar = await compiler.compile(GrammarSpec(GrammarKind.GRAMMAR, self.format.grammar(), "audio"))
+        self.grammar = await self.span_grammar(compiler, self.format.max_units)
+
+    async def span_grammar(self, compiler: GrammarCompiler, max_units: int) -> CompiledGrammar:
+        """The span grammar with at most max_units units (the compiler keeps each it compiled)."""
+        fmt = dataclasses.replace(self.format, max_units=max_units)
+        return await compiler.compile(GrammarSpec(GrammarKind.GRAMMAR, fmt.grammar(), "audio"))
 
     @property
     def ready(self) -> bool:

@@ -13,9 +13,10 @@ gives no image.
 An audio span (omni/constrained/audio_span.py: <|discrete_audio_start|>, 3 to 2,000 unit tokens,
 <|discrete_audio_end|>) is withheld from the text too, and its units go to the vocoder in chunks
 as they are sampled: a small first chunk (AudioRoute.first_chunk_units) so sound starts early,
-then chunk_units at a time, the rest at the span's end. Each decoded chunk rides on the Delta
-whose token completed it (`Delta.audio`). A span the request's end cuts short still gives the
-audio of the units it has, when there are at least 3 (max_tokens: finish_reason "length").
+then chunks twice the size of the last, up to chunk_units, the rest at the span's end. Each
+decoded chunk rides on the Delta whose token completed it (`Delta.audio`). A span the request's
+end cuts short still gives the audio of the units it has, when there are at least 3
+(max_tokens: finish_reason "length").
 
 The contract assembly relies on, which every span kind keeps: one Delta out per Delta in, in
 order; a Delta's token_ids, logprobs and finish_reason unchanged (usage counts every generated
@@ -86,6 +87,7 @@ class _OpenAudio:
     sink: AudioSink
     pending: list[int] = field(default_factory=list)  # units sampled, not yet sent
     sent: int = 0  # units already decoded
+    last_chunk: int = 0  # units of the chunk sent last
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,9 +210,14 @@ class OutputRouter:
             log.error("%s: token %d inside an audio span is no unit", self.generation.request.request_id, token_id)
             return
         voice.pending.append(unit)
-        # the first chunk waits for the span's least units, so a span cut short before it has
-        # them (no audio) never sent any
-        size = max(route.first_chunk_units, route.format.min_units) if voice.sent == 0 else route.chunk_units
+        # The first chunk waits for the span's least units, so a span cut short before it has
+        # them (no audio) never sent any. Then each chunk is twice the last, up to chunk_units
+        # (4, 8, 16, 25, 25, ...): a player that starts at the first chunk has the next one
+        # before the first has played out.
+        if voice.sent == 0:
+            size = max(route.first_chunk_units, route.format.min_units)
+        else:
+            size = min(route.chunk_units, 2 * voice.last_chunk)
         if len(voice.pending) >= size:
             units, voice.pending = voice.pending, []
             await self._send_audio(delta, units, last=False)
@@ -231,6 +238,7 @@ class OutputRouter:
         assert self._audio is not None and self._voice is not None
         samples = await self._voice.sink.decode(units, last=last)
         self._voice.sent += len(units)
+        self._voice.last_chunk = len(units)
         delta.audio.append(AudioPiece(samples, self._audio.sample_rate, self._audio_spans, last))
 
     def _withhold(self, delta: Delta, token_id: int) -> None:

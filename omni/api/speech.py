@@ -120,9 +120,11 @@ async def _speech_choice(
             param="input",
             code="context_length_exceeded",
         )
-    assert audio.grammar is not None  # compiled at start-up
-    params = SamplingParams(max_tokens=min(req.max_units + 1, room), seed=req.seed)  # the units, then the end
-    constraint = audio.grammar.new_constraint(None)  # the whole output is the span the prompt opened
+    # The units (at most max_units: the grammar's own bound, so the last token is the span's end
+    # rather than a unit the length limit cuts), then the end.
+    grammar = await audio.span_grammar(model.grammars, min(req.max_units, room - 1))
+    params = SamplingParams(max_tokens=min(req.max_units + 1, room), seed=req.seed)
+    constraint = grammar.new_constraint(None)  # the whole output is the span the prompt opened
     generation = Generation(model, token_ids, params, (), new_request_id("speech"), constraint=constraint)
     return OutputRouter(generation, audio=audio.route(voice, embedding=embedding, opened=True))
 

@@ -122,3 +122,12 @@ def test_a_voice_taken_from_a_recording(speaking_server: str) -> None:
         "model": MODEL, "input": "Hello.", "reference_audio": {"data": base64.b64encode(b"not audio").decode()},
     }, timeout=30)  # fmt: skip
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "reference_audio"
+
+
+def test_max_units_bounds_the_speech(speaking_server: str) -> None:
+    for seed in range(4):
+        body = {"model": MODEL, "voice": "alloy", "input": "Hello there.", "response_format": "pcm", "seed": seed, "max_units": 5}
+        r = httpx.post(f"{speaking_server}/v1/audio/speech", json=body, timeout=60)
+        assert r.status_code == 200, r.text
+        units, rest = divmod(len(r.content), 960 * 2)  # 960 PCM16 samples a unit
+        assert rest == 0 and 3 <= units <= 5, units

@@ -181,7 +181,7 @@ def audio_route(tokenizer: TextTokenizer, sinks: list[FakeSink], log: list[tuple
         sinks.append(FakeSink(log))
         return sinks[-1]
 
-    return AudioRoute(fmt, open_stream, 24000, first_chunk_units=1, chunk_units=3, **kw)  # type: ignore[arg-type]
+    return AudioRoute(fmt, open_stream, 24000, first_chunk_units=1, chunk_units=8, **kw)  # type: ignore[arg-type]
 
 
 async def test_audio_units_go_to_the_vocoder_in_chunks_and_never_into_the_text(tokenizer: TextTokenizer) -> None:
@@ -189,20 +189,20 @@ async def test_audio_units_go_to_the_vocoder_in_chunks_and_never_into_the_text(t
     log: list[tuple[list[int], bool]] = []
     route = audio_route(tokenizer, sinks, log)
     fmt = route.format
-    unit = [fmt.first_unit_id + u for u in range(7)]
+    unit = [fmt.first_unit_id + u for u in range(12)]
     said = tokenizer.encode("Sure:", add_special_tokens=False)
     tokens = [*said, fmt.start_token_id, *unit, fmt.end_token_id, *said, fmt.start_token_id, *unit[:4], fmt.end_token_id]
     g = generation(tokenizer, FakePool(tokens))
     g.params = SamplingParams(max_tokens=len(tokens))
     out = [delta async for delta in OutputRouter(g, audio=route).deltas()]
     assert "".join(d.text for d in out) == "Sure:Sure:"
-    # the first chunk waits for the span's least units (3, though 1 was asked), then 3 at a time,
-    # the rest at the end; a second span starts over
-    assert log == [([0, 1, 2], False), ([3, 4, 5], False), ([6], True), ([0, 1, 2], False), ([3], True)]
+    # the first chunk waits for the span's least units (3, though 1 was asked), the next is twice
+    # that (up to 8), the rest at the end; a second span starts over
+    assert log == [([0, 1, 2], False), ([3, 4, 5, 6, 7, 8], False), ([9, 10, 11], True), ([0, 1, 2], False), ([3], True)]
     pieces = [p for d in out for p in d.audio]
     assert [(p.span, p.last) for p in pieces] == [(0, False), (0, False), (0, True), (1, False), (1, True)]
     first = np.concatenate([np.frombuffer(p.samples, dtype="<f4") for p in pieces if p.span == 0])
-    assert first.tolist() == np.repeat(np.arange(7, dtype="<f4"), 2).tolist()
+    assert first.tolist() == np.repeat(np.arange(12, dtype="<f4"), 2).tolist()
     # a piece rides on the Delta whose token completed its chunk
     carrying = [i for i, d in enumerate(out) if d.audio]
     assert carrying[0] == len(said) + 3 and len(sinks) == 2 and not any(s.closed for s in sinks)
