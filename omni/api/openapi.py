@@ -1200,13 +1200,10 @@ def _generation(operation_id: str, summary: str, request: str, result: str, even
                     "content": {
                         **_json(_ref(result)),
                         "text/event-stream": {
-                            "schema": {
-                                "type": "string",
-                                "description": (
-                                    f"'data: ' lines, each {events} as JSON, then 'data: [DONE]'. A worker "
-                                    "failing mid-stream sends an Error object as the last event before [DONE]."
-                                ),
-                            }
+                            "schema": _sse_event(
+                                f"'data: ' lines, each {events} as JSON, then 'data: [DONE]'. A worker "
+                                "failing mid-stream sends an Error object as the last event before [DONE]."
+                            )
                         },
                     },
                 },
@@ -1224,7 +1221,18 @@ _AUDIO_EVENTS = (
 
 
 def _event_stream(events: str) -> Schema:
-    return {"schema": {"type": "string", "description": _AUDIO_EVENTS.format(events=events)}}
+    return {"schema": _sse_event(_AUDIO_EVENTS.format(events=events))}
+
+
+def _sse_event(description: str) -> Schema:
+    """One server-sent event, as a client's parser reads it: its data line (JSON, or [DONE]) and,
+    for the audio endpoints' named events, its event name."""
+    return {
+        "type": "object",
+        "properties": {"data": _STRING, "event": _STRING, "id": _STRING, "retry": {"type": "integer"}},
+        "required": ["data"],
+        "description": description,
+    }
 
 
 def _transcription_operation() -> Schema:

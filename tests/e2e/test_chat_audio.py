@@ -59,8 +59,13 @@ def test_spoken_answers_in_every_format(client: openai.OpenAI, ends_soon: dict[s
         assert message.content is None and message.audio is not None, fmt
         assert message.audio.id.startswith("audio_") and message.audio.expires_at > 0
         _no_units(message.audio.transcript)
-        samples, rate = decoded(base64.b64decode(message.audio.data), fmt)
-        assert rate == (48000 if fmt == "opus" else 24000), fmt
+        data = base64.b64decode(message.audio.data)
+        samples, rate = decoded(data, fmt)
+        if fmt == "opus":  # Opus decoders always play at 48 kHz; the stream's own rate is in its header
+            head = data.index(b"OpusHead")
+            assert (data[head + 9], int.from_bytes(data[head + 12 : head + 16], "little"), rate) == (1, 24000, 48000)
+        else:
+            assert rate == 24000, fmt
         assert samples.size >= 0.1 * rate and np.abs(samples).max() > 0.01, fmt  # at least 3 units
         assert out.usage is not None and out.usage.completion_tokens > 4
 
@@ -87,15 +92,6 @@ def test_streamed_audio_concatenates_to_the_answer_for_the_same_seed(
     assert b"".join(data) == expected and len(data) > 1  # several chunks, as the units came
     assert "".join(transcript) == whole.choices[0].message.audio.transcript
     assert len(ids) == 1 and len(expires) == 1
-
-
-def test_audio_on_a_model_that_cannot_speak_is_a_400(server: str) -> None:
-    body = {
-        "model": "omni-tiny", "messages": [{"role": "user", "content": "hi"}],
-        "modalities": ["text", "audio"], "audio": {"voice": "alloy", "format": "wav"},
-    }  # fmt: skip
-    r = httpx.post(f"{server}/v1/chat/completions", json=body, timeout=30)
-    assert r.status_code == 400 and r.json()["error"]["param"] == "modalities"
 
 
 def test_an_unknown_voice_is_a_400_listing_the_voices(speaking_server: str) -> None:

@@ -24,6 +24,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from aiohttp import BodyPartReader, web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from omni.api.errors import APIError, bad_request
 from omni.api.schemas.fields import MAX_SEED, MIN_SEED, missing, unsupported, value_error
@@ -101,8 +102,10 @@ async def read_transcription_form(
             code="request_timeout",
             headers={"Connection": "close"},
         ) from None
-    except (ValueError, RuntimeError, AssertionError, LookupError) as e:  # aiohttp's multipart parser
-        raise bad_request(f"The multipart body is malformed: {e}") from None
+    # aiohttp's multipart parser: its own errors (a bad part header is an HttpProcessingError) and
+    # the ones it lets through from a body that is not what its boundary says
+    except (HttpProcessingError, ValueError, RuntimeError, AssertionError, LookupError) as e:
+        raise bad_request(f"The multipart body is malformed: {getattr(e, 'message', None) or e}") from None
 
 
 async def _read_parts(request: web.Request, max_file_bytes: int) -> TranscriptionForm:
