@@ -51,12 +51,25 @@ def server(tiny_model_dir: Path) -> Iterator[str]:
         yield base
 
 
+# The shared omni server's denoising steps: every image drawn on it is quick.
+DIFFUSION_STEPS = 2
+
+
 @pytest.fixture(scope="session")
-def speaking_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """The tiny omni checkpoint with its audio decoder (speech, chat audio, transcription),
-    served as "omni"; images off, so it starts quicker."""
-    omni_dir = make_tiny_omni_checkpoint(tmp_path_factory.mktemp("ckpt") / "omni")
-    with running_server("--model", f"omni={omni_dir}", "--max-model-len", "2048", "--no-image-output") as base:
+def omni_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_tiny_omni_checkpoint(tmp_path_factory.mktemp("ckpt") / "omni")
+
+
+@pytest.fixture(scope="session")
+def speaking_server(omni_dir: Path) -> Iterator[str]:
+    """The tiny omni checkpoint with all it has, served as "omni": it draws (images, its decoder
+    a 2-rank Ulysses group), speaks (speech, chat audio) and hears (transcription). One start
+    for those test modules. (That two ranks draw what one process draws, byte for byte, is
+    tests/gpu_workers/test_vision_decoder_runner.py's.)"""
+    with running_server(
+        "--model", f"omni={omni_dir}", "--max-model-len", "2048", "--diffusion-steps", str(DIFFUSION_STEPS),
+        "--vision-decoder-devices", "cpu,cpu",
+    ) as base:  # fmt: skip
         yield base
 
 

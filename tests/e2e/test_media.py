@@ -48,7 +48,7 @@ def server(omni_dir: Path, store_dir: Path) -> Iterator[str]:
     store = store_dir
     with running_server(
         "--model", f"{MODEL}={omni_dir}",
-        "--no-audio-output",  # the audio decoder is not used here: one process less to start
+        "--no-audio-output", "--no-image-output",  # no decoder is used here: two processes less to start
         "--block-size", str(BLOCK_SIZE),
         "--num-kv-blocks", "2048",
         "--max-model-len", "2048",

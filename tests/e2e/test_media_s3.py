@@ -69,7 +69,7 @@ def omni_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def serve_on_s3(omni_dir: Path, moto: Moto):  # type: ignore[no-untyped-def]
     return running_server(
         "--model", f"{MODEL}={omni_dir}",
-        "--no-audio-output",  # the audio decoder is not used here: one process less to start
+        "--no-audio-output", "--no-image-output",  # no decoder is used here: two processes less to start
         "--block-size", "4",
         "--num-kv-blocks", "1024",
         "--max-model-len", "1024",

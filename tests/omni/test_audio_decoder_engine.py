@@ -1,6 +1,7 @@
-"""AudioDecoderEngine against a real audio decoder worker (the tiny vocoder, CPU): concurrent
-streams share batches and each still gives the samples of its span decoded alone; a stream
-given up mid-span is closed in the worker; a worker that dies fails the open streams only."""
+"""AudioDecoderEngine against a real audio decoder worker (the tiny vocoder, CPU), in one test
+(one worker start): concurrent streams share batches and each still gives the samples of its
+span decoded alone; a stream given up mid-span is closed in the worker; a worker that dies fails
+the open streams only."""
 
 from __future__ import annotations
 
@@ -49,7 +50,9 @@ async def speak(engine: AudioDecoderEngine, units: list[int], speaker: int = 0) 
     return np.concatenate(parts)
 
 
-async def test_concurrent_streams_share_batches_and_keep_their_samples_and_closing_frees(engine: AudioDecoderEngine) -> None:
+async def test_streams_share_batches_keep_their_samples_close_and_survive_only_unopened_a_dead_worker(
+    engine: AudioDecoderEngine,
+) -> None:
     rng = np.random.default_rng(0)
     spans = [rng.integers(0, 64, n).tolist() for n in (60, 7, 33, 3, 41)]
     sizes: list[int] = []
@@ -88,9 +91,9 @@ async def test_concurrent_streams_share_batches_and_keep_their_samples_and_closi
     stream.close()
     await speak(engine, [5, 6, 7])
     assert stream.stream_id in sent[0].closed and engine.num_open_streams == 0
+    engine.worker.send = original  # type: ignore[method-assign]
 
-
-async def test_a_dead_worker_fails_open_streams_only(engine: AudioDecoderEngine) -> None:
+    # a worker that dies fails the streams whose state it held, and only those
     opened = engine.open_stream()
     await opened.decode([1, 2, 3])
     fresh = engine.open_stream()  # nothing sent yet: its state is not in the worker
