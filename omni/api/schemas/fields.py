@@ -52,12 +52,7 @@ async def read_json(request: web.Request, *, timeout: float | None = None) -> di
         async with asyncio.timeout(timeout):
             raw = await _read_body(request)
     except TimeoutError:
-        raise APIError(
-            408,
-            f"The request body did not arrive within {timeout:g} seconds.",
-            code="request_timeout",
-            headers={"Connection": "close"},
-        ) from None
+        raise body_too_slow(timeout) from None
     try:
         if len(raw) > _DECODE_IN_THREAD_BYTES:
             data = await asyncio.to_thread(decode_json, raw)
@@ -164,6 +159,27 @@ def unsupported(param: str, detail: str) -> APIError:
     return bad_request(
         f"'{param}' is not supported: {detail}", param=param, code="unsupported_parameter"
     )
+
+
+def body_too_slow(timeout: float | None) -> APIError:
+    """A body that did not arrive within --body-timeout: a 408, and the connection is closed."""
+    return APIError(
+        408,
+        f"The request body did not arrive within {timeout or 0:g} seconds.",
+        code="request_timeout",
+        headers={"Connection": "close"},
+    )
+
+
+def check_known_fields(body: Mapping[str, object], known: frozenset[str], path: str) -> None:
+    """A field the endpoint does not know is a 400 naming it (the first, in name order)."""
+    unknown = sorted(set(body) - known)
+    if unknown:
+        raise bad_request(
+            f"Unrecognized request argument supplied: '{unknown[0]}' is not a field of {path}.",
+            param=unknown[0],
+            code="unknown_parameter",
+        )
 
 
 def missing(param: str) -> APIError:

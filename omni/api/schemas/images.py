@@ -18,6 +18,7 @@ from omni.api.schemas.fields import (
     MAX_SEED,
     MIN_SEED,
     Body,
+    check_known_fields,
     opt_bool,
     opt_int,
     opt_number,
@@ -68,13 +69,7 @@ class ImageGenerationRequest:
 
 
 def parse_image_generation_request(body: Body) -> ImageGenerationRequest:
-    unknown = sorted(set(body) - _KNOWN)
-    if unknown:
-        raise bad_request(
-            f"Unrecognized request argument supplied: '{unknown[0]}' is not a field of /v1/images/generations.",
-            param=unknown[0],
-            code="unknown_parameter",
-        )
+    check_known_fields(body, _KNOWN, "/v1/images/generations")
     prompt = required_str(body, "prompt")
     if not prompt.strip():
         raise value_error("prompt", "must not be empty.")

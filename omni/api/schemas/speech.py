@@ -15,11 +15,11 @@ import base64
 import binascii
 from dataclasses import dataclass
 
-from omni.api.errors import bad_request
 from omni.api.schemas.fields import (
     MAX_SEED,
     MIN_SEED,
     Body,
+    check_known_fields,
     opt_int,
     opt_number,
     opt_str,
@@ -57,13 +57,7 @@ class SpeechRequest:
 
 
 def parse_speech_request(body: Body) -> SpeechRequest:
-    unknown = sorted(set(body) - _KNOWN)
-    if unknown:
-        raise bad_request(
-            f"Unrecognized request argument supplied: '{unknown[0]}' is not a field of /v1/audio/speech.",
-            param=unknown[0],
-            code="unknown_parameter",
-        )
+    check_known_fields(body, _KNOWN, "/v1/audio/speech")
     text = required_str(body, "input")
     if not text.strip():
         raise value_error("input", "must not be empty.")

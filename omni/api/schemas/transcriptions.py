@@ -27,7 +27,15 @@ from aiohttp import BodyPartReader, web
 from aiohttp.http_exceptions import HttpProcessingError
 
 from omni.api.errors import APIError, bad_request
-from omni.api.schemas.fields import MAX_SEED, MIN_SEED, missing, unsupported, value_error
+from omni.api.schemas.fields import (
+    MAX_SEED,
+    MIN_SEED,
+    body_too_slow,
+    check_known_fields,
+    missing,
+    unsupported,
+    value_error,
+)
 
 RESPONSE_FORMATS = ("json", "text", "verbose_json")
 # Timed captions: the model writes no timestamps.
@@ -96,12 +104,7 @@ async def read_transcription_form(
         async with asyncio.timeout(timeout):
             return await _read_parts(request, max_file_bytes)
     except TimeoutError:
-        raise APIError(
-            408,
-            f"The request body did not arrive within {timeout:g} seconds.",
-            code="request_timeout",
-            headers={"Connection": "close"},
-        ) from None
+        raise body_too_slow(timeout) from None
     # aiohttp's multipart parser: its own errors (a bad part header is an HttpProcessingError) and
     # the ones it lets through from a body that is not what its boundary says
     except (HttpProcessingError, ValueError, RuntimeError, AssertionError, LookupError) as e:
@@ -157,13 +160,7 @@ def _too_large(name: str, max_bytes: int) -> APIError:
 
 def parse_transcription_request(form: TranscriptionForm) -> TranscriptionRequest:
     fields = form.fields
-    unknown = sorted(set(fields) - KNOWN_FIELDS)
-    if unknown:
-        raise bad_request(
-            f"Unrecognized request argument supplied: '{unknown[0]}' is not a field of /v1/audio/transcriptions.",
-            param=unknown[0],
-            code="unknown_parameter",
-        )
+    check_known_fields(fields, KNOWN_FIELDS, "/v1/audio/transcriptions")
     for name, why in UNSUPPORTED.items():
         if name in fields:
             raise unsupported(name, why)
