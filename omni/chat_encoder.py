@@ -28,6 +28,8 @@ from typing import Any
 
 import tokenizers
 
+from omni.gil_free import join_str
+
 ESC = "\U0010fffd"  # plane 16 private use
 _DIGIT_BASE = 0xF0000  # plane 15 private use: an index is two digits in base _RADIX
 _RADIX = 4096
@@ -143,13 +145,14 @@ class ChatEncoder:
             for match in finder.finditer(s, pos, end):
                 if match.start() >= decided:
                     break
-                out += [s[start : match.start()], self._escape_match(match)]
+                out += _slices(s, start, match.start())
+                out.append(self._escape_match(match))
                 start = match.end()
             pos = max(start, decided)
         if not out:
             return s
-        out.append(s[start:])
-        return "".join(out)
+        out += _slices(s, start, len(s))
+        return join_str(out)
 
     def _escape_match(self, match: re.Match[str]) -> str:
         return ESC + _index_chars(self._special[match.group()][1])
@@ -189,6 +192,12 @@ class ChatEncoder:
             else:  # a template that cut an escape apart: keep what is there
                 out += [ESC, part]
         return "".join(out)
+
+
+def _slices(s: str, start: int, end: int) -> list[str]:
+    """s[start:end] as slices of at most a window each: one slice of a 60 MB string would be
+    one long copy under the GIL, these are short ones (join_str copies them without it)."""
+    return [s[at : min(end, at + _ESCAPE_WINDOW)] for at in range(start, end, _ESCAPE_WINDOW)]
 
 
 def _collect(value: Any, out: list[str]) -> None:

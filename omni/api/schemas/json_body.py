@@ -15,9 +15,10 @@ A cut c falls between two characters of the decoded text: never inside a UTF-8 s
 escape, or a surrogate pair's two escapes (_safe_cut). orjson still validates every byte, so
 the result equals orjson.loads(raw) for every document; only an error's position differs.
 
-What stays long: joining a long string's pieces is one copy at memory speed (a few ms for
-60 MB on a server, tens on a busy small box), and a body made of many values rather than long
-strings is decoded in one call as before (the scan gives up on it: _MAX_SCAN_STEPS).
+A long string's pieces are joined with the GIL released (omni/gil_free.py join_str: the
+copy and its page faults took ~55 ms for 60 MB here). What stays long: a body made of many
+values rather than long strings is decoded in one call as before (the scan gives up on it:
+_MAX_SCAN_STEPS).
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ import secrets
 from typing import Any
 
 import orjson
+
+from omni.gil_free import join_str
 
 WINDOW = 1 << 20  # bytes of raw string per orjson call
 LONG_STRING_BYTES = WINDOW  # a string at least this long (raw, escapes as written) is decoded in pieces
@@ -57,7 +60,7 @@ def decode_json(raw: bytearray, *, window: int = WINDOW, long_string: int = LONG
     del parts
     pieces = [_decode_string(raw, start, end, window) for start, end in spans]
     raw.clear()
-    strings = dict(zip(placeholders, ("".join(p) for p in pieces)))
+    strings = dict(zip(placeholders, (join_str(p) for p in pieces)))
     del pieces
     return _substitute(skeleton, strings)
 
