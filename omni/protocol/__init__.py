@@ -47,7 +47,16 @@ from omni.protocol.specs import (
     VisionDecoderWorkerSpec,
     WorkerSpec,
 )
-from omni.protocol.wire import decode, encode, message, message_types, register
+from omni.protocol.wire import (
+    Piece,
+    decode,
+    encode,
+    encode_frame,
+    frame_size,
+    message,
+    message_types,
+    register,
+)
 
 __all__ = [
     "AudioChunk",
@@ -75,6 +84,7 @@ __all__ = [
     "MediaRef",
     "NewRequest",
     "PartialImage",
+    "Piece",
     "PromptLogprobs",
     "SampledToken",
     "SamplingOptions",
@@ -91,6 +101,8 @@ __all__ = [
     "WorkerSpec",
     "decode",
     "encode",
+    "encode_frame",
+    "frame_size",
     "message",
     "message_types",
     "register",
