@@ -141,6 +141,8 @@ def _exit_with_the_server(conn: Connection) -> None:
 
 def _send(conn: Connection, message: Any) -> None:
     try:
+        # encode joins the frame's pieces, blobs (an encoded image) included: one copy, as
+        # msgpack made before. The server avoids it on its event loop; no client waits on this one.
         conn.send_bytes(protocol.encode(message))
     except (BrokenPipeError, OSError):
         pass  # the server is gone; the next recv ends the loop
