@@ -2,7 +2,7 @@
 
     server (omni/: api, engines, orchestrator, ...) --> shared layers, scheduler
     workers (gpu_workers/)                          --> shared layers
-    shared layers (omni.protocol, omni.store, omni.media, omni.log_format), scheduler --> nothing of ours above
+    shared layers (omni.protocol, omni.store, omni.media, omni.log_format, omni.gil_free), scheduler --> nothing of ours above
 
 Read from the source (every import statement, including those inside functions), then
 checked again in a fresh interpreter importing what a worker process imports.
@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SHARED = ("omni.protocol", "omni.store", "omni.media", "omni.log_format")
+SHARED = ("omni.protocol", "omni.store", "omni.media", "omni.log_format", "omni.gil_free")
 
 
 def _under(name: str, prefixes: tuple[str, ...]) -> bool:
