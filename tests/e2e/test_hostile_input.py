@@ -195,6 +195,13 @@ def _answered_meanwhile(flight: InFlight) -> None:
     assert len(flight.during_processing(flight.chats)) >= 1
 
 
+def test_the_startup_heap_is_frozen(guarded: tuple[str, int, Path]) -> None:
+    # Full collections walk only what requests made, not the ~350k objects of startup.
+    _, _, log = guarded
+    frozen = [line for line in log.read_text().splitlines() if "startup heap frozen" in line]
+    assert len(frozen) == 1 and int(frozen[0].split(": ")[-1].split()[0]) > 10_000
+
+
 def test_a_60mb_prompt_leaves_health_and_a_short_chat_answering(guarded: tuple[str, int, Path]) -> None:
     base, pid, _ = guarded
     assert httpx.post(f"{base}/v1/chat/completions", json=SHORT_CHAT, timeout=60).status_code == 200  # warm
