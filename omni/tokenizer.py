@@ -20,6 +20,7 @@ from transformers import PreTrainedTokenizerFast
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
 from omni.chat_encoder import ChatEncoder
+from omni.chat_template import ChatTemplate
 
 
 class TemplateMessage(Protocol):
@@ -102,6 +103,7 @@ class TextTokenizer:
         self.backend: tokenizers.Tokenizer = hf_tokenizer.backend_tokenizer
         self.eos_token_ids = eos_token_ids
         self.chat_encoder = ChatEncoder(self.backend)
+        self.chat_template = ChatTemplate(hf_tokenizer)
         self._keep_tables: dict[frozenset[int], list[bytes]] = {}
 
     @classmethod
@@ -194,16 +196,15 @@ class TextTokenizer:
         if not template:
             raise ValueError("the model has no chat template")
         try:
-            # Any: transformers types a conversation as list[dict[str, str]], too narrow.
-            conversation: Any = [
+            conversation = [
                 m if isinstance(m, Mapping) else m.to_template_dict() for m in messages
             ]
-            text = self.hf_tokenizer.apply_chat_template(
+            # apply_chat_template(..., tokenize=False), with the large joins outside the GIL.
+            return self.chat_template.render(
                 conversation,
                 tools=[dict(t) for t in tools] if tools else None,
                 documents=[dict(d) for d in documents] if documents else None,
                 chat_template=template,
-                tokenize=False,
                 add_generation_prompt=add_generation_prompt,
                 continue_final_message=continue_final_message,
                 **template_kwargs,
@@ -212,9 +213,6 @@ class TextTokenizer:
             # TemplateError covers the template's own raise_exception(...); ValueError,
             # transformers' own refusals (e.g. a final message it cannot continue).
             raise ValueError(f"could not apply the chat template to the messages: {e}") from e
-        if not isinstance(text, str):
-            raise ValueError("the chat template did not render to text")
-        return text
 
     def render_prompt(
         self,
