@@ -89,13 +89,13 @@ def join_str(pieces: Sequence[str]) -> str:
     layout = _LAYOUT
     if layout is None or not isinstance(pieces, list | tuple):
         return "".join(pieces)
-    total = 0
-    for p in pieces:
-        if type(p) is not str or not layout.compact(p):
-            return "".join(pieces)  # its errors and its subclasses' handling, exactly
-        total += len(p)
-    if total < LARGE or len(pieces) < 2:
+    if any(type(p) is not str for p in pieces):
+        return "".join(pieces)  # its errors and its subclasses' handling, exactly
+    if sum(map(len, pieces)) < LARGE or len(pieces) < 2:
         return "".join(pieces)
+    if not all(map(layout.compact, pieces)):
+        return "".join(pieces)
+    total = sum(map(len, pieces))
     kinds = [layout.kind(p) for p in pieces]
     kind = max(kinds)
     ascii = all(p.isascii() for p in pieces)
