@@ -22,6 +22,8 @@ the same way, with transformers' own helpers where it has them.
 from __future__ import annotations
 
 import inspect
+import re
+import secrets
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextvars import ContextVar
 from functools import lru_cache
@@ -198,6 +200,61 @@ def _join_filter(default: Callable[..., str]) -> Callable[..., str]:
     return join
 
 
+# Characters of a long string JSON-escaped per json.dumps call in tojson.
+_TOJSON_WINDOW = 1 << 18
+
+
+def _tojson_filter(default: Callable[..., str]) -> Callable[..., str]:
+    """`x | tojson`: transformers' filter (json.dumps), with each long string in x escaped a
+    window at a time and spliced into the dump of the rest by join_str. json.dumps escapes one
+    character at a time, so the windows' escapes are the whole's; the rest is dumped as it is,
+    with a placeholder in each long string's place that no client can write."""
+
+    def tojson(x: Any, *args: Any, **kwargs: Any) -> str:
+        longs: dict[str, str] = {}
+        skeleton = _lift_long_strings(x, longs)
+        if not longs:
+            return default(x, *args, **kwargs)
+        dumped = default(skeleton, *args, **kwargs)
+        pieces: list[str] = []
+        start = 0
+        for match in _PLACEHOLDER.finditer(dumped):
+            text = longs[match.group(1)]
+            pieces.append(dumped[start : match.start()])
+            pieces += ['"', *_escaped_windows(default, text, *args, **kwargs), '"']
+            start = match.end()
+        pieces.append(dumped[start:])
+        return _join(pieces)
+
+    return tojson
+
+
+_NONCE = secrets.token_hex(8)
+_PLACEHOLDER = re.compile(f'"omni-long-{_NONCE}-([0-9]+)"')
+
+
+def _lift_long_strings(value: Any, longs: dict[str, str]) -> Any:
+    """value with each str value (not key) of LARGE or more characters replaced by a placeholder."""
+    if type(value) is str:
+        if len(value) < max(LARGE, 1):
+            return value
+        index = str(len(longs))
+        longs[index] = value
+        return f"omni-long-{_NONCE}-{index}"
+    if isinstance(value, dict):
+        return {k: _lift_long_strings(v, longs) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(_lift_long_strings(v, longs) for v in value)
+    return value
+
+
+def _escaped_windows(default: Callable[..., str], text: str, *args: Any, **kwargs: Any) -> list[str]:
+    return [
+        default(text[at : at + _TOJSON_WINDOW], *args, **kwargs)[1:-1]
+        for at in range(0, len(text), _TOJSON_WINDOW)
+    ]
+
+
 def _environment() -> SandboxedEnvironment:
     # transformers builds the same environment for every template; an empty one yields it.
     base: SandboxedEnvironment = _compile_jinja_template("").environment
@@ -215,7 +272,11 @@ def _environment() -> SandboxedEnvironment:
     env.concat = _concat  # type: ignore[method-assign]
     env.intercepted_binops = base.intercepted_binops | {"+"}
     env.binop_table = {**base.binop_table, "+": add}
-    env.filters = {**base.filters, "join": _join_filter(base.filters["join"])}
+    env.filters = {
+        **base.filters,
+        "join": _join_filter(base.filters["join"]),
+        "tojson": _tojson_filter(base.filters["tojson"]),
+    }
     return env
 
 

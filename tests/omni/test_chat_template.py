@@ -279,8 +279,10 @@ def test_renders_as_transformers(
 def test_renders_as_transformers_with_every_join_large(
     hf: PreTrainedTokenizerBase, ours: ChatTemplate, name: str, case: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Every join takes the join_str path (its copy of small strings is a plain join).
+    # Every join takes the join_str path (its copy of small strings is a plain join), and
+    # tojson escapes every string three characters at a time.
     monkeypatch.setattr(chat_template, "LARGE", 0)
+    monkeypatch.setattr(chat_template, "_TOJSON_WINDOW", 3)
     source = hf.chat_template if name == "tiny" else TEMPLATES[name]
     messages, options = CASES[case]
     _compare(hf, ours, source, messages, options)
@@ -441,3 +443,15 @@ def test_a_large_continued_message_renders_as_transformers(
     # rather than searched for.
     assert len([n for n in large if n >= LARGE]) >= 5
     assert found == [True]
+
+
+@pytest.mark.parametrize("options", [{}, {"ensure_ascii": True}, {"indent": 2, "sort_keys": True}, {"separators": (",", ":")}])
+def test_tojson_escapes_long_strings_a_window_at_a_time_as_json_dumps_does(
+    ours: ChatTemplate, monkeypatch: pytest.MonkeyPatch, options: dict[str, Any]
+) -> None:
+    monkeypatch.setattr(chat_template, "LARGE", 8)
+    monkeypatch.setattr(chat_template, "_TOJSON_WINDOW", 5)
+    tricky = 'say "hi"\\ then\n\ttab \x01\x1f 😀 안녕 \u2028 end'
+    value = {"b": [tricky, "short", {"deep": tricky * 3}], "a": (tricky, 1, None, 2.5), "k" * 9: True}
+    default = chat_template._compile_jinja_template("").environment.filters["tojson"]
+    assert ours._env.filters["tojson"](value, **options) == default(value, **options)
