@@ -1,93 +1,408 @@
 """A large JSON body decoded without holding the GIL for long at a time.
 
 orjson decodes a document in one C call that holds the GIL throughout, in a worker thread too:
-about 2.5 ms a megabyte on a small box, so a 60 MB prompt froze the event loop for 150 ms. Such
-a body is nearly always a few long strings (a prompt, a data URL) in a small skeleton, so
-decode_json decodes each long string in pieces of about WINDOW bytes and the skeleton, with a
-placeholder for each long string, in one call:
+on a small box about 2.5 ms a megabyte of strings and 11 ms a megabyte of small values, so a
+64 MB array of token ids stopped the event loop for 700 ms. decode_json hands orjson at most
+about `window` bytes a call, whatever the body's shape, and returns what orjson.loads(raw) does.
 
-    raw        {"messages": [{"role": "user", "content": "....... 60 MB ......."}]}
-                                                        ^start              ^end (the closing quote)
-    skeleton   {"messages": [{"role": "user", "content": "<placeholder 0>"}]}
-    string 0   orjson.loads('"' + raw[start:c1] + '"') + ... + orjson.loads('"' + raw[ck:end] + '"')
+A body of up to a window is one call. In a larger one, each array or object too large for a
+window is a frame, filled a run of whole elements at a time, one orjson call a run; an element
+too large for a window is placed by hand: a string decoded in pieces, an array or object as a
+frame of its own.
 
-A cut c falls between two characters of the decoded text: never inside a UTF-8 sequence, an
-escape, or a surrogate pair's two escapes (_safe_cut). orjson still validates every byte, so
-the result equals orjson.loads(raw) for every document; only an error's position differs.
+    raw     {"model": "m", "messages": [{"role": ...}, {"role": ...}, ... 60 MB ..., {...}]}
+    frames  ^ top level                 ^ messages (a member too large for a window)
+    runs     "model": "m"                {"role": ...}, {"role": ...}     about a window each
+                                         ^start                     ^cut
+    orjson  {"model": "m"}              [{"role": ...}, {"role": ...}]    then top.update(...)
+                                                                          or messages.extend(...)
 
-A long string's pieces are joined with the GIL released (omni/gil_free.py join_str: the
-copy and its page faults took ~55 ms for 60 MB here). What stays long: a body made of many
-values rather than long strings is decoded in one call as before (the scan gives up on it:
-_MAX_SCAN_STEPS).
+The next run starts past the cut, a comma between two of the frame's elements. The cut is first
+guessed with bytes.count (as many openers as closers and an even number of quotes before it,
+whatever a string holds), and orjson checks the guess: the run starts at an element boundary, so
+orjson reads it as it would read the whole body, and parses it only if the cut is an element
+boundary too. With no guess, or a refused one, an exact scan finds the cut, a _SCAN_STEP of
+bytes a regex call: it steps over string literals and nested elements (to _SCAN_LEVELS deep) in
+C, and finds the frame's closer as well. An element the scan sees no end of is placed by hand.
+
+A run is decoded inside depth - 1 extra brackets, back at its frame's depth, so that orjson
+refuses what nests deeper than MAX_DEPTH as it would in the whole body; a frame checks its own.
+
+A long string's pieces are cut between two characters of the decoded text: never inside a
+UTF-8 sequence, an escape, or a surrogate pair's two escapes (_safe_cut):
+
+    raw        ..., "content": "....... 60 MB ......."}
+                                ^start              ^end (the closing quote)
+    string     orjson.loads('"' + raw[start:c1] + '"') + ... + orjson.loads('"' + raw[ck:end] + '"')
+
+The pieces stand in the result until the body is decoded and raw emptied, then are joined with
+the GIL released (omni/gil_free.py join_str: the copy and its page faults took ~55 ms for 60 MB).
+
+What decode_json accepts is what orjson accepts: orjson validates every byte of each run, string
+and scalar, and the glue between them (commas, colons, closers, whitespace) is checked here; only
+an error's message and position differ. What stays long: a window of small values is one call
+(~11 ms for 1 MB here), a number longer than a window is decoded whole, and a refused guess costs
+its call: the last window of a frame that reaches past its closer, or windows of strings full of
+unbalanced brackets (which then go to the exact scan, ~18 ms a MB here).
 """
 
 from __future__ import annotations
 
-import secrets
-from typing import Any
+import re
+from dataclasses import dataclass
+from typing import Any, TypeAlias
 
 import orjson
 
 from omni.gil_free import join_str
 
-WINDOW = 1 << 20  # bytes of raw string per orjson call
-LONG_STRING_BYTES = WINDOW  # a string at least this long (raw, escapes as written) is decoded in pieces
-# Quotes looked at by the scan, strings and escaped quotes alike. Past this the body is many
-# small values, not a few long strings, and one orjson call is cheaper than scanning on.
-_MAX_SCAN_STEPS = 1 << 16
+WINDOW = 1 << 20  # bytes of the body per orjson call
+# orjson refuses a document whose arrays and objects nest deeper than this.
+MAX_DEPTH = 1024
+# Bytes one regex call of the exact scan covers: ~2 ms on a small box, all under the GIL.
+_SCAN_STEP = 1 << 17
+# Nesting the exact scan steps over in C; a deeper element is placed by hand, a frame.
+_SCAN_LEVELS = 8
+# Commas (or openers) a guess backs over from the window's end before leaving the cut to the scan.
+_GUESSES = 32
 
-_QUOTE, _BACKSLASH = ord('"'), ord("\\")
+_QUOTE, _BACKSLASH, _COMMA, _COLON = ord('"'), ord("\\"), ord(","), ord(":")
 _HEX = frozenset(b"0123456789abcdefABCDEF")
 
+_STRING = rb'"[^"\\]*+(?:\\.[^"\\]*+)*+"'
+_FLAT = rb'[^"\[\]{}]++'  # numbers, literals, commas, colons, whitespace (and junk orjson refuses)
 
-def decode_json(raw: bytearray, *, window: int = WINDOW, long_string: int = LONG_STRING_BYTES) -> Any:
-    """orjson.loads(raw), each C call on at most about `window` bytes but the skeleton's.
-    Raises orjson.JSONDecodeError as orjson.loads does. raw is emptied once it is no longer
-    needed, before the long strings are joined: the body and its strings never coexist whole."""
+
+def _nested(levels: int) -> bytes:
+    """Text that closes each bracket it opens, nesting at most `levels` deep. Brackets are not
+    matched by kind: orjson does that."""
+    text = rb"(?:" + _STRING + rb"|" + _FLAT + rb")*+"
+    for _ in range(levels):
+        text = rb"(?:" + _STRING + rb"|" + _FLAT + rb"|[\[{]" + text + rb"[\]}])*+"
+    return text
+
+
+# One of a frame's elements, from an element boundary, and a run of them each followed by its
+# comma. Possessive throughout: what does not end within the call (a string or nested element
+# cut by endpos, or one nested too deep) stops the match just before it. (No capturing groups:
+# CPython 3.11's re fails on some inside possessive repeats.)
+_ELEMENT_TEXT = rb"(?:" + _STRING + rb'|[^"\[\]{},]++|[\[{]' + _nested(_SCAN_LEVELS - 1) + rb"[\]}])*+"
+_ELEMENT = re.compile(_ELEMENT_TEXT, re.DOTALL)
+_ELEMENTS = re.compile(rb"(?:" + _ELEMENT_TEXT + rb",)*+", re.DOTALL)
+_NOT_COUNTED = bytes(b for b in range(256) if b not in b'[]{}"')  # deleted before a guess counts
+_WHITESPACE = re.compile(rb"[ \t\n\r]*+")  # orjson's whitespace, no more
+_SCALAR = re.compile(rb'[^ \t\n\r,:\[\]{}"]*+')
+_STRING_BODY = re.compile(rb'[^"\\]*+(?:\\.[^"\\]*+)*+', re.DOTALL)  # up to a closing quote
+
+Container: TypeAlias = list[Any] | dict[str, Any]
+
+
+def decode_json(raw: bytearray, *, window: int = WINDOW) -> Any:
+    """orjson.loads(raw), each orjson call on at most about `window` bytes of it. Raises
+    orjson.JSONDecodeError as orjson.loads does. Past one window, raw is emptied once decoded,
+    before the long strings are joined: the body and its strings never coexist whole."""
     assert window >= 32  # room to back a cut off an escape or a UTF-8 sequence
-    spans = long_strings(raw, long_string)
-    if not spans:  # no long string, an unterminated one, or a body of many values
+    if len(raw) <= window:
         return orjson.loads(raw)
-    nonce = secrets.token_hex(8)  # a client cannot write a placeholder it cannot guess
-    placeholders = [f"omni-long-string-{nonce}-{i}" for i in range(len(spans))]
-    parts: list[bytes | bytearray] = []
-    last = 0
-    for (start, end), placeholder in zip(spans, placeholders):
-        parts += [raw[last:start], placeholder.encode()]  # raw[last:start] ends with the opening quote
-        last = end
-    parts.append(raw[last:])
-    skeleton = orjson.loads(b"".join(parts))
-    del parts
-    pieces = [_decode_string(raw, start, end, window) for start, end in spans]
+    decoder = _Decoder(raw, window)
+    decoder.decode()
     raw.clear()
-    strings = dict(zip(placeholders, (join_str(p) for p in pieces)))
-    del pieces
-    return _substitute(skeleton, strings)
+    return decoder.result()
 
 
-def long_strings(raw: bytearray, long_string: int = LONG_STRING_BYTES) -> list[tuple[int, int]]:
-    """(start, end) of each string whose raw text raw[start:end] (quotes excluded) is at least
-    long_string bytes; [] when there is none, when a string is not terminated (orjson will say
-    where) or when the scan would take more than _MAX_SCAN_STEPS quotes."""
-    spans: list[tuple[int, int]] = []
-    steps = 0
-    pos = 0
-    while (opening := raw.find(b'"', pos)) >= 0:  # outside a string, a quote opens one
-        start = end = opening + 1
-        while True:  # the first quote after start not escaped by an odd run of backslashes
-            steps += 1
-            if steps > _MAX_SCAN_STEPS:
-                return []
-            end = raw.find(b'"', end)
-            if end < 0:
-                return []
-            if _backslashes_before(raw, end, start) % 2 == 0:
-                break
-            end += 1
-        if end - start >= long_string:
-            spans.append((start, end))
-        pos = end + 1
-    return spans
+@dataclass(slots=True, eq=False)
+class _Frame:
+    """An array or object too large for one window, filled a run of whole elements at a time."""
+
+    value: Container
+    depth: int  # its nesting in the document: 1 for the top level
+    start: int  # the first byte not decoded yet: just past the opener or a separating comma
+    fresh: bool = True  # nothing decoded yet: a blank run is then the empty container
+
+    @property
+    def brackets(self) -> tuple[bytes, bytes]:
+        return (b"[", b"]") if isinstance(self.value, list) else (b"{", b"}")
+
+
+class _LongString:
+    """A long string's decoded pieces, standing where the string goes until they are joined."""
+
+    __slots__ = ("pieces",)
+
+    def __init__(self, pieces: list[str]) -> None:
+        self.pieces = pieces
+
+
+class _Decoder:
+    """One body's decoding: the frames open, innermost last, and the long strings left to join."""
+
+    def __init__(self, raw: bytearray, window: int) -> None:
+        self.raw = raw
+        self.window = window
+        self.top: list[Any] = []  # the document's value, once decoded
+        self.frames: list[_Frame] = []
+        # (container, index or key, slot) of each long string placed
+        self.long_strings: list[tuple[Container, Any, _LongString]] = []
+
+    def decode(self) -> None:
+        self._place(self._skip_whitespace(0), self.top, None)
+        while self.frames:
+            self._step(self.frames[-1])
+
+    def result(self) -> Any:
+        """The value, its long strings joined (once raw is no longer needed)."""
+        for container, key, slot in self.long_strings:
+            if container[key] is slot:  # not since replaced by a duplicate key's value
+                container[key] = join_str(slot.pieces)
+            slot.pieces = []
+        return self.top[0]
+
+    # --- a frame's elements ---------------------------------------------------------------
+
+    def _step(self, frame: _Frame) -> None:
+        stop = min(frame.start + self.window, len(self.raw))
+        cut = self._guess(frame.start, stop)
+        if cut is not None:
+            try:
+                run = self._run(frame, cut)
+            except orjson.JSONDecodeError:
+                run = None  # a wrong guess, or an error the exact scan will come to
+            if run:  # an empty run is a blank one: left to the scan to judge
+                self._merge(frame, run, cut + 1)
+                return
+        closer, cut = self._scan(frame.start, stop)
+        if closer is not None:
+            run = self._run(frame, closer)
+            if not run and not frame.fresh:
+                raise _error("a comma before the end of an array or object", closer)
+            self._merge(frame, run, closer)
+            self._close(frame, closer)
+        elif cut is not None:
+            run = self._run(frame, cut)
+            if not run:
+                raise _error("no value before a comma", cut)
+            self._merge(frame, run, cut + 1)
+        else:
+            self._place_next(frame)
+
+    def _guess(self, start: int, stop: int) -> int | None:
+        """A comma in raw[start:stop] likely to separate two of the frame's elements, or None.
+        Before it, counted as if no string held a bracket: as many openers as closers and an even
+        number of quotes (escaped ones blanked out first)."""
+        text = bytes(self.raw[start:stop])
+        if b"\\" in text and b'\\"' in text:  # same length: escaped backslashes, then escaped quotes
+            text = text.replace(b"\\\\", b"\0\0").replace(b'\\"', b"\0\0")
+        kept = text.translate(None, _NOT_COUNTED)  # one pass, where bytes.count is one a byte
+        counts = _Counts.of(kept, 0, len(kept))
+        at = len(text)
+        for _ in range(_GUESSES):
+            if counts.depth > 0:  # inside an element not closed yet: back out of it
+                back = max(
+                    text.rfind(b"[", 0, at) if counts.square else -1,
+                    text.rfind(b"{", 0, at) if counts.curly else -1,
+                )
+            else:
+                back = text.rfind(b",", 0, at)
+            if back < 0:
+                return None
+            counts = counts.less(_Counts.of(text, back, at))
+            at = back
+            if text[at] == _COMMA and counts.depth == 0 and counts.quotes % 2 == 0:
+                return start + at
+        return None
+
+    def _scan(self, start: int, stop: int) -> tuple[int | None, int | None]:
+        """(the frame's closer, None) where raw[start:stop] holds it, else (None, the last comma
+        in it that separates two of the frame's elements, or None if there is none before an
+        element longer than _SCAN_STEP or nested deeper than _SCAN_LEVELS)."""
+        raw = self.raw
+        cut = None
+        at = start
+        while at < stop:
+            end = min(at + _SCAN_STEP, stop)
+            after_comma = _match(_ELEMENTS, raw, at, end).end()
+            if after_comma > at:
+                cut = after_comma - 1
+            at = _match(_ELEMENT, raw, after_comma, end).end()
+            if at < end:  # the element ends here (at its closer?) or does not end within this step
+                return (at, None) if raw[at] in b"]}" else (None, cut)
+            # a step may end inside a number or whitespace: flat text goes on
+        return None, cut
+
+    def _run(self, frame: _Frame, end: int) -> Container:
+        """orjson's decoding of raw[frame.start:end], whole elements of the frame, put back at the
+        frame's depth: [[[ {elements} ]]] for an object three deep."""
+        opener, closer = frame.brackets
+        outer = frame.depth - 1
+        value = orjson.loads(b"".join((b"[" * outer, opener, self.raw[frame.start : end], closer, b"]" * outer)))
+        for _ in range(outer):
+            if len(value) != 1:  # the run closed its frame and went on in the brackets around it
+                raise _error("elements past the end of an array or object", end)
+            value = value[0]
+        return value
+
+    def _merge(self, frame: _Frame, run: Container, start: int) -> None:
+        if isinstance(frame.value, list):
+            frame.value.extend(run)
+        else:
+            frame.value.update(run)  # a duplicate key keeps its first place, takes the last value
+        frame.start = start
+        frame.fresh = False
+
+    def _place_next(self, frame: _Frame) -> None:
+        """The frame's next element, one the scan saw no end of, part by part."""
+        at = self._skip_whitespace(frame.start)
+        if at < len(self.raw) and self.raw[at] in b"]}":  # past a window of whitespace
+            if not frame.fresh:
+                raise _error("a comma before the end of an array or object", at)
+            self._close(frame, at)
+            return
+        frame.fresh = False
+        if isinstance(frame.value, list):
+            self._place(at, frame.value, None)
+            return
+        key, at = self._string(at, join=True)
+        at = self._skip_whitespace(at)
+        if at >= len(self.raw) or self.raw[at] != _COLON:
+            raise _error("expected a colon after an object key", at)
+        self._place(self._skip_whitespace(at + 1), frame.value, key)
+
+    def _close(self, frame: _Frame, at: int) -> None:
+        if self.raw[at : at + 1] != frame.brackets[1]:
+            raise _error("a closing bracket of the wrong kind", at)
+        self.frames.pop()
+        self._after_value(at + 1)
+
+    # --- values placed by hand ------------------------------------------------------------
+
+    def _place(self, at: int, container: Container, key: str | None) -> None:
+        """The value at raw[at] put in container (appended, or under key): a string or scalar now,
+        an array or object as a new frame, filled by the steps that follow."""
+        raw = self.raw
+        if at >= len(raw):
+            raise _error("unexpected end of data", at)
+        if raw[at] == _QUOTE:
+            value, end = self._string(at, join=False)
+            slot = _put(container, key, value)
+            if isinstance(value, _LongString):
+                self.long_strings.append((container, slot, value))
+            self._after_value(end)
+        elif raw[at] in b"[{":
+            depth = (self.frames[-1].depth if self.frames else 0) + 1
+            if depth > MAX_DEPTH:
+                raise _error("recursion limit reached", at)
+            child: Container = [] if raw[at] == ord("[") else {}
+            _put(container, key, child)
+            self.frames.append(_Frame(child, depth, at + 1))
+        else:  # a number or literal, cut at the first byte that cannot be in one
+            end = self._span(_SCALAR, at)
+            _put(container, key, orjson.loads(raw[at:end]))
+            self._after_value(end)
+
+    def _string(self, at: int, *, join: bool) -> tuple[Any, int]:
+        """The string whose opening quote is raw[at], and the position past its closing quote: in
+        one call if it fits in a window, else in pieces (joined now if join, else left to join)."""
+        if at >= len(self.raw) or self.raw[at] != _QUOTE:
+            raise _error("expected a string", at)
+        end = self._closing_quote(at)
+        if end + 1 - at <= self.window:
+            return orjson.loads(self.raw[at : end + 1]), end + 1
+        pieces = _decode_string(self.raw, at + 1, end, self.window)
+        return (join_str(pieces) if join else _LongString(pieces)), end + 1
+
+    def _closing_quote(self, opening: int) -> int:
+        """Where the string opened at raw[opening] ends: memchr for a quote a window at a time,
+        the regex over a step once escaped quotes show up (one Python step each is too slow)."""
+        raw, n = self.raw, len(self.raw)
+        at = opening + 1
+        while True:
+            stop = min(at + self.window, n)
+            quote = raw.find(b'"', at, stop)
+            if quote < 0:
+                if stop == n:
+                    raise _error("unterminated string", opening)
+                at = stop
+            elif _backslashes_before(raw, quote, opening + 1) % 2 == 0:
+                return quote
+            else:  # quote + 1 follows an escape, so the regex starts in step with them
+                stop = min(quote + 1 + _SCAN_STEP, n)
+                at = _match(_STRING_BODY, raw, quote + 1, stop).end()
+                if at < n and raw[at] == _QUOTE:
+                    return at
+                if at == n:
+                    raise _error("unterminated string", opening)
+
+    def _after_value(self, at: int) -> None:
+        """What follows a value placed by hand: a comma (its frame goes on), its frame's closer
+        (and what follows that, up the frames), or, past the top-level value, the end."""
+        raw = self.raw
+        while True:
+            at = self._skip_whitespace(at)
+            if not self.frames:
+                if at < len(raw):
+                    raise _error("trailing characters", at)
+                return
+            frame = self.frames[-1]
+            if at < len(raw) and raw[at] == _COMMA:
+                frame.start = at + 1
+                return
+            if raw[at : at + 1] != frame.brackets[1]:
+                raise _error("expected a comma or a closing bracket", at)
+            self.frames.pop()
+            at += 1
+
+    def _skip_whitespace(self, at: int) -> int:
+        return self._span(_WHITESPACE, at)
+
+    def _span(self, pattern: re.Pattern[bytes], at: int) -> int:
+        """The end of the run of pattern's bytes from at, matched a _SCAN_STEP at a time."""
+        n = len(self.raw)
+        while True:
+            stop = min(at + _SCAN_STEP, n)
+            at = _match(pattern, self.raw, at, stop).end()
+            if at < stop or stop == n:
+                return at
+
+
+@dataclass(frozen=True, slots=True)
+class _Counts:
+    """Brackets and quotes in a span of text, counted whether or not a string holds them."""
+
+    square: int  # [
+    curly: int  # {
+    depth: int  # openers less closers
+    quotes: int
+
+    @classmethod
+    def of(cls, text: bytes | bytearray, lo: int, hi: int) -> _Counts:
+        square, curly = text.count(b"[", lo, hi), text.count(b"{", lo, hi)
+        closers = text.count(b"]", lo, hi) + text.count(b"}", lo, hi)
+        return cls(square, curly, square + curly - closers, text.count(b'"', lo, hi))
+
+    def less(self, other: _Counts) -> _Counts:
+        return _Counts(
+            self.square - other.square, self.curly - other.curly, self.depth - other.depth, self.quotes - other.quotes
+        )
+
+
+def _put(container: Container, key: str | None, value: Any) -> Any:
+    """value appended to a list or set under key in a dict; returns its index or key."""
+    if isinstance(container, list):
+        container.append(value)
+        return len(container) - 1
+    assert key is not None
+    container[key] = value
+    return key
+
+
+def _match(pattern: re.Pattern[bytes], raw: bytearray, at: int, stop: int) -> re.Match[bytes]:
+    match = pattern.match(raw, at, stop)
+    assert match is not None  # each pattern matches the empty text
+    return match
+
+
+def _error(what: str, at: int) -> orjson.JSONDecodeError:
+    return orjson.JSONDecodeError(what, "", at)
 
 
 def _backslashes_before(raw: bytearray, i: int, floor: int) -> int:
@@ -148,32 +463,3 @@ def _is_high_surrogate(raw: bytearray, at: int) -> bool:
         and raw[at + 4] in _HEX
         and raw[at + 5] in _HEX
     )
-
-
-def _substitute(value: Any, strings: dict[str, str]) -> Any:
-    """value with every placeholder (a string, or a key) replaced by its string, iteratively:
-    orjson nests up to 1024 levels, past Python's recursion limit."""
-    if isinstance(value, str):
-        return strings.get(value, value)
-    stack = [value]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, dict):
-            if any(k in strings for k in node):
-                items = [(strings.get(k, k), v) for k, v in node.items()]
-                node.clear()
-                node.update(items)
-            for k, v in node.items():
-                if isinstance(v, str):
-                    if v in strings:
-                        node[k] = strings[v]
-                elif isinstance(v, dict | list):
-                    stack.append(v)
-        elif isinstance(node, list):
-            for i, v in enumerate(node):
-                if isinstance(v, str):
-                    if v in strings:
-                        node[i] = strings[v]
-                elif isinstance(v, dict | list):
-                    stack.append(v)
-    return value
