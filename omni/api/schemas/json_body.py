@@ -65,6 +65,8 @@ _SCAN_STEP = 1 << 17
 _SCAN_LEVELS = 8
 # Commas (or openers) a guess backs over from the window's end before leaving the cut to the scan.
 _GUESSES = 32
+# A frame whose guesses keep missing leaves up to 2 ** this - 1 windows in a row to the scan.
+_MAX_MISSES = 4
 
 _QUOTE, _BACKSLASH, _COMMA, _COLON = ord('"'), ord("\\"), ord(","), ord(":")
 _HEX = frozenset(b"0123456789abcdefABCDEF")
@@ -92,7 +94,6 @@ _ELEMENTS = re.compile(rb"(?:" + _ELEMENT_TEXT + rb",)*+", re.DOTALL)
 _NOT_COUNTED = bytes(b for b in range(256) if b not in b'[]{}"')  # deleted before a guess counts
 _WHITESPACE = re.compile(rb"[ \t\n\r]*+")  # orjson's whitespace, no more
 _SCALAR = re.compile(rb'[^ \t\n\r,:\[\]{}"]*+')
-_STRING_BODY = re.compile(rb'[^"\\]*+(?:\\.[^"\\]*+)*+', re.DOTALL)  # up to a closing quote
 
 Container: TypeAlias = list[Any] | dict[str, Any]
 
@@ -118,6 +119,8 @@ class _Frame:
     depth: int  # its nesting in the document: 1 for the top level
     start: int  # the first byte not decoded yet: just past the opener or a separating comma
     fresh: bool = True  # nothing decoded yet: a blank run is then the empty container
+    misses: int = 0  # guesses in a row that held no run: strings full of brackets fool them all
+    unguessed: int = 0  # windows left to the exact scan alone, 2 ** misses - 1 after a miss
 
     @property
     def brackets(self) -> tuple[bytes, bytes]:
@@ -161,15 +164,14 @@ class _Decoder:
 
     def _step(self, frame: _Frame) -> None:
         stop = min(frame.start + self.window, len(self.raw))
-        cut = self._guess(frame.start, stop)
-        if cut is not None:
-            try:
-                run = self._run(frame, cut)
-            except orjson.JSONDecodeError:
-                run = None  # a wrong guess, or an error the exact scan will come to
-            if run:  # an empty run is a blank one: left to the scan to judge
-                self._merge(frame, run, cut + 1)
-                return
+        if frame.unguessed:
+            frame.unguessed -= 1
+        elif self._guessed_run(frame, stop):
+            frame.misses = 0
+            return
+        else:
+            frame.misses = min(frame.misses + 1, _MAX_MISSES)
+            frame.unguessed = (1 << frame.misses) - 1
         closer, cut = self._scan(frame.start, stop)
         if closer is not None:
             run = self._run(frame, closer)
@@ -185,13 +187,25 @@ class _Decoder:
         else:
             self._place_next(frame)
 
+    def _guessed_run(self, frame: _Frame, stop: int) -> bool:
+        """Whether a guessed cut in raw[frame.start:stop] held: its run is then merged."""
+        cut = self._guess(frame.start, stop)
+        if cut is None:
+            return False
+        try:
+            run = self._run(frame, cut)
+        except orjson.JSONDecodeError:
+            return False  # a wrong guess, or an error the exact scan will come to
+        if not run:  # a blank run: left to the scan to judge
+            return False
+        self._merge(frame, run, cut + 1)
+        return True
+
     def _guess(self, start: int, stop: int) -> int | None:
         """A comma in raw[start:stop] likely to separate two of the frame's elements, or None.
         Before it, counted as if no string held a bracket: as many openers as closers and an even
         number of quotes (escaped ones blanked out first)."""
-        text = bytes(self.raw[start:stop])
-        if b"\\" in text and b'\\"' in text:  # same length: escaped backslashes, then escaped quotes
-            text = text.replace(b"\\\\", b"\0\0").replace(b'\\"', b"\0\0")
+        text = _blank_escapes(bytes(self.raw[start:stop]))
         kept = text.translate(None, _NOT_COUNTED)  # one pass, where bytes.count is one a byte
         counts = _Counts.of(kept, 0, len(kept))
         at = len(text)
@@ -223,10 +237,15 @@ class _Decoder:
             after_comma = _match(_ELEMENTS, raw, at, end).end()
             if after_comma > at:
                 cut = after_comma - 1
-            at = _match(_ELEMENT, raw, after_comma, end).end()
-            if at < end:  # the element ends here (at its closer?) or does not end within this step
-                return (at, None) if raw[at] in b"]}" else (None, cut)
-            # a step may end inside a number or whitespace: flat text goes on
+            element_end = _match(_ELEMENT, raw, after_comma, end).end()
+            if element_end == end:  # a step may end inside a number or whitespace: flat text goes on
+                at = end
+            elif raw[element_end] in b"]}":
+                return element_end, None
+            elif after_comma > at and end < stop:  # an element across the step's end: a step from its start
+                at = after_comma
+            else:  # an element that does not end within a step, or nests too deep
+                break
         return None, cut
 
     def _run(self, frame: _Frame, end: int) -> Container:
@@ -312,25 +331,25 @@ class _Decoder:
 
     def _closing_quote(self, opening: int) -> int:
         """Where the string opened at raw[opening] ends: memchr for a quote a window at a time,
-        the regex over a step once escaped quotes show up (one Python step each is too slow)."""
+        and once an escaped one shows up, a window's escapes blanked out (same length, as in
+        _guess) so that the first quote left is the closing one: not one Python step a quote."""
         raw, n = self.raw, len(self.raw)
         at = opening + 1
-        while True:
+        while at < n:
             stop = min(at + self.window, n)
             quote = raw.find(b'"', at, stop)
             if quote < 0:
-                if stop == n:
-                    raise _error("unterminated string", opening)
                 at = stop
             elif _backslashes_before(raw, quote, opening + 1) % 2 == 0:
                 return quote
-            else:  # quote + 1 follows an escape, so the regex starts in step with them
-                stop = min(quote + 1 + _SCAN_STEP, n)
-                at = _match(_STRING_BODY, raw, quote + 1, stop).end()
-                if at < n and raw[at] == _QUOTE:
-                    return at
-                if at == n:
-                    raise _error("unterminated string", opening)
+            else:  # quote + 1 follows an escape: the window from there starts in step with them
+                text = bytes(raw[quote + 1 : min(quote + 1 + self.window, n)])
+                found = _blank_escapes(text).find(b'"')
+                if found >= 0:
+                    return quote + 1 + found
+                trailing = len(text) - len(text.rstrip(b"\\"))
+                at = quote + 1 + len(text) - trailing % 2  # the next window starts at an escape
+        raise _error("unterminated string", opening)
 
     def _after_value(self, at: int) -> None:
         """What follows a value placed by hand: a comma (its frame goes on), its frame's closer
@@ -403,6 +422,14 @@ def _match(pattern: re.Pattern[bytes], raw: bytearray, at: int, stop: int) -> re
 
 def _error(what: str, at: int) -> orjson.JSONDecodeError:
     return orjson.JSONDecodeError(what, "", at)
+
+
+def _blank_escapes(text: bytes) -> bytes:
+    """text, from an escape boundary, with each escaped backslash and escaped quote blanked out
+    (same length): a quote left delimits a string. Backslashes pair from the left, as escapes do."""
+    if b"\\" not in text or b'\\"' not in text:  # memchr first: quick when there is no backslash
+        return text
+    return text.replace(b"\\\\", b"\0\0").replace(b'\\"', b"\0\0")
 
 
 def _backslashes_before(raw: bytearray, i: int, floor: int) -> int:
