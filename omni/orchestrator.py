@@ -30,7 +30,7 @@ from omni.api.schemas import (
     CompletionRequest,
     parse_chat_completion_request,
     parse_completion_request,
-    read_json,
+    read_parsed,
     sampling_params,
 )
 from omni.api.schemas.fields import request_timeout, truncate_prompt, truncated_media
@@ -75,7 +75,7 @@ Assemble: TypeAlias = Callable[[web.Request, R, Completion], Awaitable[web.Strea
 async def chat_completion(
     request: web.Request, assemble: Assemble[ChatCompletionRequest]
 ) -> web.StreamResponse:
-    req = parse_chat_completion_request(await read_json(request, timeout=body_timeout(request)))
+    req = await read_parsed(request, parse_chat_completion_request, timeout=body_timeout(request))
     timeout = request_timeout(request)
     model = _model(request, req.model)
     req = await recall_spoken(request, req)  # earlier spoken answers referred to by id
@@ -138,7 +138,7 @@ async def chat_completion(
 
 
 async def completion(request: web.Request, assemble: Assemble[CompletionRequest]) -> web.StreamResponse:
-    req = parse_completion_request(await read_json(request, timeout=body_timeout(request)))
+    req = await read_parsed(request, parse_completion_request, timeout=body_timeout(request))
     timeout = request_timeout(request)
     model = _model(request, req.model)
     prompts = await completion_prompts(model, req)  # no media: a malformed prompt is a 400 even while starting
@@ -204,7 +204,7 @@ ImageAssemble: TypeAlias = Callable[[web.Request, ImageGenerationRequest, ImageG
 async def image_generation(request: web.Request, assemble: ImageAssemble) -> web.StreamResponse:
     """POST /v1/images/generations: the prompt as a user turn, the reply forced to be one image
     span (the prompt ends with its opening token), n choices each drawn with seed + i."""
-    req = parse_image_generation_request(await read_json(request, timeout=body_timeout(request)))
+    req = await read_parsed(request, parse_image_generation_request, timeout=body_timeout(request))
     timeout = request_timeout(request)
     model = _image_model(request, req.model)
     images = model.images

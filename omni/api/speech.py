@@ -27,7 +27,7 @@ from aiohttp import web
 
 from omni.access_log import note_generation
 from omni.api.errors import bad_request, engine_error
-from omni.api.schemas import parse_chat_completion_request, read_json
+from omni.api.schemas import parse_chat_completion_request, read_parsed
 from omni.api.schemas.fields import request_timeout
 from omni.api.schemas.speech import SpeechRequest, parse_speech_request
 from omni.audio_decoder_engine import AudioDecodeError
@@ -52,7 +52,7 @@ SPEECH_PATH = "/v1/audio/speech"
 
 
 async def create_speech(request: web.Request) -> web.StreamResponse:
-    req = parse_speech_request(await read_json(request, timeout=body_timeout(request)))
+    req = await read_parsed(request, parse_speech_request, timeout=body_timeout(request))
     model = _speaking_model(request, req.model)
     audio = model.audio
     assert audio is not None

@@ -24,7 +24,7 @@ from omni.api.schemas.completions import (
     check_token_ids,
     parse_completion_request,
 )
-from omni.api.schemas.fields import read_json, sampling_params
+from omni.api.schemas.fields import read_json, read_parsed, sampling_params
 
 __all__ = [
     "ChatCompletionRequest",
@@ -38,5 +38,6 @@ __all__ = [
     "parse_chat_completion_request",
     "parse_completion_request",
     "read_json",
+    "read_parsed",
     "sampling_params",
 ]

@@ -30,6 +30,10 @@ from omni.api.schemas.tools import ToolFields, parse_tool_fields
 from omni.constrained.spec import GrammarSpec
 
 MAX_TOP_LOGPROBS = 20
+# Messages and content parts in one request, in all. Azure OpenAI takes at most 2048 messages;
+# this is far past any conversation a context holds, and keeps a 60 MB body of half a million
+# tiny messages from costing seconds of parsing, rendering and freeing.
+MAX_CHAT_ITEMS = 16_384
 
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
 MODALITIES = frozenset({"text", "image", "audio"})
@@ -307,6 +311,18 @@ class ChatCompletionRequest(GenerationFields):
         return [m.to_template_dict() for m in self.messages]
 
 
+def _check_item_count(raw: list[Json]) -> None:
+    parts = sum(len(m["content"]) for m in raw if isinstance(m, dict) and isinstance(m.get("content"), list))
+    if len(raw) + parts > MAX_CHAT_ITEMS:
+        what = f"{len(raw)} messages" + (f" and {parts} content parts" if parts else "")
+        raise bad_request(
+            f"Invalid 'messages': too long. Expected at most {MAX_CHAT_ITEMS} messages and "
+            f"content parts in all, but got {what}.",
+            param="messages",
+            code="array_above_max_length",
+        )
+
+
 def parse_chat_completion_request(body: Body) -> ChatCompletionRequest:
     check_fields(body, "chat")  # a field of neither API, or a value this server cannot honour
     model = required_str(body, "model")
@@ -317,6 +333,7 @@ def parse_chat_completion_request(body: Body) -> ChatCompletionRequest:
         raise type_error("messages", "an array", raw)
     if not raw:
         raise value_error("messages", "must contain at least one message.")
+    _check_item_count(raw)
     messages = tuple(_parse_message(m, f"messages[{i}]") for i, m in enumerate(raw))
 
     logprobs = bool(opt_bool(body, "logprobs"))

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar, TypeAlias
 
+from omni.api.errors import bad_request
 from omni.api.schemas.fields import (
     Body,
     GenerationFields,
@@ -22,6 +23,9 @@ from omni.api.schemas.structured import parse_grammar
 from omni.constrained.spec import GrammarSpec
 
 MAX_COMPLETION_LOGPROBS = 5
+# Token ids (or prompts) in one request, in all: a million-token context's prompt fits, and a
+# 60 MB body of 8 million ids is refused before it is copied, checked and freed at length.
+MAX_PROMPT_ITEMS = 1 << 20
 
 Prompt: TypeAlias = str | tuple[int, ...]
 
@@ -37,6 +41,14 @@ def _parse_prompts(body: Body) -> tuple[Prompt, ...]:
         raise type_error("prompt", expected, raw)
     if not raw:
         raise value_error("prompt", "must not be empty.")
+    items = len(raw) + sum(len(p) for p in raw if isinstance(p, list))
+    if items > MAX_PROMPT_ITEMS:
+        raise bad_request(
+            f"Invalid 'prompt': too long. Expected at most {MAX_PROMPT_ITEMS} prompts and token ids "
+            f"in all, but got {items}.",
+            param="prompt",
+            code="array_above_max_length",
+        )
     if all(isinstance(p, str) for p in raw):
         return tuple(raw)
     if all(isinstance(t, int) and not isinstance(t, bool) for t in raw):

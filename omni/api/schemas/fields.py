@@ -6,9 +6,9 @@ from __future__ import annotations
 import asyncio
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar, TypeAlias
+from typing import Any, ClassVar, TypeAlias, TypeVar
 
 import orjson
 from aiohttp import web
@@ -34,35 +34,85 @@ Json: TypeAlias = Any
 Body: TypeAlias = Mapping[str, Json]
 
 
-# Bodies larger than this are decoded in a worker thread, by json_body.decode_json: orjson holds
-# the GIL for each of its calls (about 2.5 ms a megabyte on a small box), so a long string is
-# decoded a window at a time and the loop gets the GIL between windows.
+# Bodies larger than this are decoded, and parsed, in a worker thread: json_body.decode_json
+# decodes them a window at a time (orjson holds the GIL for each of its calls, about 2.5 ms a
+# megabyte of strings and 11 of small values on a small box), and parsing one is Python over
+# every value it holds, seconds for hundreds of thousands of messages, which the loop shares
+# through the GIL's switch interval instead of waiting out.
 _DECODE_IN_THREAD_BYTES = 1 << 20
 # What the body's stream buffers before readany() hands it over: each chunk is one short copy
 # into the body's buffer (aiohttp's own read() raises this to the whole body, then copies the
 # body it joined into bytes: 60 MB in one call).
 _READ_CHUNK_BYTES = 256 * 1024
 
+T = TypeVar("T")
+
 
 async def read_json(request: web.Request, *, timeout: float | None = None) -> dict[str, Json]:
     """The request body as a JSON object. A body over client_max_size is a 413 (aiohttp's
     error); one that has not arrived within timeout seconds is a 408, and the connection is
     closed."""
+    return await read_parsed(request, _as_is, timeout=timeout)
+
+
+async def read_parsed(
+    request: web.Request, parse: Callable[[dict[str, Json]], T], *, timeout: float | None = None
+) -> T:
+    """parse(the body as read_json reads it): in one worker thread with the decoding when the
+    body is large, on the loop otherwise."""
     try:
         async with asyncio.timeout(timeout):
             raw = await _read_body(request)
     except TimeoutError:
         raise body_too_slow(timeout) from None
+    if len(raw) > _DECODE_IN_THREAD_BYTES:
+        return await asyncio.to_thread(_decode_and_parse, raw, parse, decode_json)
+    return _decode_and_parse(raw, parse, orjson.loads)
+
+
+def _as_is(body: dict[str, Json]) -> dict[str, Json]:
+    return body
+
+
+def _decode_and_parse(
+    raw: bytearray, parse: Callable[[dict[str, Json]], T], decode: Callable[[bytearray], Any]
+) -> T:
     try:
-        if len(raw) > _DECODE_IN_THREAD_BYTES:
-            data = await asyncio.to_thread(decode_json, raw)
-        else:
-            data = orjson.loads(raw)
+        data = decode(raw)
     except orjson.JSONDecodeError as e:
         raise bad_request(f"The request body is not valid JSON: {e}") from None
     if not isinstance(data, dict):
         raise bad_request("The request body must be a JSON object.")
-    return merge_extra_body(data)
+    try:
+        return parse(merge_extra_body(data))
+    except BaseException:
+        # Refused: nothing else holds the body, which the error's traceback would otherwise
+        # free, wherever it ends, in one C call (8 million ids: ~250 ms with the GIL held).
+        _empty(data)
+        raise
+
+
+# Items freed per step when a refused body is emptied.
+_FREE_STEP = 4096
+
+
+def _empty(value: Json) -> None:
+    """Empties value's lists and dicts, at every depth, a few thousand items at a time: each
+    step is a short free with the GIL held, and other threads run between steps."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, list):
+            while item:
+                tail = item[-_FREE_STEP:]
+                del item[-_FREE_STEP:]
+                stack += [v for v in tail if isinstance(v, list | dict)]
+                del tail
+        elif isinstance(item, dict):
+            while item:
+                _, v = item.popitem()
+                if isinstance(v, list | dict):
+                    stack.append(v)
 
 
 async def _read_body(request: web.Request) -> bytearray:
