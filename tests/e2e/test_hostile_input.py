@@ -142,14 +142,14 @@ class InFlight:
         )
 
 
-def _in_flight(base: str, body: bytes) -> InFlight:
-    """Send body to /v1/chat/completions paced (so it is in flight a while), and call /health and
-    a short chat over and over, each from its own thread, until its answer has come."""
+def _in_flight(base: str, body: bytes, path: str = "/v1/chat/completions") -> InFlight:
+    """Send body to path paced (so it is in flight a while), and call /health and a short chat
+    over and over, each from its own thread, until its answer has come."""
     flight = InFlight()
     started = threading.Event()
 
     def big() -> None:
-        request = _request("/v1/chat/completions", body)
+        request = _request(path, body)
         with socket.create_connection(("127.0.0.1", _port(base)), timeout=120) as sock:
             for i in range(0, len(request), 1 << 20):
                 sock.sendall(request[i : i + (1 << 20)])

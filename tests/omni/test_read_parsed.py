@@ -63,9 +63,9 @@ def test_messages_and_parts_in_all_are_bounded() -> None:
 
 
 def test_a_refused_body_is_emptied_a_step_at_a_time(monkeypatch: pytest.MonkeyPatch) -> None:
-    from omni.api.schemas import fields
+    from omni.api.schemas import fields, json_body
 
-    monkeypatch.setattr(fields, "_FREE_STEP", 3)
+    monkeypatch.setattr(json_body, "_FREE_STEP", 3)
     inner = list(range(10))
     body = {"a": [{"b": inner, "c": "x"}] * 2 + [[1, [2, 3]]] * 5, "d": {"e": inner}}
     kept = body["a"]
@@ -86,3 +86,16 @@ def test_completions_prompt_ids_are_bounded() -> None:
     with pytest.raises(APIError) as e:
         parse_completion_request({"model": "m", "prompt": [[1] * (MAX_PROMPT_ITEMS // 2)] * 2})
     assert (e.value.param, e.value.code) == ("prompt", "array_above_max_length")
+
+
+async def test_a_body_of_too_many_items_is_refused_as_it_is_decoded(monkeypatch: pytest.MonkeyPatch) -> None:
+    from omni.api.schemas import json_body
+
+    monkeypatch.setattr(json_body, "MAX_ITEMS", 1000)
+    ids = orjson.dumps({"prompt": list(range(_DECODE_IN_THREAD_BYTES // 4))})
+    with pytest.raises(json_body.TooManyItems):
+        json_body.decode_json(bytearray(ids))
+    async with TestClient(TestServer(_app())) as client:
+        r = await client.post("/parsed", data=ids)
+        error = (await r.json())["error"]
+        assert (r.status, error["code"]) == (400, "array_above_max_length") and "1000 items" in error["message"]

@@ -97,6 +97,39 @@ _SCALAR = re.compile(rb'[^ \t\n\r,:\[\]{}"]*+')
 
 Container: TypeAlias = list[Any] | dict[str, Any]
 
+# Elements of one array or object, past which a body is refused as it is decoded: far past
+# any field's own bound (16,384 chat messages, 2^20 prompt ids), it ends a body of millions of
+# values before they are all made, kept and freed.
+MAX_ITEMS = 1 << 21
+# Items freed per step when a refused body is emptied.
+_FREE_STEP = 4096
+
+
+class TooManyItems(ValueError):
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"an array or object in the body holds more than {limit} items")
+        self.limit = limit
+
+
+def empty_in_steps(value: Any) -> None:
+    """Empties value's lists and dicts, at every depth, a few thousand items at a time: freeing
+    8 million of them at once is one C call that holds the GIL ~250 ms; each step here is a
+    short one, and other threads run between steps."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, list):
+            while item:
+                tail = item[-_FREE_STEP:]
+                del item[-_FREE_STEP:]
+                stack += [v for v in tail if isinstance(v, list | dict)]
+                del tail
+        elif isinstance(item, dict):
+            while item:
+                _, v = item.popitem()
+                if isinstance(v, list | dict):
+                    stack.append(v)
+
 
 def decode_json(raw: bytearray, *, window: int = WINDOW) -> Any:
     """orjson.loads(raw), each orjson call on at most about `window` bytes of it. Raises
@@ -106,7 +139,11 @@ def decode_json(raw: bytearray, *, window: int = WINDOW) -> Any:
     if len(raw) <= window:
         return orjson.loads(raw)
     decoder = _Decoder(raw, window)
-    decoder.decode()
+    try:
+        decoder.decode()
+    except TooManyItems:
+        empty_in_steps(decoder.top)
+        raise
     raw.clear()
     return decoder.result()
 
@@ -265,6 +302,8 @@ class _Decoder:
             frame.value.extend(run)
         else:
             frame.value.update(run)  # a duplicate key keeps its first place, takes the last value
+        if len(frame.value) > MAX_ITEMS:
+            raise TooManyItems(MAX_ITEMS)
         frame.start = start
         frame.fresh = False
 
