@@ -279,3 +279,38 @@ async def test_disconnect_mid_stream_frees_blocks(server: str) -> None:
     assert read_metric(server, "vllm:num_requests_running") == 0
     assert read_metric(server, "vllm:kv_cache_usage_perc") == 0
     assert read_metric(server, "vllm:request_success_total", finished_reason="abort") == aborts + 1
+
+
+async def test_a_disconnect_storm_frees_every_block_and_the_server_keeps_serving(server: str) -> None:
+    # 32 streams at once, each client gone after its second event: every request is aborted,
+    # no KV block stays in use, and the next request is served.
+    streams = 32
+    body = {"model": MODEL, "messages": HELLO, "max_tokens": 400, "ignore_eos": True, "stream": True}
+    aborts = read_metric(server, "vllm:request_success_total", finished_reason="abort")
+
+    async def leave_early(client: httpx.AsyncClient) -> None:
+        async with client.stream("POST", f"{server}/v1/chat/completions", json=body) as r:
+            assert r.status_code == 200
+            seen = 0
+            async for line in r.aiter_lines():
+                seen += line.startswith("data: ")
+                if seen >= 2:
+                    break
+
+    limits = httpx.Limits(max_connections=streams)
+    async with httpx.AsyncClient(timeout=60, limits=limits) as client:
+        await asyncio.gather(*(leave_early(client) for _ in range(streams)))
+    gone = time.monotonic()
+    deadline = gone + 30
+    while time.monotonic() < deadline:
+        if read_metric(server, "vllm:num_requests_running") == 0 and read_metric(server, "vllm:kv_cache_usage_perc") == 0:
+            break
+        await asyncio.sleep(0.05)
+    freed = time.monotonic() - gone
+    assert read_metric(server, "vllm:num_requests_running") == 0
+    assert read_metric(server, "vllm:num_requests_waiting") == 0
+    assert read_metric(server, "vllm:kv_cache_usage_perc") == 0
+    assert read_metric(server, "vllm:request_success_total", finished_reason="abort") == aborts + streams
+    after = httpx.post(f"{server}/v1/chat/completions", json={"model": MODEL, "messages": HELLO, "max_tokens": 2}, timeout=60)
+    assert after.status_code == 200
+    print(f"\ndisconnect storm: {streams} streams gone, every block free {freed:.2f} s after the last left")

@@ -8,6 +8,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -47,6 +48,9 @@ def test_malformed_checkpoint_fails_at_start(tmp_path: Path, tiny_model_dir: Pat
     assert "Traceback" not in result.stderr.split("could not start")[-1]
 
 
+BESIDE = 15  # streams running beside the one that sees the kill
+
+
 def test_worker_crash_fails_its_requests_then_recovers(tiny_model_dir: Path) -> None:
     with running_server("--model", f"m={tiny_model_dir}", "--num-kv-blocks", "256") as base:
         server_pid = PROCESSES[base].pid
@@ -68,6 +72,25 @@ def test_worker_crash_fails_its_requests_then_recovers(tiny_model_dir: Path) -> 
             "ignore_eos": True,  # still running when the worker is killed after 3 events
             "stream": True,
         }
+        # Under load: more streams running beside the one that sees the kill.
+        others: list[tuple[float, str]] = []  # (when it ended, its last event before [DONE])
+        first_events = threading.Semaphore(0)
+
+        def stream_beside() -> None:
+            last = ""
+            with httpx.stream("POST", f"{base}/v1/chat/completions", json=body, timeout=60) as r:
+                for line in r.iter_lines():
+                    if line.startswith("data: ") and line != "data: [DONE]":
+                        if not last:
+                            first_events.release()
+                        last = line[6:]
+            others.append((time.monotonic(), last))
+
+        beside = [threading.Thread(target=stream_beside) for _ in range(BESIDE)]
+        for thread in beside:
+            thread.start()
+        for _ in beside:
+            assert first_events.acquire(timeout=60)
         events = []
         with httpx.stream("POST", f"{base}/v1/chat/completions", json=body, timeout=60) as r:
             for line in r.iter_lines():
@@ -77,6 +100,12 @@ def test_worker_crash_fails_its_requests_then_recovers(tiny_model_dir: Path) -> 
                 if len(events) == 3:
                     (worker,) = worker_pids(server_pid)
                     os.kill(worker, signal.SIGKILL)
+                    killed = time.monotonic()
+        for thread in beside:
+            thread.join(timeout=60)
+        assert len(others) == BESIDE
+        assert all(json.loads(last)["error"]["code"] == "service_unavailable" for _, last in others)
+        failed_within = max(at for at, _ in others) - killed
         assert events[-1] == "[DONE]"
         # The stream's status was sent already: the 503 the server maps EngineError to
         # (api/sse.py: service_unavailable) comes as its last event.
@@ -90,6 +119,10 @@ def test_worker_crash_fails_its_requests_then_recovers(tiny_model_dir: Path) -> 
         while httpx.get(f"{base}/health").status_code != 200:
             assert time.monotonic() < deadline, "the worker was not restarted"
             time.sleep(0.2)
+        print(
+            f"\nkill -9 under {BESIDE + 1} streams: the others failed within {failed_within:.2f} s; "
+            f"healthy again {time.monotonic() - killed:.1f} s after the kill"
+        )
         ok = httpx.post(f"{base}/v1/chat/completions", json=hi, timeout=60)
         assert ok.status_code == 200
         after = ok.json()
@@ -121,6 +154,25 @@ def test_sigterm_to_the_process_group_drains_in_flight_requests(tiny_model_dir: 
             "ignore_eos": True,
             "stream": True,
         }
+        # Seven streams beside the one that sees the signal: all of them are drained.
+        finished: list[dict[str, object]] = []  # each beside stream's last event before [DONE]
+        first_events = threading.Semaphore(0)
+
+        def stream_beside() -> None:
+            last = ""
+            with httpx.stream("POST", f"{base}/v1/chat/completions", json=body, timeout=60) as r:
+                for line in r.iter_lines():
+                    if line.startswith("data: ") and line != "data: [DONE]":
+                        if not last:
+                            first_events.release()
+                        last = line[6:]
+            finished.append(json.loads(last))
+
+        beside = [threading.Thread(target=stream_beside) for _ in range(7)]
+        for thread in beside:
+            thread.start()
+        for _ in beside:
+            assert first_events.acquire(timeout=60)
         events = []
         with httpx.stream("POST", f"{base}/v1/chat/completions", json=body, timeout=60) as r:
             for line in r.iter_lines():
@@ -129,11 +181,16 @@ def test_sigterm_to_the_process_group_drains_in_flight_requests(tiny_model_dir: 
                 events.append(line[6:])
                 if len(events) == 3:
                     os.killpg(proc.pid, signal.SIGTERM)
+                    signalled = time.monotonic()
+        for thread in beside:
+            thread.join(timeout=60)
         assert events[-1] == "[DONE]"
         last = json.loads(events[-2])
         assert "error" not in last
         assert last["choices"][0]["finish_reason"] == "length"
+        assert [f["choices"][0]["finish_reason"] for f in finished] == ["length"] * 7  # type: ignore[index]
         assert proc.wait(timeout=60) == 0
+        print(f"\nSIGTERM: 8/8 streams drained to their end, exit 0 {time.monotonic() - signalled:.1f} s after the signal")
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
