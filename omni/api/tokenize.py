@@ -111,7 +111,8 @@ async def _chat_tokens(model: ServedModel, body: Body) -> list[int]:
             code="unsupported_parameter",
         )
     chat = {key: body[key] for key in TEMPLATE_FIELDS if key in body}
-    req = parse_chat_completion_request({"model": model.name, **chat})
+    # In a worker thread: parsing is Python over every message (seconds for a body of many).
+    req = await asyncio.to_thread(parse_chat_completion_request, {"model": model.name, **chat})
     parts = media_parts(req.messages)
     if parts:  # refused before any fetching: counting them needs the encoder's placeholders
         param, part = parts[0]
