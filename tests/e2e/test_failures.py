@@ -150,7 +150,7 @@ def test_sigterm_to_the_process_group_drains_in_flight_requests(tiny_model_dir: 
         body = {
             "model": "m",
             "messages": [{"role": "user", "content": "Keep going."}],
-            "max_tokens": 400,
+            "max_tokens": 160,
             "ignore_eos": True,
             "stream": True,
         }

@@ -32,7 +32,7 @@ from schemathesis.checks import (
 from omni.api.openapi import OPENAPI_PATH, openapi_document
 from omni.api.schemas.known_fields import FIELDS, PATHS
 
-MAX_EXAMPLES = 40
+MAX_EXAMPLES = 30
 # Per generated body: the tokens it may ask for and the choices it may run, so that a case
 # costs milliseconds on the tiny model. Values the server refuses anyway are left as they are.
 MAX_TOKENS = 8
