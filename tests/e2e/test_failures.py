@@ -51,6 +51,30 @@ def test_malformed_checkpoint_fails_at_start(tmp_path: Path, tiny_model_dir: Pat
 BESIDE = 15  # streams running beside the one that sees the kill
 
 
+def streams_beside(base: str, body: dict[str, object], n: int) -> tuple[list[threading.Thread], list[tuple[float, str]]]:
+    """n streams of body started and each past its first event: their threads, and the list
+    each appends to as it ends (when, its last event before [DONE])."""
+    ended: list[tuple[float, str]] = []
+    first_events = threading.Semaphore(0)
+
+    def stream() -> None:
+        last = ""
+        with httpx.stream("POST", f"{base}/v1/chat/completions", json=body, timeout=60) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: ") and line != "data: [DONE]":
+                    if not last:
+                        first_events.release()
+                    last = line[6:]
+        ended.append((time.monotonic(), last))
+
+    threads = [threading.Thread(target=stream) for _ in range(n)]
+    for thread in threads:
+        thread.start()
+    for _ in threads:
+        assert first_events.acquire(timeout=60)
+    return threads, ended
+
+
 def test_worker_crash_fails_its_requests_then_recovers(tiny_model_dir: Path) -> None:
     with running_server("--model", f"m={tiny_model_dir}", "--num-kv-blocks", "256") as base:
         server_pid = PROCESSES[base].pid
@@ -73,24 +97,7 @@ def test_worker_crash_fails_its_requests_then_recovers(tiny_model_dir: Path) -> 
             "stream": True,
         }
         # Under load: more streams running beside the one that sees the kill.
-        others: list[tuple[float, str]] = []  # (when it ended, its last event before [DONE])
-        first_events = threading.Semaphore(0)
-
-        def stream_beside() -> None:
-            last = ""
-            with httpx.stream("POST", f"{base}/v1/chat/completions", json=body, timeout=60) as r:
-                for line in r.iter_lines():
-                    if line.startswith("data: ") and line != "data: [DONE]":
-                        if not last:
-                            first_events.release()
-                        last = line[6:]
-            others.append((time.monotonic(), last))
-
-        beside = [threading.Thread(target=stream_beside) for _ in range(BESIDE)]
-        for thread in beside:
-            thread.start()
-        for _ in beside:
-            assert first_events.acquire(timeout=60)
+        beside, others = streams_beside(base, body, BESIDE)
         events = []
         with httpx.stream("POST", f"{base}/v1/chat/completions", json=body, timeout=60) as r:
             for line in r.iter_lines():
@@ -155,24 +162,7 @@ def test_sigterm_to_the_process_group_drains_in_flight_requests(tiny_model_dir: 
             "stream": True,
         }
         # Seven streams beside the one that sees the signal: all of them are drained.
-        finished: list[dict[str, object]] = []  # each beside stream's last event before [DONE]
-        first_events = threading.Semaphore(0)
-
-        def stream_beside() -> None:
-            last = ""
-            with httpx.stream("POST", f"{base}/v1/chat/completions", json=body, timeout=60) as r:
-                for line in r.iter_lines():
-                    if line.startswith("data: ") and line != "data: [DONE]":
-                        if not last:
-                            first_events.release()
-                        last = line[6:]
-            finished.append(json.loads(last))
-
-        beside = [threading.Thread(target=stream_beside) for _ in range(7)]
-        for thread in beside:
-            thread.start()
-        for _ in beside:
-            assert first_events.acquire(timeout=60)
+        beside, ended = streams_beside(base, body, 7)
         events = []
         with httpx.stream("POST", f"{base}/v1/chat/completions", json=body, timeout=60) as r:
             for line in r.iter_lines():
@@ -188,7 +178,7 @@ def test_sigterm_to_the_process_group_drains_in_flight_requests(tiny_model_dir: 
         last = json.loads(events[-2])
         assert "error" not in last
         assert last["choices"][0]["finish_reason"] == "length"
-        assert [f["choices"][0]["finish_reason"] for f in finished] == ["length"] * 7  # type: ignore[index]
+        assert [json.loads(last)["choices"][0]["finish_reason"] for _, last in ended] == ["length"] * 7
         assert proc.wait(timeout=60) == 0
         print(f"\nSIGTERM: 8/8 streams drained to their end, exit 0 {time.monotonic() - signalled:.1f} s after the signal")
     finally:
