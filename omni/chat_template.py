@@ -241,11 +241,14 @@ def _lift_long_strings(value: Any, longs: dict[str, str]) -> Any:
         index = str(len(longs))
         longs[index] = value
         return f"omni-long-{_NONCE}-{index}"
+    before = len(longs)
     if isinstance(value, dict):
-        return {k: _lift_long_strings(v, longs) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return type(value)(_lift_long_strings(v, longs) for v in value)
-    return value
+        lifted: Any = {k: _lift_long_strings(v, longs) for k, v in value.items()}
+    elif isinstance(value, list | tuple):
+        lifted = [_lift_long_strings(v, longs) for v in value]  # json.dumps writes both as arrays
+    else:
+        return value
+    return value if len(longs) == before else lifted  # nothing long: the value itself, not a copy
 
 
 def _escaped_windows(default: Callable[..., str], text: str, *args: Any, **kwargs: Any) -> list[str]:

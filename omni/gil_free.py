@@ -91,11 +91,9 @@ def join_str(pieces: Sequence[str]) -> str:
         return "".join(pieces)
     if any(type(p) is not str for p in pieces):
         return "".join(pieces)  # its errors and its subclasses' handling, exactly
-    if sum(map(len, pieces)) < LARGE or len(pieces) < 2:
-        return "".join(pieces)
-    if not all(map(layout.compact, pieces)):
-        return "".join(pieces)
     total = sum(map(len, pieces))
+    if total < LARGE or len(pieces) < 2 or not all(map(layout.compact, pieces)):
+        return "".join(pieces)
     kinds = [layout.kind(p) for p in pieces]
     kind = max(kinds)
     ascii = all(p.isascii() for p in pieces)
