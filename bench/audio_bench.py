@@ -321,7 +321,7 @@ class Requests:
         return body
 
     def speech_text_body(self, seed: int) -> dict[str, Any]:
-        # the prompt speech builds (omni/api/speech.py), less the span's opening token
+        # the prompt speech builds (omni/http/handlers/speech.py), less the span's opening token
         return {
             "model": MODEL, "messages": [{"role": "user", "content": SPEECH_INPUT}],
             "chat_template_kwargs": {"enable_thinking": False, "skip_reasoning": True},

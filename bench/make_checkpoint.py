@@ -4,7 +4,7 @@
     python bench/make_checkpoint.py --out bench/.cache/qwen2-100m            # ~101M params
     python bench/make_checkpoint.py --out bench/.cache/qwen2-tiny --size tiny # ~0.5M, for smoke tests
 
-The tokenizer is the repo's tiny byte-level BPE (``gpu_workers.tiny_tokenizer``, ~1.4k ids,
+The tokenizer is the repo's tiny byte-level BPE (``gpu_workers.tiny.tokenizer``, ~1.4k ids,
 ChatML template, eos ``<|im_end|>``). Because the vocabulary is tiny, the ~100M parameters
 sit in the transformer body (hidden 768, 12 layers, 12 query / 4 KV heads, MLP 2944);
 ``vocab_size`` is the tokenizer size rounded up to a multiple of 64.
@@ -49,7 +49,7 @@ SIZES = {
 
 
 def _import_tiny_tokenizer(wait_s: float):
-    """gpu_workers/tiny_tokenizer.py is written by another helper; poll for it if absent."""
+    """gpu_workers/tiny/tokenizer.py is written by another helper; poll for it if absent."""
     sys.path.insert(0, str(REPO))
     path = REPO / "gpu_workers" / "tiny_tokenizer.py"
     deadline = time.time() + wait_s
@@ -58,7 +58,7 @@ def _import_tiny_tokenizer(wait_s: float):
             raise SystemExit(f"{path} not found after {wait_s}s")
         print(f"[make_checkpoint] waiting for {path} ...", file=sys.stderr)
         time.sleep(10)
-    from gpu_workers.tiny_tokenizer import build_tiny_tokenizer
+    from gpu_workers.tiny.tokenizer import build_tiny_tokenizer
 
     return build_tiny_tokenizer
 
@@ -139,7 +139,7 @@ def main(argv=None) -> int:
     p.add_argument("--size", choices=sorted(SIZES), default="100m")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
-    p.add_argument("--wait", type=float, default=600.0, help="seconds to wait for gpu_workers/tiny_tokenizer.py")
+    p.add_argument("--wait", type=float, default=600.0, help="seconds to wait for gpu_workers/tiny/tokenizer.py")
     p.add_argument("--force", action="store_true", help="rebuild even if a matching checkpoint exists")
     a = p.parse_args(argv)
     make_checkpoint(a.out, a.size, a.seed, a.dtype, a.wait, a.force)

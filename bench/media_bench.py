@@ -2,7 +2,7 @@
 """Image chat requests end to end: encoder batching across requests, and the encoder cache.
 
 Builds (once, under bench/.cache/) a "bench-size" omni checkpoint: the tiny hyperclovax LLM and
-the tiny audio encoder / image tokenizer / audio tokenizer of gpu_workers.tiny_checkpoints, but a
+the tiny audio encoder / image tokenizer / audio tokenizer of gpu_workers.tiny.checkpoints, but a
 Qwen2.5-VL vision tower wide enough that encoding costs real time on a CPU (default: hidden 640,
 10 heads, MLP 1728, depth 4 with full attention at the last block, window 112, merger out 2560,
 a projector to the LLM width; preprocessor min_pixels 3136, max_pixels 448*448). Then starts
@@ -152,7 +152,7 @@ def write_checkpoint(out: Path, spec: dict[str, Any]) -> None:
 
     from gpu_workers.models.fsq_audio_tokenizer import make_tiny_audio_tokenizer
     from gpu_workers.models.ta_tok import make_tiny_image_tokenizer
-    from gpu_workers.tiny_checkpoints import (
+    from gpu_workers.tiny.checkpoints import (
         TINY_AUDIO_LEVELS,
         TINY_IMAGE_CODEBOOK,
         make_tiny_audio_encoder,

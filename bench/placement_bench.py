@@ -82,7 +82,7 @@ def run_one(args: argparse.Namespace, policy: str, workload: list[str], label: s
             time.sleep(0.5)
         result_file = outdir / f"{label}-{policy}.json"
         bench_cmd = [
-            PY, "-m", "omni.bench", "--base-url", f"{base}/v1", "--seed", str(args.seed),
+            PY, "-m", "bench.omni_bench", "--base-url", f"{base}/v1", "--seed", str(args.seed),
             "--concurrency", str(args.concurrency), "--warmup", "0", "--no-progress",
             "--timeout", str(args.timeout), "--out", str(result_file), *workload,
         ]  # fmt: skip

@@ -75,7 +75,7 @@ def run(args) -> dict:
     if args.tokenizer == "omni":
         # omni-serve's own loader: follows tokenizer.json as written, where transformers'
         # AutoTokenizer may substitute a model-specific pre-tokenizer (qwen2 splits digits).
-        from omni.tokenizer import TextTokenizer
+        from omni.text.tokenizer import TextTokenizer
 
         tok = TextTokenizer.from_dir(args.model).hf_tokenizer
     else:

@@ -42,9 +42,9 @@ LONG_SCHEMA = {
 
 
 def compile_times(ckpt: Path) -> dict:
-    from omni.constrained.compiler import GrammarCompiler
-    from omni.constrained.spec import GrammarKind, GrammarSpec
-    from omni.tokenizer import TextTokenizer
+    from omni.text.constrained.compiler import GrammarCompiler
+    from omni.text.constrained.spec import GrammarKind, GrammarSpec
+    from omni.text.tokenizer import TextTokenizer
     from tests.e2e.test_structured_output import SCHEMAS
 
     tokenizer = TextTokenizer.from_dir(ckpt)

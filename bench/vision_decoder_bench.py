@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The image decoder's DiT on CPU: against diffusers, over Ulysses ranks, and batched.
 
-Four claims about gpu_workers/models/flux_dit.py and gpu_workers/ulysses.py (issue 10,
+Four claims about gpu_workers/models/flux_dit.py and gpu_workers/attention/ulysses.py (issue 10,
 acceptance point 3), each one transformer pass of one denoising step, float32, at the reference
 width (hidden 1920, 24 heads of 80, RoPE axes 8 | 36 | 36, MLP 7680) at a reduced depth
 (--depth single-stream blocks, default 1; the reference has 35; 2 doubles the run time), on a
@@ -82,7 +82,7 @@ from gpu_workers.models.flux_dit import (  # noqa: E402
     patchify,
     position_ids,
 )
-from gpu_workers.ulysses import UlyssesAttention, gather_sequence, shard_sequence  # noqa: E402
+from gpu_workers.attention.ulysses import UlyssesAttention, gather_sequence, shard_sequence  # noqa: E402
 
 SCHEMA = "vision-decoder-bench/1"
 BENCHMARKS = ("dit", "ulysses", "cfg", "jobs")

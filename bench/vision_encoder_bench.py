@@ -59,7 +59,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as a script from anywhere, without an install
     sys.path.insert(0, str(ROOT))
 
-from gpu_workers.image_processing import ImageProcessingConfig, ImageProcessor  # noqa: E402
+from gpu_workers.preprocess.image import ImageProcessingConfig, ImageProcessor  # noqa: E402
 from gpu_workers.models.qwen2_5_vl_vision import (  # noqa: E402
     PatchEmbed,
     Qwen2_5_VisionEncoder,

@@ -6,7 +6,7 @@ keeps up. Measured for what the output router sends a stream: a first chunk of -
 (default 2, 4 and 8) from a fresh state, then steady chunks of --steady units (default 25, one
 second) carrying the state, at two widths with seeded random weights built in memory:
 
-  tiny       the embedded default checkpoint's config (gpu_workers/tiny_checkpoints.py
+  tiny       the embedded default checkpoint's config (gpu_workers/tiny/checkpoints.py
              TINY_VOCODER: 64 channels, five stages, two AMP kernels)
   reference  UnitVocoderConfig()'s defaults: BigVGAN-v2 24 kHz widths (1536 channels, AMP
              kernels 3, 7, 11, dilations 1, 3, 5) in six stages for hop 960 (5, 4, 4, 3, 2, 2)
@@ -37,7 +37,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gpu_workers.models.unit_vocoder import UnitVocoder, UnitVocoderConfig, random_unit_vocoder  # noqa: E402
-from gpu_workers.tiny_checkpoints import TINY_VOCODER, TINY_VOICES  # noqa: E402
+from gpu_workers.tiny.checkpoints import TINY_VOCODER, TINY_VOICES  # noqa: E402
 
 WIDTHS = {
     "tiny": UnitVocoderConfig.from_dict({**TINY_VOCODER, "num_units": 81, "num_speakers": len(TINY_VOICES)}),

@@ -1,4 +1,4 @@
-"""Encoder outputs as artifact-store bytes and back, on the torch side (omni/store/codec.py
+"""Encoder outputs as artifact-store bytes and back, on the torch side (omni/shared/store/codec.py
 holds the format and the numpy-only readers the server uses)."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from omni.store.codec import EMBEDDINGS, decode_tensors, encode_tensors
+from omni.shared.store.codec import EMBEDDINGS, decode_tensors, encode_tensors
 
 
 def embeddings_to_bytes(x: torch.Tensor, metadata: dict[str, str]) -> bytes:

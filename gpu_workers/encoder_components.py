@@ -6,7 +6,7 @@
     audio_tokenizer  audio -> units               FSQ audio tokenizer
 
 prepare() runs per item on decoded media (a ValueError there is the client's 400); forward()
-runs once over every prepared item of a batch. gpu_workers/encoder_runner.py drives them.
+runs once over every prepared item of a batch. gpu_workers/runners/encoder.py drives them.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ import numpy as np
 import torch
 from PIL import Image
 
-from gpu_workers.audio_features import AudioFeatureConfig, LogMelExtractor
-from gpu_workers.image_processing import (
+from gpu_workers.preprocess.audio import AudioFeatureConfig, LogMelExtractor
+from gpu_workers.preprocess.image import (
     OPENAI_CLIP_MEAN,
     OPENAI_CLIP_STD,
     ImageProcessingConfig,

@@ -2,7 +2,7 @@
 
 A worker process (gpu_workers/worker.py) decodes its spec, looks up the runner class
 registered for that spec's type, builds it, sends the runner's ready message, and hands it
-every job message of its JOB type. A new worker kind is a spec (omni/protocol/specs.py) and a
+every job message of its JOB type. A new worker kind is a spec (omni/shared/protocol/specs.py) and a
 runner class decorated with @register_runner, not a branch anywhere.
 
 A kind whose spec asks for world_size > 1 runs as a torch.distributed group: every rank
@@ -17,15 +17,15 @@ from abc import ABC, abstractmethod
 from typing import Any, ClassVar, TypeVar
 
 from gpu_workers.distributed import GroupMember
-from omni.protocol import WorkerSpec
+from omni.shared.protocol import WorkerSpec
 
 # Where the built-in runners are defined: imported in the worker process only (they import
 # torch), the first time a runner is looked up.
 _BUILTIN_RUNNER_MODULES = (
-    "gpu_workers.llm_runner",
-    "gpu_workers.encoder_runner",
-    "gpu_workers.vision_decoder_runner",
-    "gpu_workers.audio_decoder_runner",
+    "gpu_workers.runners.llm",
+    "gpu_workers.runners.encoder",
+    "gpu_workers.runners.vision_decoder",
+    "gpu_workers.runners.audio_decoder",
 )
 
 

@@ -21,7 +21,7 @@ from typing import Protocol
 
 import torch
 
-from omni.protocol import SamplingOptions
+from omni.shared.protocol import SamplingOptions
 
 
 class TokenHistory(Protocol):

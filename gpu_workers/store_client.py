@@ -16,9 +16,9 @@ from collections import OrderedDict
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
-from omni.protocol import StoreSettings
-from omni.store.base import ArtifactStore
-from omni.store.spec import StoreSpec
+from omni.shared.protocol import StoreSettings
+from omni.shared.store.base import ArtifactStore
+from omni.shared.store.spec import StoreSpec
 
 T = TypeVar("T")
 

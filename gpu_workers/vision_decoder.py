@@ -39,7 +39,7 @@ prediction is the image itself) and are left out: 2 steps give at most 1 preview
 
 Ulysses: the same generate runs on every rank of a torch.distributed group. Every rank holds
 the DiT weights, draws the whole noise and condition (cheap next to a step) and keeps its
-shard of the token axis (gpu_workers/ulysses.py):
+shard of the token axis (gpu_workers/attention/ulysses.py):
 
     token       0 ......... L-1 | L ........ 2L-1 | ... | (N-1)L ... S-1 (pad to NL)
     held by     rank 0          | rank 1          | ... | rank N-1
@@ -71,9 +71,9 @@ from gpu_workers.loader import read_json
 from gpu_workers.models.flow_match import FlowMatchSchedule, autoguidance, cfg, euler_step, initial_noise
 from gpu_workers.models.flux_dit import FluxDiT, FluxDiTConfig, condition_from_codes, patchify, position_ids, unpatchify
 from gpu_workers.models.flux_vae import IMAGE_FORMATS, FluxVAEConfig, FluxVAEDecoder, to_image_bytes
-from gpu_workers.ulysses import UlyssesAttention, gather_sequence, shard_sequence
-from omni import protocol
-from omni.media.image_sizes import PATCH_SCALE
+from gpu_workers.attention.ulysses import UlyssesAttention, gather_sequence, shard_sequence
+from omni.shared import protocol
+from omni.shared.media.image_sizes import PATCH_SCALE
 
 MODEL_TYPE = "omni_vision_decoder"
 CODEBOOK_FILE = "codebook.safetensors"

@@ -2,7 +2,7 @@
 to stop.
 
 The server spawns this with multiprocessing's "spawn" start method and talks to it over one
-duplex pipe carrying msgpack frames (omni/protocol). The spec arrives as a protocol message
+duplex pipe carrying msgpack frames (omni/shared/protocol). The spec arrives as a protocol message
 too, so nothing crossing the boundary is pickled by us. torch is imported only inside the
 child (by the runner modules), never when the server imports this module to name the entry
 point.
@@ -24,8 +24,8 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from gpu_workers.distributed import GroupMember, destroy_group, init_group
-from omni import protocol
-from omni.log_format import setup_logging
+from omni.shared import protocol
+from omni.shared.log_format import setup_logging
 
 log = logging.getLogger("omni.worker")
 

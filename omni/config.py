@@ -6,8 +6,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from omni.admission import QueueLimits
-from omni.media.limits import MediaLimits
+from omni.engines.admission import QueueLimits
+from omni.shared.media.limits import MediaLimits
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,7 +38,7 @@ class EngineConfig:
     placement: str = "prefix-aware"
     placement_weights: tuple[tuple[str, float], ...] = ()
     worker_start_timeout: float = 600.0
-    # Admission (omni/admission.py): the most requests, and prompt tokens, that may wait for
+    # Admission (omni/engines/admission.py): the most requests, and prompt tokens, that may wait for
     # this model across its workers; None: derived from each live worker's KV cache and batch.
     max_queued_requests: int | None = None
     max_queued_tokens: int | None = None
@@ -55,7 +55,7 @@ class EngineConfig:
     encoder_device: str | None = None  # default: the first LLM worker's device
     encoder_max_batch_items: int = 32
     # Media items, and their bytes, that may wait for the encoder; None: derived from the
-    # batch size and the per-item byte limit (omni/encoder_engine.py).
+    # batch size and the per-item byte limit (omni/engines/encoder.py).
     encoder_max_queued_items: int | None = None
     encoder_max_queued_bytes: int | None = None
     # The image decoder (an omni checkpoint's vision_decoder/, None: no image output): one
@@ -74,7 +74,7 @@ class EngineConfig:
     audio_chunk_units: int = 25  # of each later chunk
     audio_max_batch_streams: int = 32  # streams decoded together in one vocoder batch
     max_audio_streams: int = 256  # open streams beyond which a request asking for audio is a 429
-    # The chat format (omni/chat_format.py): "auto" parsers follow the chat template.
+    # The chat format (omni/text/chat_format.py): "auto" parsers follow the chat template.
     chat_template: str | None = None  # replaces the checkpoint's template
     trust_request_chat_template: bool = False
     tool_call_parser: str = "auto"
@@ -94,7 +94,7 @@ class EngineConfig:
 
 @dataclass(frozen=True, slots=True)
 class CorsPolicy:
-    """Which browser origins may call the API (omni/cors.py answers their preflights and marks
+    """Which browser origins may call the API (omni/http/cors.py answers their preflights and marks
     their responses). An origin is "*" (any) or a full "scheme://host[:port]"."""
 
     origins: tuple[str, ...]
@@ -119,7 +119,7 @@ class ServerConfig:
     store_secret: bytes | None = None  # HMAC key of local signed URLs; default random per process
     store_endpoint_url: str | None = None
     store_region: str | None = None
-    # Connection hygiene (omni/connections.py): a request's headers must arrive within
+    # Connection hygiene (omni/http/connections.py): a request's headers must arrive within
     # header_timeout s of its first byte (of the connection, for its first request), its body
     # within body_timeout s; an idle keep-alive connection closes after keepalive_timeout s;
     # past max_connections open at once, a new connection gets a 503 and is closed.
@@ -127,7 +127,7 @@ class ServerConfig:
     body_timeout: float = 60.0
     keepalive_timeout: float = 30.0
     max_connections: int = 1024
-    disable_log_requests: bool = False  # no access log line per request (omni/access_log.py)
+    disable_log_requests: bool = False  # no access log line per request (omni/http/access_log.py)
     cors: CorsPolicy | None = None  # None: no CORS headers, preflights refused (same-origin only)
     # TLS: both set, the server speaks HTTPS; ssl_ca_certs (with ssl_cert_reqs) verifies clients.
     ssl_keyfile: str | None = None

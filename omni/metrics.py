@@ -6,7 +6,7 @@ dashboard, an autoscaler on vllm:num_requests_waiting and the inference gateway'
 picker read this server unchanged. What only omni-serve has (encoders, the image decoder, the
 artifact store, placement, refusals) is `omni_*`, labelled model_name (and engine where it is
 per LLM worker). HTTP requests are counted as prometheus-fastapi-instrumentator counts them
-for vLLM (omni/http_metrics.py), and the process collectors add process_* and python_*.
+for vLLM (omni/http/metrics_middleware.py), and the process collectors add process_* and python_*.
 docs/METRICS.md lists every series.
 
 No metric lives in prometheus_client's global registry: each app owns a Metrics, so several
@@ -31,7 +31,7 @@ from prometheus_client import (
     generate_latest,
 )
 
-from omni.protocol import ForwardTiming
+from omni.shared.protocol import ForwardTiming
 from scheduler.request import Request
 
 

@@ -2,7 +2,7 @@
 
     server (omni/: api, engines, orchestrator, ...) --> shared layers, scheduler
     workers (gpu_workers/)                          --> shared layers
-    shared layers (omni.protocol, omni.store, omni.media, omni.log_format, omni.gil_free), scheduler --> nothing of ours above
+    shared layers (omni.shared.protocol, omni.shared.store, omni.shared.media, omni.shared.log_format, omni.shared.gil_free), scheduler --> nothing of ours above
 
 Read from the source (every import statement, including those inside functions), then
 checked again in a fresh interpreter importing what a worker process imports.
@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SHARED = ("omni.protocol", "omni.store", "omni.media", "omni.log_format", "omni.gil_free")
+SHARED = ("omni.shared.protocol", "omni.shared.store", "omni.shared.media", "omni.shared.log_format", "omni.shared.gil_free")
 
 
 def _under(name: str, prefixes: tuple[str, ...]) -> bool:
@@ -85,13 +85,13 @@ def test_the_scheduler_imports_nothing_of_ours() -> None:
 
 def test_the_checker_sees_a_violation(tmp_path: Path) -> None:
     bad = tmp_path / "m.py"
-    bad.write_text("def f():\n    from omni.api.errors import bad_request\n    import torch.nn\n")
-    assert _imports(bad) >= {"omni.api.errors", "omni.api.errors.bad_request", "torch.nn"}
+    bad.write_text("def f():\n    from omni.http.errors import bad_request\n    import torch.nn\n")
+    assert _imports(bad) >= {"omni.http.errors", "omni.http.errors.bad_request", "torch.nn"}
 
 
 _WORKER_SCRIPT = """
 import sys
-from omni import protocol
+from omni.shared import protocol
 from gpu_workers.worker import worker_main
 from gpu_workers.runner import runner_class
 from gpu_workers.store_client import StoreClient

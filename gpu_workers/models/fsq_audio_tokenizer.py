@@ -2,7 +2,7 @@
 
 Per clip of 16 kHz mono audio:
 
-    waveform -> 30 s windows of 128-bin log-mel (gpu_workers/audio_features.py)
+    waveform -> 30 s windows of 128-bin log-mel (gpu_workers/preprocess/audio.py)
       -> Qwen2-Audio (Whisper-style) encoder, no projector      (N, d_model), 25 rows a second
       -> fsq_proj: Linear d_model -> D = len(levels), float32    (N, D)
       -> finite scalar quantisation (FSQ)                        (N,) unit ids in [0, prod(levels))
@@ -39,7 +39,7 @@ import torch.nn.functional as F
 from safetensors.torch import save_file
 from torch import nn
 
-from gpu_workers.audio_features import AudioFeatureConfig, LogMelExtractor
+from gpu_workers.preprocess.audio import AudioFeatureConfig, LogMelExtractor
 from gpu_workers.loader import load_safetensors, read_json
 from gpu_workers.models.hf_weights import load_exact
 from gpu_workers.models.qwen2_audio_encoder import AudioEncoderConfig, Qwen2AudioEncoder

@@ -1,6 +1,6 @@
 """Qwen2.5-VL vision transformer over a packed batch of images, plus an optional projector.
 
-Input is what gpu_workers/image_processing.py (or transformers' Qwen2VLImageProcessor)
+Input is what gpu_workers/preprocess/image.py (or transformers' Qwen2VLImageProcessor)
 produces: every patch of every image flattened into one (N, C*T*P*P) matrix, patches of one
 image in merge-block order (each run of merge**2 rows is one 2x2 block of neighbouring
 patches), and grid_thw (num_images, 3) in patches. Images are packed into one variable-length

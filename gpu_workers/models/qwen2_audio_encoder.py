@@ -1,6 +1,6 @@
 """Qwen2-Audio encoder (a Whisper encoder with an average pool) plus an optional projector.
 
-Input is what gpu_workers/audio_features.py (or WhisperFeatureExtractor) produces: 30 s
+Input is what gpu_workers/preprocess/audio.py (or WhisperFeatureExtractor) produces: 30 s
 windows of log-mel features (B, n_mels, 3000) and each window's valid frame count. Per window:
 
     features (n_mels, 3000)

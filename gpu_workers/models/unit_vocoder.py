@@ -89,7 +89,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 from torch import nn
 
-from gpu_workers.audio_features import AudioFeatureConfig, LogMelExtractor
+from gpu_workers.preprocess.audio import AudioFeatureConfig, LogMelExtractor
 from gpu_workers.loader import read_json
 from gpu_workers.models.hf_weights import load_exact
 
@@ -694,7 +694,7 @@ class UnitVocoder(nn.Module):
 
 
 class SpeakerEncoder(nn.Module):
-    """log-mel (the Whisper-style features of gpu_workers/audio_features.py) -> convolutions
+    """log-mel (the Whisper-style features of gpu_workers/preprocess/audio.py) -> convolutions
     with ReLU -> mean and standard deviation over time -> linear -> speaker_embed_dim."""
 
     def __init__(self, config: SpeakerEncoderConfig, out_dim: int) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from gpu_workers.image_processing import ImageProcessingConfig, ImageProcessor
+from gpu_workers.preprocess.image import ImageProcessingConfig, ImageProcessor
 from gpu_workers.models.qwen2_5_vl_vision import VisionEncoderConfig
 
 ROOT = Path(__file__).resolve().parents[2]

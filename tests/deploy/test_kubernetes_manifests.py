@@ -15,9 +15,9 @@ import pytest
 import yaml
 from aiohttp import web
 
-from omni.app import _OPEN_PATHS, add_routes
-from omni.cli import config_from_args, parse_args
-from omni.store.spec import StoreSpec
+from omni.http.app import _OPEN_PATHS, add_routes
+from omni.cli.main import config_from_args, parse_args
+from omni.shared.store.spec import StoreSpec
 
 MANIFESTS = Path(__file__).resolve().parents[2] / "deploy" / "kubernetes"
 NAMESPACE = "omni-serve"

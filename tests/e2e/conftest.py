@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from gpu_workers.tiny_checkpoints import make_tiny_checkpoint, make_tiny_omni_checkpoint
+from gpu_workers.tiny.checkpoints import make_tiny_checkpoint, make_tiny_omni_checkpoint
 from tests.e2e.server import free_port, running_server
 
 BLOCK_SIZE = 4
@@ -65,7 +65,7 @@ def speaking_server(omni_dir: Path) -> Iterator[str]:
     """The tiny omni checkpoint with all it has, served as "omni": it draws (images, its decoder
     a 2-rank Ulysses group), speaks (speech, chat audio) and hears (transcription). One start
     for those test modules. (That two ranks draw what one process draws, byte for byte, is
-    tests/gpu_workers/test_vision_decoder_runner.py's.)"""
+    tests/gpu_workers/runners/test_vision_decoder.py's.)"""
     with running_server(
         "--model", f"omni={omni_dir}", "--max-model-len", "2048", "--diffusion-steps", str(DIFFUSION_STEPS),
         "--vision-decoder-devices", "cpu,cpu",

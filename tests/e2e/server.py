@@ -65,7 +65,7 @@ def running_server(
     with contextlib.ExitStack() as files:
         out = files.enter_context(log.open("wb")) if log is not None else None
         proc = subprocess.Popen(
-            [sys.executable, "-m", "omni.cli", "--port", str(port), "--num-threads", "1", *args],
+            [sys.executable, "-m", "omni.cli.main", "--port", str(port), "--num-threads", "1", *args],
             cwd=ROOT,
             env=env,
             stdout=out,

@@ -10,7 +10,7 @@ import httpx
 import openai
 import pytest
 
-from omni.tokenizer import TextTokenizer
+from omni.text.tokenizer import TextTokenizer
 from tests.e2e.conftest import BLOCK_SIZE, read_metric
 
 MODEL = "omni-tiny"
@@ -86,7 +86,7 @@ def test_streamed_deltas_equal_full_decode(server: str) -> None:
     assert streamed == full["choices"][0]["message"]["content"]
     # Seed 7 makes the tiny model emit tokens that are parts of UTF-8 characters, so the
     # deltas above had to hold back and complete characters (and keep stray bytes as U+FFFD,
-    # as the full decode does; tests/omni/test_detokenizer.py checks that byte for byte).
+    # as the full decode does; tests/omni/text/test_detokenizer.py checks that byte for byte).
     assert "\ufffd" in streamed
 
 

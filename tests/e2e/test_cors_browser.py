@@ -3,7 +3,7 @@
 The shared e2e server allows one loopback origin (tests/e2e/conftest.py CORS_PAGE_ORIGIN),
 where one page server runs; a second page server on another port is not allowed. (The page
 sends a bearer key the shared server does not check; a preflight before the auth check of a
-server with a key is tests/omni/test_cors.py's.) Headless Chromium (Debian's package, which
+server with a key is tests/omni/http/test_cors.py's.) Headless Chromium (Debian's package, which
 bin/setup's test mode installs) loads the same page from each; its script POSTs a chat
 completion with Authorization and a JSON body (so the browser sends a preflight first), then
 the same request streamed, and writes the outcome into the DOM, which --dump-dom prints once

@@ -20,7 +20,7 @@ from tests.e2e.server import PROCESSES, ROOT, free_port, running_server, wait_he
 
 def _start(model_dir: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "omni.cli", "--model", str(model_dir), "--port", str(free_port())],
+        [sys.executable, "-m", "omni.cli.main", "--model", str(model_dir), "--port", str(free_port())],
         cwd=ROOT,
         env=dict(os.environ, PYTHONPATH=str(ROOT)),
         capture_output=True,
@@ -145,7 +145,7 @@ def test_sigterm_to_the_process_group_drains_in_flight_requests(tiny_model_dir: 
     """As systemd or `timeout` stop it: every process of the group gets SIGTERM at once."""
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "omni.cli", "--model", f"m={tiny_model_dir}", "--port", str(port),
+        [sys.executable, "-m", "omni.cli.main", "--model", f"m={tiny_model_dir}", "--port", str(port),
          "--num-threads", "1", "--num-kv-blocks", "256"],
         cwd=ROOT,
         env=dict(os.environ, PYTHONPATH=str(ROOT), OMNI_LOG_LEVEL="WARNING"),

@@ -22,9 +22,9 @@ import openai
 import pytest
 from PIL import Image
 
-from omni.constrained.image_span import START
-from omni.media.image_sizes import RATIO_SIZES
-from omni.tokenizer import TextTokenizer
+from omni.text.constrained.image_span import START
+from omni.shared.media.image_sizes import RATIO_SIZES
+from omni.text.tokenizer import TextTokenizer
 from tests.e2e.conftest import DIFFUSION_STEPS, read_metric
 from tests.e2e.server import PROCESSES, worker_pids
 

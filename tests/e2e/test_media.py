@@ -16,14 +16,14 @@ import openai
 import pytest
 from PIL import Image
 
-from gpu_workers.image_processing import smart_resize
-from gpu_workers.tiny_checkpoints import make_tiny_omni_checkpoint
-from omni.media import MediaLimits, decode_video
-from omni.store.codec import artifact_rows, decode_codes, decode_tensors
-from omni.tokenizer import TextTokenizer
+from gpu_workers.preprocess.image import smart_resize
+from gpu_workers.tiny.checkpoints import make_tiny_omni_checkpoint
+from omni.shared.media import MediaLimits, decode_video
+from omni.shared.store.codec import artifact_rows, decode_codes, decode_tensors
+from omni.text.tokenizer import TextTokenizer
 from tests.e2e.conftest import read_metric
 from tests.e2e.server import running_server
-from tests.omni.media.conftest import encoded_video, wav_bytes
+from tests.omni.shared.media.conftest import encoded_video, wav_bytes
 
 MODEL = "omni-tiny"
 BLOCK_SIZE = 4

@@ -29,8 +29,8 @@ from schemathesis.checks import (
     status_code_conformance,
 )
 
-from omni.api.openapi import OPENAPI_PATH, openapi_document
-from omni.api.schemas.known_fields import FIELDS, PATHS
+from omni.http.openapi import OPENAPI_PATH, openapi_document
+from omni.serving.requests.dispositions import FIELDS, PATHS
 
 MAX_EXAMPLES = 30
 # Per generated body: the tokens it may ask for and the choices it may run, so that a case

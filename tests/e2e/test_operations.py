@@ -60,7 +60,7 @@ def test_vllm_launch_line_https_root_path_and_json_logs(tiny_model_dir: Path, tm
             "--log-format", "json", "--log-level", "INFO"]  # fmt: skip
     with log_path.open("wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "omni.cli", *line],
+            [sys.executable, "-m", "omni.cli.main", *line],
             cwd=ROOT,
             env={**os.environ, "PYTHONPATH": str(ROOT)},
             stdout=out,
@@ -102,5 +102,5 @@ def test_vllm_launch_line_https_root_path_and_json_logs(tiny_model_dir: Path, tm
     assert (ok["status"], ok["model"], ok["path"]) == (200, "x", "/omni/v1/chat/completions")
     assert ok["prompt_tokens"] > 0 and ok["output_tokens"] > 0 and ok["latency_ms"] > 0 and "ttft_ms" in ok
     assert next(e for e in access if e.get("request_id") == "ops-2")["status"] == 400
-    assert any(e["logger"] == "omni.cli" and "https://127.0.0.1" in e["message"] for e in entries)
+    assert any(e["logger"] == "omni.cli.main" and "https://127.0.0.1" in e["message"] for e in entries)
     assert any(e["message"] == "all workers ready" for e in entries)

@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
-from omni.tokenizer import TextTokenizer
+from omni.text.tokenizer import TextTokenizer
 
 MODEL = "omni-tiny"
 PROMPT = "The quick brown fox"

@@ -16,8 +16,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from gpu_workers.tiny_checkpoints import make_tiny_checkpoint
-from omni.tokenizer import TextTokenizer
+from gpu_workers.tiny.checkpoints import make_tiny_checkpoint
+from omni.text.tokenizer import TextTokenizer
 from tests.e2e.conftest import read_metric
 from tests.e2e.server import running_server
 

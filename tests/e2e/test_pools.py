@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from gpu_workers.tiny_checkpoints import make_tiny_checkpoint
+from gpu_workers.tiny.checkpoints import make_tiny_checkpoint
 from tests.e2e.conftest import read_metric
 from tests.e2e.server import PROCESSES, running_server, worker_pids
 

@@ -12,7 +12,7 @@ from typing import Any
 import jsonschema
 import openai
 
-from omni.tokenizer import TextTokenizer
+from omni.text.tokenizer import TextTokenizer
 
 MODEL = "omni-tiny"
 ASK = [{"role": "user", "content": "Think first, then answer."}]

@@ -1,4 +1,4 @@
-"""The walk: every request field of both endpoints' tables (omni/api/schemas/known_fields.py),
+"""The walk: every request field of both endpoints' tables (omni/serving/requests/dispositions.py),
 each sent through the real server at a realistic value.
 
 HONOURED and INFORMATIONAL fields answer 200, and an honoured one shows its effect where that
@@ -22,8 +22,8 @@ from typing import Any, TypeAlias
 import httpx
 import pytest
 
-from omni.api.schemas.known_fields import FIELDS, STREAM_OPTIONS_FIELDS, Disposition, Endpoint
-from omni.tokenizer import TextTokenizer
+from omni.serving.requests.dispositions import FIELDS, STREAM_OPTIONS_FIELDS, Disposition, Endpoint
+from omni.text.tokenizer import TextTokenizer
 
 MODEL = "omni-tiny"
 HELLO = [{"role": "user", "content": "Hello there, how are you today?"}]

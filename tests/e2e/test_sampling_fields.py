@@ -16,7 +16,7 @@ import openai
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
-from omni.tokenizer import TextTokenizer
+from omni.text.tokenizer import TextTokenizer
 
 MODEL = "omni-tiny"
 HELLO: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Hello there, how are you today?"}]

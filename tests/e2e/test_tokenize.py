@@ -8,8 +8,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from omni.api.system import package_version
-from omni.tokenizer import TextTokenizer
+from omni.http.handlers.system import package_version
+from omni.text.tokenizer import TextTokenizer
 
 MODEL = "omni-tiny"
 TEXT = "The quick brown fox jumps over the lazy dog."

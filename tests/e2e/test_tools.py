@@ -17,7 +17,7 @@ import jsonschema
 import openai
 import pytest
 
-from omni.tokenizer import TextTokenizer
+from omni.text.tokenizer import TextTokenizer
 from tests.e2e.server import running_server
 
 MODEL = "omni-tiny"

@@ -18,7 +18,7 @@ from openai.types.audio import (
     TranscriptionVerbose,
 )
 
-from tests.omni.media.conftest import wav_bytes
+from tests.omni.shared.media.conftest import wav_bytes
 
 MODEL = "omni"
 TONE = wav_bytes(seconds=1.0)  # 44.1 kHz stereo: resampled and mixed down by the encoder worker

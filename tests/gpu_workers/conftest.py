@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 import torch
 
-from gpu_workers.llm_runner import LLMRunner
-from omni import protocol
-from omni.step_message import step_message
+from gpu_workers.runners.llm import LLMRunner
+from omni.shared import protocol
+from omni.engines.step import step_message
 from scheduler.block_manager import BlockManager
 from scheduler.request import Request, RequestId, SamplingParams
 from scheduler.scheduler import Scheduler, SchedulerConfig

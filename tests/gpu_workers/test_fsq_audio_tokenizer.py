@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from gpu_workers.audio_features import LogMelExtractor
+from gpu_workers.preprocess.audio import LogMelExtractor
 from gpu_workers.models.fsq_audio_tokenizer import (
     FSQAudioTokenizer,
     FSQAudioTokenizerConfig,

@@ -9,7 +9,7 @@ import torch
 
 from gpu_workers.attention.backend import SequenceChunk
 from gpu_workers.attention.torch_sdpa import TorchSDPABackend
-from gpu_workers.llm_runner import LLMRunner
+from gpu_workers.runners.llm import LLMRunner
 from gpu_workers.loader import load_model
 from tests.gpu_workers.conftest import StepDriver, hf_greedy
 

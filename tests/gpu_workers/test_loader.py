@@ -10,7 +10,7 @@ from safetensors.torch import load_file, save_file
 from gpu_workers.attention.torch_sdpa import TorchSDPABackend
 from gpu_workers.loader import load_model
 from gpu_workers.models.llama import LlamaForCausalLM, MergedLinear
-from gpu_workers.tiny_checkpoints import make_tiny_checkpoint
+from gpu_workers.tiny.checkpoints import make_tiny_checkpoint
 
 CPU = torch.device("cpu")
 

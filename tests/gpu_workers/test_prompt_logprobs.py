@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 import torch
 
-from gpu_workers.llm_runner import LLMRunner
-from omni import protocol
+from gpu_workers.runners.llm import LLMRunner
+from omni.shared import protocol
 from scheduler.request import Request, RequestId, SamplingParams
 from tests.gpu_workers.conftest import StepDriver
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 from transformers import MinPLogitsWarper, RepetitionPenaltyLogitsProcessor, TemperatureLogitsWarper
 
-from omni.protocol import SamplingOptions
+from omni.shared.protocol import SamplingOptions
 from gpu_workers.sampler import Sampler, process_logits, validate_options, warp_logits
 
 INF = float("inf")

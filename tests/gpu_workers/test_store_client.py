@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from gpu_workers.store_client import LRUBytes, StoreClient
-from omni.store.base import KeyNotFound
+from omni.shared.store.base import KeyNotFound
 
 
 def test_put_many_reports_each_item_and_get_reads_back(tmp_path: Path) -> None:

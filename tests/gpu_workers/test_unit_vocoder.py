@@ -35,7 +35,7 @@ from gpu_workers.models.unit_vocoder import (
     load_unit_vocoder,
     random_unit_vocoder,
 )
-from gpu_workers.tiny_checkpoints import TINY_VOICES, make_tiny_audio_decoder
+from gpu_workers.tiny.checkpoints import TINY_VOICES, make_tiny_audio_decoder
 
 # A fast config for the streaming tests: hop 24 (600 Hz, 25 units a second) in three stages,
 # one of them with kernel == stride (no context at all) and one whose kernel is not a multiple

@@ -19,9 +19,9 @@ import torch
 import torch.multiprocessing as mp
 from PIL import Image
 
-from gpu_workers.tiny_checkpoints import make_tiny_vision_decoder
+from gpu_workers.tiny.checkpoints import make_tiny_vision_decoder
 from gpu_workers.vision_decoder import Generation, Preview, VisionDecoder, VisionDecoderConfig, _preview_steps
-from omni import protocol
+from omni.shared import protocol
 from tests.gpu_workers import vision_decoder_cases
 from tests.gpu_workers.vision_decoder_cases import GUIDANCES
 

@@ -16,7 +16,7 @@ import torch.distributed as dist
 from gpu_workers.distributed import GroupMember
 from gpu_workers.runner import Runner, register_runner
 from gpu_workers.worker import worker_main
-from omni.protocol import WorkerSpec, message
+from omni.shared.protocol import WorkerSpec, message
 
 
 @message

@@ -3,7 +3,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client import REGISTRY
 
 from omni.metrics import ChoiceGroup, Metrics, one_two_five
-from omni.model_pool import choice_groups
+from omni.engines.pool import choice_groups
 from scheduler.request import MediaSpan, Request, RequestId, SamplingParams
 
 TINY = {"model_name": "tiny", "engine": "0"}

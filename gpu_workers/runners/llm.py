@@ -1,0 +1,511 @@
+"""LLMRunner: holds the LLM weights, the paged KV cache and per-request state; runs Steps.
+
+The server sends each request in full once (NewRequest) and then deltas (CachedRequest);
+the runner keeps token ids (prompt + everything it sampled), the block table, sampling
+options and the request's RNG. One Step is one forward over a packed batch: for every
+scheduled request the tokens
+
+    token_ids[num_computed_tokens : num_computed_tokens + num_scheduled_tokens]
+
+at positions [num_computed_tokens, num_computed_tokens + num_scheduled_tokens). A token is
+sampled for a request exactly when its chunk ends at len(token_ids), unless it is prefill-only.
+A request that wants prompt logprobs gets those of every prompt token its chunk predicts.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from gpu_workers.artifacts import embeddings_from_bytes
+from gpu_workers.attention.backend import KVCache, SequenceChunk
+from gpu_workers.attention.registry import create_attention_backend
+from gpu_workers.distributed import GroupMember
+from gpu_workers.loader import load_model
+from gpu_workers.models.llama import LlamaFamilyConfig
+from gpu_workers.models.packed_linear import pack_linears
+from gpu_workers.runner import Runner, register_runner
+from gpu_workers.sampler import Sampler, validate_options
+from gpu_workers.store_client import LRUBytes, StoreClient
+from omni.shared import protocol
+log = logging.getLogger("omni.llm_runner")
+
+# Reads an encoder artifact's bytes by key (the artifact store); raises when it cannot.
+ArtifactReader = Callable[[str], bytes]
+DEFAULT_EMBEDDING_CACHE_BYTES = 1024**3
+# Prompt logprobs are computed over at most this many logits at once (rows * vocab), so a
+# long prefill chunk never holds its whole (T, V) logits: 64 Mi floats, 256 MiB in float32.
+PROMPT_LOGITS_PER_SLICE = 1 << 26
+# request id -> [(first row within its chunk, embedding rows to put there)]
+MediaRows = dict[str, list[tuple[int, torch.Tensor]]]
+
+
+def kv_bytes_per_block(model: LlamaFamilyConfig, block_size: int, dtype: torch.dtype) -> int:
+    # K and V, every layer
+    elem = torch.empty((), dtype=dtype).element_size()
+    return 2 * model.num_layers * block_size * model.num_kv_heads * model.head_dim * elem
+
+
+# Fraction of the GPU memory still free after loading the weights that the KV cache takes by
+# default (activations and the allocator need the rest), and the CPU default.
+GPU_KV_CACHE_FRACTION = 0.85
+CPU_KV_CACHE_BYTES = 2 * 1024**3
+
+
+# With --gpu-memory-utilization, the share of the device kept out of the KV cache for
+# activations (logits, attention workspace) and the allocator's fragmentation.
+GPU_ACTIVATION_RESERVE = 0.05
+
+
+def default_kv_cache_bytes(device: torch.device, gpu_memory_utilization: float | None = None) -> int:
+    if device.type == "cuda":
+        free, total = torch.cuda.mem_get_info(device)
+        if gpu_memory_utilization is None:
+            return int(free * GPU_KV_CACHE_FRACTION)
+        return kv_bytes_for_utilization(free, total, gpu_memory_utilization)
+    return CPU_KV_CACHE_BYTES
+
+
+def kv_bytes_for_utilization(free: int, total: int, utilization: float) -> int:
+    """vLLM's rule: this worker may use `utilization` of the device. What is already taken
+    (its weights, and anything else holding the device: an encoder sharing it, another
+    process) counts against that share; the KV cache gets the rest, less a reserve for
+    activations. Raises when nothing is left, naming the numbers."""
+    used = total - free
+    budget = int(total * utilization) - used - int(total * GPU_ACTIVATION_RESERVE)
+    if budget <= 0:
+        gib = 1024**3
+        raise ValueError(
+            f"--gpu-memory-utilization {utilization}: {utilization * total / gib:.1f} GiB of this "
+            f"device's {total / gib:.1f} GiB, but {used / gib:.1f} GiB are in use already (weights "
+            "and other processes): no room for a KV cache; raise it or free the device"
+        )
+    return budget
+
+
+def apply_token_masks(logits: torch.Tensor, masks: list[bytes | None]) -> None:
+    """Grammar masks, in place: a row with a mask keeps only the tokens its bits allow (tokens
+    past the mask's end, e.g. the padding rows of an embedding larger than the tokenizer, are
+    never allowed). Applied before sampling, so greedy and sampled decoding both obey it."""
+    vocab = logits.shape[1]
+    for row, mask in enumerate(masks):
+        if mask is None:
+            continue
+        bits = np.unpackbits(np.frombuffer(mask, dtype=np.uint8), bitorder="little")
+        allowed = np.zeros(vocab, dtype=bool)
+        n = min(vocab, bits.size)
+        allowed[:n] = bits[:n].astype(bool)
+        logits[row].masked_fill_(torch.from_numpy(~allowed).to(logits.device), float("-inf"))
+
+
+@dataclass(slots=True)
+class RequestState:
+    token_ids: list[int]  # prompt, then every sampled token
+    block_ids: list[int]
+    sampling: protocol.SamplingOptions
+    generator: torch.Generator | None  # only for seeded requests; lives as long as the request
+    media: list[protocol.MediaRef] = field(default_factory=list)
+    # token_ids[:num_prompt_tokens] is the prompt. A state is made from a NewRequest, which
+    # the scheduler sends once, at a request's first schedule, before it has any output (a
+    # resumed request comes back as a CachedRequest), so its token_ids are all prompt.
+    num_prompt_tokens: int = field(init=False)
+    # Prompt positions [1, prompt_logprobs_end) have had their logprobs sent: a prompt that
+    # is recomputed after a preemption sends none twice.
+    prompt_logprobs_end: int = 1
+
+    def __post_init__(self) -> None:
+        self.num_prompt_tokens = len(self.token_ids)
+
+
+@dataclass(frozen=True, slots=True)
+class _PromptRows:
+    """Prompt positions [start, start + count) of one request, whose logprobs come from the
+    hidden states of the packed rows [row, row + count) (positions start - 1 ...)."""
+
+    request_id: str
+    row: int
+    start: int
+    count: int
+
+
+@dataclass(frozen=True, slots=True)
+class _Scheduled:
+    request_id: str
+    num_computed_tokens: int
+    num_scheduled_tokens: int
+
+
+@register_runner
+class LLMRunner(Runner):
+    SPEC = protocol.LLMWorkerSpec
+    JOB = protocol.Step
+
+    def __init__(
+        self,
+        model_dir: Path | str,
+        *,
+        device: str = "cpu",
+        dtype: torch.dtype = torch.float32,
+        block_size: int = 16,
+        num_kv_blocks: int | None = None,  # wins over kv_cache_memory_bytes when both are given
+        kv_cache_memory_bytes: int | None = None,
+        gpu_memory_utilization: float | None = None,  # on GPU, when no size is given
+        max_model_len: int | None = None,  # default: the model's max_position_embeddings
+        attention_backend: str = "auto",  # a name in attention.registry, or "auto"
+        pack_cpu_weights: bool = True,  # oneDNN-packed linears on CPU (models/packed_linear.py)
+        read_artifact: ArtifactReader | None = None,  # needed only for requests with media
+        embedding_cache_bytes: int = DEFAULT_EMBEDDING_CACHE_BYTES,
+    ) -> None:
+        if block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {block_size}")
+        self.device = torch.device(device)
+        self.dtype = dtype
+        self.block_size = block_size
+        self.attention_backend = create_attention_backend(
+            attention_backend, block_size=block_size, device=self.device, dtype=dtype
+        )
+        self.model = load_model(Path(model_dir), device=self.device, dtype=dtype, backend=self.attention_backend)
+        if pack_cpu_weights:
+            with torch.inference_mode():
+                pack_linears(self.model, device=self.device, dtype=dtype)
+        mc = self.model.config
+        self.max_model_len = max_model_len or mc.max_position_embeddings
+        if self.max_model_len > mc.max_position_embeddings:
+            raise ValueError(
+                f"max_model_len {self.max_model_len} exceeds the model's max_position_embeddings "
+                f"{mc.max_position_embeddings}"
+            )
+        if num_kv_blocks is None:
+            if kv_cache_memory_bytes is None:
+                kv_cache_memory_bytes = default_kv_cache_bytes(self.device, gpu_memory_utilization)
+            num_kv_blocks = kv_cache_memory_bytes // kv_bytes_per_block(mc, block_size, dtype)
+        if num_kv_blocks < 1:
+            raise ValueError(f"the KV cache must hold at least one block, got {num_kv_blocks}")
+        self.num_kv_blocks = num_kv_blocks
+        # (layers, K|V, blocks, block_size, kv_heads, head_dim). Zeros, not empty: padded
+        # decode gathers read unused slots, and masked-out NaN garbage would still poison
+        # softmax(scores) @ V.
+        self.kv_cache = torch.zeros(
+            mc.num_layers, 2, num_kv_blocks, block_size, mc.num_kv_heads, mc.head_dim,
+            dtype=dtype, device=self.device,
+        )  # fmt: skip
+        self.kv_caches: list[KVCache] = [(layer[0], layer[1]) for layer in self.kv_cache]
+        self.sampler = Sampler()
+        self.requests: dict[str, RequestState] = {}
+        self.read_artifact = read_artifact
+        # Injected embeddings by store key, already on the device in the model's dtype.
+        self.embeddings = LRUBytes(embedding_cache_bytes)
+        self._readers = concurrent.futures.ThreadPoolExecutor(8, thread_name_prefix="artifact-read")
+
+    @classmethod
+    def from_spec(cls, spec: protocol.LLMWorkerSpec, group: GroupMember) -> LLMRunner:
+        store = StoreClient.from_settings(spec.store) if spec.store is not None else None
+        return cls(
+            model_dir=spec.model_dir,
+            device=spec.device,
+            dtype=getattr(torch, spec.dtype),
+            block_size=spec.block_size,
+            num_kv_blocks=spec.num_kv_blocks,
+            kv_cache_memory_bytes=spec.kv_cache_memory_bytes,
+            gpu_memory_utilization=spec.gpu_memory_utilization,
+            max_model_len=spec.max_model_len,
+            attention_backend=spec.attention_backend,
+            read_artifact=store.get if store is not None else None,
+            embedding_cache_bytes=spec.embedding_cache_bytes,
+        )
+
+    def ready_message(self, spec: protocol.LLMWorkerSpec) -> protocol.LLMReady:
+        return protocol.LLMReady(
+            worker_id=spec.worker_id,
+            device=spec.device,
+            num_kv_blocks=self.num_kv_blocks,
+            block_size=self.block_size,
+            max_model_len=self.max_model_len,
+        )
+
+    def run(self, job: protocol.Step) -> protocol.StepResult:
+        return self.execute(job)
+
+    def close(self) -> None:
+        self._readers.shutdown(wait=False)
+
+    @property
+    def model_config(self) -> LlamaFamilyConfig:
+        return self.model.config
+
+    def execute(self, step: protocol.Step) -> protocol.StepResult:
+        for request_id in step.finished_request_ids:
+            self.requests.pop(request_id, None)  # unknown ids: nothing to drop
+        scheduled = self._apply_deltas(step)
+        failed, media = self._load_media(scheduled)
+        if not scheduled:
+            return protocol.StepResult(step.step_id, [], failed)
+        with torch.inference_mode():
+            masks = {m.request_id: m.bitmask for m in step.token_masks}
+            sampled, prompt_logprobs = self._run(scheduled, media, masks)
+        return protocol.StepResult(step.step_id, sampled, failed, prompt_logprobs)
+
+    def _apply_deltas(self, step: protocol.Step) -> list[_Scheduled]:
+        # Everything is checked before any state changes, so a rejected step leaves the
+        # runner as it was.
+        new_states: dict[str, RequestState] = {}
+        tables: dict[str, list[int]] = {}
+        scheduled: list[_Scheduled] = []
+        for r in step.new_requests:
+            if r.request_id in self.requests or r.request_id in new_states:
+                raise ValueError(f"request {r.request_id!r} is already known")
+            validate_options(r.sampling)
+            vocab = self.model_config.vocab_size
+            if not r.token_ids or not all(0 <= t < vocab for t in r.token_ids):
+                raise ValueError(f"request {r.request_id!r}: token ids must be non-empty and in [0, {vocab})")
+            self._check_block_ids(r.request_id, r.block_ids)
+            self._check_media(r)
+            generator = None
+            if r.sampling.seed is not None:
+                generator = torch.Generator(device=self.device).manual_seed(r.sampling.seed)
+            new_states[r.request_id] = RequestState(
+                list(r.token_ids), list(r.block_ids), r.sampling, generator, list(r.media)
+            )
+            tables[r.request_id] = new_states[r.request_id].block_ids
+            scheduled.append(_Scheduled(r.request_id, r.num_computed_tokens, r.num_scheduled_tokens))
+        for c in step.cached_requests:
+            state = self.requests.get(c.request_id)
+            if state is None or c.request_id in tables:
+                raise ValueError(f"request {c.request_id!r}: unknown or scheduled twice")
+            self._check_block_ids(c.request_id, c.new_block_ids)
+            tables[c.request_id] = list(c.new_block_ids) if c.resumed else state.block_ids + c.new_block_ids
+            scheduled.append(_Scheduled(c.request_id, c.num_computed_tokens, c.num_scheduled_tokens))
+        for s in scheduled:
+            state = new_states.get(s.request_id) or self.requests[s.request_id]
+            end = s.num_computed_tokens + s.num_scheduled_tokens
+            if s.num_computed_tokens < 0 or s.num_scheduled_tokens < 1 or end > len(state.token_ids):
+                raise ValueError(
+                    f"request {s.request_id!r}: cannot compute tokens [{s.num_computed_tokens}, {end}) "
+                    f"of {len(state.token_ids)}"
+                )
+            if end > self.max_model_len:
+                raise ValueError(f"request {s.request_id!r}: {end} tokens exceed max_model_len {self.max_model_len}")
+            if len(tables[s.request_id]) * self.block_size < end:
+                raise ValueError(
+                    f"request {s.request_id!r}: {len(tables[s.request_id])} blocks of {self.block_size} "
+                    f"cannot hold {end} tokens"
+                )
+        self.requests.update(new_states)
+        for request_id, table in tables.items():
+            self.requests[request_id].block_ids = table
+        return scheduled
+
+    def _check_block_ids(self, request_id: str, block_ids: list[int]) -> None:
+        if not all(0 <= b < self.num_kv_blocks for b in block_ids):
+            raise ValueError(f"request {request_id!r}: block ids must be in [0, {self.num_kv_blocks})")
+
+    def _check_media(self, r: protocol.NewRequest) -> None:
+        end = 0
+        for ref in r.media:
+            if ref.offset < end or ref.num_rows < 1 or ref.offset + ref.num_rows > len(r.token_ids):
+                raise ValueError(
+                    f"request {r.request_id!r}: media spans must be sorted, disjoint and inside the prompt"
+                )
+            end = ref.offset + ref.num_rows
+        if r.media and self.read_artifact is None:
+            raise ValueError(f"request {r.request_id!r} has media but this worker has no artifact store")
+
+    # ---- injected embeddings -----------------------------------------------------------
+    def _chunk_media(self, s: _Scheduled) -> list[tuple[protocol.MediaRef, int, int]]:
+        """(ref, lo, hi) for each item the chunk computes: prompt positions [lo, hi) =
+        [start, end) & [offset, offset + num_rows). A chunk boundary may cut an item anywhere."""
+        start, end = s.num_computed_tokens, s.num_computed_tokens + s.num_scheduled_tokens
+        spans = []
+        for ref in self.requests[s.request_id].media:
+            lo, hi = max(start, ref.offset), min(end, ref.offset + ref.num_rows)
+            if lo < hi:
+                spans.append((ref, lo, hi))
+        return spans
+
+    def _load_media(self, scheduled: list[_Scheduled]) -> tuple[list[protocol.FailedRequest], MediaRows]:
+        """The embedding rows each chunk injects, by request: [(row in the chunk, rows)].
+
+        A request whose artifact cannot be read leaves this step (and the runner) instead of
+        failing everyone batched with it, and is reported as failed. So does a request that
+        reads a block a dropped one was to write in this same step (the scheduler lets a
+        newcomer hit blocks hashed earlier in the same schedule pass): that KV never exists.
+        """
+        wanted = {s.request_id: spans for s in scheduled if (spans := self._chunk_media(s))}
+        if not wanted:
+            return [], {}  # the text-only step: nothing to do
+        self._prefetch({ref.key for spans in wanted.values() for ref, _, _ in spans})
+        failed: list[protocol.FailedRequest] = []
+        rows: MediaRows = {}
+        unwritten: set[int] = set()
+        for s in [s for s in scheduled if s.request_id in wanted]:
+            pieces = rows[s.request_id] = []
+            for ref, lo, hi in wanted[s.request_id]:
+                try:
+                    x = self._embedding(ref)
+                except Exception as exc:  # store down, key gone, or a malformed artifact
+                    log.error("request %s: cannot read %s: %s", s.request_id, ref.key, exc)
+                    failed.append(protocol.FailedRequest(s.request_id, f"cannot read encoder output {ref.key}: {exc}"))
+                    del rows[s.request_id]
+                    unwritten.update(self._drop(s, scheduled))
+                    break
+                pieces.append((lo - s.num_computed_tokens, x[lo - ref.offset : hi - ref.offset]))
+        while unwritten:  # to a fixpoint: a dropped sharer's own writes go unwritten too
+            more: set[int] = set()
+            for s in list(scheduled):
+                end = s.num_computed_tokens + s.num_scheduled_tokens
+                if unwritten.intersection(self.requests[s.request_id].block_ids[: -(-end // self.block_size)]):
+                    failed.append(
+                        protocol.FailedRequest(s.request_id, "shares prompt blocks with a request that failed in the same step")
+                    )
+                    rows.pop(s.request_id, None)
+                    more.update(self._drop(s, scheduled))
+            unwritten = more
+        return failed, rows
+
+    def _drop(self, s: _Scheduled, scheduled: list[_Scheduled]) -> list[int]:
+        """Take a request out of this step and the runner; the block ids it was to write."""
+        bs = self.block_size
+        start, end = s.num_computed_tokens, s.num_computed_tokens + s.num_scheduled_tokens
+        written = self.requests[s.request_id].block_ids[start // bs : -(-end // bs)]
+        scheduled.remove(s)
+        del self.requests[s.request_id]
+        return written
+
+    def _prefetch(self, keys: set[str]) -> None:
+        """Read every artifact the step needs and the cache lacks, concurrently: several new
+        requests' images cost one store round trip of latency, not one each. Failures are
+        left for _embedding to meet (and report) again."""
+        missing = sorted(k for k in keys if self.embeddings.get(k) is None)
+        if len(missing) < 2:
+            return
+        assert self.read_artifact is not None
+        read = self.read_artifact
+
+        def load(key: str) -> tuple[str, bytes | None]:
+            try:
+                return key, read(key)
+            except Exception:
+                return key, None
+
+        for key, data in self._readers.map(load, missing):
+            if data is not None:
+                try:
+                    self._cache_embedding(key, data)
+                except Exception:  # noqa: S110 - malformed: _embedding reads it again and reports it
+                    pass
+
+    def _cache_embedding(self, key: str, data: bytes) -> torch.Tensor:
+        x = embeddings_from_bytes(data).to(self.device, self.dtype)
+        self.embeddings.put(key, x, x.numel() * x.element_size())
+        return x
+
+    def _embedding(self, ref: protocol.MediaRef) -> torch.Tensor:
+        x = self.embeddings.get(ref.key)
+        if x is None:
+            assert self.read_artifact is not None
+            x = self._cache_embedding(ref.key, self.read_artifact(ref.key))
+        hidden = self.model_config.hidden_size
+        if tuple(x.shape) != (ref.num_rows, hidden):
+            raise ValueError(f"{ref.key} holds {tuple(x.shape)} embeddings, the prompt wants ({ref.num_rows}, {hidden})")
+        return x  # type: ignore[no-any-return]
+
+    def _inputs_embeds(
+        self, scheduled: list[_Scheduled], input_ids: torch.Tensor, media: MediaRows
+    ) -> torch.Tensor | None:
+        """Token embeddings with every media row in place, or None when no chunk has media."""
+        if not any(media.values()):
+            return None
+        h = self.model.embed(input_ids)  # (T, H)
+        row = 0  # the chunk's first row in the packed batch
+        for s in scheduled:
+            for first, rows in media.get(s.request_id, ()):
+                h[row + first : row + first + rows.shape[0]] = rows
+            row += s.num_scheduled_tokens
+        return h
+
+    def _run(
+        self, scheduled: list[_Scheduled], media: MediaRows, masks: dict[str, bytes] | None = None
+    ) -> tuple[list[protocol.SampledToken], list[protocol.PromptLogprobs]]:
+        input_ids: list[int] = []
+        positions: list[int] = []
+        chunks: list[SequenceChunk] = []
+        sample_rows: list[int] = []  # packed row whose hidden state predicts the next token
+        sample_ids: list[str] = []
+        prompt_rows: list[_PromptRows] = []
+        for s in scheduled:
+            state = self.requests[s.request_id]
+            start, end = s.num_computed_tokens, s.num_computed_tokens + s.num_scheduled_tokens
+            first_row = len(input_ids)
+            chunks.append(SequenceChunk(first_row, s.num_scheduled_tokens, start, state.block_ids))
+            input_ids.extend(state.token_ids[start:end])
+            positions.extend(range(start, end))
+            if state.sampling.prompt_logprobs is not None:
+                # The chunk's rows at positions [start, end) predict tokens [start + 1, end + 1);
+                # those that are prompt tokens not yet sent: [lo, hi).
+                lo = max(start + 1, state.prompt_logprobs_end)
+                hi = min(end + 1, state.num_prompt_tokens)
+                if lo < hi:
+                    prompt_rows.append(_PromptRows(s.request_id, first_row + lo - 1 - start, lo, hi - lo))
+                    state.prompt_logprobs_end = hi
+            if end == len(state.token_ids) and not state.sampling.prefill_only:
+                sample_rows.append(len(input_ids) - 1)
+                sample_ids.append(s.request_id)
+        metadata = self.attention_backend.build_metadata(chunks)
+        ids = torch.tensor(input_ids, device=self.device)
+        hidden = self.model(
+            ids,
+            torch.tensor(positions, device=self.device),
+            self.kv_caches,
+            metadata,
+            inputs_embeds=self._inputs_embeds(scheduled, ids, media),
+        )  # (T, H)
+        prompt_logprobs = [self._prompt_logprobs(hidden, p) for p in prompt_rows]
+        if not sample_rows:
+            return [], prompt_logprobs
+        logits = self.model.compute_logits(hidden[torch.tensor(sample_rows, device=self.device)])  # (N, V)
+        if masks:
+            apply_token_masks(logits, [masks.get(r) for r in sample_ids])
+        states = [self.requests[r] for r in sample_ids]
+        outputs = self.sampler.sample(logits, [s.sampling for s in states], [s.generator for s in states], states)
+        sampled = []
+        for request_id, state, out in zip(sample_ids, states, outputs):
+            state.token_ids.append(out.token_id)
+            top = None
+            if out.top_logprobs is not None:
+                top = [protocol.TopLogprob(int(t), float(lp)) for t, lp in out.top_logprobs]
+            sampled.append(protocol.SampledToken(request_id, out.token_id, out.logprob, top))
+        return sampled, prompt_logprobs
+
+    def _prompt_logprobs(self, hidden: torch.Tensor, rows: _PromptRows) -> protocol.PromptLogprobs:
+        """Log-softmax of the raw logits (as the sampler's logprobs) at the rows predicting
+        prompt tokens [start, start + count): each token's logprob, its rank, the top k."""
+        state = self.requests[rows.request_id]
+        k = state.sampling.prompt_logprobs or 0
+        targets = torch.tensor(state.token_ids[rows.start : rows.start + rows.count], device=self.device)
+        vocab = self.model_config.vocab_size
+        per_slice = max(1, PROMPT_LOGITS_PER_SLICE // vocab)
+        chosen: list[float] = []
+        ranks: list[int] = []
+        top_ids: list[list[int]] = []
+        top_values: list[list[float]] = []
+        for i in range(0, rows.count, per_slice):
+            n = min(per_slice, rows.count - i)
+            logprobs = self.model.compute_logits(hidden[rows.row + i : rows.row + i + n]).log_softmax(dim=-1)  # (n, V)
+            target = logprobs.gather(1, targets[i : i + n, None])  # (n, 1)
+            chosen += target.squeeze(1).tolist()
+            # vLLM's rank: how many tokens are at least as likely, the token itself included
+            ranks += (logprobs >= target).sum(dim=-1).tolist()
+            if k > 0:
+                top = logprobs.topk(min(k, logprobs.shape[1]), dim=-1)
+                top_ids += top.indices.tolist()
+                top_values += top.values.tolist()
+            else:
+                top_ids += [[] for _ in range(n)]
+                top_values += [[] for _ in range(n)]
+        return protocol.PromptLogprobs(rows.request_id, rows.start, chosen, ranks, top_ids, top_values)

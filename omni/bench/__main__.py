@@ -1,5 +1,0 @@
-import sys
-
-from omni.bench.cli import main
-
-sys.exit(main())

@@ -1,0 +1,237 @@
+"""One completion choice: submit a request, detokenize its tokens, stop at stop strings.
+
+Shared by /v1/chat/completions and /v1/completions. Whatever way the consumer leaves
+(finished, stop string, client gone, cancelled handler), the request is aborted in the
+engine so its KV blocks are freed before the next step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+import uuid
+from collections.abc import AsyncGenerator
+from dataclasses import dataclass, field
+
+from omni.shared import protocol
+from omni.text.constrained.constraint import TokenConstraint
+from omni.text.detokenizer import IncrementalDetokenizer
+from omni.engines.llm import PrefillDone
+from omni.serving.model import ServedModel
+from scheduler.request import MediaSpan, Request, RequestId, RequestStatus, SamplingParams
+
+
+@dataclass(slots=True)
+class TokenLogprob:
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]]
+
+
+@dataclass(frozen=True, slots=True)
+class PromptLogprob:
+    """A prompt token's logprob given the tokens before it, its rank there (1: the most
+    likely token), and the top alternatives there, best first."""
+
+    token_id: int
+    logprob: float
+    rank: int
+    top: list[tuple[int, float]]
+
+
+# Per prompt position: None for the first token (nothing predicts it), then one entry each.
+PromptLogprobs = list[PromptLogprob | None]
+
+
+@dataclass(slots=True)
+class Delta:
+    text: str
+    token_ids: list[int]
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    finish_reason: str | None = None
+    # Where each token's text starts in the choice's whole text (its characters up to here
+    # and beyond): text[text_offsets[i]:text_offsets[i + 1]] is what token i added.
+    text_offsets: list[int] = field(default_factory=list)
+    # Output spans decoded on this Delta (omni/modalities/outputs/router.py): the images it completed, and
+    # the audio chunks its unit tokens completed.
+    images: list[GeneratedImage] = field(default_factory=list)
+    audio: list[AudioPiece] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class AudioPiece:
+    """Audio decoded on a Delta: the next chunk of one audio span, float32 mono samples (little
+    endian). A span's pieces, concatenated, are its whole audio; `last` ends the span."""
+
+    samples: bytes
+    sample_rate: int
+    span: int  # which audio span of the choice, from 0
+    last: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class GeneratedImage:
+    """A decoded image as assembly hands it out: where it can be fetched (a signed URL, or a
+    data URL), and what it is."""
+
+    url: str
+    width: int
+    height: int
+    media_type: str = "image/png"
+    data: bytes = b""  # the encoded image (b64_json answers send it)
+    key: str | None = None  # its artifact-store key, when it was stored
+    seed: int | None = None
+
+
+@dataclass(slots=True)
+class Usage:
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+
+    def add(self, other: Usage) -> None:
+        self.prompt_tokens += other.prompt_tokens
+        self.completion_tokens += other.completion_tokens
+        self.cached_tokens += other.cached_tokens
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "total_tokens": self.prompt_tokens + self.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
+        }
+
+
+def new_request_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def response_id(prefix: str, client_request_id: str | None, generated_id: str) -> str:
+    """The response's id: vLLM's "<prefix>-<request_id>" when the client named the request
+    (request_id), else the generated one. The engine's request ids stay generated either way:
+    two requests may carry the same client id."""
+    return generated_id if client_request_id is None else f"{prefix}-{client_request_id}"
+
+
+def choice_params(params: SamplingParams, index: int) -> SamplingParams:
+    """The n choices of one seeded request differ from each other yet repeat as a set."""
+    if index == 0 or params.seed is None:
+        return params
+    return dataclasses.replace(params, seed=params.seed + index)
+
+
+def prompt_logprobs(
+    prompt_token_ids: list[int], parts: list[protocol.PromptLogprobs]
+) -> PromptLogprobs:
+    """The worker's PromptLogprobs messages of one request, in order, as one entry per prompt
+    position."""
+    entries: PromptLogprobs = [None]
+    for part in parts:
+        if part.start != len(entries):
+            raise RuntimeError(f"prompt logprobs from {part.start}, expected {len(entries)}")
+        for i, logprob in enumerate(part.token_logprobs):
+            top = list(zip(part.top_token_ids[i], part.top_logprobs[i]))
+            token_id = prompt_token_ids[part.start + i]
+            entries.append(PromptLogprob(token_id, logprob, part.ranks[i], top))
+    if len(entries) != len(prompt_token_ids):
+        raise RuntimeError(f"prompt logprobs for {len(entries)} of {len(prompt_token_ids)} tokens")
+    return entries
+
+
+class Generation:
+    """Iterate deltas of one choice; `usage` is complete once iteration ends, and
+    `prompt_logprobs` (when the params ask for them) once the first delta is out."""
+
+    def __init__(
+        self,
+        model: ServedModel,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        stop: tuple[str, ...],
+        request_id: str,
+        skip_special_tokens: bool = True,
+        media: tuple[MediaSpan, ...] = (),
+        constraint: TokenConstraint | None = None,
+        keep_special: frozenset[int] = frozenset(),
+        *,
+        include_stop_str_in_output: bool = False,
+    ) -> None:
+        self.model = model
+        self.request = Request(
+            request_id=RequestId(request_id),
+            prompt_token_ids=prompt_token_ids,
+            sampling_params=params,
+            eos_token_ids=model.tokenizer.eos_token_ids,
+            media=media,
+        )
+        self.stop = stop
+        self.constraint = constraint  # the choice's own grammar matcher, if it has one
+        self.skip_special_tokens = skip_special_tokens
+        self.keep_special = keep_special  # markup the chat parsers read, kept in the text
+        self.include_stop_str_in_output = include_stop_str_in_output
+        self.usage = Usage(prompt_tokens=len(prompt_token_ids))
+        self.first_token_time: float | None = None  # time.monotonic() of its first token
+        self.prompt_logprobs: PromptLogprobs | None = None
+
+    async def deltas(self) -> AsyncGenerator[Delta, None]:
+        params = self.request.sampling_params
+        if params.prefill_only and params.prompt_logprobs is None:
+            # Nothing the prompt's computation gives would reach the client: skip the engine.
+            yield Delta("", [], finish_reason=RequestStatus.FINISHED_LENGTH.value)
+            return
+        pool = self.model.pool
+        stop_token_ids = frozenset(params.stop_token_ids) | self.request.eos_token_ids
+        stream = pool.submit(self.request, self.constraint)
+        detok = IncrementalDetokenizer(
+            self.model.tokenizer,
+            skip_special_tokens=self.skip_special_tokens,
+            keep_special=self.keep_special,
+            stop=self.stop,
+            include_stop_str_in_output=self.include_stop_str_in_output,
+        )
+        finished = False
+        try:
+            async for event in stream:
+                if params.prompt_logprobs is not None and self.prompt_logprobs is None:
+                    # The step that computed the last prompt token also made this event.
+                    self.prompt_logprobs = prompt_logprobs(
+                        self.request.prompt_token_ids, stream.prompt_logprobs
+                    )
+                self.usage.cached_tokens = self.request.num_cached_tokens  # known by now
+                if isinstance(event, PrefillDone):
+                    finished = True
+                    yield Delta("", [], finish_reason=event.finish_reason)
+                    return
+                self.usage.completion_tokens += 1
+                if self.first_token_time is None:
+                    self.first_token_time = time.monotonic()
+                offsets = [detok.num_decoded_chars]
+                # A stop token ends the text without adding to it (as vLLM has it), unless the
+                # client asked to see what stopped it.
+                ends_on_stop_token = (
+                    event.finish_reason == RequestStatus.FINISHED_STOPPED.value
+                    and event.token_id in stop_token_ids
+                    and not self.include_stop_str_in_output
+                )
+                text = "" if ends_on_stop_token else detok.push([event.token_id])
+                logprobs = []
+                if event.logprob is not None:
+                    logprobs.append(
+                        TokenLogprob(event.token_id, event.logprob, event.top_logprobs or [])
+                    )
+                if detok.stopped:
+                    finished = True
+                    pool.abort(stream, RequestStatus.FINISHED_STOPPED)
+                    yield Delta(text, [event.token_id], logprobs, "stop", offsets)
+                    return
+                if event.finish_reason is not None:
+                    finished = True
+                    text += detok.finish()
+                    yield Delta(text, [event.token_id], logprobs, event.finish_reason, offsets)
+                    return
+                yield Delta(text, [event.token_id], logprobs, None, offsets)
+        finally:
+            self.usage.cached_tokens = self.request.num_cached_tokens
+            if not finished:
+                pool.abort(stream)

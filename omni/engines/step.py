@@ -1,0 +1,81 @@
+"""A scheduler output as the LLM worker's Step message: a pure function, so tests can drive a
+runner with the real Scheduler exactly as the engine does."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from omni.shared import protocol
+from scheduler.output import SchedulerOutput
+from scheduler.request import Request, RequestId
+
+
+def sampling_options(request: Request) -> protocol.SamplingOptions:
+    """The worker's view of a request's sampling params (max_tokens, stops and EOS stay in the
+    scheduler, which decides when a request ends; the worker sees the stop ids only to ban
+    them during min_tokens, and so needs the request for its EOS ids)."""
+    params = request.sampling_params
+    stop_ids: list[int] = []
+    if params.min_tokens > 0:
+        # vLLM bans EOS here even with ignore_eos: min_tokens promises non-stop tokens.
+        stop_ids = sorted(set(params.stop_token_ids) | request.eos_token_ids)
+    return protocol.SamplingOptions(
+        temperature=params.temperature,
+        top_p=params.top_p,
+        top_k=params.top_k,
+        seed=params.seed,
+        logprobs=params.logprobs,
+        presence_penalty=params.presence_penalty,
+        frequency_penalty=params.frequency_penalty,
+        repetition_penalty=params.repetition_penalty,
+        logit_bias_token_ids=[t for t, _ in params.logit_bias],
+        logit_bias_values=[b for _, b in params.logit_bias],
+        min_p=params.min_p,
+        allowed_token_ids=(
+            None if params.allowed_token_ids is None else list(params.allowed_token_ids)
+        ),
+        bad_words_token_ids=[list(w) for w in params.bad_words_token_ids],
+        min_tokens=params.min_tokens,
+        min_tokens_stop_ids=stop_ids,
+        prompt_logprobs=params.prompt_logprobs,
+        prefill_only=params.prefill_only,
+    )
+
+
+def step_message(
+    output: SchedulerOutput,
+    finished: Sequence[RequestId],
+    token_masks: Sequence[protocol.TokenMask] = (),
+) -> protocol.Step:
+    """finished: every request that ended since the last Step sent (the output's own, plus
+    those of outputs that had nothing to compute and so were never sent). token_masks: the
+    grammar masks of the constrained requests that sample in this step."""
+    new = [
+        protocol.NewRequest(
+            request_id=s.request.request_id,
+            token_ids=s.request.all_token_ids,
+            sampling=sampling_options(s.request),
+            block_ids=list(s.block_ids),
+            num_computed_tokens=s.num_computed_tokens,
+            num_scheduled_tokens=s.num_scheduled_tokens,
+            media=[protocol.MediaRef(m.key, m.offset, m.num_rows) for m in s.request.media],
+        )
+        for s in output.scheduled_new
+    ]
+    cached = [
+        protocol.CachedRequest(
+            request_id=c.request_id,
+            new_block_ids=list(c.new_block_ids),
+            num_computed_tokens=c.num_computed_tokens,
+            num_scheduled_tokens=c.num_scheduled_tokens,
+            resumed=c.resumed,
+        )
+        for c in output.scheduled_cached
+    ]
+    return protocol.Step(
+        step_id=output.step_id,
+        new_requests=new,
+        cached_requests=cached,
+        finished_request_ids=[str(r) for r in finished],
+        token_masks=list(token_masks),
+    )

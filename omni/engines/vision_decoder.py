@@ -1,0 +1,228 @@
+"""VisionDecoderEngine: the image decoder's worker group and the batching of its images.
+
+Callers ask for one image at a time (draw); the engine sends the worker batches of images that
+can share every denoising step: the same size and number of steps. While a batch runs, new
+images queue; the next batch takes the oldest waiting image and every other waiting image of
+its shape, up to max_batch_images, so concurrent requests share forwards without waiting for
+a window to fill, and no shape starves (the oldest image always goes next).
+
+A batch streams back its previews (PartialImage) before its result (DecodeResult); each goes
+to the image it belongs to. An image whose caller has gone (a client that disconnected) is
+dropped from the queue before it is sent; one already in a batch finishes with it.
+
+The queue is bounded (max_queued_images): beyond it an image is refused at once with
+Overloaded (a 429), unless the queue is empty. A worker that dies (any rank of its group)
+fails only the batch in flight, with an EngineError (a 503); the queue waits for the group to
+be restarted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from omni.shared import protocol
+from omni.engines.admission import Limit, Overloaded
+from omni.metrics import Metrics
+from omni.engines.supervisor import EngineError, SupervisedWorker, fail_futures
+from omni.engines.worker_process import WorkerDied
+
+log = logging.getLogger("omni.engines.vision_decoder")
+
+QUEUED_BATCHES = 4  # default queue bound, in batches
+RETRY_AFTER_S = 5  # a batch of images takes seconds: wait about one before retrying
+
+# (preview index, encoded preview bytes)
+PreviewCallback = Callable[[int, bytes], None]
+
+
+class ImageDrawError(EngineError):
+    """The decoder refused one image (its codes or its size). The span grammar and the size
+    table keep requests from getting here; if one does, it fails as the decoder's error (a 503)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ImageRequest:
+    """One image to draw: the span's codes and how to draw them."""
+
+    codes: tuple[int, ...]
+    width: int
+    height: int
+    steps: int
+    seed: int
+    guidance_scale: float | None = None  # None: the checkpoint's default
+    output_format: str = "png"
+    quality: int | None = None
+    partial_images: int = 0
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        """What images must share to be drawn in one batch."""
+        return self.width, self.height, self.steps
+
+
+@dataclass(slots=True)
+class _Pending:
+    job: protocol.ImageJob
+    future: asyncio.Future[protocol.DecodedImage]
+    on_preview: PreviewCallback | None = None
+    previews: int = field(default=0)
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        return self.job.width, self.job.height, self.job.steps
+
+
+class VisionDecoderEngine(SupervisedWorker):
+    def __init__(
+        self,
+        spec: protocol.VisionDecoderWorkerSpec,
+        metrics: Metrics,
+        model_name: str,
+        *,
+        max_batch_images: int = 8,
+        max_queued_images: int | None = None,
+        start_timeout: float = 600.0,
+    ) -> None:
+        super().__init__(spec, name=f"{model_name} vision decoder", start_timeout=start_timeout)
+        self.metrics = metrics
+        self.model_name = model_name
+        self.max_batch_images = max_batch_images
+        self.max_queued_images = QUEUED_BATCHES * max_batch_images if max_queued_images is None else max_queued_images
+        self.info: protocol.VisionDecoderReady | None = None
+        self._queue: list[_Pending] = []
+        self._inflight: list[_Pending] = []
+        self._next_job = 0
+        self._batch_id = 0
+
+    def on_ready(self, ready: protocol.VisionDecoderReady) -> None:
+        self.info = ready
+        log.info(
+            "%s: ready on %s (%d rank%s): %dx%d codes of %d, guidance %s",
+            self.name, ready.device, ready.world_size, "" if ready.world_size == 1 else "s",
+            ready.grid_rows, ready.grid_cols, ready.num_codes, ready.guidance,
+        )  # fmt: skip
+
+    @property
+    def queue_length(self) -> int:
+        return len(self._queue)
+
+    async def draw(self, image: ImageRequest, on_preview: PreviewCallback | None = None) -> protocol.DecodedImage:
+        """Draw one image; previews (image.partial_images of them) go to on_preview first.
+        Raises Overloaded (queue full), EngineError (no worker, or it died with the image) or
+        ImageDrawError (the decoder refused the codes or the size)."""
+        if not self.ready:
+            raise EngineError("the vision decoder is not ready")
+        self._check_room()
+        self._next_job += 1
+        job = protocol.ImageJob(
+            self._next_job,
+            list(image.codes),
+            image.width,
+            image.height,
+            image.steps,
+            image.seed,
+            image.guidance_scale,
+            image.output_format,
+            image.quality,
+            image.partial_images,
+        )
+        future: asyncio.Future[protocol.DecodedImage] = asyncio.get_running_loop().create_future()
+        self._queue.append(_Pending(job, future, on_preview))
+        self.metrics.set_decoder_queue(self.model_name, len(self._queue))
+        self.wake()
+        result = await future  # cancelled with the caller: the image is dropped before it is sent
+        if result.error is not None:
+            raise ImageDrawError(result.error)
+        return result
+
+    def _check_room(self) -> None:
+        live = [p for p in self._queue if not p.future.done()]
+        if not live or len(live) < self.max_queued_images:
+            return
+        self.metrics.add_rejected(self.model_name, Limit.IMAGES.value)
+        raise Overloaded(
+            self.model_name,
+            Limit.IMAGES,
+            f"The image decoder's queue is full: {len(live)} images are waiting, and at most "
+            f"{self.max_queued_images} may. Please try again in {RETRY_AFTER_S} s.",
+            RETRY_AFTER_S,
+        )
+
+    def _next_batch(self) -> list[_Pending]:
+        """The oldest waiting image and the others of its shape, up to max_batch_images."""
+        self._queue = [p for p in self._queue if not p.future.done()]  # callers gone
+        if not self._queue:
+            return []
+        shape = self._queue[0].shape
+        batch = [p for p in self._queue if p.shape == shape][: self.max_batch_images]
+        taken = {id(p) for p in batch}
+        self._queue = [p for p in self._queue if id(p) not in taken]
+        self.metrics.set_decoder_queue(self.model_name, len(self._queue))
+        return batch
+
+    async def run_once(self) -> None:
+        batch = self._next_batch()
+        if not batch:
+            await self.wait_for_work()
+            return
+        self._inflight = batch
+        self.metrics.set_decoder_running(self.model_name, len(batch))
+        try:
+            await self._execute(batch)
+        except WorkerDied:
+            raise  # fail_on_worker fails the batch in flight; the supervisor restarts the group
+        except Exception as exc:  # a bug costs this batch, not the server
+            log.exception("%s: image batch failed", self.name)
+            self._fail(batch, EngineError(f"internal error in the vision decoder: {exc}"))
+        finally:
+            self.metrics.set_decoder_running(self.model_name, 0)
+        self._inflight = []
+
+    async def _execute(self, batch: list[_Pending]) -> None:
+        self._batch_id += 1
+        sent = time.monotonic()
+        await self.worker.send(protocol.DecodeImages(self._batch_id, [p.job for p in batch]))
+        by_id = {p.job.job_id: p for p in batch}
+        while True:
+            reply = await self.worker.recv()
+            if isinstance(reply, protocol.PartialImage) and reply.batch_id == self._batch_id:
+                pending = by_id.get(reply.job_id)
+                if pending is not None and pending.on_preview is not None and not pending.future.done():
+                    pending.on_preview(reply.index, reply.data)
+                continue
+            if isinstance(reply, protocol.WorkerError):
+                self.metrics.add_decoder_jobs(self.model_name, "failed", len(batch))
+                self._fail(batch, EngineError(f"vision decoder error: {reply.message}"))
+                return
+            if not isinstance(reply, protocol.DecodeResult) or reply.batch_id != self._batch_id:
+                raise WorkerDied(f"vision decoder replied out of order: {type(reply).__name__}")
+            break
+        self.metrics.observe_decoder_batch(self.model_name, len(batch), time.monotonic() - sent, reply.step_seconds)
+        results = {image.job_id: image for image in reply.images}
+        for pending in batch:
+            result = results.get(pending.job.job_id)
+            if result is None:
+                self.metrics.add_decoder_jobs(self.model_name, "failed")
+                self._fail([pending], EngineError("the vision decoder returned no image"))
+                continue
+            self.metrics.add_decoder_jobs(self.model_name, "ok" if result.error is None else "error")
+            if not pending.future.done():
+                pending.future.set_result(result)
+
+    def fail_on_worker(self, error: EngineError) -> None:
+        """Only the batch in flight died with the group; the queue waits for the new one."""
+        self.metrics.add_decoder_jobs(self.model_name, "failed", sum(not p.future.done() for p in self._inflight))
+        self._fail(self._inflight, error)
+        self._inflight = []
+
+    def fail_pending(self, error: EngineError) -> None:
+        self._fail(self._inflight + self._queue, error)
+        self._inflight, self._queue = [], []
+
+    @staticmethod
+    def _fail(batch: list[_Pending], error: Exception) -> None:
+        fail_futures((pending.future for pending in batch), error)

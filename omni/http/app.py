@@ -1,0 +1,307 @@
+"""The aiohttp application factory: state, routes, and the resources it owns."""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import time
+from collections.abc import AsyncIterator
+
+from aiohttp import web
+from aiohttp.typedefs import Handler, Middleware
+
+from omni.http.access_log import add_request_id_header, request_id_middleware
+from omni.http.handlers import artifacts, chat, completions, images, speech, system, tokenize, transcriptions
+from omni.http import openapi
+from omni.errors import unauthorized
+from omni.http.errors import error_middleware
+from omni.engines.audio_decoder import AudioDecoderEngine
+from omni.modalities.outputs.audio import ModelAudio
+from omni.text.chat_format import ChatFormat
+from omni.config import EngineConfig, ServerConfig
+from omni.http.cors import install_cors
+from omni.engines.encoder import EncoderEngine
+from omni.http.metrics_middleware import http_metrics_middleware
+from omni.modalities.outputs.image import ModelImages
+from omni.modalities.inputs.pipeline import MediaPipeline
+from omni.metrics import Metrics
+from omni.model_layout import ModelLayout
+from omni.engines.pool import ModelPool
+from omni.serving.model import ModelRegistry, ServedModel
+from omni.http.state import CONFIG, METRICS, MODELS, STORE
+from omni.http.stats_line import log_stats_forever
+from omni.shared.store.base import ArtifactStore
+from omni.shared.store.spec import StoreSpec
+from omni.text.tokenizer import TextTokenizer
+from omni.engines.vision_decoder import VisionDecoderEngine
+from omni.engines.supervisor import SupervisedWorker
+from omni.engines.worker_specs import audio_decoder_worker_spec, encoder_device, encoder_worker_spec, vision_decoder_worker_spec
+
+log = logging.getLogger("omni.http.app")
+
+# Finishes when every engine has a ready worker; raises if one could not start.
+STARTUP = web.AppKey("startup", asyncio.Task)
+
+_OPEN_PATHS = frozenset({"/health", "/ready", "/ping", "/version", "/metrics", "/openapi.json"})  # the API's shape is no secret
+_OPEN_PREFIXES = (artifacts.ARTIFACT_PATH,)
+
+
+# nginx's status for "the client closed the connection first": nobody reads it, but a
+# response must be returned for aiohttp to finish the request quietly.
+_CLIENT_GONE = 499
+
+
+@web.middleware
+async def client_gone_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """A client that leaves before its response is written is no server error.
+
+    Writing the headers (or an event) to a connection the client has reset raises
+    ConnectionResetError, before the handler's cancellation (handler_cancellation) arrives.
+    Left to error_middleware, that would be logged as an unhandled error with its traceback;
+    here it ends the request quietly. The same error on a live connection (a store, a fetch)
+    is a real failure, and passes on."""
+    try:
+        return await handler(request)
+    except ConnectionResetError:
+        transport = request.transport
+        if transport is not None and not transport.is_closing():
+            raise
+        log.debug("%s %s: the client left before its response was written", request.method, request.path)
+        return web.Response(status=_CLIENT_GONE)
+
+
+def _auth_middleware(api_key: str, root_path: str) -> Middleware:
+    expected = f"Bearer {api_key}".encode()
+
+    @web.middleware
+    async def auth(request: web.Request, handler: Handler) -> web.StreamResponse:
+        path = request.path
+        if root_path and path.startswith(root_path + "/"):
+            path = path[len(root_path) :]
+        if path not in _OPEN_PATHS and not path.startswith(_OPEN_PREFIXES):
+            given = request.headers.get("Authorization", "").encode()
+            if not hmac.compare_digest(given, expected):
+                raise unauthorized("Incorrect API key provided.")
+        return await handler(request)
+
+    return auth
+
+
+async def _models_ctx(app: web.Application) -> AsyncIterator[None]:
+    config, metrics, registry = app[CONFIG], app[METRICS], app[MODELS]
+    loop = asyncio.get_running_loop()
+    for engine_config in config.engines:
+        tokenizer = await loop.run_in_executor(
+            None, TextTokenizer.from_dir, engine_config.model_dir
+        )
+        pool = ModelPool(engine_config, metrics)
+        media = None
+        if engine_config.encoder_dir is not None:
+            media = await _media_pipeline(engine_config, tokenizer, app[STORE], metrics)
+        drawing = None
+        if engine_config.vision_decoder_dir is not None:
+            drawing = _model_images(engine_config, tokenizer, app[STORE], metrics)
+        speaking = None
+        if engine_config.audio_decoder_dir is not None:
+            speaking = _model_audio(engine_config, tokenizer, metrics)
+        chat_format = ChatFormat.resolve(
+            tokenizer,
+            tool_parser=engine_config.tool_call_parser,
+            reasoning_parser=engine_config.reasoning_parser,
+            auto_tool_choice=engine_config.enable_auto_tool_choice,
+            chat_template=engine_config.chat_template,
+            trust_request_chat_template=engine_config.trust_request_chat_template,
+        )
+        served = ServedModel(
+            engine_config.model_name,
+            tokenizer,
+            pool,
+            created=int(time.time()),
+            media=media,
+            images=drawing,
+            audio=speaking,
+            chat_format=chat_format,
+        )
+        if drawing is not None:
+            await drawing.prepare(served.grammars)
+        if speaking is not None:
+            await speaking.prepare(served.grammars)
+        registry.add(served, engine_config.aliases)
+
+    async def start_all() -> None:
+        # Encoders first: an LLM worker sizes its KV cache from the GPU memory still free
+        # once it has loaded, so a runner sharing its GPU must already hold its weights.
+        # Hashing the encoders' weights for their store keys overlaps the workers' start.
+        pipelines = [m.media for m in registry if m.media is not None]
+        decoders: list[SupervisedWorker] = [m.images.engine for m in registry if m.images is not None]
+        decoders += [m.audio.engine for m in registry if m.audio is not None]
+        await asyncio.gather(
+            *(p.encoder.start() for p in pipelines),
+            *(p.load_revisions() for p in pipelines),
+            *(d.start() for d in decoders),
+        )
+        await asyncio.gather(*(m.pool.start() for m in registry))
+
+    # Workers load in the background so /health can answer 503 while they do.
+    app[STARTUP] = asyncio.create_task(start_all(), name="start-engines")
+    try:
+        yield
+    finally:
+        app[STARTUP].cancel()
+        stops = [m.pool.stop() for m in registry]
+        stops += [m.media.encoder.stop() for m in registry if m.media is not None]
+        stops += [m.images.engine.stop() for m in registry if m.images is not None]
+        stops += [m.audio.engine.stop() for m in registry if m.audio is not None]
+        await asyncio.gather(*stops, return_exceptions=True)
+
+
+async def _media_pipeline(
+    config: EngineConfig, tokenizer: TextTokenizer, store: ArtifactStore, metrics: Metrics
+) -> MediaPipeline:
+    assert config.encoder_dir is not None
+    layout = ModelLayout.from_dir(config.encoder_dir)
+    encoder = EncoderEngine(
+        encoder_worker_spec(config, encoder_device(config)),
+        metrics,
+        config.model_name,
+        max_batch_items=config.encoder_max_batch_items,
+        max_queued_items=config.encoder_max_queued_items,
+        max_queued_bytes=config.encoder_max_queued_bytes,
+        start_timeout=config.worker_start_timeout,
+    )
+    pipeline = MediaPipeline(
+        config.model_name, tokenizer, encoder, store, layout.components, config.media_limits, metrics
+    )
+    pipeline.check_vocabulary(layout.codebook_sizes())
+    return pipeline
+
+
+def _model_images(config: EngineConfig, tokenizer: TextTokenizer, store: ArtifactStore, metrics: Metrics) -> ModelImages:
+    assert config.vision_decoder_dir is not None
+    engine = VisionDecoderEngine(
+        vision_decoder_worker_spec(config),
+        metrics,
+        config.model_name,
+        max_batch_images=config.decoder_max_batch_images,
+        max_queued_images=config.decoder_max_queued_images,
+        start_timeout=config.worker_start_timeout,
+    )
+    return ModelImages.for_model(
+        engine, config.vision_decoder_dir, tokenizer, store, metrics, default_steps=config.diffusion_steps
+    )
+
+
+def _model_audio(config: EngineConfig, tokenizer: TextTokenizer, metrics: Metrics) -> ModelAudio:
+    engine = AudioDecoderEngine(
+        audio_decoder_worker_spec(config),
+        metrics,
+        config.model_name,
+        max_batch_streams=config.audio_max_batch_streams,
+        max_open_streams=config.max_audio_streams,
+        start_timeout=config.worker_start_timeout,
+    )
+    return ModelAudio.for_model(
+        engine, tokenizer, first_chunk_units=config.audio_first_chunk_units, chunk_units=config.audio_chunk_units
+    )
+
+
+async def _stats_ctx(app: web.Application) -> AsyncIterator[None]:
+    interval = app[CONFIG].log_stats_interval
+    task = None
+    if interval is not None:
+        task = asyncio.create_task(log_stats_forever(app[METRICS].registry, interval), name="stats-line")
+    try:
+        yield
+    finally:
+        if task is not None:
+            task.cancel()
+
+
+async def _store_ctx(app: web.Application) -> AsyncIterator[None]:
+    config = app[CONFIG]
+    spec = StoreSpec.parse(config.store)
+    store = spec.open(
+        url_base=config.store_url_base or config.base_url,
+        secret=config.store_secret,
+        endpoint_url=config.store_endpoint_url,
+        region=config.store_region,
+    )
+    await store.start()
+    app[STORE] = store
+    try:
+        yield
+    finally:
+        await store.close()
+
+
+def create_app(config: ServerConfig) -> web.Application:
+    # Outermost first: errors become OpenAI error objects, unless the client is gone.
+    metrics = Metrics()
+    # The HTTP metrics outermost: they see the status the client gets (errors already JSON).
+    middlewares: list[Middleware] = [
+        http_metrics_middleware(metrics, root_path=config.root_path),
+        request_id_middleware,
+        error_middleware,
+        client_gone_middleware,
+    ]
+    if config.api_key:
+        middlewares.append(_auth_middleware(config.api_key, config.root_path))
+    app = web.Application(client_max_size=config.max_request_bytes, middlewares=middlewares)
+    app.on_response_prepare.append(add_request_id_header)
+    if config.cors is not None:
+        install_cors(app, config.cors)  # outermost: preflights are answered before auth
+    app[CONFIG] = config
+    app[METRICS] = metrics
+    app[MODELS] = ModelRegistry()
+    app.cleanup_ctx.append(_store_ctx)
+    app.cleanup_ctx.append(_models_ctx)
+    app.cleanup_ctx.append(_stats_ctx)
+    add_routes(app, config.root_path)
+    return app
+
+
+def add_routes(app: web.Application, root_path: str = "") -> None:
+    """Every route of the API (tests that build an app of their own take them from here).
+
+    With a root path ("/omni", behind a proxy) each route answers under it too: a proxy that
+    strips the prefix and one that passes it through both work."""
+    _add_routes(app, "")
+    if root_path:
+        _add_routes(app, root_path)
+
+
+def _add_routes(app: web.Application, prefix: str) -> None:
+    router = _PrefixedRouter(app.router, prefix)
+    router.add_post("/v1/chat/completions", chat.create_chat_completion)
+    router.add_post("/v1/completions", completions.create_completion)
+    router.add_post("/v1/images/generations", images.create_image)
+    router.add_post(speech.SPEECH_PATH, speech.create_speech)
+    router.add_post(transcriptions.TRANSCRIPTIONS_PATH, transcriptions.create_transcription)
+    router.add_get("/v1/models", system.list_models)
+    router.add_get("/v1/models/{model}", system.get_model)
+    router.add_get("/health", system.health)
+    router.add_get("/ready", system.health)
+    router.add_get("/ping", system.health)  # vLLM's name for it, GET and POST
+    router.add_post("/ping", system.health)
+    router.add_get("/version", system.version)
+    router.add_post(tokenize.TOKENIZE_PATH, tokenize.tokenize)
+    router.add_post(tokenize.DETOKENIZE_PATH, tokenize.detokenize)
+    router.add_get("/metrics", system.metrics)
+    router.add_get(openapi.OPENAPI_PATH, openapi.openapi_handler)
+    # Signed URLs of the local store; the signature is the authorization (no bearer key).
+    router.add_get(artifacts.ARTIFACT_ROUTE, artifacts.get_artifact)
+
+
+class _PrefixedRouter:
+    """add_get/add_post under a path prefix."""
+
+    def __init__(self, router: web.UrlDispatcher, prefix: str) -> None:
+        self._router = router
+        self._prefix = prefix
+
+    def add_get(self, path: str, handler: Handler) -> None:
+        self._router.add_get(self._prefix + path, handler)
+
+    def add_post(self, path: str, handler: Handler) -> None:
+        self._router.add_post(self._prefix + path, handler)

@@ -1,0 +1,232 @@
+"""POST /v1/chat/completions: the handler, and the chat response format (the lifecycle's
+"assemble" step). The lifecycle itself is omni.serving.lifecycle.chat_completion."""
+
+from __future__ import annotations
+
+import base64
+import time
+from typing import Any
+
+import numpy as np
+from aiohttp import web
+
+from omni.serving import lifecycle as orchestrator
+from omni.http import sse
+from omni.http.logprobs import chat_logprob_entries, prompt_logprobs_json
+from omni.serving.requests import ChatCompletionRequest
+from omni.modalities.outputs.audio import AUDIO_EXPIRES_S, new_audio_id, store_spoken
+from omni.serving.spoken import ChatAudio
+from omni.engines.generation import AudioPiece, Delta, GeneratedImage, TokenLogprob, Usage
+from omni.shared.media.audio_encoding import float_to_pcm16
+from omni.serving.lifecycle import Completion
+from omni.modalities.outputs.router import OutputRouter
+from omni.text.parsers.tool_calls import ToolCallDelta
+from omni.text.tokenizer import TextTokenizer
+
+
+async def create_chat_completion(request: web.Request) -> web.StreamResponse:
+    return await orchestrator.chat_completion(request, assemble)
+
+
+async def assemble(
+    request: web.Request, req: ChatCompletionRequest, completion: Completion
+) -> web.StreamResponse:
+    if req.stream:
+        return await _stream(request, req, completion)
+    return await _complete(request, req, completion)
+
+
+async def _complete(request: web.Request, req: ChatCompletionRequest, completion: Completion) -> web.Response:
+    tokenizer = completion.model.tokenizer
+    fmt = completion.output_format
+    collected = await sse.collect(completion.outputs)
+    echo = _echo(req)
+    choices = []
+    for i, c in enumerate(collected):
+        parser = fmt.new_parser()
+        reply = parser.parse(c.text)
+        message: dict[str, Any] = {"role": "assistant", "content": echo + reply.content}
+        if c.images and not completion.inline_images:
+            message["content"] = _content_parts(message["content"], c.images)
+        if reply.tool_calls:
+            message["tool_calls"] = [
+                {"id": t.id, "type": "function", "function": {"name": t.name, "arguments": t.arguments}}
+                for t in reply.tool_calls
+            ]
+            if not message["content"]:
+                message["content"] = None  # as OpenAI answers a turn that only calls tools
+        if fmt.reasoning_parser is not None:
+            message["reasoning_content"] = reply.reasoning
+        if c.audio and completion.audio is not None:
+            message["audio"] = await _spoken(request, completion.audio, c.audio, reply.content or "")
+            if completion.audio.requested:
+                message["content"] = None  # a spoken turn's text is its transcript, as OpenAI answers
+        choices.append(
+            {
+                "index": i,
+                "message": message,
+                "logprobs": _logprobs(req, tokenizer, c.logprobs),
+                "finish_reason": _finish_reason(c.finish_reason, parser.made_calls),
+            }
+        )
+    body = sse.completion_body(completion.id, "chat.completion", completion.model.name, choices)
+    if req.num_prompt_logprobs is not None:  # vLLM's place for them: the top level, one prompt for all choices
+        prompt = completion.outputs[0].generation.prompt_logprobs
+        assert prompt is not None  # complete once the first delta is out, and collect() ran them all
+        body["prompt_logprobs"] = prompt_logprobs_json(tokenizer, prompt, req.prompt_logprobs)
+    num_items = sum(len(c.logprobs) for c in collected) + len(body.get("prompt_logprobs") or ())
+    return await sse.json_response(body | {"usage": _usage(completion.outputs).to_json()}, num_items=num_items)
+
+
+def _logprobs(req: ChatCompletionRequest, tokenizer: TextTokenizer, logprobs: list[TokenLogprob]) -> dict[str, Any] | None:
+    if not req.logprobs:
+        return None
+    return {"content": chat_logprob_entries(tokenizer, logprobs, as_token_ids=req.return_tokens_as_token_ids)}
+
+
+def _finish_reason(reason: str | None, made_calls: bool) -> str | None:
+    # A reply that called tools ends for that reason, as OpenAI's do.
+    return "tool_calls" if made_calls and reason == "stop" else reason
+
+
+def _echo(req: ChatCompletionRequest) -> str:
+    """vLLM's chat echo: the reply starts with the last message when it is the assistant's
+    own (continue_final_message), so the client gets the whole turn back."""
+    last = req.messages[-1]
+    if not req.echo or last.role != "assistant" or req.template.add_generation_prompt:
+        return ""
+    return last.text
+
+
+async def _stream(
+    request: web.Request, req: ChatCompletionRequest, completion: Completion
+) -> web.StreamResponse:
+    tokenizer = completion.model.tokenizer
+    fmt = completion.output_format
+    response = await sse.open_event_stream(request)
+    stream = sse.ChunkStream(
+        response, completion.id, "chat.completion.chunk", completion.model.name, req.include_usage, req.continuous_usage
+    )
+    echo = _echo(req)
+    for i, output in enumerate(completion.outputs):  # the role comes first, in a chunk of its own
+        role = {"role": "assistant", "content": echo}
+        choice0 = {"index": i, "delta": role, "logprobs": None, "finish_reason": None}
+        await stream.send([choice0], stream.chunk_usage(output))
+    parsers = [fmt.new_parser() for _ in completion.outputs]
+    images: list[tuple[int, list[GeneratedImage]]] = []  # decoded on the delta choice() just read
+    speaking = completion.audio
+    audio_ids = [new_audio_id() for _ in completion.outputs]
+    spoken: list[list[AudioPiece]] = [[] for _ in completion.outputs]  # each choice's audio, to store at the end
+    transcripts: list[list[str]] = [[] for _ in completion.outputs]
+
+    def choice(index: int, delta: Delta) -> dict[str, Any] | None:
+        parser = parsers[index]
+        parsed = parser.push(delta.text)
+        if delta.finish_reason is not None:
+            parsed += parser.finish()
+        body: dict[str, Any] = {}
+        if parsed.reasoning:
+            body["reasoning_content"] = parsed.reasoning
+        if parsed.content:
+            body["content"] = parsed.content
+        if parsed.tool_calls:
+            body["tool_calls"] = [_tool_call_delta(t) for t in parsed.tool_calls]
+        if speaking is not None:
+            transcripts[index].append(parsed.content)
+            audio = _audio_delta(audio_ids[index], delta, speaking.requested, body)
+            if audio:
+                body["audio"] = audio
+            spoken[index].extend(delta.audio)
+        if delta.images and not completion.inline_images:
+            images.append((index, delta.images))
+        if not body and delta.finish_reason is None and not req.logprobs:
+            return None  # a token that completes no character yet, or markup held back
+        return {
+            "index": index,
+            "delta": body,
+            "logprobs": _logprobs(req, tokenizer, delta.logprobs),
+            "finish_reason": _finish_reason(delta.finish_reason, parser.made_calls),
+        }
+
+    def image_chunks(index: int) -> list[dict[str, Any]]:
+        """The images of the delta just sent, as chunks of their own: delta.content is then a
+        list of image parts, as the non-streamed message's content parts have them."""
+        chunks = [
+            {"index": i, "delta": {"content": [_image_part(image) for image in drawn]}, "logprobs": None, "finish_reason": None}
+            for i, drawn in images
+            if i == index
+        ]
+        images.clear()
+        return chunks
+
+    await stream.run(completion.outputs, choice, lambda: _usage(completion.outputs), extra=image_chunks)
+    if speaking is not None:  # kept, so a later turn can refer to the audio by its id
+        for audio_id, pieces, said in zip(audio_ids, spoken, transcripts, strict=True):
+            if pieces:
+                await store_spoken(request, audio_id, _samples(pieces), "wav", "".join(said))
+    return response
+
+
+def _audio_delta(audio_id: str, delta: Delta, requested: bool, body: dict[str, Any]) -> dict[str, Any]:
+    """A streamed chunk's delta.audio (OpenAI's shape): the id, base64 PCM16 of the samples
+    this delta completed, the transcript (a spoken turn's text, moved out of content), and
+    expires_at on the last."""
+    audio: dict[str, Any] = {}
+    if delta.audio:
+        pcm = float_to_pcm16(_samples(delta.audio))
+        audio["data"] = base64.b64encode(pcm).decode()
+    if requested and "content" in body:
+        audio["transcript"] = body.pop("content")
+    if delta.finish_reason is not None and (requested or audio):
+        audio["expires_at"] = int(time.time()) + AUDIO_EXPIRES_S
+    if audio:
+        audio["id"] = audio_id
+    return audio
+
+
+def _samples(pieces: list[AudioPiece]) -> np.ndarray:
+    return np.concatenate([np.frombuffer(p.samples, dtype="<f4") for p in pieces])
+
+
+async def _spoken(request: web.Request, speaking: ChatAudio, pieces: list[AudioPiece], transcript: str) -> dict[str, Any]:
+    """A non-streamed turn's message.audio: the audio in the asked format (base64 of the
+    file's bytes), stored under its id."""
+    audio_id = new_audio_id()
+    data = await store_spoken(request, audio_id, _samples(pieces), speaking.format, transcript)
+    return {
+        "id": audio_id,
+        "data": base64.b64encode(data).decode(),
+        "expires_at": int(time.time()) + AUDIO_EXPIRES_S,
+        "transcript": transcript,
+    }
+
+
+def _image_part(image: GeneratedImage) -> dict[str, Any]:
+    return {"type": "image_url", "image_url": {"url": image.url}}
+
+
+def _content_parts(text: str | None, images: list[GeneratedImage]) -> list[dict[str, Any]]:
+    """A turn with images: its text (when there is any), then each image, as content parts
+    (the shape a user message's content takes)."""
+    parts: list[dict[str, Any]] = [{"type": "text", "text": text}] if text else []
+    return parts + [_image_part(image) for image in images]
+
+
+def _tool_call_delta(t: ToolCallDelta) -> dict[str, Any]:
+    out: dict[str, Any] = {"index": t.index}
+    fn: dict[str, Any] = {"arguments": t.arguments}
+    if t.id is not None:
+        out |= {"id": t.id, "type": "function"}
+    if t.name is not None:
+        fn["name"] = t.name
+    out["function"] = fn
+    return out
+
+
+def _usage(outputs: list[OutputRouter]) -> Usage:
+    # The n choices share one prompt: counted once, as OpenAI does.
+    return Usage(
+        prompt_tokens=outputs[0].usage.prompt_tokens,
+        cached_tokens=outputs[0].usage.cached_tokens,
+        completion_tokens=sum(o.usage.completion_tokens for o in outputs),
+    )

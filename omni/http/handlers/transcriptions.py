@@ -1,0 +1,147 @@
+"""POST /v1/audio/transcriptions: the handler, and the transcription API's response formats (the
+lifecycle is omni.serving.lifecycle.transcription), as the official client reads them.
+
+    json          {"text", "usage"}: OpenAI's token usage (type "tokens", the audio's tokens
+                  apart from the text's); "logprobs" too with include ["logprobs"]
+    text          the transcript, text/plain
+    verbose_json  {"task": "transcribe", "language", "duration", "text", "segments", "usage"}
+                  (usage: type "duration"). The model writes no timestamps, so the one segment
+                  is the whole clip, 0 to duration; its tokens and avg_logprob are the answer's,
+                  compression_ratio Whisper's (the text's bytes over their zlib size), and
+                  no_speech_prob 0 (the model has no no-speech estimate). language is the
+                  request's, or "unknown": the model is not asked to name one.
+    stream        `transcript.text.delta` events ({"delta"}) as the text comes, then one
+                  `transcript.text.done` ({"text", "usage"}): the deltas joined. As the speech
+                  API's events, each is named by its type (an `event:` line) and no [DONE]
+                  follows; a worker failing mid-stream ends it with an `error` event.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Sequence
+from contextlib import aclosing
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from omni.serving import lifecycle as orchestrator
+from omni.http import sse
+from omni.http.errors import engine_error
+from omni.http.logprobs import token_text
+from omni.serving.requests.transcriptions import TranscriptionRequest
+from omni.engines.llm import EngineError
+from omni.engines.generation import TokenLogprob
+from omni.serving.lifecycle import Transcription
+from omni.text.tokenizer import TextTokenizer
+
+TRANSCRIPTIONS_PATH = "/v1/audio/transcriptions"
+_DELTA = "transcript.text.delta"
+_DONE = "transcript.text.done"
+
+
+async def create_transcription(request: web.Request) -> web.StreamResponse:
+    return await orchestrator.transcription(request, assemble)
+
+
+async def assemble(request: web.Request, req: TranscriptionRequest, t: Transcription) -> web.StreamResponse:
+    if req.stream:
+        return await _stream(request, req, t)
+    [choice] = await sse.collect([t.output])
+    if req.response_format == "text":
+        return web.Response(text=choice.text, content_type="text/plain")
+    if req.response_format == "verbose_json":
+        return await sse.json_response(_verbose(req, t, choice.text, choice.logprobs))
+    body: dict[str, Any] = {"text": choice.text}
+    if req.logprobs:
+        body["logprobs"] = _logprob_entries(t, choice.logprobs)
+    body["usage"] = _usage(t)
+    return await sse.json_response(body)
+
+
+def _usage(t: Transcription) -> dict[str, Any]:
+    prompt = t.output.usage.prompt_tokens
+    output = t.output.usage.completion_tokens
+    return {
+        "type": "tokens",
+        "input_tokens": prompt,
+        "input_token_details": {"text_tokens": prompt - t.num_audio_tokens, "audio_tokens": t.num_audio_tokens},
+        "output_tokens": output,
+        "total_tokens": prompt + output,
+    }
+
+
+def _verbose(
+    req: TranscriptionRequest, t: Transcription, text: str, logprobs: Sequence[TokenLogprob]
+) -> dict[str, Any]:
+    duration = round(t.duration, 3)
+    raw = text.encode()
+    segment = {
+        "id": 0,
+        "seek": 0,
+        "start": 0.0,
+        "end": duration,
+        "text": text,
+        "tokens": [lp.token_id for lp in logprobs],
+        "temperature": req.temperature,
+        "avg_logprob": sum(lp.logprob for lp in logprobs) / len(logprobs) if logprobs else 0.0,
+        "compression_ratio": len(raw) / len(zlib.compress(raw)),
+        "no_speech_prob": 0.0,
+    }
+    return {
+        "task": "transcribe",
+        "language": req.language or "unknown",
+        "duration": duration,
+        "text": text,
+        "segments": [segment],
+        "usage": {"type": "duration", "seconds": duration},
+    }
+
+
+def _logprob_entries(t: Transcription, logprobs: Sequence[TokenLogprob]) -> list[dict[str, Any]]:
+    """OpenAI's {token, logprob, bytes} per token of the transcript (the stop token is none)."""
+    tokenizer: TextTokenizer = t.model.tokenizer
+    entries = []
+    for lp in logprobs:
+        if lp.token_id in tokenizer.eos_token_ids:
+            continue
+        token = token_text(tokenizer, lp.token_id)
+        entries.append({"token": token, "logprob": lp.logprob, "bytes": list(token.encode())})
+    return entries
+
+
+async def _stream(request: web.Request, req: TranscriptionRequest, t: Transcription) -> web.StreamResponse:
+    response = await sse.open_event_stream(request)
+    parts: list[str] = []
+    logprobs: list[TokenLogprob] = []
+    pending: list[TokenLogprob] = []  # of tokens that added no text yet: sent with the next delta
+    try:
+        async with aclosing(t.output.deltas()) as deltas:
+            async for delta in deltas:
+                logprobs += delta.logprobs
+                pending += delta.logprobs
+                if not delta.text:
+                    continue
+                parts.append(delta.text)
+                event: dict[str, Any] = {"type": _DELTA, "delta": delta.text}
+                if req.logprobs:
+                    event["logprobs"] = _logprob_entries(t, pending)
+                pending = []
+                await _event(response, event)
+    except EngineError as exc:  # the status is sent already: say it in the stream
+        await _event(response, {"type": "error", **engine_error(exc).to_dict()})
+        await response.write_eof()
+        return response
+    done: dict[str, Any] = {"type": _DONE, "text": "".join(parts)}
+    if req.logprobs:
+        done["logprobs"] = _logprob_entries(t, logprobs)
+    done["usage"] = _usage(t)
+    await _event(response, done)
+    await response.write_eof()
+    return response
+
+
+async def _event(response: web.StreamResponse, payload: dict[str, Any]) -> None:
+    await response.write(f"event: {payload['type']}\n".encode() + b"data: " + orjson.dumps(payload) + b"\n\n")
+

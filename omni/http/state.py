@@ -1,0 +1,15 @@
+"""Typed keys for everything the aiohttp application holds."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from omni.config import ServerConfig
+from omni.metrics import Metrics
+from omni.serving.model import ModelRegistry
+from omni.shared.store.base import ArtifactStore
+
+CONFIG = web.AppKey("config", ServerConfig)
+METRICS = web.AppKey("metrics", Metrics)
+MODELS = web.AppKey("models", ModelRegistry)
+STORE = web.AppKey("store", ArtifactStore)

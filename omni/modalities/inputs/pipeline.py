@@ -1,0 +1,165 @@
+"""MediaPipeline (one per served omni model): a chat request's media parts -> expanded prompt
+token ids and the MediaSpans the LLM worker injects.
+
+    parts -> items (bytes + hash) -> chat template with one placeholder per item and
+    representation -> slots -> per (item, component): store key -> cache lookup -> encode on a
+    miss (batched across requests by EncoderEngine) -> expansion:
+
+    continuous:  token_ids[pos] -> num_rows x the same placeholder, MediaSpan(offset, num_rows, key)
+    discrete:    token_ids[pos] -> one code token per code (ordinary prompt tokens)
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from omni.errors import bad_request, service_unavailable
+from omni.serving.requests import ChatMessage
+from omni.engines.encoder import EncoderEngine
+from omni.engines.llm import EngineError
+from omni.shared.media import MediaLimits
+from omni.modalities.inputs import items
+from omni.modalities.inputs.encoder_cache import Encoded, EncoderCache
+from omni.modalities.inputs.items import MediaItem
+from omni.modalities.inputs.placeholders import Placeholder, PlaceholderTokens
+from omni.metrics import Metrics
+from omni.model_layout import component_revision
+from omni.shared.store.base import ArtifactStore
+from omni.shared.store.keys import content_hash, encoder_key_for
+from omni.text.tokenizer import TextTokenizer
+from scheduler.request import MediaSpan
+
+
+@dataclass(frozen=True, slots=True)
+class PromptInputs:
+    token_ids: list[int]
+    media: tuple[MediaSpan, ...]
+
+
+class MediaPipeline:
+    def __init__(
+        self,
+        model_name: str,
+        tokenizer: TextTokenizer,
+        encoder: EncoderEngine,
+        store: ArtifactStore,
+        components: Mapping[str, Path | str],
+        limits: MediaLimits,
+        metrics: Metrics,
+        *,
+        max_cached_entries: int = 65_536,
+    ) -> None:
+        self.model_name = model_name
+        self.tokenizer = tokenizer
+        self.encoder = encoder
+        self.store = store
+        # component -> weights revision, for store keys: a str as given, or hashed from the
+        # component's directory by load_revisions()
+        self._components = dict(components)
+        self.revisions = {c: r for c, r in self._components.items() if isinstance(r, str)}
+        self.limits = limits
+        self.metrics = metrics
+        self.placeholders = PlaceholderTokens(tokenizer)
+        self.cache = EncoderCache(store, metrics, max_entries=max_cached_entries)
+
+    @property
+    def ready(self) -> bool:
+        return self.encoder.ready and len(self.revisions) == len(self._components)
+
+    async def load_revisions(self) -> None:
+        """Hash each component directory's files (a few seconds for real weights), concurrently."""
+        dirs = {c: Path(d) for c, d in self._components.items() if c not in self.revisions}
+        hashed = await asyncio.gather(*(asyncio.to_thread(component_revision, d) for d in dirs.values()))
+        self.revisions.update(zip(dirs, hashed))
+
+    def check_vocabulary(self, num_codes: dict[str, int]) -> None:
+        """Raise ValueError at start-up when a discrete component (component -> codebook
+        size) has codes the LLM's vocabulary cannot write: a mis-converted checkpoint would
+        otherwise fail on its first image."""
+        for component, n in num_codes.items():
+            missing = self.placeholders.missing_code_token(component, n)
+            if missing is not None:
+                raise ValueError(
+                    f"{self.model_name}: the {component} has {n} codes but the LLM's "
+                    f"vocabulary has no {missing} token"
+                )
+
+    async def load_items(self, messages: Sequence[ChatMessage]) -> list[MediaItem]:
+        return await items.load_items(messages, self.limits)
+
+    @staticmethod
+    def template_messages(messages: Sequence[ChatMessage], loaded: list[MediaItem]) -> list[dict[str, Any]]:
+        return items.template_messages(messages, loaded)
+
+    async def expand(self, token_ids: list[int], loaded: list[MediaItem]) -> PromptInputs:
+        """token_ids as the template rendered them -> the prompt the LLM worker runs."""
+        slots = self.placeholders.slots(token_ids, loaded)
+        if slots and not self.ready:  # starting, or restarting after a crash
+            raise service_unavailable("The model's encoders are starting; retry shortly.", retry_after_s=5)
+        missing = {s.placeholder.component for s in slots} - self.encoder.components
+        if missing:
+            item = next(s.item for s in slots if s.placeholder.component in missing)
+            raise bad_request(
+                f"This model cannot read {item.kind} input (no {', '.join(sorted(missing))}).",
+                param=item.param,
+                code="unsupported_content_type",
+            )
+        # Each distinct (item, component) is encoded once, concurrently with the rest.
+        jobs: dict[tuple[int, str], asyncio.Future[tuple[str, Encoded]]] = {}
+        for s in slots:
+            job = (id(s.item), s.placeholder.component)
+            if job not in jobs:
+                jobs[job] = asyncio.ensure_future(self._encoded(s.item, s.placeholder))
+        # Every job's outcome is collected (none is left unretrieved); the first error wins.
+        # If this request is cancelled, gather cancels the jobs; encodes already submitted
+        # finish in the engine and are cached for the next asker.
+        for outcome in await asyncio.gather(*jobs.values(), return_exceptions=True):
+            if isinstance(outcome, BaseException):
+                raise outcome
+        out: list[int] = []
+        spans: list[MediaSpan] = []
+        start = 0  # token_ids[start:pos] is copied as is; token_ids[pos] is replaced
+        for s in slots:
+            out.extend(token_ids[start : s.pos])
+            start = s.pos + 1
+            key, encoded = jobs[(id(s.item), s.placeholder.component)].result()
+            if s.placeholder.discrete:
+                assert encoded.codes is not None
+                out.extend(self.placeholders.code_id(s.placeholder.component, c) for c in encoded.codes)
+            else:
+                spans.append(MediaSpan(len(out), encoded.num_rows, key))
+                out.extend([token_ids[s.pos]] * encoded.num_rows)
+        out.extend(token_ids[start:])
+        return PromptInputs(out, tuple(spans))
+
+    def _key(self, item: MediaItem, component: str) -> str:
+        digest = item.digest or content_hash(item.data, items.decode_params(item.kind, self.limits))
+        return encoder_key_for(component, self.revisions[component], digest)
+
+    async def _encoded(self, item: MediaItem, p: Placeholder) -> tuple[str, Encoded]:
+        """The item's output of p's component: from the cache, or encoded now and remembered."""
+        key = self._key(item, p.component)
+        hit = await self.cache.lookup(key, p.discrete)
+        self.metrics.encoder_cache(self.model_name, p.component, hit=hit is not None)
+        if hit is not None:
+            return key, hit
+        try:
+            result = await self.encoder.encode(p.component, item.kind, key, item.data, item.fmt, item.param)
+        except EngineError as e:
+            raise service_unavailable(f"The {p.component} is unavailable: {e}", retry_after_s=5) from None
+        if result.error is not None:
+            raise bad_request(result.error, param=item.param)
+        encoded = Encoded(result.num_rows, tuple(result.codes) if result.codes is not None else None)
+        if result.store_error is not None:  # counted by the engine with the batch's timing
+            if not p.discrete:  # the LLM worker reads embeddings from the store: nothing to read
+                raise service_unavailable(
+                    f"The artifact store could not take the {p.component} output: {result.store_error}",
+                    retry_after_s=5,
+                )
+            return key, encoded  # codes travel in the prompt itself; just not cached
+        self.cache.remember(key, encoded)
+        return key, encoded

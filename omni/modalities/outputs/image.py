@@ -1,0 +1,174 @@
+"""A model's image output: its decoder, the grammar of its image spans, and how one request's
+images are drawn, stored and handed out.
+
+    ModelImages        one per served model with a vision_decoder/: the engine, the span format
+                       (its code grid read from the decoder's config.json), the span grammar
+    ImageSettings      one request's choices: size, steps, guidance, seed, format, URL or bytes
+    ImageDrawer        the output router's ImageDecoder for one choice: span -> GeneratedImage
+
+An image's size is the request's, else the one the size table gives the span's ratio token (a
+ratio the table lacks is drawn at the table's nearest aspect). Its seed is the request's seed
+plus the index of the image in the request (choices, then spans in order), else random: the
+same request with the same seed gives the same bytes. Images handed out by URL are written to
+the artifact store under out/image/ and get its signed (local) or presigned (S3) URL; images
+asked for as bytes (b64_json, data URLs) are not stored.
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+import json
+import logging
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from omni.text.constrained.compiler import CompiledGrammar, GrammarCompiler
+from omni.text.constrained.image_span import ImageSpanFormat
+from omni.text.constrained.spec import GrammarKind, GrammarSpec
+from omni.engines.generation import GeneratedImage
+from omni.shared.media.image_sizes import nearest_size
+from omni.metrics import Metrics
+from omni.modalities.outputs.router import ImageRoute, ImageSpan
+from omni.shared.store.base import ArtifactStore
+from omni.shared.store.keys import output_key
+from omni.text.tokenizer import TextTokenizer
+from omni.engines.vision_decoder import ImageRequest, VisionDecoderEngine
+
+# (preview index, its bytes, size="WxH"): an image's previews as they are made
+SizedPreviewCallback = Callable[..., None]
+
+log = logging.getLogger("omni.modalities.outputs.image")
+
+DEFAULT_STEPS = 25
+URL_EXPIRES_S = 3600  # an hour, as OpenAI's image URLs
+MEDIA_TYPES = {"png": "image/png", "jpeg": "image/jpeg", "webp": "image/webp"}
+_EXTENSIONS = {"png": "png", "jpeg": "jpg", "webp": "webp"}
+
+
+def read_code_grid(decoder_dir: Path) -> tuple[int, int]:
+    """(rows, cols) of the codes one image span holds, from vision_decoder/config.json
+    (27 x 27 in the reference)."""
+    try:
+        config = json.loads((Path(decoder_dir) / "config.json").read_text())
+        rows, cols = (int(v) for v in config.get("code_grid", (27, 27)))
+    except (OSError, ValueError, TypeError) as e:
+        raise ValueError(f"{decoder_dir}/config.json: no usable code_grid ({e})") from None
+    if rows <= 0 or cols <= 0:
+        raise ValueError(f"{decoder_dir}/config.json: code_grid {rows}x{cols} is not positive")
+    return rows, cols
+
+
+@dataclass(frozen=True, slots=True)
+class ImageSettings:
+    size: tuple[int, int] | None = None  # None: from the span's ratio token
+    steps: int | None = None  # None: the server's --diffusion-steps
+    guidance_scale: float | None = None  # None: the checkpoint's default
+    seed: int | None = None  # None: a random one per request
+    output_format: str = "png"
+    quality: int | None = None
+    as_url: bool = True  # False: bytes (a data URL in chat, b64_json in the images API)
+    partial_images: int = 0
+
+
+class ModelImages:
+    def __init__(
+        self,
+        engine: VisionDecoderEngine,
+        fmt: ImageSpanFormat,
+        store: ArtifactStore,
+        metrics: Metrics,
+        *,
+        default_steps: int = DEFAULT_STEPS,
+    ) -> None:
+        self.engine = engine
+        self.format = fmt
+        self.store = store
+        self.metrics = metrics
+        self.default_steps = default_steps
+        self.grammar: CompiledGrammar | None = None  # compiled by prepare()
+
+    @classmethod
+    def for_model(
+        cls,
+        engine: VisionDecoderEngine,
+        decoder_dir: Path,
+        tokenizer: TextTokenizer,
+        store: ArtifactStore,
+        metrics: Metrics,
+        *,
+        default_steps: int = DEFAULT_STEPS,
+    ) -> ModelImages:
+        rows, cols = read_code_grid(decoder_dir)
+        fmt = ImageSpanFormat.from_tokenizer(tokenizer, rows, cols)
+        if fmt is None:
+            raise ValueError(
+                f"{decoder_dir}: the model has a vision decoder, but its vocabulary lacks the image span "
+                "tokens (<|discrete_image_start|>, ratio tokens, <|visionNNNNN|> codes)"
+            )
+        return cls(engine, fmt, store, metrics, default_steps=default_steps)
+
+    async def prepare(self, compiler: GrammarCompiler) -> None:
+        """Compile the span grammar (once, off the event loop)."""
+        self.grammar = await compiler.compile(GrammarSpec(GrammarKind.GRAMMAR, self.format.grammar(), "image"))
+
+    @property
+    def ready(self) -> bool:
+        return self.engine.ready
+
+    def route(
+        self, settings: ImageSettings, *, first_seed: int | None = None, opened: bool = False, inline: bool = False,
+        on_preview: SizedPreviewCallback | None = None,
+    ) -> ImageRoute:  # fmt: skip
+        """One choice's route. first_seed: the seed of its first image (None: random);
+        opened: the prompt already opened its span; inline: the image's URL is written into
+        the text where its span was (the reference's t2i_model_generation tool call)."""
+        drawer = ImageDrawer(self, settings, first_seed, on_preview)
+        return ImageRoute(self.format, drawer, opened=opened, inline=inline)
+
+
+@dataclass(slots=True)
+class ImageDrawer:
+    """The output router's ImageDecoder for one choice."""
+
+    images: ModelImages
+    settings: ImageSettings
+    first_seed: int | None
+    on_preview: SizedPreviewCallback | None = None
+    drawn: int = field(default=0)
+
+    async def decode(self, span: ImageSpan, request_id: str) -> GeneratedImage:
+        s = self.settings
+        width, height = s.size or nearest_size(*span.ratio)
+        seed = (self.first_seed if self.first_seed is not None else random.getrandbits(63)) + self.drawn
+        self.drawn += 1
+        started = time.monotonic()
+        decoded = await self.images.engine.draw(
+            ImageRequest(
+                codes=span.codes,
+                width=width,
+                height=height,
+                steps=s.steps or self.images.default_steps,
+                seed=seed % 2**64,
+                guidance_scale=s.guidance_scale,
+                output_format=s.output_format,
+                quality=s.quality,
+                partial_images=s.partial_images,
+            ),
+            None if self.on_preview is None else functools.partial(self.on_preview, size=f"{width}x{height}"),
+        )
+        media_type = MEDIA_TYPES[s.output_format]
+        if s.as_url:
+            key = output_key("image", _EXTENSIONS[s.output_format])
+            put = time.monotonic()
+            await self.images.store.put(key, decoded.data, media_type)
+            self.images.metrics.observe_store("put", time.monotonic() - put)
+            url = await self.images.store.url(key, URL_EXPIRES_S)
+        else:
+            key = None
+            url = f"data:{media_type};base64,{base64.b64encode(decoded.data).decode()}"
+        log.debug("%s: image %dx%d seed %d in %.2f s", request_id, width, height, seed, time.monotonic() - started)
+        return GeneratedImage(url, decoded.width, decoded.height, media_type, data=decoded.data, key=key, seed=seed)

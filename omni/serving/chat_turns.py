@@ -1,0 +1,170 @@
+"""The chat-only steps of the lifecycle: what tools, tool_choice and reasoning ask of the
+generation, and how its text is read back.
+
+- check_tool_choice: a tool_choice the model's chat format cannot serve is a 400, before work.
+- tool_grammar: tool_choice "required" or a named function forces the call grammar, so a call
+  whose arguments validate against the function's schema always comes out; with "auto" the
+  same grammar switches on when the model opens a call, so a call it starts is well formed.
+- ban_tool_markup: tool_choice "none" with tools given: the model cannot open a call.
+- output_format: the reasoning and tool-call parsers each choice's text goes through.
+- chat_images / ban_images: whether and how the images a model draws come out (seeded per
+  choice: choice i's first image has seed + i * SEEDS_PER_CHOICE, its next ones count up).
+(Each choice's token constraint, its grammar and reasoning budget, is omni/serving/choice_constraints.py.)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from omni.errors import bad_request
+from omni.serving.requests import ChatCompletionRequest
+from omni.serving.requests.images import ChatImageOptions
+from omni.text.reply_parser import OutputFormat
+from omni.serving.choice_constraints import OutputSpans, TriggeredGrammar, prompt_opens_reasoning
+from omni.text.constrained.spec import GrammarKind, GrammarSpec
+from omni.modalities.outputs.image import ImageSettings, ModelImages
+from omni.modalities.outputs.router import ImageRoute
+from omni.text.parsers.tool_calls import tool_parser_class
+from omni.text.parsers.tool_grammar import MAX_FREE_CHARS, T2I_TOOL, tool_call_grammar
+from omni.serving.model import ServedModel
+from scheduler.request import SamplingParams
+
+SEEDS_PER_CHOICE = 1 << 16  # more images than one turn holds
+
+
+def check_tool_choice(model: ServedModel, req: ChatCompletionRequest) -> None:
+    tools, fmt = req.tools, model.chat_format
+    if tools.choice == "none":
+        return
+    if fmt.tool_parser is None:
+        raise bad_request(
+            f"tool_choice '{tools.choice if tools.choice != 'named' else tools.named}' needs a tool call "
+            "parser, and this model's chat format has none (the server's --tool-call-parser).",
+            param="tool_choice",
+            code="unsupported_parameter",
+        )
+    if tools.choice == "auto" and not fmt.auto_tool_choice:
+        raise bad_request(
+            'tool_choice "auto" is turned off on this server (--no-enable-auto-tool-choice); '
+            'use "none", "required" or a named function.',
+            param="tool_choice",
+            code="unsupported_parameter",
+        )
+
+
+async def tool_grammar(model: ServedModel, req: ChatCompletionRequest, max_tokens: int) -> TriggeredGrammar | None:
+    """The call grammar: from the first token for "required" or a named function; for "auto",
+    switched on when the model opens a call, so a call it starts is always well formed."""
+    tools, parser = req.tools, model.chat_format.tool_parser
+    if parser is None or tools.choice == "none" or not tools.functions:
+        return None
+    forced = tools.forced
+    opened = not forced  # "auto"
+    trigger = None
+    if opened:
+        trigger = model.tokenizer.token_to_id(tool_parser_class(parser).markup_tokens[0])
+        if trigger is None:
+            return None  # the tokenizer cannot open a call with one token: parse what comes
+    images = model.images if req.images_allowed else None
+    source = tool_call_grammar(
+        parser,
+        forced or tools.functions,
+        parallel=not tools.single_call,
+        max_free_chars=free_string_chars(max_tokens),
+        opened=opened,
+        image_rules=images.format.rules("image") if images is not None else (),
+    )
+    grammar = await model.grammars.compile(GrammarSpec(GrammarKind.GRAMMAR, source, "tools" if opened else "tool_choice"))
+    return TriggeredGrammar(grammar, trigger)  # "auto": from the model's own <tool_call> on
+
+
+def free_string_chars(max_tokens: int) -> int:
+    """The length bound of a forced call's free strings (those with no maxLength, enum or pattern
+    of their own): a call must be able to end within the request's budget even when the model
+    would not end a string by itself, yet a real answer's long string must not be cut. A quarter
+    of max_tokens in characters (a token is at least one), rounded down to a power of two so
+    that nearby budgets share one compiled grammar; never under MAX_FREE_CHARS. With the budget
+    a whole context leaves, the bound is far beyond any argument a model writes."""
+    quarter = max_tokens // 4
+    return max(MAX_FREE_CHARS, 1 << (quarter.bit_length() - 1)) if quarter > 0 else MAX_FREE_CHARS
+
+
+@dataclass(frozen=True, slots=True)
+class ChatImages:
+    """How a chat request's choices draw the images their model opens spans for."""
+
+    images: ModelImages
+    settings: ImageSettings
+    inline: bool  # the reference dialect: the image is a t2i_model_generation call's argument
+
+    def spans(self) -> OutputSpans | None:
+        grammar = self.images.grammar
+        return None if grammar is None else OutputSpans(grammar, self.images.format.start_token_id)
+
+    def route(self, choice_index: int) -> ImageRoute:
+        seed = self.settings.seed
+        first = None if seed is None else seed + choice_index * SEEDS_PER_CHOICE
+        return self.images.route(self.settings, first_seed=first, inline=self.inline)
+
+
+def chat_images(model: ServedModel, req: ChatCompletionRequest) -> ChatImages | None:
+    """None when no image can come out: the model has no vision decoder (then asking for images
+    is a 400), or modalities leaves image out."""
+    if model.images is None:  # (`image` alone is accepted: it says how images are drawn, if any are)
+        if "image" in req.modalities:
+            raise bad_request("This model has no image decoder: it cannot produce images.", param="modalities")
+        return None
+    if not req.images_allowed:
+        return None
+    opts = req.image or ChatImageOptions()
+    settings = ImageSettings(
+        size=opts.size,
+        steps=opts.num_inference_steps,
+        guidance_scale=opts.guidance_scale,
+        seed=req.seed,
+        output_format=opts.output_format,
+        quality=opts.output_compression,
+        as_url=opts.response_format == "url",
+    )
+    tools = req.tools
+    inline = (
+        model.chat_format.tool_parser == "hyperclovax"
+        and tools.choice != "none"
+        and any(f.name == T2I_TOOL for f in tools.functions)
+    )
+    return ChatImages(model.images, settings, inline)
+
+
+def ban_images(model: ServedModel, req: ChatCompletionRequest, params: SamplingParams) -> SamplingParams:
+    """modalities without "image" on a model that draws: the model cannot open an image span."""
+    if model.images is None or req.images_allowed:
+        return params
+    start = ((model.images.format.start_token_id,),)
+    return dataclasses.replace(params, bad_words_token_ids=params.bad_words_token_ids + start)
+
+
+def ban_tool_markup(model: ServedModel, req: ChatCompletionRequest, params: SamplingParams) -> SamplingParams:
+    parser = model.chat_format.tool_parser
+    if req.tools.choice != "none" or not req.tools.functions or parser is None:
+        return params
+    start = tool_parser_class(parser).markup_tokens[0]
+    token_id = model.tokenizer.token_to_id(start)
+    if token_id is None:
+        return params
+    banned = params.bad_words_token_ids + ((token_id,),)
+    return dataclasses.replace(params, bad_words_token_ids=banned)
+
+
+def output_format(model: ServedModel, req: ChatCompletionRequest, prompt_token_ids: Sequence[int]) -> OutputFormat:
+    fmt = model.chat_format
+    reasoning = fmt.reasoning_parser
+    tool_parser = fmt.tool_parser if req.tools.choice != "none" else None
+    return OutputFormat(
+        reasoning_parser=reasoning,
+        in_reasoning=reasoning is not None and prompt_opens_reasoning(model, reasoning, prompt_token_ids),
+        tool_parser=tool_parser,
+        tools=req.tools.functions,
+        single_call=req.tools.single_call,
+    )

@@ -1,0 +1,124 @@
+"""Each choice's token constraint: the request's grammar (held off until reasoning ends when
+the prompt leaves the model inside <think>, or until the model opens a tool call for an "auto"
+tool grammar), its thinking_token_budget, and, on a model that draws images and a request with
+no grammar of its own, the image span grammar. Both endpoints (and the images API) make theirs
+here."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from omni.errors import bad_request
+from omni.serving.requests import ChatCompletionRequest, CompletionRequest
+from omni.text.constrained.compiler import CompiledGrammar
+from omni.text.constrained.constraint import ReasoningBudget, SpanSet, TokenConstraint, WithSpans
+from omni.text.parsers.reasoning import reasoning_parser_class
+from omni.serving.model import ServedModel
+
+# How far back from the prompt's end an open <think> is looked for (it is followed by at most
+# a newline or two).
+_PROMPT_TAIL_TOKENS = 4
+
+
+@dataclass(frozen=True, slots=True)
+class TriggeredGrammar:
+    grammar: CompiledGrammar
+    trigger_token_id: int | None  # the grammar holds from this token on (None: from the first)
+
+
+def prompt_opens_reasoning(model: ServedModel, parser: str, prompt_token_ids: Sequence[int]) -> bool:
+    """The template ended the prompt inside an open reasoning block (Qwen3 and R1 style)."""
+    cls = reasoning_parser_class(parser)
+    tail = model.tokenizer.decode(prompt_token_ids[-_PROMPT_TAIL_TOKENS:], skip_special_tokens=False)
+    return tail.rstrip().endswith(cls.start)
+
+
+@dataclass(frozen=True, slots=True)
+class OutputSpans:
+    """A span grammar (image or audio spans) a choice's output is held to wherever the model
+    opens such a span (from its opening token on), or, opened, from the first token: the
+    prompt opened it."""
+
+    grammar: CompiledGrammar
+    start_token_id: int
+    opened: bool = False
+
+
+class ChoiceConstraints:
+    """Makes each choice's TokenConstraint (None when the choice needs none)."""
+
+    def __init__(
+        self,
+        model: ServedModel,
+        req: ChatCompletionRequest | CompletionRequest,
+        grammar: CompiledGrammar | TriggeredGrammar | None,
+        prompt_token_ids: Sequence[int],
+        max_tokens: int,
+        *,
+        images: OutputSpans | None = None,
+        audio: OutputSpans | None = None,
+    ) -> None:
+        own_trigger = None
+        if isinstance(grammar, TriggeredGrammar):
+            own_trigger = grammar.trigger_token_id
+            grammar = grammar.grammar
+        self._grammar = grammar
+        self._max_tokens = max_tokens
+        self._vocab_size = model.tokenizer.vocab_size
+        self._budget = req.thinking_token_budget
+        self._start, self._end = self._reasoning_tokens(model, req)
+        parser = model.chat_format.reasoning_parser or "think"
+        self._in_reasoning = (grammar is not None or self._budget is not None) and prompt_opens_reasoning(
+            model, parser, prompt_token_ids
+        )
+        # A reasoning model's answer is constrained from the end of its reasoning on; an "auto"
+        # tool grammar from the call the model opens.
+        self._trigger = own_trigger
+        if own_trigger is None and self._in_reasoning and grammar is not None:
+            self._trigger = self._end
+        # Image spans: alone when the request has no grammar, beside one that waits for its
+        # trigger ("auto" tools, or an answer after reasoning); a grammar holding the whole
+        # output leaves no room for them.
+        kinds = [k for k in (images, audio) if k is not None]
+        self._spans = kinds if grammar is None or self._trigger is not None else []
+
+    @staticmethod
+    def _reasoning_tokens(model: ServedModel, req: ChatCompletionRequest | CompletionRequest) -> tuple[int | None, int | None]:
+        parser = model.chat_format.reasoning_parser
+        cls = reasoning_parser_class(parser or "think")
+        start, end = model.tokenizer.token_to_id(cls.start), model.tokenizer.token_to_id(cls.end)
+        if req.thinking_token_budget is not None and (start is None or end is None):
+            raise bad_request(
+                f"This model has no {cls.start}...{cls.end} tokens to bound its reasoning with.",
+                param="thinking_token_budget",
+                code="unsupported_parameter",
+            )
+        return start, end
+
+    def _span_set(self, budget: ReasoningBudget | None = None) -> TokenConstraint:
+        """The reply's span kinds as one span-mode constraint (a reasoning budget rides on the
+        first: spans are never reasoning)."""
+        kinds = [
+            k.grammar.new_constraint(k.start_token_id, budget if i == 0 else None, spans=True)
+            for i, k in enumerate(self._spans)
+        ]
+        return kinds[0] if len(kinds) == 1 else SpanSet(kinds)
+
+    def new(self) -> TokenConstraint | None:
+        budget = None
+        if self._budget is not None:
+            assert self._start is not None and self._end is not None
+            budget = ReasoningBudget(self._start, self._end, self._budget, open=self._in_reasoning)
+        if self._grammar is not None:
+            constraint = self._grammar.new_constraint(self._trigger, budget, max_tokens=self._max_tokens)
+            if not self._spans:
+                return constraint
+            return WithSpans(constraint, self._span_set())
+        if len(self._spans) == 1 and self._spans[0].opened:  # the whole output is the span the prompt opened
+            return self._spans[0].grammar.new_constraint(None, budget)
+        if self._spans:
+            return self._span_set(budget)
+        if budget is not None:
+            return TokenConstraint(None, self._vocab_size, budget=budget)
+        return None

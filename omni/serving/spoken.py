@@ -1,0 +1,139 @@
+"""Spoken chat answers: whether a chat request's choices speak, in which voice and format, and
+the continuation that speaks a turn's text.
+
+Two ways audio comes out of a chat turn, as the reference model makes it:
+- asked for (modalities names "audio", `audio` gives voice and format): the turn is spoken.
+  The model writes its text; when the text ends (the model's end of turn, or a stop) without
+  an audio span, the choice goes on with the span opened right after the text (a continuation
+  request on prompt + text + <|discrete_audio_start|>: the prefix cache holds the rest), held
+  to the span grammar, within what is left of max_tokens. The text is the audio's transcript.
+- on its own (modalities not given): a span the model opens mid-turn is spoken in the default
+  voice (or `audio.voice` when the request names one), and the turn keeps its text.
+modalities given without "audio" bans the span's opening token.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from dataclasses import dataclass
+
+import orjson
+from aiohttp import web
+
+from omni.errors import bad_request
+from omni.serving.requests import ChatCompletionRequest
+from omni.modalities.outputs.audio import ModelAudio
+from omni.serving.choice_constraints import OutputSpans
+from omni.text.constrained.audio_span import MAX_UNITS, MIN_UNITS
+from omni.engines.generation import Generation
+from omni.modalities.outputs.router import AudioRoute
+from omni.serving.model import ServedModel
+from omni.http.state import STORE
+from omni.shared.store.base import KeyNotFound, StoreError
+from omni.shared.store.keys import validate_key
+from scheduler.request import SamplingParams
+
+SPONTANEOUS_FORMAT = "wav"  # of an answer that spoke without being asked: no format was given
+
+
+@dataclass(frozen=True, slots=True)
+class ChatAudio:
+    audio: ModelAudio
+    voice: int
+    format: str  # the non-streamed answer's audio format; a stream's is pcm16
+    requested: bool  # modalities named audio: every choice's turn is spoken
+
+    def spans(self) -> OutputSpans | None:
+        grammar = self.audio.grammar
+        return None if grammar is None else OutputSpans(grammar, self.audio.format.start_token_id)
+
+    def route(self, model: ServedModel) -> AudioRoute:
+        route = self.audio.route(self.voice)
+        if not self.requested:
+            return route
+        return dataclasses.replace(route, speak_after=functools.partial(speak_text, model, self.audio))
+
+
+def chat_audio(model: ServedModel, req: ChatCompletionRequest) -> ChatAudio | None:
+    """None when no audio can come out: the model has no audio decoder (then asking for audio
+    is a 400), or modalities leaves audio out."""
+    requested = "audio" in req.modalities
+    if model.audio is None:
+        if requested:
+            raise bad_request("This model has no audio decoder: it cannot speak.", param="modalities")
+        return None
+    if not req.audio_allowed:
+        return None
+    audio = model.audio
+    if requested or req.audio is not None:
+        audio.check_ready()  # the voices are the ready decoder's
+    if requested:
+        audio.engine.check_room()
+    voice = audio.voice_index(req.audio.voice, "audio.voice") if req.audio is not None else 0
+    fmt = req.audio.format if req.audio is not None else SPONTANEOUS_FORMAT
+    return ChatAudio(audio, voice, fmt, requested)
+
+
+def ban_audio(model: ServedModel, req: ChatCompletionRequest, params: SamplingParams) -> SamplingParams:
+    """modalities without "audio" on a model that speaks: the model cannot open an audio span."""
+    if model.audio is None or req.audio_allowed:
+        return params
+    start = ((model.audio.format.start_token_id,),)
+    return dataclasses.replace(params, bad_words_token_ids=params.bad_words_token_ids + start)
+
+
+def speak_text(model: ServedModel, audio: ModelAudio, text: Generation) -> Generation | None:
+    """The continuation that speaks a finished text: prompt + text (without the token that
+    ended it) + the span's opening token, held to the span grammar; None when the context or
+    max_tokens leaves no room for the span's least units."""
+    request = text.request
+    params = request.sampling_params
+    out = request.output_token_ids
+    stops = set(params.stop_token_ids) | set(request.eos_token_ids)
+    said = out[:-1] if out and out[-1] in stops else out
+    prompt = [*request.prompt_token_ids, *said, audio.format.start_token_id]
+    room = min(params.max_tokens - len(out), model.pool.max_model_len - len(prompt))
+    if room < MIN_UNITS + 1 or audio.grammar is None:
+        return None
+    speech = SamplingParams(
+        max_tokens=min(room, MAX_UNITS + 1),  # the units, then the span's end
+        temperature=params.temperature,
+        top_p=params.top_p,
+        top_k=params.top_k,
+        min_p=params.min_p,
+        seed=params.seed,
+        logprobs=params.logprobs,
+    )
+    return Generation(
+        model,
+        prompt,
+        speech,
+        (),
+        f"{request.request_id}-speech",
+        text.skip_special_tokens,
+        request.media,
+        audio.grammar.new_constraint(None),  # the whole output is the span it opens
+    )
+
+
+async def recall_spoken(request: web.Request, req: ChatCompletionRequest) -> ChatCompletionRequest:
+    """An assistant turn given as {"audio": {"id": ...}} (an earlier spoken answer of this
+    server's, as OpenAI lets a client refer to one) gets its stored transcript as its text; an
+    id the store does not have (unknown, or expired and removed) is a 400 naming it."""
+    if not any(m.audio_id for m in req.messages):
+        return req
+    store = request.app[STORE]
+    messages = list(req.messages)
+    for i, message in enumerate(messages):
+        if message.audio_id is None or message.content is not None:
+            continue
+        param = f"messages[{i}].audio.id"
+        try:
+            meta = orjson.loads(await store.get(validate_key(f"out/audio/{message.audio_id}.json")))
+        except (KeyNotFound, ValueError, orjson.JSONDecodeError):
+            raise bad_request(f"No spoken answer has the id '{message.audio_id}' (or it expired).", param=param) from None
+        except StoreError:
+            raise bad_request(f"The spoken answer '{message.audio_id}' could not be read back.", param=param) from None
+        messages[i] = dataclasses.replace(message, content=str(meta.get("transcript", "")))
+    return dataclasses.replace(req, messages=tuple(messages))

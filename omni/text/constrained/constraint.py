@@ -1,0 +1,306 @@
+"""TokenConstraint: one request's grammar matcher, its token masks and its advance.
+
+A constraint may wait for a trigger token: until the model samples it, nothing is masked; from
+the token after it on, the grammar holds. The image and audio output paths use this to keep
+an image-code or audio-unit span well formed once the model opens one, and a reasoning model's
+answer is held to its grammar from the </think> that ends its reasoning.
+
+A constraint may also carry a reasoning budget (the request's thinking_token_budget): once
+that many tokens of reasoning are out, the next token is forced to be the end of reasoning.
+A budget alone, with no grammar, is a constraint too: it masks only that one step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import llguidance
+import llguidance.numpy as llg_np
+import numpy as np
+
+from omni.text.constrained.json_close import JsonCloser
+
+log = logging.getLogger("omni.text.constrained")
+
+
+@dataclass(slots=True)
+class ReasoningBudget:
+    """At most max_tokens between the start and end tokens of reasoning. The reasoning is open
+    from the first token when the prompt already opened it, else from a start token the model
+    samples; it closes at the first end token."""
+
+    start_token_id: int
+    end_token_id: int
+    max_tokens: int
+    open: bool = False
+    used: int = 0
+    closed: bool = False
+
+    @property
+    def exhausted(self) -> bool:
+        return self.open and self.used >= self.max_tokens
+
+    def advance(self, token_id: int) -> None:
+        if self.open:
+            if token_id == self.end_token_id:
+                self.open, self.closed = False, True
+            else:
+                self.used += 1
+        elif not self.closed and token_id == self.start_token_id:
+            self.open = True
+
+
+class TokenConstraint:
+    def __init__(
+        self,
+        matcher: llguidance.LLMatcher | None,
+        vocab_size: int,
+        trigger_token_id: int | None = None,
+        budget: ReasoningBudget | None = None,
+        closer: JsonCloser | None = None,
+        spans: bool = False,
+    ) -> None:
+        self.matcher = matcher  # None: a reasoning budget only
+        self.vocab_size = vocab_size  # the tokenizer's: a mask has ceil(vocab_size / 32) words
+        self.trigger_token_id = trigger_token_id
+        self.grammar_on = matcher is not None and trigger_token_id is None
+        self.budget = budget
+        self.closer = closer  # json_object: closes the answer before max_tokens cuts it
+        # Span mode: the grammar holds each span the trigger opens, and the text between spans
+        # is free (image and audio spans in a reply); the request never ends for the grammar.
+        assert not spans or trigger_token_id is not None, "spans open at a trigger token"
+        self.spans = spans
+        self.num_spans = 0  # spans completed
+        self.violated = False  # a token the grammar refused got through (never expected)
+
+    @property
+    def forced_token_id(self) -> int | None:
+        """The one token the next step may sample (the end of an exhausted reasoning budget)."""
+        if self.budget is not None and self.budget.exhausted:
+            return self.budget.end_token_id
+        if self.closer is not None and self.grammar_on:
+            return self.closer.forced_token_id
+        return None
+
+    @property
+    def active(self) -> bool:
+        """The next sampled token needs a mask."""
+        return self.grammar_on or self.forced_token_id is not None
+
+    @property
+    def complete(self) -> bool:
+        """The answer is whole: the grammar takes no more tokens, or the closer closed it. The
+        request ends here, "stop" (or "length" when cut_short)."""
+        if not self.grammar_on or self.matcher is None or self.spans:
+            return False
+        if self.closer is not None and self.closer.closing_now and not self.closer.scanner.closing():
+            return True
+        return self.matcher.is_stopped()
+
+    @property
+    def cut_short(self) -> bool:
+        """The closer had to end the answer early: it was cut by max_tokens, if well formed."""
+        return self.closer is not None and self.closer.closing_now
+
+    def advance(self, token_id: int) -> None:
+        """Record a sampled token; read complete and violated after it."""
+        if self.budget is not None:
+            self.budget.advance(token_id)
+        if self.matcher is None:
+            return
+        if not self.grammar_on:
+            if self.closer is not None:
+                self.closer.spend()
+            if token_id == self.trigger_token_id:
+                self.grammar_on = True
+            return
+        if self.closer is not None:
+            self.closer.advance(token_id)
+        if not self.matcher.consume_token(token_id):
+            # Only a mask that never reached the sampler lets this happen; the request is
+            # ended rather than continued from a state the grammar cannot describe.
+            log.error("token %d violates the grammar: %s", token_id, self.matcher.get_error())
+            self.violated = True
+        elif self.spans and self.matcher.is_stopped():  # the span is whole: free text again
+            self.grammar_on = False
+            self.num_spans += 1
+            self.matcher.reset()
+
+
+class WithSpans(TokenConstraint):
+    """A triggered grammar (tool_choice "auto": from the model's <tool_call> on) and span-mode
+    constraint (image spans) side by side. They never hold together: while one is on, the
+    other waits and sees no tokens; while both are off, both watch for their trigger. The
+    request ends as the triggered grammar says; spans never end it."""
+
+    def __init__(self, primary: TokenConstraint, spans: TokenConstraint) -> None:  # noqa: D107
+        assert primary.trigger_token_id is not None and spans.spans, "a triggered grammar and a span constraint"
+        self.primary = primary
+        self.span_constraint = spans
+
+    @property
+    def _current(self) -> TokenConstraint:
+        return self.span_constraint if self.span_constraint.grammar_on else self.primary
+
+    @property
+    def matcher(self) -> llguidance.LLMatcher | None:  # type: ignore[override]
+        return self._current.matcher
+
+    @property
+    def vocab_size(self) -> int:  # type: ignore[override]
+        return self.primary.vocab_size
+
+    @property
+    def grammar_on(self) -> bool:  # type: ignore[override]
+        return self.primary.grammar_on or self.span_constraint.grammar_on
+
+    @property
+    def forced_token_id(self) -> int | None:
+        return self._current.forced_token_id
+
+    @property
+    def active(self) -> bool:
+        return self._current.active
+
+    @property
+    def complete(self) -> bool:
+        return self.primary.complete
+
+    @property
+    def cut_short(self) -> bool:
+        return self.primary.cut_short
+
+    @property
+    def violated(self) -> bool:  # type: ignore[override]
+        return self.primary.violated or self.span_constraint.violated
+
+    def advance(self, token_id: int) -> None:
+        if self.span_constraint.grammar_on:
+            self.span_constraint.advance(token_id)
+        elif self.primary.grammar_on:
+            self.primary.advance(token_id)
+        else:
+            self.primary.advance(token_id)
+            if not self.primary.grammar_on:  # its trigger did not just switch it on
+                self.span_constraint.advance(token_id)
+
+
+class SpanSet(TokenConstraint):
+    """Several span kinds in one reply (image spans and audio spans): each span-mode constraint
+    watches for its own opening token; once one opens, it alone holds until its span closes.
+    Behaves as one span-mode constraint (WithSpans can pair it with a triggered grammar)."""
+
+    def __init__(self, kinds: Sequence[TokenConstraint]) -> None:  # noqa: D107
+        assert kinds and all(k.spans for k in kinds), "span-mode constraints"
+        self.kinds = list(kinds)
+        self.spans = True
+        self.trigger_token_id = kinds[0].trigger_token_id
+        self.budget = None
+        self.closer = None
+
+    @property
+    def _open(self) -> TokenConstraint | None:
+        return next((k for k in self.kinds if k.grammar_on), None)
+
+    @property
+    def matcher(self) -> llguidance.LLMatcher | None:  # type: ignore[override]
+        current = self._open
+        return current.matcher if current is not None else None
+
+    @property
+    def vocab_size(self) -> int:  # type: ignore[override]
+        return self.kinds[0].vocab_size
+
+    @property
+    def grammar_on(self) -> bool:  # type: ignore[override]
+        return self._open is not None
+
+    @property
+    def forced_token_id(self) -> int | None:
+        current = self._open
+        return (current or self.kinds[0]).forced_token_id  # a reasoning budget rides on the first
+
+    @property
+    def complete(self) -> bool:
+        return False  # spans never end the reply
+
+    @property
+    def violated(self) -> bool:  # type: ignore[override]
+        return any(k.violated for k in self.kinds)
+
+    @property
+    def num_spans(self) -> int:  # type: ignore[override]
+        return sum(k.num_spans for k in self.kinds)
+
+    def advance(self, token_id: int) -> None:
+        current = self._open
+        if current is not None:
+            current.advance(token_id)
+            return
+        for kind in self.kinds:  # each checks its own opening token
+            kind.advance(token_id)
+            if kind.grammar_on:
+                return
+
+
+def fill_masks(constraints: Sequence[TokenConstraint]) -> list[bytes]:
+    """The next-token bitmask of each (active) constraint: little-endian int32 words, bit t
+    of the mask set when token t is allowed."""
+    masks = []
+    for c in constraints:
+        forced = c.forced_token_id
+        if forced is not None:
+            masks.append(single_token_mask(forced, c.vocab_size))
+            continue
+        assert c.matcher is not None, "an active constraint has a grammar or a forced token"
+        words = llg_np.allocate_token_bitmask(1, c.vocab_size)
+        llg_np.fill_next_token_bitmask(c.matcher, words)
+        masks.append(words[0].astype("<i4", copy=False).tobytes())
+    return masks
+
+
+def single_token_mask(token_id: int, vocab_size: int) -> bytes:
+    words = np.zeros((vocab_size + 31) // 32, dtype="<i4")
+    words.view(np.uint32)[token_id // 32] = np.uint32(1 << (token_id % 32))
+    return words.tobytes()
+
+
+class MaskFiller:
+    """One engine's mask computation. A step with several constrained requests fills their
+    masks in parallel on llguidance's own threads (they release the GIL), from a worker thread,
+    so the event loop does not wait on them; a single mask (tens of microseconds) is filled
+    inline, where a thread hop would cost more than it saves."""
+
+    def __init__(self, num_threads: int | None = None) -> None:
+        self._num_threads = num_threads
+        self._executor: llguidance.LLExecutor | None = None
+
+    async def fill(self, constraints: Sequence[TokenConstraint]) -> list[bytes]:
+        if len(constraints) <= 1:
+            return fill_masks(constraints)
+        return await asyncio.to_thread(self._fill_parallel, constraints)
+
+    def _fill_parallel(self, constraints: Sequence[TokenConstraint]) -> list[bytes]:
+        if self._executor is None:
+            self._executor = llguidance.LLExecutor(self._num_threads)
+        vocab = constraints[0].vocab_size
+        assert all(c.vocab_size == vocab for c in constraints), "one model, one tokenizer"
+        words = llg_np.allocate_token_bitmask(len(constraints), vocab)
+        grammar_rows = [(c.matcher, i) for i, c in enumerate(constraints) if c.forced_token_id is None and c.matcher is not None]
+        if grammar_rows:
+            llg_np.fill_next_token_bitmask_par(self._executor, grammar_rows, words)
+        masks = [row.astype("<i4", copy=False).tobytes() for row in words]
+        for i, c in enumerate(constraints):
+            forced = c.forced_token_id
+            if forced is not None:
+                masks[i] = single_token_mask(forced, vocab)
+        return masks
+
+
+def allowed_tokens(mask: bytes, vocab_size: int) -> np.ndarray:
+    """The token ids a mask allows (for tests and diagnostics)."""
+    bits = np.unpackbits(np.frombuffer(mask, dtype=np.uint8), bitorder="little")[:vocab_size]
+    return np.flatnonzero(bits)

@@ -1,0 +1,88 @@
+"""AudioDecoderRunner in-process on the tiny audio decoder: streams decoded chunk by chunk, in
+batches with other streams, give the samples of decoding each span at once; a bad chunk fails
+its stream alone; voices come from the table or from a reference recording."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from gpu_workers.runners.audio_decoder import AudioDecoderRunner
+from gpu_workers.distributed import GroupMember
+from gpu_workers.tiny.checkpoints import make_tiny_audio_decoder
+from omni.shared import protocol
+@pytest.fixture(scope="module")
+def runner(tmp_path_factory: pytest.TempPathFactory) -> AudioDecoderRunner:
+    directory = make_tiny_audio_decoder(tmp_path_factory.mktemp("ad") / "audio_decoder", seed=0, num_units=64)
+    spec = protocol.AudioDecoderWorkerSpec(model_dir=str(directory))
+    return AudioDecoderRunner.from_spec(spec, GroupMember(0, 1, None))
+
+
+def _decode(runner: AudioDecoderRunner, batch_id: int, chunks: list[protocol.AudioChunk]) -> dict[int, np.ndarray]:
+    result = runner.run(protocol.DecodeAudio(batch_id, chunks))
+    assert isinstance(result, protocol.AudioDecodeResult) and result.batch_id == batch_id
+    assert [r.stream_id for r in result.chunks] == [c.stream_id for c in chunks]
+    assert all(r.error is None for r in result.chunks), [r.error for r in result.chunks]
+    return {r.stream_id: np.frombuffer(r.samples, dtype="<f4") for r in result.chunks}
+
+
+def _one_shot(runner: AudioDecoderRunner, units: list[int], speaker: int) -> np.ndarray:
+    with torch.inference_mode():
+        voice = runner.vocoder.speaker_embedding(torch.tensor([speaker]))
+        return runner.vocoder(torch.tensor([units]), voice)[0].numpy()
+
+
+def test_ready_message(runner: AudioDecoderRunner) -> None:
+    ready = runner.ready_message(protocol.AudioDecoderWorkerSpec(model_dir="x"))
+    assert (ready.sample_rate, ready.hop, ready.num_units) == (24000, 960, 64)
+    assert len(ready.speakers) >= 2 and ready.speaker_encoder
+
+
+def test_streams_in_shared_batches_equal_each_span_decoded_at_once(runner: AudioDecoderRunner) -> None:
+    rng = np.random.default_rng(0)
+    a, b = rng.integers(0, 64, 31).tolist(), rng.integers(0, 64, 12).tolist()
+    # a: 4, 25, 2 units; b: 3, 9 (last) - b joins a batch late and leaves early
+    got = {1: [], 2: []}
+    batches = [
+        [protocol.AudioChunk(1, a[:4], speaker=0, first=True)],
+        [protocol.AudioChunk(1, a[4:29]), protocol.AudioChunk(2, b[:3], speaker=1, first=True)],
+        [protocol.AudioChunk(2, b[3:], last=True), protocol.AudioChunk(1, a[29:], last=True)],
+    ]
+    for i, chunks in enumerate(batches):
+        for stream_id, samples in _decode(runner, i, chunks).items():
+            got[stream_id].append(samples)
+    for stream_id, units, speaker in ((1, a, 0), (2, b, 1)):
+        streamed = np.concatenate(got[stream_id])
+        assert streamed.shape == (len(units) * 960,)
+        np.testing.assert_array_equal(streamed, _one_shot(runner, units, speaker))
+    assert runner.streams == {}  # both ended: their states are freed
+
+
+def test_a_bad_chunk_fails_its_stream_alone(runner: AudioDecoderRunner) -> None:
+    result = runner.run(protocol.DecodeAudio(9, [
+        protocol.AudioChunk(5, [1, 2, 64], first=True),  # 64 is past the units
+        protocol.AudioChunk(6, [1, 2, 3], first=True),
+        protocol.AudioChunk(7, [1, 2, 3]),  # never opened
+        protocol.AudioChunk(8, [1, 2, 3], speaker=99, first=True),
+    ]))  # fmt: skip
+    assert isinstance(result, protocol.AudioDecodeResult)
+    errors = {r.stream_id: r.error for r in result.chunks}
+    assert "not in [0, 64)" in (errors[5] or "") and errors[6] is None
+    assert "not open" in (errors[7] or "") and "speaker 99" in (errors[8] or "")
+    assert set(runner.streams) == {6}
+    runner.run(protocol.DecodeAudio(10, [], closed=[6]))  # a client that left: closed
+    assert runner.streams == {}
+
+
+def test_a_voice_from_a_recording(runner: AudioDecoderRunner) -> None:
+    t = np.arange(16000 * 2) / 16000
+    wave = (0.3 * np.sin(2 * np.pi * 220 * t)).astype("<f4")
+    reply = runner.run(protocol.EmbedSpeaker(3, wave.tobytes(), 16000))
+    assert isinstance(reply, protocol.SpeakerEmbedding) and reply.error is None
+    embedding = np.frombuffer(reply.embedding, dtype="<f4")
+    assert embedding.shape == (runner.config.speaker_embed_dim,) and np.isfinite(embedding).all()
+    samples = _decode(runner, 11, [protocol.AudioChunk(4, [5, 6, 7], speaker_embedding=reply.embedding, first=True, last=True)])[4]
+    assert samples.shape == (3 * 960,) and np.abs(samples).max() > 0
+    wrong_rate = runner.run(protocol.EmbedSpeaker(4, wave.tobytes(), 24000))
+    assert isinstance(wrong_rate, protocol.SpeakerEmbedding) and "16000 Hz" in (wrong_rate.error or "")

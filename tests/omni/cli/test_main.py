@@ -1,0 +1,195 @@
+"""Flag parsing into the server's frozen config (no server is started)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from gpu_workers.tiny.checkpoints import make_tiny_checkpoint, make_tiny_omni_checkpoint
+from omni.cli.main import build_parser, config_from_args, parse_args
+from omni.config import CorsPolicy
+
+
+@pytest.fixture(scope="module")
+def dirs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    root = tmp_path_factory.mktemp("models")
+    return make_tiny_checkpoint(root / "text", "llama"), make_tiny_omni_checkpoint(root / "omni")
+
+
+def test_omni_layout_gets_its_encoder_and_text_layout_none(dirs: tuple[Path, Path]) -> None:
+    text, omni = dirs
+    args = build_parser().parse_args(["--model", f"t={text}", "--model", f"o={omni}", "--allow-remote-media"])
+    config = config_from_args(args)
+    by_name = {e.model_name: e for e in config.engines}
+    assert by_name["t"].model_dir == text.resolve() and by_name["t"].encoder_dir is None
+    assert by_name["o"].model_dir == omni.resolve() / "llm" and by_name["o"].encoder_dir == omni.resolve()
+    assert by_name["o"].media_limits.allow_remote
+
+
+def test_cpu_threads_are_split_over_llm_and_encoder_workers(
+    dirs: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    text, omni = dirs
+    monkeypatch.setattr("os.cpu_count", lambda: 8)
+    only_text = config_from_args(build_parser().parse_args(["--model", str(text)]))
+    assert only_text.engines[0].num_threads == 8
+    omni_args = ["--model", str(omni)]
+    with_decoders = config_from_args(build_parser().parse_args(omni_args))
+    assert with_decoders.engines[0].num_threads == 2  # the LLM worker, the encoder, the image and audio decoders
+    assert with_decoders.engines[0].audio_decoder_dir == omni.resolve() / "audio_decoder"
+    with_encoder = config_from_args(build_parser().parse_args([*omni_args, "--no-image-output", "--no-audio-output"]))
+    assert with_encoder.engines[0].num_threads == 4  # the LLM worker and the encoder worker
+    assert with_encoder.engines[0].vision_decoder_dir is None and with_encoder.engines[0].audio_decoder_dir is None
+    two_ranks = config_from_args(
+        build_parser().parse_args([*omni_args, "--vision-decoder-devices", "cpu,cpu", "--no-audio-output"])
+    )
+    assert two_ranks.engines[0].num_threads == 2  # 8 cores over 4 CPU processes
+    elsewhere = config_from_args(
+        build_parser().parse_args(
+            [*omni_args, "--encoder-device", "cuda:0", "--vision-decoder-devices", "cuda:1"]
+        )
+    )
+    assert elsewhere.engines[0].num_threads == 8
+    assert elsewhere.engines[0].vision_decoder_devices == ("cuda:1",)
+
+
+def test_a_directory_that_is_no_checkpoint_exits_with_a_message(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit, match="neither config.json nor llm/config.json"):
+        config_from_args(build_parser().parse_args(["--model", str(tmp_path)]))
+
+
+def test_chat_format_flags(dirs: tuple[Path, Path], tmp_path: Path) -> None:
+    text, _ = dirs
+    template = tmp_path / "t.jinja"
+    template.write_text("{{ messages[0]['content'] }}")
+    args = ["--model", str(text), "--chat-template", str(template), "--tool-call-parser", "hermes"]
+    engine = config_from_args(build_parser().parse_args([*args, "--no-enable-auto-tool-choice", "--trust-request-chat-template"])).engines[0]
+    assert engine.chat_template == "{{ messages[0]['content'] }}"
+    assert (engine.tool_call_parser, engine.enable_auto_tool_choice, engine.trust_request_chat_template) == ("hermes", False, True)
+    default = config_from_args(build_parser().parse_args(["--model", str(text)])).engines[0]
+    assert (default.chat_template, default.tool_call_parser, default.reasoning_parser) == (None, "auto", "auto")
+    assert default.enable_auto_tool_choice and not default.trust_request_chat_template
+    inline = config_from_args(build_parser().parse_args(["--model", str(text), "--chat-template", "{{ 'x' }}"]))
+    assert inline.engines[0].chat_template == "{{ 'x' }}"
+
+
+@pytest.mark.parametrize(
+    "flags", [["--tool-call-parser", "mistral"], ["--reasoning-parser", "nope"], ["--chat-template", "/no/such/file"]]
+)
+def test_bad_chat_format_flags_exit_with_a_message(dirs: tuple[Path, Path], flags: list[str]) -> None:
+    with pytest.raises(SystemExit, match="omni-serve:"):
+        config_from_args(build_parser().parse_args(["--model", str(dirs[0]), *flags]))
+
+
+def test_a_vllm_launch_line_sets_what_it_names(dirs: tuple[Path, Path]) -> None:
+    text, _ = dirs
+    line = [str(text), "--served-model-name", "x", "x-alias", "--max-model-len", "4096",
+            "--gpu-memory-utilization", "0.9", "--enable-prefix-caching", "--seed", "0", "--port", "8123",
+            "--data-parallel-size", "2", "--max-logprobs", "5", "--dtype", "half"]  # fmt: skip
+    config = config_from_args(parse_args(line))
+    engine = config.engines[0]
+    assert (engine.model_name, engine.aliases, engine.model_dir) == ("x", ("x-alias",), text.resolve())
+    assert (engine.max_model_len, engine.gpu_memory_utilization, engine.seed) == (4096, 0.9, 0)
+    assert (engine.enable_prefix_caching, engine.num_workers, engine.max_logprobs) == (True, 2, 5)
+    assert (engine.dtype, config.port) == ("float16", 8123)
+    assert not config_from_args(parse_args([str(text), "--no-enable-prefix-caching"])).engines[0].enable_prefix_caching
+    assert not config_from_args(parse_args([str(text), "--no-prefix-caching"])).engines[0].enable_prefix_caching
+
+
+@pytest.mark.parametrize(
+    ("flags", "named"),
+    [
+        (["--quantization", "awq"], "--quantization is a vLLM flag omni-serve does not support"),
+        (["--enable-lora"], "--enable-lora is a vLLM flag"),
+        (["--kv-cache-dtype=fp8"], "--kv-cache-dtype is a vLLM flag"),
+        (["--no-such-flag", "3"], "unknown flag --no-such-flag"),
+        (["--served"], "unknown flag --served"),  # no abbreviations
+    ],
+)
+def test_an_unsupported_flag_exits_naming_it(
+    dirs: tuple[Path, Path], flags: list[str], named: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        parse_args([str(dirs[0]), *flags])
+    assert exit_info.value.code == 2
+    assert named in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("flags", "says"),
+    [
+        (["--tensor-parallel-size", "2"], "--tensor-parallel-size 2"),
+        (["-pp", "2"], "--pipeline-parallel-size 2"),
+        (["--no-enable-chunked-prefill"], "always chunked"),
+        (["--ssl-keyfile", "k.pem"], "--ssl-keyfile and --ssl-certfile go together"),
+        (["--allowed-origins", "example.com"], "an origin is scheme://host[:port]"),
+        (["--root-path", "omni"], "must start with /"),
+    ],
+)
+def test_flags_omni_serve_cannot_honour_exit_with_why(dirs: tuple[Path, Path], flags: list[str], says: str) -> None:
+    with pytest.raises(SystemExit, match=re.escape(says)):
+        config_from_args(parse_args([str(dirs[0]), *flags]))
+
+
+def test_http_flags(dirs: tuple[Path, Path]) -> None:
+    text, _ = dirs
+    config = config_from_args(
+        parse_args([str(text), "--allowed-origins", '["http://127.0.0.1:9000", "https://ui.example.com"]',
+                    "--allowed-methods", "get,post", "--allow-credentials", "--root-path", "/omni/",
+                    "--ssl-keyfile", "k.pem", "--ssl-certfile", "c.pem"])
+    )  # fmt: skip
+    assert config.cors == CorsPolicy(("http://127.0.0.1:9000", "https://ui.example.com"), ("GET", "POST"), ("*",), True)
+    assert config.root_path == "/omni" and config.base_url == "https://127.0.0.1:8000/omni"
+    plain = config_from_args(parse_args([str(text)]))
+    assert plain.cors is None and plain.base_url == "http://127.0.0.1:8000"
+    assert config_from_args(parse_args([str(text), "--allowed-origins", "*"])).cors == CorsPolicy(("*",))
+
+
+def test_a_config_file_gives_the_same_settings_as_the_flags(dirs: tuple[Path, Path], tmp_path: Path) -> None:
+    text, omni = dirs
+    flags = [str(text), "--served-model-name", "x", "y", "--max-model-len", "4096", "--seed", "7",
+             "--enable-prefix-caching", "--port", "8123", "--allowed-origins", '["http://a.example"]',
+             "--disable-log-requests", "--kv-cache-memory", "64MiB"]  # fmt: skip
+    config_file = tmp_path / "omni.yaml"
+    config_file.write_text(
+        f"model: {text}\n"
+        "served-model-name: [x, y]\n"
+        "max_model_len: 4096\n"  # underscores are read as dashes
+        "seed: 7\n"
+        "enable-prefix-caching: true\n"
+        "port: 8123\n"
+        "allowed-origins: ['http://a.example']\n"
+        "disable-log-requests: true\n"
+        "kv-cache-memory: 64MiB\n"
+    )
+    assert config_from_args(parse_args(["--config", str(config_file)])) == config_from_args(parse_args(flags))
+    # the command line wins over the file, a positional model and a list included
+    over = config_from_args(parse_args(["--config", str(config_file), "--port", "9000", "--model", f"o={omni}"]))
+    assert over.port == 9000 and [e.model_name for e in over.engines] == ["x"]  # the file's names, one model
+    assert over.engines[0].model_dir == omni.resolve() / "llm"
+    positional = config_from_args(parse_args(["--config", str(config_file), str(omni)]))
+    assert [e.model_dir for e in positional.engines] == [omni.resolve() / "llm"]
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ("no-such-setting: 1\n", "unknown setting 'no-such-setting'"),
+        ("port: [1, 2]\n", "port takes one value"),
+        ("enable-prefix-caching: 3\n", "is a switch"),
+        ("- a\n- b\n", "must be a mapping"),
+        ("port: nine\n", "a value above was refused"),
+        ("port: [unclosed\n", "not valid YAML"),
+    ],
+)
+def test_a_bad_config_file_exits_naming_the_problem(
+    dirs: tuple[Path, Path], tmp_path: Path, text: str, says: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config_file = tmp_path / "bad.yaml"
+    config_file.write_text(text)
+    with pytest.raises(SystemExit) as exit_info:
+        parse_args(["--config", str(config_file)])
+    assert exit_info.value.code == 2
+    assert says in capsys.readouterr().err

@@ -1,0 +1,122 @@
+"""A worker of several processes (one torch.distributed group, gloo on CPU) fits the
+supervised-worker base: it starts whole, answers through rank 0, and when any rank dies the
+whole group is restarted."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from collections.abc import AsyncIterator, Callable
+
+import pytest
+
+from omni.engines.supervisor import EngineError, SupervisedWorker
+from tests.omni import group_runner
+from tests.omni.group_runner import Probe, ProbeReady, ProbeResult, ProbeSpec
+
+
+class ProbeEngine(SupervisedWorker):
+    def __init__(self, world_size: int) -> None:
+        super().__init__(
+            ProbeSpec(world_size=world_size, num_threads=1),
+            name="probe",
+            start_timeout=120.0,
+            entry=group_runner.main,
+        )
+        self.world_size_seen = 0
+        self.readies = 0
+        self._jobs: list[tuple[int, asyncio.Future[int]]] = []
+        self._inflight: asyncio.Future[int] | None = None
+        self._next = 0
+
+    def on_ready(self, ready: ProbeReady) -> None:
+        self.world_size_seen = ready.world_size
+        self.readies += 1
+
+    async def probe(self, value: int) -> int:
+        future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self._jobs.append((value, future))
+        self.wake()
+        return await future
+
+    async def run_once(self) -> None:
+        if not self._jobs:
+            await self.wait_for_work()
+            return
+        value, self._inflight = self._jobs.pop(0)
+        self._next += 1
+        await self.worker.send(Probe(self._next, value))
+        reply = await self.worker.recv()
+        assert isinstance(reply, ProbeResult) and reply.job_id == self._next
+        self._inflight.set_result(reply.total)
+        self._inflight = None
+
+    def fail_on_worker(self, error: EngineError) -> None:
+        if self._inflight is not None and not self._inflight.done():
+            self._inflight.set_exception(error)
+        self._inflight = None
+
+    def fail_pending(self, error: EngineError) -> None:
+        self.fail_on_worker(error)
+        for _, future in self._jobs:
+            future.set_exception(error)
+        self._jobs = []
+
+
+async def until(condition: Callable[[], bool], timeout: float) -> None:
+    async def poll() -> None:
+        while not condition():
+            await asyncio.sleep(0.05)
+
+    await asyncio.wait_for(poll(), timeout)
+
+
+@pytest.fixture
+async def group() -> AsyncIterator[ProbeEngine]:
+    engine = ProbeEngine(world_size=2)
+    await engine.start()
+    try:
+        yield engine
+    finally:
+        await engine.stop()
+
+
+async def test_a_group_starts_whole_and_every_rank_takes_part(group: ProbeEngine) -> None:
+    assert group.ready and group.world_size_seen == 2
+    assert len(group.worker.pids) == 2 and all(pid is not None for pid in group.worker.pids)
+    # rank 0 contributes 1x, rank 1 2x: only a real two-process collective gives 3 * 3
+    assert await asyncio.wait_for(group.probe(3), 30) == 9
+    assert await asyncio.wait_for(group.probe(5), 30) == 15
+
+
+async def test_a_dead_follower_restarts_the_whole_group(group: ProbeEngine) -> None:
+    before = list(group.worker.pids)
+    assert before[1] is not None
+    os.kill(before[1], signal.SIGKILL)  # rank 1 only; rank 0 is still alive
+    await until(lambda: not group.ready, timeout=30)
+    await until(lambda: group.ready, timeout=120)
+    after = group.worker.pids
+    assert group.readies == 2
+    assert len(after) == 2 and set(after).isdisjoint(before)  # both ranks are new processes
+    assert await asyncio.wait_for(group.probe(2), 30) == 6
+
+
+async def test_a_job_on_a_dying_group_fails_and_stop_fails_the_queue() -> None:
+    engine = ProbeEngine(world_size=2)
+    await engine.start()
+    try:
+        leader = engine.worker.pids[0]
+        assert leader is not None
+        os.kill(leader, signal.SIGSTOP)  # rank 0 cannot answer: the job is surely in flight
+        job = asyncio.ensure_future(engine.probe(1))
+        await until(lambda: engine._inflight is not None, timeout=30)
+        os.kill(leader, signal.SIGKILL)
+        with pytest.raises(EngineError, match="probe worker failed"):
+            await asyncio.wait_for(job, 30)
+    finally:
+        queued = asyncio.ensure_future(engine.probe(4))
+        await asyncio.sleep(0)
+        await engine.stop()
+    with pytest.raises(EngineError, match="shutting down"):
+        await queued

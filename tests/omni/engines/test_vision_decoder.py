@@ -1,0 +1,120 @@
+"""VisionDecoderEngine against a real vision decoder worker (the tiny decoder, CPU, one rank):
+images of one shape share a batch, the oldest waiting image goes next, the queue is bounded,
+an image whose caller left is never drawn, and a refused image fails alone."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from gpu_workers.tiny.checkpoints import make_tiny_vision_decoder
+from omni.shared import protocol
+from omni.engines.admission import Overloaded
+from omni.metrics import Metrics
+from omni.engines.vision_decoder import ImageDrawError, ImageRequest, VisionDecoderEngine
+
+MODEL = "tiny"
+CODES = tuple(range(64))  # the tiny decoder's 8 x 8 grid
+
+
+@pytest.fixture(scope="module")
+def decoder_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    codebook = torch.randn(64, 16, generator=torch.Generator().manual_seed(0))
+    return make_tiny_vision_decoder(tmp_path_factory.mktemp("vd") / "vision_decoder", codebook=codebook)
+
+
+@pytest.fixture
+async def engine(decoder_dir: Path) -> AsyncIterator[VisionDecoderEngine]:
+    spec = protocol.VisionDecoderWorkerSpec(model_dir=str(decoder_dir), num_threads=1)
+    engine = VisionDecoderEngine(spec, Metrics(), MODEL, max_batch_images=3, max_queued_images=6, start_timeout=120)
+    await engine.start()
+    try:
+        yield engine
+    finally:
+        await engine.stop()
+
+
+def image(seed: int, width: int = 768, height: int = 768, steps: int = 2, **kw: object) -> ImageRequest:
+    return ImageRequest(codes=CODES, width=width, height=height, steps=steps, seed=seed, **kw)  # type: ignore[arg-type]
+
+
+def batches(engine: VisionDecoderEngine) -> list[float]:
+    """The batch sizes the engine observed, in order of completion (from its histogram)."""
+    hist = engine.metrics.decoder_batch_size.labels(MODEL)
+    return [s.value for s in hist.collect()[0].samples if s.name.endswith("_sum")]
+
+
+async def test_ready_message_describes_the_decoder(engine: VisionDecoderEngine) -> None:
+    info = engine.info
+    assert info is not None
+    assert (info.grid_rows, info.grid_cols, info.num_codes, info.guidance) == (8, 8, 64, "autoguidance")
+    assert "768x768" in info.sizes and "1024x576" in info.sizes
+
+
+async def test_images_of_one_shape_share_batches_and_the_oldest_goes_first(engine: VisionDecoderEngine) -> None:
+    sent: list[list[tuple[int, int]]] = []
+    original = engine.worker.send
+
+    async def record(message: object) -> None:
+        if isinstance(message, protocol.DecodeImages):
+            sent.append([(j.width, j.height) for j in message.jobs])
+        await original(message)
+
+    engine.worker.send = record  # type: ignore[method-assign]
+    first = asyncio.ensure_future(engine.draw(image(0, steps=8)))  # in flight while the rest queue
+    while not sent:
+        await asyncio.sleep(0.01)
+    rest = [image(1, 1024, 576), image(2), image(3), image(4, 1024, 576), image(5), image(6)]
+    results = await asyncio.gather(first, *(engine.draw(r) for r in rest))
+    # after the first: the oldest waiting (1024x576) and its like, then the 768s, 3 at most
+    assert sent == [[(768, 768)], [(1024, 576)] * 2, [(768, 768)] * 3, [(768, 768)]]
+    assert [(r.width, r.height) for r in results] == [(768, 768), (1024, 576), (768, 768), (768, 768), (1024, 576), (768, 768), (768, 768)]
+    assert all(r.data.startswith(b"\x89PNG") for r in results)
+    alone = await engine.draw(image(5))
+    # drawn alone, the same image up to float rounding: a pixel may land one step apart
+    a, b = (np.asarray(Image.open(io.BytesIO(r.data)), dtype=np.int16) for r in (alone, results[5]))
+    assert np.abs(a - b).max() <= 1 and (a != b).mean() < 1e-3
+
+
+async def test_the_queue_is_bounded(engine: VisionDecoderEngine) -> None:
+    first = asyncio.ensure_future(engine.draw(image(0, steps=8)))
+    await asyncio.sleep(0.3)
+    waiting = [asyncio.ensure_future(engine.draw(image(i))) for i in range(1, 7)]
+    await asyncio.sleep(0)
+    with pytest.raises(Overloaded) as info:
+        await engine.draw(image(9))
+    assert info.value.retry_after_s > 0 and "queue is full" in str(info.value)
+    await asyncio.gather(first, *waiting)
+
+
+async def test_an_image_whose_caller_left_is_not_drawn(engine: VisionDecoderEngine) -> None:
+    first = asyncio.ensure_future(engine.draw(image(0, steps=8)))
+    await asyncio.sleep(0.3)
+    gone = asyncio.ensure_future(engine.draw(image(1, 1024, 576)))
+    await asyncio.sleep(0)
+    gone.cancel()
+    kept = await engine.draw(image(2))
+    await first
+    ok = engine.metrics.decoder_jobs.labels(MODEL, "ok")._value.get()
+    assert ok == 2 and kept.width == 768  # the 1024x576 never reached the worker
+
+
+async def test_a_refused_image_fails_alone(engine: VisionDecoderEngine) -> None:
+    bad = ImageRequest(codes=CODES[:10], width=768, height=768, steps=2, seed=0)
+    results = await asyncio.gather(engine.draw(bad), engine.draw(image(1)), return_exceptions=True)
+    assert isinstance(results[0], ImageDrawError)
+    assert isinstance(results[1], protocol.DecodedImage) and results[1].error is None
+
+
+async def test_previews_reach_their_image(engine: VisionDecoderEngine) -> None:
+    got: list[tuple[int, bytes]] = []
+    final = await engine.draw(image(3, steps=6, partial_images=2), lambda i, data: got.append((i, data)))
+    assert [i for i, _ in got] == [0, 1]
+    assert all(data.startswith(b"\x89PNG") and data != final.data for _, data in got)

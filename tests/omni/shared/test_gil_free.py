@@ -1,0 +1,95 @@
+"""join_str and join_bytes: equal to the plain joins for every width and mix of widths, and
+their copy lets other threads run (the plain join's does not)."""
+
+from __future__ import annotations
+
+import sys
+import threading
+
+import pytest
+
+from omni.shared import gil_free
+from omni.shared.gil_free import LARGE, join_bytes, join_str
+
+ASCII = "All work and no play makes Jack a dull boy. "
+WIDTHS = {"ascii": "a", "latin-1": "\xe9", "ucs-2": "\u20ac", "ucs-4": "\U0001f600"}
+
+
+def _piece(ch: str, n: int) -> str:
+    return (ASCII + ch) * (n // (len(ASCII) + 1))
+
+
+def test_the_interpreter_layout_is_understood() -> None:
+    # The fast path is what the tests below check; on CPython it must be on.
+    assert (gil_free._LAYOUT is not None) == (sys.implementation.name == "cpython")
+
+
+@pytest.mark.parametrize("first", list(WIDTHS))
+@pytest.mark.parametrize("second", list(WIDTHS))
+def test_join_str_equals_the_plain_join_for_each_mix_of_widths(first: str, second: str) -> None:
+    pieces = [_piece(WIDTHS[first], LARGE // 2 + 7), _piece(WIDTHS[second], LARGE // 2 + 11), "tail"]
+    joined = join_str(pieces)
+    assert type(joined) is str
+    assert joined == "".join(pieces)
+    assert hash(joined) == hash("".join(pieces))
+    assert joined.isascii() == all(p.isascii() for p in pieces)
+
+
+def test_a_narrow_piece_longer_than_a_widening_slice_is_widened_whole() -> None:
+    pieces = [ASCII * (3 * gil_free._WIDEN_SLICE // len(ASCII) + 5), "\U0001f600" * 3]
+    assert join_str(pieces) == "".join(pieces)
+
+
+def test_small_single_and_odd_inputs_take_the_plain_join() -> None:
+    big = _piece("a", 2 * LARGE)
+    assert join_str([big]) is big
+    assert join_str(["a", "b"]) == "ab"
+    assert join_str([]) == ""
+    assert join_str(iter([big, "x"])) == big + "x"  # not a list: the plain join
+    with pytest.raises(TypeError):
+        join_str([big, 3])  # type: ignore[list-item]
+
+
+def test_the_result_is_owned_once() -> None:
+    joined = join_str([_piece("a", LARGE), _piece("\xe9", LARGE)])
+    assert sys.getrefcount(joined) == 2  # the name and getrefcount's argument: no leaked reference
+
+
+def test_join_bytes_equals_the_plain_join() -> None:
+    pieces = [bytes(range(256)) * (LARGE // 256 + 3), b"", b"xyz" * 1000]
+    joined = join_bytes(pieces)
+    assert type(joined) is bytes and joined == b"".join(pieces)
+    assert sys.getrefcount(joined) == 2
+    assert join_bytes([b"a", bytearray(b"b")]) == b"ab"  # not all bytes: the plain join
+
+
+def _spins_during(join: object, pieces: list[str]) -> int:
+    """How far a spinning thread counts while join(pieces) runs in this one."""
+    count = 0
+    running = True
+
+    def spin() -> None:
+        nonlocal count
+        while running:
+            count += 1
+
+    spinner = threading.Thread(target=spin)
+    spinner.start()
+    while count == 0:
+        pass
+    before = count
+    join(pieces)  # type: ignore[operator]
+    during = count - before
+    running = False
+    spinner.join()
+    return during
+
+
+def test_the_copy_leaves_the_gil_to_other_threads() -> None:
+    # Held throughout (the plain join), the spinner counts only in the switch intervals around
+    # the copy; released, it counts through the whole copy. The same pieces, a fresh result
+    # each time (its pages are faulted in during the copy: the slow part).
+    pieces = [_piece("a", 1 << 20) for _ in range(48)]
+    held = min(_spins_during("".join, pieces) for _ in range(2))
+    released = max(_spins_during(join_str, pieces) for _ in range(2))
+    assert released > 2 * held

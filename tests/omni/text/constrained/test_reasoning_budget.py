@@ -1,0 +1,66 @@
+"""thinking_token_budget: after that many reasoning tokens the next one is forced to be the end of
+reasoning, alone or ahead of a grammar that starts at that end."""
+
+from __future__ import annotations
+
+import json
+
+from omni.text.constrained.compiler import GrammarCompiler
+from omni.text.constrained.constraint import MaskFiller, ReasoningBudget, TokenConstraint, allowed_tokens, fill_masks
+from omni.text.constrained.spec import GrammarKind, GrammarSpec
+from omni.text.tokenizer import TextTokenizer
+
+START, END, OTHER = 1308, 1309, 100
+
+
+def test_budget_alone_forces_the_end_once_spent() -> None:
+    c = TokenConstraint(None, 1400, budget=ReasoningBudget(START, END, max_tokens=2))
+    assert not c.active  # no reasoning open yet: nothing to mask
+    c.advance(START)
+    for _ in range(2):
+        assert not c.active
+        c.advance(OTHER)
+    assert c.active and c.forced_token_id == END
+    (mask,) = fill_masks([c])
+    assert allowed_tokens(mask, 1400).tolist() == [END]
+    c.advance(END)
+    assert not c.active and not c.complete
+    c.advance(START)  # reasoning is closed for good: a later <think> opens nothing
+    for _ in range(5):
+        c.advance(OTHER)
+    assert not c.active
+
+
+def test_an_open_prompt_counts_from_the_first_token_and_zero_forces_at_once() -> None:
+    c = TokenConstraint(None, 1400, budget=ReasoningBudget(START, END, max_tokens=0, open=True))
+    assert c.forced_token_id == END
+    c = TokenConstraint(None, 1400, budget=ReasoningBudget(START, END, max_tokens=3, open=True))
+    for _ in range(3):
+        assert c.forced_token_id is None
+        c.advance(OTHER)
+    assert c.forced_token_id == END
+
+
+def test_the_model_ending_early_spends_nothing_more() -> None:
+    c = TokenConstraint(None, 1400, budget=ReasoningBudget(START, END, max_tokens=5, open=True))
+    c.advance(OTHER)
+    c.advance(END)
+    for _ in range(10):
+        c.advance(OTHER)
+        assert not c.active
+
+
+async def test_budget_then_grammar_from_the_end_of_reasoning(compiler: GrammarCompiler, tokenizer: TextTokenizer) -> None:
+    start, end = tokenizer.token_to_id("<think>"), tokenizer.token_to_id("</think>")
+    assert start is not None and end is not None
+    grammar = await compiler.compile(GrammarSpec(GrammarKind.CHOICE, json.dumps(["yes", "no"])))
+    c = grammar.new_constraint(trigger_token_id=end, budget=ReasoningBudget(start, end, 1, open=True))
+    assert not c.active
+    c.advance(OTHER)  # the one reasoning token the budget allows
+    masks = await MaskFiller().fill([c, grammar.new_constraint()])  # the parallel path too
+    assert allowed_tokens(masks[0], tokenizer.vocab_size).tolist() == [end]
+    assert len(allowed_tokens(masks[1], tokenizer.vocab_size)) > 1
+    c.advance(end)
+    assert c.active and c.forced_token_id is None
+    allowed = set(allowed_tokens(fill_masks([c])[0], tokenizer.vocab_size).tolist())
+    assert tokenizer.encode("yes", add_special_tokens=False)[0] in allowed and end not in allowed
