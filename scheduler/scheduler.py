@@ -11,7 +11,7 @@ schedule(). At most one step is in flight; schedule() advances num_computed_toke
 
 The waiting queue is bounded (max_num_waiting requests, max_num_waiting_tokens tokens):
 add_request refuses a newcomer beyond either with QueueFull. The server admits requests
-against tighter limits before they get here (omni/admission.py); this bound is the backstop.
+against tighter limits before they get here (omni/engines/admission.py); this bound is the backstop.
 Preempted requests rejoin the queue whatever its length: they were admitted already.
 """
 
