@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SHARED = ("omni.shared.protocol", "omni.shared.store", "omni.shared.media", "omni.shared.log_format", "omni.shared.gil_free")
+SHARED = ("omni.shared",)
 
 
 def _under(name: str, prefixes: tuple[str, ...]) -> bool:

@@ -98,7 +98,7 @@ detok.push(ids)
 detok.finish()
 assert "torch" not in sys.modules, sorted(m for m in sys.modules if m.startswith("torch"))
 """
-    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).parents[2])
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).parents[3])
 
 
 def test_apply_chat_template_takes_parsed_messages(tok: TextTokenizer) -> None:

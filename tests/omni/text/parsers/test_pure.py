@@ -6,7 +6,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parents[3] / "omni" / "parsers"
+PACKAGE = Path(__file__).resolve().parents[4] / "omni" / "text" / "parsers"
 FORBIDDEN = ("torch", "aiohttp", "llguidance", "gpu_workers", "scheduler")
 
 
