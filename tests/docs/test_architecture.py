@@ -5,7 +5,6 @@ path it names exists, with the function or class it names after a colon (`file.p
 from __future__ import annotations
 
 import ast
-import itertools
 import re
 from functools import cache
 from pathlib import Path
@@ -36,9 +35,12 @@ def named_paths(text: str) -> list[tuple[str, str | None]]:
 
 
 def _expand(path: str) -> list[str]:
-    parts = re.split(r"\{([^}]*)\}", path)
-    fixed, groups = parts[0::2], [g.split(",") for g in parts[1::2]]
-    return ["".join(itertools.chain.from_iterable(zip(fixed, (*choice, "")))) for choice in itertools.product(*groups)]
+    """a/{b,c}.py -> [a/b.py, a/c.py]; several groups multiply."""
+    head, brace, rest = path.partition("{")
+    if not brace:
+        return [path]
+    choices, _, tail = rest.partition("}")
+    return [p for choice in choices.split(",") for p in _expand(head + choice + tail)]
 
 
 def _resolve(path: str) -> Path | None:
