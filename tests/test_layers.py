@@ -199,8 +199,11 @@ GRAPH = _graph()
 
 def _check_known(found: Collection[object], known: Collection[object], what: str) -> None:
     """found must equal known: a new violation fails, and so does a listed one that is gone."""
-    new = sorted(map(str, set(found) - set(known)))
-    stale = sorted(map(str, set(known) - set(found)))
+    def show(entries: set[object]) -> list[str]:  # a cycle's members in order, to read it
+        return sorted(" ".join(sorted(map(str, e))) if isinstance(e, frozenset) else str(e) for e in entries)
+
+    new = show(set(found) - set(known))
+    stale = show(set(known) - set(found))
     assert not new, f"{what}, not listed: {new}"
     assert not stale, f"listed as {what} but no longer so; delete the entries: {stale}"
 
