@@ -1,35 +1,64 @@
-"""Layers import one way (STYLE.md 2, docs/ARCHITECTURE.md "Layers").
+"""Layers import one way, and the package keeps its shape (STYLE.md 2 and 12,
+docs/ARCHITECTURE.md "Layers", HOUSE_REVIEW.md 4.3).
 
-    server (omni/: api, engines, orchestrator, ...) --> shared layers, scheduler
-    workers (gpu_workers/)                          --> shared layers
-    shared layers (omni.shared.protocol, omni.shared.store, omni.shared.media, omni.shared.log_format, omni.shared.gil_free), scheduler --> nothing of ours above
+Read from the source: every import statement, including those inside functions, under
+`TYPE_CHECKING` and relative ones (`from . import x`), into a graph of the package's modules
+(omni, gpu_workers, scheduler). `from pkg import name` is an edge to pkg.name where that is a
+module, else to pkg; importing a package is an edge to its __init__. Then checked again in a
+fresh interpreter importing what a worker process imports.
 
-Read from the source (every import statement, including those inside functions), then
-checked again in a fresh interpreter importing what a worker process imports.
+1. One-way imports. LAYERS is ordered, lowest first:
+       omni.shared, scheduler  <  omni.errors, omni.config, omni.metrics, omni.model_layout
+       <  omni.text  <  omni.engines  <  omni.modalities  <  omni.serving  <  omni.http
+       <  omni.cli  <  omni.__main__, omni
+   A module of a layer imports only modules of its own layer or lower ones.
+2. Who may import the workers. gpu_workers imports nothing of ours but itself and omni.shared;
+   of gpu_workers the server imports only gpu_workers.worker (the spawn target), and only from
+   omni.engines; the scheduler imports nothing of ours.
+3. No cycle: no strongly connected component of more than one module. A `TYPE_CHECKING` guard
+   does not hide one.
+4. aiohttp. omni/http and omni/cli use any of it. Anywhere else a module uses only the aiohttp
+   names its AIOHTTP_CLIENT entry lists, with the reason: the client side a module needs to
+   fetch something (a ClientSession, a resolver, ClientError). Those lists never name the
+   server side (aiohttp.web and web_*, test_utils, typedefs, the multipart readers,
+   http_exceptions), and a test says so. "Uses" counts `from aiohttp.x import y` as aiohttp.x.y,
+   `import aiohttp.x` as aiohttp.x, and after `import aiohttp` every attribute read off the
+   name (`aiohttp.ClientSession` is aiohttp.ClientSession). gpu_workers uses no aiohttp at all.
+5. A size budget: a package module over BUDGET lines needs an OVER_BUDGET entry with a reason.
+6. Tests mirror the tree: every package module but an __init__ has tests/<same dirs>/test_<module>.py
+   (test_<module>_<aspect>.py may sit beside it), or an UNMIRRORED entry naming where it is tested.
+7. A fixed top: omni/ holds exactly TOP's modules, and its subpackages are the layers'.
+
+Known violations sit in KNOWN_* sets and the allowlists. A test fails on a violation that is not
+listed and on a listed one that no longer exists, so the lists only shrink. Each rule has a
+self-test on synthetic graphs or tmp files that shows its checker sees a violation.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
+from collections.abc import Collection, Iterable, Iterator, Mapping
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("omni", "gpu_workers", "scheduler")
 SHARED = ("omni.shared",)
 
 
-def _under(name: str, prefixes: tuple[str, ...]) -> bool:
+def _under(name: str, prefixes: Iterable[str]) -> bool:
     return any(name == p or name.startswith(p + ".") for p in prefixes)
 
 
-def _modules(package: str) -> list[tuple[str, Path]]:
-    base = ROOT / package.replace(".", "/")
+def _modules(package: str, root: Path = ROOT) -> list[tuple[str, Path]]:
+    base = root / package.replace(".", "/")
     out = []
     for path in sorted(base.rglob("*.py")):
-        parts = path.relative_to(ROOT).with_suffix("").parts
+        parts = path.relative_to(root).with_suffix("").parts
         name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
         out.append((name, path))
     return out
@@ -59,7 +88,7 @@ def _violations(packages: tuple[str, ...], forbidden: tuple[str, ...], allowed: 
 
 
 def test_worker_code_uses_only_the_shared_layers_of_the_server_package() -> None:
-    # omni itself is allowed as a name only so that `from omni import protocol` parses; each
+    # omni itself is allowed as a name only so that `from omni import shared` parses; each
     # imported member is checked as omni.<member> (the name list of _imports).
     found = [
         v for v in _violations(("gpu_workers",), ("omni", "aiohttp", "aiobotocore"), SHARED)
@@ -126,3 +155,531 @@ def test_the_s3_client_is_loaded_only_for_an_s3_store(tmp_path: Path) -> None:
     above, clients = _worker_imports("s3://bucket/prefix")
     assert above == "[]"
     assert "'aiobotocore'" in clients
+
+
+# --- The module graph -----------------------------------------------------------------------
+
+
+def _module_paths(root: Path = ROOT, packages: Iterable[str] = PACKAGES) -> dict[str, Path]:
+    return {name: path for package in packages for name, path in _modules(package, root)}
+
+
+def _import_edges(module: str, path: Path, known: Collection[str]) -> set[str]:
+    """The modules of `known` that one file's import statements reach, wherever they stand."""
+
+    def nearest(name: str) -> str | None:
+        while name and name not in known:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    package = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
+    targets: set[str | None] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            targets.update(nearest(alias.name) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:  # from . import x: relative to the module's package, one level up per extra dot
+                base = package[: len(package) - node.level + 1]
+                source = ".".join([*base, node.module] if node.module else base)
+            else:
+                source = node.module or ""
+            for alias in node.names:
+                full = f"{source}.{alias.name}"
+                targets.add(full if full in known else nearest(source))
+    return {t for t in targets if t is not None and t != module}
+
+
+def _graph(root: Path = ROOT, packages: Iterable[str] = PACKAGES) -> dict[str, set[str]]:
+    paths = _module_paths(root, packages)
+    return {module: _import_edges(module, path, paths) for module, path in paths.items()}
+
+
+GRAPH = _graph()
+
+
+def _check_known(found: Collection[object], known: Collection[object], what: str) -> None:
+    """found must equal known: a new violation fails, and so does a listed one that is gone."""
+    def show(entries: set[object]) -> list[str]:  # a cycle's members in order, to read it
+        return sorted(" ".join(sorted(map(str, e))) if isinstance(e, frozenset) else str(e) for e in entries)
+
+    new = show(set(found) - set(known))
+    stale = show(set(known) - set(found))
+    assert not new, f"{what}, not listed: {new}"
+    assert not stale, f"listed as {what} but no longer so; delete the entries: {stale}"
+
+
+def test_the_known_list_check_fails_on_a_new_and_on_a_stale_entry() -> None:
+    _check_known({"a"}, {"a"}, "violations")
+    with pytest.raises(AssertionError, match="not listed"):
+        _check_known({"a", "b"}, {"a"}, "violations")
+    with pytest.raises(AssertionError, match="no longer"):
+        _check_known({"a"}, {"a", "b"}, "violations")
+
+
+def test_the_graph_reads_every_kind_of_import(tmp_path: Path) -> None:
+    files = {
+        "pkg/__init__.py": "from . import a\n",
+        "pkg/a.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg.sub import b\n",
+        "pkg/sub/__init__.py": "",
+        "pkg/sub/b.py": "def f():\n    from ..a import name\n    import pkg.sub.c.name_in_c\n",
+        "pkg/sub/c.py": "from . import not_a_module\nimport os\n",
+    }
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    assert _graph(tmp_path, ("pkg",)) == {
+        "pkg": {"pkg.a"},
+        "pkg.a": {"pkg.sub.b"},
+        "pkg.sub": set(),
+        "pkg.sub.b": {"pkg.a", "pkg.sub.c"},
+        "pkg.sub.c": {"pkg.sub"},
+    }
+
+
+# --- 1. One-way imports ---------------------------------------------------------------------
+
+LAYERS: list[tuple[str, ...]] = [
+    ("omni.shared", "scheduler"),
+    ("omni.errors", "omni.config", "omni.metrics", "omni.model_layout"),
+    ("omni.text",),
+    ("omni.engines",),
+    ("omni.modalities",),
+    ("omni.serving",),
+    ("omni.http",),
+    ("omni.cli",),
+    ("omni.__main__", "omni"),
+]
+
+# Cut by issue 21's seams: the imports that run up the layers today. The test fails when one of
+# them is gone, so delete its line then; nothing may be added.
+KNOWN_UPWARD: set[tuple[str, str]] = {
+    ("omni.config", "omni.engines.admission"),  # EngineConfig.queue_limits moves into admission
+    ("omni.engines.generation", "omni.serving.model"),  # Generation takes pool and tokenizer
+    ("omni.modalities.inputs.items", "omni.serving.requests"),  # inputs take neutral MediaRefs
+    ("omni.modalities.inputs.pipeline", "omni.serving.requests"),
+    ("omni.modalities.outputs.audio", "omni.http.state"),  # ModelAudio is handed its store
+    ("omni.serving.lifecycle", "omni.http.access_log"),  # the lifecycle without aiohttp
+    ("omni.serving.lifecycle", "omni.http.state"),
+    ("omni.serving.requests.fields", "omni.http.json_body"),  # the body reader moves to http
+    ("omni.serving.spoken", "omni.http.state"),
+}
+
+
+def _layer(module: str) -> int | None:
+    """The index in LAYERS of the longest prefix naming the module (omni matches only
+    what no layer below names); None for gpu_workers."""
+    best: tuple[int, int] | None = None
+    for index, prefixes in enumerate(LAYERS):
+        for prefix in prefixes:
+            if _under(module, (prefix,)) and (best is None or len(prefix) > best[0]):
+                best = (len(prefix), index)
+    return None if best is None else best[1]
+
+
+def _upward(graph: Mapping[str, Collection[str]]) -> set[tuple[str, str]]:
+    found = set()
+    for module, targets in graph.items():
+        for target in targets:
+            here, there = _layer(module), _layer(target)
+            if here is not None and there is not None and there > here:
+                found.add((module, target))
+    return found
+
+
+def test_imports_run_down_the_layers() -> None:
+    _check_known(_upward(GRAPH), KNOWN_UPWARD, "imports that run up the layers")
+
+
+def test_the_layer_checker_sees_a_violation() -> None:
+    graph = {
+        "omni.text.tokenizer": {"omni.http.app", "omni.shared.media", "omni.text.chat_format"},
+        "omni.errors": {"omni.engines.admission", "omni.config"},
+        "omni.http.app": {"omni", "omni.cli.main", "scheduler.request", "gpu_workers.worker"},
+        "scheduler.request": {"omni.errors"},
+        "omni.cli.main": {"omni.__main__"},
+        "omni.__main__": {"omni.cli.main"},
+    }
+    assert _upward(graph) == {
+        ("omni.text.tokenizer", "omni.http.app"),
+        ("omni.errors", "omni.engines.admission"),
+        ("omni.http.app", "omni"),
+        ("omni.http.app", "omni.cli.main"),
+        ("scheduler.request", "omni.errors"),
+        ("omni.cli.main", "omni.__main__"),
+    }
+
+
+# --- 2. Who may import the workers ----------------------------------------------------------
+
+WORKER_ENTRY = "gpu_workers.worker"  # the spawn target the engines start a worker process with
+
+
+def _crossings(graph: Mapping[str, Collection[str]]) -> set[tuple[str, str]]:
+    """Imports across the server/worker boundary that the rules do not allow."""
+    found = set()
+    for module, targets in graph.items():
+        for target in targets:
+            if _under(module, ("gpu_workers",)):
+                allowed = _under(target, ("gpu_workers", *SHARED))
+            elif _under(target, ("gpu_workers",)):
+                allowed = _under(module, ("omni.engines",)) and target == WORKER_ENTRY
+            elif _under(module, ("scheduler",)):
+                allowed = _under(target, ("scheduler",))
+            else:
+                allowed = True
+            if not allowed:
+                found.add((module, target))
+    return found
+
+
+def test_workers_and_server_meet_only_at_the_shared_layers_and_the_spawn_target() -> None:
+    assert _crossings(GRAPH) == set()
+
+
+def test_the_crossing_checker_sees_a_violation() -> None:
+    graph = {
+        "gpu_workers.runner": {"omni.shared.protocol", "omni.errors", "scheduler.request", "gpu_workers.loader"},
+        "omni.engines.llm": {"gpu_workers.worker", "gpu_workers.runner"},
+        "omni.http.app": {"gpu_workers.worker"},
+        "scheduler.scheduler": {"omni.shared.protocol", "scheduler.request"},
+    }
+    assert _crossings(graph) == {
+        ("gpu_workers.runner", "omni.errors"),
+        ("gpu_workers.runner", "scheduler.request"),
+        ("omni.engines.llm", "gpu_workers.runner"),
+        ("omni.http.app", "gpu_workers.worker"),
+        ("scheduler.scheduler", "omni.shared.protocol"),
+    }
+
+
+# --- 3. No import cycle ---------------------------------------------------------------------
+
+# Cut by issue 21's seams (Generation takes what it uses; ModelAudio is handed its store):
+# today's one cycle, which only a TYPE_CHECKING guard keeps from an ImportError. The test fails
+# when it changes, so the entry goes once it is cut.
+KNOWN_CYCLES: set[frozenset[str]] = {
+    frozenset({
+        "omni.engines.generation",
+        "omni.http.state",
+        "omni.modalities.outputs.audio",
+        "omni.modalities.outputs.image",
+        "omni.modalities.outputs.router",
+        "omni.serving.model",
+    }),
+}  # fmt: skip
+
+
+def _cycles(graph: Mapping[str, Collection[str]]) -> set[frozenset[str]]:
+    """Tarjan's strongly connected components, iterative; those of more than one module."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: set[frozenset[str]] = set()
+
+    def enter(node: str) -> tuple[str, Iterator[str]]:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        return node, iter(sorted(t for t in graph[node] if t in graph))
+
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [enter(root)]
+        while work:
+            node, targets = work[-1]
+            for target in targets:
+                if target not in index:
+                    work.append(enter(target))
+                    break
+                if target in on_stack:
+                    low[node] = min(low[node], index[target])
+            else:  # every target done: node closes; a root of a component pops it
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == index[node]:
+                    component = {node}
+                    while (member := stack.pop()) != node:
+                        component.add(member)
+                    on_stack.difference_update(component)
+                    if len(component) > 1:
+                        found.add(frozenset(component))
+    return found
+
+
+def test_no_import_cycle() -> None:
+    _check_known(_cycles(GRAPH), KNOWN_CYCLES, "import cycles")
+
+
+def test_the_cycle_checker_sees_a_violation() -> None:
+    graph = {
+        "a": {"b"}, "b": {"c"}, "c": {"a", "d"},  # a cycle of three that leads on to d
+        "d": {"e"}, "e": {"d", "outside"},  # and a second of two
+        "f": {"a", "f"},  # into a cycle, and to itself: neither is a cycle of modules
+    }  # fmt: skip
+    assert _cycles(graph) == {frozenset("abc"), frozenset("de")}
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": set()}) == set()
+
+
+# --- 4. aiohttp -----------------------------------------------------------------------------
+
+AIOHTTP_ANYWHERE = ("omni.http", "omni.cli")
+
+# What a module outside omni/http and omni/cli may use of aiohttp, and why. Client side only.
+AIOHTTP_CLIENT: dict[str, tuple[frozenset[str], str]] = {
+    "omni.modalities.inputs.source": (
+        frozenset({
+            "aiohttp.ClientError", "aiohttp.ClientResponse", "aiohttp.ClientSession",
+            "aiohttp.TCPConnector", "aiohttp.abc.ResolveResult", "aiohttp.resolver.ThreadedResolver",
+        }),
+        "fetches media by URL: one ClientSession whose resolver refuses private addresses",
+    ),
+    "omni.shared.store.s3": (
+        frozenset({"aiohttp.ClientError"}),
+        "aiobotocore talks to S3 over aiohttp and raises its ClientError, a backend error to map",
+    ),
+}  # fmt: skip
+
+# Cut by issue 21's seams (the lifecycle without aiohttp, speech through it, the body reader
+# and the multipart form in http, ModelAudio handed its store): aiohttp used below http today.
+# The test fails when one is gone, so delete its line then; nothing may be added.
+KNOWN_AIOHTTP: set[tuple[str, str]] = {
+    ("omni.modalities.outputs.audio", "aiohttp.web"),
+    ("omni.serving.lifecycle", "aiohttp.web"),
+    ("omni.serving.requests.fields", "aiohttp.web"),
+    ("omni.serving.requests.transcriptions", "aiohttp.BodyPartReader"),
+    ("omni.serving.requests.transcriptions", "aiohttp.http_exceptions.HttpProcessingError"),
+    ("omni.serving.requests.transcriptions", "aiohttp.web"),
+    ("omni.serving.spoken", "aiohttp.web"),
+}
+
+_SERVER_SIDE = ("test_utils", "typedefs", "multipart", "BodyPartReader", "MultipartReader", "http_exceptions")
+
+
+def _server_side(name: str) -> bool:
+    member = name.split(".")[1]
+    return member.startswith("web") or member in _SERVER_SIDE
+
+
+def _aiohttp_uses(path: Path) -> set[str]:
+    """Each aiohttp name the file uses: imported from it, or read off a name bound to it."""
+    tree = ast.parse(path.read_text(), str(path))
+    uses: set[str] = set()
+    bound: set[str] = set()  # local names of the aiohttp package itself
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name == "aiohttp":
+                    bound.add(alias.asname or "aiohttp")
+                elif _under(alias.name, ("aiohttp",)):
+                    uses.add(alias.name)
+                    if alias.asname is None:  # import aiohttp.x binds aiohttp too
+                        bound.add("aiohttp")
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and _under(node.module or "", ("aiohttp",)):
+            uses.update(f"{node.module}.{alias.name}" for alias in node.names)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in bound:
+            uses.add(f"aiohttp.{node.attr}")
+    return uses
+
+
+def _aiohttp_violations(uses: Mapping[str, Collection[str]]) -> set[tuple[str, str]]:
+    return {
+        (module, name)
+        for module, names in uses.items()
+        if not _under(module, AIOHTTP_ANYWHERE)
+        for name in names
+        if name not in AIOHTTP_CLIENT.get(module, (frozenset(), ""))[0]
+    }
+
+
+_USES = {module: _aiohttp_uses(path) for module, path in _module_paths().items()}
+
+
+def test_aiohttp_below_http_is_only_a_listed_client() -> None:
+    _check_known(_aiohttp_violations(_USES), KNOWN_AIOHTTP, "aiohttp uses outside omni/http and omni/cli")
+
+
+def test_the_aiohttp_allowlist_names_only_the_client_side_and_only_what_is_used() -> None:
+    for module, (names, reason) in AIOHTTP_CLIENT.items():
+        assert reason and not _under(module, ("gpu_workers",)), module
+        assert not [n for n in names if _server_side(n)], module
+        assert names <= _USES[module], f"{module} no longer uses {sorted(names - _USES[module])}"
+
+
+def test_the_aiohttp_checker_sees_a_violation(tmp_path: Path) -> None:
+    bad = tmp_path / "m.py"
+    bad.write_text(
+        "import aiohttp as h\nimport aiohttp.web_request\nfrom aiohttp.typedefs import Handler\n"
+        "def f(r: 'aiohttp.web_request.Request') -> None:\n    h.ClientSession(); aiohttp.web_request.Request\n"
+    )
+    uses = _aiohttp_uses(bad)
+    assert uses == {"aiohttp.web_request", "aiohttp.typedefs.Handler", "aiohttp.ClientSession"}
+    assert _aiohttp_violations({"omni.serving.x": uses, "omni.http.x": uses}) == {
+        ("omni.serving.x", name) for name in uses
+    }
+    source = {"omni.modalities.inputs.source": {"aiohttp.ClientSession", "aiohttp.web"}}
+    assert _aiohttp_violations(source) == {("omni.modalities.inputs.source", "aiohttp.web")}
+    assert [_server_side(n) for n in ("aiohttp.web", "aiohttp.web_protocol.X", "aiohttp.ClientError")] == [
+        True, True, False,
+    ]  # fmt: skip
+
+
+# --- 5. A size budget -----------------------------------------------------------------------
+
+BUDGET = 600
+
+OVER_BUDGET: dict[str, str] = {
+    "omni/http/openapi.py": "hand-written schema tables; issue 21 generates them from the request structs (msgspec)",
+    "omni/cli/main.py": "every flag by hand; issue 21 generates the flags from per-component configs",
+    "omni/serving/requests/fields.py": "hand-written field readers; issue 21 declares each field once as msgspec",
+    "omni/metrics.py": "one registry of every metric family, so vLLM's names, labels and buckets read in one place",
+    "gpu_workers/models/unit_vocoder.py": "one model, read top-down like nanoGPT's model.py (STYLE.md 7)",
+}
+
+
+def _oversized(root: Path, paths: Iterable[Path]) -> dict[str, int]:
+    sizes = {str(p.relative_to(root)): len(p.read_text().splitlines()) for p in paths}
+    return {name: size for name, size in sizes.items() if size > BUDGET}
+
+
+def test_modules_keep_to_the_size_budget() -> None:
+    _check_known(_oversized(ROOT, _module_paths().values()), OVER_BUDGET, f"modules over {BUDGET} lines")
+    assert all(OVER_BUDGET.values())
+
+
+def test_the_size_checker_sees_a_violation(tmp_path: Path) -> None:
+    (tmp_path / "big.py").write_text("x = 1\n" * (BUDGET + 1))
+    (tmp_path / "small.py").write_text("x = 1\n" * BUDGET)
+    assert _oversized(tmp_path, tmp_path.glob("*.py")) == {"big.py": BUDGET + 1}
+
+
+# --- 6. Tests mirror the tree ---------------------------------------------------------------
+
+# A module without tests/<same dirs>/test_<module>.py, and where it is tested instead. Every
+# tests/ path named here must exist. The gpu_workers tests that predate the folders they test
+# (models/, preprocess/, attention/) would leave this list by moving into them.
+UNMIRRORED: dict[str, str] = {
+    "omni/__main__.py": "two lines calling omni.cli.main.main, which tests/omni/cli/test_main.py tests",
+    "omni/config.py": "dataclasses the CLI fills in tests/omni/cli/test_main.py; CORS in tests/omni/http/test_cors.py",
+    "omni/errors.py": "APIError and its helpers; mapped to responses in tests/omni/http/test_errors.py",
+    "omni/cli/config_file.py": "tests/omni/cli/test_main.py (a config file gives the same settings as the flags)",
+    "omni/cli/vllm_flags.py": "tests/omni/cli/test_main.py (an unsupported flag exits naming it)",
+    "omni/engines/generation.py": "tests/omni/modalities/outputs/test_router.py, tests/omni/http/handlers/test_chat.py",
+    "omni/engines/llm.py": "tests/omni/engines/test_admission.py; on real workers, tests/e2e/test_chat_api.py",
+    "omni/engines/pool.py": "tests/omni/engines/test_admission.py; on real workers, tests/e2e/test_pools.py",
+    "omni/engines/step.py": "StepDriver in tests/gpu_workers/conftest.py runs the runners through it",
+    "omni/engines/worker_specs.py": "tests/omni/cli/test_main.py and tests/deploy/test_kubernetes_manifests.py",
+    "omni/http/handlers/artifacts.py": "tests/omni/shared/store/test_local.py and tests/e2e/test_images.py",
+    "omni/http/handlers/completions.py": "tests/omni/serving/test_lifecycle.py and tests/e2e/test_chat_api.py",
+    "omni/http/handlers/images.py": "tests/e2e/test_images.py",
+    "omni/http/handlers/speech.py": "tests/e2e/test_speech.py",
+    "omni/http/handlers/system.py": "tests/omni/http/handlers/test_tokenize.py and tests/e2e/test_operations.py",
+    "omni/http/handlers/transcriptions.py": "tests/omni/serving/requests/test_transcriptions.py",
+    "omni/http/logprobs.py": "tests/omni/serving/requests/test_output_fields.py and tests/e2e/test_output_fields.py",
+    "omni/http/sse.py": "tests/omni/http/test_cors.py and tests/omni/http/handlers/test_chat.py",
+    "omni/http/state.py": "the app's typed keys only, no behaviour",
+    "omni/modalities/inputs/encoder_cache.py": "tests/omni/modalities/inputs/test_pipeline.py",
+    "omni/modalities/inputs/items.py": "tests/omni/modalities/inputs/test_pipeline.py",
+    "omni/modalities/inputs/placeholders.py": "tests/omni/modalities/inputs/test_pipeline.py, tests/e2e/test_media.py",
+    "omni/modalities/outputs/audio.py": "tests/e2e/test_chat_audio.py and tests/e2e/test_speech.py",
+    "omni/modalities/outputs/image.py": "tests/omni/modalities/outputs/test_router.py and tests/e2e/test_images.py",
+    "omni/serving/chat_turns.py": "tests/omni/serving/requests/test_chat.py and test_images.py beside it",
+    "omni/serving/choice_constraints.py": "tests/e2e/test_structured_output.py, test_tools.py and test_reasoning.py",
+    "omni/serving/model.py": "tests/omni/serving/test_prompt.py and tests/omni/serving/test_lifecycle.py",
+    "omni/serving/requests/completions.py": "tests/omni/serving/requests/test_fields.py and test_output_fields.py",
+    "omni/serving/requests/speech.py": "tests/e2e/test_speech.py and tests/omni/http/test_openapi.py",
+    "omni/serving/requests/tools.py": "tests/omni/serving/requests/test_chat.py and tests/e2e/test_tools.py",
+    "omni/serving/spoken.py": "tests/e2e/test_chat_audio.py",
+    "omni/shared/media/errors.py": "MediaError only; raised and checked in every tests/omni/shared/media test",
+    "omni/shared/media/tempo.py": "tests/e2e/test_speech.py (speed stretches the audio)",
+    "omni/shared/protocol/specs.py": "tests/omni/shared/protocol/test_messages.py",
+    "omni/shared/store/base.py": "tests/omni/shared/store/test_store_behaviour.py and test_keys.py",
+    "omni/shared/store/spec.py": "tests/omni/http/test_app.py and tests/deploy/test_kubernetes_manifests.py",
+    "omni/text/chat_format.py": "tests/omni/serving/requests/test_chat.py",
+    "omni/text/constrained/constraint.py": "tests/omni/text/constrained/test_reasoning_budget.py and beside it",
+    "omni/text/constrained/spec.py": "tests/omni/text/constrained/test_compiler.py",
+    "omni/text/reply_parser.py": "tests/omni/http/handlers/test_chat.py and tests/e2e/test_reasoning.py",
+    "scheduler/output.py": "tests/scheduler/test_scheduler.py",
+    "scheduler/request.py": "tests/scheduler/test_scheduler.py",
+    "gpu_workers/artifacts.py": "tests/gpu_workers/runners/test_encoder.py and test_llm_media.py",
+    "gpu_workers/attention/backend.py": "tests/gpu_workers/attention/test_backends.py",
+    "gpu_workers/attention/flash_attn_backend.py": "tests/gpu_workers/attention/test_backends.py, given flash-attn",
+    "gpu_workers/attention/registry.py": "tests/gpu_workers/attention/test_backends.py",
+    "gpu_workers/attention/torch_sdpa.py": "tests/gpu_workers/attention/test_backends.py",
+    "gpu_workers/distributed.py": "tests/gpu_workers/attention/test_ulysses.py and runners/test_vision_decoder.py",
+    "gpu_workers/encoder_components.py": "tests/gpu_workers/runners/test_encoder.py",
+    "gpu_workers/models/flow_match.py": "tests/gpu_workers/test_flow_match.py",
+    "gpu_workers/models/flux_dit.py": "tests/gpu_workers/test_flux_dit.py",
+    "gpu_workers/models/flux_vae.py": "tests/gpu_workers/test_flux_vae.py",
+    "gpu_workers/models/fsq_audio_tokenizer.py": "tests/gpu_workers/test_fsq_audio_tokenizer.py",
+    "gpu_workers/models/hf_weights.py": "every model's loader; tests/gpu_workers/test_loader.py",
+    "gpu_workers/models/llama.py": "tests/gpu_workers/test_llama_config.py and test_llama_vs_transformers.py",
+    "gpu_workers/models/packed_linear.py": "tests/gpu_workers/test_packed_linear.py",
+    "gpu_workers/models/qwen2_5_vl_vision.py": "tests/gpu_workers/test_vision_encoder.py",
+    "gpu_workers/models/qwen2_audio_encoder.py": "tests/gpu_workers/test_audio_encoder.py",
+    "gpu_workers/models/siglip_vision.py": "tests/gpu_workers/test_ta_tok.py",
+    "gpu_workers/models/ta_tok.py": "tests/gpu_workers/test_ta_tok.py",
+    "gpu_workers/models/unit_vocoder.py": "tests/gpu_workers/test_unit_vocoder.py",
+    "gpu_workers/preprocess/audio.py": "tests/gpu_workers/test_audio_encoder.py",
+    "gpu_workers/preprocess/image.py": "tests/gpu_workers/test_vision_encoder.py",
+    "gpu_workers/runner.py": "the runner registry; tests/gpu_workers/runners/ and this file's worker check",
+    "gpu_workers/worker.py": "tests/omni/engines/test_worker_process.py",
+}
+
+
+def _unmirrored(root: Path, paths: Iterable[Path]) -> set[str]:
+    found = set()
+    for path in paths:
+        relative = path.relative_to(root)
+        if path.name != "__init__.py" and not (root / "tests" / relative.parent / f"test_{path.name}").exists():
+            found.add(str(relative))
+    return found
+
+
+def test_tests_mirror_the_package_tree() -> None:
+    _check_known(_unmirrored(ROOT, _module_paths().values()), UNMIRRORED, "modules without a mirrored test")
+
+
+def test_every_test_an_unmirrored_entry_names_exists() -> None:
+    named = {m for reason in UNMIRRORED.values() for m in re.findall(r"tests/[\w/]+\.py", reason)}
+    assert named, "the entries name their tests"
+    assert sorted(n for n in named if not (ROOT / n).exists()) == []
+
+
+def test_the_mirror_checker_sees_a_violation(tmp_path: Path) -> None:
+    names = ("pkg/__init__.py", "pkg/sub/a.py", "pkg/sub/b.py", "tests/pkg/sub/test_a.py", "tests/pkg/test_b.py")
+    for name in names:
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).touch()
+    assert _unmirrored(tmp_path, (tmp_path / "pkg").rglob("*.py")) == {"pkg/sub/b.py"}
+
+
+# --- 7. A fixed top -------------------------------------------------------------------------
+
+TOP = {"__init__", "__main__", "config", "errors", "metrics", "model_layout"}
+
+
+def _top(package_dir: Path) -> tuple[set[str], set[str]]:
+    """The modules at the top of a package and its subpackages (folders holding Python)."""
+    modules = {p.stem for p in package_dir.glob("*.py")}
+    subpackages = {p.name for p in package_dir.iterdir() if p.is_dir() and any(p.rglob("*.py"))}
+    return modules, subpackages
+
+
+def test_the_top_of_omni_is_fixed_and_its_subpackages_are_the_layers() -> None:
+    modules, subpackages = _top(ROOT / "omni")
+    assert modules == TOP
+    layered = {p.removeprefix("omni.") for layer in LAYERS for p in layer if p.startswith("omni.")}
+    assert subpackages == layered - TOP  # every subpackage has its place in LAYERS
+    assert TOP - {"__init__"} <= layered
+
+
+def test_the_top_checker_sees_a_violation(tmp_path: Path) -> None:
+    for name in ("__init__.py", "config.py", "utils.py", "text/__init__.py"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).touch()
+    (tmp_path / "data").mkdir()  # no Python in it: not a subpackage
+    assert _top(tmp_path) == ({"__init__", "config", "utils"}, {"text"})
