@@ -14,7 +14,7 @@ GuardedRequestHandlers:
 - an idle keep-alive connection: closed after keepalive_timeout (aiohttp's own timer);
 - more than max_connections open: the new one gets a 503 and is closed at once.
 
-The body's own deadline is the reader's (omni/serving/requests/fields.py read_json), where a 408
+The body's own deadline is the reader's (omni/http/body.py read_json), where a 408
 can still be an OpenAI error object.
 """
 

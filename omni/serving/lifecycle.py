@@ -30,10 +30,9 @@ from omni.serving.requests import (
     CompletionRequest,
     parse_chat_completion_request,
     parse_completion_request,
-    read_parsed,
-    sampling_params,
 )
-from omni.serving.requests.fields import request_timeout, truncate_prompt, truncated_media
+from omni.http.body import read_parsed, request_timeout
+from omni.serving.sampling import sampling_params, truncate_prompt, truncated_media
 from omni.serving.requests.images import ImageGenerationRequest, parse_image_generation_request
 from omni.serving.requests.transcriptions import TranscriptionRequest, parse_transcription_request, read_transcription_form
 from omni.serving.spoken import ChatAudio, ban_audio, chat_audio, recall_spoken

@@ -28,8 +28,8 @@ from aiohttp import web
 from omni.http.access_log import note_generation
 from omni.errors import bad_request
 from omni.http.errors import engine_error
-from omni.serving.requests import parse_chat_completion_request, read_parsed
-from omni.serving.requests.fields import request_timeout
+from omni.http.body import read_parsed, request_timeout
+from omni.serving.requests import parse_chat_completion_request
 from omni.serving.requests.speech import SpeechRequest, parse_speech_request
 from omni.engines.audio_decoder import AudioDecodeError
 from omni.modalities.outputs.audio import ModelAudio

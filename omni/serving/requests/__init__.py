@@ -6,7 +6,7 @@ Nothing is silently ignored: every field of OpenAI's and vLLM's APIs is honoured
 naming it, and a field of neither API is a 400 too (known_fields.py has the inventory, with
 the reason for each field this server refuses).
 
-fields.py holds what both endpoints share (and sampling_params); chat.py and completions.py
+fields.py holds what both endpoints share; chat.py and completions.py
 one endpoint each; tools.py and structured.py the tool and output-constraint fields. This module re-exports what the rest of the server imports.
 """
 
@@ -24,7 +24,6 @@ from omni.serving.requests.completions import (
     check_token_ids,
     parse_completion_request,
 )
-from omni.serving.requests.fields import read_json, read_parsed, sampling_params
 
 __all__ = [
     "ChatCompletionRequest",
@@ -37,7 +36,4 @@ __all__ = [
     "check_token_ids",
     "parse_chat_completion_request",
     "parse_completion_request",
-    "read_json",
-    "read_parsed",
-    "sampling_params",
 ]

@@ -1,22 +1,15 @@
-"""What every endpoint's body shares: JSON readers, error helpers, the generation fields,
-and sampling_params, which fits a parsed request to its prompt."""
+"""What every endpoint's body shares: the error helpers, the field readers and the
+generation fields (omni/serving/sampling.py fits them to a prompt)."""
 
 from __future__ import annotations
 
-import asyncio
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar, TypeAlias, TypeVar
-
-import orjson
-from aiohttp import web
+from typing import Any, ClassVar, TypeAlias
 
 from omni.errors import APIError, bad_request
-from omni.http.json_body import TooManyItems, decode_json, empty_in_steps
-from omni.text.tokenizer import TextTokenizer
-from scheduler.request import MediaSpan, SamplingParams
 
 MAX_N = 16
 MAX_STOP_STRINGS = 4
@@ -34,84 +27,6 @@ Json: TypeAlias = Any
 Body: TypeAlias = Mapping[str, Json]
 
 
-# Bodies larger than this are decoded, and parsed, in a worker thread: json_body.decode_json
-# decodes them a window at a time (orjson holds the GIL for each of its calls, about 2.5 ms a
-# megabyte of strings and 11 of small values on a small box), and parsing one is Python over
-# every value it holds, seconds for hundreds of thousands of messages, which the loop shares
-# through the GIL's switch interval instead of waiting out.
-_DECODE_IN_THREAD_BYTES = 1 << 20
-# What the body's stream buffers before readany() hands it over: each chunk is one short copy
-# into the body's buffer (aiohttp's own read() raises this to the whole body, then copies the
-# body it joined into bytes: 60 MB in one call).
-_READ_CHUNK_BYTES = 256 * 1024
-
-T = TypeVar("T")
-
-
-async def read_json(request: web.Request, *, timeout: float | None = None) -> dict[str, Json]:
-    """The request body as a JSON object. A body over client_max_size is a 413 (aiohttp's
-    error); one that has not arrived within timeout seconds is a 408, and the connection is
-    closed."""
-    return await read_parsed(request, _as_is, timeout=timeout)
-
-
-async def read_parsed(
-    request: web.Request, parse: Callable[[dict[str, Json]], T], *, timeout: float | None = None
-) -> T:
-    """parse(the body as read_json reads it): in one worker thread with the decoding when the
-    body is large, on the loop otherwise."""
-    try:
-        async with asyncio.timeout(timeout):
-            raw = await _read_body(request)
-    except TimeoutError:
-        raise body_too_slow(timeout) from None
-    if len(raw) > _DECODE_IN_THREAD_BYTES:
-        return await asyncio.to_thread(_decode_and_parse, raw, parse, decode_json)
-    return _decode_and_parse(raw, parse, orjson.loads)
-
-
-def _as_is(body: dict[str, Json]) -> dict[str, Json]:
-    return body
-
-
-def _decode_and_parse(
-    raw: bytearray, parse: Callable[[dict[str, Json]], T], decode: Callable[[bytearray], Any]
-) -> T:
-    try:
-        data = decode(raw)
-    except orjson.JSONDecodeError as e:
-        raise bad_request(f"The request body is not valid JSON: {e}") from None
-    except TooManyItems as e:
-        raise bad_request(f"The request body is too large: {e}.", code="array_above_max_length") from None
-    if not isinstance(data, dict):
-        raise bad_request("The request body must be a JSON object.")
-    try:
-        return parse(merge_extra_body(data))
-    except BaseException:
-        # Refused: nothing else holds the body, which the error's traceback would otherwise
-        # free, wherever it ends, in one C call (8 million ids: ~250 ms with the GIL held).
-        empty_in_steps(data)
-        raise
-
-
-
-
-async def _read_body(request: web.Request) -> bytearray:
-    """The body in one buffer, grown chunk by chunk, so that no step copies the whole body:
-    a large buffer grows in place (realloc remaps its pages), and preallocating it from
-    Content-Length would zero-fill it all at once."""
-    limit = request.client_max_size
-    declared = request.content_length
-    if limit and declared is not None and declared > limit:
-        raise web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=declared)
-    body = bytearray()
-    stream = request.content
-    stream.set_read_chunk_size(_READ_CHUNK_BYTES)
-    while chunk := await stream.readany():
-        body += chunk
-        if limit and len(body) > limit:  # a compressed body inflates past Content-Length
-            raise web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=len(body))
-    return body
 
 
 def merge_extra_body(data: dict[str, Json]) -> dict[str, Json]:
@@ -126,31 +41,6 @@ def merge_extra_body(data: dict[str, Json]) -> dict[str, Json]:
     if not isinstance(extra, dict):
         raise type_error("extra_body", "an object", extra)
     return data | extra
-
-
-# ----------------------------------------------------------------------------- headers
-
-# A header, not a body field: it means the same on every endpoint, and neither OpenAI's nor
-# vLLM's body has a field for it (the OpenAI client's own timeout never reaches the server).
-REQUEST_TIMEOUT_HEADER = "X-Request-Timeout"
-
-
-def request_timeout(request: web.Request) -> float | None:
-    """The deadline the client asks for, in seconds from its prompt being ready; the server's
-    --request-timeout caps it (ModelPool.admit)."""
-    text = request.headers.get(REQUEST_TIMEOUT_HEADER)
-    if text is None:
-        return None
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and value > 0.0):
-        raise bad_request(
-            f"The {REQUEST_TIMEOUT_HEADER} header must be a positive number of seconds, got {text!r}.",
-            code="invalid_header",
-        )
-    return value
 
 
 # ----------------------------------------------------------------------------- errors
@@ -538,131 +428,3 @@ def parse_generation_fields(body: Body, *, zero_max_tokens: bool = False) -> dic
     }
 
 
-# ----------------------------------------------------------------------------- fitting
-
-
-def _check_in_vocabulary(param: str, token_ids: tuple[int, ...], vocab_size: int) -> None:
-    bad = next((t for t in token_ids if t >= vocab_size), None)
-    if bad is not None:
-        raise value_error(
-            param, f"token id {bad} is out of range for a vocabulary of {vocab_size}."
-        )
-
-
-def bad_words_token_ids(
-    bad_words: tuple[str, ...], tokenizer: TextTokenizer
-) -> tuple[tuple[int, ...], ...]:
-    """Each bad word's token sequences, as vLLM makes them: the word as it would start the
-    text, and also as it would follow a space when that gives a different first token in as
-    many tokens (a word mid-text usually tokenizes with its leading space)."""
-    sequences: list[tuple[int, ...]] = []
-    for word in bad_words:
-        bare = tuple(tokenizer.encode(word.lstrip(), add_special_tokens=False))
-        spaced = tuple(tokenizer.encode(" " + word.lstrip(), add_special_tokens=False))
-        sequences.append(bare)
-        if spaced[0] != bare[0] and len(spaced) == len(bare):
-            sequences.append(spaced)
-    return tuple(sequences)
-
-
-def truncate_prompt(
-    token_ids: list[int], request: GenerationFields, max_model_len: int
-) -> list[int]:
-    """The prompt's last truncate_prompt_tokens tokens (-1: the last max_model_len), as vLLM
-    keeps them; the whole prompt when the request does not ask. For chat, call it on the
-    rendered template's token ids (and move the media spans with truncated_media)."""
-    limit = request.truncate_prompt_tokens
-    if limit is None:
-        return token_ids
-    if limit == -1:
-        limit = max_model_len
-    return token_ids[-limit:] if len(token_ids) > limit else token_ids
-
-
-def truncated_media(media: tuple[MediaSpan, ...], num_cut: int) -> tuple[MediaSpan, ...]:
-    """The media spans of a prompt whose first num_cut tokens truncate_prompt dropped, at their
-    new offsets. A span the cut goes through cannot be injected in part: a 400."""
-    kept = []
-    for span in media:
-        if span.end <= num_cut:
-            continue  # wholly cut: its item is not in the prompt any more
-        if span.offset < num_cut:
-            raise value_error(
-                "truncate_prompt_tokens",
-                f"keeping the last tokens would cut a media item's {span.num_rows} embedding rows "
-                f"at prompt positions {span.offset}..{span.end - 1}; keep more tokens or none of it.",
-            )
-        kept.append(MediaSpan(span.offset - num_cut, span.num_rows, span.key))
-    return tuple(kept)
-
-
-def sampling_params(
-    request: GenerationFields,
-    *,
-    num_prompt_tokens: int,
-    max_model_len: int,
-    tokenizer: TextTokenizer,
-    stop_token_ids: tuple[int, ...] = (),
-    max_logprobs: int = MAX_PROMPT_LOGPROBS,
-) -> SamplingParams:
-    """Fit the request to one prompt of num_prompt_tokens tokens and the model's vocabulary.
-
-    The one place a request's sampling fields become the scheduler's SamplingParams.
-
-    positions: 0 ........ num_prompt_tokens ........ max_model_len
-               [ prompt  ][ at most max_model_len - num_prompt_tokens new tokens ]
-    """
-    prompt_param = request.prompt_param
-    if num_prompt_tokens <= 0:
-        raise value_error(prompt_param, "the prompt is empty (it encodes to no tokens).")
-    room = max_model_len - num_prompt_tokens
-    if room <= 0:
-        raise bad_request(
-            f"This model's maximum context length is {max_model_len} tokens. However, your "
-            f"{prompt_param} resulted in {num_prompt_tokens} tokens, which leaves no room for "
-            f"the completion. Please reduce the length of the {prompt_param}.",
-            param=prompt_param,
-            code="context_length_exceeded",
-        )
-    for field_name, asked in (
-        (request.logprobs_param, request.num_logprobs),
-        ("prompt_logprobs", request.num_prompt_logprobs),
-    ):
-        if asked is not None and asked > max_logprobs:
-            raise bad_request(
-                f"'{field_name}' asks for {asked} logprobs; this server gives at most {max_logprobs} "
-                "(--max-logprobs).",
-                param=field_name,
-            )
-    vocab_size = tokenizer.vocab_size
-    _check_in_vocabulary("logit_bias", tuple(t for t, _ in request.logit_bias), vocab_size)
-    _check_in_vocabulary("allowed_token_ids", request.allowed_token_ids or (), vocab_size)
-    max_tokens = request.max_tokens
-    if max_tokens is not None and max_tokens > room:
-        raise bad_request(
-            f"This model's maximum context length is {max_model_len} tokens. However, you "
-            f"requested {num_prompt_tokens + max_tokens} tokens ({num_prompt_tokens} in "
-            f"the {prompt_param}, {max_tokens} in the completion). Please reduce the "
-            f"length of the {prompt_param} or the completion.",
-            param=request.max_tokens_param,
-            code="context_length_exceeded",
-        )
-    return SamplingParams(
-        max_tokens=room if max_tokens is None else max_tokens,
-        temperature=request.temperature,
-        top_p=request.top_p,
-        top_k=request.top_k,
-        seed=request.seed,
-        logprobs=request.num_logprobs,
-        stop_token_ids=request.stop_token_ids + stop_token_ids,
-        ignore_eos=request.ignore_eos,
-        min_tokens=request.min_tokens,
-        presence_penalty=request.presence_penalty,
-        frequency_penalty=request.frequency_penalty,
-        repetition_penalty=request.repetition_penalty,
-        logit_bias=request.logit_bias,
-        min_p=request.min_p,
-        allowed_token_ids=request.allowed_token_ids,
-        bad_words_token_ids=bad_words_token_ids(request.bad_words, tokenizer),
-        prompt_logprobs=request.num_prompt_logprobs,
-    )

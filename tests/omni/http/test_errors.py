@@ -4,7 +4,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from omni import errors
 from omni.errors import APIError
 from omni.http.errors import error_middleware
-from omni.serving.requests import read_json
+from omni.http.body import read_json
 from omni.shared.media.errors import MediaError
 
 

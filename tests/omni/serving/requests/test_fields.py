@@ -14,9 +14,9 @@ from omni.serving.requests import (
     check_token_ids,
     parse_chat_completion_request,
     parse_completion_request,
-    sampling_params,
 )
 from omni.serving.requests.chat import AudioOutput
+from omni.serving.sampling import sampling_params
 from omni.text.tokenizer import TextTokenizer
 from scheduler.request import SamplingParams
 

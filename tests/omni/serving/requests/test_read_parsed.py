@@ -14,9 +14,10 @@ from aiohttp.test_utils import TestClient, TestServer
 from omni.errors import APIError
 
 from omni.http.errors import error_middleware
-from omni.serving.requests import parse_chat_completion_request, read_parsed
+from omni.http.body import read_parsed
+from omni.serving.requests import parse_chat_completion_request
 from omni.serving.requests.chat import MAX_CHAT_ITEMS
-from omni.serving.requests.fields import _DECODE_IN_THREAD_BYTES
+from omni.http.body import _DECODE_IN_THREAD_BYTES
 
 
 def _app() -> web.Application:
@@ -65,7 +66,7 @@ def test_messages_and_parts_in_all_are_bounded() -> None:
 
 
 def test_a_refused_body_is_emptied_a_step_at_a_time(monkeypatch: pytest.MonkeyPatch) -> None:
-    from omni.serving.requests import fields
+    from omni.http import body as fields
     from omni.http import json_body
     monkeypatch.setattr(json_body, "_FREE_STEP", 3)
     inner = list(range(10))
