@@ -20,7 +20,7 @@ temporal patch 2, merge 2, window 112; /work/shared/REFERENCE_MODEL.md) at a dep
 --depth (the reference has 32). Full-attention blocks are those with index % 8 == 7, as in the
 reference (7/15/23/31), or just the last block when the depth is below 8: the default depth 2
 has one window block and one full-attention block. Weights are seeded random, scaled like
-tests/gpu_workers/test_vision_encoder.py does (norm gains 1 + 0.2 N(0,1); there every other
+tests/gpu_workers/models/test_qwen2_5_vl_vision.py does (norm gains 1 + 0.2 N(0,1); there every other
 weight is 0.15 N(0,1) at width 64, here a matrix gets 1.2 N(0,1)/sqrt(fan_in), the same at
 width 64, so that activations stay of order 1 at width 1280 as well).
 

@@ -56,7 +56,7 @@ from the edges each causal piece equals BigVGAN's delayed by a fixed lag:
 
 An AMP block is not a delayed BigVGAN block: its residual adds x undelayed to the causal
 branch (a causal model is trained so); stage by stage it is x + branch(x) delayed by
-5 + (k - 1) * d / 2 + 5 + (k - 1) / 2. tests/gpu_workers/test_unit_vocoder.py checks each
+5 + (k - 1) * d / 2 + 5 + (k - 1) / 2. tests/gpu_workers/models/test_unit_vocoder.py checks each
 of these against alias-free-torch (the resampling code BigVGAN adopted) and a non-causal
 reference written from the paper.
 

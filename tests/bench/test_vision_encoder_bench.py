@@ -28,7 +28,7 @@ def _load_bench():
 
 vb = _load_bench()
 
-# window 56 px = 2 merged tokens a side, as in tests/gpu_workers/test_vision_encoder.py
+# window 56 px = 2 merged tokens a side, as in tests/gpu_workers/models/test_qwen2_5_vl_vision.py
 TINY = VisionEncoderConfig(
     depth=2, hidden_size=64, num_heads=4, intermediate_size=128, out_hidden_size=48,
     fullatt_block_indexes=(1,), window_size=56,

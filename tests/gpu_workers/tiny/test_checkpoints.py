@@ -20,7 +20,7 @@ from gpu_workers.tiny.checkpoints import (
 from gpu_workers.vision_decoder import AutoGuidance, VisionDecoder
 from omni.shared import protocol
 from omni.model_layout import ENCODER_COMPONENTS, ModelLayout, component_revision
-from tests.gpu_workers.test_llama_vs_transformers import our_logits
+from tests.gpu_workers.models.test_llama import our_logits
 
 PROMPT = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5]
 
