@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncGenerator
 from contextlib import aclosing
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import cast
 
@@ -239,3 +240,47 @@ async def test_leaving_mid_span_closes_the_vocoder_stream(tokenizer: TextTokeniz
             if delta.audio:
                 break
     assert sinks[0].closed
+
+
+@dataclass
+class Bracket:
+    """A made-up span kind, routed by the unchanged router: from open_id to close_id, the
+    tokens between ride on the closing Delta."""
+
+    open_id: int
+    close_id: int
+    opened: bool = False
+    inside: list[int] = field(default_factory=list)
+    spans: list[str] = field(default_factory=list)
+
+    def opens(self, token_id: int) -> bool:
+        return token_id == self.open_id
+
+    def open(self, generation: Generation) -> None:
+        self.inside = []
+
+    async def feed(self, delta: Delta, token_id: int) -> bool:
+        if token_id != self.close_id:
+            self.inside.append(token_id)
+            return False
+        delta.images.append(GeneratedImage(f"bracket:{self.inside}", 0, 0))
+        return True
+
+    async def end(self, delta: Delta, *, cut: bool) -> None:
+        self.spans.append("cut")
+
+    def close(self) -> None:
+        self.spans.append("closed")
+
+    def after(self, generation: Generation) -> Generation | None:
+        return None
+
+
+async def test_a_new_span_kind_is_a_route_class_and_the_router_is_unchanged(tokenizer: TextTokenizer) -> None:
+    tokens = list(range(100, 106))
+    bracket = Bracket(tokens[1], tokens[4])
+    g = generation(tokenizer, FakePool(tokens))
+    out = [d async for d in OutputRouter(g, None, bracket).deltas()]
+    assert len(out) == len(tokens)
+    assert [(i, img.url) for i, d in enumerate(out) for img in d.images] == [(4, f"bracket:{tokens[2:4]}")]
+    assert bracket.spans == []  # ended by its own token: neither cut nor closed
