@@ -17,7 +17,8 @@ from omni.shared import protocol
 from omni.text.constrained.constraint import TokenConstraint
 from omni.text.detokenizer import IncrementalDetokenizer
 from omni.engines.llm import PrefillDone
-from omni.serving.model import ServedModel
+from omni.engines.pool import ModelPool
+from omni.text.tokenizer import TextTokenizer
 from scheduler.request import MediaSpan, Request, RequestId, RequestStatus, SamplingParams
 
 
@@ -139,37 +140,43 @@ def prompt_logprobs(
     return entries
 
 
+@dataclass(frozen=True, slots=True)
+class OutputOptions:
+    """How a choice's tokens become its text."""
+
+    stop: tuple[str, ...] = ()  # stop strings: the text ends before the first one written
+    skip_special_tokens: bool = True
+    keep_special: frozenset[int] = frozenset()  # markup the chat parsers read, kept in the text
+    include_stop_str_in_output: bool = False  # the matched stop string (or stop token) stays in
+
+
 class Generation:
     """Iterate deltas of one choice; `usage` is complete once iteration ends, and
     `prompt_logprobs` (when the params ask for them) once the first delta is out."""
 
     def __init__(
         self,
-        model: ServedModel,
+        pool: ModelPool,
+        tokenizer: TextTokenizer,
         prompt_token_ids: list[int],
         params: SamplingParams,
-        stop: tuple[str, ...],
         request_id: str,
-        skip_special_tokens: bool = True,
+        *,
+        output: OutputOptions,
         media: tuple[MediaSpan, ...] = (),
         constraint: TokenConstraint | None = None,
-        keep_special: frozenset[int] = frozenset(),
-        *,
-        include_stop_str_in_output: bool = False,
     ) -> None:
-        self.model = model
+        self.pool = pool
+        self.tokenizer = tokenizer
         self.request = Request(
             request_id=RequestId(request_id),
             prompt_token_ids=prompt_token_ids,
             sampling_params=params,
-            eos_token_ids=model.tokenizer.eos_token_ids,
+            eos_token_ids=tokenizer.eos_token_ids,
             media=media,
         )
-        self.stop = stop
+        self.output = output
         self.constraint = constraint  # the choice's own grammar matcher, if it has one
-        self.skip_special_tokens = skip_special_tokens
-        self.keep_special = keep_special  # markup the chat parsers read, kept in the text
-        self.include_stop_str_in_output = include_stop_str_in_output
         self.usage = Usage(prompt_tokens=len(prompt_token_ids))
         self.first_token_time: float | None = None  # time.monotonic() of its first token
         self.prompt_logprobs: PromptLogprobs | None = None
@@ -180,15 +187,15 @@ class Generation:
             # Nothing the prompt's computation gives would reach the client: skip the engine.
             yield Delta("", [], finish_reason=RequestStatus.FINISHED_LENGTH.value)
             return
-        pool = self.model.pool
+        pool, output = self.pool, self.output
         stop_token_ids = frozenset(params.stop_token_ids) | self.request.eos_token_ids
         stream = pool.submit(self.request, self.constraint)
         detok = IncrementalDetokenizer(
-            self.model.tokenizer,
-            skip_special_tokens=self.skip_special_tokens,
-            keep_special=self.keep_special,
-            stop=self.stop,
-            include_stop_str_in_output=self.include_stop_str_in_output,
+            self.tokenizer,
+            skip_special_tokens=output.skip_special_tokens,
+            keep_special=output.keep_special,
+            stop=output.stop,
+            include_stop_str_in_output=output.include_stop_str_in_output,
         )
         finished = False
         try:
@@ -212,7 +219,7 @@ class Generation:
                 ends_on_stop_token = (
                     event.finish_reason == RequestStatus.FINISHED_STOPPED.value
                     and event.token_id in stop_token_ids
-                    and not self.include_stop_str_in_output
+                    and not output.include_stop_str_in_output
                 )
                 text = "" if ends_on_stop_token else detok.push([event.token_id])
                 logprobs = []

@@ -134,6 +134,8 @@ class InflightPrefixes:
 class LLMEngine(SupervisedWorker):
     """One LLM worker process and its scheduler; a ModelPool holds one per worker."""
 
+    sizes_from_free_memory = True  # its KV cache takes what the model's weights leave
+
     def __init__(
         self,
         config: EngineConfig,

@@ -18,7 +18,7 @@ import asyncio
 import logging
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Iterable
-from typing import Any
+from typing import Any, ClassVar
 
 from gpu_workers.worker import worker_main
 from omni.shared import protocol
@@ -32,6 +32,10 @@ class EngineError(RuntimeError):
 
 
 class SupervisedWorker(ABC):
+    # A worker that sizes itself from the GPU memory still free once it has loaded (the LLM's
+    # KV cache) starts after the others, so that a runner sharing its GPU already holds its weights.
+    sizes_from_free_memory: ClassVar[bool] = False
+
     def __init__(
         self,
         spec: protocol.WorkerSpec,

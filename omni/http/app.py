@@ -35,7 +35,6 @@ from omni.shared.store.base import ArtifactStore
 from omni.shared.store.spec import StoreSpec
 from omni.text.tokenizer import TextTokenizer
 from omni.engines.vision_decoder import VisionDecoderEngine
-from omni.engines.supervisor import SupervisedWorker
 from omni.engines.worker_specs import audio_decoder_worker_spec, encoder_device, encoder_worker_spec, vision_decoder_worker_spec
 
 log = logging.getLogger("omni.http.app")
@@ -104,7 +103,7 @@ async def _models_ctx(app: web.Application) -> AsyncIterator[None]:
             drawing = _model_images(engine_config, tokenizer, app[STORE], metrics)
         speaking = None
         if engine_config.audio_decoder_dir is not None:
-            speaking = _model_audio(engine_config, tokenizer, metrics)
+            speaking = _model_audio(engine_config, tokenizer, app[STORE], metrics)
         chat_format = ChatFormat.resolve(
             tokenizer,
             tool_parser=engine_config.tool_call_parser,
@@ -119,29 +118,24 @@ async def _models_ctx(app: web.Application) -> AsyncIterator[None]:
             pool,
             created=int(time.time()),
             media=media,
-            images=drawing,
-            audio=speaking,
+            outputs=tuple(o for o in (drawing, speaking) if o is not None),
             chat_format=chat_format,
         )
-        if drawing is not None:
-            await drawing.prepare(served.grammars)
-        if speaking is not None:
-            await speaking.prepare(served.grammars)
+        for output in served.outputs:
+            await output.prepare(served.grammars)
         registry.add(served, engine_config.aliases)
 
+    workers = [w for m in registry for w in m.workers()]
+
     async def start_all() -> None:
-        # Encoders first: an LLM worker sizes its KV cache from the GPU memory still free
-        # once it has loaded, so a runner sharing its GPU must already hold its weights.
-        # Hashing the encoders' weights for their store keys overlaps the workers' start.
-        pipelines = [m.media for m in registry if m.media is not None]
-        decoders: list[SupervisedWorker] = [m.images.engine for m in registry if m.images is not None]
-        decoders += [m.audio.engine for m in registry if m.audio is not None]
+        # Encoders and decoders first: an LLM worker sizes its KV cache from the GPU memory
+        # still free once it has loaded, so a runner sharing its GPU must already hold its
+        # weights. Hashing the encoders' weights for their store keys overlaps their start.
         await asyncio.gather(
-            *(p.encoder.start() for p in pipelines),
-            *(p.load_revisions() for p in pipelines),
-            *(d.start() for d in decoders),
+            *(w.start() for w in workers if not w.sizes_from_free_memory),
+            *(m.media.load_revisions() for m in registry if m.media is not None),
         )
-        await asyncio.gather(*(m.pool.start() for m in registry))
+        await asyncio.gather(*(w.start() for w in workers if w.sizes_from_free_memory))
 
     # Workers load in the background so /health can answer 503 while they do.
     app[STARTUP] = asyncio.create_task(start_all(), name="start-engines")
@@ -149,11 +143,7 @@ async def _models_ctx(app: web.Application) -> AsyncIterator[None]:
         yield
     finally:
         app[STARTUP].cancel()
-        stops = [m.pool.stop() for m in registry]
-        stops += [m.media.encoder.stop() for m in registry if m.media is not None]
-        stops += [m.images.engine.stop() for m in registry if m.images is not None]
-        stops += [m.audio.engine.stop() for m in registry if m.audio is not None]
-        await asyncio.gather(*stops, return_exceptions=True)
+        await asyncio.gather(*(w.stop() for w in workers), return_exceptions=True)
 
 
 async def _media_pipeline(
@@ -192,7 +182,7 @@ def _model_images(config: EngineConfig, tokenizer: TextTokenizer, store: Artifac
     )
 
 
-def _model_audio(config: EngineConfig, tokenizer: TextTokenizer, metrics: Metrics) -> ModelAudio:
+def _model_audio(config: EngineConfig, tokenizer: TextTokenizer, store: ArtifactStore, metrics: Metrics) -> ModelAudio:
     engine = AudioDecoderEngine(
         audio_decoder_worker_spec(config),
         metrics,
@@ -202,7 +192,7 @@ def _model_audio(config: EngineConfig, tokenizer: TextTokenizer, metrics: Metric
         start_timeout=config.worker_start_timeout,
     )
     return ModelAudio.for_model(
-        engine, tokenizer, first_chunk_units=config.audio_first_chunk_units, chunk_units=config.audio_chunk_units
+        engine, tokenizer, store, first_chunk_units=config.audio_first_chunk_units, chunk_units=config.audio_chunk_units
     )
 
 

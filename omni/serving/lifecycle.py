@@ -41,7 +41,7 @@ from omni.serving.chat_turns import ban_images, ban_tool_markup, chat_images, ch
 from omni.serving.choice_constraints import ChoiceConstraints, OutputSpans
 from omni.text.constrained import audio_span, image_span
 from omni.text.constrained.compiler import CompiledGrammar
-from omni.engines.generation import Generation, choice_params, new_request_id, response_id
+from omni.engines.generation import Generation, OutputOptions, choice_params, new_request_id, response_id
 from omni.modalities.outputs.image import ImageSettings
 from omni.shared.media import MediaLimits
 from omni.modalities.inputs.items import MediaItem, decode_params
@@ -77,7 +77,7 @@ async def chat_completion(
     req = await read_parsed(request, parse_chat_completion_request, timeout=body_timeout(request))
     timeout = request_timeout(request)
     model = _model(request, req.model)
-    req = await recall_spoken(request, req)  # earlier spoken answers referred to by id
+    req = await recall_spoken(model, req)  # earlier spoken answers referred to by id
     check_tool_choice(model, req)
     check_serving(model)  # before media: no fetching or encoding for a model that cannot answer
     model.pool.check_admission()  # nor for one whose queue is full (429)
@@ -106,16 +106,14 @@ async def chat_completion(
     completion_id = new_request_id("chatcmpl")
     generations = [
         Generation(
-            model,
+            model.pool,
+            model.tokenizer,
             token_ids,
             choice_params(params, i),
-            req.stop,
             f"{completion_id}-{i}",
-            req.skip_special_tokens,
-            media,
-            constraints.new(),
-            keep_special,
-            include_stop_str_in_output=req.include_stop_str_in_output,
+            output=OutputOptions(req.stop, req.skip_special_tokens, keep_special, req.include_stop_str_in_output),
+            media=media,
+            constraint=constraints.new(),
         )
         for i in range(req.n)
     ]
@@ -159,14 +157,15 @@ async def completion(request: web.Request, assemble: Assemble[CompletionRequest]
         constraints = ChoiceConstraints(model, req, grammar, ids, params.max_tokens)
         generations += [
             Generation(
-                model,
+                model.pool,
+                model.tokenizer,
                 ids,
                 choice_params(params, i),
-                req.stop,
                 f"{completion_id}-{p * req.n + i}",
-                req.skip_special_tokens,
+                output=OutputOptions(
+                    req.stop, req.skip_special_tokens, include_stop_str_in_output=req.include_stop_str_in_output
+                ),
                 constraint=constraints.new(),
-                include_stop_str_in_output=req.include_stop_str_in_output,
             )
             for i in range(req.n)
         ]
@@ -250,7 +249,10 @@ async def image_generation(request: web.Request, assemble: ImageAssemble) -> web
     for i in range(req.n):
         seed = None if req.seed is None else req.seed + i
         params = SamplingParams(max_tokens=images.format.span_tokens, seed=seed)
-        generation = Generation(model, token_ids, params, (), f"{request_id}-{i}", constraint=constraints.new())
+        generation = Generation(
+            model.pool, model.tokenizer, token_ids, params, f"{request_id}-{i}",
+            output=OutputOptions(), constraint=constraints.new(),
+        )  # fmt: skip
         on_preview = functools.partial(_queue_preview, previews, i)
         outputs.append(OutputRouter(generation, images.route(settings, first_seed=seed, opened=True, on_preview=on_preview)))
     note_generation(request, model.name, [o.generation for o in outputs])
@@ -373,7 +375,10 @@ async def transcription(request: web.Request, assemble: TranscriptionAssemble) -
         logprobs=0 if req.logprobs or req.response_format == "verbose_json" else None,
         bad_words_token_ids=_span_openers(model),
     )
-    generation = Generation(model, prompt.token_ids, params_out, (), new_request_id("trsc"), media=prompt.media)
+    generation = Generation(
+        model.pool, model.tokenizer, prompt.token_ids, params_out, new_request_id("trsc"),
+        output=OutputOptions(), media=prompt.media,
+    )  # fmt: skip
     output = OutputRouter(generation)
     note_generation(request, model.name, [generation])
     with model.pool.admit([generation.request], timeout):

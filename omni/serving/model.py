@@ -4,18 +4,30 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from omni.errors import bad_request, model_not_found
 from omni.text.chat_format import ChatFormat
 from omni.text.constrained.compiler import GrammarCompiler
 from omni.modalities.inputs.pipeline import MediaPipeline
+from omni.modalities.outputs.audio import ModelAudio
+from omni.modalities.outputs.image import ModelImages
 from omni.engines.pool import ModelPool
+from omni.engines.supervisor import SupervisedWorker
 from omni.text.tokenizer import TextTokenizer
 
-if TYPE_CHECKING:  # image_output and audio_output import generation, which imports this module
-    from omni.modalities.outputs.audio import ModelAudio
-    from omni.modalities.outputs.image import ModelImages
+
+class ModelOutput(Protocol):
+    """An output modality of a model (ModelImages, ModelAudio): its worker, and its span grammar
+    compiled once at start-up."""
+
+    @property
+    def engine(self) -> SupervisedWorker: ...
+
+    @property
+    def ready(self) -> bool: ...
+
+    async def prepare(self, compiler: GrammarCompiler) -> None: ...
 
 
 @dataclass(slots=True)
@@ -25,8 +37,7 @@ class ServedModel:
     pool: ModelPool
     created: int
     media: MediaPipeline | None = None  # None: a text-only model, media parts are refused
-    images: ModelImages | None = None  # None: no vision decoder, the model cannot draw
-    audio: ModelAudio | None = None  # None: no audio decoder, the model cannot speak
+    outputs: tuple[ModelOutput, ...] = ()  # what it makes besides text (images, audio), each with its worker
     # The chat template and the tool-call and reasoning parsers (omni/text/chat_format.py).
     chat_format: ChatFormat = field(default_factory=ChatFormat)
     # Output constraints for this model's tokenizer, compiled once per spec.
@@ -36,13 +47,29 @@ class ServedModel:
         self.grammars = GrammarCompiler(self.tokenizer)
 
     @property
+    def images(self) -> ModelImages | None:
+        """None: no vision decoder, the model cannot draw."""
+        return next((o for o in self.outputs if isinstance(o, ModelImages)), None)
+
+    @property
+    def audio(self) -> ModelAudio | None:
+        """None: no audio decoder, the model cannot speak."""
+        return next((o for o in self.outputs if isinstance(o, ModelAudio)), None)
+
+    @property
     def ready(self) -> bool:
         return (
             self.pool.ready
             and (self.media is None or self.media.ready)
-            and (self.images is None or self.images.ready)
-            and (self.audio is None or self.audio.ready)
+            and all(o.ready for o in self.outputs)
         )
+
+    def workers(self) -> tuple[SupervisedWorker, ...]:
+        """Every worker the model owns, in the order they start: the encoders, the output
+        decoders, then the LLM workers (which size their KV cache from the GPU memory the others
+        leave free)."""
+        encoders = () if self.media is None else (self.media.encoder,)
+        return (*encoders, *(o.engine for o in self.outputs), *self.pool.engines)
 
 
 class ModelRegistry:

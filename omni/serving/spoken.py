@@ -19,17 +19,14 @@ import functools
 from dataclasses import dataclass
 
 import orjson
-from aiohttp import web
 
 from omni.errors import bad_request
 from omni.serving.requests import ChatCompletionRequest
-from omni.modalities.outputs.audio import ModelAudio
+from omni.modalities.outputs.audio import AudioRoute, ModelAudio
 from omni.serving.choice_constraints import OutputSpans
 from omni.text.constrained.audio_span import MAX_UNITS, MIN_UNITS
-from omni.engines.generation import Generation
-from omni.modalities.outputs.router import AudioRoute
+from omni.engines.generation import Generation, OutputOptions
 from omni.serving.model import ServedModel
-from omni.http.state import STORE
 from omni.shared.store.base import KeyNotFound, StoreError
 from omni.shared.store.keys import validate_key
 from scheduler.request import SamplingParams
@@ -106,33 +103,37 @@ def speak_text(model: ServedModel, audio: ModelAudio, text: Generation) -> Gener
         logprobs=params.logprobs,
     )
     return Generation(
-        model,
+        text.pool,
+        text.tokenizer,
         prompt,
         speech,
-        (),
         f"{request.request_id}-speech",
-        text.skip_special_tokens,
-        request.media,
-        audio.grammar.new_constraint(None),  # the whole output is the span it opens
+        output=OutputOptions(skip_special_tokens=text.output.skip_special_tokens),
+        media=request.media,
+        constraint=audio.grammar.new_constraint(None),  # the whole output is the span it opens
     )
 
 
-async def recall_spoken(request: web.Request, req: ChatCompletionRequest) -> ChatCompletionRequest:
+async def recall_spoken(model: ServedModel, req: ChatCompletionRequest) -> ChatCompletionRequest:
     """An assistant turn given as {"audio": {"id": ...}} (an earlier spoken answer of this
-    server's, as OpenAI lets a client refer to one) gets its stored transcript as its text; an
-    id the store does not have (unknown, or expired and removed) is a 400 naming it."""
+    server's, kept in the model's store by store_spoken, as OpenAI lets a client refer to one)
+    gets its stored transcript as its text; an id the store does not have (unknown, or expired
+    and removed; a model that cannot speak has none) is a 400 naming it."""
     if not any(m.audio_id for m in req.messages):
         return req
-    store = request.app[STORE]
+    store = model.audio.store if model.audio is not None else None
     messages = list(req.messages)
     for i, message in enumerate(messages):
         if message.audio_id is None or message.content is not None:
             continue
         param = f"messages[{i}].audio.id"
+        unknown = bad_request(f"No spoken answer has the id '{message.audio_id}' (or it expired).", param=param)
+        if store is None:
+            raise unknown
         try:
             meta = orjson.loads(await store.get(validate_key(f"out/audio/{message.audio_id}.json")))
         except (KeyNotFound, ValueError, orjson.JSONDecodeError):
-            raise bad_request(f"No spoken answer has the id '{message.audio_id}' (or it expired).", param=param) from None
+            raise unknown from None
         except StoreError:
             raise bad_request(f"The spoken answer '{message.audio_id}' could not be read back.", param=param) from None
         messages[i] = dataclasses.replace(message, content=str(meta.get("transcript", "")))

@@ -163,7 +163,7 @@ async def _stream(
     if speaking is not None:  # kept, so a later turn can refer to the audio by its id
         for audio_id, pieces, said in zip(audio_ids, spoken, transcripts, strict=True):
             if pieces:
-                await store_spoken(request, audio_id, _samples(pieces), "wav", "".join(said))
+                await store_spoken(speaking.audio.store, audio_id, _samples(pieces), "wav", "".join(said))
     return response
 
 
@@ -192,7 +192,7 @@ async def _spoken(request: web.Request, speaking: ChatAudio, pieces: list[AudioP
     """A non-streamed turn's message.audio: the audio in the asked format (base64 of the
     file's bytes), stored under its id."""
     audio_id = new_audio_id()
-    data = await store_spoken(request, audio_id, _samples(pieces), speaking.format, transcript)
+    data = await store_spoken(speaking.audio.store, audio_id, _samples(pieces), speaking.format, transcript)
     return {
         "id": audio_id,
         "data": base64.b64encode(data).decode(),

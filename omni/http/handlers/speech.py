@@ -32,10 +32,10 @@ from omni.http.body import read_parsed, request_timeout
 from omni.serving.requests import parse_chat_completion_request
 from omni.serving.requests.speech import SpeechRequest, parse_speech_request
 from omni.engines.audio_decoder import AudioDecodeError
-from omni.modalities.outputs.audio import ModelAudio
+from omni.modalities.outputs.audio import AudioRoute, ModelAudio
 from omni.text.constrained.audio_span import MIN_UNITS
 from omni.engines.llm import EngineError
-from omni.engines.generation import Generation, new_request_id
+from omni.engines.generation import Generation, OutputOptions, new_request_id
 from omni.shared.media.audio import decode_audio
 from omni.shared.media.audio_encoding import MEDIA_TYPES, StreamingAudioEncoder
 from omni.shared.media.errors import MediaError
@@ -126,8 +126,10 @@ async def _speech_choice(
     grammar = await audio.span_grammar(model.grammars, min(req.max_units, room - 1))
     params = SamplingParams(max_tokens=min(req.max_units + 1, room), seed=req.seed)
     constraint = grammar.new_constraint(None)  # the whole output is the span the prompt opened
-    generation = Generation(model, token_ids, params, (), new_request_id("speech"), constraint=constraint)
-    return OutputRouter(generation, audio=audio.route(voice, embedding=embedding, opened=True))
+    generation = Generation(
+        model.pool, model.tokenizer, token_ids, params, new_request_id("speech"), output=OutputOptions(), constraint=constraint
+    )
+    return OutputRouter(generation, audio.route(voice, embedding=embedding, opened=True))
 
 
 async def _encoded(req: SpeechRequest, router: OutputRouter, sample_rate: int) -> AsyncGenerator[bytes, None]:
@@ -209,8 +211,8 @@ async def _event(response: web.StreamResponse, payload: dict[str, object]) -> No
 
 
 def _sample_rate(router: OutputRouter) -> int:
-    audio = router.generation.model.audio
-    return audio.sample_rate if audio is not None else 24000
+    rates = [r.sample_rate for r in router.routes if isinstance(r, AudioRoute)]
+    return rates[0] if rates else 24000
 
 
 def _speaking_model(request: web.Request, name: str | None) -> ServedModel:

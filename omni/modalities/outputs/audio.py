@@ -2,8 +2,9 @@
 how one request's spans become audio.
 
     ModelAudio     one per served model with an audio_decoder/: the engine, the span format,
-                   the span grammar, the chunking, the voice table
-    route()        one choice's AudioRoute for the output router, the request's voice bound in
+                   the span grammar, the chunking, the voice table, the store spoken answers go to
+    AudioRoute     one choice's audio spans for the output router (ModelAudio.route(), the
+                   request's voice bound in): units -> vocoder chunks
 
 Voices. The checkpoint names its voices (audio_decoder/speakers.json); a request may name one
 of those, or one of OpenAI's voice names, which map onto the checkpoint's in this fixed order,
@@ -15,20 +16,23 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 import orjson
-from aiohttp import web
 
 from omni.errors import bad_request, service_unavailable
 from omni.engines.audio_decoder import AudioDecoderEngine
+from omni.engines.generation import AudioPiece, Delta, Generation
 from omni.text.constrained.audio_span import AudioSpanFormat
 from omni.text.constrained.compiler import CompiledGrammar, GrammarCompiler
 from omni.text.constrained.spec import GrammarKind, GrammarSpec
 from omni.shared.media.audio_encoding import MEDIA_TYPES, encode_audio
-from omni.modalities.outputs.router import AudioRoute
-from omni.http.state import STORE
+from omni.shared.store.base import ArtifactStore
 from omni.shared.store.keys import validate_key
 from omni.text.tokenizer import TextTokenizer
 
@@ -41,31 +45,136 @@ AUDIO_EXPIRES_S = 3600  # how long a spoken answer's id may be referred to (its 
 FIRST_CHUNK_UNITS = 4  # 160 ms of speech before the first audio is sent
 CHUNK_UNITS = 25  # then a second at a time
 
+log = logging.getLogger("omni.modalities.outputs.audio")
+
+
+class AudioSink(Protocol):
+    """One audio span's way to the vocoder (omni/engines/audio_decoder.py AudioStream)."""
+
+    async def decode(self, units: list[int], *, last: bool = False) -> bytes: ...
+
+    def close(self) -> None: ...
+
+
+@dataclass(slots=True)
+class AudioRoute:
+    """One choice's audio spans (a SpanRoute, omni/modalities/outputs/router.py): the span format, a
+    way to open a vocoder stream per span (the request's voice bound in), and the chunking.
+
+    A span's units go to the vocoder in chunks as they are sampled: a small first chunk
+    (first_chunk_units) so sound starts early, then chunks twice the size of the last, up to
+    chunk_units, the rest at the span's end. Each decoded chunk rides on the Delta whose token
+    completed it. A span the request's end cuts short still gives the audio of the units it
+    has, when there are at least the span's least units.
+
+    opened: the prompt ends with the span's opening token (the speech API forces the span)."""
+
+    format: AudioSpanFormat
+    open_stream: Callable[[], AudioSink]
+    sample_rate: int
+    first_chunk_units: int = FIRST_CHUNK_UNITS
+    chunk_units: int = CHUNK_UNITS
+    opened: bool = False
+    # Audio asked for (chat modalities with "audio"): a choice whose text ends ("stop") without
+    # an audio span goes on to speak it; this makes that continuation, the audio span opened
+    # after the text, or None when no room is left for it.
+    speak_after: Callable[[Generation], Generation | None] | None = None
+    _spans: int = field(default=0, init=False)  # spans opened and ended so far
+    _sink: AudioSink | None = field(default=None, init=False)  # the open span's stream
+    _pending: list[int] = field(default_factory=list, init=False)  # units sampled, not yet sent
+    _sent: int = field(default=0, init=False)  # units already decoded
+    _last_chunk: int = field(default=0, init=False)  # units of the chunk sent last
+    _request_id: str = field(default="", init=False)  # the request writing the span, for logs
+
+    def opens(self, token_id: int) -> bool:
+        return token_id == self.format.start_token_id
+
+    def open(self, generation: Generation) -> None:
+        self._sink = self.open_stream()
+        self._pending, self._sent, self._last_chunk = [], 0, 0
+        self._request_id = str(generation.request.request_id)
+
+    async def feed(self, delta: Delta, token_id: int) -> bool:
+        """A token inside the span: a unit (sent once a chunk is full) or the span's end."""
+        if token_id == self.format.end_token_id:
+            await self.end(delta, cut=False)
+            return True
+        unit = self.format.unit_of(token_id)
+        if unit is None:  # the span grammar lets only units and the end through
+            log.error("%s: token %d inside an audio span is no unit", self._request_id, token_id)
+            return False
+        self._pending.append(unit)
+        # The first chunk waits for the span's least units, so a span cut short before it has
+        # them (no audio) never sent any. Then each chunk is twice the last, up to chunk_units
+        # (4, 8, 16, 25, 25, ...): a player that starts at the first chunk has the next one
+        # before the first has played out.
+        if self._sent == 0:
+            size = max(self.first_chunk_units, self.format.min_units)
+        else:
+            size = min(self.chunk_units, 2 * self._last_chunk)
+        if len(self._pending) >= size:
+            units, self._pending = self._pending, []
+            await self._send(delta, units, last=False)
+        return False
+
+    async def end(self, delta: Delta, *, cut: bool) -> None:
+        """The span ended (its end token, or the request's end cutting it short): its last
+        chunk; a cut span of fewer than the least units gives no audio."""
+        assert self._sink is not None
+        if cut and self._sent + len(self._pending) < self.format.min_units:
+            self._sink.close()
+        else:
+            await self._send(delta, self._pending, last=True)
+        self._sink, self._pending = None, []
+        self._spans += 1
+
+    def close(self) -> None:
+        if self._sink is not None:  # the vocoder frees the stream's state
+            self._sink.close()
+            self._sink = None
+
+    def after(self, generation: Generation) -> Generation | None:
+        """The continuation that speaks the text, when audio was asked for and none came out."""
+        if self.speak_after is None or self._spans > 0:
+            return None
+        return self.speak_after(generation)
+
+    async def _send(self, delta: Delta, units: list[int], *, last: bool) -> None:
+        assert self._sink is not None
+        samples = await self._sink.decode(units, last=last)
+        self._sent += len(units)
+        self._last_chunk = len(units)
+        delta.audio.append(AudioPiece(samples, self.sample_rate, self._spans, last))
+
 
 class ModelAudio:
     def __init__(
         self,
         engine: AudioDecoderEngine,
         fmt: AudioSpanFormat,
+        store: ArtifactStore,
         *,
         first_chunk_units: int = FIRST_CHUNK_UNITS,
         chunk_units: int = CHUNK_UNITS,
     ) -> None:
         self.engine = engine
         self.format = fmt
+        self.store = store  # where spoken answers are kept (store_spoken)
         self.first_chunk_units = first_chunk_units
         self.chunk_units = chunk_units
         self.grammar: CompiledGrammar | None = None  # compiled by prepare()
 
     @classmethod
-    def for_model(cls, engine: AudioDecoderEngine, tokenizer: TextTokenizer, **chunking: int) -> ModelAudio:
+    def for_model(
+        cls, engine: AudioDecoderEngine, tokenizer: TextTokenizer, store: ArtifactStore, **chunking: int
+    ) -> ModelAudio:
         fmt = AudioSpanFormat.from_tokenizer(tokenizer)
         if fmt is None:
             raise ValueError(
                 "the model has an audio decoder, but its vocabulary lacks the audio span tokens "
                 "(<|discrete_audio_start|>, <|discrete_audio_end|>, <|audioNNNN|> units)"
             )
-        return cls(engine, fmt, **chunking)
+        return cls(engine, fmt, store, **chunking)
 
     async def prepare(self, compiler: GrammarCompiler) -> None:
         """Compile the span grammar (once, off the event loop)."""
@@ -126,10 +235,9 @@ def new_audio_id() -> str:
     return f"audio_{uuid.uuid4().hex}"
 
 
-async def store_spoken(request: web.Request, audio_id: str, samples: np.ndarray, fmt: str, transcript: str) -> bytes:
+async def store_spoken(store: ArtifactStore, audio_id: str, samples: np.ndarray, fmt: str, transcript: str) -> bytes:
     """Encode a spoken answer (off the event loop) and keep it in the artifact store under
     out/audio/<id>.<ext>, its transcript beside it (<id>.json); the encoded bytes."""
-    store = request.app[STORE]
     data = await asyncio.to_thread(encode_audio, samples, SAMPLE_RATE, fmt)
     ext = "pcm" if fmt in ("pcm", "pcm16") else fmt
     await store.put(validate_key(f"out/audio/{audio_id}.{ext}"), data, MEDIA_TYPES[fmt])

@@ -4,7 +4,8 @@ images are drawn, stored and handed out.
     ModelImages        one per served model with a vision_decoder/: the engine, the span format
                        (its code grid read from the decoder's config.json), the span grammar
     ImageSettings      one request's choices: size, steps, guidance, seed, format, URL or bytes
-    ImageDrawer        the output router's ImageDecoder for one choice: span -> GeneratedImage
+    ImageRoute         one choice's image spans for the output router: withheld tokens -> codes
+    ImageDrawer        the route's ImageDecoder for one choice: span -> GeneratedImage
 
 An image's size is the request's, else the one the size table gives the span's ratio token (a
 ratio the table lacks is drawn at the table's nearest aspect). Its seed is the request's seed
@@ -25,14 +26,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 from omni.text.constrained.compiler import CompiledGrammar, GrammarCompiler
 from omni.text.constrained.image_span import ImageSpanFormat
 from omni.text.constrained.spec import GrammarKind, GrammarSpec
-from omni.engines.generation import GeneratedImage
+from omni.engines.generation import Delta, GeneratedImage, Generation
 from omni.shared.media.image_sizes import nearest_size
 from omni.metrics import Metrics
-from omni.modalities.outputs.router import ImageRoute, ImageSpan
 from omni.shared.store.base import ArtifactStore
 from omni.shared.store.keys import output_key
 from omni.text.tokenizer import TextTokenizer
@@ -60,6 +61,82 @@ def read_code_grid(decoder_dir: Path) -> tuple[int, int]:
     if rows <= 0 or cols <= 0:
         raise ValueError(f"{decoder_dir}/config.json: code_grid {rows}x{cols} is not positive")
     return rows, cols
+
+
+@dataclass(frozen=True, slots=True)
+class ImageSpan:
+    """One image as the model wrote it: its aspect ratio and its codes, row-major."""
+
+    ratio: tuple[int, int]  # (W, H) of the span's ratio token
+    rows: int
+    cols: int
+    codes: tuple[int, ...]
+
+
+class ImageDecoder(Protocol):
+    async def decode(self, span: ImageSpan, request_id: str) -> GeneratedImage: ...
+
+
+@dataclass(slots=True)
+class ImageRoute:
+    """One choice's image spans (a SpanRoute, omni/modalities/outputs/router.py): the span format and
+    the decoder. At the span's last token its codes go to the decoder, and the image rides on that
+    Delta; a span the request's end cuts short gives no image.
+
+    opened: the prompt ends with the span's opening token (the images API forces the span),
+    so the output starts inside it. inline: the image's URL is written into the text where
+    its span was, for a dialect that writes images as a tool call's argument (the
+    reference's t2i_model_generation); the image still rides on its Delta."""
+
+    format: ImageSpanFormat
+    decoder: ImageDecoder
+    opened: bool = False
+    inline: bool = False
+    _tokens: list[int] = field(default_factory=list, init=False)  # the open span's, after its start
+    _generation: Generation | None = field(default=None, init=False)  # the request writing it
+
+    def opens(self, token_id: int) -> bool:
+        return token_id == self.format.start_token_id
+
+    def open(self, generation: Generation) -> None:
+        self._tokens, self._generation = [], generation
+
+    async def feed(self, delta: Delta, token_id: int) -> bool:
+        assert self._generation is not None
+        self._tokens.append(token_id)
+        if len(self._tokens) < self.format.span_tokens:
+            return False
+        span = self._read(self._tokens)
+        if span is not None:
+            image = await self.decoder.decode(span, str(self._generation.request.request_id))
+            delta.images.append(image)
+            if self.inline:
+                delta.text += image.url
+        return True
+
+    async def end(self, delta: Delta, *, cut: bool) -> None:
+        self._tokens = []  # cut short: no image
+
+    def close(self) -> None:
+        self._tokens = []
+
+    def after(self, generation: Generation) -> Generation | None:
+        return None
+
+    def _read(self, tokens: list[int]) -> ImageSpan | None:
+        """The span's ratio and codes; None (and a log line) for a span the grammar would not
+        have let through."""
+        assert self._generation is not None
+        fmt = self.format
+        ratio = ImageSpanFormat.ratio(self._generation.tokenizer.decode([tokens[0]], skip_special_tokens=False))
+        codes: list[int] = []
+        for r in range(fmt.rows):
+            row = tokens[2 + r * (fmt.cols + 1) : 2 + (r + 1) * (fmt.cols + 1) - 1]
+            codes.extend(c for c in (fmt.code_of(t) for t in row) if c is not None)
+        if ratio is None or len(codes) != fmt.rows * fmt.cols:
+            log.error("%s: an image span that is not well formed was dropped", self._generation.request.request_id)
+            return None
+        return ImageSpan(ratio, fmt.rows, fmt.cols, tuple(codes))
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,7 +209,7 @@ class ModelImages:
 
 @dataclass(slots=True)
 class ImageDrawer:
-    """The output router's ImageDecoder for one choice."""
+    """An ImageRoute's decoder: draws a span's image and stores it (or makes its data URL)."""
 
     images: ModelImages
     settings: ImageSettings

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncGenerator
 from contextlib import aclosing
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import cast
 
@@ -15,10 +16,11 @@ import pytest
 
 from omni.text.constrained.audio_span import AudioSpanFormat
 from omni.text.constrained.image_span import END, EOF, EOL, VISION_TOKEN, ImageSpanFormat
-from omni.engines.generation import Delta, GeneratedImage, Generation
+from omni.engines.generation import Delta, GeneratedImage, Generation, OutputOptions
 from omni.engines.pool import ModelPool
-from omni.modalities.outputs.router import AudioRoute, ImageRoute, ImageSpan, OutputRouter
-from omni.serving.model import ServedModel
+from omni.modalities.outputs.audio import AudioRoute
+from omni.modalities.outputs.image import ImageRoute, ImageSpan
+from omni.modalities.outputs.router import OutputRouter
 from omni.text.tokenizer import TextTokenizer
 from scheduler.request import RequestId, RequestStatus, SamplingParams
 from tests.omni.fake_pool import FakePool
@@ -32,8 +34,8 @@ def tokenizer(tiny_tokenizer_dir: Path) -> TextTokenizer:
 
 
 def generation(tokenizer: TextTokenizer, pool: FakePool, stop: tuple[str, ...] = ()) -> Generation:
-    model = ServedModel("m", tokenizer, cast(ModelPool, pool), created=0)
-    return Generation(model, PROMPT, SamplingParams(max_tokens=16), stop, "req-0")
+    params = SamplingParams(max_tokens=16)
+    return Generation(cast(ModelPool, pool), tokenizer, PROMPT, params, "req-0", output=OutputOptions(stop))
 
 
 def record(g: Generation) -> list[Delta]:
@@ -132,8 +134,8 @@ async def test_image_spans_go_to_the_decoder_and_never_into_the_text(tokenizer: 
     first = image_tokens(tokenizer, fmt, "<|vision_ratio_16:9|>", [1, 2, 3, 4, 5, 6])
     second = image_tokens(tokenizer, fmt, "<|vision_ratio_1:1|>", [0, 0, 63, 63, 7, 8])
     pool = FakePool(before + first + after + second, finish_reason="stop")
-    model = ServedModel("m", tokenizer, cast(ModelPool, pool), created=0)
-    g = Generation(model, PROMPT, SamplingParams(max_tokens=64), (), "req-0", skip_special_tokens)
+    output = OutputOptions(skip_special_tokens=skip_special_tokens)
+    g = Generation(cast(ModelPool, pool), tokenizer, PROMPT, SamplingParams(max_tokens=64), "req-0", output=output)
     decoder = FakeDecoder()
     out = [d async for d in OutputRouter(g, ImageRoute(fmt, decoder)).deltas()]
     assert len(out) == len(pool.tokens)  # one Delta out per Delta in
@@ -150,9 +152,8 @@ async def test_a_span_cut_short_gives_no_image(tokenizer: TextTokenizer) -> None
     assert fmt is not None
     span = image_tokens(tokenizer, fmt, "<|vision_ratio_4:3|>", [1, 2, 3, 4, 5, 6])
     pool = FakePool(span[:-3], finish_reason="length")  # max_tokens ends it inside the codes
-    model = ServedModel("m", tokenizer, cast(ModelPool, pool), created=0)
     decoder = FakeDecoder()
-    g = Generation(model, PROMPT, SamplingParams(max_tokens=64), (), "req-0")
+    g = Generation(cast(ModelPool, pool), tokenizer, PROMPT, SamplingParams(max_tokens=64), "req-0", output=OutputOptions())
     out = [d async for d in OutputRouter(g, ImageRoute(fmt, decoder)).deltas()]
     assert decoder.spans == [] and not any(d.images for d in out)
     assert out[-1].finish_reason == "length" and "".join(d.text for d in out) == ""
@@ -194,7 +195,7 @@ async def test_audio_units_go_to_the_vocoder_in_chunks_and_never_into_the_text(t
     tokens = [*said, fmt.start_token_id, *unit, fmt.end_token_id, *said, fmt.start_token_id, *unit[:4], fmt.end_token_id]
     g = generation(tokenizer, FakePool(tokens))
     g.params = SamplingParams(max_tokens=len(tokens))
-    out = [delta async for delta in OutputRouter(g, audio=route).deltas()]
+    out = [delta async for delta in OutputRouter(g, route).deltas()]
     assert "".join(d.text for d in out) == "Sure:Sure:"
     # the first chunk waits for the span's least units (3, though 1 was asked), the next is twice
     # that (up to 8), the rest at the end; a second span starts over
@@ -218,7 +219,7 @@ async def test_a_span_cut_by_max_tokens_keeps_its_audio_when_it_has_three_units(
     tokens = [route.format.first_unit_id + u for u in range(units)]
     g = generation(tokenizer, FakePool(tokens))
     g.params = SamplingParams(max_tokens=units)
-    out = [delta async for delta in OutputRouter(g, audio=route).deltas()]
+    out = [delta async for delta in OutputRouter(g, route).deltas()]
     assert out[-1].finish_reason == "length"
     pieces = [p for d in out for p in d.audio]
     if audio:
@@ -234,8 +235,52 @@ async def test_leaving_mid_span_closes_the_vocoder_stream(tokenizer: TextTokeniz
     fmt = route.format
     tokens = [fmt.start_token_id, *(fmt.first_unit_id + u for u in range(6)), fmt.end_token_id]
     g = generation(tokenizer, FakePool(tokens))
-    async with aclosing(OutputRouter(g, audio=route).deltas()) as deltas:
+    async with aclosing(OutputRouter(g, route).deltas()) as deltas:
         async for delta in deltas:
             if delta.audio:
                 break
     assert sinks[0].closed
+
+
+@dataclass
+class Bracket:
+    """A made-up span kind, routed by the unchanged router: from open_id to close_id, the
+    tokens between ride on the closing Delta."""
+
+    open_id: int
+    close_id: int
+    opened: bool = False
+    inside: list[int] = field(default_factory=list)
+    spans: list[str] = field(default_factory=list)
+
+    def opens(self, token_id: int) -> bool:
+        return token_id == self.open_id
+
+    def open(self, generation: Generation) -> None:
+        self.inside = []
+
+    async def feed(self, delta: Delta, token_id: int) -> bool:
+        if token_id != self.close_id:
+            self.inside.append(token_id)
+            return False
+        delta.images.append(GeneratedImage(f"bracket:{self.inside}", 0, 0))
+        return True
+
+    async def end(self, delta: Delta, *, cut: bool) -> None:
+        self.spans.append("cut")
+
+    def close(self) -> None:
+        self.spans.append("closed")
+
+    def after(self, generation: Generation) -> Generation | None:
+        return None
+
+
+async def test_a_new_span_kind_is_a_route_class_and_the_router_is_unchanged(tokenizer: TextTokenizer) -> None:
+    tokens = list(range(100, 106))
+    bracket = Bracket(tokens[1], tokens[4])
+    g = generation(tokenizer, FakePool(tokens))
+    out = [d async for d in OutputRouter(g, None, bracket).deltas()]
+    assert len(out) == len(tokens)
+    assert [(i, img.url) for i, d in enumerate(out) for img in d.images] == [(4, f"bracket:{tokens[2:4]}")]
+    assert bracket.spans == []  # ended by its own token: neither cut nor closed

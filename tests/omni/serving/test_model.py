@@ -1,0 +1,50 @@
+"""ServedModel: its output modalities are one tuple, and workers() is every worker it owns in
+the order the app starts them (encoders first, the LLM workers last)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+from typing import cast
+
+from omni.engines.audio_decoder import AudioDecoderEngine
+from omni.engines.encoder import EncoderEngine
+from omni.engines.llm import LLMEngine
+from omni.engines.pool import ModelPool
+from omni.engines.supervisor import SupervisedWorker
+from omni.engines.vision_decoder import VisionDecoderEngine
+from omni.metrics import Metrics
+from omni.modalities.inputs.pipeline import MediaPipeline
+from omni.modalities.outputs.audio import ModelAudio
+from omni.modalities.outputs.image import ModelImages
+from omni.serving.model import ServedModel
+from omni.shared.store.base import ArtifactStore
+from omni.text.constrained.audio_span import AudioSpanFormat
+from omni.text.constrained.image_span import ImageSpanFormat
+from omni.text.tokenizer import TextTokenizer
+
+
+def test_workers_are_the_encoder_the_output_decoders_then_the_llm_workers(tiny_tokenizer_dir: Path) -> None:
+    tokenizer = TextTokenizer.from_dir(tiny_tokenizer_dir)
+    encoder, drawer, voice = cast(EncoderEngine, "encoder"), cast(VisionDecoderEngine, "drawer"), cast(AudioDecoderEngine, "voice")
+    llms = [cast(LLMEngine, "llm 0"), cast(LLMEngine, "llm 1")]
+    store = cast(ArtifactStore, None)
+    image_fmt, audio_fmt = ImageSpanFormat.from_tokenizer(tokenizer, 2, 3), AudioSpanFormat.from_tokenizer(tokenizer)
+    assert image_fmt is not None and audio_fmt is not None
+    images = ModelImages(drawer, image_fmt, store, Metrics())
+    audio = ModelAudio(voice, audio_fmt, store)
+    model = ServedModel(
+        "m", tokenizer, cast(ModelPool, SimpleNamespace(engines=llms)), created=0,
+        media=cast(MediaPipeline, SimpleNamespace(encoder=encoder)), outputs=(images, audio),
+    )  # fmt: skip
+    assert model.workers() == cast(tuple[SupervisedWorker, ...], ("encoder", "drawer", "voice", "llm 0", "llm 1"))
+    assert model.images is images and model.audio is audio
+
+    text_only = ServedModel("t", tokenizer, cast(ModelPool, SimpleNamespace(engines=llms[:1])), created=0)
+    assert text_only.workers() == cast(tuple[SupervisedWorker, ...], ("llm 0",))
+    assert text_only.images is None and text_only.audio is None
+
+
+def test_only_the_llm_worker_sizes_itself_from_free_memory() -> None:
+    assert LLMEngine.sizes_from_free_memory
+    assert not any(w.sizes_from_free_memory for w in (EncoderEngine, VisionDecoderEngine, AudioDecoderEngine))
