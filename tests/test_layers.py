@@ -254,14 +254,11 @@ LAYERS: list[tuple[str, ...]] = [
 # them is gone, so delete its line then; nothing may be added.
 KNOWN_UPWARD: set[tuple[str, str]] = {
     ("omni.config", "omni.engines.admission"),  # EngineConfig.queue_limits moves into admission
-    ("omni.engines.generation", "omni.serving.model"),  # Generation takes pool and tokenizer
     ("omni.modalities.inputs.items", "omni.serving.requests"),  # inputs take neutral MediaRefs
     ("omni.modalities.inputs.pipeline", "omni.serving.requests"),
-    ("omni.modalities.outputs.audio", "omni.http.state"),  # ModelAudio is handed its store
     ("omni.serving.lifecycle", "omni.http.access_log"),  # the lifecycle without aiohttp
     ("omni.serving.lifecycle", "omni.http.state"),
     ("omni.serving.lifecycle", "omni.http.body"),  # the handler reads the body, the lifecycle gets it parsed
-    ("omni.serving.spoken", "omni.http.state"),
 }
 
 
@@ -357,16 +354,7 @@ def test_the_crossing_checker_sees_a_violation() -> None:
 # Cut by issue 21's seams (Generation takes what it uses; ModelAudio is handed its store):
 # today's one cycle, which only a TYPE_CHECKING guard keeps from an ImportError. The test fails
 # when it changes, so the entry goes once it is cut.
-KNOWN_CYCLES: set[frozenset[str]] = {
-    frozenset({
-        "omni.engines.generation",
-        "omni.http.state",
-        "omni.modalities.outputs.audio",
-        "omni.modalities.outputs.image",
-        "omni.modalities.outputs.router",
-        "omni.serving.model",
-    }),
-}  # fmt: skip
+KNOWN_CYCLES: set[frozenset[str]] = set()
 
 
 def _cycles(graph: Mapping[str, Collection[str]]) -> set[frozenset[str]]:
@@ -446,12 +434,10 @@ AIOHTTP_CLIENT: dict[str, tuple[frozenset[str], str]] = {
 # and the multipart form in http, ModelAudio handed its store): aiohttp used below http today.
 # The test fails when one is gone, so delete its line then; nothing may be added.
 KNOWN_AIOHTTP: set[tuple[str, str]] = {
-    ("omni.modalities.outputs.audio", "aiohttp.web"),
     ("omni.serving.lifecycle", "aiohttp.web"),
     ("omni.serving.requests.transcriptions", "aiohttp.BodyPartReader"),
     ("omni.serving.requests.transcriptions", "aiohttp.http_exceptions.HttpProcessingError"),
     ("omni.serving.requests.transcriptions", "aiohttp.web"),
-    ("omni.serving.spoken", "aiohttp.web"),
 }
 
 _SERVER_SIDE = ("test_utils", "typedefs", "multipart", "BodyPartReader", "MultipartReader", "http_exceptions")
@@ -587,7 +573,6 @@ UNMIRRORED: dict[str, str] = {
     "omni/modalities/outputs/image.py": "tests/omni/modalities/outputs/test_router.py and tests/e2e/test_images.py",
     "omni/serving/chat_turns.py": "tests/omni/serving/requests/test_chat.py and test_images.py beside it",
     "omni/serving/choice_constraints.py": "tests/e2e/test_structured_output.py, test_tools.py and test_reasoning.py",
-    "omni/serving/model.py": "tests/omni/serving/test_prompt.py and tests/omni/serving/test_lifecycle.py",
     "omni/serving/requests/completions.py": "tests/omni/serving/requests/test_fields.py and test_output_fields.py",
     "omni/serving/requests/speech.py": "tests/e2e/test_speech.py and tests/omni/http/test_openapi.py",
     "omni/serving/requests/tools.py": "tests/omni/serving/requests/test_chat.py and tests/e2e/test_tools.py",
