@@ -2,7 +2,8 @@
 
     server (omni/: api, engines, orchestrator, ...) --> shared layers, scheduler
     workers (gpu_workers/)                          --> shared layers
-    shared layers (omni.shared.protocol, omni.shared.store, omni.shared.media, omni.shared.log_format, omni.shared.gil_free), scheduler --> nothing of ours above
+    shared layers (omni.shared.protocol, omni.shared.store, omni.shared.media, omni.shared.log_format, omni.shared.gil_free,
+                   omni.shared.settings), scheduler --> nothing of ours above
 
 Read from the source (every import statement, including those inside functions), then
 checked again in a fresh interpreter importing what a worker process imports.
@@ -18,7 +19,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SHARED = ("omni.shared.protocol", "omni.shared.store", "omni.shared.media", "omni.shared.log_format", "omni.shared.gil_free")
+SHARED = ("omni.shared.protocol", "omni.shared.store", "omni.shared.media", "omni.shared.log_format", "omni.shared.gil_free",
+          "omni.shared.settings")  # fmt: skip
 
 
 def _under(name: str, prefixes: tuple[str, ...]) -> bool:
