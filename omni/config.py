@@ -85,6 +85,7 @@ class LLMConfig:
     )
     enable_prefix_caching: bool = setting(
         True,
+        unset=None,  # either flag given with the other is refused
         help="automatic prefix caching (on by default)",
         off_flag=("--no-prefix-caching", "disable automatic prefix caching"),
     )

@@ -24,7 +24,7 @@ from typing import Any
 import orjson
 import yaml
 
-from omni.cli.flags import string_list
+from omni.cli.flags import takes_json_list
 
 
 class ConfigFileError(ValueError):
@@ -86,7 +86,7 @@ def _tokens_of(key: str, action: argparse.Action, value: Any, path: Path) -> lis
     if isinstance(value, dict):
         raise ConfigFileError(f"--config {path}: {key} takes a value or a list, not a mapping")
     if isinstance(value, list):
-        if action.type is string_list:  # a flag whose value is itself a JSON list (vLLM's CORS flags)
+        if takes_json_list(action):
             return [flag, orjson.dumps(value).decode()]
         items = [_scalar(key, v, path) for v in value]
         if isinstance(action, argparse._AppendAction):

@@ -59,7 +59,7 @@ def _fraction(text: str) -> float:
     return value
 
 
-def string_list(text: str) -> list[str]:
+def _string_list(text: str) -> list[str]:
     """A JSON list, as vLLM takes its CORS flags ('["https://a.example"]'), or a comma list."""
     text = text.strip()
     if text.startswith("["):
@@ -78,7 +78,12 @@ def _devices(text: str) -> tuple[str, ...]:
 
 
 _READERS = {"size": parse_size, "positive_int": _positive_int, "positive_float": _positive_float,
-            "fraction": _fraction, "string_list": string_list, "devices": _devices}  # fmt: skip
+            "fraction": _fraction, "string_list": _string_list, "devices": _devices}  # fmt: skip
+
+
+def takes_json_list(action: argparse.Action) -> bool:
+    """A flag whose value is itself a JSON list (vLLM's CORS flags): a config file's list goes in as JSON."""
+    return action.type is _string_list
 
 
 def dest(field: dataclasses.Field[Any]) -> str:
