@@ -100,8 +100,9 @@ def read_json_config(
     cls: type[T], raw: Mapping[str, Any], *, what: str, ignore: frozenset[str] = frozenset(), strict: bool = True
 ) -> T:
     """cls from a config.json mapping: each field from its key, a key left out taking the field's
-    default. strict: a key that is no field's (and not in `ignore`) is refused, so that a
-    misspelt one is not silently dropped."""
+    default; a field without a default is read from None then, so that its reader refuses it by
+    name. strict: a key that is no field's (and not in `ignore`) is refused, so that a misspelt
+    one is not silently dropped."""
     if not isinstance(raw, Mapping):
         raise ValueError(f"{what} must be a dict, got {type(raw).__name__}")  # noqa: TRY004
     values: dict[str, Any] = {}
@@ -110,8 +111,13 @@ def read_json_config(
         spec = _json_settings(field)
         key = spec["key"] or field.name
         known.add(key)
-        if key in raw:
-            values[field.name] = raw[key] if spec["read"] is None else spec["read"](key, raw[key])
+        required = field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING
+        if key not in raw and not required:
+            continue
+        if key not in raw and spec["read"] is None:
+            raise ValueError(f"{what}: {key} is required")
+        value = raw.get(key)
+        values[field.name] = value if spec["read"] is None else spec["read"](key, value)
     unknown = sorted(set(raw) - known)
     if strict and unknown:
         raise ValueError(f"{what}: unknown keys {unknown}")
