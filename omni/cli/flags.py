@@ -145,7 +145,7 @@ def _base_type(hint: Any) -> Any:
 
 def read_section(cls: type, args: argparse.Namespace) -> Any:
     """cls from the parsed flags. A field whose flag was left at its `unset` marker takes the
-    field's default: the CLI derives that value itself (omni/cli/main.py)."""
+    field's default: the CLI derives that value itself (omni/cli/options.py)."""
     values: dict[str, Any] = {}
     for field in dataclasses.fields(cls):
         spec = flag_settings(field)

@@ -27,10 +27,10 @@ FLAG_TYPES = frozenset({"size", "positive_int", "positive_float", "fraction", "s
 def setting(
     default: Any = dataclasses.MISSING,
     *,
-    help: str | None = None,  # noqa: A002 - argparse's word for it
+    help: str | None = None,
     flag: str | None = None,
     vllm_alias: str | tuple[str, ...] = (),
-    type: str | None = None,  # noqa: A002
+    type: str | None = None,
     choices: tuple[Any, ...] | None = None,
     metavar: str | None = None,
     nargs: str | None = None,
