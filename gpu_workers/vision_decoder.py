@@ -73,6 +73,7 @@ from gpu_workers.models.flux_dit import FluxDiT, FluxDiTConfig, condition_from_c
 from gpu_workers.models.flux_vae import IMAGE_FORMATS, FluxVAEConfig, FluxVAEDecoder, to_image_bytes
 from gpu_workers.attention.ulysses import UlyssesAttention, gather_sequence, shard_sequence
 from omni.shared import protocol
+from omni.shared.settings import json_key, read_json_config, to_json_config
 from omni.shared.media.image_sizes import PATCH_SCALE
 
 MODEL_TYPE = "omni_vision_decoder"
@@ -85,42 +86,47 @@ MAX_SIDE = 2048
 TIMESTEP_SCALE = 1000.0  # the DiT's timestep input is sigma on a 0..1000 scale
 
 
+def _code_grid(key: str, grid: Any) -> tuple[int, int]:
+    if (
+        not isinstance(grid, list | tuple)
+        or len(grid) != 2
+        or any(not isinstance(n, int) or isinstance(n, bool) or n <= 0 for n in grid)
+    ):
+        raise ValueError(f"vision decoder config: code_grid must be [rows, cols] of positive ints, got {grid!r}")
+    if grid[0] != grid[1]:
+        # condition_from_codes lays the codes out on a square grid, as TA-Tok emits them
+        raise ValueError(f"vision decoder config: code_grid {list(grid)} is not square")
+    return (grid[0], grid[1])
+
+
+def _guidance(key: str, guidance: Any) -> str:
+    if guidance not in GUIDANCE:
+        raise ValueError(f"vision decoder config: guidance {guidance!r} is not one of {', '.join(GUIDANCE)}")
+    return str(guidance)
+
+
+def _guidance_scale(key: str, scale: Any) -> float:
+    if isinstance(scale, bool) or not isinstance(scale, int | float) or not math.isfinite(scale) or scale < 0:
+        raise ValueError(f"vision decoder config: guidance_scale must be a number >= 0, got {scale!r}")
+    return float(scale)
+
+
 @dataclass(frozen=True, slots=True)
 class VisionDecoderConfig:
-    code_grid: tuple[int, int]  # (rows, cols) of codes per image
-    guidance: str  # a key of GUIDANCE
-    guidance_scale: float  # the default when a job gives none
+    code_grid: tuple[int, int] = json_key(read=_code_grid)  # (rows, cols) of codes per image
+    guidance: str = json_key(read=_guidance)  # a key of GUIDANCE
+    guidance_scale: float = json_key(read=_guidance_scale)  # the default when a job gives none
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any]) -> VisionDecoderConfig:
         if raw.get("model_type") != MODEL_TYPE:
             raise ValueError(f"vision decoder config: model_type {raw.get('model_type')!r} is not {MODEL_TYPE}")
-        grid = raw.get("code_grid")
-        if (
-            not isinstance(grid, list | tuple)
-            or len(grid) != 2
-            or any(not isinstance(n, int) or isinstance(n, bool) or n <= 0 for n in grid)
-        ):
-            raise ValueError(f"vision decoder config: code_grid must be [rows, cols] of positive ints, got {grid!r}")
-        if grid[0] != grid[1]:
-            # condition_from_codes lays the codes out on a square grid, as TA-Tok emits them
-            raise ValueError(f"vision decoder config: code_grid {list(grid)} is not square")
-        guidance = raw.get("guidance")
-        if guidance not in GUIDANCE:
-            raise ValueError(f"vision decoder config: guidance {guidance!r} is not one of {', '.join(GUIDANCE)}")
-        # required but for "none", which has no scale
-        scale = raw.get("guidance_scale", 0.0 if guidance == "none" else None)
-        if isinstance(scale, bool) or not isinstance(scale, int | float) or not math.isfinite(scale) or scale < 0:
-            raise ValueError(f"vision decoder config: guidance_scale must be a number >= 0, got {scale!r}")
-        return cls((grid[0], grid[1]), guidance, float(scale))
+        if raw.get("guidance") == "none":
+            raw = {"guidance_scale": 0.0, **raw}  # required but for "none", which has no scale
+        return read_json_config(cls, raw, what="vision decoder config", strict=False)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "model_type": MODEL_TYPE,
-            "code_grid": list(self.code_grid),
-            "guidance": self.guidance,
-            "guidance_scale": self.guidance_scale,
-        }
+        return to_json_config(self, model_type=MODEL_TYPE)
 
     @property
     def num_codes_per_image(self) -> int:

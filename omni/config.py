@@ -1,95 +1,276 @@
-"""Frozen configuration for the server and each model engine, built once by the CLI."""
+"""Frozen configuration, one dataclass per component, each with only the fields it uses.
+
+Every field that a flag sets declares that flag here, once, with its default and help
+(omni/shared/settings.py); omni/cli/flags.py builds the command line and reads `--config`
+files from these declarations. The CLI fills a ModelConfig per served model and the
+ServerConfig that holds them.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from omni.engines.admission import QueueLimits
 from omni.shared.media.limits import MediaLimits
+from omni.shared.settings import setting
+from scheduler.placement import POLICIES
 
 
 @dataclass(frozen=True, slots=True)
-class EngineConfig:
-    model_name: str
-    model_dir: Path
-    device: str = "cpu"
-    dtype: str = "float32"
-    block_size: int = 16
-    num_kv_blocks: int | None = None
-    kv_cache_memory_bytes: int | None = None
-    max_model_len: int | None = None
-    max_num_seqs: int = 64
-    max_num_batched_tokens: int = 2048
-    enable_prefix_caching: bool = True
+class WorkerConfig:
+    """What every worker process of a model is started with."""
+
+    dtype: str = setting(
+        "float32",
+        unset="auto",  # float32 on CPU, else bfloat16
+        choices=("auto", "float32", "bfloat16", "float16", "half", "float"),
+    )
+    # torch threads of each CPU worker (None: torch's default; on CPU the CLI shares the cores)
+    num_threads: int | None = setting(None, help="torch threads per CPU worker")
+    seed: int | None = setting(
+        None,
+        help="seed of each worker's random generator, for requests without a seed of their own (default: random)",
+    )
+    worker_start_timeout: float = setting(600.0)
+
+
+@dataclass(frozen=True, slots=True)
+class LLMConfig:
+    """A model's LLM workers, their KV caches and schedulers, and how requests are spread over
+    them: num_workers data-parallel workers placed round-robin over `devices` (or all on
+    `device` when that is empty)."""
+
+    device: str = setting("cpu", help="cpu, cuda or cuda:N")
+    devices: tuple[str, ...] = setting(
+        (),
+        type="devices",
+        help="comma-separated devices for the LLM workers (e.g. cuda:0,cuda:1); workers are placed on them round-robin",
+    )
+    num_workers: int = setting(
+        1,
+        unset=None,  # one per --devices entry
+        flag="--llm-workers",
+        vllm_alias=("--data-parallel-size", "-dp"),
+        type="positive_int",
+        help="data-parallel LLM worker processes per model (default: one per --devices entry)",
+    )
+    placement: str = setting(
+        "prefix-aware", choices=tuple(sorted(POLICIES)), help="how requests are spread over a model's workers"
+    )
+    # name=weight pairs, read by scheduler.placement.parse_weights
+    placement_weights: str = setting("", metavar="prefix=3,queue=2,kv=2", help="weights of the prefix-aware scorers")
+    block_size: int = setting(16, help="tokens per KV block")
+    num_kv_blocks: int | None = setting(None, exclusive="kv", help="KV cache size in blocks")
+    kv_cache_memory_bytes: int | None = setting(
+        None, flag="--kv-cache-memory", type="size", exclusive="kv", help="KV cache size in bytes (e.g. 2GiB)"
+    )
     # On GPU: the share of the device's memory a worker may fill, the KV cache taking what
     # the weights and everything else on the device leave (None: 85% of what is free).
-    gpu_memory_utilization: float | None = None
-    seed: int | None = None  # of the workers' generators, for requests without their own
-    max_logprobs: int = 20  # the most logprobs, top_logprobs or prompt_logprobs a request may ask
-    aliases: tuple[str, ...] = ()  # more names clients may send for this model
-    attention_backend: str = "auto"
-    num_threads: int | None = None
-    # Data-parallel LLM workers of this model, placed round-robin over `devices` (or all on
-    # `device` when that is empty), and how requests are spread over them.
-    num_workers: int = 1
-    devices: tuple[str, ...] = ()
-    placement: str = "prefix-aware"
-    placement_weights: tuple[tuple[str, float], ...] = ()
-    worker_start_timeout: float = 600.0
-    # Admission (omni/engines/admission.py): the most requests, and prompt tokens, that may wait for
-    # this model across its workers; None: derived from each live worker's KV cache and batch.
-    max_queued_requests: int | None = None
-    max_queued_tokens: int | None = None
+    gpu_memory_utilization: float | None = setting(
+        None,
+        type="fraction",
+        exclusive="kv",
+        help="fraction of each GPU's memory an LLM worker may use, weights, activations and "
+        "whatever else holds that GPU included: the KV cache takes what is left of it "
+        "(default on GPU: 85%% of the memory free after loading). Ignored on CPU, where "
+        "--kv-cache-memory sizes the cache (default 2GiB)",
+    )
+    max_model_len: int | None = setting(None, help="context length (default: the model's)")
+    max_num_seqs: int = setting(64, help="requests per step at most")
+    max_num_batched_tokens: int = setting(
+        2048,
+        unset=None,
+        help="tokens per step at most (default 512 on CPU, where smaller prefill chunks "
+        "bring first tokens sooner at the same throughput; 8192 on GPU)",
+    )
+    enable_prefix_caching: bool = setting(
+        True,
+        unset=None,  # either flag given with the other is refused
+        help="automatic prefix caching (on by default)",
+        off_flag=("--no-prefix-caching", "disable automatic prefix caching"),
+    )
+    attention_backend: str = setting("auto", choices=("auto", "torch_sdpa", "flash_attn"))
+    max_logprobs: int = setting(
+        20,
+        type="positive_int",
+        help="the most logprobs (or top_logprobs, prompt_logprobs) a request may ask for (default 20)",
+    )
+
+    @property
+    def worker_devices(self) -> tuple[str, ...]:
+        """The devices the workers are placed on, round-robin."""
+        return self.devices or (self.device,)
+
+
+@dataclass(frozen=True, slots=True)
+class AdmissionConfig:
+    """The most requests, and prompt tokens, that may wait for a model across its workers (None:
+    derived from each live worker's KV cache and batch, omni/engines/admission.py), and the
+    deadline of each request."""
+
+    max_queued_requests: int | None = setting(
+        None,
+        type="positive_int",
+        help="requests that may wait for a model, across its workers; beyond it a 429 "
+        "(default: 2 x --max-num-seqs per live worker)",
+    )
+    max_queued_tokens: int | None = setting(
+        None,
+        type="positive_int",
+        help="prompt tokens that may wait for a model, across its workers; beyond it a 429 "
+        "(default per live worker: 2 x its KV cache's tokens, at least --max-num-seqs "
+        "prompts of the full context length)",
+    )
     # Seconds from a request's prompt being ready (Request.arrival_time) after which it is
     # aborted; None: no deadline unless the request asks for one (X-Request-Timeout).
-    request_timeout: float | None = None
-    # The artifact store the workers open (the server's --store and its S3 settings).
-    store: str = ""
-    store_endpoint_url: str | None = None
-    store_region: str | None = None
-    media_limits: MediaLimits = field(default_factory=MediaLimits)
-    # An omni checkpoint's root (its encoder component directories), None for a text LLM.
-    encoder_dir: Path | None = None
-    encoder_device: str | None = None  # default: the first LLM worker's device
-    encoder_max_batch_items: int = 32
+    request_timeout: float | None = setting(
+        None,
+        type="positive_float",
+        metavar="SECONDS",
+        help="abort a request this long after its prompt is ready (a 504, or an error "
+        "event in a stream); a request may ask for less with the X-Request-Timeout header "
+        "(default: no deadline)",
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class EncoderConfig:
+    """An omni model's encoder worker and the queue of media items waiting for it."""
+
+    device: str | None = setting(
+        None, flag="--encoder-device", help="device of the encoder worker (default: the first LLM device)"
+    )
+    max_batch_items: int = 32
     # Media items, and their bytes, that may wait for the encoder; None: derived from the
     # batch size and the per-item byte limit (omni/engines/encoder.py).
-    encoder_max_queued_items: int | None = None
-    encoder_max_queued_bytes: int | None = None
-    # The image decoder (an omni checkpoint's vision_decoder/, None: no image output): one
-    # process per device of vision_decoder_devices, a Ulysses group when there are several
-    # (empty: one, on the encoder's device).
-    vision_decoder_dir: Path | None = None
-    vision_decoder_devices: tuple[str, ...] = ()
-    diffusion_steps: int = 25
-    decoder_max_batch_images: int = 8
-    decoder_max_queued_images: int | None = None  # None: 4 batches
-    # The audio decoder (an omni checkpoint's audio_decoder/, None: no audio output): one
-    # process on audio_decoder_device (None: the encoder's device).
-    audio_decoder_dir: Path | None = None
-    audio_decoder_device: str | None = None
-    audio_first_chunk_units: int = 4  # units of an audio span's first chunk to the vocoder
-    audio_chunk_units: int = 25  # of each later chunk
-    audio_max_batch_streams: int = 32  # streams decoded together in one vocoder batch
-    max_audio_streams: int = 256  # open streams beyond which a request asking for audio is a 429
-    # The chat format (omni/text/chat_format.py): "auto" parsers follow the chat template.
-    chat_template: str | None = None  # replaces the checkpoint's template
-    trust_request_chat_template: bool = False
-    tool_call_parser: str = "auto"
-    enable_auto_tool_choice: bool = True
-    reasoning_parser: str = "auto"
+    max_queued_items: int | None = setting(
+        None,
+        flag="--max-queued-media-items",
+        type="positive_int",
+        help="media items that may wait for a model's encoder; beyond it a 429 (default: 4 batches)",
+    )
+    max_queued_bytes: int | None = setting(
+        None,
+        flag="--max-queued-media-bytes",
+        type="size",
+        help="bytes of media that may wait for a model's encoder; beyond it a 429 (default: 8 x --max-media-bytes)",
+    )
 
-    def queue_limits(self, shares: Sequence[QueueLimits]) -> QueueLimits:
-        """The model's queue limits: each flag that is set, else the sum of the given workers'
-        shares (QueueLimits.for_worker)."""
-        max_requests = self.max_queued_requests
-        max_tokens = self.max_queued_tokens
-        return QueueLimits(
-            sum(s.max_requests for s in shares) if max_requests is None else max_requests,
-            sum(s.max_tokens for s in shares) if max_tokens is None else max_tokens,
-        )
+
+@dataclass(frozen=True, slots=True)
+class VisionDecoderConfig:
+    """The image decoder: one process per device of `devices`, a Ulysses group when there are
+    several (empty: one, on the encoder's device)."""
+
+    devices: tuple[str, ...] = setting(
+        (),
+        flag="--vision-decoder-devices",
+        type="devices",
+        help="devices of the image decoder, comma-separated, one process each: several make one "
+        "Ulysses sequence-parallel group (e.g. cuda:2,cuda:3 or cpu,cpu; default: one, on the encoder's device)",
+    )
+    diffusion_steps: int = setting(25, help="denoising steps per image unless a request asks (default 25)")
+    max_batch_images: int = setting(8, help="images drawn together in one batch (default 8)")
+    max_queued_images: int | None = setting(  # None: 4 batches
+        None, help="images that may wait for the decoder; beyond it a 429 (default: 4 batches)"
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class AudioDecoderConfig:
+    """The audio decoder (vocoder): one process on `device` (None: the encoder's device)."""
+
+    device: str | None = setting(
+        None, flag="--audio-decoder-device", help="device of the audio decoder (vocoder) process (default: the encoder's)"
+    )
+    first_chunk_units: int = setting(
+        4,
+        flag="--audio-first-chunk-units",
+        type="positive_int",
+        help="units (25 a second) of an audio span sent to the vocoder first, so sound starts early; at "
+        "least the span's 3 (default 4: 160 ms)",
+    )
+    chunk_units: int = setting(
+        25, flag="--audio-chunk-units", type="positive_int", help="units of each later chunk (default 25: 1 s)"
+    )
+    max_batch_streams: int = 32  # streams decoded together in one vocoder batch
+    max_open_streams: int = setting(
+        256,
+        flag="--max-audio-streams",
+        type="positive_int",
+        help="answers the vocoder speaks at once; beyond it a request asking for audio is a 429 (default 256)",
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class ChatFormatConfig:
+    """The chat format (omni/text/chat_format.py): "auto" parsers follow the chat template."""
+
+    # replaces the checkpoint's template (the CLI reads the flag's file into it)
+    chat_template: str | None = setting(
+        None,
+        metavar="FILE|TEMPLATE",
+        help="Jinja chat template (a file, or the template itself) replacing the checkpoint's",
+    )
+    trust_request_chat_template: bool = setting(
+        False, help="render a request's own `chat_template` (off: such a request is a 400)"
+    )
+    tool_call_parser: str = setting(
+        "auto",
+        help="how tool calls are read from the output: hermes, hyperclovax, none, or auto (from the chat template)",
+    )
+    enable_auto_tool_choice: bool = setting(
+        True, help='serve tool_choice "auto" (the model decides whether to call); on by default'
+    )
+    reasoning_parser: str = setting(
+        "auto",
+        help="how <think> reasoning is moved into reasoning_content: think, none, or auto (from the chat template)",
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class StoreConfig:
+    """The artifact store: "" (local, under the cache root), "local:DIR" or "s3://BUCKET/PREFIX".
+    The server opens it with all of these; the workers with the location and S3 settings."""
+
+    location: str = setting(
+        "",
+        flag="--store",
+        metavar="local:DIR|s3://BUCKET/PREFIX",
+        help="artifact store for encoder outputs and generated media "
+        "(default: local, under $OMNI_SERVE_CACHE or ~/.cache/omni-serve)",
+    )
+    url_base: str | None = setting(  # default http://host:port
+        None,
+        flag="--store-url-base",
+        help="public base URL for the local store's signed links (default http://HOST:PORT); "
+        "their HMAC key is $OMNI_STORE_SECRET, else random per process",
+    )
+    endpoint_url: str | None = setting(None, flag="--store-endpoint-url", help="S3 endpoint (MinIO, moto, ...)")
+    region: str | None = setting(None, flag="--store-region", help="S3 region")
+    secret: bytes | None = None  # HMAC key of local signed URLs ($OMNI_STORE_SECRET); default random per process
+
+
+@dataclass(frozen=True, slots=True)
+class ModelConfig:
+    """One served model: its names, its checkpoint's parts (None: the model has no such part, or
+    its output is turned off), and the settings of each of its components."""
+
+    name: str
+    model_dir: Path  # the LLM's checkpoint
+    aliases: tuple[str, ...] = ()  # more names clients may send for this model
+    encoder_dir: Path | None = None  # an omni checkpoint's root (its encoder component directories)
+    vision_decoder_dir: Path | None = None
+    audio_decoder_dir: Path | None = None
+    worker: WorkerConfig = field(default_factory=WorkerConfig)
+    llm: LLMConfig = field(default_factory=LLMConfig)
+    admission: AdmissionConfig = field(default_factory=AdmissionConfig)
+    store: StoreConfig = field(default_factory=StoreConfig)
+    media_limits: MediaLimits = field(default_factory=MediaLimits)
+    encoder: EncoderConfig = field(default_factory=EncoderConfig)
+    vision_decoder: VisionDecoderConfig = field(default_factory=VisionDecoderConfig)
+    audio_decoder: AudioDecoderConfig = field(default_factory=AudioDecoderConfig)
+    chat_format: ChatFormatConfig = field(default_factory=ChatFormatConfig)
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,46 +278,80 @@ class CorsPolicy:
     """Which browser origins may call the API (omni/http/cors.py answers their preflights and marks
     their responses). An origin is "*" (any) or a full "scheme://host[:port]"."""
 
-    origins: tuple[str, ...]
-    methods: tuple[str, ...] = ("*",)
-    headers: tuple[str, ...] = ("*",)
-    allow_credentials: bool = False
+    origins: tuple[str, ...] = setting(
+        (),
+        flag="--allowed-origins",
+        type="string_list",
+        help="browser origins allowed to call the API (CORS), a JSON list or comma-separated: "
+        '\'["https://ui.example.com"]\' or "*" (default: none, CORS off)',
+    )
+    methods: tuple[str, ...] = setting(
+        ("*",), flag="--allowed-methods", type="string_list", help="CORS methods (default: all)"
+    )
+    headers: tuple[str, ...] = setting(
+        ("*",), flag="--allowed-headers", type="string_list", help="CORS request headers (default: all)"
+    )
+    allow_credentials: bool = setting(False, help="CORS: let browsers send credentials")
     max_age: int = 600  # seconds a browser may cache a preflight's answer
 
 
 @dataclass(frozen=True, slots=True)
 class ServerConfig:
-    engines: tuple[EngineConfig, ...]
-    host: str = "127.0.0.1"
-    port: int = 8000
-    max_request_bytes: int = 8 * 1024 * 1024
-    api_key: str | None = None
+    """The HTTP server (where it listens, what it accepts, how it treats connections), the
+    artifact store it opens, and the models it serves."""
+
+    models: tuple[ModelConfig, ...] = ()
+    store: StoreConfig = field(default_factory=StoreConfig)
+    host: str = setting("127.0.0.1")
+    port: int = setting(8000)
+    max_request_bytes: int = setting(
+        64 * 1024 * 1024, type="size", help="largest request body (media travel inline as base64; default 64MiB)"
+    )
+    api_key: str | None = setting(
+        None, env="OMNI_SERVE_API_KEY", help="require this bearer token (default: $OMNI_SERVE_API_KEY)"
+    )
     max_n: int = 16
-    shutdown_timeout: float = 60.0
-    # The artifact store: "" (local, under the cache root), "local:DIR" or "s3://BUCKET/PREFIX".
-    store: str = ""
-    store_url_base: str | None = None  # public base of signed local URLs; default http://host:port
-    store_secret: bytes | None = None  # HMAC key of local signed URLs; default random per process
-    store_endpoint_url: str | None = None
-    store_region: str | None = None
+    shutdown_timeout: float = setting(60.0, help="seconds in-flight requests get to finish after SIGTERM")
     # Connection hygiene (omni/http/connections.py): a request's headers must arrive within
     # header_timeout s of its first byte (of the connection, for its first request), its body
     # within body_timeout s; an idle keep-alive connection closes after keepalive_timeout s;
     # past max_connections open at once, a new connection gets a 503 and is closed.
-    header_timeout: float = 20.0
-    body_timeout: float = 60.0
-    keepalive_timeout: float = 30.0
-    max_connections: int = 1024
-    disable_log_requests: bool = False  # no access log line per request (omni/http/access_log.py)
-    cors: CorsPolicy | None = None  # None: no CORS headers, preflights refused (same-origin only)
+    header_timeout: float = setting(
+        20.0, help="seconds a request's headers may take to arrive; a slower client is cut off"
+    )
+    body_timeout: float = setting(60.0, help="seconds a request's body may take to arrive (a 408 after)")
+    keepalive_timeout: float = setting(30.0, help="seconds an idle keep-alive connection stays open")
+    max_connections: int = setting(1024, help="open connections at most; past it a new one gets a 503")
+    disable_log_requests: bool = setting(
+        False,
+        help="no access log line per request (vLLM's name); by default each request logs its status, "
+        "model, tokens, TTFT, latency and X-Request-Id",
+    )
     # TLS: both set, the server speaks HTTPS; ssl_ca_certs (with ssl_cert_reqs) verifies clients.
-    ssl_keyfile: str | None = None
-    ssl_certfile: str | None = None
-    ssl_ca_certs: str | None = None
-    ssl_cert_reqs: int = 0  # ssl.CERT_NONE; 2 (CERT_REQUIRED) demands a client certificate
+    ssl_keyfile: str | None = setting(
+        None, help="TLS private key (PEM); with --ssl-certfile the server speaks HTTPS"
+    )
+    ssl_certfile: str | None = setting(None, help="TLS certificate chain (PEM)")
+    ssl_ca_certs: str | None = setting(None, help="CA certificates (PEM) that client certificates are checked against")
+    ssl_cert_reqs: int = setting(  # ssl.CERT_NONE; 2 (CERT_REQUIRED) demands a client certificate
+        0,
+        choices=(0, 1, 2),
+        help="client certificates: 0 not asked, 1 checked when sent, 2 required (Python's ssl.CERT_*)",
+    )
     # The path prefix a reverse proxy serves the API under ("/omni"); "" when at the root.
-    root_path: str = ""
-    log_stats_interval: float | None = 10.0  # seconds between stats lines; None: none
+    root_path: str = setting(
+        "",
+        help="path prefix a reverse proxy serves the API under (e.g. /omni): requests are "
+        "answered with or without it, and generated URLs carry it",
+    )
+    log_stats_interval: float | None = setting(  # None: no stats line
+        10.0,
+        type="positive_float",
+        metavar="SECONDS",
+        help="seconds between stats lines: throughput, running and waiting requests, KV usage, "
+        "prefix cache hit rate (default 10)",
+    )
+    cors: CorsPolicy | None = None  # None: no CORS headers, preflights refused (same-origin only)
 
     @property
     def base_url(self) -> str:

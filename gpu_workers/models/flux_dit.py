@@ -77,6 +77,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 from torch import nn
 
+from omni.shared.settings import json_key, read_json_config, to_json_config
 from gpu_workers.loader import INDEX_FILE, SINGLE_FILE, load_safetensors, read_json
 from gpu_workers.models.hf_weights import load_exact
 
@@ -100,9 +101,9 @@ class FluxDiTConfig:
     hidden_size: int = 1920
     num_heads: int = 24
     num_layers: int = 35  # single-stream blocks
-    mlp_ratio: float = 4.0
-    axes_dims_rope: tuple[int, int, int] = (8, 36, 36)
-    rope_theta: float = 10000.0
+    mlp_ratio: float = json_key(4.0, read=lambda key, v: float(v))
+    axes_dims_rope: tuple[int, int, int] = json_key((8, 36, 36), read=lambda key, v: tuple(v))
+    rope_theta: float = json_key(10000.0, read=lambda key, v: float(v))
     vec_in_dim: int = 1536  # the pooled (mean) condition's width
     # Latent pixels per token, each way: 1 (one token per latent pixel, as the reference's DiT
     # runs by default) or 2 (Flux's 2 x 2 packing, as diffusers' pipeline does).
@@ -154,38 +155,15 @@ class FluxDiTConfig:
             raise ValueError(f"flux dit config must be a dict, got {type(config).__name__}")  # noqa: TRY004
         if "_class_name" in config or "num_single_layers" in config:
             return _from_diffusers(config)
-        d = cls()
-        return cls(
-            in_channels=config.get("in_channels", d.in_channels),
-            cond_channels=config.get("cond_channels", d.cond_channels),
-            hidden_size=config.get("hidden_size", d.hidden_size),
-            num_heads=config.get("num_heads", d.num_heads),
-            num_layers=config.get("num_layers", d.num_layers),
-            mlp_ratio=float(config.get("mlp_ratio", d.mlp_ratio)),
-            axes_dims_rope=tuple(config.get("axes_dims_rope", d.axes_dims_rope)),
-            rope_theta=float(config.get("rope_theta", d.rope_theta)),
-            vec_in_dim=config.get("vec_in_dim", d.vec_in_dim),
-            patch=config.get("patch", d.patch),
-        )
+        # other keys (model_type, what a tool adds) are left alone
+        return read_json_config(cls, config, what="flux dit config", strict=False)
 
     @classmethod
     def from_dir(cls, path: str | Path) -> FluxDiTConfig:
         return cls.from_dict(read_json(Path(path) / "config.json"))
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "model_type": "flux_dit",
-            "in_channels": self.in_channels,
-            "cond_channels": self.cond_channels,
-            "hidden_size": self.hidden_size,
-            "num_heads": self.num_heads,
-            "num_layers": self.num_layers,
-            "mlp_ratio": self.mlp_ratio,
-            "axes_dims_rope": list(self.axes_dims_rope),
-            "rope_theta": self.rope_theta,
-            "vec_in_dim": self.vec_in_dim,
-            "patch": self.patch,
-        }
+        return to_json_config(self, model_type="flux_dit")
 
 
 # FluxTransformer2DModel.__init__ defaults, for keys a diffusers config.json leaves out

@@ -91,6 +91,7 @@ from torch import nn
 
 from gpu_workers.preprocess.audio import AudioFeatureConfig, LogMelExtractor
 from gpu_workers.loader import read_json
+from omni.shared.settings import json_key, read_json_config, to_json_config
 from gpu_workers.models.hf_weights import load_exact
 
 MODEL_TYPE = "omni_unit_vocoder"
@@ -100,6 +101,25 @@ SPEAKERS_FILE = "speakers.json"
 SPEAKER_ENCODER_FILE = "speaker_encoder.safetensors"
 _EDGE_KERNEL = 7  # conv_pre and conv_post, as BigVGAN
 _SNAKE_EPS = 1e-9  # BigVGAN's no_div_by_zero
+
+
+# config.json readers of the fields below, refusing a value of the wrong kind by name
+def _as_tuple(name: str, value: object) -> tuple[Any, ...]:
+    if not isinstance(value, list | tuple):
+        raise ValueError(f"unit vocoder config: {name} must be a list, got {value!r}")
+    return tuple(value)
+
+
+def _as_float(name: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"unit vocoder config: {name} must be a number, got {value!r}")
+    return float(value)
+
+
+def _as_bool(name: str, value: object) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"unit vocoder config: {name} must be true or false, got {value!r}")
+    return value
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,20 +158,24 @@ class UnitVocoderConfig:
     speaker_embed_dim: int = 192
     sample_rate: int = 24000
     units_per_second: int = 25
-    upsample_rates: tuple[int, ...] = (5, 4, 4, 3, 2, 2)
-    upsample_kernel_sizes: tuple[int, ...] = (10, 8, 8, 6, 4, 4)
+    upsample_rates: tuple[int, ...] = json_key((5, 4, 4, 3, 2, 2), read=_as_tuple)
+    upsample_kernel_sizes: tuple[int, ...] = json_key((10, 8, 8, 6, 4, 4), read=_as_tuple)
     upsample_initial_channel: int = 1536
-    resblock_kernel_sizes: tuple[int, ...] = (3, 7, 11)
-    resblock_dilation_sizes: tuple[tuple[int, ...], ...] = ((1, 3, 5), (1, 3, 5), (1, 3, 5))
-    snake_logscale: bool = True
+    resblock_kernel_sizes: tuple[int, ...] = json_key((3, 7, 11), read=_as_tuple)
+    resblock_dilation_sizes: tuple[tuple[int, ...], ...] = json_key(
+        ((1, 3, 5), (1, 3, 5), (1, 3, 5)), read=lambda key, v: tuple(_as_tuple(key, d) for d in _as_tuple(key, v))
+    )
+    snake_logscale: bool = json_key(True, read=_as_bool)
     # the anti-aliased activation's resampling: BigVGAN's ratio 2, 12 taps, cutoff 0.5 / ratio,
     # half width 0.6 / ratio; the Kaiser window's beta follows from half width and taps
     antialias_ratio: int = 2
     antialias_kernel_size: int = 12
-    antialias_cutoff: float = 0.25
-    antialias_half_width: float = 0.3
-    use_bias_at_final: bool = True  # conv_post's bias (BigVGAN-v2 has none)
-    speaker_encoder: SpeakerEncoderConfig | None = None
+    antialias_cutoff: float = json_key(0.25, read=_as_float)
+    antialias_half_width: float = json_key(0.3, read=_as_float)
+    use_bias_at_final: bool = json_key(True, read=_as_bool)  # conv_post's bias (BigVGAN-v2 has none)
+    speaker_encoder: SpeakerEncoderConfig | None = json_key(
+        None, read=lambda key, v: _speaker_encoder_config(v), write=lambda v: None if v is None else to_json_config(v)
+    )
 
     def __post_init__(self) -> None:
         for name in ("num_units", "unit_embed_dim", "num_speakers", "speaker_embed_dim", "sample_rate",
@@ -220,46 +244,14 @@ class UnitVocoderConfig:
     def from_dict(cls, raw: Mapping[str, Any]) -> UnitVocoderConfig:
         """Our config.json: every key optional (a missing one takes its default), unknown keys
         refused so that a misspelt one is not silently ignored."""
-        if not isinstance(raw, Mapping):
-            raise ValueError(f"unit vocoder config must be a dict, got {type(raw).__name__}")  # noqa: TRY004
-        model_type = raw.get("model_type", MODEL_TYPE)
-        if model_type != MODEL_TYPE:
-            raise ValueError(f"unit vocoder config: model_type {model_type!r} is not {MODEL_TYPE}")
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(raw) - known - {"model_type"})
-        if unknown:
-            raise ValueError(f"unit vocoder config: unknown keys {unknown}")
-        values: dict[str, Any] = {}
-        for key, value in raw.items():
-            if key in ("upsample_rates", "upsample_kernel_sizes", "resblock_kernel_sizes"):
-                value = _as_tuple(key, value)
-            elif key == "resblock_dilation_sizes":
-                value = tuple(_as_tuple(key, d) for d in _as_tuple(key, value))
-            elif key == "speaker_encoder":
-                value = _speaker_encoder_config(value)
-            elif key in ("antialias_cutoff", "antialias_half_width"):
-                if isinstance(value, bool) or not isinstance(value, int | float):
-                    raise ValueError(f"unit vocoder config: {key} must be a number, got {value!r}")
-                value = float(value)
-            elif key in ("snake_logscale", "use_bias_at_final") and not isinstance(value, bool):
-                raise ValueError(f"unit vocoder config: {key} must be true or false, got {value!r}")
-            if key != "model_type":
-                values[key] = value
-        return cls(**values)
+        if isinstance(raw, Mapping) and raw.get("model_type", MODEL_TYPE) != MODEL_TYPE:
+            raise ValueError(f"unit vocoder config: model_type {raw['model_type']!r} is not {MODEL_TYPE}")
+        return read_json_config(cls, raw, what="unit vocoder config", ignore=frozenset({"model_type"}))
 
     def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"model_type": MODEL_TYPE}
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if f.name == "speaker_encoder":
-                if value is not None:
-                    out[f.name] = {g.name: getattr(value, g.name) for g in fields(value)}
-            elif f.name == "resblock_dilation_sizes":
-                out[f.name] = [list(d) for d in value]
-            elif isinstance(value, tuple):
-                out[f.name] = list(value)
-            else:
-                out[f.name] = value
+        out = to_json_config(self, model_type=MODEL_TYPE)
+        if out["speaker_encoder"] is None:
+            del out["speaker_encoder"]
         return out
 
 
@@ -273,10 +265,6 @@ def _check_int_tuple(name: str, value: tuple[int, ...]) -> None:
         raise ValueError(f"unit vocoder config: {name} must be a non-empty list of positive ints, got {value!r}")
 
 
-def _as_tuple(name: str, value: object) -> tuple[Any, ...]:
-    if not isinstance(value, list | tuple):
-        raise ValueError(f"unit vocoder config: {name} must be a list, got {value!r}")
-    return tuple(value)
 
 
 def _speaker_encoder_config(value: object) -> SpeakerEncoderConfig | None:

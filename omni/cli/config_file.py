@@ -24,8 +24,7 @@ from typing import Any
 import orjson
 import yaml
 
-# Flags whose value is itself a JSON list (vLLM's CORS flags): a YAML list goes in as JSON.
-_JSON_LIST_FLAGS = frozenset({"allowed-origins", "allowed-methods", "allowed-headers"})
+from omni.cli.flags import takes_json_list
 
 
 class ConfigFileError(ValueError):
@@ -87,7 +86,7 @@ def _tokens_of(key: str, action: argparse.Action, value: Any, path: Path) -> lis
     if isinstance(value, dict):
         raise ConfigFileError(f"--config {path}: {key} takes a value or a list, not a mapping")
     if isinstance(value, list):
-        if key in _JSON_LIST_FLAGS:
+        if takes_json_list(action):
             return [flag, orjson.dumps(value).decode()]
         items = [_scalar(key, v, path) for v in value]
         if isinstance(action, argparse._AppendAction):

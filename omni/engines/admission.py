@@ -18,7 +18,10 @@ from __future__ import annotations
 
 import enum
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
+
+from omni.config import AdmissionConfig
 
 # Defaults per worker, from its KV cache and batch size: a queue of QUEUED_SEQS_FACTOR
 # batches of requests and QUEUED_KV_FACTOR caches' worth of tokens, so the last admitted
@@ -78,6 +81,15 @@ class QueueLimits:
         """The default limits one worker adds to its model's queue."""
         max_tokens = max(QUEUED_KV_FACTOR * num_kv_tokens, max_num_seqs * max_model_len)
         return cls(QUEUED_SEQS_FACTOR * max_num_seqs, max_tokens)
+
+    @classmethod
+    def for_model(cls, config: AdmissionConfig, shares: Sequence[QueueLimits]) -> QueueLimits:
+        """A model's limits: each flag that is set, else the sum of the given workers' shares."""
+        max_requests, max_tokens = config.max_queued_requests, config.max_queued_tokens
+        return cls(
+            sum(s.max_requests for s in shares) if max_requests is None else max_requests,
+            sum(s.max_tokens for s in shares) if max_tokens is None else max_tokens,
+        )
 
     def __add__(self, other: QueueLimits) -> QueueLimits:
         return QueueLimits(self.max_requests + other.max_requests, self.max_tokens + other.max_tokens)

@@ -29,6 +29,7 @@ import time
 from dataclasses import dataclass
 
 from omni.shared import protocol
+from omni.config import AudioDecoderConfig
 from omni.engines.admission import Limit, Overloaded
 from omni.metrics import Metrics
 from omni.engines.supervisor import EngineError, SupervisedWorker, fail_futures
@@ -113,16 +114,16 @@ class AudioDecoderEngine(SupervisedWorker):
         spec: protocol.AudioDecoderWorkerSpec,
         metrics: Metrics,
         model_name: str,
+        config: AudioDecoderConfig | None = None,
         *,
-        max_batch_streams: int = 32,
-        max_open_streams: int = 256,
         start_timeout: float = 600.0,
     ) -> None:
         super().__init__(spec, name=f"{model_name} audio decoder", start_timeout=start_timeout)
+        config = config or AudioDecoderConfig()
         self.metrics = metrics
         self.model_name = model_name
-        self.max_batch_streams = max_batch_streams
-        self.max_open_streams = max_open_streams
+        self.max_batch_streams = config.max_batch_streams
+        self.max_open_streams = config.max_open_streams
         self.info: protocol.AudioDecoderReady | None = None
         self._streams: dict[int, AudioStream] = {}
         self._closed: list[int] = []  # opened streams given up on, to close in the worker

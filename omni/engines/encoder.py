@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass
 
 from omni.shared import protocol
+from omni.config import EncoderConfig
 from omni.engines.admission import Limit, Overloaded
 from omni.metrics import Metrics
 from omni.engines.supervisor import EngineError, SupervisedWorker, fail_futures
@@ -46,18 +47,18 @@ class EncoderEngine(SupervisedWorker):
         spec: protocol.EncoderWorkerSpec,
         metrics: Metrics,
         model_name: str,
+        config: EncoderConfig | None = None,
         *,
-        max_batch_items: int = 32,
-        max_queued_items: int | None = None,
-        max_queued_bytes: int | None = None,
         start_timeout: float = 600.0,
     ) -> None:
         super().__init__(spec, name=f"{model_name} encoder worker", start_timeout=start_timeout)
+        config = config or EncoderConfig()
         self.metrics = metrics
         self.model_name = model_name
-        self.max_batch_items = max_batch_items
+        self.max_batch_items = config.max_batch_items
+        max_queued_items, max_queued_bytes = config.max_queued_items, config.max_queued_bytes
         if max_queued_items is None:
-            max_queued_items = QUEUED_BATCHES * max_batch_items
+            max_queued_items = QUEUED_BATCHES * self.max_batch_items
         if max_queued_bytes is None:
             max_queued_bytes = QUEUED_LARGEST_ITEMS * spec.media_limits.max_bytes
         self.max_queued_items = max_queued_items

@@ -18,13 +18,12 @@ from dataclasses import dataclass, field
 
 from omni.shared import protocol
 from omni.engines.admission import Limit, Overloaded, QueueLimits, QueueLoad, retry_after_s
-from omni.config import EngineConfig
+from omni.config import AdmissionConfig, LLMConfig
 from omni.text.constrained.constraint import MaskFiller, TokenConstraint
 from omni.metrics import ChoiceGroup, EngineMetrics, Metrics
 from omni.engines.step import step_message
 from omni.engines.supervisor import EngineError, SupervisedWorker
 from omni.engines.worker_process import WorkerDied
-from omni.engines.worker_specs import llm_worker_spec
 from scheduler.block_manager import BlockManager
 from scheduler.output import SchedulerOutput
 from scheduler.placement import WorkerState
@@ -138,23 +137,23 @@ class LLMEngine(SupervisedWorker):
 
     def __init__(
         self,
-        config: EngineConfig,
+        spec: protocol.LLMWorkerSpec,
+        config: LLMConfig,
+        admission: AdmissionConfig,
         metrics: Metrics,
         *,
-        worker_id: int = 0,
-        device: str | None = None,
+        model_name: str,
+        start_timeout: float = 600.0,
     ):
         self.config = config
+        self.admission = admission
         self.metrics = metrics
-        self.worker_id = worker_id
-        self.device = device or config.device
-        super().__init__(
-            llm_worker_spec(config, worker_id, self.device),
-            name=f"{config.model_name} llm worker {worker_id}",
-            start_timeout=config.worker_start_timeout,
-        )
+        self.model_name = model_name
+        self.worker_id = spec.worker_id
+        self.device = spec.device
+        super().__init__(spec, name=f"{model_name} llm worker {spec.worker_id}", start_timeout=start_timeout)
         # Its vLLM series: engine is the worker's index, as vLLM's is a data-parallel rank's.
-        self.stats: EngineMetrics = metrics.engine(config.model_name, str(worker_id))
+        self.stats: EngineMetrics = metrics.engine(model_name, str(spec.worker_id))
         self.scheduler: Scheduler | None = None
         self.max_model_len = 0
         self.num_kv_tokens = 0  # what the worker's KV cache holds, known once it is ready
@@ -179,7 +178,7 @@ class LLMEngine(SupervisedWorker):
         # The backstop behind the pool's admission: the whole model's queue may be placed on
         # this one worker, and preempted requests (at most a full batch and a full cache)
         # rejoin its queue beyond any bound.
-        model_limits = self.config.queue_limits([self.queue_limits] * self.config.num_workers)
+        model_limits = QueueLimits.for_model(self.admission, [self.queue_limits] * self.config.num_workers)
         self.scheduler = Scheduler(
             SchedulerConfig(
                 max_num_seqs=self.config.max_num_seqs,
@@ -239,8 +238,8 @@ class LLMEngine(SupervisedWorker):
         except QueueFull as exc:
             limit = Limit.TOKENS if exc.bound == "tokens" else Limit.REQUESTS
             wait = retry_after_s(self.scheduler.num_waiting_tokens, self.tokens_per_second)
-            self.metrics.add_rejected(self.config.model_name, limit.value)
-            overloaded = Overloaded(self.config.model_name, limit, f"The model's queue is full: {exc}.", wait)
+            self.metrics.add_rejected(self.model_name, limit.value)
+            overloaded = Overloaded(self.model_name, limit, f"The model's queue is full: {exc}.", wait)
             raise RefusedAtSubmit(overloaded) from None
         request.queued_time = time.monotonic()
         stream = RequestStream(request, self.worker_id, constraint, group=group)

@@ -16,11 +16,12 @@ from dataclasses import dataclass
 from types import TracebackType
 
 from omni.engines.admission import Overloaded, QueueLimits, QueueLoad, retry_after_s
-from omni.config import EngineConfig
+from omni.config import ModelConfig
 from omni.text.constrained.constraint import TokenConstraint
 from omni.engines.llm import EngineError, LLMEngine, RefusedAtSubmit, RequestStream
 from omni.metrics import ChoiceGroup, Metrics
-from scheduler.placement import Placement, make_placement
+from omni.engines.worker_specs import llm_worker_spec
+from scheduler.placement import Placement, make_placement, parse_weights
 from scheduler.prefix_hash import block_hashes
 from scheduler.request import Request, RequestId, RequestStatus
 
@@ -80,24 +81,30 @@ class Admission:
 
 class ModelPool:
     def __init__(
-        self, config: EngineConfig, metrics: Metrics, placement: Placement | None = None
+        self, config: ModelConfig, metrics: Metrics, placement: Placement | None = None
     ) -> None:
         self.config = config
         self.metrics = metrics
-        self.placement = placement or make_placement(
-            config.placement, dict(config.placement_weights) or None
-        )
-        devices = config.devices or (config.device,)
+        llm = config.llm
+        self.placement = placement or make_placement(llm.placement, parse_weights(llm.placement_weights))
+        devices = llm.worker_devices
         self.engines = [
-            LLMEngine(config, metrics, worker_id=i, device=devices[i % len(devices)])
-            for i in range(config.num_workers)
+            LLMEngine(
+                llm_worker_spec(config, i, devices[i % len(devices)]),
+                llm,
+                config.admission,
+                metrics,
+                model_name=config.name,
+                start_timeout=config.worker.worker_start_timeout,
+            )
+            for i in range(llm.num_workers)
         ]
         self._reserved: dict[RequestId, _Reservation] = {}
         self._reserved_tokens = 0
 
     @property
     def name(self) -> str:
-        return self.config.model_name
+        return self.config.name
 
     @property
     def ready(self) -> bool:
@@ -119,7 +126,7 @@ class ModelPool:
     def queue_limits(self) -> QueueLimits:
         """The bounds of the model's queue: the flags', else the sum of the live workers'
         defaults (a worker that is down takes its share away until it is back)."""
-        return self.config.queue_limits([e.queue_limits for e in self._live()])
+        return QueueLimits.for_model(self.config.admission, [e.queue_limits for e in self._live()])
 
     @property
     def queued(self) -> QueueLoad:
@@ -173,7 +180,7 @@ class ModelPool:
 
     def _timeout(self, requested: float | None) -> float | None:
         """A request may ask for a shorter deadline than the server's, never a longer one."""
-        server = self.config.request_timeout
+        server = self.config.admission.request_timeout
         if requested is None or server is None:
             return server if requested is None else requested
         return min(requested, server)
@@ -209,7 +216,7 @@ class ModelPool:
                 self._admit(QueueLoad(1, request.num_tokens))
             except Overloaded as exc:
                 raise RefusedAtSubmit(exc) from None
-            timeout = self.config.request_timeout
+            timeout = self.config.admission.request_timeout
         else:
             self._reserved_tokens -= reservation.num_tokens
             timeout, group = reservation.timeout, reservation.group
@@ -218,7 +225,7 @@ class ModelPool:
             return live[0].submit(request, constraint=constraint, timeout=timeout, group=group)
         # One hash chain serves every worker: they share the block size. Full blocks only.
         hashes = block_hashes(
-            request.prompt_token_ids, self.config.block_size, media=request.media
+            request.prompt_token_ids, self.config.llm.block_size, media=request.media
         )
         decision = self.placement.choose(
             [e.placement_state(hashes) for e in live], len(hashes)

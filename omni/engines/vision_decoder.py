@@ -25,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from omni.shared import protocol
+from omni.config import VisionDecoderConfig
 from omni.engines.admission import Limit, Overloaded
 from omni.metrics import Metrics
 from omni.engines.supervisor import EngineError, SupervisedWorker, fail_futures
@@ -82,16 +83,17 @@ class VisionDecoderEngine(SupervisedWorker):
         spec: protocol.VisionDecoderWorkerSpec,
         metrics: Metrics,
         model_name: str,
+        config: VisionDecoderConfig | None = None,
         *,
-        max_batch_images: int = 8,
-        max_queued_images: int | None = None,
         start_timeout: float = 600.0,
     ) -> None:
         super().__init__(spec, name=f"{model_name} vision decoder", start_timeout=start_timeout)
+        config = config or VisionDecoderConfig()
         self.metrics = metrics
         self.model_name = model_name
-        self.max_batch_images = max_batch_images
-        self.max_queued_images = QUEUED_BATCHES * max_batch_images if max_queued_images is None else max_queued_images
+        self.max_batch_images = config.max_batch_images
+        queued = config.max_queued_images
+        self.max_queued_images = QUEUED_BATCHES * self.max_batch_images if queued is None else queued
         self.info: protocol.VisionDecoderReady | None = None
         self._queue: list[_Pending] = []
         self._inflight: list[_Pending] = []

@@ -19,7 +19,7 @@ from omni.http.errors import error_middleware
 from omni.engines.audio_decoder import AudioDecoderEngine
 from omni.modalities.outputs.audio import ModelAudio
 from omni.text.chat_format import ChatFormat
-from omni.config import EngineConfig, ServerConfig
+from omni.config import ModelConfig, ServerConfig
 from omni.http.cors import install_cors
 from omni.engines.encoder import EncoderEngine
 from omni.http.metrics_middleware import http_metrics_middleware
@@ -90,7 +90,7 @@ def _auth_middleware(api_key: str, root_path: str) -> Middleware:
 async def _models_ctx(app: web.Application) -> AsyncIterator[None]:
     config, metrics, registry = app[CONFIG], app[METRICS], app[MODELS]
     loop = asyncio.get_running_loop()
-    for engine_config in config.engines:
+    for engine_config in config.models:
         tokenizer = await loop.run_in_executor(
             None, TextTokenizer.from_dir, engine_config.model_dir
         )
@@ -104,16 +104,17 @@ async def _models_ctx(app: web.Application) -> AsyncIterator[None]:
         speaking = None
         if engine_config.audio_decoder_dir is not None:
             speaking = _model_audio(engine_config, tokenizer, app[STORE], metrics)
+        chat = engine_config.chat_format
         chat_format = ChatFormat.resolve(
             tokenizer,
-            tool_parser=engine_config.tool_call_parser,
-            reasoning_parser=engine_config.reasoning_parser,
-            auto_tool_choice=engine_config.enable_auto_tool_choice,
-            chat_template=engine_config.chat_template,
-            trust_request_chat_template=engine_config.trust_request_chat_template,
+            tool_parser=chat.tool_call_parser,
+            reasoning_parser=chat.reasoning_parser,
+            auto_tool_choice=chat.enable_auto_tool_choice,
+            chat_template=chat.chat_template,
+            trust_request_chat_template=chat.trust_request_chat_template,
         )
         served = ServedModel(
-            engine_config.model_name,
+            engine_config.name,
             tokenizer,
             pool,
             created=int(time.time()),
@@ -147,52 +148,49 @@ async def _models_ctx(app: web.Application) -> AsyncIterator[None]:
 
 
 async def _media_pipeline(
-    config: EngineConfig, tokenizer: TextTokenizer, store: ArtifactStore, metrics: Metrics
+    config: ModelConfig, tokenizer: TextTokenizer, store: ArtifactStore, metrics: Metrics
 ) -> MediaPipeline:
     assert config.encoder_dir is not None
     layout = ModelLayout.from_dir(config.encoder_dir)
     encoder = EncoderEngine(
         encoder_worker_spec(config, encoder_device(config)),
         metrics,
-        config.model_name,
-        max_batch_items=config.encoder_max_batch_items,
-        max_queued_items=config.encoder_max_queued_items,
-        max_queued_bytes=config.encoder_max_queued_bytes,
-        start_timeout=config.worker_start_timeout,
+        config.name,
+        config.encoder,
+        start_timeout=config.worker.worker_start_timeout,
     )
     pipeline = MediaPipeline(
-        config.model_name, tokenizer, encoder, store, layout.components, config.media_limits, metrics
+        config.name, tokenizer, encoder, store, layout.components, config.media_limits, metrics
     )
     pipeline.check_vocabulary(layout.codebook_sizes())
     return pipeline
 
 
-def _model_images(config: EngineConfig, tokenizer: TextTokenizer, store: ArtifactStore, metrics: Metrics) -> ModelImages:
+def _model_images(config: ModelConfig, tokenizer: TextTokenizer, store: ArtifactStore, metrics: Metrics) -> ModelImages:
     assert config.vision_decoder_dir is not None
     engine = VisionDecoderEngine(
         vision_decoder_worker_spec(config),
         metrics,
-        config.model_name,
-        max_batch_images=config.decoder_max_batch_images,
-        max_queued_images=config.decoder_max_queued_images,
-        start_timeout=config.worker_start_timeout,
+        config.name,
+        config.vision_decoder,
+        start_timeout=config.worker.worker_start_timeout,
     )
     return ModelImages.for_model(
-        engine, config.vision_decoder_dir, tokenizer, store, metrics, default_steps=config.diffusion_steps
+        engine, config.vision_decoder_dir, tokenizer, store, metrics, default_steps=config.vision_decoder.diffusion_steps
     )
 
 
-def _model_audio(config: EngineConfig, tokenizer: TextTokenizer, store: ArtifactStore, metrics: Metrics) -> ModelAudio:
+def _model_audio(config: ModelConfig, tokenizer: TextTokenizer, store: ArtifactStore, metrics: Metrics) -> ModelAudio:
     engine = AudioDecoderEngine(
         audio_decoder_worker_spec(config),
         metrics,
-        config.model_name,
-        max_batch_streams=config.audio_max_batch_streams,
-        max_open_streams=config.max_audio_streams,
-        start_timeout=config.worker_start_timeout,
+        config.name,
+        config.audio_decoder,
+        start_timeout=config.worker.worker_start_timeout,
     )
+    audio = config.audio_decoder
     return ModelAudio.for_model(
-        engine, tokenizer, store, first_chunk_units=config.audio_first_chunk_units, chunk_units=config.audio_chunk_units
+        engine, tokenizer, store, first_chunk_units=audio.first_chunk_units, chunk_units=audio.chunk_units
     )
 
 
@@ -210,12 +208,13 @@ async def _stats_ctx(app: web.Application) -> AsyncIterator[None]:
 
 async def _store_ctx(app: web.Application) -> AsyncIterator[None]:
     config = app[CONFIG]
-    spec = StoreSpec.parse(config.store)
+    settings = config.store
+    spec = StoreSpec.parse(settings.location)
     store = spec.open(
-        url_base=config.store_url_base or config.base_url,
-        secret=config.store_secret,
-        endpoint_url=config.store_endpoint_url,
-        region=config.store_region,
+        url_base=settings.url_base or config.base_url,
+        secret=settings.secret,
+        endpoint_url=settings.endpoint_url,
+        region=settings.region,
     )
     await store.start()
     app[STORE] = store

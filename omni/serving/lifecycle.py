@@ -90,7 +90,7 @@ async def chat_completion(
         max_model_len=model.pool.max_model_len,
         num_prompt_tokens=len(token_ids),
         tokenizer=model.tokenizer,
-        max_logprobs=model.pool.config.max_logprobs,
+        max_logprobs=model.pool.config.llm.max_logprobs,
     )
     params = ban_audio(model, req, ban_images(model, req, ban_tool_markup(model, req, params)))
     images = chat_images(model, req)
@@ -152,7 +152,7 @@ async def completion(request: web.Request, assemble: Assemble[CompletionRequest]
             max_model_len=max_model_len,
             num_prompt_tokens=len(ids),
             tokenizer=model.tokenizer,
-            max_logprobs=model.pool.config.max_logprobs,
+            max_logprobs=model.pool.config.llm.max_logprobs,
         )
         constraints = ChoiceConstraints(model, req, grammar, ids, params.max_tokens)
         generations += [

@@ -16,7 +16,7 @@ import yaml
 from aiohttp import web
 
 from omni.http.app import _OPEN_PATHS, add_routes
-from omni.cli.main import config_from_args, parse_args
+from omni.cli.options import parse_args, server_config
 from omni.shared.store.spec import StoreSpec
 
 MANIFESTS = Path(__file__).resolve().parents[2] / "deploy" / "kubernetes"
@@ -355,7 +355,7 @@ def test_omni_serve_args_parse_with_its_own_parser() -> None:
 @pytest.fixture
 def omni_layout(tmp_path: Path) -> Path:
     """An omni checkpoint's directory layout, config files only: flags become a config without
-    reading weights, so this is all config_from_args looks at (and no torch is imported)."""
+    reading weights, so this is all server_config looks at (and no torch is imported)."""
     for part in ("llm", "vision_encoder", "image_tokenizer", "vision_decoder"):
         (tmp_path / "omni" / part).mkdir(parents=True)
         (tmp_path / "omni" / part / "config.json").write_text("{}")
@@ -371,20 +371,20 @@ def test_omni_serve_args_make_a_config_that_fits_the_pod(omni_layout: Path) -> N
     model = argv.index("--model") + 1
     name = argv[model].partition("=")[0]
     argv[model] = f"{name}={omni_layout}"
-    config = config_from_args(parse_args(argv))
-    (engine,) = config.engines
-    assert engine.model_name == name and engine.encoder_dir == omni_layout.resolve()
-    assert engine.device == "cuda:0" and engine.dtype == "bfloat16"
+    config = server_config(parse_args(argv))
+    (engine,) = config.models
+    assert engine.name == name and engine.encoder_dir == omni_layout.resolve()
+    assert engine.llm.device == "cuda:0" and engine.worker.dtype == "bfloat16"
     # One model, one LLM worker, one GPU: the picker reads one series of each vllm: gauge per pod
     # (the first), so a pod with more workers would show it only part of its load.
-    assert engine.num_workers == 1
+    assert engine.llm.num_workers == 1
     assert container["resources"]["limits"]["nvidia.com/gpu"] == 1
-    assert engine.store == config.store == _one("ConfigMap", "omni-serve-store")["data"]["OMNI_STORE"]
+    assert engine.store.location == config.store.location == _one("ConfigMap", "omni-serve-store")["data"]["OMNI_STORE"]
     # Loading may take --worker-start-timeout: the startup probe must wait at least that long,
     # and liveness must outlast a worker's restart, which is given as long.
     startup, liveness = container["startupProbe"], container["livenessProbe"]
-    assert startup["periodSeconds"] * startup["failureThreshold"] > engine.worker_start_timeout
-    assert liveness["periodSeconds"] * liveness["failureThreshold"] > engine.worker_start_timeout
+    assert startup["periodSeconds"] * startup["failureThreshold"] > engine.worker.worker_start_timeout
+    assert liveness["periodSeconds"] * liveness["failureThreshold"] > engine.worker.worker_start_timeout
     # SIGTERM's drain (preStop, then --shutdown-timeout) ends before the kubelet's SIGKILL.
     pre_stop = container["lifecycle"]["preStop"]["sleep"]["seconds"]
     assert pre_stop + config.shutdown_timeout < server["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]

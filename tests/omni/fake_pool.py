@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from omni.config import EngineConfig
+from omni.config import ModelConfig
 from scheduler.request import Request, RequestId, RequestStatus
 
 
@@ -36,7 +36,7 @@ class FakePool:
     finish_reason: str = "length"
     serving: bool = True
     max_model_len: int = 256
-    config: EngineConfig = field(default_factory=lambda: EngineConfig("fake", Path("fake")))
+    config: ModelConfig = field(default_factory=lambda: ModelConfig("fake", Path("fake")))
     submitted: list[Request] = field(default_factory=list)
     aborted: list[tuple[RequestId, RequestStatus]] = field(default_factory=list)
 

@@ -21,8 +21,8 @@ from omni.engines.admission import Limit, Overloaded, QueueLimits, QueueLoad, re
 from omni.http.errors import error_response
 from omni.errors import service_unavailable
 from omni.http.errors import error_middleware, engine_error, too_many_requests
-from omni.cli.main import build_parser, config_from_args
-from omni.config import EngineConfig
+from omni.cli.options import build_parser, server_config
+from omni.config import AdmissionConfig, EncoderConfig, LLMConfig, ModelConfig
 from omni.engines.encoder import EncoderEngine
 from omni.engines.llm import DeadlineExceeded, EngineError, LLMEngine, RefusedAtSubmit
 from omni.metrics import Metrics
@@ -54,10 +54,9 @@ def test_default_limits_come_from_the_batch_and_the_kv_cache() -> None:
     assert share == QueueLimits(16, 2048)
     # a small cache still lets a batch of full-length prompts wait
     assert QueueLimits.for_worker(max_num_seqs=8, num_kv_tokens=160, max_model_len=160).max_tokens == 8 * 160
-    config = EngineConfig(model_name=MODEL, model_dir=Path("."))
-    assert config.queue_limits([share, share]) == QueueLimits(32, 4096)
-    flagged = EngineConfig(model_name=MODEL, model_dir=Path("."), max_queued_tokens=500)
-    assert flagged.queue_limits([share, share]) == QueueLimits(32, 500)
+    assert QueueLimits.for_model(AdmissionConfig(), [share, share]) == QueueLimits(32, 4096)
+    flagged = AdmissionConfig(max_queued_tokens=500)
+    assert QueueLimits.for_model(flagged, [share, share]) == QueueLimits(32, 500)
 
 
 def test_retry_after_is_the_time_to_drain_the_queue_clamped() -> None:
@@ -126,14 +125,13 @@ def live(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     yield
 
 
-def make_pool(num_workers: int = 1, **config: object) -> ModelPool:
-    engine_config = EngineConfig(
-        model_name=MODEL,
+def make_pool(num_workers: int = 1, **admission: object) -> ModelPool:
+    engine_config = ModelConfig(
+        name=MODEL,
         model_dir=Path("."),
-        block_size=BLOCK_SIZE,
-        max_num_seqs=2,  # a worker's default request limit is 4
-        num_workers=num_workers,
-        **config,  # type: ignore[arg-type]
+        # max_num_seqs: a worker's default request limit is 4
+        llm=LLMConfig(block_size=BLOCK_SIZE, max_num_seqs=2, num_workers=num_workers),
+        admission=AdmissionConfig(**admission),  # type: ignore[arg-type]
     )
     pool = ModelPool(engine_config, Metrics())
     for engine in pool.engines:
@@ -238,7 +236,7 @@ async def test_a_request_may_not_ask_for_more_than_the_servers_deadline(live: No
 
 async def test_the_encoder_refuses_items_beyond_its_queue(live: None) -> None:
     spec = protocol.EncoderWorkerSpec(model_dir=".")
-    encoder = EncoderEngine(spec, Metrics(), MODEL, max_queued_items=2, max_queued_bytes=10)
+    encoder = EncoderEngine(spec, Metrics(), MODEL, EncoderConfig(max_queued_items=2, max_queued_bytes=10))
 
     def encode(key: str, size: int) -> asyncio.Task[protocol.EncodedItem]:
         return asyncio.ensure_future(encoder.encode("vision_encoder", "image", key, b"x" * size, None, "p"))
@@ -274,11 +272,12 @@ def test_the_flags_reach_each_models_config(tmp_path: Path) -> None:
     model_dir = make_tiny_checkpoint(tmp_path / "text", "llama")
     flags = ["--model", str(model_dir), "--max-queued-requests", "7", "--max-queued-tokens", "900"]
     flags += ["--request-timeout", "2.5", "--max-queued-media-items", "40", "--max-queued-media-bytes", "64MiB"]
-    (config,) = config_from_args(build_parser().parse_args(flags)).engines
-    assert (config.max_queued_requests, config.max_queued_tokens, config.request_timeout) == (7, 900, 2.5)
-    assert (config.encoder_max_queued_items, config.encoder_max_queued_bytes) == (40, 64 * 2**20)
-    defaults = config_from_args(build_parser().parse_args(["--model", str(model_dir)])).engines[0]
+    (config,) = server_config(build_parser().parse_args(flags)).models
+    admission = config.admission
+    assert (admission.max_queued_requests, admission.max_queued_tokens, admission.request_timeout) == (7, 900, 2.5)
+    assert (config.encoder.max_queued_items, config.encoder.max_queued_bytes) == (40, 64 * 2**20)
+    defaults = server_config(build_parser().parse_args(["--model", str(model_dir)])).models[0].admission
     assert (defaults.max_queued_requests, defaults.max_queued_tokens, defaults.request_timeout) == (None, None, None)
     # the encoder admits a request's items one by one: its queue must hold one request's
     with pytest.raises(SystemExit, match="at least 32"):
-        config_from_args(build_parser().parse_args(["--model", str(model_dir), "--max-queued-media-items", "4"]))
+        server_config(build_parser().parse_args(["--model", str(model_dir), "--max-queued-media-items", "4"]))

@@ -16,6 +16,7 @@ import pytest
 
 from gpu_workers.tiny.checkpoints import make_tiny_audio_decoder
 from omni.shared import protocol
+from omni.config import AudioDecoderConfig
 from omni.engines.audio_decoder import AudioDecoderEngine
 from omni.metrics import Metrics
 from omni.engines.supervisor import EngineError
@@ -31,7 +32,7 @@ def decoder_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture
 async def engine(decoder_dir: Path) -> AsyncIterator[AudioDecoderEngine]:
     spec = protocol.AudioDecoderWorkerSpec(model_dir=str(decoder_dir), num_threads=1)
-    engine = AudioDecoderEngine(spec, Metrics(), "tiny", max_batch_streams=4, start_timeout=120)
+    engine = AudioDecoderEngine(spec, Metrics(), "tiny", AudioDecoderConfig(max_batch_streams=4), start_timeout=120)
     await engine.start()
     try:
         yield engine

@@ -16,6 +16,7 @@ from PIL import Image
 
 from gpu_workers.tiny.checkpoints import make_tiny_vision_decoder
 from omni.shared import protocol
+from omni.config import VisionDecoderConfig
 from omni.engines.admission import Overloaded
 from omni.metrics import Metrics
 from omni.engines.vision_decoder import ImageDrawError, ImageRequest, VisionDecoderEngine
@@ -33,7 +34,9 @@ def decoder_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture
 async def engine(decoder_dir: Path) -> AsyncIterator[VisionDecoderEngine]:
     spec = protocol.VisionDecoderWorkerSpec(model_dir=str(decoder_dir), num_threads=1)
-    engine = VisionDecoderEngine(spec, Metrics(), MODEL, max_batch_images=3, max_queued_images=6, start_timeout=120)
+    engine = VisionDecoderEngine(
+        spec, Metrics(), MODEL, VisionDecoderConfig(max_batch_images=3, max_queued_images=6), start_timeout=120
+    )
     await engine.start()
     try:
         yield engine

@@ -8,7 +8,7 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from omni.http.app import create_app
-from omni.config import ServerConfig
+from omni.config import ServerConfig, StoreConfig
 from omni.http.state import STORE
 from omni.shared.store.local import LocalStore
 from omni.shared.store.spec import StoreSpec
@@ -33,7 +33,7 @@ def test_store_spec_rejects(text: str) -> None:
 
 
 async def test_signed_artifact_urls_are_served_without_the_api_key(tmp_path: Path) -> None:
-    config = ServerConfig(engines=(), store=f"local:{tmp_path}", api_key="secret-key")
+    config = ServerConfig(store=StoreConfig(f"local:{tmp_path}"), api_key="secret-key")
     app = create_app(config)
     async with TestClient(TestServer(app)) as client:
         store = app[STORE]

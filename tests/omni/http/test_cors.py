@@ -14,7 +14,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from omni.http.sse import open_event_stream, send_done, send_event
 from omni.http.app import create_app
-from omni.config import CorsPolicy, ServerConfig
+from omni.config import CorsPolicy, ServerConfig, StoreConfig
 
 KEY = "sk-test"
 PAGE = "http://127.0.0.1:9000"
@@ -38,7 +38,7 @@ Client = TestClient[Any, Any]
 
 
 async def _client(policy: CorsPolicy, tmp_path: Path) -> Client:
-    app = create_app(ServerConfig(engines=(), api_key=KEY, store=f"local:{tmp_path}", cors=policy))
+    app = create_app(ServerConfig(api_key=KEY, store=StoreConfig(f"local:{tmp_path}"), cors=policy))
     app.router.add_get("/toy/stream", streamed)
     app.router.add_get("/toy/broken", broken)
     client: Client = TestClient(TestServer(app))
@@ -207,7 +207,7 @@ async def test_a_configured_origin_matches_as_a_browser_spells_it(tmp_path: Path
 
 
 async def test_cors_is_off_without_a_policy(tmp_path: Path) -> None:
-    app = create_app(ServerConfig(engines=(), store=f"local:{tmp_path}"))
+    app = create_app(ServerConfig(store=StoreConfig(f"local:{tmp_path}")))
     async with TestClient(TestServer(app)) as c:
         r = await c.options(CHAT, headers=_preflight(PAGE))
         assert r.status == 405  # as any OPTIONS: a browser blocks the call

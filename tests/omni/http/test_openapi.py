@@ -29,7 +29,7 @@ from omni.http.handlers.tokenize import CHAT_FIELDS, DETOKENIZE_FIELDS, PROMPT_F
 from omni.http.handlers.transcriptions import TRANSCRIPTIONS_PATH
 from omni.shared.media.audio_encoding import MEDIA_TYPES, SPEECH_AUDIO_FORMATS
 from omni.http.app import create_app
-from omni.config import ServerConfig
+from omni.config import ServerConfig, StoreConfig
 
 ENDPOINTS: tuple[Endpoint, ...] = ("chat", "completions")
 REQUEST_SCHEMAS = {"chat": "ChatCompletionRequest", "completions": "TextCompletionRequest"}
@@ -107,7 +107,7 @@ def test_stream_options_are_the_known_keys() -> None:
 
 
 def test_every_route_of_the_app_is_an_operation(tmp_path: Path) -> None:
-    app = create_app(ServerConfig(engines=(), store=f"local:{tmp_path}"))
+    app = create_app(ServerConfig(store=StoreConfig(f"local:{tmp_path}")))
     # aiohttp adds a HEAD beside every GET; the document leaves them out.
     routes = {
         (route.method.lower(), resource.canonical)
@@ -495,7 +495,7 @@ def test_the_audio_operations_answer_files_and_events() -> None:
 
 
 async def test_the_handler_serves_the_document(tmp_path: Path) -> None:
-    app = create_app(ServerConfig(engines=(), store=f"local:{tmp_path}"))
+    app = create_app(ServerConfig(store=StoreConfig(f"local:{tmp_path}")))
     async with TestClient(TestServer(app)) as client:
         response = await client.get(OPENAPI_PATH)
         assert response.status == 200

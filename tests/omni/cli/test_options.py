@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from gpu_workers.tiny.checkpoints import make_tiny_checkpoint, make_tiny_omni_checkpoint
-from omni.cli.main import build_parser, config_from_args, parse_args
+from omni.cli.options import build_parser, parse_args, server_config
 from omni.config import CorsPolicy
 
 
@@ -21,8 +21,8 @@ def dirs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 def test_omni_layout_gets_its_encoder_and_text_layout_none(dirs: tuple[Path, Path]) -> None:
     text, omni = dirs
     args = build_parser().parse_args(["--model", f"t={text}", "--model", f"o={omni}", "--allow-remote-media"])
-    config = config_from_args(args)
-    by_name = {e.model_name: e for e in config.engines}
+    config = server_config(args)
+    by_name = {e.name: e for e in config.models}
     assert by_name["t"].model_dir == text.resolve() and by_name["t"].encoder_dir is None
     assert by_name["o"].model_dir == omni.resolve() / "llm" and by_name["o"].encoder_dir == omni.resolve()
     assert by_name["o"].media_limits.allow_remote
@@ -33,31 +33,31 @@ def test_cpu_threads_are_split_over_llm_and_encoder_workers(
 ) -> None:
     text, omni = dirs
     monkeypatch.setattr("os.cpu_count", lambda: 8)
-    only_text = config_from_args(build_parser().parse_args(["--model", str(text)]))
-    assert only_text.engines[0].num_threads == 8
+    only_text = server_config(build_parser().parse_args(["--model", str(text)]))
+    assert only_text.models[0].worker.num_threads == 8
     omni_args = ["--model", str(omni)]
-    with_decoders = config_from_args(build_parser().parse_args(omni_args))
-    assert with_decoders.engines[0].num_threads == 2  # the LLM worker, the encoder, the image and audio decoders
-    assert with_decoders.engines[0].audio_decoder_dir == omni.resolve() / "audio_decoder"
-    with_encoder = config_from_args(build_parser().parse_args([*omni_args, "--no-image-output", "--no-audio-output"]))
-    assert with_encoder.engines[0].num_threads == 4  # the LLM worker and the encoder worker
-    assert with_encoder.engines[0].vision_decoder_dir is None and with_encoder.engines[0].audio_decoder_dir is None
-    two_ranks = config_from_args(
+    with_decoders = server_config(build_parser().parse_args(omni_args))
+    assert with_decoders.models[0].worker.num_threads == 2  # the LLM worker, the encoder, the image and audio decoders
+    assert with_decoders.models[0].audio_decoder_dir == omni.resolve() / "audio_decoder"
+    with_encoder = server_config(build_parser().parse_args([*omni_args, "--no-image-output", "--no-audio-output"]))
+    assert with_encoder.models[0].worker.num_threads == 4  # the LLM worker and the encoder worker
+    assert with_encoder.models[0].vision_decoder_dir is None and with_encoder.models[0].audio_decoder_dir is None
+    two_ranks = server_config(
         build_parser().parse_args([*omni_args, "--vision-decoder-devices", "cpu,cpu", "--no-audio-output"])
     )
-    assert two_ranks.engines[0].num_threads == 2  # 8 cores over 4 CPU processes
-    elsewhere = config_from_args(
+    assert two_ranks.models[0].worker.num_threads == 2  # 8 cores over 4 CPU processes
+    elsewhere = server_config(
         build_parser().parse_args(
             [*omni_args, "--encoder-device", "cuda:0", "--vision-decoder-devices", "cuda:1"]
         )
     )
-    assert elsewhere.engines[0].num_threads == 8
-    assert elsewhere.engines[0].vision_decoder_devices == ("cuda:1",)
+    assert elsewhere.models[0].worker.num_threads == 8
+    assert elsewhere.models[0].vision_decoder.devices == ("cuda:1",)
 
 
 def test_a_directory_that_is_no_checkpoint_exits_with_a_message(tmp_path: Path) -> None:
     with pytest.raises(SystemExit, match="neither config.json nor llm/config.json"):
-        config_from_args(build_parser().parse_args(["--model", str(tmp_path)]))
+        server_config(build_parser().parse_args(["--model", str(tmp_path)]))
 
 
 def test_chat_format_flags(dirs: tuple[Path, Path], tmp_path: Path) -> None:
@@ -65,14 +65,14 @@ def test_chat_format_flags(dirs: tuple[Path, Path], tmp_path: Path) -> None:
     template = tmp_path / "t.jinja"
     template.write_text("{{ messages[0]['content'] }}")
     args = ["--model", str(text), "--chat-template", str(template), "--tool-call-parser", "hermes"]
-    engine = config_from_args(build_parser().parse_args([*args, "--no-enable-auto-tool-choice", "--trust-request-chat-template"])).engines[0]
+    engine = server_config(build_parser().parse_args([*args, "--no-enable-auto-tool-choice", "--trust-request-chat-template"])).models[0].chat_format
     assert engine.chat_template == "{{ messages[0]['content'] }}"
     assert (engine.tool_call_parser, engine.enable_auto_tool_choice, engine.trust_request_chat_template) == ("hermes", False, True)
-    default = config_from_args(build_parser().parse_args(["--model", str(text)])).engines[0]
+    default = server_config(build_parser().parse_args(["--model", str(text)])).models[0].chat_format
     assert (default.chat_template, default.tool_call_parser, default.reasoning_parser) == (None, "auto", "auto")
     assert default.enable_auto_tool_choice and not default.trust_request_chat_template
-    inline = config_from_args(build_parser().parse_args(["--model", str(text), "--chat-template", "{{ 'x' }}"]))
-    assert inline.engines[0].chat_template == "{{ 'x' }}"
+    inline = server_config(build_parser().parse_args(["--model", str(text), "--chat-template", "{{ 'x' }}"]))
+    assert inline.models[0].chat_format.chat_template == "{{ 'x' }}"
 
 
 @pytest.mark.parametrize(
@@ -80,7 +80,7 @@ def test_chat_format_flags(dirs: tuple[Path, Path], tmp_path: Path) -> None:
 )
 def test_bad_chat_format_flags_exit_with_a_message(dirs: tuple[Path, Path], flags: list[str]) -> None:
     with pytest.raises(SystemExit, match="omni-serve:"):
-        config_from_args(build_parser().parse_args(["--model", str(dirs[0]), *flags]))
+        server_config(build_parser().parse_args(["--model", str(dirs[0]), *flags]))
 
 
 def test_a_vllm_launch_line_sets_what_it_names(dirs: tuple[Path, Path]) -> None:
@@ -88,14 +88,14 @@ def test_a_vllm_launch_line_sets_what_it_names(dirs: tuple[Path, Path]) -> None:
     line = [str(text), "--served-model-name", "x", "x-alias", "--max-model-len", "4096",
             "--gpu-memory-utilization", "0.9", "--enable-prefix-caching", "--seed", "0", "--port", "8123",
             "--data-parallel-size", "2", "--max-logprobs", "5", "--dtype", "half"]  # fmt: skip
-    config = config_from_args(parse_args(line))
-    engine = config.engines[0]
-    assert (engine.model_name, engine.aliases, engine.model_dir) == ("x", ("x-alias",), text.resolve())
-    assert (engine.max_model_len, engine.gpu_memory_utilization, engine.seed) == (4096, 0.9, 0)
-    assert (engine.enable_prefix_caching, engine.num_workers, engine.max_logprobs) == (True, 2, 5)
-    assert (engine.dtype, config.port) == ("float16", 8123)
-    assert not config_from_args(parse_args([str(text), "--no-enable-prefix-caching"])).engines[0].enable_prefix_caching
-    assert not config_from_args(parse_args([str(text), "--no-prefix-caching"])).engines[0].enable_prefix_caching
+    config = server_config(parse_args(line))
+    engine = config.models[0]
+    assert (engine.name, engine.aliases, engine.model_dir) == ("x", ("x-alias",), text.resolve())
+    assert (engine.llm.max_model_len, engine.llm.gpu_memory_utilization, engine.worker.seed) == (4096, 0.9, 0)
+    assert (engine.llm.enable_prefix_caching, engine.llm.num_workers, engine.llm.max_logprobs) == (True, 2, 5)
+    assert (engine.worker.dtype, config.port) == ("float16", 8123)
+    assert not server_config(parse_args([str(text), "--no-enable-prefix-caching"])).models[0].llm.enable_prefix_caching
+    assert not server_config(parse_args([str(text), "--no-prefix-caching"])).models[0].llm.enable_prefix_caching
 
 
 @pytest.mark.parametrize(
@@ -130,21 +130,21 @@ def test_an_unsupported_flag_exits_naming_it(
 )
 def test_flags_omni_serve_cannot_honour_exit_with_why(dirs: tuple[Path, Path], flags: list[str], says: str) -> None:
     with pytest.raises(SystemExit, match=re.escape(says)):
-        config_from_args(parse_args([str(dirs[0]), *flags]))
+        server_config(parse_args([str(dirs[0]), *flags]))
 
 
 def test_http_flags(dirs: tuple[Path, Path]) -> None:
     text, _ = dirs
-    config = config_from_args(
+    config = server_config(
         parse_args([str(text), "--allowed-origins", '["http://127.0.0.1:9000", "https://ui.example.com"]',
                     "--allowed-methods", "get,post", "--allow-credentials", "--root-path", "/omni/",
                     "--ssl-keyfile", "k.pem", "--ssl-certfile", "c.pem"])
     )  # fmt: skip
     assert config.cors == CorsPolicy(("http://127.0.0.1:9000", "https://ui.example.com"), ("GET", "POST"), ("*",), True)
     assert config.root_path == "/omni" and config.base_url == "https://127.0.0.1:8000/omni"
-    plain = config_from_args(parse_args([str(text)]))
+    plain = server_config(parse_args([str(text)]))
     assert plain.cors is None and plain.base_url == "http://127.0.0.1:8000"
-    assert config_from_args(parse_args([str(text), "--allowed-origins", "*"])).cors == CorsPolicy(("*",))
+    assert server_config(parse_args([str(text), "--allowed-origins", "*"])).cors == CorsPolicy(("*",))
 
 
 def test_a_config_file_gives_the_same_settings_as_the_flags(dirs: tuple[Path, Path], tmp_path: Path) -> None:
@@ -164,13 +164,13 @@ def test_a_config_file_gives_the_same_settings_as_the_flags(dirs: tuple[Path, Pa
         "disable-log-requests: true\n"
         "kv-cache-memory: 64MiB\n"
     )
-    assert config_from_args(parse_args(["--config", str(config_file)])) == config_from_args(parse_args(flags))
+    assert server_config(parse_args(["--config", str(config_file)])) == server_config(parse_args(flags))
     # the command line wins over the file, a positional model and a list included
-    over = config_from_args(parse_args(["--config", str(config_file), "--port", "9000", "--model", f"o={omni}"]))
-    assert over.port == 9000 and [e.model_name for e in over.engines] == ["x"]  # the file's names, one model
-    assert over.engines[0].model_dir == omni.resolve() / "llm"
-    positional = config_from_args(parse_args(["--config", str(config_file), str(omni)]))
-    assert [e.model_dir for e in positional.engines] == [omni.resolve() / "llm"]
+    over = server_config(parse_args(["--config", str(config_file), "--port", "9000", "--model", f"o={omni}"]))
+    assert over.port == 9000 and [e.name for e in over.models] == ["x"]  # the file's names, one model
+    assert over.models[0].model_dir == omni.resolve() / "llm"
+    positional = server_config(parse_args(["--config", str(config_file), str(omni)]))
+    assert [e.model_dir for e in positional.models] == [omni.resolve() / "llm"]
 
 
 @pytest.mark.parametrize(

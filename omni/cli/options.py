@@ -1,0 +1,398 @@
+"""`omni-serve`'s flags: built from the configs' declarations, read back into a ServerConfig.
+
+The flags only the command line has (which models, logging, vLLM's flags that change nothing
+here) are declared below the same way. What no single flag decides is derived here, once all
+are read: the models and their checkpoint layouts, the dtype, worker counts and CPU threads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from omni.cli.config_file import ConfigFileError, apply_config_file
+from omni.cli.flags import add_section, read_section
+from omni.cli.vllm_flags import unsupported_flag_message
+from omni.config import (
+    AdmissionConfig,
+    AudioDecoderConfig,
+    ChatFormatConfig,
+    CorsPolicy,
+    EncoderConfig,
+    LLMConfig,
+    ModelConfig,
+    ServerConfig,
+    StoreConfig,
+    VisionDecoderConfig,
+    WorkerConfig,
+)
+from omni.model_layout import ModelLayout
+from omni.shared.media.limits import MediaLimits
+from omni.shared.settings import setting
+from omni.shared.store.spec import StoreSpec
+from omni.text.constrained.audio_span import MIN_UNITS
+from omni.text.parsers.reasoning import REASONING_PARSERS
+from omni.text.parsers.tool_calls import TOOL_PARSERS
+from scheduler.placement import parse_weights
+
+log = logging.getLogger("omni.cli.main")
+
+
+@dataclass(frozen=True, slots=True)
+class Launch:
+    model_tag: str | None = setting(
+        None,
+        positional=True,
+        nargs="?",
+        metavar="MODEL",
+        help="checkpoint directory, as in `vllm serve MODEL` (the same as one --model)",
+    )
+    config: Path | None = setting(
+        None, metavar="FILE", help="YAML file of settings (flag names without the dashes); flags given here win over it"
+    )
+    model: tuple[str, ...] | None = setting(
+        None,
+        metavar="[NAME=]DIR",
+        action="append",
+        help="Hugging Face checkpoint directory, served as NAME (default: the directory's "
+        "name); repeat to serve several models, picked by the request's `model` "
+        "(default: a small random model made locally)",
+    )
+    served_model_name: tuple[str, ...] | None = setting(
+        None,
+        nargs="+",
+        metavar="NAME",
+        help="model name clients send (default: DIR's name); more names are aliases of the first, "
+        "which responses carry",
+    )
+    no_image_output: bool = setting(
+        False, help="do not start the checkpoint's image decoder: the model cannot draw images"
+    )
+    no_audio_output: bool = setting(False, help="do not start the checkpoint's audio decoder: the model cannot speak")
+
+
+@dataclass(frozen=True, slots=True)
+class Logging:
+    log_level: str = setting("INFO", env="OMNI_LOG_LEVEL")
+    log_format: str = setting(
+        "text",
+        env="OMNI_LOG_FORMAT",
+        choices=("text", "json"),
+        help="json: one JSON object per line (time, level, logger, message, request_id, ...)",
+    )
+    disable_log_stats: bool = setting(False, help="no periodic stats line (vLLM's name)")
+
+
+@dataclass(frozen=True, slots=True)
+class VllmCompat:
+    tensor_parallel_size: int = setting(
+        1,
+        vllm_alias="-tp",
+        type="positive_int",
+        help="only 1: each LLM worker holds the whole model (scale with --data-parallel-size)",
+    )
+    pipeline_parallel_size: int = setting(
+        1,
+        vllm_alias="-pp",
+        type="positive_int",
+        help="only 1: each LLM worker holds the whole model (scale with --data-parallel-size)",
+    )
+    trust_remote_code: bool = setting(False, help="no code from a checkpoint is ever run")
+    enforce_eager: bool = setting(False, help="models always run eagerly")
+    enable_chunked_prefill: bool = setting(
+        True, help="chunked prefill is always on; --no-enable-chunked-prefill is refused"
+    )
+
+
+# One argument group per section, in --help's order.
+SECTIONS: tuple[tuple[str, type], ...] = (
+    ("models", Launch),
+    ("HTTP server", ServerConfig),
+    ("CORS (browsers)", CorsPolicy),
+    ("artifact store", StoreConfig),
+    ("worker processes", WorkerConfig),
+    ("LLM workers", LLMConfig),
+    ("admission and deadlines", AdmissionConfig),
+    ("media input", MediaLimits),
+    ("encoder", EncoderConfig),
+    ("image output", VisionDecoderConfig),
+    ("audio output", AudioDecoderConfig),
+    ("chat format", ChatFormatConfig),
+    ("logging", Logging),
+    ("vLLM flags that change nothing here (accepted so launch lines run)", VllmCompat),
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="omni-serve",
+        description="Serve a model behind an OpenAI-compatible HTTP API. vLLM's flag names are "
+        "accepted for the same settings (a positional model, --data-parallel-size, "
+        "--gpu-memory-utilization, ...); a vLLM flag with no counterpart is refused by name.",
+        # A flag is its whole name: an abbreviation in a config file or a launch script would
+        # change meaning when a longer flag is added.
+        allow_abbrev=False,
+    )
+    for title, section in SECTIONS:
+        add_section(parser, title, section)
+    return parser
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """Flags (and --config's file) into a namespace; a flag the parser cannot read, a vLLM
+    flag without a counterpart above all, exits with status 2 and a message naming it."""
+    tokens = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    config_path = _config_path(tokens)
+    if config_path is not None:
+        try:
+            apply_config_file(parser, config_path, tokens)
+        except ConfigFileError as exc:
+            parser.exit(2, f"omni-serve: {exc}\n")
+    args, extra = parser.parse_known_args(tokens)
+    problem = unsupported_flag_message(extra)
+    if problem is not None:
+        parser.exit(2, f"omni-serve: {problem}\n")
+    return args
+
+
+def _config_path(tokens: Sequence[str]) -> Path | None:
+    for i, token in enumerate(tokens):
+        if token == "--config" and i + 1 < len(tokens):
+            return Path(tokens[i + 1]).expanduser()
+        if token.startswith("--config="):
+            return Path(token.split("=", 1)[1]).expanduser()
+    return None
+
+
+def _fail(message: str) -> SystemExit:
+    return SystemExit(f"omni-serve: {message}")
+
+
+def server_config(args: argparse.Namespace) -> ServerConfig:
+    """Each section read from the flags, what they leave derived filled in, and one ModelConfig
+    per model; a setting omni-serve cannot honour exits naming it."""
+    launch: Launch = read_section(Launch, args)
+    llm: LLMConfig = read_section(LLMConfig, args)
+    devices = llm.worker_devices
+    on_cpu = all(d == "cpu" for d in devices)
+    llm = replace(
+        llm,
+        device=devices[0],
+        num_workers=args.llm_workers or max(1, len(llm.devices)),
+        max_num_batched_tokens=args.max_num_batched_tokens or (512 if on_cpu else 8192),
+    )
+    try:
+        parse_weights(llm.placement_weights)
+    except ValueError as exc:
+        raise _fail(str(exc)) from None
+    store: StoreConfig = read_section(StoreConfig, args)
+    try:
+        StoreSpec.parse(store.location)
+    except ValueError as exc:
+        raise _fail(str(exc)) from None
+    secret = os.environ.get("OMNI_STORE_SECRET")
+    store = replace(store, secret=secret.encode() if secret else None)
+    models = _models(launch, from_file=getattr(args, "from_config_file", frozenset()))
+    layouts = []
+    for _, model_dir in models:
+        try:
+            layouts.append(ModelLayout.from_dir(model_dir.resolve()))
+        except ValueError as exc:
+            raise _fail(str(exc)) from None
+    images: VisionDecoderConfig = read_section(VisionDecoderConfig, args)
+    if images.diffusion_steps < 1 or images.max_batch_images < 1:
+        raise _fail("--diffusion-steps and --max-batch-images must be at least 1")
+    encoder: EncoderConfig = read_section(EncoderConfig, args)
+    audio: AudioDecoderConfig = read_section(AudioDecoderConfig, args)
+    worker: WorkerConfig = read_section(WorkerConfig, args)
+    dtype = {"half": "float16", "float": "float32"}.get(args.dtype, args.dtype)
+    worker = replace(
+        worker,
+        dtype=("float32" if on_cpu else "bfloat16") if dtype == "auto" else dtype,
+        num_threads=_num_threads(worker.num_threads, launch, llm, encoder, images, audio, layouts),
+    )
+    limits = _media_limits(read_section(MediaLimits, args))
+    _check_encoder_queue(encoder, limits)
+    _check_vllm_only_flags(read_section(VllmCompat, args), args)
+    if audio.first_chunk_units < MIN_UNITS:
+        raise _fail(f"--audio-first-chunk-units must be at least {MIN_UNITS} (an audio span's least)")
+    if on_cpu and llm.gpu_memory_utilization is not None:
+        log.info("--gpu-memory-utilization applies to GPUs; on CPU --kv-cache-memory sizes the KV cache")
+    chat_format = _chat_format(read_section(ChatFormatConfig, args))
+    aliases = launch.served_model_name[1:] if launch.served_model_name else ()
+    admission: AdmissionConfig = read_section(AdmissionConfig, args)
+    engines = tuple(
+        ModelConfig(
+            name=model_name,
+            model_dir=layout.llm_dir,
+            aliases=aliases,
+            encoder_dir=layout.root if layout.has_encoders else None,
+            vision_decoder_dir=None if launch.no_image_output else layout.vision_decoder,
+            audio_decoder_dir=None if launch.no_audio_output else layout.audio_decoder,
+            worker=worker,
+            llm=llm,
+            admission=admission,
+            store=store,
+            media_limits=limits,
+            encoder=encoder,
+            vision_decoder=images,
+            audio_decoder=audio,
+            chat_format=chat_format,
+        )
+        for (model_name, _), layout in zip(models, layouts, strict=True)
+    )
+    server: ServerConfig = read_section(ServerConfig, args)
+    return replace(
+        server,
+        models=engines,
+        store=store,
+        cors=_cors_policy(read_section(CorsPolicy, args)),
+        root_path=_root_path(server.root_path),
+        log_stats_interval=None if args.disable_log_stats else server.log_stats_interval,
+    )
+
+
+def _num_threads(
+    given: int | None,
+    launch: Launch,
+    llm: LLMConfig,
+    encoder: EncoderConfig,
+    images: VisionDecoderConfig,
+    audio: AudioDecoderConfig,
+    layouts: Sequence[ModelLayout],
+) -> int | None:
+    """CPU workers share the machine's cores; more torch threads than cores only thrash (OpenMP
+    threads spin). An omni model's encoder and decoders are more CPU workers."""
+    if given is not None or any(d != "cpu" for d in llm.worker_devices):
+        return given
+    encoders_on_cpu = (encoder.device or llm.device) == "cpu"
+    num_cpu_workers = llm.num_workers * len(layouts)
+    num_cpu_workers += sum(1 for layout in layouts if layout.has_encoders and encoders_on_cpu)
+    if not launch.no_image_output:
+        ranks_on_cpu = sum(d == "cpu" for d in images.devices) if images.devices else int(encoders_on_cpu)
+        num_cpu_workers += ranks_on_cpu * sum(1 for layout in layouts if layout.vision_decoder is not None)
+    if not launch.no_audio_output and (audio.device or encoder.device or llm.device) == "cpu":
+        num_cpu_workers += sum(1 for layout in layouts if layout.audio_decoder is not None)
+    return max(1, (os.cpu_count() or 1) // num_cpu_workers)
+
+
+def _media_limits(limits: MediaLimits) -> MediaLimits:
+    for name in ("max_bytes", "max_image_pixels", "max_audio_seconds", "max_video_frames", "video_fps"):
+        if getattr(limits, name) <= 0:
+            raise _fail(f"{name} must be positive")
+    return limits
+
+
+def _check_encoder_queue(encoder: EncoderConfig, limits: MediaLimits) -> None:
+    """The encoder admits a request's items one by one: its queue must hold every item one
+    request may bring (an image or audio clip is two items, its continuous and its discrete
+    encoding), or a request could be refused by its own items on an idle encoder."""
+    items = encoder.max_queued_items
+    if items is not None and items < 2 * limits.max_items_per_request:
+        raise _fail(
+            f"--max-queued-media-items must be at least {2 * limits.max_items_per_request} "
+            "(two per item of --max-media-items)"
+        )
+    size = encoder.max_queued_bytes
+    if size is not None and size < limits.max_bytes:
+        raise _fail("--max-queued-media-bytes must be at least --max-media-bytes")
+
+
+def _check_vllm_only_flags(compat: VllmCompat, args: argparse.Namespace) -> None:
+    for flag, value in (
+        ("--tensor-parallel-size", compat.tensor_parallel_size),
+        ("--pipeline-parallel-size", compat.pipeline_parallel_size),
+    ):
+        if value != 1:
+            raise _fail(f"{flag} {value}: each LLM worker holds the whole model; serve more requests with --data-parallel-size")
+    if not compat.enable_chunked_prefill:
+        raise _fail("--no-enable-chunked-prefill: prefill is always chunked (--max-num-batched-tokens sizes the chunks)")
+    if bool(args.ssl_keyfile) != bool(args.ssl_certfile):
+        raise _fail("--ssl-keyfile and --ssl-certfile go together")
+    if args.ssl_cert_reqs and not args.ssl_ca_certs:
+        raise _fail("--ssl-cert-reqs needs --ssl-ca-certs to check client certificates against")
+    for flag, on in (("--trust-remote-code", compat.trust_remote_code), ("--enforce-eager", compat.enforce_eager)):
+        if on:
+            log.info("%s changes nothing: omni-serve runs no checkpoint code and has no graph capture", flag)
+
+
+def default_model_dir() -> Path:
+    """Make (once) the embedded small random checkpoint, in a child so we never load torch."""
+    out = subprocess.run(
+        [sys.executable, "-m", "gpu_workers.tiny.checkpoints", "--print-default-dir"],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    return Path(out.stdout.strip().splitlines()[-1])
+
+
+def _models(launch: Launch, from_file: frozenset[str]) -> list[tuple[str, Path]]:
+    """(served name, directory) per model (the positional one first, then each --model); the
+    embedded default when none is given. from_file: the settings --config's file gave."""
+    specs = list(launch.model or [])
+    if launch.model_tag:
+        if "model" in from_file:
+            specs = []  # the line's positional model replaces the config file's
+        specs.insert(0, launch.model_tag)
+    served = launch.served_model_name[0] if launch.served_model_name else None
+    if not specs:
+        return [(served or "omni-tiny", default_model_dir())]
+    if served and len(specs) > 1:
+        raise _fail("--served-model-name needs a single model; use --model NAME=DIR")
+    models = []
+    for spec in specs:
+        name, sep, directory = spec.partition("=")
+        model_dir = Path(directory if sep else name).expanduser()
+        models.append((served or (name if sep else model_dir.name), model_dir))
+    names = [n for n, _ in models]
+    if len(set(names)) != len(names):
+        raise _fail(f"two models share a name: {names}")
+    return models
+
+
+def _chat_format(config: ChatFormatConfig) -> ChatFormatConfig:
+    """--chat-template is a file's text, or the template given inline (it has Jinja markup);
+    the parsers are ones omni-serve knows."""
+    for flag, name, known in (
+        ("--tool-call-parser", config.tool_call_parser, TOOL_PARSERS),
+        ("--reasoning-parser", config.reasoning_parser, REASONING_PARSERS),
+    ):
+        if name not in ("auto", "none") and name not in known:
+            raise _fail(f"{flag} {name!r}: known are {', '.join(sorted(known))}, auto and none")
+    value = config.chat_template
+    if value is None:
+        return config
+    path = Path(value).expanduser()
+    if path.is_file():
+        return replace(config, chat_template=path.read_text())
+    if "{{" in value or "{%" in value:
+        return config
+    raise _fail(f"--chat-template {value!r}: no such file, and not a template")
+
+
+def _cors_policy(policy: CorsPolicy) -> CorsPolicy | None:
+    if not policy.origins:
+        return None
+    for origin in policy.origins:
+        if origin != "*" and not re.match(r"^https?://[^/\s]+$", origin):
+            raise _fail(f"--allowed-origins {origin!r}: an origin is scheme://host[:port], or *")
+    return replace(policy, methods=tuple(m.upper() for m in policy.methods))
+
+
+def _root_path(value: str) -> str:
+    """'/omni/' -> '/omni'; '' stays ''."""
+    value = value.strip().rstrip("/")
+    if value and not value.startswith("/"):
+        raise _fail(f"--root-path {value!r} must start with /")
+    if any(c in value for c in "?#% "):
+        raise _fail(f"--root-path {value!r}: a plain path, without query or escapes")
+    return value
