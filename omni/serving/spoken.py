@@ -19,7 +19,6 @@ import functools
 from dataclasses import dataclass
 
 import orjson
-from aiohttp import web
 
 from omni.errors import bad_request
 from omni.serving.requests import ChatCompletionRequest
@@ -29,8 +28,7 @@ from omni.text.constrained.audio_span import MAX_UNITS, MIN_UNITS
 from omni.engines.generation import Generation
 from omni.modalities.outputs.router import AudioRoute
 from omni.serving.model import ServedModel
-from omni.http.state import STORE
-from omni.shared.store.base import KeyNotFound, StoreError
+from omni.shared.store.base import ArtifactStore, KeyNotFound, StoreError
 from omni.shared.store.keys import validate_key
 from scheduler.request import SamplingParams
 
@@ -117,19 +115,21 @@ def speak_text(model: ServedModel, audio: ModelAudio, text: Generation) -> Gener
     )
 
 
-async def recall_spoken(request: web.Request, req: ChatCompletionRequest) -> ChatCompletionRequest:
+async def recall_spoken(store: ArtifactStore | None, req: ChatCompletionRequest) -> ChatCompletionRequest:
     """An assistant turn given as {"audio": {"id": ...}} (an earlier spoken answer of this
     server's, as OpenAI lets a client refer to one) gets its stored transcript as its text; an
-    id the store does not have (unknown, or expired and removed) is a 400 naming it."""
+    id the store does not have (unknown, or expired and removed) is a 400 naming it. No store
+    (an app built without one, in tests) has kept no answers."""
     if not any(m.audio_id for m in req.messages):
         return req
-    store = request.app[STORE]
     messages = list(req.messages)
     for i, message in enumerate(messages):
         if message.audio_id is None or message.content is not None:
             continue
         param = f"messages[{i}].audio.id"
         try:
+            if store is None:
+                raise KeyNotFound(message.audio_id)
             meta = orjson.loads(await store.get(validate_key(f"out/audio/{message.audio_id}.json")))
         except (KeyNotFound, ValueError, orjson.JSONDecodeError):
             raise bad_request(f"No spoken answer has the id '{message.audio_id}' (or it expired).", param=param) from None

@@ -19,7 +19,6 @@ import uuid
 
 import numpy as np
 import orjson
-from aiohttp import web
 
 from omni.errors import bad_request, service_unavailable
 from omni.engines.audio_decoder import AudioDecoderEngine
@@ -28,7 +27,7 @@ from omni.text.constrained.compiler import CompiledGrammar, GrammarCompiler
 from omni.text.constrained.spec import GrammarKind, GrammarSpec
 from omni.shared.media.audio_encoding import MEDIA_TYPES, encode_audio
 from omni.modalities.outputs.router import AudioRoute
-from omni.http.state import STORE
+from omni.shared.store.base import ArtifactStore
 from omni.shared.store.keys import validate_key
 from omni.text.tokenizer import TextTokenizer
 
@@ -126,10 +125,9 @@ def new_audio_id() -> str:
     return f"audio_{uuid.uuid4().hex}"
 
 
-async def store_spoken(request: web.Request, audio_id: str, samples: np.ndarray, fmt: str, transcript: str) -> bytes:
+async def store_spoken(store: ArtifactStore, audio_id: str, samples: np.ndarray, fmt: str, transcript: str) -> bytes:
     """Encode a spoken answer (off the event loop) and keep it in the artifact store under
     out/audio/<id>.<ext>, its transcript beside it (<id>.json); the encoded bytes."""
-    store = request.app[STORE]
     data = await asyncio.to_thread(encode_audio, samples, SAMPLE_RATE, fmt)
     ext = "pcm" if fmt in ("pcm", "pcm16") else fmt
     await store.put(validate_key(f"out/audio/{audio_id}.{ext}"), data, MEDIA_TYPES[fmt])
