@@ -255,9 +255,6 @@ LAYERS: list[tuple[str, ...]] = [
 KNOWN_UPWARD: set[tuple[str, str]] = {
     ("omni.modalities.inputs.items", "omni.serving.requests"),  # inputs take neutral MediaRefs
     ("omni.modalities.inputs.pipeline", "omni.serving.requests"),
-    ("omni.serving.lifecycle", "omni.http.access_log"),  # the lifecycle without aiohttp
-    ("omni.serving.lifecycle", "omni.http.state"),
-    ("omni.serving.lifecycle", "omni.http.body"),  # the handler reads the body, the lifecycle gets it parsed
 }
 
 
@@ -433,10 +430,6 @@ AIOHTTP_CLIENT: dict[str, tuple[frozenset[str], str]] = {
 # and the multipart form in http, ModelAudio handed its store): aiohttp used below http today.
 # The test fails when one is gone, so delete its line then; nothing may be added.
 KNOWN_AIOHTTP: set[tuple[str, str]] = {
-    ("omni.serving.lifecycle", "aiohttp.web"),
-    ("omni.serving.requests.transcriptions", "aiohttp.BodyPartReader"),
-    ("omni.serving.requests.transcriptions", "aiohttp.http_exceptions.HttpProcessingError"),
-    ("omni.serving.requests.transcriptions", "aiohttp.web"),
 }
 
 _SERVER_SIDE = ("test_utils", "typedefs", "multipart", "BodyPartReader", "MultipartReader", "http_exceptions")
@@ -557,7 +550,6 @@ UNMIRRORED: dict[str, str] = {
     "omni/engines/step.py": "StepDriver in tests/gpu_workers/conftest.py runs the runners through it",
     "omni/engines/worker_specs.py": "tests/omni/cli/test_options.py and tests/deploy/test_kubernetes_manifests.py",
     "omni/http/handlers/artifacts.py": "tests/omni/shared/store/test_local.py and tests/e2e/test_images.py",
-    "omni/http/handlers/completions.py": "tests/omni/serving/test_lifecycle.py and tests/e2e/test_chat_api.py",
     "omni/http/handlers/images.py": "tests/e2e/test_images.py",
     "omni/http/handlers/speech.py": "tests/e2e/test_speech.py",
     "omni/http/handlers/system.py": "tests/omni/http/handlers/test_tokenize.py and tests/e2e/test_operations.py",

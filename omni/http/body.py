@@ -1,7 +1,7 @@
 """Reading a request's body off the connection: JSON bodies read in chunks, decoded (and
-parsed) in a worker thread when large, bounded by --body-timeout; and the request headers every
-endpoint shares. The HTTP layer's only door to a body: handlers read here, then hand the parsed
-request to omni/serving/lifecycle.py."""
+parsed) in a worker thread when large, and the transcription API's multipart form, each bounded
+by --body-timeout; and the request headers every endpoint shares. The HTTP layer's only door to
+a body: handlers read here, then hand the parsed request to omni/serving/lifecycle.py."""
 
 from __future__ import annotations
 
@@ -11,11 +11,14 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import orjson
-from aiohttp import web
+from aiohttp import BodyPartReader, web
+from aiohttp.http_exceptions import HttpProcessingError
 
-from omni.errors import bad_request
+from omni.errors import APIError, bad_request
 from omni.http.json_body import TooManyItems, decode_json, empty_in_steps
+from omni.http.state import CONFIG
 from omni.serving.requests.fields import Json, body_too_slow, merge_extra_body
+from omni.serving.requests.transcriptions import TranscriptionForm
 
 # Bodies larger than this are decoded, and parsed, in a worker thread: json_body.decode_json
 # decodes them a window at a time (orjson holds the GIL for each of its calls, about 2.5 ms a
@@ -27,8 +30,18 @@ _DECODE_IN_THREAD_BYTES = 1 << 20
 # into the body's buffer (aiohttp's own read() raises this to the whole body, then copies the
 # body it joined into bytes: 60 MB in one call).
 _READ_CHUNK_BYTES = 256 * 1024
+# A multipart form's bounds besides the file's: a text value (the transcription prompt's 4096
+# characters are at most 16 KiB), and the number of parts.
+MAX_FIELD_BYTES = 64 * 1024
+MAX_PARTS = 64
 
 T = TypeVar("T")
+
+
+def body_timeout(request: web.Request) -> float | None:
+    """--body-timeout: how long a body may take to arrive."""
+    config = request.app.get(CONFIG)  # an app built without create_app (tests) has none
+    return None if config is None else config.body_timeout
 
 
 async def read_json(request: web.Request, *, timeout: float | None = None) -> dict[str, Json]:
@@ -77,8 +90,6 @@ def _decode_and_parse(
         raise
 
 
-
-
 async def _read_body(request: web.Request) -> bytearray:
     """The body in one buffer, grown chunk by chunk, so that no step copies the whole body:
     a large buffer grows in place (realloc remaps its pages), and preallocating it from
@@ -95,6 +106,84 @@ async def _read_body(request: web.Request) -> bytearray:
         if limit and len(body) > limit:  # a compressed body inflates past Content-Length
             raise web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=len(body))
     return body
+
+
+# ----------------------------------------------------------------------------- multipart
+
+
+async def read_transcription_form(
+    request: web.Request, *, max_file_bytes: int, timeout: float | None = None
+) -> TranscriptionForm:
+    """The multipart body's parts (omni/serving/requests/transcriptions.py reads their values).
+    Not multipart, or malformed, is a 400; a file over max_file_bytes a 413 naming `file`; a
+    body over client_max_size a 413; one that has not arrived within timeout seconds a 408, and
+    the connection is closed."""
+    if request.content_type != "multipart/form-data":
+        raise bad_request(
+            "The request body must be multipart/form-data (the audio as a file part named 'file'), "
+            f"not {request.content_type or 'empty'}.",
+            code="invalid_content_type",
+        )
+    limit = request.client_max_size
+    declared = request.content_length
+    if limit and declared is not None and declared > limit:
+        raise web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=declared)
+    try:
+        async with asyncio.timeout(timeout):
+            return await _read_parts(request, max_file_bytes)
+    except TimeoutError:
+        raise body_too_slow(timeout) from None
+    # aiohttp's multipart parser: its own errors (a bad part header is an HttpProcessingError) and
+    # the ones it lets through from a body that is not what its boundary says
+    except (HttpProcessingError, ValueError, RuntimeError, AssertionError, LookupError) as e:
+        raise bad_request(f"The multipart body is malformed: {getattr(e, 'message', None) or e}") from None
+
+
+async def _read_parts(request: web.Request, max_file_bytes: int) -> TranscriptionForm:
+    reader = await request.multipart()
+    fields: dict[str, list[str]] = {}
+    file: bytes | None = None
+    total = 0  # every part's bytes, against client_max_size (the reader counts none of them)
+    num_parts = 0
+    while (part := await reader.next()) is not None:
+        num_parts += 1
+        if num_parts > MAX_PARTS:
+            raise bad_request(f"The body has more than {MAX_PARTS} parts.")
+        if not isinstance(part, BodyPartReader):
+            raise bad_request("A part of the body is itself multipart; send each field as one part.")
+        name = part.name
+        if not name:
+            raise bad_request("A part of the body has no name (Content-Disposition: form-data; name=...).")
+        if name == "file":
+            if file is not None:
+                raise bad_request("'file' is given twice; send one audio file.", param="file")
+            max_bytes = max_file_bytes
+        else:
+            max_bytes = MAX_FIELD_BYTES
+        data = bytearray()
+        while chunk := await part.read_chunk(_READ_CHUNK_BYTES):
+            data += chunk
+            total += len(chunk)
+            if request.client_max_size and total > request.client_max_size:
+                raise web.HTTPRequestEntityTooLarge(max_size=request.client_max_size, actual_size=total)
+            if len(data) > max_bytes:
+                raise _too_large(name, max_bytes)
+        if name == "file":
+            file = bytes(data)
+            continue
+        try:
+            value = data.decode(part.get_charset("utf-8"))
+        except UnicodeDecodeError:
+            raise bad_request(f"The value of '{name}' is not valid text in its charset.", param=name) from None
+        fields.setdefault(name.removesuffix("[]"), []).append(value)
+    return TranscriptionForm(fields, file)
+
+
+def _too_large(name: str, max_bytes: int) -> APIError:
+    what = "(--max-media-bytes)" if name == "file" else "(the bound of a form field)"
+    return APIError(
+        413, f"'{name}' is larger than {max_bytes} bytes {what}.", param=name, code="payload_too_large"
+    )
 
 
 # ----------------------------------------------------------------------------- headers

@@ -1,14 +1,21 @@
 """The request lifecycle, in one place: one function per endpoint that reads top-down.
 
-    parse -> model -> media -> prompt -> generate -> route output -> assemble
+    model -> media -> prompt -> generate -> route output
+
+Each takes what it uses (the served models, the parsed request, the client's deadline) and
+returns the request made ready to run: every choice's routed output, not yet run. The handler
+in omni/http/handlers read and parsed the body before, and writes the response after, in its
+endpoint's format (JSON or SSE), inside the returned value's admitted():
+
+    completion = await lifecycle.chat(models, req, store=store, timeout=timeout)
+    with completion.admitted():  # or a 429, before any response is written
+        return await respond(request, req, completion)
 
 Each step lives in the module that owns its noun: parsing in omni/serving/requests, media items in
 omni/modalities/inputs, prompt building in omni/serving/prompt.py, one choice's tokens in omni/engines/generation.py,
-output spans in omni/modalities/outputs/router.py. Assembly (the JSON body or the SSE chunks) is the
-endpoint's own response format, so its handler in omni/http/handlers passes it in: the API layer calls
-down into this module, never the other way round.
+output spans in omni/modalities/outputs/router.py. Nothing here knows of HTTP.
 
-Nothing runs on a worker until assembly iterates the outputs: Generation submits its request
+Nothing runs on a worker until the response iterates the outputs: Generation submits its request
 when its deltas are first asked for, so an error in an earlier step costs no engine work.
 """
 
@@ -17,67 +24,81 @@ from __future__ import annotations
 import asyncio
 import functools
 import math
-from collections.abc import Awaitable, Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Any, TypeAlias, TypeVar
+from typing import Any
 
-from aiohttp import web
-
-from omni.http.access_log import note_generation
 from omni.errors import APIError, bad_request, service_unavailable
 from omni.serving.requests import (
     ChatCompletionRequest,
     CompletionRequest,
     parse_chat_completion_request,
-    parse_completion_request,
 )
-from omni.http.body import read_parsed, request_timeout
 from omni.serving.sampling import sampling_params, truncate_prompt, truncated_media
-from omni.serving.requests.images import ImageGenerationRequest, parse_image_generation_request
-from omni.serving.requests.transcriptions import TranscriptionRequest, parse_transcription_request, read_transcription_form
+from omni.serving.requests.images import ImageGenerationRequest
+from omni.serving.requests.speech import SpeechRequest
+from omni.serving.requests.transcriptions import TranscriptionRequest
 from omni.serving.spoken import ChatAudio, ban_audio, chat_audio, recall_spoken
 from omni.text.reply_parser import OutputFormat
 from omni.serving.chat_turns import ban_images, ban_tool_markup, chat_images, check_tool_choice, output_format, tool_grammar
 from omni.serving.choice_constraints import ChoiceConstraints, OutputSpans
 from omni.text.constrained import audio_span, image_span
+from omni.text.constrained.audio_span import MIN_UNITS
 from omni.text.constrained.compiler import CompiledGrammar
+from omni.engines.audio_decoder import AudioDecodeError
 from omni.engines.generation import Generation, OutputOptions, choice_params, new_request_id, response_id
+from omni.modalities.outputs.audio import ModelAudio
 from omni.modalities.outputs.image import ImageSettings
 from omni.shared.media import MediaLimits
+from omni.shared.media.audio import decode_audio
+from omni.shared.media.errors import MediaError
 from omni.modalities.inputs.items import MediaItem, decode_params
 from omni.modalities.inputs.placeholders import placeholder_ids
 from omni.modalities.outputs.router import OutputRouter
 from omni.serving.prompt import chat_prompt, completion_prompts, load_media
-from omni.serving.model import ServedModel
-from omni.http.state import CONFIG, MODELS
+from omni.serving.model import ModelRegistry, ServedModel
+from omni.shared.store.base import ArtifactStore
 from omni.shared.store.keys import content_hash
 from scheduler.request import SamplingParams
 
 
-@dataclass(frozen=True, slots=True)
-class Completion:
-    """What assembly gets: every choice's routed output, in choice index order, not yet run."""
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Prepared:
+    """A request made ready to run: every choice's routed output, in choice index order, not
+    yet run, and the client's deadline for them."""
 
-    id: str
     model: ServedModel
     outputs: list[OutputRouter]
+    timeout: float | None  # seconds, the client's (X-Request-Timeout); the server's caps it
+
+    @property
+    def generations(self) -> list[Generation]:
+        return [o.generation for o in self.outputs]
+
+    def admitted(self) -> AbstractContextManager[object]:
+        """The choices' place in the model's queue, all together, or Overloaded (a 429) now,
+        before any response is written. Write the response inside it: each choice leaves the
+        queue when it is submitted (its deltas first asked for), and leaving the block gives
+        back the place of any never submitted (a stream the client left, say)."""
+        return self.model.pool.admit([o.generation.request for o in self.outputs], self.timeout)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Completion(Prepared):
+    """A chat or text completion, ready to run."""
+
+    id: str
     output_format: OutputFormat = OutputFormat()  # chat: how each choice's text is read back
     inline_images: bool = False  # chat: images are in the text (tool call arguments), not parts
     audio: ChatAudio | None = None  # chat: how the choices speak (None: they cannot)
 
 
-R = TypeVar("R", ChatCompletionRequest, CompletionRequest)
-# (the HTTP request, the parsed body, the completion) -> the response: JSON, or SSE if req.stream
-Assemble: TypeAlias = Callable[[web.Request, R, Completion], Awaitable[web.StreamResponse]]
-
-
-async def chat_completion(
-    request: web.Request, assemble: Assemble[ChatCompletionRequest]
-) -> web.StreamResponse:
-    req = await read_parsed(request, parse_chat_completion_request, timeout=body_timeout(request))
-    timeout = request_timeout(request)
-    model = _model(request, req.model)
-    req = await recall_spoken(model, req)  # earlier spoken answers referred to by id
+async def chat(
+    models: ModelRegistry, req: ChatCompletionRequest, *, store: ArtifactStore | None, timeout: float | None
+) -> Completion:
+    """store: where earlier spoken answers are kept, for turns that refer to one by id."""
+    model = models.get(req.model)  # a 404 naming the model if it is not served
+    req = await recall_spoken(store, req)  # earlier spoken answers referred to by id
     check_tool_choice(model, req)
     check_serving(model)  # before media: no fetching or encoding for a model that cannot answer
     model.pool.check_admission()  # nor for one whose queue is full (429)
@@ -125,19 +146,14 @@ async def chat_completion(
         )
         for i, g in enumerate(generations)
     ]
-    completion_out = Completion(
-        response_id("chatcmpl", req.request_id, completion_id), model, outputs, fmt,
-        inline_images=images is not None and images.inline, audio=speaking,
+    return Completion(
+        id=response_id("chatcmpl", req.request_id, completion_id), model=model, outputs=outputs, timeout=timeout,
+        output_format=fmt, inline_images=images is not None and images.inline, audio=speaking,
     )  # fmt: skip
-    note_generation(request, model.name, generations)
-    with model.pool.admit([g.request for g in generations], timeout):  # or a 429, before any streaming
-        return await assemble(request, req, completion_out)
 
 
-async def completion(request: web.Request, assemble: Assemble[CompletionRequest]) -> web.StreamResponse:
-    req = await read_parsed(request, parse_completion_request, timeout=body_timeout(request))
-    timeout = request_timeout(request)
-    model = _model(request, req.model)
+async def completion(models: ModelRegistry, req: CompletionRequest, *, timeout: float | None) -> Completion:
+    model = models.get(req.model)
     prompts = await completion_prompts(model, req)  # no media: a malformed prompt is a 400 even while starting
     check_serving(model)
     model.pool.check_admission()
@@ -170,10 +186,7 @@ async def completion(request: web.Request, assemble: Assemble[CompletionRequest]
             for i in range(req.n)
         ]
     outputs = [OutputRouter(g) for g in generations]
-    completion_out = Completion(response_id("cmpl", req.request_id, completion_id), model, outputs)
-    note_generation(request, model.name, generations)
-    with model.pool.admit([g.request for g in generations], timeout):
-        return await assemble(request, req, completion_out)
+    return Completion(id=response_id("cmpl", req.request_id, completion_id), model=model, outputs=outputs, timeout=timeout)
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,30 +197,25 @@ class ImagePreview:
     size: str  # "WxH"
 
 
-@dataclass(frozen=True, slots=True)
-class ImageGeneration:
-    """What the images API's assembly gets: one routed output per image (each draws exactly
-    one), not yet run, and the queue its previews arrive on, in the order they are made.
-    Assembly may put its own events on the same queue (an image finished), so that one
-    consumer sees both in the order they happened."""
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ImageGeneration(Prepared):
+    """Image generation, ready to run: one routed output per image (each draws exactly one),
+    and the queue its previews arrive on, in the order they are made. The response may put its
+    own events on the same queue (an image finished), so that one consumer sees both in the
+    order they happened."""
 
-    model: ServedModel
-    outputs: list[OutputRouter]
-    previews: asyncio.Queue[Any]  # ImagePreview, and what assembly puts there itself
+    previews: asyncio.Queue[Any]  # ImagePreview, and what the response puts there itself
 
 
-ImageAssemble: TypeAlias = Callable[[web.Request, ImageGenerationRequest, ImageGeneration], Awaitable[web.StreamResponse]]
-
-
-async def image_generation(request: web.Request, assemble: ImageAssemble) -> web.StreamResponse:
+async def image_generation(
+    models: ModelRegistry, req: ImageGenerationRequest, *, timeout: float | None
+) -> ImageGeneration:
     """POST /v1/images/generations: the prompt as a user turn, the reply forced to be one image
     span (the prompt ends with its opening token), n choices each drawn with seed + i."""
-    req = await read_parsed(request, parse_image_generation_request, timeout=body_timeout(request))
-    timeout = request_timeout(request)
-    model = _image_model(request, req.model)
+    model = _image_model(models, req.model)
     images = model.images
     assert images is not None
-    chat = parse_chat_completion_request(
+    turn = parse_chat_completion_request(
         {
             "model": model.name,
             "messages": [{"role": "user", "content": req.prompt}],
@@ -219,7 +227,7 @@ async def image_generation(request: web.Request, assemble: ImageAssemble) -> web
     if not images.ready:
         raise service_unavailable("The image decoder is starting; retry shortly.", retry_after_s=5)
     model.pool.check_admission()
-    prompt = await chat_prompt(model, chat, [])
+    prompt = await chat_prompt(model, turn, [])
     token_ids = [*prompt.token_ids, images.format.start_token_id]
     if len(token_ids) + images.format.span_tokens > model.pool.max_model_len:
         raise bad_request(
@@ -230,7 +238,7 @@ async def image_generation(request: web.Request, assemble: ImageAssemble) -> web
         )
     assert images.grammar is not None  # compiled at start-up
     constraints = ChoiceConstraints(
-        model, chat, None, token_ids, images.format.span_tokens,
+        model, turn, None, token_ids, images.format.span_tokens,
         images=OutputSpans(images.grammar, images.format.start_token_id, opened=True),
     )  # fmt: skip
     settings = ImageSettings(
@@ -255,18 +263,16 @@ async def image_generation(request: web.Request, assemble: ImageAssemble) -> web
         )  # fmt: skip
         on_preview = functools.partial(_queue_preview, previews, i)
         outputs.append(OutputRouter(generation, images.route(settings, first_seed=seed, opened=True, on_preview=on_preview)))
-    note_generation(request, model.name, [o.generation for o in outputs])
-    with model.pool.admit([o.generation.request for o in outputs], timeout):
-        return await assemble(request, req, ImageGeneration(model, outputs, previews))
+    return ImageGeneration(model=model, outputs=outputs, timeout=timeout, previews=previews)
 
 
 def _queue_preview(queue: asyncio.Queue[Any], image: int, index: int, data: bytes, *, size: str) -> None:
     queue.put_nowait(ImagePreview(image, index, data, size))
 
 
-def _image_model(request: web.Request, name: str | None) -> ServedModel:
+def _image_model(models: ModelRegistry, name: str | None) -> ServedModel:
     """The named model, which must draw images, or the only served model that does."""
-    return request.app[MODELS].capable(
+    return models.capable(
         name, lambda m: m.images is not None, lacks="has no image decoder: it cannot draw images",
         does=("draws images", "draw images"),
     )  # fmt: skip
@@ -278,15 +284,6 @@ async def _grammar(model: ServedModel, req: ChatCompletionRequest | CompletionRe
     return None if req.grammar is None else await model.grammars.compile(req.grammar)
 
 
-def body_timeout(request: web.Request) -> float | None:
-    config = request.app.get(CONFIG)  # an app built without create_app (tests) has none
-    return None if config is None else config.body_timeout
-
-
-def _model(request: web.Request, name: str) -> ServedModel:
-    return request.app[MODELS].get(name)  # a 404 naming the model if it is not served
-
-
 def check_serving(model: ServedModel) -> None:
     # A media request also needs the encoder: MediaPipeline.expand answers 503 for that.
     if not model.pool.serving:
@@ -294,7 +291,7 @@ def check_serving(model: ServedModel) -> None:
 
 
 # ----------------------------------------------------------------------------- transcriptions
-# POST /v1/audio/transcriptions (assembly: omni/http/handlers/transcriptions.py).
+# POST /v1/audio/transcriptions (the response: omni/http/handlers/transcriptions.py).
 
 # The audio encoder's embedding rows per second of audio: 16 kHz samples, a 10 ms mel hop, then
 # two halvings (Qwen2-Audio's stride-2 convolution and its pooling). The encoder reports rows,
@@ -308,31 +305,29 @@ TRANSCRIBE_INSTRUCTION = "Transcribe the audio verbatim."
 _HASH_IN_THREAD_BYTES = 1 << 20
 
 
-@dataclass(frozen=True, slots=True)
-class Transcription:
-    """What the transcription API's assembly gets: the one routed output, not yet run."""
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Transcription(Prepared):
+    """A transcription, ready to run: its one routed output."""
 
-    model: ServedModel
-    output: OutputRouter
     duration: float  # seconds of audio, from the encoder's rows
     num_audio_tokens: int  # the prompt tokens standing for the audio (the rest is text)
 
+    @property
+    def output(self) -> OutputRouter:
+        return self.outputs[0]
 
-TranscriptionAssemble: TypeAlias = Callable[
-    [web.Request, TranscriptionRequest, Transcription], Awaitable[web.StreamResponse]
-]
+
+def max_upload_bytes(models: ModelRegistry) -> int:
+    """The largest audio file any served model reads (--max-media-bytes): the bound on the
+    upload while it is read, before the request names its model."""
+    return max((m.media.limits.max_bytes for m in models if m.media is not None), default=MediaLimits().max_bytes)
 
 
-async def transcription(request: web.Request, assemble: TranscriptionAssemble) -> web.StreamResponse:
+async def transcription(models: ModelRegistry, req: TranscriptionRequest, *, timeout: float | None) -> Transcription:
     """A user turn of the audio and an instruction to write down what is said (the language and
     the client's prompt as hints), reasoning off, no image or audio span: the answer is the
     transcript. The upload is a media item like a chat's input_audio part, named `file`."""
-    registry = request.app[MODELS]
-    limit = max((m.media.limits.max_bytes for m in registry if m.media is not None), default=MediaLimits().max_bytes)
-    form = await read_transcription_form(request, max_file_bytes=limit, timeout=body_timeout(request))
-    req = parse_transcription_request(form)
-    timeout = request_timeout(request)
-    model = _hearing_model(request, req.model)
+    model = _hearing_model(models, req.model)
     media = model.media
     assert media is not None  # _hearing_model
     if len(req.file) > media.limits.max_bytes:
@@ -380,9 +375,7 @@ async def transcription(request: web.Request, assemble: TranscriptionAssemble) -
         output=OutputOptions(), media=prompt.media,
     )  # fmt: skip
     output = OutputRouter(generation)
-    note_generation(request, model.name, [generation])
-    with model.pool.admit([generation.request], timeout):
-        return await assemble(request, req, Transcription(model, output, duration, num_audio))
+    return Transcription(model=model, outputs=[output], timeout=timeout, duration=duration, num_audio_tokens=num_audio)
 
 
 def transcription_instruction(req: TranscriptionRequest) -> str:
@@ -412,9 +405,110 @@ def _span_openers(model: ServedModel) -> tuple[tuple[int, ...], ...]:
     return tuple((i,) for i in ids if i is not None)
 
 
-def _hearing_model(request: web.Request, name: str | None) -> ServedModel:
+def _hearing_model(models: ModelRegistry, name: str | None) -> ServedModel:
     """The named model, which must read audio, or the only served model that reads media."""
-    return request.app[MODELS].capable(
+    return models.capable(
         name, lambda m: m.media is not None, lacks="has no audio encoder: it cannot transcribe",
         does=("reads audio", "read audio"),
     )  # fmt: skip
+
+
+# ----------------------------------------------------------------------------- speech
+# POST /v1/audio/speech (the response: omni/http/handlers/speech.py).
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Speech(Prepared):
+    """Speech, ready to run: its one routed output, an audio span the prompt opened."""
+
+    sample_rate: int  # of the vocoder's samples
+
+    @property
+    def output(self) -> OutputRouter:
+        return self.outputs[0]
+
+
+async def speech(models: ModelRegistry, req: SpeechRequest, *, timeout: float | None) -> Speech:
+    """The speaking model -> prompt (the instructions as a system turn, the input as the
+    user's, reasoning off) + the audio span's opening token -> one choice held to the span
+    grammar (3 to max_units units, then the end), whose router sends its units to the vocoder
+    in chunks as they are sampled."""
+    model = _speaking_model(models, req.model)
+    audio = model.audio
+    assert audio is not None
+    check_serving(model)
+    audio.check_ready()
+    model.pool.check_admission()
+    audio.engine.check_room()
+    embedding = None
+    if req.reference_audio is not None:
+        embedding = await _reference_voice(model, audio, req)
+        voice = 0
+    else:
+        voice = audio.voice_index(req.voice, "voice")
+    router = await _speech_choice(model, audio, req, voice, embedding)
+    return Speech(model=model, outputs=[router], timeout=timeout, sample_rate=audio.sample_rate)
+
+
+async def _reference_voice(model: ServedModel, audio: ModelAudio, req: SpeechRequest) -> bytes:
+    """The speaker embedding of the request's reference recording (the zero-shot voice). The
+    encoder's own failure is left an EngineError: a 503, as any engine's."""
+    info = audio.engine.info
+    if info is None or not info.speaker_encoder:
+        raise bad_request("This model's voices cannot be taken from a recording (it has no speaker encoder).",
+                          param="reference_audio")  # fmt: skip
+    assert req.reference_audio is not None
+    limits = model.pool.config.media_limits
+    try:  # PyAV decodes off the event loop
+        samples = await asyncio.to_thread(
+            decode_audio, req.reference_audio, req.reference_format, limits, "reference_audio"
+        )
+    except MediaError as exc:
+        raise bad_request(exc.message, param=exc.param) from None
+    try:
+        return await audio.engine.embed_speaker(samples.astype("<f4").tobytes(), info.speaker_sample_rate)
+    except AudioDecodeError as exc:  # too short a clip, say: the client's
+        raise bad_request(f"reference_audio: {exc}", param="reference_audio") from None
+
+
+async def _speech_choice(
+    model: ServedModel, audio: ModelAudio, req: SpeechRequest, voice: int, embedding: bytes | None
+) -> OutputRouter:
+    messages = [{"role": "user", "content": req.input}]
+    if req.instructions:
+        messages.insert(0, {"role": "system", "content": req.instructions})
+    turn = parse_chat_completion_request(
+        {
+            "model": model.name,
+            "messages": messages,
+            # the answer is the speech: templates that reason first are told not to
+            "chat_template_kwargs": {"enable_thinking": False, "skip_reasoning": True},
+        }
+    )
+    prompt = await chat_prompt(model, turn, [])
+    token_ids = [*prompt.token_ids, audio.format.start_token_id]
+    room = model.pool.max_model_len - len(token_ids)
+    if room < MIN_UNITS + 1:
+        raise bad_request(
+            f"The input is {len(token_ids)} tokens; it leaves no room for speech in the model's context of "
+            f"{model.pool.max_model_len}.",
+            param="input",
+            code="context_length_exceeded",
+        )
+    # The units (at most max_units: the grammar's own bound, so the last token is the span's end
+    # rather than a unit the length limit cuts), then the end.
+    grammar = await audio.span_grammar(model.grammars, min(req.max_units, room - 1))
+    params = SamplingParams(max_tokens=min(req.max_units + 1, room), seed=req.seed)
+    constraint = grammar.new_constraint(None)  # the whole output is the span the prompt opened
+    generation = Generation(
+        model.pool, model.tokenizer, token_ids, params, new_request_id("speech"),
+        output=OutputOptions(), constraint=constraint,
+    )  # fmt: skip
+    return OutputRouter(generation, audio.route(voice, embedding=embedding, opened=True))
+
+
+def _speaking_model(models: ModelRegistry, name: str | None) -> ServedModel:
+    """The named model, which must speak, or the only served model that does."""
+    return models.capable(
+        name, lambda m: m.audio is not None, lacks="has no audio decoder: it cannot speak", does=("speaks", "speak")
+    )

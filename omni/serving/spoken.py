@@ -27,7 +27,7 @@ from omni.serving.choice_constraints import OutputSpans
 from omni.text.constrained.audio_span import MAX_UNITS, MIN_UNITS
 from omni.engines.generation import Generation, OutputOptions
 from omni.serving.model import ServedModel
-from omni.shared.store.base import KeyNotFound, StoreError
+from omni.shared.store.base import ArtifactStore, KeyNotFound, StoreError
 from omni.shared.store.keys import validate_key
 from scheduler.request import SamplingParams
 
@@ -114,14 +114,13 @@ def speak_text(model: ServedModel, audio: ModelAudio, text: Generation) -> Gener
     )
 
 
-async def recall_spoken(model: ServedModel, req: ChatCompletionRequest) -> ChatCompletionRequest:
+async def recall_spoken(store: ArtifactStore | None, req: ChatCompletionRequest) -> ChatCompletionRequest:
     """An assistant turn given as {"audio": {"id": ...}} (an earlier spoken answer of this
-    server's, kept in the model's store by store_spoken, as OpenAI lets a client refer to one)
-    gets its stored transcript as its text; an id the store does not have (unknown, or expired
-    and removed; a model that cannot speak has none) is a 400 naming it."""
+    server's, as OpenAI lets a client refer to one) gets its stored transcript as its text; an
+    id the store does not have (unknown, or expired and removed) is a 400 naming it. No store
+    (an app built without one, in tests) has kept no answers."""
     if not any(m.audio_id for m in req.messages):
         return req
-    store = model.audio.store if model.audio is not None else None
     messages = list(req.messages)
     for i, message in enumerate(messages):
         if message.audio_id is None or message.content is not None:

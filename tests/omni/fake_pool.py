@@ -43,7 +43,7 @@ class FakePool:
     def check_admission(self) -> None:
         pass  # the fake's queue is never full
 
-    def admit(self, requests: Sequence[Request], timeout: float | None = None) -> contextlib.nullcontext[None]:
+    def admit(self, requests: Sequence[Request], timeout: float | None = None) -> contextlib.AbstractContextManager[None]:
         return contextlib.nullcontext()
 
     def submit(self, request: Request, constraint: object = None) -> FakeStream:

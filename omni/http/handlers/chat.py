@@ -1,5 +1,5 @@
-"""POST /v1/chat/completions: the handler, and the chat response format (the lifecycle's
-"assemble" step). The lifecycle itself is omni.serving.lifecycle.chat_completion."""
+"""POST /v1/chat/completions: the handler, and the chat response format. The lifecycle itself
+is omni.serving.lifecycle.chat."""
 
 from __future__ import annotations
 
@@ -10,25 +10,34 @@ from typing import Any
 import numpy as np
 from aiohttp import web
 
-from omni.serving import lifecycle as orchestrator
+from omni.serving import lifecycle
 from omni.http import sse
+from omni.http.access_log import note_generation
+from omni.http.body import body_timeout, read_parsed, request_timeout
 from omni.http.logprobs import chat_logprob_entries, prompt_logprobs_json
-from omni.serving.requests import ChatCompletionRequest
+from omni.serving.requests import ChatCompletionRequest, parse_chat_completion_request
 from omni.modalities.outputs.audio import AUDIO_EXPIRES_S, new_audio_id, store_spoken
 from omni.serving.spoken import ChatAudio
 from omni.engines.generation import AudioPiece, Delta, GeneratedImage, TokenLogprob, Usage
 from omni.shared.media.audio_encoding import float_to_pcm16
 from omni.serving.lifecycle import Completion
 from omni.modalities.outputs.router import OutputRouter
+from omni.http.state import MODELS, STORE
 from omni.text.parsers.tool_calls import ToolCallDelta
 from omni.text.tokenizer import TextTokenizer
 
 
 async def create_chat_completion(request: web.Request) -> web.StreamResponse:
-    return await orchestrator.chat_completion(request, assemble)
+    req = await read_parsed(request, parse_chat_completion_request, timeout=body_timeout(request))
+    # An app built without create_app (tests) may have no store: it kept no spoken answers.
+    store = request.app.get(STORE)
+    completion = await lifecycle.chat(request.app[MODELS], req, store=store, timeout=request_timeout(request))
+    note_generation(request, completion.model.name, completion.generations)
+    with completion.admitted():  # or a 429, before any streaming
+        return await respond(request, req, completion)
 
 
-async def assemble(
+async def respond(
     request: web.Request, req: ChatCompletionRequest, completion: Completion
 ) -> web.StreamResponse:
     if req.stream:

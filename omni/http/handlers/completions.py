@@ -1,6 +1,6 @@
 """POST /v1/completions (legacy text completions: one or more prompts, n choices each): the
-handler, and the completions response format (the lifecycle's "assemble" step). The
-lifecycle itself is omni.serving.lifecycle.completion."""
+handler, and the completions response format. The lifecycle itself is
+omni.serving.lifecycle.completion."""
 
 from __future__ import annotations
 
@@ -10,22 +10,29 @@ from typing import Any
 
 from aiohttp import web
 
-from omni.serving import lifecycle as orchestrator
+from omni.serving import lifecycle
 from omni.http import sse
+from omni.http.access_log import note_generation
+from omni.http.body import body_timeout, read_parsed, request_timeout
 from omni.http.logprobs import OffsetToken, completion_logprobs, prompt_logprobs_json
-from omni.serving.requests import CompletionRequest
+from omni.serving.requests import CompletionRequest, parse_completion_request
 from omni.text.detokenizer import token_offsets
 from omni.engines.generation import Delta, PromptLogprobs, TokenLogprob, Usage
 from omni.serving.lifecycle import Completion
 from omni.modalities.outputs.router import OutputRouter
+from omni.http.state import MODELS
 from omni.text.tokenizer import TextTokenizer
 
 
 async def create_completion(request: web.Request) -> web.StreamResponse:
-    return await orchestrator.completion(request, assemble)
+    req = await read_parsed(request, parse_completion_request, timeout=body_timeout(request))
+    completion = await lifecycle.completion(request.app[MODELS], req, timeout=request_timeout(request))
+    note_generation(request, completion.model.name, completion.generations)
+    with completion.admitted():
+        return await respond(request, req, completion)
 
 
-async def assemble(
+async def respond(
     request: web.Request, req: CompletionRequest, completion: Completion
 ) -> web.StreamResponse:
     if req.stream:

@@ -19,24 +19,31 @@ from typing import Any
 
 from aiohttp import web
 
-from omni.serving import lifecycle as orchestrator
+from omni.serving import lifecycle
 from omni.http import sse
+from omni.http.access_log import note_generation
+from omni.http.body import body_timeout, read_parsed, request_timeout
 from omni.errors import internal_error
-from omni.serving.requests.images import ImageGenerationRequest
+from omni.serving.requests.images import ImageGenerationRequest, parse_image_generation_request
 from omni.engines.llm import EngineError
 from omni.engines.generation import GeneratedImage
 from omni.serving.lifecycle import ImageGeneration, ImagePreview
 from omni.modalities.outputs.router import OutputRouter
+from omni.http.state import MODELS
 
 _PARTIAL = "image_generation.partial_image"
 _COMPLETED = "image_generation.completed"
 
 
 async def create_image(request: web.Request) -> web.StreamResponse:
-    return await orchestrator.image_generation(request, assemble)
+    req = await read_parsed(request, parse_image_generation_request, timeout=body_timeout(request))
+    generation = await lifecycle.image_generation(request.app[MODELS], req, timeout=request_timeout(request))
+    note_generation(request, generation.model.name, generation.generations)
+    with generation.admitted():
+        return await respond(request, req, generation)
 
 
-async def assemble(request: web.Request, req: ImageGenerationRequest, generation: ImageGeneration) -> web.StreamResponse:
+async def respond(request: web.Request, req: ImageGenerationRequest, generation: ImageGeneration) -> web.StreamResponse:
     if req.stream:
         return await _stream(request, req, generation)
     choices = await sse.collect(generation.outputs)

@@ -26,11 +26,14 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from omni.serving import lifecycle as orchestrator
+from omni.serving import lifecycle
 from omni.http import sse
+from omni.http.access_log import note_generation
+from omni.http.body import body_timeout, read_transcription_form, request_timeout
 from omni.http.errors import engine_error
 from omni.http.logprobs import token_text
-from omni.serving.requests.transcriptions import TranscriptionRequest
+from omni.http.state import MODELS
+from omni.serving.requests.transcriptions import TranscriptionRequest, parse_transcription_request
 from omni.engines.llm import EngineError
 from omni.engines.generation import TokenLogprob
 from omni.serving.lifecycle import Transcription
@@ -42,10 +45,17 @@ _DONE = "transcript.text.done"
 
 
 async def create_transcription(request: web.Request) -> web.StreamResponse:
-    return await orchestrator.transcription(request, assemble)
+    models = request.app[MODELS]
+    max_file_bytes = lifecycle.max_upload_bytes(models)
+    form = await read_transcription_form(request, max_file_bytes=max_file_bytes, timeout=body_timeout(request))
+    req = parse_transcription_request(form)
+    t = await lifecycle.transcription(models, req, timeout=request_timeout(request))
+    note_generation(request, t.model.name, t.generations)
+    with t.admitted():
+        return await respond(request, req, t)
 
 
-async def assemble(request: web.Request, req: TranscriptionRequest, t: Transcription) -> web.StreamResponse:
+async def respond(request: web.Request, req: TranscriptionRequest, t: Transcription) -> web.StreamResponse:
     if req.stream:
         return await _stream(request, req, t)
     [choice] = await sse.collect([t.output])

@@ -9,28 +9,23 @@ captions), speaker labels (diarized_json, known_speaker_*), VAD chunking (chunki
 and gpt-transcribe's keywords and languages. vLLM's extension: seed. A field of neither is a
 400 naming it, as on the other endpoints.
 
-Reading (read_transcription_form) only collects the parts, bounded: the file by
---max-media-bytes, each text value by MAX_FIELD_BYTES, the whole body by --max-request-bytes
-and --body-timeout. parse_transcription_request then reads the values, as the JSON endpoints'
-parsers read theirs.
+Reading the body (omni/http/body.py read_transcription_form) only collects the parts, bounded:
+the file by --max-media-bytes, each text value by MAX_FIELD_BYTES, the whole body by
+--max-request-bytes and --body-timeout. parse_transcription_request then reads the values, as
+the JSON endpoints' parsers read theirs.
 """
 
 from __future__ import annotations
 
-import asyncio
 import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from aiohttp import BodyPartReader, web
-from aiohttp.http_exceptions import HttpProcessingError
-
-from omni.errors import APIError, bad_request
+from omni.errors import bad_request
 from omni.serving.requests.fields import (
     MAX_SEED,
     MIN_SEED,
-    body_too_slow,
     check_known_fields,
     missing,
     unsupported,
@@ -43,9 +38,6 @@ TIMED_FORMATS = ("srt", "vtt")
 INCLUDES = ("logprobs",)
 MAX_PROMPT_CHARS = 4096
 MAX_TEMPERATURE = 1.0  # OpenAI's range for transcriptions: 0 to 1
-MAX_FIELD_BYTES = 64 * 1024  # a text value; the prompt's 4096 characters are at most 16 KiB
-MAX_PARTS = 64
-_READ_CHUNK_BYTES = 256 * 1024
 LANGUAGE_PATTERN = "^[A-Za-z]{2}$"  # ISO-639-1, either case
 _LANGUAGE = re.compile(LANGUAGE_PATTERN)
 
@@ -82,80 +74,6 @@ class TranscriptionRequest:
     stream: bool = False
     logprobs: bool = False  # include: ["logprobs"]
     seed: int | None = None
-
-
-async def read_transcription_form(
-    request: web.Request, *, max_file_bytes: int, timeout: float | None = None
-) -> TranscriptionForm:
-    """The multipart body's parts. Not multipart, or malformed, is a 400; a file over
-    max_file_bytes a 413 naming `file`; a body over client_max_size a 413; one that has not
-    arrived within timeout seconds a 408, and the connection is closed."""
-    if request.content_type != "multipart/form-data":
-        raise bad_request(
-            "The request body must be multipart/form-data (the audio as a file part named 'file'), "
-            f"not {request.content_type or 'empty'}.",
-            code="invalid_content_type",
-        )
-    limit = request.client_max_size
-    declared = request.content_length
-    if limit and declared is not None and declared > limit:
-        raise web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=declared)
-    try:
-        async with asyncio.timeout(timeout):
-            return await _read_parts(request, max_file_bytes)
-    except TimeoutError:
-        raise body_too_slow(timeout) from None
-    # aiohttp's multipart parser: its own errors (a bad part header is an HttpProcessingError) and
-    # the ones it lets through from a body that is not what its boundary says
-    except (HttpProcessingError, ValueError, RuntimeError, AssertionError, LookupError) as e:
-        raise bad_request(f"The multipart body is malformed: {getattr(e, 'message', None) or e}") from None
-
-
-async def _read_parts(request: web.Request, max_file_bytes: int) -> TranscriptionForm:
-    reader = await request.multipart()
-    fields: dict[str, list[str]] = {}
-    file: bytes | None = None
-    total = 0  # every part's bytes, against client_max_size (the reader counts none of them)
-    num_parts = 0
-    while (part := await reader.next()) is not None:
-        num_parts += 1
-        if num_parts > MAX_PARTS:
-            raise bad_request(f"The body has more than {MAX_PARTS} parts.")
-        if not isinstance(part, BodyPartReader):
-            raise bad_request("A part of the body is itself multipart; send each field as one part.")
-        name = part.name
-        if not name:
-            raise bad_request("A part of the body has no name (Content-Disposition: form-data; name=...).")
-        if name == "file":
-            if file is not None:
-                raise bad_request("'file' is given twice; send one audio file.", param="file")
-            max_bytes = max_file_bytes
-        else:
-            max_bytes = MAX_FIELD_BYTES
-        data = bytearray()
-        while chunk := await part.read_chunk(_READ_CHUNK_BYTES):
-            data += chunk
-            total += len(chunk)
-            if request.client_max_size and total > request.client_max_size:
-                raise web.HTTPRequestEntityTooLarge(max_size=request.client_max_size, actual_size=total)
-            if len(data) > max_bytes:
-                raise _too_large(name, max_bytes)
-        if name == "file":
-            file = bytes(data)
-            continue
-        try:
-            value = data.decode(part.get_charset("utf-8"))
-        except UnicodeDecodeError:
-            raise bad_request(f"The value of '{name}' is not valid text in its charset.", param=name) from None
-        fields.setdefault(name.removesuffix("[]"), []).append(value)
-    return TranscriptionForm(fields, file)
-
-
-def _too_large(name: str, max_bytes: int) -> APIError:
-    what = "(--max-media-bytes)" if name == "file" else "(the bound of a form field)"
-    return APIError(
-        413, f"'{name}' is larger than {max_bytes} bytes {what}.", param=name, code="payload_too_large"
-    )
 
 
 def parse_transcription_request(form: TranscriptionForm) -> TranscriptionRequest:
