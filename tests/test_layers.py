@@ -250,12 +250,8 @@ LAYERS: list[tuple[str, ...]] = [
     ("omni.__main__", "omni"),
 ]
 
-# Cut by issue 21's seams: the imports that run up the layers today. The test fails when one of
-# them is gone, so delete its line then; nothing may be added.
-KNOWN_UPWARD: set[tuple[str, str]] = {
-    ("omni.modalities.inputs.items", "omni.serving.requests"),  # inputs take neutral MediaRefs
-    ("omni.modalities.inputs.pipeline", "omni.serving.requests"),
-}
+# Issue 21's seams cut the 9 imports that ran up the layers; none is left, and none may be added.
+KNOWN_UPWARD: set[tuple[str, str]] = set()
 
 
 def _layer(module: str) -> int | None:
@@ -347,9 +343,7 @@ def test_the_crossing_checker_sees_a_violation() -> None:
 
 # --- 3. No import cycle ---------------------------------------------------------------------
 
-# Cut by issue 21's seams (Generation takes what it uses; ModelAudio is handed its store):
-# today's one cycle, which only a TYPE_CHECKING guard keeps from an ImportError. The test fails
-# when it changes, so the entry goes once it is cut.
+# Issue 21's seams cut the one cycle of six modules that a TYPE_CHECKING guard hid; none is left.
 KNOWN_CYCLES: set[frozenset[str]] = set()
 
 
@@ -426,11 +420,8 @@ AIOHTTP_CLIENT: dict[str, tuple[frozenset[str], str]] = {
     ),
 }  # fmt: skip
 
-# Cut by issue 21's seams (the lifecycle without aiohttp, speech through it, the body reader
-# and the multipart form in http, ModelAudio handed its store): aiohttp used below http today.
-# The test fails when one is gone, so delete its line then; nothing may be added.
-KNOWN_AIOHTTP: set[tuple[str, str]] = {
-}
+# Issue 21's seams moved every server-side aiohttp use below http up into it; none is left.
+KNOWN_AIOHTTP: set[tuple[str, str]] = set()
 
 _SERVER_SIDE = ("test_utils", "typedefs", "multipart", "BodyPartReader", "MultipartReader", "http_exceptions")
 

@@ -15,14 +15,68 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from typing import Any, TypeAlias
 
 from omni.errors import APIError, bad_request
-from omni.serving.requests import ChatCompletionRequest, CompletionRequest
-from omni.modalities.inputs.items import MediaItem, media_parts
+from omni.modalities.inputs import items as media_items
+from omni.serving.requests import (
+    ChatCompletionRequest,
+    ChatMessage,
+    CompletionRequest,
+    ImageURLPart,
+    InputAudioPart,
+    TextPart,
+    VideoURLPart,
+)
+from omni.modalities.inputs.items import MediaItem, MediaRef
 from omni.modalities.inputs.pipeline import PromptInputs
 from omni.modalities.inputs.placeholders import placeholder_ids
 from omni.serving.model import ServedModel
 from omni.text.tokenizer import Message, TextTokenizer
+
+
+MediaPart: TypeAlias = ImageURLPart | InputAudioPart | VideoURLPart
+
+
+def media_parts(messages: Sequence[ChatMessage]) -> list[tuple[str, MediaPart]]:
+    """(param, part) for every non-text part, in message order: the k-th of a kind is the
+    k-th item of that kind."""
+    return [
+        (f"messages[{i}].content[{j}]", part)
+        for i, m in enumerate(messages)
+        if isinstance(m.content, tuple)
+        for j, part in enumerate(m.content)
+        if not isinstance(part, TextPart)
+    ]
+
+
+def media_ref(param: str, part: MediaPart) -> MediaRef:
+    """OpenAI's content part as the media layer takes it."""
+    if isinstance(part, InputAudioPart):
+        return MediaRef(param, "audio", data=part.data, fmt=part.format)
+    return MediaRef(param, "video" if isinstance(part, VideoURLPart) else "image", url=part.url)
+
+
+def template_messages(messages: Sequence[ChatMessage], items: Sequence[MediaItem]) -> list[dict[str, Any]]:
+    """Messages for the chat template: each media part becomes {"type": kind, "id": ...}
+    (transformers' multimodal template convention); the template renders placeholders."""
+    by_param = {item.param: item for item in items}
+    counts: dict[str, int] = {}
+    out = []
+    for i, message in enumerate(messages):
+        d = message.to_template_dict()
+        if isinstance(message.content, tuple):
+            content = []
+            for j, part in enumerate(message.content):
+                if isinstance(part, TextPart):
+                    content.append({"type": "text", "text": part.text})
+                    continue
+                item = by_param[f"messages[{i}].content[{j}]"]
+                n = counts[item.kind] = counts.get(item.kind, 0) + 1
+                content.append({"type": item.kind, "id": f"{item.kind}_{n - 1}"})
+            d["content"] = content
+        out.append(d)
+    return out
 
 
 async def load_media(model: ServedModel, req: ChatCompletionRequest) -> list[MediaItem]:
@@ -35,7 +89,7 @@ async def load_media(model: ServedModel, req: ChatCompletionRequest) -> list[Med
         raise bad_request(
             f"This model does not accept {part.type} input.", param=param, code="unsupported_content_type"
         )
-    return await model.media.load_items(req.messages)
+    return await media_items.load_items([media_ref(p, part) for p, part in parts], model.media.limits)
 
 
 async def chat_prompt(model: ServedModel, req: ChatCompletionRequest, items: list[MediaItem]) -> PromptInputs:
@@ -44,7 +98,7 @@ async def chat_prompt(model: ServedModel, req: ChatCompletionRequest, items: lis
         return PromptInputs(await asyncio.to_thread(_apply_template, model, req, req.messages), ())
     pipeline = model.media
     assert pipeline is not None  # load_media() found none to load items with otherwise
-    messages = pipeline.template_messages(req.messages, items)
+    messages = template_messages(req.messages, items)
     token_ids = await asyncio.to_thread(_apply_template, model, req, messages)
     return await pipeline.expand(token_ids, items)
 

@@ -19,8 +19,7 @@ from omni.errors import bad_request
 from omni.http.body import read_json
 from omni.serving.requests import parse_chat_completion_request
 from omni.serving.requests.fields import Body, missing, opt_bool, opt_str, type_error
-from omni.modalities.inputs.items import media_parts
-from omni.serving.prompt import chat_prompt
+from omni.serving.prompt import chat_prompt, media_parts
 from omni.serving.model import ServedModel
 from omni.http.state import MODELS
 

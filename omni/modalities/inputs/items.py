@@ -1,5 +1,5 @@
-"""A chat request's media items: each non-text part loaded to bytes and hashed, and the chat
-template's view of the messages, with one {"type": kind, "id": ...} part per item.
+"""A request's media items: each MediaRef (a neutral reference to one item, which
+omni/serving/prompt.py makes from OpenAI's content parts) loaded to bytes and hashed.
 
 Only bytes are handled here: decoding happens in the encoder worker, so a corrupt file costs
 this server nothing but a round trip (the worker's error names the part and becomes a 400).
@@ -10,9 +10,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, TypeAlias
+from typing import Literal
 
-from omni.serving.requests import ChatMessage, ImageURLPart, InputAudioPart, TextPart, VideoURLPart
 from omni.shared.media import MediaLimits, is_video
 from omni.modalities.inputs.source import decode_base64_off_loop, load_media_bytes
 from omni.shared.store.keys import content_hash
@@ -29,19 +28,15 @@ class MediaItem:
     digest: str = ""  # content_hash of data and the decode params: the key's last segment
 
 
-MediaPart: TypeAlias = ImageURLPart | InputAudioPart | VideoURLPart
+@dataclass(frozen=True, slots=True)
+class MediaRef:
+    """One media item as a request refers to it: a URL (data: or http(s)) or base64 data."""
 
-
-def media_parts(messages: Sequence[ChatMessage]) -> list[tuple[str, MediaPart]]:
-    """(param, part) for every non-text part, in message order: the k-th of a kind is the
-    k-th item of that kind."""
-    return [
-        (f"messages[{i}].content[{j}]", part)
-        for i, m in enumerate(messages)
-        if isinstance(m.content, tuple)
-        for j, part in enumerate(m.content)
-        if not isinstance(part, TextPart)
-    ]
+    param: str  # where it sits in the request, e.g. messages[0].content[1]
+    kind: Literal["image", "video", "audio"]  # as the request names it; the bytes may say video
+    url: str | None = None
+    data: str | None = None  # base64 (input_audio)
+    fmt: str | None = None  # the audio's container, as the request names it
 
 
 def decode_params(kind: str, limits: MediaLimits) -> dict[str, object]:
@@ -52,46 +47,23 @@ def decode_params(kind: str, limits: MediaLimits) -> dict[str, object]:
     return params
 
 
-async def load_items(messages: Sequence[ChatMessage], limits: MediaLimits) -> list[MediaItem]:
-    """Every media part in message order, loaded concurrently (a remote fetch may be slow)."""
-    parts = media_parts(messages)
-    limits.check_num_items(len(parts), "messages")
+async def load_items(refs: Sequence[MediaRef], limits: MediaLimits) -> list[MediaItem]:
+    """Every item in request order, loaded concurrently (a remote fetch may be slow)."""
+    limits.check_num_items(len(refs), "messages")
 
-    async def load(param: str, part: MediaPart) -> MediaItem:
-        fmt = None
-        if isinstance(part, InputAudioPart):
-            kind, data, fmt = "audio", await decode_base64_off_loop(part.data, limits, param), part.format
+    async def load(ref: MediaRef) -> MediaItem:
+        if ref.data is not None:
+            kind, data = ref.kind, await decode_base64_off_loop(ref.data, limits, ref.param)
         else:
-            data = await load_media_bytes(part.url, limits, param)
+            assert ref.url is not None
+            data = await load_media_bytes(ref.url, limits, ref.param)
             # The bytes decide, not the part type: an mp4 sent as image_url is a video.
-            kind = "video" if isinstance(part, VideoURLPart) or is_video(data) else "image"
+            kind = "video" if ref.kind == "video" or is_video(data) else "image"
         params = decode_params(kind, limits)
         if len(data) > _HASH_IN_THREAD_BYTES:  # keep the event loop free of long hashes
             digest = await asyncio.to_thread(content_hash, data, params)
         else:
             digest = content_hash(data, params)
-        return MediaItem(kind, param, data, fmt, digest)
+        return MediaItem(kind, ref.param, data, ref.fmt, digest)
 
-    return list(await asyncio.gather(*(load(p, part) for p, part in parts)))
-
-
-def template_messages(messages: Sequence[ChatMessage], items: Sequence[MediaItem]) -> list[dict[str, Any]]:
-    """Messages for the chat template: each media part becomes {"type": kind, "id": ...}
-    (transformers' multimodal template convention); the template renders placeholders."""
-    by_param = {item.param: item for item in items}
-    counts: dict[str, int] = {}
-    out = []
-    for i, message in enumerate(messages):
-        d = message.to_template_dict()
-        if isinstance(message.content, tuple):
-            content = []
-            for j, part in enumerate(message.content):
-                if isinstance(part, TextPart):
-                    content.append({"type": "text", "text": part.text})
-                    continue
-                item = by_param[f"messages[{i}].content[{j}]"]
-                n = counts[item.kind] = counts.get(item.kind, 0) + 1
-                content.append({"type": item.kind, "id": f"{item.kind}_{n - 1}"})
-            d["content"] = content
-        out.append(d)
-    return out
+    return list(await asyncio.gather(*(load(ref) for ref in refs)))

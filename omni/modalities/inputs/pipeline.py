@@ -12,13 +12,11 @@ token ids and the MediaSpans the LLM worker injects.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from omni.errors import bad_request, service_unavailable
-from omni.serving.requests import ChatMessage
 from omni.engines.encoder import EncoderEngine
 from omni.engines.llm import EngineError
 from omni.shared.media import MediaLimits
@@ -87,13 +85,6 @@ class MediaPipeline:
                     f"{self.model_name}: the {component} has {n} codes but the LLM's "
                     f"vocabulary has no {missing} token"
                 )
-
-    async def load_items(self, messages: Sequence[ChatMessage]) -> list[MediaItem]:
-        return await items.load_items(messages, self.limits)
-
-    @staticmethod
-    def template_messages(messages: Sequence[ChatMessage], loaded: list[MediaItem]) -> list[dict[str, Any]]:
-        return items.template_messages(messages, loaded)
 
     async def expand(self, token_ids: list[int], loaded: list[MediaItem]) -> PromptInputs:
         """token_ids as the template rendered them -> the prompt the LLM worker runs."""

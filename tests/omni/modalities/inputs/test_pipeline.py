@@ -20,7 +20,10 @@ from omni.serving.requests import ChatCompletionRequest, parse_chat_completion_r
 from omni.engines.encoder import EncoderEngine
 from omni.engines.llm import EngineError
 from omni.shared.media import MediaError, MediaLimits
+from omni.modalities.inputs import items as media_items
+from omni.modalities.inputs.items import MediaItem
 from omni.modalities.inputs.pipeline import MediaPipeline, PromptInputs
+from omni.serving.prompt import media_parts, media_ref, template_messages
 from omni.metrics import Metrics
 from omni.model_layout import ModelLayout, component_revision
 from omni.shared.store.base import StoreError
@@ -187,10 +190,15 @@ def chat(*parts: dict[str, Any]) -> ChatCompletionRequest:
     return parse_chat_completion_request({"model": MODEL, "messages": [{"role": "user", "content": list(parts)}]})
 
 
+async def _load(pipeline: MediaPipeline, req: ChatCompletionRequest) -> list[MediaItem]:
+    refs = [media_ref(param, part) for param, part in media_parts(req.messages)]
+    return await media_items.load_items(refs, pipeline.limits)
+
+
 async def render(pipeline: MediaPipeline, req: ChatCompletionRequest) -> tuple[list[int], PromptInputs]:
     """(the template's token ids, the expanded prompt), as the chat handler does it."""
-    items = await pipeline.load_items(req.messages)
-    rendered = pipeline.tokenizer.apply_chat_template(pipeline.template_messages(req.messages, items))
+    items = await _load(pipeline, req)
+    rendered = pipeline.tokenizer.apply_chat_template(template_messages(req.messages, items))
     return rendered, await pipeline.expand(rendered, items)
 
 
@@ -490,7 +498,7 @@ async def test_an_mp4_becomes_a_video_item(
     encoder = FakeEncoder(store)
     pipeline = make_pipeline(tokenizer, encoder, store)
     req = chat(text("Describe:"), image(mp4, part_type, mime="image/png"))  # the bytes decide, not the mime
-    items = await pipeline.load_items(req.messages)
+    items = await _load(pipeline, req)
     assert [(item.kind, item.param, item.data) for item in items] == [("video", IMAGE_PARAM, mp4)]
 
     rendered, prompt = await render(pipeline, req)
