@@ -270,7 +270,8 @@ def validation_error(e: msgspec.ValidationError, body: Body | None = None, cls: 
             got = _first_out_of_bounds(_value_at(body, _param(path.removesuffix("[...]"))), m["rest"])
         bounds = _numeric_bounds(cls, param) if cls is not None and m["rest"][0] in "<>" else None
         detail = bounds or _bound_words(m["type"], m["rest"])
-        return value_error(param, detail + (f", got {_dump(got)}." if got is not _NOTHING else "."))
+        shown = got is not _NOTHING and not isinstance(got, (dict, list))
+        return value_error(param, detail + (f", got {_dump(got)}." if shown else "."))
     if m := _ENUM.match(what):
         return value_error(_INDEX.sub("", param), f"{m['value']} is not one of the accepted values.")
     return value_error(param, what.rstrip(".") + ".")  # a rule a Struct's __post_init__ raised
@@ -286,7 +287,9 @@ def _bound_words(kind: str, rest: str) -> str:
     words = {">=": "at least", "<=": "at most", ">": "greater than", "<": "less than"}.get(op, op)
     if number.endswith(".0"):
         number = number[:-2]
-    return f"must be {words} {number}{unit if unit and kind != 'int' else ''}"
+    if number == "1":
+        unit = unit.removesuffix("s")
+    return f"must be {words} {number}{unit}"
 
 
 def _numeric_bounds(cls: type, name: str) -> str | None:
@@ -348,6 +351,4 @@ def _value_at(body: Body | None, param: str) -> Any:
 def _dump(value: Any) -> str:
     if isinstance(value, float) and value.is_integer() is False:
         return repr(value)
-    if isinstance(value, (dict, list)):
-        return "the value sent"
     return repr(value) if isinstance(value, str) else str(value).lower() if isinstance(value, bool) else f"{value:g}" if isinstance(value, float) else str(value)
