@@ -5,11 +5,8 @@ SamplingParams."""
 from __future__ import annotations
 
 from omni.errors import bad_request
-from omni.serving.requests.fields import (
-    MAX_PROMPT_LOGPROBS,
-    GenerationFields,
-    value_error,
-)
+from omni.serving.requests.common import GenerationFields
+from omni.serving.requests.fields import MAX_PROMPT_LOGPROBS, value_error
 from omni.text.tokenizer import TextTokenizer
 from scheduler.request import MediaSpan, SamplingParams
 

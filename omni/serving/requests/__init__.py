@@ -1,9 +1,9 @@
-"""Request bodies of the OpenAI API, validated into frozen dataclasses.
+"""Request bodies of the OpenAI API, converted into frozen msgspec Structs.
 
 Parsing works on already-decoded JSON (read_json reads one from a request). Every
 error is a 400 APIError whose param names the offending field, e.g. "messages[1].content".
 Nothing is silently ignored: every field of OpenAI's and vLLM's APIs is honoured or a 400
-naming it, and a field of neither API is a 400 too (known_fields.py has the inventory, with
+naming it, and a field of neither API is a 400 too (dispositions.py has the inventory, with
 the reason for each field this server refuses).
 
 fields.py holds what both endpoints share; chat.py and completions.py
@@ -17,13 +17,12 @@ from omni.serving.requests.chat import (
     InputAudioPart,
     TextPart,
     VideoURLPart,
-    parse_chat_completion_request,
 )
 from omni.serving.requests.completions import (
     CompletionRequest,
     check_token_ids,
-    parse_completion_request,
 )
+from omni.serving.requests.parse import parse_chat_completion_request, parse_completion_request
 
 __all__ = [
     "ChatCompletionRequest",

@@ -1,33 +1,32 @@
-"""The body of POST /v1/chat/completions: messages and their content parts, output modalities."""
+"""The body of POST /v1/chat/completions: messages and their content parts, output modalities,
+tools, the chat template's fields. Each field is declared once (common.py says how); the
+rules between fields are in check_chat_request."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import ClassVar, Literal, TypeAlias
+from typing import Annotated, Any, ClassVar, Literal, TypeAlias
 
 import orjson
+from msgspec import Meta, Struct, field
+from msgspec.structs import force_setattr
 
 from omni.errors import bad_request
-from omni.serving.requests.fields import (
-    Body,
+from omni.serving.requests.common import (
+    STRING,
+    STRING_MAP,
     GenerationFields,
-    Json,
-    missing,
-    opt_bool,
-    opt_int,
-    opt_object,
-    opt_str,
-    parse_generation_fields,
-    required_str,
-    type_error,
-    value_error,
+    Refused,
+    default_only,
+    honoured,
+    informational,
+    rejected,
 )
-from omni.serving.requests.images import ChatImageOptions, parse_chat_image_options
-from omni.serving.requests.dispositions import check_fields
-from omni.serving.requests.structured import parse_grammar
-from omni.serving.requests.tools import ToolFields, parse_tool_fields
+from omni.serving.requests.fields import Json, missing, type_error, value_error
+from omni.serving.requests.images import ChatImageOptions, check_image_options
+from omni.serving.requests.structured import grammar_of
 from omni.text.constrained.spec import GrammarSpec
+from omni.serving.requests.tools import NamedToolChoice, Tool, ToolFields, tool_fields
 
 MAX_TOP_LOGPROBS = 20
 # Messages and content parts in one request, in all. Azure OpenAI takes at most 2048 messages;
@@ -35,54 +34,125 @@ MAX_TOP_LOGPROBS = 20
 # tiny messages from costing seconds of parsing, rendering and freeing.
 MAX_CHAT_ITEMS = 16_384
 
-ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
-MODALITIES = frozenset({"text", "image", "audio"})
-AUDIO_FORMATS = frozenset({"wav", "mp3", "flac", "opus", "pcm16", "aac"})
+Role: TypeAlias = Literal["system", "developer", "user", "assistant", "tool"]
+Modality: TypeAlias = Literal["text", "image", "audio"]
+AudioFormat: TypeAlias = Literal["wav", "mp3", "flac", "opus", "pcm16", "aac"]
+ROLES = frozenset(Role.__args__)  # type: ignore[attr-defined]
+MODALITIES = frozenset(Modality.__args__)  # type: ignore[attr-defined]
+AUDIO_FORMATS = frozenset(AudioFormat.__args__)  # type: ignore[attr-defined]
 
 
-@dataclass(frozen=True, slots=True)
-class TextPart:
+# ----------------------------------------------------------------------------- content parts
+
+
+class TextPart(Struct, frozen=True, tag_field="type", tag="text"):
     text: str
-    type: Literal["text"] = "text"
+
+    @property
+    def type(self) -> str:
+        return "text"
 
 
-@dataclass(frozen=True, slots=True)
-class ImageURLPart:
+class ImageURL(Struct, frozen=True, kw_only=True):
     url: str  # http(s) URL or data: URL; fetching and size limits are the media layer's job
     detail: str | None = None
-    type: Literal["image_url"] = "image_url"
 
 
-@dataclass(frozen=True, slots=True)
-class InputAudioPart:
+class ImageURLPart(Struct, frozen=True, tag_field="type", tag="image_url"):
+    image_url: str | ImageURL  # some clients send the URL directly
+
+    @property
+    def type(self) -> str:
+        return "image_url"
+
+    @property
+    def url(self) -> str:
+        return self.image_url if isinstance(self.image_url, str) else self.image_url.url
+
+    @property
+    def detail(self) -> str | None:
+        return None if isinstance(self.image_url, str) else self.image_url.detail
+
+
+class InputAudio(Struct, frozen=True, kw_only=True):
     data: str  # base64
     format: str
-    type: Literal["input_audio"] = "input_audio"
 
 
-@dataclass(frozen=True, slots=True)
-class VideoURLPart:
+class InputAudioPart(Struct, frozen=True, tag_field="type", tag="input_audio"):
+    input_audio: InputAudio
+
+    @property
+    def type(self) -> str:
+        return "input_audio"
+
+    @property
+    def data(self) -> str:
+        return self.input_audio.data
+
+    @property
+    def format(self) -> str:
+        return self.input_audio.format
+
+
+class VideoURL(Struct, frozen=True, kw_only=True):
     url: str
-    type: Literal["video_url"] = "video_url"
+
+
+class VideoURLPart(Struct, frozen=True, tag_field="type", tag="video_url"):
+    video_url: str | VideoURL
+
+    @property
+    def type(self) -> str:
+        return "video_url"
+
+    @property
+    def url(self) -> str:
+        return self.video_url if isinstance(self.video_url, str) else self.video_url.url
 
 
 ContentPart: TypeAlias = TextPart | ImageURLPart | InputAudioPart | VideoURLPart
 
 
-@dataclass(frozen=True, slots=True)
-class ChatMessage:
-    role: str
+# ----------------------------------------------------------------------------- messages
+
+
+class FunctionCall(Struct, frozen=True, kw_only=True):
+    name: str
+    arguments: str | dict[str, Any] = "{}"  # JSON text, as OpenAI sends it; an object is taken too
+
+
+class ToolCall(Struct, frozen=True, kw_only=True):
+    function: FunctionCall
+    id: str | None = None
+    type: Literal["function"] = "function"
+
+
+class AudioRef(Struct, frozen=True, kw_only=True):
+    id: Annotated[str, Meta(pattern="^audio_[A-Za-z0-9]+$", description="The id of an earlier spoken answer.")]
+
+
+# Keys a client echoes back on a message (refusal, annotations...) are left alone, as OpenAI does.
+class ChatMessage(Struct, frozen=True, kw_only=True):
+    role: Role
     # None only for an assistant turn (e.g. one that only made tool calls).
-    content: str | tuple[ContentPart, ...] | None
+    content: str | Annotated[tuple[ContentPart, ...], Meta(min_length=1)] | None = None
     name: str | None = None
     tool_call_id: str | None = None
-    # For the chat template; each call's arguments parsed from their JSON text into an object,
-    # as Hugging Face templates iterate them.
-    tool_calls: tuple[Mapping[str, Json], ...] = ()
+    tool_calls: tuple[ToolCall, ...] | None = None  # an assistant's earlier calls
     reasoning_content: str | None = None  # an earlier turn's reasoning, for templates that show it
+    reasoning: str | None = None  # another name for reasoning_content
     # An earlier spoken answer referred to by its id (OpenAI's assistant {"audio": {"id"}}): its
     # stored transcript becomes the turn's text (omni/serving/spoken.py recall_spoken).
-    audio_id: str | None = None
+    audio: AudioRef | None = None
+
+    def __post_init__(self) -> None:
+        if self.reasoning_content is None and self.reasoning is not None:
+            force_setattr(self, "reasoning_content", self.reasoning)
+
+    @property
+    def audio_id(self) -> str | None:
+        return None if self.audio is None else self.audio.id
 
     @property
     def text(self) -> str:
@@ -94,7 +164,8 @@ class ChatMessage:
         return "".join(p.text for p in self.content if isinstance(p, TextPart))
 
     def to_template_dict(self) -> dict[str, Json]:
-        """The message as a chat template expects it; media parts become typed dicts."""
+        """The message as a chat template expects it; media parts become typed dicts, each
+        earlier call's arguments an object (Hugging Face templates iterate them)."""
         content: Json
         if self.content is None or isinstance(self.content, str):
             content = self.content
@@ -106,7 +177,7 @@ class ChatMessage:
         if self.tool_call_id is not None:
             out["tool_call_id"] = self.tool_call_id
         if self.tool_calls:
-            out["tool_calls"] = [dict(c) for c in self.tool_calls]
+            out["tool_calls"] = [_call_dict(c) for c in self.tool_calls]
         if self.reasoning_content is not None:
             out["reasoning_content"] = self.reasoning_content
         return out
@@ -122,111 +193,24 @@ def _part_dict(part: ContentPart) -> dict[str, Json]:
     return {"type": "video_url", "video_url": {"url": part.url}}
 
 
-def _parse_part(value: Json, param: str) -> ContentPart:
-    if not isinstance(value, dict):
-        raise type_error(param, "an object", value)
-    part_type = required_str(value, "type", f"{param}.type")
-    if part_type == "text":
-        return TextPart(required_str(value, "text", f"{param}.text"))
-    if part_type in ("image_url", "video_url"):
-        inner = value.get(part_type)
-        if isinstance(inner, str):  # some clients send the URL directly
-            url, detail = inner, None
-        elif isinstance(inner, dict):
-            url = required_str(inner, "url", f"{param}.{part_type}.url")
-            detail = opt_str(inner, "detail", f"{param}.{part_type}.detail")
-        else:
-            raise type_error(f"{param}.{part_type}", "an object", inner)
-        return ImageURLPart(url, detail) if part_type == "image_url" else VideoURLPart(url)
-    if part_type == "input_audio":
-        inner = value.get("input_audio")
-        if not isinstance(inner, dict):
-            raise type_error(f"{param}.input_audio", "an object", inner)
-        return InputAudioPart(
-            data=required_str(inner, "data", f"{param}.input_audio.data"),
-            format=required_str(inner, "format", f"{param}.input_audio.format"),
-        )
-    raise value_error(
-        f"{param}.type",
-        f"unsupported content part type '{part_type}'; "
-        "expected text, image_url, input_audio or video_url.",
-    )
+def _arguments(call: ToolCall) -> dict[str, Any]:
+    args = call.function.arguments
+    return orjson.loads(args or "{}") if isinstance(args, str) else args
 
 
-def _parse_message(value: Json, param: str) -> ChatMessage:
-    if not isinstance(value, dict):
-        raise type_error(param, "an object", value)
-    role = required_str(value, "role", f"{param}.role")
-    if role not in ROLES:
-        roles = ", ".join(sorted(ROLES))
-        raise value_error(f"{param}.role", f"'{role}'; supported roles are {roles}.")
-    raw = value.get("content")
-    content: str | tuple[ContentPart, ...] | None
-    if raw is None:
-        if role != "assistant":
-            raise missing(f"{param}.content")
-        content = None
-    elif isinstance(raw, str):
-        content = raw
-    elif isinstance(raw, list):
-        if not raw:
-            raise value_error(f"{param}.content", "a content array must not be empty.")
-        content = tuple(_parse_part(p, f"{param}.content[{i}]") for i, p in enumerate(raw))
-        if role != "user" and not all(isinstance(p, TextPart) for p in content):
-            raise value_error(f"{param}.content", f"a {role} message may only contain text parts.")
-    else:
-        raise type_error(f"{param}.content", "a string or an array of content parts", raw)
-    tool_calls = value.get("tool_calls")
-    if tool_calls is not None and (role != "assistant" or not isinstance(tool_calls, list)):
-        raise type_error(f"{param}.tool_calls", "an array of objects on an assistant message", tool_calls)
-    reasoning = opt_str(value, "reasoning_content", f"{param}.reasoning_content")
-    if reasoning is None:
-        reasoning = opt_str(value, "reasoning", f"{param}.reasoning")
-    audio_id = None
-    audio = value.get("audio")
-    if audio is not None:
-        if role != "assistant" or not isinstance(audio, dict):
-            raise type_error(f"{param}.audio", "an object with an id, on an assistant message", audio)
-        audio_id = required_str(audio, "id", f"{param}.audio.id")
-        if not audio_id.startswith("audio_") or not audio_id[6:].isalnum():
-            raise value_error(f"{param}.audio.id", f"'{audio_id}' is not the id of a spoken answer.")
-    return ChatMessage(
-        role=role,
-        content=content,
-        name=opt_str(value, "name", f"{param}.name"),
-        tool_call_id=opt_str(value, "tool_call_id", f"{param}.tool_call_id"),
-        tool_calls=tuple(_parse_tool_call(c, f"{param}.tool_calls[{i}]") for i, c in enumerate(tool_calls or ())),
-        reasoning_content=reasoning,
-        audio_id=audio_id,
-    )
+def _call_dict(call: ToolCall) -> dict[str, Json]:
+    out: dict[str, Json] = {"type": "function", "function": {"name": call.function.name, "arguments": _arguments(call)}}
+    if call.id is not None:
+        out["id"] = call.id
+    return out
 
 
-def _parse_tool_call(value: Json, param: str) -> dict[str, Json]:
-    """An assistant's earlier call, for the template: its arguments text parsed to an object."""
-    if not isinstance(value, dict):
-        raise type_error(param, "an object", value)
-    fn = value.get("function")
-    if not isinstance(fn, dict):
-        raise type_error(f"{param}.function", "an object", fn)
-    name = required_str(fn, "name", f"{param}.function.name")
-    args = fn.get("arguments", "{}")
-    if isinstance(args, str):
-        try:
-            args = orjson.loads(args or "{}")
-        except orjson.JSONDecodeError as e:
-            raise value_error(f"{param}.function.arguments", f"not JSON: {e}") from None
-    if not isinstance(args, dict):
-        raise type_error(f"{param}.function.arguments", "a JSON object (as text)", args)
-    call: dict[str, Json] = {"type": "function", "function": {"name": name, "arguments": args}}
-    if value.get("id") is not None:
-        call["id"] = required_str(value, "id", f"{param}.id")
-    return call
+# ----------------------------------------------------------------------------- output options
 
 
-@dataclass(frozen=True, slots=True)
-class AudioOutput:
+class AudioOutput(Struct, frozen=True, forbid_unknown_fields=True):
     voice: str
-    format: str
+    format: AudioFormat
 
 
 # Variables the server itself passes to every template; chat_template_kwargs may not set them.
@@ -236,8 +220,7 @@ RESERVED_TEMPLATE_KWARGS = frozenset(
 MAX_TEMPLATE_BYTES = 64 * 1024
 
 
-@dataclass(frozen=True, slots=True)
-class TemplateFields:
+class TemplateFields(Struct, frozen=True, kw_only=True):
     """How the messages are rendered: vLLM's chat template fields."""
 
     chat_template: str | None = None  # a per-request template (the server may refuse it)
@@ -247,59 +230,117 @@ class TemplateFields:
     documents: tuple[Mapping[str, Json], ...] = ()  # for templates that render retrieved documents
 
 
-def _parse_template_fields(body: Body) -> TemplateFields:
-    template = opt_str(body, "chat_template")
-    if template is not None and (not template.strip() or len(template.encode()) > MAX_TEMPLATE_BYTES):
-        raise value_error("chat_template", f"must be a non-empty template of at most {MAX_TEMPLATE_BYTES} bytes.")
-    kwargs = opt_object(body, "chat_template_kwargs") or {}
-    reserved = sorted(set(kwargs) & RESERVED_TEMPLATE_KWARGS)
-    if reserved:
-        raise value_error(
-            "chat_template_kwargs", f"'{reserved[0]}' is set by the server; use the request field of that name."
-        )
-    add = opt_bool(body, "add_generation_prompt")
-    cont = bool(opt_bool(body, "continue_final_message"))
-    if cont and add:
-        raise bad_request(
-            "'continue_final_message' and 'add_generation_prompt' cannot both be true.",
-            param="continue_final_message",
-            code="invalid_value",
-        )
-    documents = body.get("documents")
-    if documents is not None and (not isinstance(documents, list) or not all(isinstance(d, dict) for d in documents)):
-        raise type_error("documents", "an array of objects", documents)
-    return TemplateFields(
-        chat_template=template,
-        kwargs=dict(kwargs),
-        documents=tuple(documents or ()),
-        add_generation_prompt=not cont if add is None else add,
-        continue_final_message=cont,
+# ----------------------------------------------------------------------------- the request
+
+
+class ChatCompletionRequest(GenerationFields, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    # OpenAI's chat fields
+    messages: Annotated[
+        tuple[ChatMessage, ...], honoured("the conversation, rendered by the chat template", min_length=1)
+    ]
+    audio: Annotated[
+        AudioOutput, honoured("the voice and format of audio output (with modalities naming audio)")
+    ] | None = None
+    function_call: Annotated[Refused, rejected("it is deprecated; use tool_choice")] = None
+    functions: Annotated[Refused, rejected("it is deprecated; use tools")] = None
+    logprobs: Annotated[bool, honoured("log probabilities of the sampled tokens")] = False
+    top_logprobs: Annotated[
+        int, honoured("the most likely alternatives at each position, with logprobs", ge=0, le=MAX_TOP_LOGPROBS)
+    ] | None = None
+    max_completion_tokens: Annotated[
+        int, honoured("the most tokens to generate (wins over max_tokens)", ge=1)
+    ] | None = None
+    metadata: Annotated[
+        dict[str, str] | None,
+        informational("tags for stored completions; nothing is stored and it changes no output", STRING_MAP),
+    ] = None
+    modalities_sent: Annotated[
+        Annotated[list[Modality], Meta(min_length=1)],
+        honoured(
+            "the output modalities: text, image on a model with a vision decoder, audio on one with an audio decoder"
+        ),
+    ] | None = field(name="modalities", default=None)
+    image_sent: Annotated[
+        ChatImageOptions,
+        honoured("how the images the model draws are drawn and returned (an extension, shaped like audio)"),
+    ] | None = field(name="image", default=None)
+    moderation: Annotated[Refused, rejected("no moderation model runs on the input or the output")] = None
+    parallel_tool_calls: Annotated[bool, honoured("whether one turn may call several tools")] = True
+    prediction: Annotated[Refused, rejected("predicted outputs are not implemented")] = None
+    prompt_cache_key: Annotated[
+        str | None,
+        informational(
+            "a cache-routing hint; the prefix cache matches prompts by content, and it changes no output", STRING
+        ),
+    ] = None
+    prompt_cache_options: Annotated[
+        Refused, rejected("the prefix cache is automatic: explicit breakpoints and minimum lifetimes cannot be set")
+    ] = None
+    prompt_cache_retention: Annotated[
+        Refused,
+        default_only(
+            "cached prefixes stay in memory until evicted; extended (24h) retention is not available", "in_memory"
+        ),
+    ] = None
+    reasoning_effort: Annotated[
+        Refused, rejected("reasoning effort is not controllable; thinking_token_budget caps reasoning")
+    ] = None
+    safety_identifier: Annotated[
+        str | None, informational("an end-user id for abuse monitoring; it changes no output", STRING)
+    ] = None
+    service_tier: Annotated[Refused, default_only("there is one processing tier", "auto", "default")] = None
+    store: Annotated[Refused, default_only("completions are not stored", False)] = None
+    tool_choice: Annotated[
+        Literal["none", "auto", "required"] | NamedToolChoice, honoured("none, auto, required or a named function")
+    ] | None = None
+    tools_sent: Annotated[
+        Annotated[list[Tool], Meta(max_length=128)], honoured("the functions the model may call")
+    ] = field(name="tools", default_factory=list)
+    verbosity: Annotated[Refused, rejected("the verbosity of a response is not controllable")] = None
+    web_search_options: Annotated[Refused, rejected("there is no web search tool")] = None
+    # vLLM's chat fields
+    # the reply starts with the last message's content when it is the assistant's
+    echo: Annotated[bool, honoured("the reply starts with the last message when that is the assistant's")] = False
+    add_generation_prompt: Annotated[bool, honoured("the template's opening of the assistant's turn")] | None = None
+    continue_final_message: Annotated[
+        bool, honoured("the reply continues the final (assistant) message")
+    ] = False
+    add_special_tokens: Annotated[
+        Refused, default_only("the chat template writes the special tokens itself (vLLM's chat default)", False)
+    ] = None
+    documents: Annotated[
+        list[dict[str, Any]],
+        honoured("passed to the chat template, for templates that render retrieved documents"),
+    ] = field(default_factory=list)
+    chat_template: Annotated[
+        str,
+        honoured(
+            "a Jinja template used instead of the model's (at most 64 KiB; refused unless the server trusts "
+            "request templates)",
+            pattern=r"\S",
+        ),
+    ] | None = None
+    chat_template_kwargs: Annotated[dict[str, Any], honoured("extra variables for the chat template")] = field(
+        default_factory=dict
     )
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ChatCompletionRequest(GenerationFields):
-    model: str
-    messages: tuple[ChatMessage, ...]
-    logprobs: bool = False
-    top_logprobs: int | None = None
-    modalities: tuple[str, ...] = ("text",)
-    audio: AudioOutput | None = None
-    # The model may draw images: modalities was not given, or names "image". (OpenAI's
-    # modalities know text and audio; an image the model draws on its own is part of its turn.)
-    images_allowed: bool = True
-    # The model may speak: modalities was not given (an audio span it opens on its own is
-    # spoken), or names "audio" (then `audio` says the voice and format, and the turn is spoken).
-    audio_allowed: bool = True
-    image: ChatImageOptions | None = None  # how drawn images are drawn and handed back
-    grammar: GrammarSpec | None = None  # response_format, structured_outputs, guided_*
-    tools: ToolFields = field(default_factory=ToolFields)
-    template: TemplateFields = field(default_factory=lambda: TemplateFields())
-    echo: bool = False  # vLLM: the reply starts with the last message's content when it is the assistant's
+    media_io_kwargs: Annotated[Refused, rejected("media loading options are server settings")] = None
+    mm_processor_kwargs: Annotated[Refused, rejected("media preprocessing options are server settings")] = None
+    return_prompt_text: Annotated[Refused, default_only("the rendered prompt is not returned", False)] = None
+    include_reasoning: Annotated[
+        Refused, default_only("reasoning text is always included in the reply", True)
+    ] = None
 
     # Names the prompt in context-length errors.
     prompt_param: ClassVar[str] = "messages"
     logprobs_param: ClassVar[str] = "top_logprobs"  # the field num_logprobs comes from
+
+    def __post_init__(self) -> None:
+        if self.max_completion_tokens is not None:  # it wins; max_tokens is still validated
+            force_setattr(self, "max_tokens", self.max_completion_tokens)
+
+    @property
+    def max_tokens_param(self) -> str:
+        return "max_completion_tokens" if self.max_completion_tokens is not None else "max_tokens"
 
     @property
     def num_logprobs(self) -> int | None:
@@ -307,11 +348,60 @@ class ChatCompletionRequest(GenerationFields):
         return (self.top_logprobs or 0) if self.logprobs else None
 
     @property
+    def modalities(self) -> tuple[str, ...]:
+        return ("text",) if self.modalities_sent is None else tuple(dict.fromkeys(self.modalities_sent))
+
+    @property
+    def images_allowed(self) -> bool:
+        """The model may draw images: modalities was not given, or names "image". (OpenAI's
+        modalities know text and audio; an image the model draws on its own is part of its turn.)"""
+        return self.modalities_sent is None or "image" in self.modalities_sent
+
+    @property
+    def audio_allowed(self) -> bool:
+        """The model may speak: modalities was not given (an audio span it opens on its own is
+        spoken), or names "audio" (then `audio` says the voice and format, and the turn is spoken)."""
+        return self.modalities_sent is None or "audio" in self.modalities_sent
+
+    @property
+    def image(self) -> ChatImageOptions | None:
+        """How drawn images are drawn and handed back."""
+        return self.image_sent
+
+    @property
+    def grammar(self) -> GrammarSpec | None:
+        """response_format, structured_outputs, guided_*"""
+        return grammar_of(self)
+
+    @property
+    def tools(self) -> ToolFields:
+        return tool_fields(self.tools_sent, self.tool_choice, self.parallel_tool_calls)
+
+    @property
+    def template(self) -> TemplateFields:
+        add = self.add_generation_prompt
+        return TemplateFields(
+            chat_template=self.chat_template,
+            kwargs=self.chat_template_kwargs,
+            documents=tuple(self.documents),
+            add_generation_prompt=not self.continue_final_message if add is None else add,
+            continue_final_message=self.continue_final_message,
+        )
+
+    @property
     def template_messages(self) -> list[dict[str, Json]]:
         return [m.to_template_dict() for m in self.messages]
 
 
-def _check_item_count(raw: list[Json]) -> None:
+# ----------------------------------------------------------------------------- rules between fields
+
+
+def check_item_count(raw: Json) -> None:
+    """Before conversion: a body of too many messages and parts is refused unread, and an
+    earlier turn's calls or audio on a message that is not the assistant's is named as such
+    (not by what its objects lack)."""
+    if not isinstance(raw, list):
+        return
     parts = sum(len(m["content"]) for m in raw if isinstance(m, dict) and isinstance(m.get("content"), list))
     if len(raw) + parts > MAX_CHAT_ITEMS:
         what = f"{len(raw)} messages" + (f" and {parts} content parts" if parts else "")
@@ -321,82 +411,62 @@ def _check_item_count(raw: list[Json]) -> None:
             param="messages",
             code="array_above_max_length",
         )
+    for i, m in enumerate(raw):
+        if isinstance(m, dict) and m.get("role") != "assistant":
+            if m.get("tool_calls") is not None:
+                raise type_error(f"messages[{i}].tool_calls", "an array of objects on an assistant message", m["tool_calls"])
+            if m.get("audio") is not None:
+                raise type_error(f"messages[{i}].audio", "an object with an id, on an assistant message", m["audio"])
 
 
-def parse_chat_completion_request(body: Body) -> ChatCompletionRequest:
-    check_fields(body, "chat")  # a field of neither API, or a value this server cannot honour
-    model = required_str(body, "model")
-    raw = body.get("messages")
-    if raw is None:
-        raise missing("messages")
-    if not isinstance(raw, list):
-        raise type_error("messages", "an array", raw)
-    if not raw:
-        raise value_error("messages", "must contain at least one message.")
-    _check_item_count(raw)
-    messages = tuple(_parse_message(m, f"messages[{i}]") for i, m in enumerate(raw))
+def check_messages(messages: tuple[ChatMessage, ...]) -> None:
+    for i, m in enumerate(messages):
+        param = f"messages[{i}]"
+        if m.content is None and m.role != "assistant":
+            raise missing(f"{param}.content")
+        if isinstance(m.content, tuple) and m.role != "user" and not all(isinstance(p, TextPart) for p in m.content):
+            raise value_error(f"{param}.content", f"a {m.role} message may only contain text parts.")
+        for j, call in enumerate(m.tool_calls or ()):
+            try:
+                args = _arguments(call)
+            except orjson.JSONDecodeError as e:
+                raise value_error(f"{param}.tool_calls[{j}].function.arguments", f"not JSON: {e}") from None
+            if not isinstance(args, dict):
+                raise type_error(f"{param}.tool_calls[{j}].function.arguments", "a JSON object (as text)", args)
 
-    logprobs = bool(opt_bool(body, "logprobs"))
-    top_logprobs = opt_int(body, "top_logprobs", lo=0, hi=MAX_TOP_LOGPROBS)
-    if top_logprobs is not None and not logprobs:
+
+def check_chat_request(req: ChatCompletionRequest) -> None:
+    """The rules between fields, in the order the 400s are given."""
+    check_messages(req.messages)
+    check_image_options(req.image)
+    if req.top_logprobs is not None and not req.logprobs:
         raise bad_request("'top_logprobs' requires 'logprobs' to be true.", param="top_logprobs")
-    grammar = parse_grammar(body)
-    tools = parse_tool_fields(body)
+    grammar = req.grammar
+    tools = req.tools  # raises on a tool_choice that names no tool
     if tools.forced and grammar is not None:
         raise bad_request(
             f"'tool_choice' {tools.choice} already constrains the output; '{grammar.param}' cannot be added.",
             param=grammar.param,
         )
-    template = _parse_template_fields(body)
-    if template.continue_final_message and messages[-1].role != "assistant":
-        raise value_error("continue_final_message", "the last message must be the assistant's to continue it.")
-    modalities, audio = _parse_output_modalities(body)
-    return ChatCompletionRequest(
-        images_allowed=body.get("modalities") is None or "image" in modalities,
-        audio_allowed=body.get("modalities") is None or "audio" in modalities,
-        image=parse_chat_image_options(body),
-        model=model,
-        messages=messages,
-        logprobs=logprobs,
-        top_logprobs=top_logprobs,
-        modalities=modalities,
-        audio=audio,
-        grammar=grammar,
-        tools=tools,
-        template=template,
-        echo=bool(opt_bool(body, "echo")),
-        **parse_generation_fields(body),
-    )
-
-
-def _parse_output_modalities(body: Body) -> tuple[tuple[str, ...], AudioOutput | None]:
-    raw = body.get("modalities")
-    if raw is None:
-        modalities: tuple[str, ...] = ("text",)
-    elif not isinstance(raw, list) or not all(isinstance(m, str) for m in raw):
-        raise type_error("modalities", "an array of strings", raw)
-    elif not raw or not set(raw) <= MODALITIES:
-        supported = ", ".join(sorted(MODALITIES))
-        raise value_error("modalities", f"{raw}; each must be one of {supported}.")
-    else:
-        modalities = tuple(dict.fromkeys(raw))  # de-duplicated, order kept
-    audio_body = opt_object(body, "audio")
-    audio = None
-    if audio_body is not None:
-        # Checked even though audio cannot be produced yet, so a malformed object gets
-        # its own 400 rather than the one below.
-        audio = AudioOutput(
-            voice=required_str(audio_body, "voice", "audio.voice"),
-            format=required_str(audio_body, "format", "audio.format"),
+    if req.chat_template is not None and len(req.chat_template.encode()) > MAX_TEMPLATE_BYTES:
+        raise value_error("chat_template", f"must be a non-empty template of at most {MAX_TEMPLATE_BYTES} bytes.")
+    reserved = sorted(set(req.chat_template_kwargs) & RESERVED_TEMPLATE_KWARGS)
+    if reserved:
+        raise value_error(
+            "chat_template_kwargs", f"'{reserved[0]}' is set by the server; use the request field of that name."
         )
-        if audio.format not in AUDIO_FORMATS:
-            supported = ", ".join(sorted(AUDIO_FORMATS))
-            raise value_error("audio.format", f"'{audio.format}'; supported: {supported}.")
+    if req.continue_final_message and req.add_generation_prompt:
+        raise bad_request(
+            "'continue_final_message' and 'add_generation_prompt' cannot both be true.",
+            param="continue_final_message",
+            code="invalid_value",
+        )
+    if req.continue_final_message and req.messages[-1].role != "assistant":
+        raise value_error("continue_final_message", "the last message must be the assistant's to continue it.")
     # Audio output needs the voice and format (as OpenAI requires), and a stream carries pcm16
     # only; a model with an audio decoder is checked by the lifecycle, as for images.
-    if "audio" in modalities:
-        if audio is None:
+    if "audio" in req.modalities:
+        if req.audio is None:
             raise bad_request('modalities with "audio" needs the \'audio\' parameter (voice and format).', param="audio")
-        if body.get("stream") and audio.format != "pcm16":
-            raise value_error("audio.format", f"'{audio.format}'; a streamed answer's audio is pcm16.")
-    return modalities, audio
+        if req.stream and req.audio.format != "pcm16":
+            raise value_error("audio.format", f"'{req.audio.format}'; a streamed answer's audio is pcm16.")

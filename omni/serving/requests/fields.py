@@ -1,13 +1,17 @@
-"""What every endpoint's body shares: the error helpers, the field readers and the
-generation fields (omni/serving/sampling.py fits them to a prompt)."""
+"""What every endpoint's body shares: the bounds, the error helpers, the field readers of the
+bodies not yet declared as Structs, and the one mapping of a msgspec ValidationError to the
+400 that names the field."""
 
 from __future__ import annotations
 
 import math
-from abc import ABC, abstractmethod
+import re
+import types
+import typing
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any, ClassVar, TypeAlias
+from typing import Any, TypeAlias, TypeVar
+
+import msgspec
 
 from omni.errors import APIError, bad_request
 
@@ -25,8 +29,7 @@ MAX_REQUEST_ID_LENGTH = 256
 
 Json: TypeAlias = Any
 Body: TypeAlias = Mapping[str, Json]
-
-
+T = TypeVar("T")
 
 
 def merge_extra_body(data: dict[str, Json]) -> dict[str, Json]:
@@ -173,258 +176,179 @@ def opt_object(body: Body, key: str) -> Mapping[str, Json] | None:
     raise type_error(key, "an object", value)
 
 
-# ----------------------------------------------------------------------------- shared fields
+# ----------------------------------------------------------------------------- Structs
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class GenerationFields(ABC):
-    """The fields both endpoints share, validated but not yet fitted to a prompt."""
-
-    # None: as many as the context allows.
-    max_tokens: int | None = None
-    # The field max_tokens came from, to name it in a context-length error.
-    max_tokens_param: str = "max_tokens"
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int | None = None
-    seed: int | None = None
-    stop: tuple[str, ...] = ()
-    n: int = 1
-    stream: bool = False
-    include_usage: bool = False
-    # Extensions (as in vLLM).
-    # Every streamed chunk carries the usage so far (stream_options.continuous_usage_stats;
-    # only with include_usage, as in vLLM).
-    continuous_usage: bool = False
-    ignore_eos: bool = False
-    skip_special_tokens: bool = True
-    stop_token_ids: tuple[int, ...] = ()
-    include_stop_str_in_output: bool = False  # a matched stop string stays in the text
-    return_tokens_as_token_ids: bool = False  # logprob tokens read "token_id:N"
-    # Keep only the last N prompt tokens; -1: the model's max_model_len (truncate_prompt).
-    truncate_prompt_tokens: int | None = None
-    # vLLM's prompt_logprobs: None, or the alternatives listed per prompt position. Never
-    # with stream beyond 0 (refused) and never streamed, as in vLLM.
-    prompt_logprobs: int | None = None
-    request_id: str | None = None  # the client's id for the request: the response id's tail
-    # Logit processors: OpenAI's penalties and logit_bias, vLLM's others (SamplingParams
-    # says what each does). Token ids are checked against the vocabulary in sampling_params.
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    repetition_penalty: float = 1.0
-    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias), sorted by id
-    min_p: float = 0.0
-    min_tokens: int = 0
-    allowed_token_ids: tuple[int, ...] | None = None  # None: no restriction
-    bad_words: tuple[str, ...] = ()  # tokenized in sampling_params
-    thinking_token_budget: int | None = None  # reasoning tokens at most, then </think> is forced
-
-    # Names the prompt in context-length errors; each endpoint's request sets it.
-    prompt_param: ClassVar[str]
-    logprobs_param: ClassVar[str]
-
-    # Abstract because each endpoint spells logprobs its own way (a flag and a count, or a count).
-    @property
-    @abstractmethod
-    def num_logprobs(self) -> int | None:
-        """SamplingParams.logprobs: None, or how many alternatives besides the sampled token."""
-
-    @property
-    def num_prompt_logprobs(self) -> int | None:
-        """SamplingParams.prompt_logprobs: what the response will show of the prompt (nothing
-        of it in a stream)."""
-        return None if self.stream else self.prompt_logprobs
+def without_nulls(body: Body, *, within: tuple[str, ...] = ()) -> dict[str, Json]:
+    """The object without its null values (and those of its objects named in within): null
+    means the field's default."""
+    out = {k: v for k, v in body.items() if v is not None}
+    for name in within:
+        if isinstance(out.get(name), dict):
+            out[name] = {k: v for k, v in out[name].items() if v is not None}
+    return out
 
 
-def _parse_stop(body: Body) -> tuple[str, ...]:
-    value = body.get("stop")
-    if value is None:
-        return ()
-    stops = [value] if isinstance(value, str) else value
-    if not isinstance(stops, list):
-        raise type_error("stop", "a string or an array of strings", value)
-    if len(stops) > MAX_STOP_STRINGS:
-        raise value_error(
-            "stop", f"at most {MAX_STOP_STRINGS} stop sequences are allowed, got {len(stops)}."
+def convert(body: Body, cls: type[T], *, within: tuple[str, ...] = ()) -> T:
+    """The body as the request Struct cls. Nulls are dropped first (top-level, and in the
+    objects named in within): null means the field's default. strict: no value is coerced
+    (a string is no number)."""
+    try:
+        return msgspec.convert(without_nulls(body, within=within), cls, strict=True)
+    except msgspec.ValidationError as e:
+        raise validation_error(e, body, cls) from None
+
+
+# msgspec's words for a JSON type, as our 400s word it
+_TYPE_WORDS = {
+    "str": "a string",
+    "int": "an integer",
+    "float": "a number",
+    "bool": "a boolean",
+    "array": "an array",
+    "object": "an object",
+    "null": "null",
+    "bytes": "a base64 string",
+}
+_SCALARS = frozenset({"str", "int", "float", "bool"})
+_AT = re.compile(r"^(?P<what>.*?)(?: - at `(?P<path>[^`]*)`(?: in `(?P<outer>[^`]*)`)?)?$", re.S)
+_MISSING = re.compile(r"^Object missing required field `(?P<name>[^`]+)`$")
+_UNKNOWN = re.compile(r"^Object contains unknown field `(?P<name>[^`]+)`$")
+_EXPECTED_TYPE = re.compile(r"^Expected `(?P<expected>[^`]+)`, got `(?P<got>[^`]+)`$")
+_BOUND = re.compile(r"^Expected `(?P<type>[^`]+)` (?P<rest>.+)$")
+_ENUM = re.compile(r"^Invalid (?:enum )?value (?P<value>.+)$")
+_INDEX = re.compile(r"\[(\d+|\.\.\.)\]$")
+# Objects whose every key is named by the object itself in a 400 (a key of neither kind
+# there reads as a wrong value of the object).
+OBJECT_PARAMS = frozenset({"structured_outputs"})
+
+
+def _param(path: str) -> str:
+    return path.removeprefix("$").removeprefix(".")
+
+
+def _words(types: str) -> str:
+    return " or ".join(_TYPE_WORDS.get(t, t) for t in types.split(" | "))
+
+
+def validation_error(e: msgspec.ValidationError, body: Body | None = None, cls: type | None = None) -> APIError:
+    """The OpenAI error object for msgspec's message, e.g. "Expected `int` >= 1 - at `$.n`":
+    its path becomes the param ("messages[0].content"); an item of an array of scalars is
+    named by the array ("stop", not "stop[1]"), as the API reference names fields."""
+    match = _AT.match(str(e))
+    assert match is not None
+    what, path = match["what"], match["outer"] or match["path"] or "$"
+    if match["outer"]:  # "`key` in `$.logit_bias`": a key of a map
+        path = match["outer"]
+    param = _param(path)
+    if m := _MISSING.match(what):
+        return missing(f"{param}.{m['name']}" if param else m["name"])
+    if m := _UNKNOWN.match(what):
+        if param in OBJECT_PARAMS:
+            return value_error(param, f"unknown field '{m['name']}'.")
+        name = f"{param}.{m['name']}" if param else m["name"]
+        return bad_request(
+            f"Unrecognized request argument supplied: '{name}' is not a field of '{param or 'the body'}'.",
+            param=name,
+            code="unknown_parameter",
         )
-    for s in stops:
-        if not isinstance(s, str):
-            raise type_error("stop", "a string or an array of strings", s)
-        if not s:
-            raise value_error("stop", "stop sequences must not be empty.")
-    return tuple(stops)
+    scalar = (m := _EXPECTED_TYPE.match(what) or _BOUND.match(what)) is not None and set(
+        (m.groupdict().get("expected") or m.groupdict().get("type") or "").split(" | ")
+    ) <= _SCALARS
+    while (scalar or param.endswith("[...]")) and _INDEX.search(param):
+        param = _INDEX.sub("", param)
+        scalar = False
+    if m := _EXPECTED_TYPE.match(what):
+        return bad_request(
+            f"Invalid type for '{param}': expected {_words(m['expected'])}, but got {_words(m['got'])} instead.",
+            param=param,
+            code="invalid_type",
+        )
+    if m := _BOUND.match(what):
+        got = _value_at(body, _param(path))
+        if got is _NOTHING and path.endswith("[...]"):  # a value of a map: the first out of bounds
+            got = _first_out_of_bounds(_value_at(body, _param(path.removesuffix("[...]"))), m["rest"])
+        bounds = _numeric_bounds(cls, param) if cls is not None and m["rest"][0] in "<>" else None
+        detail = bounds or _bound_words(m["type"], m["rest"])
+        shown = got is not _NOTHING and not isinstance(got, (dict, list))
+        return value_error(param, detail + (f", got {_dump(got)}." if shown else "."))
+    if m := _ENUM.match(what):
+        return value_error(_INDEX.sub("", param), f"{m['value']} is not one of the accepted values.")
+    return value_error(param, what.rstrip(".") + ".")  # a rule a Struct's __post_init__ raised
 
 
-def _parse_stop_token_ids(body: Body) -> tuple[int, ...]:
-    value = body.get("stop_token_ids")
-    if value is None:
-        return ()
-    if not isinstance(value, list) or not all(
-        isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in value
-    ):
-        raise type_error("stop_token_ids", "an array of non-negative integers", value)
-    return tuple(value)
+def _bound_words(kind: str, rest: str) -> str:
+    """msgspec's "of length >= 1", ">= 0.0", "matching regex '...'" in our words."""
+    if rest.startswith("matching regex"):
+        return f"does not match the pattern {rest.removeprefix('matching regex ')}"
+    unit = " items" if kind in ("array", "object") else " characters" if kind == "str" else ""
+    rest = rest.removeprefix("of length ")
+    op, _, number = rest.partition(" ")
+    words = {">=": "at least", "<=": "at most", ">": "greater than", "<": "less than"}.get(op, op)
+    if number.endswith(".0"):
+        number = number[:-2]
+    if number == "1":
+        unit = unit.removesuffix("s")
+    return f"must be {words} {number}{unit}"
 
 
-def _parse_logit_bias(body: Body) -> tuple[tuple[int, float], ...]:
-    value = opt_object(body, "logit_bias")
-    if not value:
-        return ()
-    biases: dict[int, float] = {}
-    for key, bias in value.items():
-        # isascii: str.isdigit() also accepts digits like "²", which int() refuses
-        if not (key.isascii() and key.isdigit()):
-            raise value_error("logit_bias", f"keys must be token ids, got {key!r}.")
-        if isinstance(bias, bool) or not isinstance(bias, (int, float)):
-            raise type_error("logit_bias", "an object of numbers", bias)
-        if not -MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS:
-            raise value_error("logit_bias", f"biases must be between -100 and 100, got {bias}.")
-        token_id = int(key)
-        if token_id in biases:  # "5" and "05"
-            raise value_error("logit_bias", f"token id {token_id} appears more than once.")
-        biases[token_id] = float(bias)
-    return tuple(sorted(biases.items()))
-
-
-def _parse_allowed_token_ids(body: Body) -> tuple[int, ...] | None:
-    value = body.get("allowed_token_ids")
-    if value is None:
+def _numeric_bounds(cls: type, name: str) -> str | None:
+    """A top-level field's whole range as today's 400s say it: "must be between 0 and 2"."""
+    try:
+        info = next(f for f in msgspec.structs.fields(cls) if f.encode_name == name)
+    except (StopIteration, TypeError):
         return None
-    if not isinstance(value, list) or not all(
-        isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in value
-    ):
-        raise type_error("allowed_token_ids", "an array of non-negative integers", value)
-    if not value:
-        raise value_error("allowed_token_ids", "must name at least one token.")
-    return tuple(sorted(set(value)))
+    found: dict[str, Any] = {}
+
+    def walk(t: Any) -> None:
+        if typing.get_origin(t) is typing.Annotated:
+            for meta in t.__metadata__:
+                if isinstance(meta, msgspec.Meta):
+                    found.update({k: getattr(meta, k) for k in ("ge", "le", "gt", "lt") if getattr(meta, k) is not None})
+            walk(t.__origin__)
+        elif typing.get_origin(t) in (types.UnionType, typing.Union, list, dict, tuple):
+            for arg in typing.get_args(t):
+                walk(arg)
+
+    walk(info.type)
+    low = f"at least {_num(found['ge'])}" if "ge" in found else f"greater than {_num(found['gt'])}" if "gt" in found else None
+    high = f"at most {_num(found['le'])}" if "le" in found else f"less than {_num(found['lt'])}" if "lt" in found else None
+    if "ge" in found and "le" in found:
+        return f"must be between {_num(found['ge'])} and {_num(found['le'])}"
+    return "must be " + " and ".join(w for w in (low, high) if w) if low or high else None
 
 
-def _parse_bad_words(body: Body) -> tuple[str, ...]:
-    value = body.get("bad_words")
-    if value is None:
-        return ()
-    if not isinstance(value, list) or not all(isinstance(w, str) for w in value):
-        raise type_error("bad_words", "an array of strings", value)
-    if any(not w.strip() for w in value):
-        raise value_error("bad_words", "bad words must not be empty or only whitespace.")
-    return tuple(value)
+def _num(x: float) -> str:
+    return str(x) if isinstance(x, int) else f"{x:g}"
 
 
-def _opt_range(body: Body, key: str, lo: float, hi: float) -> float | None:
-    value = opt_number(body, key)
-    if value is not None and not lo <= value <= hi:
-        raise value_error(key, f"must be between {lo:g} and {hi:g}, got {value:g}.")
-    return value
+_NOTHING = object()
+_COMPARE = {">=": float.__ge__, "<=": float.__le__, ">": float.__gt__, "<": float.__lt__}
 
 
-def _parse_prompt_logprobs(body: Body, stream: bool) -> int | None:
-    if body.get("prompt_logprobs") == -1:  # vLLM's "the whole vocabulary"
-        raise value_error(
-            "prompt_logprobs",
-            f"the whole vocabulary (-1) is not available; ask for at most {MAX_PROMPT_LOGPROBS}.",
-        )
-    value = opt_int(body, "prompt_logprobs", lo=0, hi=MAX_PROMPT_LOGPROBS)
-    if value and stream:
-        raise bad_request(
-            "'prompt_logprobs' are not available when 'stream' is true.", param="prompt_logprobs"
-        )
-    return value
-
-
-def _parse_truncate_prompt_tokens(body: Body) -> int | None:
-    value = opt_int(body, "truncate_prompt_tokens")
-    if value is not None and value < 1 and value != -1:
-        raise value_error(
-            "truncate_prompt_tokens",
-            f"must be at least 1, or -1 for the model's maximum context length, got {value}.",
-        )
-    return value
-
-
-def _parse_request_id(body: Body) -> str | None:
-    value = opt_str(body, "request_id")
-    if value is None:
-        return None
-    if not 0 < len(value) <= MAX_REQUEST_ID_LENGTH or not value.isprintable():
-        raise value_error(
-            "request_id",
-            f"must be 1 to {MAX_REQUEST_ID_LENGTH} printable characters, got {len(value)} characters.",
-        )
-    return value
-
-
-def parse_generation_fields(body: Body, *, zero_max_tokens: bool = False) -> dict[str, Json]:
-    """GenerationFields' values, as keyword arguments for a request class.
-
-    zero_max_tokens: max_tokens may be 0 (completions' echo: the prompt alone, scored)."""
-    max_tokens_param = (
-        "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+def _first_out_of_bounds(values: Any, rest: str) -> Any:
+    op, _, number = rest.partition(" ")
+    if not isinstance(values, dict) or op not in _COMPARE:
+        return _NOTHING
+    bound = float(number)
+    return next(
+        (v for v in values.values() if isinstance(v, (int, float)) and not _COMPARE[op](float(v), bound)), _NOTHING
     )
-    lo = 0 if zero_max_tokens else 1
-    max_tokens = opt_int(body, max_tokens_param, lo=lo)
-    if max_tokens_param == "max_completion_tokens":
-        opt_int(body, "max_tokens", lo=lo)  # still validated; max_completion_tokens wins
-
-    temperature = opt_number(body, "temperature")
-    if temperature is not None and not 0.0 <= temperature <= 2.0:
-        raise value_error("temperature", f"must be between 0 and 2, got {temperature}.")
-    top_p = opt_number(body, "top_p")
-    if top_p is not None and not 0.0 < top_p <= 1.0:
-        raise value_error("top_p", f"must be greater than 0 and at most 1, got {top_p}.")
-    top_k = opt_int(body, "top_k", lo=-1)
-    presence_penalty = _opt_range(body, "presence_penalty", -2.0, 2.0)
-    frequency_penalty = _opt_range(body, "frequency_penalty", -2.0, 2.0)
-    repetition_penalty = _opt_range(body, "repetition_penalty", MIN_REPETITION_PENALTY, MAX_REPETITION_PENALTY)
-    min_p = _opt_range(body, "min_p", 0.0, 1.0)
-    min_tokens = opt_int(body, "min_tokens", lo=0)
-    if min_tokens is not None and max_tokens is not None and min_tokens > max_tokens:
-        raise value_error(
-            "min_tokens", f"must be at most {max_tokens_param} ({max_tokens}), got {min_tokens}."
-        )
-
-    stream = bool(opt_bool(body, "stream"))
-    include_usage = continuous_usage = False
-    options = opt_object(body, "stream_options")
-    if options is not None:
-        if not stream:
-            raise bad_request(
-                "'stream_options' is only allowed when 'stream' is true.", param="stream_options"
-            )
-        param = "stream_options.include_usage"
-        include_usage = bool(opt_bool(options, "include_usage", param))
-        param = "stream_options.continuous_usage_stats"
-        continuous_usage = include_usage and bool(opt_bool(options, "continuous_usage_stats", param))
-    n = opt_int(body, "n", lo=1, hi=MAX_N)
-
-    return {
-        "max_tokens": max_tokens,
-        "max_tokens_param": max_tokens_param,
-        "temperature": 1.0 if temperature is None else temperature,
-        "top_p": 1.0 if top_p is None else top_p,
-        "top_k": top_k if top_k is not None and top_k > 0 else None,  # -1 and 0 mean "off"
-        "seed": opt_int(body, "seed", lo=MIN_SEED, hi=MAX_SEED),
-        "stop": _parse_stop(body),
-        "n": 1 if n is None else n,
-        "stream": stream,
-        "include_usage": include_usage,
-        "continuous_usage": continuous_usage,
-        "ignore_eos": bool(opt_bool(body, "ignore_eos")),
-        "skip_special_tokens": opt_bool(body, "skip_special_tokens") is not False,
-        "stop_token_ids": _parse_stop_token_ids(body),
-        "include_stop_str_in_output": bool(opt_bool(body, "include_stop_str_in_output")),
-        "return_tokens_as_token_ids": bool(opt_bool(body, "return_tokens_as_token_ids")),
-        "truncate_prompt_tokens": _parse_truncate_prompt_tokens(body),
-        "prompt_logprobs": _parse_prompt_logprobs(body, stream),
-        "request_id": _parse_request_id(body),
-        "presence_penalty": presence_penalty or 0.0,
-        "frequency_penalty": frequency_penalty or 0.0,
-        "repetition_penalty": 1.0 if repetition_penalty is None else repetition_penalty,
-        "logit_bias": _parse_logit_bias(body),
-        "min_p": min_p or 0.0,
-        "min_tokens": min_tokens or 0,
-        "allowed_token_ids": _parse_allowed_token_ids(body),
-        "bad_words": _parse_bad_words(body),
-        "thinking_token_budget": opt_int(body, "thinking_token_budget", lo=0),
-    }
+_STEP = re.compile(r"\.([^.\[]+)|\[(\d+)\]")
 
 
+def _value_at(body: Body | None, param: str) -> Any:
+    """The body's value at a param like "messages[0].content" (for the message), if it is there."""
+    value: Any = body
+    for name, index in _STEP.findall("." + param if param else ""):
+        try:
+            value = value[name] if name else value[int(index)]
+        except (KeyError, IndexError, TypeError):
+            return _NOTHING
+    return _NOTHING if value is body else value
+
+
+def _dump(value: Any) -> str:
+    if isinstance(value, float) and value.is_integer() is False:
+        return repr(value)
+    return repr(value) if isinstance(value, str) else str(value).lower() if isinstance(value, bool) else f"{value:g}" if isinstance(value, float) else str(value)

@@ -12,6 +12,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Annotated, Literal
+
+import msgspec
+from msgspec import Meta, Struct, field
 
 from omni.errors import bad_request
 from omni.serving.requests.fields import (
@@ -26,7 +30,9 @@ from omni.serving.requests.fields import (
     required_str,
     type_error,
     unsupported,
+    validation_error,
     value_error,
+    without_nulls,
 )
 from omni.shared.media.image_sizes import parse_size
 
@@ -110,47 +116,54 @@ def parse_image_generation_request(body: Body) -> ImageGenerationRequest:
     )
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ChatImageOptions:
+class ChatImageOptions(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """A chat request's `image` object (an extension, shaped like `audio`): how the images the
     model draws are drawn and handed back. Every field is optional."""
 
-    size: tuple[int, int] | None = None
-    response_format: str = "url"  # "url": a signed URL; "b64_json": a data URL
-    output_format: str = "png"
-    output_compression: int | None = None
-    num_inference_steps: int | None = None
-    guidance_scale: float | None = None
+    size_sent: Annotated[
+        str | None, Meta(description="auto: the size of the aspect ratio the model picks.")
+    ] = field(name="size", default=None)
+    response_format: Annotated[
+        Literal["url", "b64_json"], Meta(description="url: a signed URL; b64_json: the bytes.")
+    ] = "url"
+    output_format: Literal["png", "jpeg", "webp"] = "png"
+    output_compression: Annotated[int, Meta(ge=0, le=100, description="The jpeg or webp quality.")] | None = None
+    num_inference_steps: Annotated[
+        int, Meta(ge=1, le=MAX_STEPS, description="Denoising steps; default: the server's.")
+    ] | None = None
+    guidance_scale: Annotated[float, Meta(ge=0.0, le=MAX_GUIDANCE, description="Default: the checkpoint's.")] | None = None
+
+    @property
+    def size(self) -> tuple[int, int] | None:
+        """None ("auto"): the size the model's ratio token gives; checked by check_image_options."""
+        return None if self.size_sent is None else parse_size(self.size_sent)
 
 
-_CHAT_IMAGE_FIELDS = ("size", "response_format", "output_format", "output_compression", "num_inference_steps", "guidance_scale")
+def check_image_options(options: ChatImageOptions | None) -> None:
+    if options is None:
+        return
+    _size({"size": options.size_sent}, "image.size")
+    if options.output_compression is not None and options.output_format == "png":
+        raise value_error("image.output_compression", "applies to jpeg and webp output only.")
 
 
 def parse_chat_image_options(body: Body) -> ChatImageOptions | None:
+    """A chat body's `image` object alone, as the chat parser reads it."""
     raw = body.get("image")
     if raw is None:
         return None
     if not isinstance(raw, dict):
         raise type_error("image", "an object", raw)
-    unknown = sorted(set(raw) - set(_CHAT_IMAGE_FIELDS))
-    if unknown:
-        raise bad_request(
-            f"'image.{unknown[0]}' is not a field of 'image' (fields: {', '.join(_CHAT_IMAGE_FIELDS)}).",
-            param=f"image.{unknown[0]}",
-            code="unknown_parameter",
-        )
-    output_format = _choice(raw, "output_format", OUTPUT_FORMATS, "image.output_format") or "png"
-    compression = opt_int(raw, "output_compression", lo=0, hi=100, param="image.output_compression")
-    if compression is not None and output_format == "png":
-        raise value_error("image.output_compression", "applies to jpeg and webp output only.")
-    return ChatImageOptions(
-        size=_size(raw, "image.size"),
-        response_format=_choice(raw, "response_format", RESPONSE_FORMATS, "image.response_format") or "url",
-        output_format=output_format,
-        output_compression=compression,
-        num_inference_steps=opt_int(raw, "num_inference_steps", lo=1, hi=MAX_STEPS, param="image.num_inference_steps"),
-        guidance_scale=_guidance(raw, "image.guidance_scale"),
-    )
+    try:
+        options = msgspec.convert({"image": without_nulls(raw)}, _ImageOnly, strict=True).image
+    except msgspec.ValidationError as e:
+        raise validation_error(e) from None
+    check_image_options(options)
+    return options
+
+
+class _ImageOnly(Struct, frozen=True):
+    image: ChatImageOptions
 
 
 def _guidance(body: Body, param: str) -> float | None:

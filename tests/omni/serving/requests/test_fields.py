@@ -15,7 +15,8 @@ from omni.serving.requests import (
     parse_chat_completion_request,
     parse_completion_request,
 )
-from omni.serving.requests.chat import AudioOutput
+from omni.serving.requests.chat import AudioOutput, ImageURL, InputAudio
+from omni.serving.requests.common import StreamOptions
 from omni.serving.sampling import sampling_params
 from omni.text.tokenizer import TextTokenizer
 from scheduler.request import SamplingParams
@@ -44,7 +45,8 @@ def test_an_unknown_field_is_a_400_naming_it() -> None:
 
 def test_chat_defaults() -> None:
     r = parse_chat_completion_request(chat(user="x", tools=[]))
-    assert r == ChatCompletionRequest(model="m", messages=(ChatMessage(role="user", content="hi"),))
+    # the Struct keeps the fields as sent (user too); what they mean are properties
+    assert r == ChatCompletionRequest(model="m", messages=(ChatMessage(role="user", content="hi"),), user="x")
     assert (r.max_tokens, r.temperature, r.top_p, r.top_k, r.seed, r.stop) == (
         None, 1.0, 1.0, None, None, ()
     )
@@ -94,29 +96,31 @@ def test_chat_all_fields() -> None:
     assert r == ChatCompletionRequest(
         model="m",
         messages=r.messages,
-        max_tokens=10,
-        max_tokens_param="max_completion_tokens",
+        max_tokens=10,  # max_completion_tokens wins
+        max_completion_tokens=10,
         temperature=0.0,
         top_p=0.5,
-        top_k=None,
+        top_k_sent=-1,
         seed=7,
-        stop=("END",),
+        stop_sent="END",
         n=2,
         stream=True,
-        include_usage=True,
+        stream_options=StreamOptions(include_usage=True),
         logprobs=True,
         top_logprobs=3,
         ignore_eos=True,
-        modalities=("text",),
-        images_allowed=False,  # modalities given without "image"
-        audio_allowed=False,  # nor "audio"
+        modalities_sent=["text", "text"],
         audio=AudioOutput(voice="alloy", format="wav"),
     )
+    assert (r.max_tokens_param, r.top_k, r.stop, r.include_usage) == ("max_completion_tokens", None, ("END",), True)
+    assert r.modalities == ("text",)
+    assert not r.images_allowed  # modalities given without "image"
+    assert not r.audio_allowed  # nor "audio"
     assert r.num_logprobs == 3
     assert r.messages[1].content == (
         TextPart("What is "),
-        ImageURLPart("https://x/a.png", "low"),
-        InputAudioPart("UklG", "wav"),
+        ImageURLPart(ImageURL(url="https://x/a.png", detail="low")),
+        InputAudioPart(InputAudio(data="UklG", format="wav")),
     )
     assert r.messages[1].text == "What is "
     assert r.messages[2].to_template_dict() == {
@@ -413,7 +417,7 @@ def test_sampling_field_messages() -> None:
         "repetition_penalty": (chat(repetition_penalty=0), "must be between 0.001 and 1000, got 0."),
         "min_p": (chat(min_p=1.5), "must be between 0 and 1, got 1.5."),
         "min_tokens": (chat(max_tokens=4, min_tokens=5), "must be at most max_tokens (4), got 5."),
-        "logit_bias": (chat(logit_bias={"5": 101}), "biases must be between -100 and 100, got 101."),
+        "logit_bias": (chat(logit_bias={"5": 101}), "must be between -100 and 100, got 101."),
     }
     for param, (body, detail) in cases.items():
         with pytest.raises(APIError) as info:
