@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NewType
 
-from scheduler.prefix_hash import BlockHash, hash_block, media_extra_keys
+from scheduler.prefix_hash import BlockHash, hash_block, media_extra_keys, salt_root
 from scheduler.request import MediaSpan, Request, RequestId
 
 BlockId = NewType("BlockId", int)
@@ -87,15 +87,18 @@ class BlockManager:
         if not self.enable_prefix_caching:
             return [], 0
         max_blocks = (request.num_tokens - 1) // self.block_size
-        blocks = self._longest_cached_run(request.all_token_ids, max_blocks, request.media)
+        blocks = self._longest_cached_run(
+            request.all_token_ids, max_blocks, request.media, salt_root(request.cache_salt)
+        )
         return blocks, len(blocks) * self.block_size
 
     def num_cached_prefix_blocks(
-        self, token_ids: Sequence[int], media: Sequence[MediaSpan] = ()
+        self, token_ids: Sequence[int], media: Sequence[MediaSpan] = (), cache_salt: str | None = None
     ) -> int:
         if not self.enable_prefix_caching:
             return 0
-        return len(self._longest_cached_run(token_ids, len(token_ids) // self.block_size, media))
+        max_blocks = len(token_ids) // self.block_size
+        return len(self._longest_cached_run(token_ids, max_blocks, media, salt_root(cache_salt)))
 
     def num_cached_leading_blocks(self, hashes: Sequence[BlockHash]) -> int:
         """How many of these chained block hashes, from the first, are cached right now."""
@@ -109,10 +112,10 @@ class BlockManager:
         return count
 
     def _longest_cached_run(
-        self, token_ids: Sequence[int], max_blocks: int, media: Sequence[MediaSpan]
+        self, token_ids: Sequence[int], max_blocks: int, media: Sequence[MediaSpan], root: BlockHash | None
     ) -> list[BlockId]:
         blocks: list[BlockId] = []
-        parent: BlockHash | None = None
+        parent = root
         bs = self.block_size
         for i in range(max_blocks):
             start, end = i * bs, (i + 1) * bs
@@ -226,7 +229,7 @@ class BlockManager:
         token_ids = request.all_token_ids
         bs = self.block_size
         for i in range(len(hashes), num_full):
-            parent = hashes[-1] if hashes else None
+            parent = hashes[-1] if hashes else salt_root(request.cache_salt)
             start, end = i * bs, (i + 1) * bs
             block_hash = hash_block(
                 parent, token_ids[start:end], media_extra_keys(request.media, start, end)

@@ -1,7 +1,9 @@
 """Chained hashes of full KV blocks, the keys of the prefix cache.
 
 A block's hash covers its parent's hash, its token ids and its extra keys, so equal hashes
-mean equal prefixes: blocks [0, i] of two requests hold the same KV. Extra keys carry
+mean equal prefixes: blocks [0, i] of two requests hold the same KV. The first block's parent
+is the request's salt root (salt_root: None without a cache_salt), so requests with different
+salts never share a block, as vLLM's cache_salt keeps tenants apart. Extra keys carry
 whatever besides token ids decides the KV, e.g. (key, offset) of each image or
 audio embedding overlapping the block: two different images behind the same placeholder
 tokens must never share a cache entry.
@@ -28,6 +30,15 @@ def hash_block(
     h.update(_encode(parent))
     h.update(struct.pack(f"<I{len(token_ids)}q", len(token_ids), *token_ids))
     h.update(_encode(extra_keys))
+    return BlockHash(h.digest())
+
+
+def salt_root(cache_salt: str | None) -> BlockHash | None:
+    """The parent of a salted request's first block; None (the unsalted chain) without a salt."""
+    if cache_salt is None:
+        return None
+    h = hashlib.blake2b(b"cache_salt\0", digest_size=DIGEST_SIZE)
+    h.update(cache_salt.encode())
     return BlockHash(h.digest())
 
 

@@ -93,6 +93,8 @@ class Request:
     sampling_params: SamplingParams
     eos_token_ids: frozenset[int] = frozenset()
     media: tuple[MediaSpan, ...] = ()
+    # Shares cached blocks only with requests of the same salt (scheduler/prefix_hash.py).
+    cache_salt: str | None = None
     arrival_time: float = field(default_factory=time.monotonic)
     # When the request reached each phase, time.monotonic() like arrival_time; None: not yet.
     # The engine sets them (the scheduler keeps no clock): queued on entering its scheduler,

@@ -165,6 +165,7 @@ class Generation:
         output: OutputOptions,
         media: tuple[MediaSpan, ...] = (),
         constraint: TokenConstraint | None = None,
+        cache_salt: str | None = None,
     ) -> None:
         self.pool = pool
         self.tokenizer = tokenizer
@@ -174,6 +175,7 @@ class Generation:
             sampling_params=params,
             eos_token_ids=tokenizer.eos_token_ids,
             media=media,
+            cache_salt=cache_salt,
         )
         self.output = output
         self.constraint = constraint  # the choice's own grammar matcher, if it has one

@@ -22,7 +22,7 @@ from omni.engines.llm import EngineError, LLMEngine, RefusedAtSubmit, RequestStr
 from omni.metrics import ChoiceGroup, Metrics
 from omni.engines.worker_specs import llm_worker_spec
 from scheduler.placement import Placement, make_placement, parse_weights
-from scheduler.prefix_hash import block_hashes
+from scheduler.prefix_hash import block_hashes, salt_root
 from scheduler.request import Request, RequestId, RequestStatus
 
 log = logging.getLogger("omni.engines.pool")
@@ -225,7 +225,7 @@ class ModelPool:
             return live[0].submit(request, constraint=constraint, timeout=timeout, group=group)
         # One hash chain serves every worker: they share the block size. Full blocks only.
         hashes = block_hashes(
-            request.prompt_token_ids, self.config.llm.block_size, media=request.media
+            request.prompt_token_ids, self.config.llm.block_size, salt_root(request.cache_salt), request.media
         )
         decision = self.placement.choose(
             [e.placement_state(hashes) for e in live], len(hashes)

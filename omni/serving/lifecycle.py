@@ -135,6 +135,7 @@ async def chat(
             output=OutputOptions(req.stop, req.skip_special_tokens, keep_special, req.include_stop_str_in_output),
             media=media,
             constraint=constraints.new(),
+            cache_salt=req.cache_salt,
         )
         for i in range(req.n)
     ]
@@ -182,6 +183,7 @@ async def completion(models: ModelRegistry, req: CompletionRequest, *, timeout: 
                     req.stop, req.skip_special_tokens, include_stop_str_in_output=req.include_stop_str_in_output
                 ),
                 constraint=constraints.new(),
+                cache_salt=req.cache_salt,
             )
             for i in range(req.n)
         ]

@@ -111,6 +111,7 @@ def speak_text(model: ServedModel, audio: ModelAudio, text: Generation) -> Gener
         output=OutputOptions(skip_special_tokens=text.output.skip_special_tokens),
         media=request.media,
         constraint=audio.grammar.new_constraint(None),  # the whole output is the span it opens
+        cache_salt=request.cache_salt,  # its prompt is the turn's: kept apart as the turn is
     )
 
 

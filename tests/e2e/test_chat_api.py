@@ -195,6 +195,27 @@ def test_prefix_cache_reports_cached_tokens_and_skips_compute(server: str, tiny_
     assert after - before == len(ids_b) - cached
 
 
+
+def test_cache_salt_keeps_cached_prompts_apart(server: str, tiny_model_dir) -> None:
+    system = "Salted tenants share nothing they did not send themselves. " * 8
+    body = {"model": MODEL, "max_tokens": 1, "temperature": 0}
+
+    def cached(question: str, **salt: str) -> int:
+        messages = [{"role": "system", "content": system}, {"role": "user", "content": question}]
+        out = post(server, "/v1/chat/completions", {**body, "messages": messages, **salt})
+        out.raise_for_status()
+        return out.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+    assert cached("One?", cache_salt="tenant-a") == 0
+    shared = cached("Two?", cache_salt="tenant-a")
+    assert shared >= 8 * BLOCK_SIZE  # the same tenant's system prompt is cached
+    assert cached("Three?", cache_salt="tenant-b") == 0  # another tenant's is not
+    assert cached("Four?") == 0  # nor for requests without a salt
+    assert cached("Five?") >= 8 * BLOCK_SIZE  # which share theirs among themselves
+    bad = post(server, "/v1/chat/completions", {**body, "messages": [{"role": "user", "content": "x"}], "cache_salt": ""})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "cache_salt"
+
+
 @pytest.mark.parametrize(
     "body, status, param",
     [

@@ -292,3 +292,20 @@ def test_scheduler_uncache_when_the_sharer_joined_in_the_same_step():
     s.abort_request(RequestId("b"), uncache=True)
     s.check_invariants()
     assert s.block_manager.num_cached_prefix_blocks(a_prompt) == 0
+
+
+def test_cache_salt_shares_blocks_only_within_the_same_salt():
+    bm = BlockManager(num_blocks=16, block_size=4)
+    prompt = list(range(10))
+    assert admit(bm, make_request("plain", prompt)) == [0, 1, 2]
+    salted = Request(RequestId("a1"), list(prompt), SamplingParams(max_tokens=16), cache_salt="tenant-a")
+    assert bm.get_computed_blocks(salted) == ([], 0)  # the unsalted blocks are not its
+    assert admit(bm, salted) == [3, 4, 5]
+    again = Request(RequestId("a2"), list(prompt), SamplingParams(max_tokens=16), cache_salt="tenant-a")
+    assert bm.get_computed_blocks(again) == ([3, 4], 8)
+    other = Request(RequestId("b1"), list(prompt), SamplingParams(max_tokens=16), cache_salt="tenant-b")
+    assert bm.get_computed_blocks(other) == ([], 0)
+    assert bm.get_computed_blocks(make_request("plain2", prompt)) == ([0, 1], 8)  # unsalted as before
+    assert bm.num_cached_prefix_blocks(prompt, cache_salt="tenant-a") == 2
+    assert bm.num_cached_prefix_blocks(prompt, cache_salt="tenant-c") == 0
+    bm.check_invariants()

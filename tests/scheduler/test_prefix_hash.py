@@ -1,6 +1,6 @@
 import pytest
 
-from scheduler.prefix_hash import DIGEST_SIZE, block_hashes, hash_block
+from scheduler.prefix_hash import DIGEST_SIZE, block_hashes, hash_block, salt_root
 
 
 def test_hash_is_deterministic_and_16_bytes():
@@ -46,3 +46,13 @@ def test_block_hashes_chain_full_blocks_only():
     # A change in block 0 changes every later hash.
     other = block_hashes([9, 2, 3, 4, 5, 6], 3)
     assert other[0] != hashes[0] and other[1] != hashes[1]
+
+
+def test_a_salt_roots_its_own_chain():
+    tokens = list(range(8))
+    plain = block_hashes(tokens, 4)
+    assert salt_root(None) is None
+    assert block_hashes(tokens, 4, salt_root(None)) == plain  # no salt: the chain as it was
+    a, b = block_hashes(tokens, 4, salt_root("a")), block_hashes(tokens, 4, salt_root("b"))
+    assert a == block_hashes(tokens, 4, salt_root("a"))
+    assert not {*a} & {*plain} and not {*a} & {*b}  # no block shared across salts

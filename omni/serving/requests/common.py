@@ -370,9 +370,10 @@ class GenerationFields(Struct, frozen=True, kw_only=True, forbid_unknown_fields=
         Refused, default_only("it is for the render endpoints, which this server does not have", True)
     ] = None
     routed_experts_prompt_start: Annotated[Refused, default_only("routed-expert data is not returned", 0)] = None
+    # requests share cached prompt blocks only with requests of the same salt
     cache_salt: Annotated[
-        Refused, rejected("the prefix cache is shared by all requests; per-request salting is not implemented")
-    ] = None
+        str, honoured("shares the prefix cache only with requests of the same salt (vLLM's)", min_length=1)
+    ] | None = None
     kv_transfer_params: Annotated[Refused, rejected("there is no disaggregated (KV transfer) serving")] = None
     ec_transfer_params: Annotated[Refused, rejected("there is no encoder-cache transfer")] = None
     vllm_xargs: Annotated[Refused, rejected("there are no custom extensions to read them")] = None
