@@ -188,6 +188,7 @@ _SHARED_FIELDS: dict[str, Schema] = {
     "guided_grammar": {"type": "string", "minLength": 1},
     "guided_decoding_backend": {"enum": sorted(GUIDED_BACKENDS)},
     "request_id": {"type": "string", "minLength": 1, "maxLength": MAX_REQUEST_ID_LENGTH},
+    "cache_salt": {"type": "string", "minLength": 1},
     "return_tokens_as_token_ids": _BOOL,
     "thinking_token_budget": _int(0),
 }
