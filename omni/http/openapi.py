@@ -1,15 +1,14 @@
 """GET /openapi.json: the OpenAPI 3.1 document of the whole API, for schema-based fuzzers and
 client generators.
 
-The request schemas are written from the parsers (omni/serving/requests), not from OpenAI's
-reference: a range here is the range the parser refuses outside of. Every field of
-known_fields' tables is a property; a field the server only accepts at its default, or
-refuses, gets its schema from its KnownField, so the table stays the one place that says
-what is accepted. The images, speech and transcription endpoints have no table (their parsers
-list their own fields), so their schemas are written here whole; the transcription body is a
-multipart form, whose values are text: its schema gives the type each text is read as.
-tests/omni/http/test_openapi.py fails when a field or a route is
-undocumented.
+The request components are generated from the request Structs (omni/serving/requests) by
+msgspec, so a range here is the range the parser refuses outside of. A post-pass adds what a
+Struct's types cannot say: null (the default) on every optional top-level field, the accepted
+values of a refused or default-only field (from its disposition), the served models as an enum
+on `model`, extra_body, and the few rules between fields the parsers check. The transcription
+body is a multipart form, whose values are text (and never null): its schema gives the type
+each text is read as. tests/omni/http/test_openapi.py checks that the schemas refuse what the
+parsers refuse.
 
 What a schema cannot say is left to the descriptions and answered with a 400 naming the
 field: a token id past the vocabulary, a prompt past the context, two output constraints at

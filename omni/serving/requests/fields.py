@@ -172,8 +172,11 @@ def validation_error(e: msgspec.ValidationError, body: Body | None = None, cls: 
         if param in OBJECT_PARAMS:
             return value_error(param, f"unknown field '{m['name']}'.")
         name = f"{param}.{m['name']}" if param else m["name"]
+        known = _schema_nodes(cls, _param(path)) if cls is not None else []
+        fields = sorted({key for node in known for key in node.get("properties", {})})
+        listed = f" (fields: {', '.join(fields)})" if fields else ""
         return bad_request(
-            f"Unrecognized request argument supplied: '{name}' is not a field of '{param or 'the body'}'.",
+            f"Unrecognized request argument supplied: '{name}' is not a field of '{param or 'the body'}'{listed}.",
             param=name,
             code="unknown_parameter",
         )
@@ -198,6 +201,8 @@ def validation_error(e: msgspec.ValidationError, body: Body | None = None, cls: 
             got = _first_out_of_bounds(_value_at(body, _param(path.removesuffix("[...]"))), m["rest"])
         bounds = _numeric_bounds(cls, param) if cls is not None and m["rest"][0] in "<>" else None
         detail = bounds or _bound_words(m["type"], m["rest"])
+        if isinstance(got, str) and m["rest"].startswith("of length"):  # its length, not the text
+            return value_error(param, f"{detail}, got {len(got)}.")
         shown = got is not _NOTHING and not isinstance(got, (dict, list))
         return value_error(param, detail + (f", got {_dump(got)}." if shown else "."))
     if m := _ENUM.match(what):
@@ -217,6 +222,16 @@ def _json_schema(cls: type) -> dict[str, Any]:
 def _accepted_values(cls: type, path: str) -> tuple[Any, ...]:
     """The values msgspec's schema of cls lists at path ("response_format.type"): every enum of
     every branch there (a tagged union's tags, a Literal's values)."""
+    values: list[Any] = []
+    for node in _schema_nodes(cls, path):
+        values += [v for v in node.get("enum", ()) if v not in values]
+        if "const" in node and node["const"] not in values:
+            values.append(node["const"])
+    return tuple(values)
+
+
+def _schema_nodes(cls: type, path: str) -> list[dict[str, Any]]:
+    """The branches of msgspec's schema of cls at path ("messages[0].content"), unions opened."""
     schema = _json_schema(cls)
     defs = schema.get("$defs", {})
 
@@ -239,12 +254,7 @@ def _accepted_values(cls: type, path: str) -> tuple[Any, ...]:
             else:
                 step += branches(node.get("items"))
         nodes = step
-    values: list[Any] = []
-    for node in nodes:
-        values += [v for v in node.get("enum", ()) if v not in values]
-        if "const" in node and node["const"] not in values:
-            values.append(node["const"])
-    return tuple(values)
+    return nodes
 
 
 def _bound_words(kind: str, rest: str) -> str:
