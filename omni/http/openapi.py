@@ -226,12 +226,11 @@ def _generated() -> tuple[dict[str, Schema], dict[str, Schema]]:
     by_name = {name: components.pop(top["$ref"].rsplit("/", 1)[-1]) for name, top in zip(_REQUESTS, tops)}
     for name, rule in _NESTED_RULES.items():
         components[name] = {**components[name], **rule}
-    tools = components["StructuredOutputs"]["properties"]
-    tools["whitespace_pattern"] = {"type": "null", "description": tools["whitespace_pattern"].get("description")}
-    for known_name, options in (("StreamOptions", STREAM_OPTIONS_FIELDS),):
-        props = components[known_name]["properties"]
-        for key, known in options.items():
-            props[key] = _field_schema(known, props[key], required=False, form=False)
+    structured = components["StructuredOutputs"]["properties"]
+    structured["whitespace_pattern"] = {"type": "null", "description": structured["whitespace_pattern"].get("description")}
+    options = components["StreamOptions"]["properties"]
+    for key, known in STREAM_OPTIONS_FIELDS.items():
+        options[key] = _field_schema(known, options[key], required=False, form=False)
     return by_name, components
 
 
