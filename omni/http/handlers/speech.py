@@ -28,7 +28,7 @@ from omni.http.access_log import note_generation
 from omni.http.errors import engine_error
 from omni.http.body import body_timeout, read_parsed, request_timeout
 from omni.http.state import MODELS
-from omni.serving.requests.speech import SpeechRequest, parse_speech_request
+from omni.serving.requests.speech import SPEECH_PATH, SpeechRequest, parse_speech_request
 from omni.engines.llm import EngineError
 from omni.shared.media.audio_encoding import MEDIA_TYPES, StreamingAudioEncoder
 from omni.shared.media.tempo import TimeStretch
@@ -36,7 +36,6 @@ from omni.serving.lifecycle import Speech
 
 log = logging.getLogger("omni.http.handlers.speech")
 
-SPEECH_PATH = "/v1/audio/speech"
 
 
 async def create_speech(request: web.Request) -> web.StreamResponse:

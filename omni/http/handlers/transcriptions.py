@@ -33,13 +33,12 @@ from omni.http.body import body_timeout, read_transcription_form, request_timeou
 from omni.http.errors import engine_error
 from omni.http.logprobs import token_text
 from omni.http.state import MODELS
-from omni.serving.requests.transcriptions import TranscriptionRequest, parse_transcription_request
+from omni.serving.requests.transcriptions import TRANSCRIPTIONS_PATH, TranscriptionRequest, parse_transcription_request
 from omni.engines.llm import EngineError
 from omni.engines.generation import TokenLogprob
 from omni.serving.lifecycle import Transcription
 from omni.text.tokenizer import TextTokenizer
 
-TRANSCRIPTIONS_PATH = "/v1/audio/transcriptions"
 _DELTA = "transcript.text.delta"
 _DONE = "transcript.text.done"
 

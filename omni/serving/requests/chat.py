@@ -25,8 +25,8 @@ from omni.serving.requests.common import (
 from omni.serving.requests.fields import Json, missing, type_error, value_error
 from omni.serving.requests.images import ChatImageOptions, check_image_options
 from omni.serving.requests.structured import grammar_of
-from omni.text.constrained.spec import GrammarSpec
 from omni.serving.requests.tools import NamedToolChoice, Tool, ToolFields, tool_fields
+from omni.text.constrained.spec import GrammarSpec
 
 MAX_TOP_LOGPROBS = 20
 # Messages and content parts in one request, in all. Azure OpenAI takes at most 2048 messages;
@@ -320,7 +320,13 @@ class ChatCompletionRequest(GenerationFields, frozen=True, kw_only=True, forbid_
             pattern=r"\S",
         ),
     ] | None = None
-    chat_template_kwargs: Annotated[dict[str, Any], honoured("extra variables for the chat template")] = field(
+    chat_template_kwargs: Annotated[
+        dict[str, Any],
+        honoured(
+            "extra variables for the chat template",
+            extra_json_schema={"propertyNames": {"not": {"enum": sorted(RESERVED_TEMPLATE_KWARGS)}}},
+        ),
+    ] = field(
         default_factory=dict
     )
     media_io_kwargs: Annotated[Refused, rejected("media loading options are server settings")] = None

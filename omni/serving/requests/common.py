@@ -42,7 +42,6 @@ from omni.serving.requests.fields import (
     value_error,
 )
 
-
 # ----------------------------------------------------------------------------- dispositions
 
 
@@ -156,6 +155,24 @@ def known_fields(cls: type[Struct]) -> Mapping[str, KnownField]:
         assert isinstance(known, KnownField), f"{cls.__name__}.{f.name} has no disposition"
         table[f.encode_name] = known
     return MappingProxyType(table)
+
+
+def check_known(
+    body: Mapping[str, Json], table: Mapping[str, KnownField], path: str, *, list_fields: bool = False
+) -> None:
+    """A 400 naming the first field the endpoint does not know (and, with list_fields, the
+    ones it knows), or a value it does not take."""
+    for name, value in body.items():
+        known = table.get(name)
+        if known is None:
+            listed = f" (fields: {', '.join(sorted(table))})" if list_fields else ""
+            raise bad_request(
+                f"Unrecognized request argument supplied: '{name}' is not a field of {path}{listed}.",
+                param=name,
+                code="unknown_parameter",
+            )
+        if value is not None:
+            known.check(name, value, body)
 
 
 def field_meta(annotation: Any) -> dict[str, Any]:
@@ -303,7 +320,12 @@ class GenerationFields(Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     ] = None
     # Keep only the last N prompt tokens; -1: the model's max_model_len (truncate_prompt).
     truncate_prompt_tokens: Annotated[
-        int, honoured("keeps only the prompt's last N tokens; -1: the model's maximum context length", ge=-1)
+        int,
+        honoured(
+            "keeps only the prompt's last N tokens; -1: the model's maximum context length",
+            ge=-1,
+            extra_json_schema={"not": {"const": 0}},  # check_generation refuses 0
+        ),
     ] | None = None
     truncation_side: Annotated[
         Refused,

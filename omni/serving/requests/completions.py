@@ -5,8 +5,6 @@ from __future__ import annotations
 
 from typing import Annotated, Any, ClassVar, TypeAlias
 
-from msgspec import field
-
 from omni.errors import bad_request
 from omni.serving.requests.common import (
     GenerationFields,
@@ -35,16 +33,21 @@ class CompletionRequest(GenerationFields, frozen=True, kw_only=True, forbid_unkn
         str | list[Any],
         honoured(
             "text or token ids, one or many prompts",
+            # allOf: msgspec writes the union's own anyOf over an anyOf given here
             extra_json_schema={
-                "anyOf": [
-                    {"type": "string"},
-                    {"type": "array", "minItems": 1, "items": {"type": "string"}},
-                    {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 0}},
+                "allOf": [
                     {
-                        "type": "array",
-                        "minItems": 1,
-                        "items": {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 0}},
-                    },
+                        "anyOf": [
+                            {"type": "string"},
+                            {"type": "array", "minItems": 1, "items": {"type": "string"}},
+                            {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 0}},
+                            {
+                                "type": "array",
+                                "minItems": 1,
+                                "items": {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 0}},
+                            },
+                        ]
+                    }
                 ]
             },
         ),

@@ -1,10 +1,10 @@
-"""What every endpoint's body shares: the bounds, the error helpers, the field readers of the
-bodies not yet declared as Structs, and the one mapping of a msgspec ValidationError to the
-400 that names the field."""
+"""What every endpoint's body shares: the bounds, the error helpers, the conversion into a
+request Struct, and the one mapping of a msgspec ValidationError to the 400 that names the
+field."""
 
 from __future__ import annotations
 
-import math
+import functools
 import re
 import types
 import typing
@@ -95,85 +95,10 @@ def body_too_slow(timeout: float | None) -> APIError:
     )
 
 
-def check_known_fields(body: Mapping[str, object], known: frozenset[str], path: str) -> None:
-    """A field the endpoint does not know is a 400 naming it (the first, in name order)."""
-    unknown = sorted(set(body) - known)
-    if unknown:
-        raise bad_request(
-            f"Unrecognized request argument supplied: '{unknown[0]}' is not a field of {path}.",
-            param=unknown[0],
-            code="unknown_parameter",
-        )
-
-
 def missing(param: str) -> APIError:
     return bad_request(
         f"Missing required parameter: '{param}'.", param=param, code="missing_required_parameter"
     )
-
-
-# ----------------------------------------------------------------------------- field readers
-
-
-def opt_bool(body: Body, key: str, param: str | None = None) -> bool | None:
-    value = body.get(key)
-    if value is None or isinstance(value, bool):
-        return value
-    raise type_error(param or key, "a boolean", value)
-
-
-def opt_str(body: Body, key: str, param: str | None = None) -> str | None:
-    value = body.get(key)
-    if value is None or isinstance(value, str):
-        return value
-    raise type_error(param or key, "a string", value)
-
-
-def opt_int(
-    body: Body, key: str, *, lo: int | None = None, hi: int | None = None, param: str | None = None
-) -> int | None:
-    value = body.get(key)
-    param = param or key
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise type_error(param, "an integer", value)
-    if lo is not None and value < lo or hi is not None and value > hi:
-        if hi is None:
-            raise value_error(param, f"must be at least {lo}, got {value}.")
-        if lo is None:
-            raise value_error(param, f"must be at most {hi}, got {value}.")
-        raise value_error(param, f"must be between {lo} and {hi}, got {value}.")
-    return value
-
-
-def opt_number(body: Body, key: str, param: str | None = None) -> float | None:
-    value = body.get(key)
-    param = param or key
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise type_error(param, "a number", value)
-    if not math.isfinite(value):
-        raise value_error(param, "must be a finite number.")
-    return float(value)
-
-
-def required_str(body: Body, key: str, param: str | None = None) -> str:
-    param = param or key
-    if key not in body or body[key] is None:
-        raise missing(param)
-    value = body[key]
-    if not isinstance(value, str):
-        raise type_error(param, "a string", value)
-    return value
-
-
-def opt_object(body: Body, key: str) -> Mapping[str, Json] | None:
-    value = body.get(key)
-    if value is None or isinstance(value, dict):
-        return value
-    raise type_error(key, "an object", value)
 
 
 # ----------------------------------------------------------------------------- Structs
@@ -189,12 +114,12 @@ def without_nulls(body: Body, *, within: tuple[str, ...] = ()) -> dict[str, Json
     return out
 
 
-def convert(body: Body, cls: type[T], *, within: tuple[str, ...] = ()) -> T:
+def convert(body: Body, cls: type[T], *, within: tuple[str, ...] = (), strict: bool = True) -> T:
     """The body as the request Struct cls. Nulls are dropped first (top-level, and in the
     objects named in within): null means the field's default. strict: no value is coerced
-    (a string is no number)."""
+    (a string is no number); a form's texts are read with strict False."""
     try:
-        return msgspec.convert(without_nulls(body, within=within), cls, strict=True)
+        return msgspec.convert(without_nulls(body, within=within), cls, strict=strict)
     except msgspec.ValidationError as e:
         raise validation_error(e, body, cls) from None
 
@@ -211,7 +136,7 @@ _TYPE_WORDS = {
     "bytes": "a base64 string",
 }
 _SCALARS = frozenset({"str", "int", "float", "bool"})
-_AT = re.compile(r"^(?P<what>.*?)(?: - at `(?P<path>[^`]*)`(?: in `(?P<outer>[^`]*)`)?)?$", re.S)
+_AT = re.compile(r"^(?P<what>.*?)(?: - at `(?P<path>[^`]*)`(?: in `(?P<outer>[^`]*)`)?)?$", re.DOTALL)
 _MISSING = re.compile(r"^Object missing required field `(?P<name>[^`]+)`$")
 _UNKNOWN = re.compile(r"^Object contains unknown field `(?P<name>[^`]+)`$")
 _EXPECTED_TYPE = re.compile(r"^Expected `(?P<expected>[^`]+)`, got `(?P<got>[^`]+)`$")
@@ -247,8 +172,11 @@ def validation_error(e: msgspec.ValidationError, body: Body | None = None, cls: 
         if param in OBJECT_PARAMS:
             return value_error(param, f"unknown field '{m['name']}'.")
         name = f"{param}.{m['name']}" if param else m["name"]
+        known = _schema_nodes(cls, _param(path)) if cls is not None else []
+        fields = sorted({key for node in known for key in node.get("properties", {})})
+        listed = f" (fields: {', '.join(fields)})" if fields else ""
         return bad_request(
-            f"Unrecognized request argument supplied: '{name}' is not a field of '{param or 'the body'}'.",
+            f"Unrecognized request argument supplied: '{name}' is not a field of '{param or 'the body'}'{listed}.",
             param=name,
             code="unknown_parameter",
         )
@@ -259,8 +187,11 @@ def validation_error(e: msgspec.ValidationError, body: Body | None = None, cls: 
         param = _INDEX.sub("", param)
         scalar = False
     if m := _EXPECTED_TYPE.match(what):
+        expected = m["expected"]
+        if not any(c in param for c in ".[") and expected != "null":  # a top-level null was dropped: it is the default
+            expected = " | ".join(t for t in expected.split(" | ") if t != "null")
         return bad_request(
-            f"Invalid type for '{param}': expected {_words(m['expected'])}, but got {_words(m['got'])} instead.",
+            f"Invalid type for '{param}': expected {_words(expected)}, but got {_words(m['got'])} instead.",
             param=param,
             code="invalid_type",
         )
@@ -270,11 +201,60 @@ def validation_error(e: msgspec.ValidationError, body: Body | None = None, cls: 
             got = _first_out_of_bounds(_value_at(body, _param(path.removesuffix("[...]"))), m["rest"])
         bounds = _numeric_bounds(cls, param) if cls is not None and m["rest"][0] in "<>" else None
         detail = bounds or _bound_words(m["type"], m["rest"])
+        if isinstance(got, str) and m["rest"].startswith("of length"):  # its length, not the text
+            return value_error(param, f"{detail}, got {len(got)}.")
         shown = got is not _NOTHING and not isinstance(got, (dict, list))
         return value_error(param, detail + (f", got {_dump(got)}." if shown else "."))
     if m := _ENUM.match(what):
-        return value_error(_INDEX.sub("", param), f"{m['value']} is not one of the accepted values.")
+        accepted = _accepted_values(cls, _param(path)) if cls is not None else ()
+        if not accepted:
+            return value_error(_INDEX.sub("", param), f"{m['value']} is not one of the accepted values.")
+        listed = ", ".join(_dump(v) for v in accepted)
+        return value_error(_INDEX.sub("", param), f"expected one of {listed}, got {m['value']}.")
     return value_error(param, what.rstrip(".") + ".")  # a rule a Struct's __post_init__ raised
+
+
+@functools.lru_cache(maxsize=64)
+def _json_schema(cls: type) -> dict[str, Any]:
+    return msgspec.json.schema(cls)
+
+
+def _accepted_values(cls: type, path: str) -> tuple[Any, ...]:
+    """The values msgspec's schema of cls lists at path ("response_format.type"): every enum of
+    every branch there (a tagged union's tags, a Literal's values)."""
+    values: list[Any] = []
+    for node in _schema_nodes(cls, path):
+        values += [v for v in node.get("enum", ()) if v not in values]
+        if "const" in node and node["const"] not in values:
+            values.append(node["const"])
+    return tuple(values)
+
+
+def _schema_nodes(cls: type, path: str) -> list[dict[str, Any]]:
+    """The branches of msgspec's schema of cls at path ("messages[0].content"), unions opened."""
+    schema = _json_schema(cls)
+    defs = schema.get("$defs", {})
+
+    def branches(node: Any) -> list[dict[str, Any]]:
+        if not isinstance(node, dict):
+            return []
+        if "$ref" in node:
+            return branches(defs.get(node["$ref"].rsplit("/", 1)[-1]))
+        union = node.get("anyOf") or node.get("oneOf")
+        if union:
+            return [b for sub in union for b in branches(sub)]
+        return [node]
+
+    nodes = branches(schema)
+    for name, index in _STEP.findall("." + path if path else ""):
+        step: list[dict[str, Any]] = []
+        for node in nodes:
+            if name:
+                step += branches(node.get("properties", {}).get(name))
+            else:
+                step += branches(node.get("items"))
+        nodes = step
+    return nodes
 
 
 def _bound_words(kind: str, rest: str) -> str:
@@ -285,8 +265,7 @@ def _bound_words(kind: str, rest: str) -> str:
     rest = rest.removeprefix("of length ")
     op, _, number = rest.partition(" ")
     words = {">=": "at least", "<=": "at most", ">": "greater than", "<": "less than"}.get(op, op)
-    if number.endswith(".0"):
-        number = number[:-2]
+    number = number.removesuffix(".0")
     if number == "1":
         unit = unit.removesuffix("s")
     return f"must be {words} {number}{unit}"

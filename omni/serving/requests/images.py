@@ -1,4 +1,5 @@
-"""The body of POST /v1/images/generations, as the official openai client sends it.
+"""The body of POST /v1/images/generations, as the official openai client sends it, and a chat
+request's `image` options. Each field is declared once (common.py says how).
 
 OpenAI's fields: prompt, model, n, size, response_format (url | b64_json), output_format (png |
 jpeg | webp), output_compression, stream and partial_images (0 to 3), and quality, style,
@@ -10,128 +11,119 @@ other endpoints.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Annotated, Literal
+import typing
+from typing import Annotated, Literal, TypeAlias
 
-import msgspec
 from msgspec import Meta, Struct, field
 
 from omni.errors import bad_request
+from omni.serving.requests.common import (
+    STRING,
+    Refused,
+    check_known,
+    default_only,
+    honoured,
+    informational,
+    known_fields,
+    rejected,
+)
 from omni.serving.requests.fields import (
     MAX_SEED,
     MIN_SEED,
     Body,
-    check_known_fields,
-    opt_bool,
-    opt_int,
-    opt_number,
-    opt_str,
-    required_str,
+    convert,
     type_error,
-    unsupported,
-    validation_error,
     value_error,
-    without_nulls,
 )
-from omni.shared.media.image_sizes import parse_size
+from omni.shared.media.image_sizes import ALLOWED_SIZES, parse_size
 
+IMAGES_PATH = "/v1/images/generations"
 MAX_IMAGES = 10  # OpenAI's bound on n
 MAX_PROMPT_CHARS = 32_000  # OpenAI's, for its newest image model
 MAX_STEPS = 100
 MAX_GUIDANCE = 20.0
 MAX_PARTIAL_IMAGES = 3
-RESPONSE_FORMATS = ("url", "b64_json")
-OUTPUT_FORMATS = ("png", "jpeg", "webp")
-# Fields with no effect here, accepted at the value that means "the server decides".
-_DEFAULT_ONLY: Mapping[str, tuple[str, ...]] = {
-    "quality": ("auto", "standard"),
-    "background": ("auto", "opaque"),
-    "moderation": ("auto",),
-}
-_KNOWN = frozenset(
-    {
-        "prompt", "model", "n", "size", "response_format", "output_format", "output_compression",
-        "stream", "partial_images", "quality", "style", "background", "moderation", "user",
-        "seed", "num_inference_steps", "guidance_scale",
-    }
-)  # fmt: skip
+
+# The drawing options an images request and a chat request's `image` object share.
+Size: TypeAlias = Annotated[
+    str, Meta(description="auto: the size of the aspect ratio the model picks.", extra_json_schema={"enum": list(ALLOWED_SIZES)})
+]
+ResponseFormat: TypeAlias = Annotated[
+    Literal["url", "b64_json"], Meta(description="url: a signed URL; b64_json: the bytes.")
+]
+OutputFormat: TypeAlias = Literal["png", "jpeg", "webp"]
+RESPONSE_FORMATS: tuple[str, ...] = typing.get_args(typing.get_args(ResponseFormat)[0])
+OUTPUT_FORMATS: tuple[str, ...] = typing.get_args(OutputFormat)
+Compression: TypeAlias = Annotated[int, Meta(ge=0, le=100, description="The jpeg or webp quality.")]
+Steps: TypeAlias = Annotated[int, Meta(ge=1, le=MAX_STEPS, description="Denoising steps; default: the server's.")]
+Guidance: TypeAlias = Annotated[float, Meta(ge=0.0, le=MAX_GUIDANCE, description="Default: the checkpoint's.")]
+Seed: TypeAlias = Annotated[int, Meta(ge=MIN_SEED, extra_json_schema={"maximum": MAX_SEED})]
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ImageGenerationRequest:
-    model: str | None  # None: the server's only image-capable model
-    prompt: str
-    n: int = 1
-    size: tuple[int, int] | None = None  # None ("auto"): the size the model's ratio token gives
-    response_format: str = "url"
-    output_format: str = "png"
-    output_compression: int | None = None  # jpeg / webp quality, 0 to 100
-    stream: bool = False
-    partial_images: int = 0
-    seed: int | None = None
-    num_inference_steps: int | None = None  # None: the server's --diffusion-steps
-    guidance_scale: float | None = None  # None: the checkpoint's default
+class ImageGenerationRequest(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    prompt: Annotated[
+        str,
+        honoured("what to draw", max_length=MAX_PROMPT_CHARS, extra_json_schema={"pattern": r"\S"}),
+    ]
+    # None: the server's only image-capable model
+    model: Annotated[str | None, honoured("a served model with a vision decoder; null: the only one")] = None
+    n: Annotated[int, honoured("how many images to draw", ge=1, le=MAX_IMAGES)] = 1
+    size_sent: Annotated[Size | None, honoured("the image's size")] = field(name="size", default=None)
+    response_format: Annotated[ResponseFormat, honoured("how the images are handed back")] = "url"
+    output_format: Annotated[OutputFormat, honoured("the image file's format")] = "png"
+    output_compression: Annotated[Compression | None, honoured("the jpeg or webp quality")] = None
+    stream: Annotated[bool, honoured("server-sent events: partial images, then each image")] = False
+    partial_images: Annotated[
+        int,
+        honoured(
+            "previews per image from intermediate denoising steps; more than 0 needs stream", ge=0, le=MAX_PARTIAL_IMAGES
+        ),
+    ] = 0
+    quality: Annotated[Refused, default_only("this server decides it", "auto", "standard")] = None
+    style: Annotated[Refused, rejected("the image decoder has no styles")] = None
+    background: Annotated[Refused, default_only("the images are opaque", "auto", "opaque")] = None
+    moderation: Annotated[Refused, default_only("no moderation model runs", "auto")] = None
+    user: Annotated[str | None, informational("an end-user id for abuse monitoring; it changes no output", STRING)] = None
+    seed: Annotated[Seed | None, honoured("image i is drawn with seed + i")] = None
+    # None: the server's --diffusion-steps
+    num_inference_steps: Annotated[Steps | None, honoured("denoising steps; default: the server's")] = None
+    # None: the checkpoint's default
+    guidance_scale: Annotated[Guidance | None, honoured("classifier-free guidance; default: the checkpoint's")] = None
+
+    @property
+    def size(self) -> tuple[int, int] | None:
+        """None ("auto"): the size the model's ratio token gives; checked by parse_image_generation_request."""
+        return None if self.size_sent is None else parse_size(self.size_sent)
+
+
+IMAGE_FIELDS = known_fields(ImageGenerationRequest)
 
 
 def parse_image_generation_request(body: Body) -> ImageGenerationRequest:
-    check_known_fields(body, _KNOWN, "/v1/images/generations")
-    prompt = required_str(body, "prompt")
-    if not prompt.strip():
+    check_known(body, IMAGE_FIELDS, IMAGES_PATH)
+    req = convert(body, ImageGenerationRequest)
+    if not req.prompt.strip():
         raise value_error("prompt", "must not be empty.")
-    if len(prompt) > MAX_PROMPT_CHARS:
-        raise value_error("prompt", f"must be at most {MAX_PROMPT_CHARS} characters, got {len(prompt)}.")
-    for name, allowed in _DEFAULT_ONLY.items():
-        value = opt_str(body, name)
-        if value is not None and value not in allowed:
-            raise unsupported(name, f"this server decides it; send {allowed[0]!r} or leave it out.")
-    if body.get("style") is not None:
-        raise unsupported("style", "the image decoder has no styles.")
-    opt_str(body, "user")  # an identifier, recorded nowhere yet: checked for type only
-    size = _size(body)
-    response_format = _choice(body, "response_format", RESPONSE_FORMATS)
-    output_format = _choice(body, "output_format", OUTPUT_FORMATS) or "png"
-    compression = opt_int(body, "output_compression", lo=0, hi=100)
-    if compression is not None and output_format == "png":
+    _check_size(req.size_sent, "size")
+    if req.output_compression is not None and req.output_format == "png":
         raise value_error("output_compression", "applies to jpeg and webp output only.")
-    stream = bool(opt_bool(body, "stream"))
-    partial = opt_int(body, "partial_images", lo=0, hi=MAX_PARTIAL_IMAGES)
-    if partial and not stream:
+    if req.partial_images and not req.stream:
         raise bad_request("'partial_images' needs 'stream' to be true.", param="partial_images")
-    guidance = _guidance(body, "guidance_scale")
-    n = opt_int(body, "n", lo=1, hi=MAX_IMAGES)
-    return ImageGenerationRequest(
-        model=opt_str(body, "model"),
-        prompt=prompt,
-        n=1 if n is None else n,
-        size=size,
-        response_format=response_format or "url",
-        output_format=output_format,
-        output_compression=compression,
-        stream=stream,
-        partial_images=partial or 0,
-        seed=opt_int(body, "seed", lo=MIN_SEED, hi=MAX_SEED),
-        num_inference_steps=opt_int(body, "num_inference_steps", lo=1, hi=MAX_STEPS),
-        guidance_scale=guidance,
-    )
+    if req.seed is not None and req.seed > MAX_SEED:
+        raise value_error("seed", f"must be between {MIN_SEED} and {MAX_SEED}, got {req.seed}.")
+    return req
 
 
 class ChatImageOptions(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """A chat request's `image` object (an extension, shaped like `audio`): how the images the
     model draws are drawn and handed back. Every field is optional."""
 
-    size_sent: Annotated[
-        str | None, Meta(description="auto: the size of the aspect ratio the model picks.")
-    ] = field(name="size", default=None)
-    response_format: Annotated[
-        Literal["url", "b64_json"], Meta(description="url: a signed URL; b64_json: the bytes.")
-    ] = "url"
-    output_format: Literal["png", "jpeg", "webp"] = "png"
-    output_compression: Annotated[int, Meta(ge=0, le=100, description="The jpeg or webp quality.")] | None = None
-    num_inference_steps: Annotated[
-        int, Meta(ge=1, le=MAX_STEPS, description="Denoising steps; default: the server's.")
-    ] | None = None
-    guidance_scale: Annotated[float, Meta(ge=0.0, le=MAX_GUIDANCE, description="Default: the checkpoint's.")] | None = None
+    size_sent: Size | None = field(name="size", default=None)
+    response_format: ResponseFormat = "url"
+    output_format: OutputFormat = "png"
+    output_compression: Compression | None = None
+    num_inference_steps: Steps | None = None
+    guidance_scale: Guidance | None = None
 
     @property
     def size(self) -> tuple[int, int] | None:
@@ -142,7 +134,7 @@ class ChatImageOptions(Struct, frozen=True, kw_only=True, forbid_unknown_fields=
 def check_image_options(options: ChatImageOptions | None) -> None:
     if options is None:
         return
-    _size({"size": options.size_sent}, "image.size")
+    _check_size(options.size_sent, "image.size")
     if options.output_compression is not None and options.output_format == "png":
         raise value_error("image.output_compression", "applies to jpeg and webp output only.")
 
@@ -154,10 +146,7 @@ def parse_chat_image_options(body: Body) -> ChatImageOptions | None:
         return None
     if not isinstance(raw, dict):
         raise type_error("image", "an object", raw)
-    try:
-        options = msgspec.convert({"image": without_nulls(raw)}, _ImageOnly, strict=True).image
-    except msgspec.ValidationError as e:
-        raise validation_error(e) from None
+    options = convert({"image": raw}, _ImageOnly, within=("image",)).image
     check_image_options(options)
     return options
 
@@ -166,25 +155,10 @@ class _ImageOnly(Struct, frozen=True):
     image: ChatImageOptions
 
 
-def _guidance(body: Body, param: str) -> float | None:
-    guidance = opt_number(body, "guidance_scale", param)
-    if guidance is not None and not 0.0 <= guidance <= MAX_GUIDANCE:
-        raise value_error(param, f"must be between 0 and {MAX_GUIDANCE:g}, got {guidance:g}.")
-    return guidance
-
-
-def _size(body: Body, param: str = "size") -> tuple[int, int] | None:
-    value = opt_str(body, "size", param)
+def _check_size(value: str | None, param: str) -> None:
     if value is None:
-        return None
+        return
     try:
-        return parse_size(value)
+        parse_size(value)
     except ValueError as e:
         raise value_error(param, str(e)) from None
-
-
-def _choice(body: Body, key: str, allowed: tuple[str, ...], param: str | None = None) -> str | None:
-    value = opt_str(body, key, param)
-    if value is not None and value not in allowed:
-        raise value_error(param or key, f"'{value}'; expected one of {', '.join(allowed)}.")
-    return value

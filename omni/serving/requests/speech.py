@@ -1,4 +1,5 @@
-"""The body of POST /v1/audio/speech, as the official openai client sends it.
+"""The body of POST /v1/audio/speech, as the official openai client sends it. Each field is
+declared once (common.py says how).
 
 OpenAI's fields: model, input (at most 4,096 characters), voice (a name, or {"id": name}),
 instructions, response_format (mp3 | opus | aac | flac | wav | pcm), speed (0.25 to 4) and
@@ -13,106 +14,115 @@ from __future__ import annotations
 
 import base64
 import binascii
-from dataclasses import dataclass
+import typing
+from typing import Annotated, Literal, TypeAlias
 
+from msgspec import Meta, Struct, field
+
+from omni.serving.requests.common import check_known, honoured, known_fields
 from omni.serving.requests.fields import (
     MAX_SEED,
     MIN_SEED,
     Body,
-    check_known_fields,
-    opt_int,
-    opt_number,
-    opt_str,
-    required_str,
-    type_error,
+    convert,
+    missing,
     value_error,
 )
-from omni.text.constrained.audio_span import MAX_UNITS, MIN_UNITS
 from omni.shared.media.audio_encoding import SPEECH_AUDIO_FORMATS
+from omni.text.constrained.audio_span import MAX_UNITS, MIN_UNITS
 
+SPEECH_PATH = "/v1/audio/speech"
 MAX_INPUT_CHARS = 4096  # OpenAI's
 MIN_SPEED, MAX_SPEED = 0.25, 4.0
-STREAM_FORMATS = ("audio", "sse")
-_KNOWN = frozenset(
-    {
-        "model", "input", "voice", "instructions", "response_format", "speed", "stream_format", "seed", "max_units",
-        "reference_audio",
-    }  # fmt: skip
-)
+AudioFormat: TypeAlias = Literal["mp3", "opus", "aac", "flac", "wav", "pcm"]
+StreamFormat: TypeAlias = Literal["audio", "sse"]
+assert typing.get_args(AudioFormat) == SPEECH_AUDIO_FORMATS
+STREAM_FORMATS: tuple[str, ...] = typing.get_args(StreamFormat)
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class SpeechRequest:
-    model: str | None  # None: the server's only model that speaks
-    input: str
-    voice: str
-    instructions: str | None = None
-    response_format: str = "mp3"
-    speed: float = 1.0
-    stream_format: str = "audio"
-    seed: int | None = None
-    max_units: int = MAX_UNITS
-    reference_audio: bytes | None = None  # a recording to take the voice from
-    reference_format: str | None = None
+class VoiceId(Struct, frozen=True, forbid_unknown_fields=True):
+    """OpenAI's custom voice reference; its id is a voice name here."""
+
+    id: str
+
+
+class ReferenceAudio(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    data: Annotated[str, Meta(description="base64", extra_json_schema={"pattern": r"\S", "contentEncoding": "base64"})]
+    format: str | None = None
+
+
+class SpeechRequest(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    input: Annotated[
+        str, honoured("the text to speak", max_length=MAX_INPUT_CHARS, extra_json_schema={"pattern": r"\S"})
+    ]
+    # "": none given (reference_audio gives the voice)
+    voice_sent: Annotated[
+        str | VoiceId,
+        honoured(
+            "a voice of the model: a speaker of its checkpoint, or one of OpenAI's voice names (alloy, ash, ...) "
+            "mapped onto them; an unknown voice is a 400 listing the voices"
+        ),
+    ] = field(name="voice", default="")
+    # None: the server's only model that speaks
+    model: Annotated[str | None, honoured("a served model with an audio decoder; null: the only one")] = None
+    instructions: Annotated[str, honoured("how to speak: a system turn", max_length=MAX_INPUT_CHARS)] | None = None
+    response_format: Annotated[AudioFormat, honoured("the audio file's format")] = "mp3"
+    speed: Annotated[float, honoured("a time stretch that keeps the pitch", ge=MIN_SPEED, le=MAX_SPEED)] = 1.0
+    stream_format: Annotated[
+        StreamFormat,
+        honoured(
+            "audio: the file's bytes as they are made (chunked); sse: speech.audio.delta events, then speech.audio.done"
+        ),
+    ] = "audio"
+    seed: Annotated[
+        int,
+        honoured(
+            "an extension: the same seed speaks the same audio", ge=MIN_SEED, extra_json_schema={"maximum": MAX_SEED}
+        ),
+    ] | None = None
+    max_units: Annotated[
+        int,
+        honoured(f"an extension: the most units (25 a second) to speak; default {MAX_UNITS}", ge=MIN_UNITS, le=MAX_UNITS),
+    ] = MAX_UNITS
+    reference: Annotated[
+        ReferenceAudio,
+        honoured(
+            "an extension: a recording (base64, any format FFmpeg reads) whose voice is spoken in, on a model with a "
+            "speaker encoder; voice may then be left out"
+        ),
+    ] | None = field(name="reference_audio", default=None)
+
+    @property
+    def voice(self) -> str:
+        return self.voice_sent if isinstance(self.voice_sent, str) else self.voice_sent.id
+
+    @property
+    def reference_audio(self) -> bytes | None:
+        """The recording to take the voice from (its base64 checked by parse_speech_request)."""
+        return None if self.reference is None else base64.b64decode(self.reference.data, validate=True)
+
+    @property
+    def reference_format(self) -> str | None:
+        return None if self.reference is None else self.reference.format
+
+
+SPEECH_FIELDS = known_fields(SpeechRequest)
 
 
 def parse_speech_request(body: Body) -> SpeechRequest:
-    check_known_fields(body, _KNOWN, "/v1/audio/speech")
-    text = required_str(body, "input")
-    if not text.strip():
+    check_known(body, SPEECH_FIELDS, SPEECH_PATH)
+    req = convert(body, SpeechRequest, within=("voice", "reference_audio"))
+    if not req.input.strip():
         raise value_error("input", "must not be empty.")
-    if len(text) > MAX_INPUT_CHARS:
-        raise value_error("input", f"must be at most {MAX_INPUT_CHARS} characters, got {len(text)}.")
-    instructions = opt_str(body, "instructions")
-    if instructions is not None and len(instructions) > MAX_INPUT_CHARS:
-        raise value_error("instructions", f"must be at most {MAX_INPUT_CHARS} characters.")
-    fmt = opt_str(body, "response_format") or "mp3"
-    if fmt not in SPEECH_AUDIO_FORMATS:
-        raise value_error("response_format", f"must be one of {', '.join(SPEECH_AUDIO_FORMATS)}, got {fmt!r}.")
-    stream_format = opt_str(body, "stream_format") or "audio"
-    if stream_format not in STREAM_FORMATS:
-        raise value_error("stream_format", f"must be one of {', '.join(STREAM_FORMATS)}, got {stream_format!r}.")
-    speed = opt_number(body, "speed")
-    if speed is not None and not MIN_SPEED <= speed <= MAX_SPEED:
-        raise value_error("speed", f"must be between {MIN_SPEED} and {MAX_SPEED}, got {speed}.")
-    max_units = opt_int(body, "max_units", lo=MIN_UNITS, hi=MAX_UNITS)
-    reference, reference_format = _reference(body)
-    return SpeechRequest(
-        model=opt_str(body, "model"),
-        input=text,
-        voice="" if reference is not None and body.get("voice") is None else _voice(body),
-        reference_audio=reference,
-        reference_format=reference_format,
-        instructions=instructions,
-        response_format=fmt,
-        speed=1.0 if speed is None else float(speed),
-        stream_format=stream_format,
-        seed=opt_int(body, "seed", lo=MIN_SEED, hi=MAX_SEED),
-        max_units=MAX_UNITS if max_units is None else max_units,
-    )
-
-
-def _reference(body: Body) -> tuple[bytes | None, str | None]:
-    raw = body.get("reference_audio")
-    if raw is None:
-        return None, None
-    if not isinstance(raw, dict):
-        raise type_error("reference_audio", "an object with data (base64) and format", raw)
-    data = required_str(raw, "data", "reference_audio.data")
-    try:
-        decoded = base64.b64decode(data, validate=True)
-    except (binascii.Error, ValueError):
-        raise value_error("reference_audio.data", "is not valid base64.") from None
-    if not decoded:
-        raise value_error("reference_audio.data", "is empty.")
-    return decoded, opt_str(raw, "format", "reference_audio.format")
-
-
-def _voice(body: Body) -> str:
-    """A voice name, or OpenAI's {"id": name} form of one."""
-    raw = body.get("voice")
-    if isinstance(raw, dict):
-        return required_str(raw, "id", "voice.id")
-    if raw is not None and not isinstance(raw, str):
-        raise type_error("voice", "a string or an object with an id", raw)
-    return required_str(body, "voice")
+    if req.reference is None and not req.voice:
+        raise missing("voice")
+    if req.reference is not None:
+        try:
+            decoded = base64.b64decode(req.reference.data, validate=True)
+        except (binascii.Error, ValueError):
+            raise value_error("reference_audio.data", "is not valid base64.") from None
+        if not decoded:
+            raise value_error("reference_audio.data", "is empty.")
+    if req.seed is not None and req.seed > MAX_SEED:
+        raise value_error("seed", f"must be between {MIN_SEED} and {MAX_SEED}, got {req.seed}.")
+    return req

@@ -11,48 +11,80 @@ and gpt-transcribe's keywords and languages. vLLM's extension: seed. A field of 
 
 Reading the body (omni/http/body.py read_transcription_form) only collects the parts, bounded:
 the file by --max-media-bytes, each text value by MAX_FIELD_BYTES, the whole body by
---max-request-bytes and --body-timeout. parse_transcription_request then reads the values, as
-the JSON endpoints' parsers read theirs.
+--max-request-bytes and --body-timeout. parse_transcription_request then reads the values into
+TranscriptionFields, where each field is declared once (common.py says how), as the JSON
+endpoints' parsers read theirs.
 """
 
 from __future__ import annotations
 
-import math
-import re
+import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Annotated, Any, Literal, TypeAlias
+
+from msgspec import Struct
 
 from omni.errors import bad_request
+from omni.serving.requests.common import (
+    Refused,
+    check_known,
+    honoured,
+    known_fields,
+    rejected,
+)
 from omni.serving.requests.fields import (
     MAX_SEED,
     MIN_SEED,
-    check_known_fields,
-    missing,
+    convert,
     unsupported,
     value_error,
 )
 
-RESPONSE_FORMATS = ("json", "text", "verbose_json")
+TRANSCRIPTIONS_PATH = "/v1/audio/transcriptions"
+ResponseFormat: TypeAlias = Literal["json", "text", "verbose_json"]
+Include: TypeAlias = Literal["logprobs"]
+RESPONSE_FORMATS: tuple[str, ...] = typing.get_args(ResponseFormat)
 # Timed captions: the model writes no timestamps.
 TIMED_FORMATS = ("srt", "vtt")
-INCLUDES = ("logprobs",)
 MAX_PROMPT_CHARS = 4096
 MAX_TEMPERATURE = 1.0  # OpenAI's range for transcriptions: 0 to 1
 LANGUAGE_PATTERN = "^[A-Za-z]{2}$"  # ISO-639-1, either case
-_LANGUAGE = re.compile(LANGUAGE_PATTERN)
 
-_TEXT_FIELDS = ("model", "language", "prompt", "response_format", "temperature", "stream", "seed")
-_LIST_FIELDS = ("include", "timestamp_granularities")
-# OpenAI's fields for what this model has not got: a 400 naming the field whatever its value.
-UNSUPPORTED: Mapping[str, str] = {
-    "timestamp_granularities": "this model gives no timestamps.",
-    "chunking_strategy": "the audio is transcribed as one block (no voice activity detection).",
-    "known_speaker_names": "this model labels no speakers.",
-    "known_speaker_references": "this model labels no speakers.",
-    "keywords": "put the words in 'prompt'.",
-    "languages": "give one language in 'language'.",
-}
-KNOWN_FIELDS = frozenset({"file", *_TEXT_FIELDS, *_LIST_FIELDS, *UNSUPPORTED})
+
+class TranscriptionFields(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """The form's fields, each text read as its type."""
+
+    file: Annotated[bytes, honoured("the audio file, in any format FFmpeg reads", extra_json_schema={"format": "binary"})]
+    # A form has no null: a model left out is the only one that reads audio.
+    model: Annotated[str, honoured("a served model with an audio encoder; left out: the only one")] = ""
+    language: Annotated[
+        str, honoured("the spoken language, ISO-639-1; empty: detected", extra_json_schema={"anyOf": [{"pattern": LANGUAGE_PATTERN}, {"maxLength": 0}]})
+    ] = ""
+    prompt: Annotated[str, honoured("text the speech continues, e.g. names to spell", max_length=MAX_PROMPT_CHARS)] = ""
+    response_format: Annotated[ResponseFormat, honoured("json, text or verbose_json (with duration and language)")] = (
+        "json"
+    )
+    temperature: Annotated[float, honoured("the sampling temperature; 0 is greedy", ge=0.0, le=MAX_TEMPERATURE)] = 0.0
+    stream: Annotated[bool, honoured("server-sent events as the text comes; not with verbose_json")] = False
+    include: Annotated[list[Include], honoured("logprobs: each token's log probability (with json only)")] = []
+    seed: Annotated[
+        int, honoured("seeds the sampling", ge=MIN_SEED, extra_json_schema={"maximum": MAX_SEED})
+    ] | None = None
+    # OpenAI's fields for what this model has not got: a 400 naming the field whatever its value.
+    timestamp_granularities: Annotated[Refused, rejected("this model gives no timestamps")] = None
+    chunking_strategy: Annotated[
+        Refused, rejected("the audio is transcribed as one block (no voice activity detection)")
+    ] = None
+    known_speaker_names: Annotated[Refused, rejected("this model labels no speakers")] = None
+    known_speaker_references: Annotated[Refused, rejected("this model labels no speakers")] = None
+    keywords: Annotated[Refused, rejected("put the words in 'prompt'")] = None
+    languages: Annotated[Refused, rejected("give one language in 'language'")] = None
+
+
+TRANSCRIPTION_FIELDS = known_fields(TranscriptionFields)
+# The field a form gives as several parts (`include[]`); every other one is one text.
+_LISTS = frozenset({"include"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,98 +109,56 @@ class TranscriptionRequest:
 
 
 def parse_transcription_request(form: TranscriptionForm) -> TranscriptionRequest:
-    fields = form.fields
-    check_known_fields(fields, KNOWN_FIELDS, "/v1/audio/transcriptions")
-    for name, why in UNSUPPORTED.items():
-        if name in fields:
-            raise unsupported(name, why)
-    text = {name: _one(fields, name) for name in _TEXT_FIELDS}
-    if form.file is None:
-        raise missing("file")
-    if not form.file:
+    check_known(form.fields, TRANSCRIPTION_FIELDS, TRANSCRIPTIONS_PATH)
+    values: dict[str, Any] = {
+        name: list(parts) if name in _LISTS else _one(name, parts) for name, parts in form.fields.items() if parts
+    }
+    if form.file is not None:
+        values["file"] = form.file
+    if values.get("response_format") in TIMED_FORMATS:
+        fmt = values["response_format"]
+        raise unsupported("response_format", f"{fmt} captions need timestamps, and this model gives none.")
+    if "stream" in values:
+        values["stream"] = _bool(values["stream"], "stream")
+    # not strict: each text is read as its field's type ("0.4" a number)
+    fields = convert(values, TranscriptionFields, strict=False)
+    if not fields.file:
         raise value_error("file", "the file is empty.")
-    response_format = text["response_format"] or "json"
-    if response_format in TIMED_FORMATS:
-        raise unsupported("response_format", f"{response_format} captions need timestamps, and this model gives none.")
-    if response_format not in RESPONSE_FORMATS:
-        raise value_error("response_format", f"'{response_format}'; expected one of {', '.join(RESPONSE_FORMATS)}.")
-    stream = _bool(text["stream"], "stream")
-    if stream and response_format == "verbose_json":
+    if fields.stream and fields.response_format == "verbose_json":
         raise unsupported("response_format", "verbose_json is not streamed; send json or text with 'stream'.")
-    logprobs = _include(fields.get("include", ()), response_format)
+    if fields.include and fields.response_format != "json":
+        raise unsupported("include", "logprobs come with response_format json only.")
+    if fields.seed is not None and fields.seed > MAX_SEED:
+        raise value_error("seed", f"must be between {MIN_SEED} and {MAX_SEED}, got {fields.seed}.")
     return TranscriptionRequest(
-        model=text["model"] or None,
-        file=form.file,
-        language=_language(text["language"]),
-        prompt=_prompt(text["prompt"]),
-        response_format=response_format,
-        temperature=_temperature(text["temperature"]),
-        stream=stream,
-        logprobs=logprobs,
-        seed=_seed(text["seed"]),
+        model=fields.model or None,
+        file=fields.file,
+        language=_language(fields.language),
+        prompt=fields.prompt if fields.prompt.strip() else None,
+        response_format=fields.response_format,
+        temperature=fields.temperature,
+        stream=fields.stream,
+        logprobs=bool(fields.include),
+        seed=fields.seed,
     )
 
 
-def _one(fields: Mapping[str, Sequence[str]], name: str) -> str | None:
-    values = fields.get(name)
-    if not values:
-        return None
+def _one(name: str, values: Sequence[str]) -> str:
     if len(values) > 1:
         raise bad_request(f"'{name}' is given {len(values)} times; send it once.", param=name)
     return values[0]
 
 
-def _bool(value: str | None, name: str) -> bool:
-    if value is None:
-        return False
+def _bool(value: str, name: str) -> bool:
     lowered = value.strip().lower()
     if lowered not in ("true", "false"):
         raise value_error(name, f"expected true or false, got {value!r}.")
     return lowered == "true"
 
 
-def _language(value: str | None) -> str | None:
+def _language(value: str) -> str | None:
     if not value:  # some clients send the field empty
         return None
-    if not _LANGUAGE.fullmatch(value):  # (match would take "en\n")
+    if not (len(value) == 2 and value.isascii() and value.isalpha()):  # (a pattern's $ would take "en\n")
         raise value_error("language", f"expected an ISO-639-1 code such as 'en', got {value!r}.")
     return value.lower()
-
-
-def _prompt(value: str | None) -> str | None:
-    if value is not None and len(value) > MAX_PROMPT_CHARS:
-        raise value_error("prompt", f"must be at most {MAX_PROMPT_CHARS} characters, got {len(value)}.")
-    return value if value and value.strip() else None
-
-
-def _temperature(value: str | None) -> float:
-    if value is None:
-        return 0.0
-    try:
-        temperature = float(value)
-    except ValueError:
-        raise value_error("temperature", f"expected a number, got {value!r}.") from None
-    if not (math.isfinite(temperature) and 0.0 <= temperature <= MAX_TEMPERATURE):
-        raise value_error("temperature", f"must be between 0 and {MAX_TEMPERATURE:g}, got {value}.")
-    return temperature
-
-
-def _seed(value: str | None) -> int | None:
-    if value is None:
-        return None
-    try:
-        seed = int(value)
-    except ValueError:
-        raise value_error("seed", f"expected an integer, got {value!r}.") from None
-    if not MIN_SEED <= seed <= MAX_SEED:
-        raise value_error("seed", f"must be between {MIN_SEED} and {MAX_SEED}, got {seed}.")
-    return seed
-
-
-def _include(values: Sequence[str], response_format: str) -> bool:
-    for value in values:
-        if value not in INCLUDES:
-            raise value_error("include", f"'{value}'; expected one of {', '.join(INCLUDES)}.")
-    if values and response_format != "json":
-        raise unsupported("include", "logprobs come with response_format json only.")
-    return bool(values)
