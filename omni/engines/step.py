@@ -3,6 +3,7 @@ runner with the real Scheduler exactly as the engine does."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 from omni.shared import protocol
@@ -20,26 +21,25 @@ def sampling_options(request: Request) -> protocol.SamplingOptions:
         # vLLM bans EOS here even with ignore_eos: min_tokens promises non-stop tokens.
         stop_ids = sorted(set(params.stop_token_ids) | request.eos_token_ids)
     return protocol.SamplingOptions(
-        temperature=params.temperature,
-        top_p=params.top_p,
-        top_k=params.top_k,
-        seed=params.seed,
-        logprobs=params.logprobs,
-        presence_penalty=params.presence_penalty,
-        frequency_penalty=params.frequency_penalty,
-        repetition_penalty=params.repetition_penalty,
+        **{name: getattr(params, name) for name in SHARED_OPTIONS},
         logit_bias_token_ids=[t for t, _ in params.logit_bias],
         logit_bias_values=[b for _, b in params.logit_bias],
-        min_p=params.min_p,
         allowed_token_ids=(
             None if params.allowed_token_ids is None else list(params.allowed_token_ids)
         ),
         bad_words_token_ids=[list(w) for w in params.bad_words_token_ids],
-        min_tokens=params.min_tokens,
         min_tokens_stop_ids=stop_ids,
-        prompt_logprobs=params.prompt_logprobs,
-        prefill_only=params.prefill_only,
     )
+
+
+# The worker's options that are the scheduler's params of the same name, as they are (plain
+# values msgpack carries): a new sampling field needs no line here. The rest are reshaped above.
+SHARED_OPTIONS = tuple(
+    f.name
+    for f in dataclasses.fields(protocol.SamplingOptions)
+    if f.name
+    not in {"logit_bias_token_ids", "logit_bias_values", "allowed_token_ids", "bad_words_token_ids", "min_tokens_stop_ids"}
+)
 
 
 def step_message(

@@ -4,6 +4,9 @@ SamplingParams."""
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Any
+
 from omni.errors import bad_request
 from omni.serving.requests.common import GenerationFields
 from omni.serving.requests.fields import MAX_PROMPT_LOGPROBS, value_error
@@ -117,22 +120,21 @@ def sampling_params(
             param=request.max_tokens_param,
             code="context_length_exceeded",
         )
-    return SamplingParams(
-        max_tokens=room if max_tokens is None else max_tokens,
-        temperature=request.temperature,
-        top_p=request.top_p,
-        top_k=request.top_k,
-        seed=request.seed,
-        logprobs=request.num_logprobs,
-        stop_token_ids=request.stop_token_ids + stop_token_ids,
-        ignore_eos=request.ignore_eos,
-        min_tokens=request.min_tokens,
-        presence_penalty=request.presence_penalty,
-        frequency_penalty=request.frequency_penalty,
-        repetition_penalty=request.repetition_penalty,
-        logit_bias=request.logit_bias,
-        min_p=request.min_p,
-        allowed_token_ids=request.allowed_token_ids,
-        bad_words_token_ids=bad_words_token_ids(request.bad_words, tokenizer),
-        prompt_logprobs=request.num_prompt_logprobs,
-    )
+    derived: dict[str, Any] = {
+        "max_tokens": room if max_tokens is None else max_tokens,
+        "logprobs": request.num_logprobs,
+        "stop_token_ids": request.stop_token_ids + stop_token_ids,
+        "bad_words_token_ids": bad_words_token_ids(request.bad_words, tokenizer),
+        "prompt_logprobs": request.num_prompt_logprobs,
+    }
+    # Every other field is the request's field of the same name: a new sampling field needs no
+    # line here (test_sampling checks each field is one or the other).
+    return SamplingParams(**derived, **{name: getattr(request, name) for name in COPIED_FIELDS})
+
+
+# SamplingParams' fields a request holds under the same name and meaning.
+COPIED_FIELDS = tuple(
+    f.name
+    for f in dataclasses.fields(SamplingParams)
+    if f.name not in {"max_tokens", "logprobs", "stop_token_ids", "bad_words_token_ids", "prompt_logprobs"}
+)
