@@ -18,6 +18,7 @@ from msgspec import UNSET, Meta, Struct, UnsetType
 
 from omni.engines.generation import Usage as TokenUsage
 from omni.serving.requests.chat import TextPart
+from omni.serving.requests.images import OUTPUT_FORMATS
 from omni.serving.requests.transcriptions import MAX_TEMPERATURE
 
 Count: TypeAlias = Annotated[int, Meta(ge=0)]
@@ -30,7 +31,8 @@ def finish_reason(reason: str | None) -> FinishReason:
     return cast(FinishReason, reason)
 
 
-OutputFormat: TypeAlias = Literal["png", "jpeg", "webp"]
+# The request's output_format, as sent (str typed, so either the request's Literal or a str fits).
+OutputFormat: TypeAlias = Annotated[str, Meta(extra_json_schema={"enum": list(OUTPUT_FORMATS)})]
 Utf8Bytes: TypeAlias = list[Annotated[int, Meta(ge=0, le=255)]]
 
 # ----------------------------------------------------------------------------- shared pieces
@@ -124,7 +126,7 @@ class MessageAudio(Struct):
     transcript: str
 
 
-class AssistantMessage(Struct, kw_only=True):
+class ChatCompletionMessage(Struct, kw_only=True):
     role: Literal["assistant"]
     content: Annotated[
         str | list[TextPart | OutputImagePart] | None,
@@ -137,7 +139,7 @@ class AssistantMessage(Struct, kw_only=True):
 
 class ChatChoice(Struct):
     index: Count
-    message: AssistantMessage
+    message: ChatCompletionMessage
     logprobs: ChatLogprobs | None
     finish_reason: FinishReason
 
@@ -253,7 +255,7 @@ class ImageUsage(Struct):
     total_tokens: Count
 
 
-class ImageData(Struct, omit_defaults=True):
+class ImageData(Struct):
     url: str | UnsetType = UNSET
     b64_json: str | UnsetType = UNSET
 

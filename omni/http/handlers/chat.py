@@ -18,7 +18,7 @@ from omni.http.logprobs import chat_logprob_entries, prompt_logprobs_json
 from omni.serving.requests import ChatCompletionRequest, parse_chat_completion_request
 from omni.serving.requests.chat import TextPart
 from omni.serving.responses import (
-    AssistantMessage,
+    ChatCompletionMessage,
     AudioDelta,
     ChatChoice,
     ChatChunkChoice,
@@ -76,7 +76,7 @@ async def _complete(request: web.Request, req: ChatCompletionRequest, completion
     for i, c in enumerate(collected):
         parser = fmt.new_parser()
         reply = parser.parse(c.text)
-        message = AssistantMessage(role="assistant", content=echo + reply.content)
+        message = ChatCompletionMessage(role="assistant", content=echo + reply.content)
         if c.images and not completion.inline_images:
             message.content = _content_parts(echo + reply.content, c.images)
         if reply.tool_calls:

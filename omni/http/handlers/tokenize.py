@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from typing import Any
 
 from aiohttp import web
 
@@ -21,6 +20,8 @@ from omni.serving.requests import parse_chat_completion_request
 from omni.serving.requests.fields import Body, missing, opt_bool, opt_str, type_error
 from omni.serving.prompt import chat_prompt, media_parts
 from omni.serving.model import ServedModel
+from omni.serving.responses import DetokenizeResponse, TokenizeResponse
+from omni.http.sse import json_response
 from omni.http.state import MODELS
 
 TOKENIZE_PATH = "/tokenize"
@@ -52,13 +53,13 @@ async def tokenize(request: web.Request) -> web.Response:
             raise missing("prompt")  # or messages: the chat form
         add_special = opt_bool(body, "add_special_tokens") is not False  # vLLM's default: true
         token_ids = await asyncio.to_thread(model.tokenizer.encode, prompt, add_special_tokens=add_special)
-    out: dict[str, Any] = {
-        "count": len(token_ids),
-        "max_model_len": model.pool.max_model_len or None,  # 0 until the worker reports it
-        "tokens": token_ids,
-        "token_strs": _token_strs(model, token_ids) if return_strs else None,
-    }
-    return web.json_response(out)
+    out = TokenizeResponse(
+        count=len(token_ids),
+        max_model_len=model.pool.max_model_len or None,  # 0 until the worker reports it
+        tokens=token_ids,
+        token_strs=_token_strs(model, token_ids) if return_strs else None,
+    )
+    return await json_response(out)
 
 
 async def detokenize(request: web.Request) -> web.Response:
@@ -76,7 +77,7 @@ async def detokenize(request: web.Request) -> web.Response:
         raise bad_request(f"Token id {outside} is outside the vocabulary [0, {vocab}).", param="tokens", code="invalid_value")
     # Special tokens are kept, as vLLM's detokenize keeps them.
     text = await asyncio.to_thread(model.tokenizer.decode, tokens, skip_special_tokens=False)
-    return web.json_response({"prompt": text})
+    return await json_response(DetokenizeResponse(text))
 
 
 def _model(request: web.Request, body: Body) -> ServedModel:
