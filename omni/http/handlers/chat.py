@@ -110,7 +110,9 @@ async def _complete(request: web.Request, req: ChatCompletionRequest, completion
     return await sse.json_response(body, num_items=num_items)
 
 
-def _logprobs(req: ChatCompletionRequest, tokenizer: TextTokenizer, logprobs: list[TokenLogprob]) -> ChatLogprobs | None:
+def _logprobs(
+    req: ChatCompletionRequest, tokenizer: TextTokenizer, logprobs: list[TokenLogprob]
+) -> ChatLogprobs | None:
     if not req.logprobs:
         return None
     return ChatLogprobs(chat_logprob_entries(tokenizer, logprobs, as_token_ids=req.return_tokens_as_token_ids))

@@ -113,7 +113,8 @@ def _verbose(
 def _logprob_entries(t: Transcription, logprobs: Sequence[TokenLogprob]) -> list[LogprobEntry]:
     """OpenAI's {token, logprob, bytes} per token of the transcript (the stop token is none)."""
     tokenizer: TextTokenizer = t.model.tokenizer
-    return [logprob_entry(tokenizer, lp.token_id, lp.logprob) for lp in logprobs if lp.token_id not in tokenizer.eos_token_ids]
+    eos = tokenizer.eos_token_ids
+    return [logprob_entry(tokenizer, lp.token_id, lp.logprob) for lp in logprobs if lp.token_id not in eos]
 
 
 async def _stream(request: web.Request, req: TranscriptionRequest, t: Transcription) -> web.StreamResponse:

@@ -14,8 +14,8 @@ from omni.serving.responses import (
     ChunkUsage,
     ImageData,
     LogprobEntry,
-    TranscriptionUsage,
     TranscriptionTokenDetails,
+    TranscriptionUsage,
     TranscriptTextDeltaEvent,
     usage_body,
 )
