@@ -9,7 +9,8 @@ what is accepted. The images, speech and transcription endpoints have no table (
 list their own fields), so their schemas are written here whole; the transcription body is a
 multipart form, whose values are text: its schema gives the type each text is read as.
 tests/omni/http/test_openapi.py fails when a field or a route is
-undocumented.
+undocumented. The response components are the JSON schemas of the Structs the handlers encode
+(omni/serving/responses.py, and omni/errors.py's Error).
 
 What a schema cannot say is left to the descriptions and answered with a 400 naming the
 field: a token id past the vocabulary, a prompt past the context, two output constraints at
