@@ -18,12 +18,12 @@ from omni.http.logprobs import chat_logprob_entries, prompt_logprobs_json
 from omni.serving.requests import ChatCompletionRequest, parse_chat_completion_request
 from omni.serving.requests.chat import TextPart
 from omni.serving.responses import (
-    ChatCompletionMessage,
     AudioDelta,
     ChatChoice,
     ChatChunkChoice,
     ChatCompletion,
     ChatCompletionChunk,
+    ChatCompletionMessage,
     ChatLogprobs,
     ChunkDelta,
     ChunkUsage,
