@@ -202,7 +202,7 @@ ChunkUsage: TypeAlias = Annotated[
 ]
 
 
-class ChatCompletionChunk(Struct, kw_only=True):
+class ChatCompletionChunk(Struct):
     id: str
     object: Literal["chat.completion.chunk"]
     created: Count
@@ -231,7 +231,7 @@ class TextCompletion(Struct, kw_only=True):
     usage: Usage
 
 
-class TextCompletionChunk(Struct, kw_only=True):
+class TextCompletionChunk(Struct):
     id: str
     object: Literal["text_completion"]
     created: Count

@@ -141,9 +141,7 @@ async def _stream(
     created, name = int(time.time()), completion.model.name
 
     def chunk(choices: list[ChatChunkChoice], usage: ChunkUsage) -> ChatCompletionChunk:
-        return ChatCompletionChunk(
-            id=completion.id, object="chat.completion.chunk", created=created, model=name, choices=choices, usage=usage
-        )
+        return ChatCompletionChunk(completion.id, "chat.completion.chunk", created, name, choices, usage)
 
     stream = sse.ChunkStream(response, chunk, req.include_usage, req.continuous_usage)
     echo = _echo(req)
@@ -163,6 +161,7 @@ async def _stream(
         if delta.finish_reason is not None:
             parsed += parser.finish()
         body = ChunkDelta()
+        empty = not (parsed.reasoning or parsed.content or parsed.tool_calls)
         if parsed.reasoning:
             body.reasoning_content = parsed.reasoning
         if parsed.content:
@@ -176,10 +175,11 @@ async def _stream(
                 if audio.transcript is not UNSET:
                     body.content = UNSET  # a spoken turn's text is its transcript
                 body.audio = audio
+                empty = False
             spoken[index].extend(delta.audio)
         if delta.images and not completion.inline_images:
             images.append((index, delta.images))
-        if body == _EMPTY_DELTA and delta.finish_reason is None and not req.logprobs:
+        if empty and delta.finish_reason is None and not req.logprobs:
             return None  # a token that completes no character yet, or markup held back
         logprobs = _logprobs(req, tokenizer, delta.logprobs)
         return ChatChunkChoice(index, body, logprobs, _finish_reason(delta.finish_reason, parser.made_calls))
@@ -201,9 +201,6 @@ async def _stream(
             if pieces:
                 await store_spoken(speaking.audio.store, audio_id, _samples(pieces), "wav", "".join(said))
     return response
-
-
-_EMPTY_DELTA = ChunkDelta()
 
 
 def _audio_delta(audio_id: str, delta: Delta, requested: bool, content: str) -> AudioDelta | None:

@@ -172,9 +172,7 @@ async def _stream(
     created, name = int(time.time()), completion.model.name
 
     def chunk(choices: list[TextChoice], usage: ChunkUsage) -> TextCompletionChunk:
-        return TextCompletionChunk(
-            id=completion.id, object="text_completion", created=created, model=name, choices=choices, usage=usage
-        )
+        return TextCompletionChunk(completion.id, "text_completion", created, name, choices, usage)
 
     stream = sse.ChunkStream(response, chunk, req.include_usage, req.continuous_usage)
     echoes = _echoes(req, completion)
