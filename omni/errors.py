@@ -8,12 +8,33 @@ media layer's own errors) into responses. Nothing here imports aiohttp or an eng
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Annotated, Any
+
+import msgspec
+from msgspec import UNSET, Meta, Struct, UnsetType
 
 from omni.shared.log_format import current_request_id
 
 INVALID_REQUEST = "invalid_request_error"
 SERVER_ERROR = "server_error"
+
+class ErrorObject(Struct, kw_only=True):
+    message: str
+    type: str
+    param: Annotated[str | None, Meta(description="The field the error is about, e.g. messages[0].content.")]
+    code: str | None
+    # An addition to OpenAI's four fields, which clients ignore: a user's error report then
+    # finds the server's log lines.
+    request_id: Annotated[str, Meta(description="The request's X-Request-Id, as in the server's logs.")] | UnsetType = (
+        UNSET
+    )
+
+
+class Error(Struct):
+    """Every error's body, whatever its status."""
+
+    error: ErrorObject
+
 
 class APIError(Exception):
     def __init__(
@@ -34,14 +55,16 @@ class APIError(Exception):
         self.code = code
         self.headers = dict(headers or {})
 
-    def to_dict(self) -> dict[str, Any]:
-        error = {"message": self.message, "type": self.type, "param": self.param, "code": self.code}
-        # The request's X-Request-Id (an addition to OpenAI's four fields, which clients ignore),
-        # so a user's error report finds the server's log lines.
+    def body(self) -> Error:
+        error = ErrorObject(message=self.message, type=self.type, param=self.param, code=self.code)
         rid = current_request_id.get()
         if rid:
-            error["request_id"] = rid
-        return {"error": error}
+            error.request_id = rid
+        return Error(error)
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = msgspec.to_builtins(self.body())
+        return out
 
 
 def bad_request(message: str, *, param: str | None = None, code: str | None = None) -> APIError:

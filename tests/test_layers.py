@@ -530,7 +530,6 @@ def test_the_size_checker_sees_a_violation(tmp_path: Path) -> None:
 UNMIRRORED: dict[str, str] = {
     "omni/serving/requests/common.py": "the shared generation fields; tests/omni/serving/requests/test_fields.py",
     "omni/serving/requests/parse.py": "every parse_* goes through it; tests/omni/serving/requests/test_fields.py and test_chat.py",
-    "omni/serving/sampling.py": "tests/omni/serving/requests/test_fields.py (sampling_params) and test_output_fields.py (truncation)",
     "omni/__main__.py": "two lines calling omni.cli.main.main (see omni/cli/main.py's entry)",
     "omni/cli/main.py": "the serving entry point, run as a process by tests/e2e/test_operations.py and tests/e2e/test_failures.py",
     "omni/config.py": "dataclasses the CLI fills in tests/omni/cli/test_options.py; CORS in tests/omni/http/test_cors.py",
@@ -540,7 +539,6 @@ UNMIRRORED: dict[str, str] = {
     "omni/engines/generation.py": "tests/omni/modalities/outputs/test_router.py, tests/omni/http/handlers/test_chat.py",
     "omni/engines/llm.py": "tests/omni/engines/test_admission.py; on real workers, tests/e2e/test_chat_api.py",
     "omni/engines/pool.py": "tests/omni/engines/test_admission.py; on real workers, tests/e2e/test_pools.py",
-    "omni/engines/step.py": "StepDriver in tests/gpu_workers/conftest.py runs the runners through it",
     "omni/engines/worker_specs.py": "tests/omni/cli/test_options.py and tests/deploy/test_kubernetes_manifests.py",
     "omni/http/handlers/artifacts.py": "tests/omni/shared/store/test_local.py and tests/e2e/test_images.py",
     "omni/http/handlers/images.py": "tests/e2e/test_images.py",

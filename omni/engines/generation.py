@@ -95,14 +95,6 @@ class Usage:
         self.completion_tokens += other.completion_tokens
         self.cached_tokens += other.cached_tokens
 
-    def to_json(self) -> dict[str, object]:
-        return {
-            "prompt_tokens": self.prompt_tokens,
-            "completion_tokens": self.completion_tokens,
-            "total_tokens": self.prompt_tokens + self.completion_tokens,
-            "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
-        }
-
 
 def new_request_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 
-import orjson
+import msgspec
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
@@ -29,7 +29,7 @@ _DROPPED_HEADERS = frozenset({"content-type", "content-length"})
 def error_response(error: APIError) -> web.Response:
     return web.Response(
         status=error.status,
-        body=orjson.dumps(error.to_dict()),
+        body=msgspec.json.encode(error.body()),
         content_type="application/json",
         headers=error.headers,
     )

@@ -10,9 +10,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
-
 from omni.engines.generation import PromptLogprobs, TokenLogprob
+from omni.serving.responses import (
+    ChatTokenLogprob,
+    CompletionLogprobs,
+    LogprobEntry,
+    PromptTokenLogprob,
+)
 from omni.text.tokenizer import TextTokenizer
 
 
@@ -24,22 +28,20 @@ def token_name(tokenizer: TextTokenizer, token_id: int, as_token_ids: bool = Fal
     return f"token_id:{token_id}" if as_token_ids else token_text(tokenizer, token_id)
 
 
-def _token_entry(
-    tokenizer: TextTokenizer, token_id: int, logprob: float, as_token_ids: bool
-) -> dict[str, Any]:
+def logprob_entry(tokenizer: TextTokenizer, token_id: int, logprob: float, as_token_ids: bool = False) -> LogprobEntry:
     name = token_name(tokenizer, token_id, as_token_ids)
-    return {"token": name, "logprob": logprob, "bytes": list(name.encode("utf-8"))}
+    return LogprobEntry(name, logprob, list(name.encode("utf-8")))
 
 
 def chat_logprob_entries(
     tokenizer: TextTokenizer, logprobs: Sequence[TokenLogprob], *, as_token_ids: bool = False
-) -> list[dict[str, Any]]:
+) -> list[ChatTokenLogprob]:
     """as_token_ids: the request's return_tokens_as_token_ids."""
     entries = []
     for lp in logprobs:
-        entry = _token_entry(tokenizer, lp.token_id, lp.logprob, as_token_ids)
-        entry["top_logprobs"] = [_token_entry(tokenizer, t, v, as_token_ids) for t, v in lp.top]
-        entries.append(entry)
+        name = token_name(tokenizer, lp.token_id, as_token_ids)
+        top = [logprob_entry(tokenizer, t, v, as_token_ids) for t, v in lp.top]
+        entries.append(ChatTokenLogprob(name, lp.logprob, list(name.encode("utf-8")), top))
     return entries
 
 
@@ -57,35 +59,33 @@ class OffsetToken:
 
 def completion_logprobs(
     tokenizer: TextTokenizer, tokens: Sequence[OffsetToken], *, as_token_ids: bool = False
-) -> dict[str, Any]:
+) -> CompletionLogprobs:
     """The legacy completions' logprobs object. top_logprobs holds the token itself first,
     then the alternatives (OpenAI's "up to logprobs + 1"; vLLM's order)."""
-    names, token_logprobs, tops, offsets = [], [], [], []
+    names: list[str] = []
+    token_logprobs: list[float | None] = []
+    tops: list[dict[str, float | None] | None] = []
+    offsets: list[int] = []
     for t in tokens:
         names.append(token_name(tokenizer, t.token_id, as_token_ids))
         token_logprobs.append(t.logprob)
-        top: dict[str, float] | None = None
+        top: dict[str, float | None] | None = None
         if t.logprob is not None and t.top is not None:
             top = {names[-1]: t.logprob}
             for token_id, logprob in t.top:
                 top.setdefault(token_name(tokenizer, token_id, as_token_ids), logprob)
         tops.append(top)
         offsets.append(t.text_offset)
-    return {
-        "tokens": names,
-        "token_logprobs": token_logprobs,
-        "top_logprobs": tops,
-        "text_offset": offsets,
-    }
+    return CompletionLogprobs(names, token_logprobs, tops, offsets)
 
 
 def prompt_logprobs_json(
     tokenizer: TextTokenizer, prompt_logprobs: PromptLogprobs, num_top: int | None = None
-) -> list[dict[str, dict[str, Any]] | None]:
+) -> list[dict[str, PromptTokenLogprob] | None]:
     """vLLM's prompt_logprobs: None for the first prompt token, then per position a dict from
     token id (as a string) to {"logprob", "rank", "decoded_token"}: the prompt token first,
     then the num_top most likely tokens there (all the worker sent when None)."""
-    out: list[dict[str, dict[str, Any]] | None] = []
+    out: list[dict[str, PromptTokenLogprob] | None] = []
     for entry in prompt_logprobs:
         if entry is None:
             out.append(None)
@@ -99,5 +99,5 @@ def prompt_logprobs_json(
     return out
 
 
-def _prompt_entry(tokenizer: TextTokenizer, token_id: int, logprob: float, rank: int) -> dict[str, Any]:
-    return {"logprob": logprob, "rank": rank, "decoded_token": token_text(tokenizer, token_id)}
+def _prompt_entry(tokenizer: TextTokenizer, token_id: int, logprob: float, rank: int) -> PromptTokenLogprob:
+    return PromptTokenLogprob(logprob, rank, token_text(tokenizer, token_id))

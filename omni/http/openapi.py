@@ -9,6 +9,8 @@ on `model`, extra_body, and the few rules between fields the parsers check. The 
 body is a multipart form, whose values are text (and never null): its schema gives the type
 each text is read as. tests/omni/http/test_openapi.py checks that the schemas refuse what the
 parsers refuse.
+The response components are the JSON schemas of the Structs the handlers encode
+(omni/serving/responses.py, and omni/errors.py's Error).
 
 What a schema cannot say is left to the descriptions and answered with a 400 naming the
 field: a token id past the vocabulary, a prompt past the context, two output constraints at
@@ -27,10 +29,12 @@ import orjson
 from aiohttp import web
 from msgspec import Struct
 
+from omni.errors import Error
 from omni.http.state import CONFIG, MODELS
 from omni.serving.requests.chat import ChatCompletionRequest
 from omni.serving.requests.common import known_fields
 from omni.serving.requests.completions import CompletionRequest
+from omni.serving.responses import RESPONSE_TYPES
 from omni.serving.requests.dispositions import (
     FIELDS,
     PATHS,
@@ -42,7 +46,6 @@ from omni.serving.requests.dispositions import (
 )
 from omni.serving.requests.images import (
     IMAGES_PATH,
-    OUTPUT_FORMATS,
     ImageGenerationRequest,
 )
 from omni.serving.requests.speech import SPEECH_PATH, SpeechRequest
@@ -55,7 +58,6 @@ from omni.serving.requests.tokenize import (
     TokenizeCompletionRequest,
 )
 from omni.serving.requests.transcriptions import (
-    MAX_TEMPERATURE,
     TRANSCRIPTIONS_PATH,
     TranscriptionFields,
 )
@@ -293,418 +295,16 @@ REQUIRED: Mapping[Endpoint, tuple[str, ...]] = {
 }
 
 
-def _tokenize_responses() -> dict[str, Schema]:
-    return {
-        "TokenizeResponse": {
-            "type": "object",
-            "properties": {
-                "count": _int(0),
-                "max_model_len": _or_null(_int(1), "null until the model's worker has started."),
-                "tokens": _TOKEN_IDS,
-                "token_strs": _or_null({"type": "array", "items": _or_null(_STRING)}),
-            },
-            "required": ["count", "max_model_len", "tokens", "token_strs"],
-        },
-        "DetokenizeResponse": {"type": "object", "properties": {"prompt": _STRING}, "required": ["prompt"]},
-        "Version": {"type": "object", "properties": {"version": _STRING}, "required": ["version"]},
-    }
-
-
 # ----------------------------------------------------------------------------- responses
-
-_LOGPROB: Schema = {"type": ["number", "null"], "description": "null: minus infinity."}
 
 
 def _response_schemas() -> dict[str, Schema]:
-    token: Schema = {
-        "type": "object",
-        "properties": {"token": _STRING, "logprob": _LOGPROB, "bytes": {"type": "array", "items": _int(0, 255)}},
-        "required": ["token", "logprob", "bytes"],
-    }
-    finish = _or_null({"enum": ["stop", "length", "tool_calls", "abort"]})
-    envelope = {"id": _STRING, "created": _int(0), "model": _STRING}
-
-    def body(obj: str, choice: Schema, usage: Schema, **extra: Schema) -> Schema:
-        return {
-            "type": "object",
-            "properties": {
-                **envelope,
-                "object": {"const": obj},
-                "choices": {"type": "array", "items": choice},
-                "usage": usage,
-                **extra,
-            },
-            "required": ["id", "object", "created", "model", "choices"],
-        }
-
-    tool_call = {
-        "type": "object",
-        "properties": {
-            "id": _STRING,
-            "type": {"const": "function"},
-            "function": {
-                "type": "object",
-                "properties": {"name": _STRING, "arguments": _STRING},
-                "required": ["name", "arguments"],
-            },
-        },
-        "required": ["id", "type", "function"],
-    }
-    tool_call_delta = {
-        "type": "object",
-        "properties": {
-            "index": _int(0),
-            "id": _STRING,
-            "type": {"const": "function"},
-            "function": {"type": "object", "properties": {"name": _STRING, "arguments": _STRING}},
-        },
-        "required": ["index", "function"],
-    }
-    chat_choice = {
-        "type": "object",
-        "properties": {
-            "index": _int(0),
-            "message": {
-                "type": "object",
-                "properties": {
-                    "role": {"const": "assistant"},
-                    "content": {
-                        "anyOf": [
-                            _STRING,
-                            {"type": "array", "items": {"oneOf": [_ref("TextPart"), _ref("OutputImagePart")]}},
-                            {"type": "null"},
-                        ],
-                        "description": "A turn that drew images: its text part (if it has text), then its images.",
-                    },
-                    "tool_calls": {"type": "array", "items": tool_call},
-                    "reasoning_content": _or_null(_STRING),
-                },
-                "required": ["role", "content"],
-            },
-            "logprobs": _or_null(_ref("ChatLogprobs")),
-            "finish_reason": finish,
-        },
-        "required": ["index", "message", "logprobs", "finish_reason"],
-    }
-    chunk_choice = {
-        "type": "object",
-        "properties": {
-            "index": _int(0),
-            "delta": {
-                "type": "object",
-                "properties": {
-                    "role": {"const": "assistant"},
-                    "content": {
-                        "anyOf": [_STRING, {"type": "array", "items": _ref("OutputImagePart")}],
-                        "description": "Text, or in a chunk of its own the images the tokens so far drew.",
-                    },
-                    "reasoning_content": _STRING,
-                    "tool_calls": {"type": "array", "items": tool_call_delta},
-                },
-            },
-            "logprobs": _or_null(_ref("ChatLogprobs")),
-            "finish_reason": finish,
-        },
-        "required": ["index", "delta", "logprobs", "finish_reason"],
-    }
-    text_choice = {
-        "type": "object",
-        "properties": {
-            "index": _int(0),
-            "text": _STRING,
-            "logprobs": _or_null(_ref("CompletionLogprobs")),
-            "finish_reason": finish,
-            "prompt_logprobs": _ref("PromptLogprobs"),
-        },
-        "required": ["index", "text", "logprobs", "finish_reason"],
-    }
-    usage_or_null = _or_null(_ref("Usage"), "With stream_options.include_usage: null until the last chunk.")
-    model = {
-        "type": "object",
-        "properties": {
-            "id": _STRING,
-            "object": {"const": "model"},
-            "created": _int(0),
-            "owned_by": _STRING,
-            "max_model_len": _or_null(_int(1)),
-        },
-        "required": ["id", "object", "created", "owned_by"],
-    }
-    return {
-        "ChatCompletion": body(
-            "chat.completion", chat_choice, _ref("Usage"), prompt_logprobs=_ref("PromptLogprobs")
-        ),
-        "ChatCompletionChunk": body("chat.completion.chunk", chunk_choice, usage_or_null),
-        "TextCompletion": body("text_completion", text_choice, _ref("Usage")),
-        "TextCompletionChunk": body("text_completion", text_choice, usage_or_null),
-        "OutputImagePart": _part(
-            "image_url",
-            {
-                "image_url": {
-                    "type": "object",
-                    "properties": {
-                        "url": {
-                            "type": "string",
-                            "description": "The image's signed URL; a data: URL with image.response_format b64_json.",
-                        }
-                    },
-                    "required": ["url"],
-                }
-            },
-        ),
-        **_image_response_schemas(),
-        **_audio_response_schemas(),
-        "Usage": {
-            "type": "object",
-            "properties": {
-                "prompt_tokens": _int(0),
-                "completion_tokens": _int(0),
-                "total_tokens": _int(0),
-                "prompt_tokens_details": {
-                    "type": "object",
-                    "properties": {"cached_tokens": _int(0)},
-                    "required": ["cached_tokens"],
-                },
-            },
-            "required": ["prompt_tokens", "completion_tokens", "total_tokens"],
-        },
-        "ChatLogprobs": {
-            "type": "object",
-            "properties": {
-                "content": {
-                    "type": "array",
-                    "items": {
-                        **token,
-                        "properties": {**token["properties"], "top_logprobs": {"type": "array", "items": token}},
-                        "required": [*token["required"], "top_logprobs"],
-                    },
-                }
-            },
-            "required": ["content"],
-        },
-        "CompletionLogprobs": {
-            "type": "object",
-            "properties": {
-                "tokens": {"type": "array", "items": _STRING},
-                "token_logprobs": {"type": "array", "items": _LOGPROB},
-                "top_logprobs": {
-                    "type": "array",
-                    "items": _or_null({"type": "object", "additionalProperties": _LOGPROB}),
-                },
-                "text_offset": {"type": "array", "items": _int(0)},
-            },
-            "required": ["tokens", "token_logprobs", "top_logprobs", "text_offset"],
-        },
-        "PromptLogprobs": {
-            "type": "array",
-            "description": "null for the first prompt token; then token id -> its logprob, rank and text.",
-            "items": _or_null(
-                {
-                    "type": "object",
-                    "additionalProperties": {
-                        "type": "object",
-                        "properties": {"logprob": _LOGPROB, "rank": _int(), "decoded_token": _STRING},
-                        "required": ["logprob", "rank", "decoded_token"],
-                    },
-                }
-            ),
-        },
-        "Model": model,
-        "ModelList": {
-            "type": "object",
-            "properties": {"object": {"const": "list"}, "data": {"type": "array", "items": _ref("Model")}},
-            "required": ["object", "data"],
-        },
-        "Health": {
-            "type": "object",
-            "properties": {
-                "status": {"enum": ["ok", "starting"]},
-                "not_ready": {"type": "array", "items": _STRING, "description": "The models still starting."},
-            },
-            "required": ["status"],
-        },
-        "Error": {
-            "type": "object",
-            "properties": {
-                "error": {
-                    "type": "object",
-                    "properties": {
-                        "message": _STRING,
-                        "type": _STRING,
-                        "param": _or_null(_STRING, "The field the error is about, e.g. messages[0].content."),
-                        "code": _or_null(_STRING),
-                        "request_id": {**_STRING, "description": "The request's X-Request-Id, as in the server's logs."},
-                    },
-                    "required": ["message", "type", "param", "code"],
-                }
-            },
-            "required": ["error"],
-        },
-    }
-
-
-def _audio_response_schemas() -> dict[str, Schema]:
-    """The audio APIs' bodies and events, as the official client's Transcription,
-    TranscriptionVerbose and TranscriptionStreamEvent read them, and OpenAI's speech events."""
-    logprob: Schema = {
-        "type": "object",
-        "properties": {"token": _STRING, "logprob": _LOGPROB, "bytes": {"type": "array", "items": _int(0, 255)}},
-        "required": ["token", "logprob", "bytes"],
-    }
-    logprobs: Schema = {"type": "array", "items": logprob, "description": "With include [logprobs]."}
-    segment: Schema = {
-        "type": "object",
-        "properties": {
-            "id": {"const": 0},
-            "seek": {"const": 0},
-            "start": {"const": 0},
-            "end": {**_number(0), "description": "The clip's duration."},
-            "text": _STRING,
-            "tokens": _TOKEN_IDS,
-            "temperature": _number(0.0, MAX_TEMPERATURE),
-            "avg_logprob": {"type": "number", "maximum": 0},
-            "compression_ratio": {**_number(0), "description": "Whisper's: the text's bytes over their zlib size."},
-            "no_speech_prob": {"const": 0, "description": "The model has no no-speech estimate."},
-        },
-        "required": [
-            "id", "seek", "start", "end", "text", "tokens", "temperature", "avg_logprob", "compression_ratio",
-            "no_speech_prob",
-        ],
-    }  # fmt: skip
-    token_count = _int(0)
-    return {
-        "Transcription": {
-            "type": "object",
-            "properties": {"text": _STRING, "logprobs": logprobs, "usage": _ref("TranscriptionUsage")},
-            "required": ["text", "usage"],
-        },
-        "TranscriptionUsage": {
-            "type": "object",
-            "properties": {
-                "type": {"const": "tokens"},
-                "input_tokens": token_count,
-                "input_token_details": {
-                    "type": "object",
-                    "properties": {"text_tokens": token_count, "audio_tokens": token_count},
-                    "required": ["text_tokens", "audio_tokens"],
-                },
-                "output_tokens": token_count,
-                "total_tokens": token_count,
-            },
-            "required": ["type", "input_tokens", "input_token_details", "output_tokens", "total_tokens"],
-        },
-        "TranscriptionVerbose": {
-            "type": "object",
-            "properties": {
-                "task": {"const": "transcribe"},
-                "language": {"type": "string", "description": "The request's language, or unknown."},
-                "duration": {**_number(0), "description": "Seconds, from the audio encoder's rows (25 a second)."},
-                "text": _STRING,
-                "segments": {
-                    "type": "array",
-                    "items": segment,
-                    "minItems": 1,
-                    "maxItems": 1,
-                    "description": "One segment, the whole clip: the model gives no timestamps.",
-                },
-                "usage": {
-                    "type": "object",
-                    "properties": {"type": {"const": "duration"}, "seconds": _number(0)},
-                    "required": ["type", "seconds"],
-                },
-            },
-            "required": ["task", "language", "duration", "text", "segments", "usage"],
-        },
-        "TranscriptTextDeltaEvent": {
-            "type": "object",
-            "properties": {"type": {"const": "transcript.text.delta"}, "delta": _STRING, "logprobs": logprobs},
-            "required": ["type", "delta"],
-        },
-        "TranscriptTextDoneEvent": {
-            "type": "object",
-            "properties": {
-                "type": {"const": "transcript.text.done"},
-                "text": {**_STRING, "description": "The deltas joined."},
-                "logprobs": logprobs,
-                "usage": _ref("TranscriptionUsage"),
-            },
-            "required": ["type", "text", "usage"],
-        },
-        "SpeechAudioDeltaEvent": {
-            "type": "object",
-            "properties": {
-                "type": {"const": "speech.audio.delta"},
-                "audio": {"type": "string", "description": "base64 of the audio file's next bytes."},
-            },
-            "required": ["type", "audio"],
-        },
-        "SpeechAudioDoneEvent": {
-            "type": "object",
-            "properties": {
-                "type": {"const": "speech.audio.done"},
-                "usage": {
-                    "type": "object",
-                    "properties": {name: token_count for name in ("input_tokens", "output_tokens", "total_tokens")},
-                    "required": ["input_tokens", "output_tokens", "total_tokens"],
-                },
-            },
-            "required": ["type", "usage"],
-        },
-    }
-
-
-def _image_response_schemas() -> dict[str, Schema]:
-    """The images API's bodies, as the official client's ImagesResponse, ImageGenPartialImageEvent
-    and ImageGenCompletedEvent read them."""
-    described = {
-        "output_format": {"enum": list(OUTPUT_FORMATS)},
-        "size": {"type": "string", "pattern": "^[0-9]+x[0-9]+$", "description": "WIDTHxHEIGHT, as drawn."},
-        "quality": {"const": "auto"},
-        "background": {"const": "opaque"},
-    }
-    event_image = {"b64_json": _STRING, "created_at": _int(0), **described}
-
-    def event(kind: str, **extra: Schema) -> Schema:
-        properties = {"type": {"const": kind}, **event_image, **extra}
-        return {"type": "object", "properties": properties, "required": list(properties)}
-
-    return {
-        "ImagesResponse": {
-            "type": "object",
-            "properties": {
-                "created": _int(0),
-                "data": {
-                    "type": "array",
-                    "items": {
-                        "oneOf": [
-                            {"type": "object", "properties": {"url": _STRING}, "required": ["url"]},
-                            {"type": "object", "properties": {"b64_json": _STRING}, "required": ["b64_json"]},
-                        ],
-                        "description": "By response_format: a signed URL, or the image's bytes in base64.",
-                    },
-                },
-                **described,
-                "usage": _ref("ImageUsage"),
-            },
-            "required": ["created", "data", *described, "usage"],
-        },
-        "ImageGenPartialImageEvent": event("image_generation.partial_image", partial_image_index=_int(0)),
-        "ImageGenCompletedEvent": event("image_generation.completed", usage=_ref("ImageUsage")),
-        "ImageUsage": {
-            "type": "object",
-            "properties": {
-                "input_tokens": _int(0),
-                "input_tokens_details": {
-                    "type": "object",
-                    "properties": {"text_tokens": _int(0), "image_tokens": _int(0)},
-                    "required": ["text_tokens", "image_tokens"],
-                },
-                "output_tokens": {**_int(0), "description": "The image spans' tokens, all n of them."},
-                "total_tokens": _int(0),
-            },
-            "required": ["input_tokens", "input_tokens_details", "output_tokens", "total_tokens"],
-        },
-    }
+    """The bodies' and events' schemas, from their Structs (omni/serving/responses.py and the
+    error object's in omni/errors.py): what the handlers encode is what is described."""
+    _, components = msgspec.json.schema_components(
+        (*RESPONSE_TYPES, Error), ref_template="#/components/schemas/{name}"
+    )
+    return components
 
 
 def _json(schema: Schema) -> Schema:
@@ -988,9 +588,9 @@ def openapi_document(model_names: list[str], root_path: str = "") -> dict[str, A
         "paths": _paths(),
         "components": {
             "schemas": {
-                **_request_schemas(model_names),
-                **_tokenize_responses(),
+                # first, so a request component of the same name (TextPart) is the request's own
                 **_response_schemas(),
+                **_request_schemas(model_names),
             },
             "responses": _error_responses(),
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},

@@ -1,22 +1,35 @@
-"""Assembly's shared parts: server-sent events, the response envelope, and running the
+"""Assembly's shared parts: server-sent events, encoding the bodies, and running the
 choices of one request side by side (their routed outputs, omni/modalities/outputs/router.py)."""
 
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import AsyncGenerator, Callable, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Generic, Protocol, TypeVar
 
-import orjson
+import msgspec
 from aiohttp import web
 
 from omni.http.errors import engine_error
 from omni.engines.llm import EngineError
 from omni.engines.generation import AudioPiece, Delta, GeneratedImage, TokenLogprob, Usage
 from omni.modalities.outputs.router import OutputRouter
+from omni.serving.responses import ChunkUsage, usage_body
+
+# One encoder for every body and event: msgspec encodes the response Structs (and the plain
+# dicts of error events) without building an intermediate dict.
+_encoder = msgspec.json.Encoder()
+encode = _encoder.encode
+
+
+class _Choice(Protocol):
+    @property
+    def finish_reason(self) -> str | None: ...
+
+
+C = TypeVar("C", bound=_Choice)  # a chunk's choice: chat's or text completions'
 
 
 async def open_event_stream(request: web.Request) -> web.StreamResponse:
@@ -32,23 +45,24 @@ async def open_event_stream(request: web.Request) -> web.StreamResponse:
 
 
 # A whole (non-streamed) body with more choices or logprob entries than this is encoded in a
-# worker thread; orjson holds the GIL while it runs, but the Python around it (and the other
+# worker thread; msgspec holds the GIL while it runs, but the Python around it (and the other
 # requests' handlers between its calls) does not wait for a long encode to finish.
 _ENCODE_IN_THREAD_ITEMS = 4096
 
 
-async def json_response(payload: dict[str, Any], *, num_items: int = 0) -> web.Response:
-    """The JSON body of a whole response (orjson, as the stream's events are); num_items: how
-    many choices, tokens and logprob entries it holds, to decide where it is encoded."""
+async def json_response(payload: object, *, num_items: int = 0, status: int = 200) -> web.Response:
+    """The JSON body of a whole response (a response Struct, as the stream's events are);
+    num_items: how many choices, tokens and logprob entries it holds, to decide where it is
+    encoded."""
     if num_items > _ENCODE_IN_THREAD_ITEMS:
-        body = await asyncio.to_thread(orjson.dumps, payload)
+        body = await asyncio.to_thread(msgspec.json.encode, payload)  # the module's, not a shared Encoder
     else:
-        body = orjson.dumps(payload)
-    return web.Response(body=body, content_type="application/json")
+        body = encode(payload)
+    return web.Response(body=body, status=status, content_type="application/json")
 
 
 async def send_event(response: web.StreamResponse, payload: object) -> None:
-    await response.write(b"data: " + orjson.dumps(payload) + b"\n\n")
+    await response.write(b"data: " + encode(payload) + b"\n\n")
 
 
 async def send_done(response: web.StreamResponse) -> None:
@@ -63,45 +77,30 @@ async def send_error_and_done(response: web.StreamResponse, exc: EngineError) ->
     await send_done(response)
 
 
-def completion_body(
-    completion_id: str, obj: str, model: str, choices: list[dict[str, Any]], created: int | None = None
-) -> dict[str, Any]:
-    """The envelope OpenAI puts around choices, for a whole response and for each chunk."""
-    return {
-        "id": completion_id,
-        "object": obj,
-        "created": int(time.time()) if created is None else created,
-        "model": model,
-        "choices": choices,
-    }
-
-
-class ChunkStream:
-    """One streamed completion: every chunk carries the same id, object, created and model,
-    and, when stream_options.include_usage was asked for, a usage field: null until the last
-    chunk, or with continuous_usage (vLLM's continuous_usage_stats) the running usage of the
-    chunk's choice, its prompt and the tokens it has generated so far."""
+class ChunkStream(Generic[C]):
+    """One streamed completion. chunk(choices, usage) makes each chunk (every one with the same
+    id, object, created and model). When stream_options.include_usage was asked for, a chunk's
+    usage is null until the last chunk, or with continuous_usage (vLLM's
+    continuous_usage_stats) the running usage of the chunk's choice, its prompt and the tokens
+    it has generated so far; without it, a chunk has no usage field."""
 
     def __init__(
         self,
         response: web.StreamResponse,
-        completion_id: str,
-        obj: str,
-        model: str,
+        chunk: Callable[[list[C], ChunkUsage], msgspec.Struct],
         include_usage: bool,
         continuous_usage: bool = False,
     ) -> None:
         self.response = response
-        self.completion_id, self.obj, self.model = completion_id, obj, model
+        self.chunk = chunk
         self.include_usage = include_usage
         self.continuous_usage = include_usage and continuous_usage
-        self.created = int(time.time())
 
-    async def send(self, choices: list[dict[str, Any]], usage: Usage | None = None) -> None:
-        payload = completion_body(self.completion_id, self.obj, self.model, choices, self.created)
+    async def send(self, choices: list[C], usage: Usage | None = None) -> None:
+        body: ChunkUsage = msgspec.UNSET
         if self.include_usage:
-            payload["usage"] = usage.to_json() if usage is not None else None
-        await send_event(self.response, payload)
+            body = usage_body(usage) if usage is not None else None
+        await send_event(self.response, self.chunk(choices, body))
 
     def chunk_usage(self, output: OutputRouter, completion_tokens: int = 0) -> Usage | None:
         """What a chunk of this choice carries as its usage before the last chunk: with
@@ -114,9 +113,9 @@ class ChunkStream:
     async def run(
         self,
         outputs: Sequence[OutputRouter],
-        choice: Callable[[int, Delta], dict[str, Any] | None],
+        choice: Callable[[int, Delta], C | None],
         usage: Callable[[], Usage],
-        extra: Callable[[int], list[dict[str, Any]]] | None = None,
+        extra: Callable[[int], list[C]] | None = None,
     ) -> None:
         """Send one chunk per delta that choice() turns into a choice (None: skip it), then the
         usage chunk and [DONE]; a worker failure mid-stream ends it with an error event.
@@ -131,7 +130,7 @@ class ChunkStream:
                     if extra is not None:
                         more = extra(index)
                         # what the delta completed goes before the choice's last chunk
-                        sent = more + sent if c is not None and c["finish_reason"] is not None else sent + more
+                        sent = more + sent if c is not None and c.finish_reason is not None else sent + more
                     for out in sent:
                         await self.send([out], self.chunk_usage(outputs[index], generated[index]))
         except EngineError as exc:

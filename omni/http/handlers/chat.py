@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import base64
 import time
-from typing import Any
 
 import numpy as np
+from msgspec import UNSET
 from aiohttp import web
 
 from omni.serving import lifecycle
@@ -16,6 +16,28 @@ from omni.http.access_log import note_generation
 from omni.http.body import body_timeout, read_parsed, request_timeout
 from omni.http.logprobs import chat_logprob_entries, prompt_logprobs_json
 from omni.serving.requests import ChatCompletionRequest, parse_chat_completion_request
+from omni.serving.requests.chat import TextPart
+from omni.serving.responses import (
+    AudioDelta,
+    ChatChoice,
+    ChatChunkChoice,
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChatCompletionMessage,
+    ChatLogprobs,
+    ChunkDelta,
+    ChunkUsage,
+    FinishReason,
+    FunctionDelta,
+    MessageAudio,
+    OutputFunction,
+    OutputImagePart,
+    OutputImageURL,
+    OutputToolCall,
+    ToolCallDelta,
+    finish_reason,
+    usage_body,
+)
 from omni.modalities.outputs.audio import AUDIO_EXPIRES_S, new_audio_id, store_spoken
 from omni.serving.spoken import ChatAudio
 from omni.engines.generation import AudioPiece, Delta, GeneratedImage, TokenLogprob, Usage
@@ -23,7 +45,7 @@ from omni.shared.media.audio_encoding import float_to_pcm16
 from omni.serving.lifecycle import Completion
 from omni.modalities.outputs.router import OutputRouter
 from omni.http.state import MODELS, STORE
-from omni.text.parsers.tool_calls import ToolCallDelta
+from omni.text.parsers.tool_calls import ToolCallDelta as ParsedToolCallDelta
 from omni.text.tokenizer import TextTokenizer
 
 
@@ -54,48 +76,51 @@ async def _complete(request: web.Request, req: ChatCompletionRequest, completion
     for i, c in enumerate(collected):
         parser = fmt.new_parser()
         reply = parser.parse(c.text)
-        message: dict[str, Any] = {"role": "assistant", "content": echo + reply.content}
+        message = ChatCompletionMessage(role="assistant", content=echo + reply.content)
         if c.images and not completion.inline_images:
-            message["content"] = _content_parts(message["content"], c.images)
+            message.content = _content_parts(echo + reply.content, c.images)
         if reply.tool_calls:
-            message["tool_calls"] = [
-                {"id": t.id, "type": "function", "function": {"name": t.name, "arguments": t.arguments}}
-                for t in reply.tool_calls
+            message.tool_calls = [
+                OutputToolCall(t.id, "function", OutputFunction(t.name, t.arguments)) for t in reply.tool_calls
             ]
-            if not message["content"]:
-                message["content"] = None  # as OpenAI answers a turn that only calls tools
+            if not message.content:
+                message.content = None  # as OpenAI answers a turn that only calls tools
         if fmt.reasoning_parser is not None:
-            message["reasoning_content"] = reply.reasoning
+            message.reasoning_content = reply.reasoning
         if c.audio and completion.audio is not None:
-            message["audio"] = await _spoken(request, completion.audio, c.audio, reply.content or "")
+            message.audio = await _spoken(request, completion.audio, c.audio, reply.content or "")
             if completion.audio.requested:
-                message["content"] = None  # a spoken turn's text is its transcript, as OpenAI answers
-        choices.append(
-            {
-                "index": i,
-                "message": message,
-                "logprobs": _logprobs(req, tokenizer, c.logprobs),
-                "finish_reason": _finish_reason(c.finish_reason, parser.made_calls),
-            }
-        )
-    body = sse.completion_body(completion.id, "chat.completion", completion.model.name, choices)
+                message.content = None  # a spoken turn's text is its transcript, as OpenAI answers
+        logprobs = _logprobs(req, tokenizer, c.logprobs)
+        choices.append(ChatChoice(i, message, logprobs, _finish_reason(c.finish_reason, parser.made_calls)))
+    body = ChatCompletion(
+        id=completion.id,
+        object="chat.completion",
+        created=int(time.time()),
+        model=completion.model.name,
+        choices=choices,
+        usage=usage_body(_usage(completion.outputs)),
+    )
+    num_items = sum(len(c.logprobs) for c in collected)
     if req.num_prompt_logprobs is not None:  # vLLM's place for them: the top level, one prompt for all choices
         prompt = completion.outputs[0].generation.prompt_logprobs
         assert prompt is not None  # complete once the first delta is out, and collect() ran them all
-        body["prompt_logprobs"] = prompt_logprobs_json(tokenizer, prompt, req.prompt_logprobs)
-    num_items = sum(len(c.logprobs) for c in collected) + len(body.get("prompt_logprobs") or ())
-    return await sse.json_response(body | {"usage": _usage(completion.outputs).to_json()}, num_items=num_items)
+        body.prompt_logprobs = prompt_logprobs_json(tokenizer, prompt, req.prompt_logprobs)
+        num_items += len(body.prompt_logprobs)
+    return await sse.json_response(body, num_items=num_items)
 
 
-def _logprobs(req: ChatCompletionRequest, tokenizer: TextTokenizer, logprobs: list[TokenLogprob]) -> dict[str, Any] | None:
+def _logprobs(
+    req: ChatCompletionRequest, tokenizer: TextTokenizer, logprobs: list[TokenLogprob]
+) -> ChatLogprobs | None:
     if not req.logprobs:
         return None
-    return {"content": chat_logprob_entries(tokenizer, logprobs, as_token_ids=req.return_tokens_as_token_ids)}
+    return ChatLogprobs(chat_logprob_entries(tokenizer, logprobs, as_token_ids=req.return_tokens_as_token_ids))
 
 
-def _finish_reason(reason: str | None, made_calls: bool) -> str | None:
+def _finish_reason(reason: str | None, made_calls: bool) -> FinishReason:
     # A reply that called tools ends for that reason, as OpenAI's do.
-    return "tool_calls" if made_calls and reason == "stop" else reason
+    return "tool_calls" if made_calls and reason == "stop" else finish_reason(reason)
 
 
 def _echo(req: ChatCompletionRequest) -> str:
@@ -113,14 +138,16 @@ async def _stream(
     tokenizer = completion.model.tokenizer
     fmt = completion.output_format
     response = await sse.open_event_stream(request)
-    stream = sse.ChunkStream(
-        response, completion.id, "chat.completion.chunk", completion.model.name, req.include_usage, req.continuous_usage
-    )
+    created, name = int(time.time()), completion.model.name
+
+    def chunk(choices: list[ChatChunkChoice], usage: ChunkUsage) -> ChatCompletionChunk:
+        return ChatCompletionChunk(completion.id, "chat.completion.chunk", created, name, choices, usage)
+
+    stream = sse.ChunkStream(response, chunk, req.include_usage, req.continuous_usage)
     echo = _echo(req)
     for i, output in enumerate(completion.outputs):  # the role comes first, in a chunk of its own
-        role = {"role": "assistant", "content": echo}
-        choice0 = {"index": i, "delta": role, "logprobs": None, "finish_reason": None}
-        await stream.send([choice0], stream.chunk_usage(output))
+        role = ChunkDelta(role="assistant", content=echo)
+        await stream.send([ChatChunkChoice(i, role, None, None)], stream.chunk_usage(output))
     parsers = [fmt.new_parser() for _ in completion.outputs]
     images: list[tuple[int, list[GeneratedImage]]] = []  # decoded on the delta choice() just read
     speaking = completion.audio
@@ -128,40 +155,40 @@ async def _stream(
     spoken: list[list[AudioPiece]] = [[] for _ in completion.outputs]  # each choice's audio, to store at the end
     transcripts: list[list[str]] = [[] for _ in completion.outputs]
 
-    def choice(index: int, delta: Delta) -> dict[str, Any] | None:
+    def choice(index: int, delta: Delta) -> ChatChunkChoice | None:
         parser = parsers[index]
         parsed = parser.push(delta.text)
         if delta.finish_reason is not None:
             parsed += parser.finish()
-        body: dict[str, Any] = {}
+        body = ChunkDelta()
+        empty = not (parsed.reasoning or parsed.content or parsed.tool_calls)
         if parsed.reasoning:
-            body["reasoning_content"] = parsed.reasoning
+            body.reasoning_content = parsed.reasoning
         if parsed.content:
-            body["content"] = parsed.content
+            body.content = parsed.content
         if parsed.tool_calls:
-            body["tool_calls"] = [_tool_call_delta(t) for t in parsed.tool_calls]
+            body.tool_calls = [_tool_call_delta(t) for t in parsed.tool_calls]
         if speaking is not None:
             transcripts[index].append(parsed.content)
-            audio = _audio_delta(audio_ids[index], delta, speaking.requested, body)
-            if audio:
-                body["audio"] = audio
+            audio = _audio_delta(audio_ids[index], delta, speaking.requested, parsed.content)
+            if audio is not None:
+                if audio.transcript is not UNSET:
+                    body.content = UNSET  # a spoken turn's text is its transcript
+                body.audio = audio
+                empty = False
             spoken[index].extend(delta.audio)
         if delta.images and not completion.inline_images:
             images.append((index, delta.images))
-        if not body and delta.finish_reason is None and not req.logprobs:
+        if empty and delta.finish_reason is None and not req.logprobs:
             return None  # a token that completes no character yet, or markup held back
-        return {
-            "index": index,
-            "delta": body,
-            "logprobs": _logprobs(req, tokenizer, delta.logprobs),
-            "finish_reason": _finish_reason(delta.finish_reason, parser.made_calls),
-        }
+        logprobs = _logprobs(req, tokenizer, delta.logprobs)
+        return ChatChunkChoice(index, body, logprobs, _finish_reason(delta.finish_reason, parser.made_calls))
 
-    def image_chunks(index: int) -> list[dict[str, Any]]:
+    def image_chunks(index: int) -> list[ChatChunkChoice]:
         """The images of the delta just sent, as chunks of their own: delta.content is then a
         list of image parts, as the non-streamed message's content parts have them."""
         chunks = [
-            {"index": i, "delta": {"content": [_image_part(image) for image in drawn]}, "logprobs": None, "finish_reason": None}
+            ChatChunkChoice(i, ChunkDelta(content=[_image_part(image) for image in drawn]), None, None)
             for i, drawn in images
             if i == index
         ]
@@ -176,60 +203,54 @@ async def _stream(
     return response
 
 
-def _audio_delta(audio_id: str, delta: Delta, requested: bool, body: dict[str, Any]) -> dict[str, Any]:
+def _audio_delta(audio_id: str, delta: Delta, requested: bool, content: str) -> AudioDelta | None:
     """A streamed chunk's delta.audio (OpenAI's shape): the id, base64 PCM16 of the samples
-    this delta completed, the transcript (a spoken turn's text, moved out of content), and
-    expires_at on the last."""
-    audio: dict[str, Any] = {}
+    this delta completed, the transcript (a spoken turn's text, which then leaves content),
+    and expires_at on the last; None when it has none of them."""
+    audio = AudioDelta(id=audio_id)
     if delta.audio:
         pcm = float_to_pcm16(_samples(delta.audio))
-        audio["data"] = base64.b64encode(pcm).decode()
-    if requested and "content" in body:
-        audio["transcript"] = body.pop("content")
-    if delta.finish_reason is not None and (requested or audio):
-        audio["expires_at"] = int(time.time()) + AUDIO_EXPIRES_S
-    if audio:
-        audio["id"] = audio_id
-    return audio
+        audio.data = base64.b64encode(pcm).decode()
+    if requested and content:
+        audio.transcript = content
+    some = audio.data is not UNSET or audio.transcript is not UNSET
+    if delta.finish_reason is not None and (requested or some):
+        audio.expires_at = int(time.time()) + AUDIO_EXPIRES_S
+        some = True
+    return audio if some else None
 
 
 def _samples(pieces: list[AudioPiece]) -> np.ndarray:
     return np.concatenate([np.frombuffer(p.samples, dtype="<f4") for p in pieces])
 
 
-async def _spoken(request: web.Request, speaking: ChatAudio, pieces: list[AudioPiece], transcript: str) -> dict[str, Any]:
+async def _spoken(request: web.Request, speaking: ChatAudio, pieces: list[AudioPiece], transcript: str) -> MessageAudio:
     """A non-streamed turn's message.audio: the audio in the asked format (base64 of the
     file's bytes), stored under its id."""
     audio_id = new_audio_id()
     data = await store_spoken(speaking.audio.store, audio_id, _samples(pieces), speaking.format, transcript)
-    return {
-        "id": audio_id,
-        "data": base64.b64encode(data).decode(),
-        "expires_at": int(time.time()) + AUDIO_EXPIRES_S,
-        "transcript": transcript,
-    }
+    expires_at = int(time.time()) + AUDIO_EXPIRES_S
+    return MessageAudio(audio_id, base64.b64encode(data).decode(), expires_at, transcript)
 
 
-def _image_part(image: GeneratedImage) -> dict[str, Any]:
-    return {"type": "image_url", "image_url": {"url": image.url}}
+def _image_part(image: GeneratedImage) -> OutputImagePart:
+    return OutputImagePart(OutputImageURL(image.url))
 
 
-def _content_parts(text: str | None, images: list[GeneratedImage]) -> list[dict[str, Any]]:
+def _content_parts(text: str, images: list[GeneratedImage]) -> list[TextPart | OutputImagePart]:
     """A turn with images: its text (when there is any), then each image, as content parts
     (the shape a user message's content takes)."""
-    parts: list[dict[str, Any]] = [{"type": "text", "text": text}] if text else []
+    parts: list[TextPart | OutputImagePart] = [TextPart(text)] if text else []
     return parts + [_image_part(image) for image in images]
 
 
-def _tool_call_delta(t: ToolCallDelta) -> dict[str, Any]:
-    out: dict[str, Any] = {"index": t.index}
-    fn: dict[str, Any] = {"arguments": t.arguments}
-    if t.id is not None:
-        out |= {"id": t.id, "type": "function"}
+def _tool_call_delta(t: ParsedToolCallDelta) -> ToolCallDelta:
+    fn = FunctionDelta(arguments=t.arguments)
     if t.name is not None:
-        fn["name"] = t.name
-    out["function"] = fn
-    return out
+        fn.name = t.name
+    if t.id is None:
+        return ToolCallDelta(index=t.index, function=fn)
+    return ToolCallDelta(index=t.index, id=t.id, type="function", function=fn)
 
 
 def _usage(outputs: list[OutputRouter]) -> Usage:

@@ -4,11 +4,12 @@ omni.serving.lifecycle.completion."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from aiohttp import web
+from msgspec import UNSET, UnsetType
 
 from omni.serving import lifecycle
 from omni.http import sse
@@ -16,6 +17,16 @@ from omni.http.access_log import note_generation
 from omni.http.body import body_timeout, read_parsed, request_timeout
 from omni.http.logprobs import OffsetToken, completion_logprobs, prompt_logprobs_json
 from omni.serving.requests import CompletionRequest, parse_completion_request
+from omni.serving.responses import (
+    ChunkUsage,
+    CompletionLogprobs,
+    PromptTokenLogprob,
+    TextChoice,
+    TextCompletion,
+    TextCompletionChunk,
+    finish_reason,
+    usage_body,
+)
 from omni.text.detokenizer import token_offsets
 from omni.engines.generation import Delta, PromptLogprobs, TokenLogprob, Usage
 from omni.serving.lifecycle import Completion
@@ -106,12 +117,12 @@ def _prompt_tokens(
 
 def _prompt_logprobs_field(
     tokenizer: TextTokenizer, req: CompletionRequest, output: OutputRouter
-) -> dict[str, Any]:
+) -> list[dict[str, PromptTokenLogprob] | None] | UnsetType:
     if req.prompt_logprobs is None or req.stream:
-        return {}
+        return UNSET
     entries = output.generation.prompt_logprobs
     assert entries is not None  # asked for, and the choice has run
-    return {"prompt_logprobs": prompt_logprobs_json(tokenizer, entries, req.prompt_logprobs)}
+    return prompt_logprobs_json(tokenizer, entries, req.prompt_logprobs)
 
 
 async def _complete(req: CompletionRequest, completion: Completion) -> web.Response:
@@ -131,19 +142,26 @@ async def _complete(req: CompletionRequest, completion: Completion) -> web.Respo
                 tokens = prompt + tokens
             logprobs = completion_logprobs(tokenizer, tokens, as_token_ids=req.return_tokens_as_token_ids)
         choices.append(
-            {
-                "index": i,
-                "text": prefix + c.text,
-                "logprobs": logprobs,
-                "finish_reason": c.finish_reason,
-            }
-            | _prompt_logprobs_field(tokenizer, req, output)
+            TextChoice(
+                index=i,
+                text=prefix + c.text,
+                logprobs=logprobs,
+                finish_reason=finish_reason(c.finish_reason),
+                prompt_logprobs=_prompt_logprobs_field(tokenizer, req, output),
+            )
         )
-    body = sse.completion_body(completion.id, "text_completion", completion.model.name, choices)
+    body = TextCompletion(
+        id=completion.id,
+        object="text_completion",
+        created=int(time.time()),
+        model=completion.model.name,
+        choices=choices,
+        usage=usage_body(_usage(completion.outputs, req.n)),
+    )
     num_items = sum(len(c.logprobs) for c in collected)
     if req.echo or req.prompt_logprobs is not None:  # each choice carries its prompt's tokens
         num_items += sum(len(o.generation.request.prompt_token_ids) for o in completion.outputs)
-    return await sse.json_response(body | {"usage": _usage(completion.outputs, req.n).to_json()}, num_items=num_items)
+    return await sse.json_response(body, num_items=num_items)
 
 
 async def _stream(
@@ -151,18 +169,16 @@ async def _stream(
 ) -> web.StreamResponse:
     tokenizer = completion.model.tokenizer
     response = await sse.open_event_stream(request)
-    stream = sse.ChunkStream(
-        response,
-        completion.id,
-        "text_completion",
-        completion.model.name,
-        req.include_usage,
-        req.continuous_usage,
-    )
+    created, name = int(time.time()), completion.model.name
+
+    def chunk(choices: list[TextChoice], usage: ChunkUsage) -> TextCompletionChunk:
+        return TextCompletionChunk(completion.id, "text_completion", created, name, choices, usage)
+
+    stream = sse.ChunkStream(response, chunk, req.include_usage, req.continuous_usage)
     echoes = _echoes(req, completion)
     echoed = [False] * len(completion.outputs)  # the prompt goes out with a choice's first chunk
 
-    def choice(index: int, delta: Delta) -> dict[str, Any] | None:
+    def choice(index: int, delta: Delta) -> TextChoice | None:
         prefix, prompt = "", []
         shift = len(echoes[index].text) if echoes is not None else 0
         if echoes is not None and not echoed[index]:
@@ -175,11 +191,13 @@ async def _stream(
                 )
         if not prefix and not delta.text and delta.finish_reason is None and req.logprobs is None:
             return None
-        lp = None
+        lp: CompletionLogprobs | None = None
         if req.logprobs is not None:
             tokens = prompt + _offset_tokens(delta.logprobs, delta.text_offsets, shift)
             lp = completion_logprobs(tokenizer, tokens, as_token_ids=req.return_tokens_as_token_ids)
-        return {"index": index, "text": prefix + delta.text, "logprobs": lp, "finish_reason": delta.finish_reason}
+        return TextChoice(
+            index=index, text=prefix + delta.text, logprobs=lp, finish_reason=finish_reason(delta.finish_reason)
+        )
 
     await stream.run(completion.outputs, choice, lambda: _usage(completion.outputs, req.n))
     return response

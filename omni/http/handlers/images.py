@@ -15,7 +15,6 @@ import base64
 import time
 from contextlib import suppress
 from dataclasses import dataclass
-from typing import Any
 
 from aiohttp import web
 
@@ -25,15 +24,19 @@ from omni.http.access_log import note_generation
 from omni.http.body import body_timeout, read_parsed, request_timeout
 from omni.errors import internal_error
 from omni.serving.requests.images import ImageGenerationRequest, parse_image_generation_request
+from omni.serving.responses import (
+    ImageData,
+    ImageGenCompletedEvent,
+    ImageGenPartialImageEvent,
+    ImagesResponse,
+    ImageTokensDetails,
+    ImageUsage,
+)
 from omni.engines.llm import EngineError
 from omni.engines.generation import GeneratedImage
 from omni.serving.lifecycle import ImageGeneration, ImagePreview
 from omni.modalities.outputs.router import OutputRouter
 from omni.http.state import MODELS
-
-_PARTIAL = "image_generation.partial_image"
-_COMPLETED = "image_generation.completed"
-
 
 async def create_image(request: web.Request) -> web.StreamResponse:
     req = await read_parsed(request, parse_image_generation_request, timeout=body_timeout(request))
@@ -49,10 +52,18 @@ async def respond(request: web.Request, req: ImageGenerationRequest, generation:
     choices = await sse.collect(generation.outputs)
     images = [_the_image(c.images) for c in choices]
     data = [
-        {"b64_json": base64.b64encode(image.data).decode()} if req.response_format == "b64_json" else {"url": image.url}
+        ImageData(b64_json=_b64(image.data)) if req.response_format == "b64_json" else ImageData(url=image.url)
         for image in images
     ]
-    body = {"created": int(time.time()), "data": data, **_described(req, images[0]), "usage": _usage(generation.outputs)}
+    body = ImagesResponse(
+        created=int(time.time()),
+        data=data,
+        output_format=req.output_format,
+        size=_size(images[0]),
+        quality="auto",
+        background="opaque",
+        usage=_usage(generation.outputs),
+    )
     return await sse.json_response(body)
 
 
@@ -63,25 +74,19 @@ def _the_image(images: list[GeneratedImage]) -> GeneratedImage:
     return images[0]
 
 
-def _described(req: ImageGenerationRequest, image: GeneratedImage) -> dict[str, Any]:
-    return {
-        "output_format": req.output_format,
-        "size": f"{image.width}x{image.height}",
-        "quality": "auto",
-        "background": "opaque",
-    }
+def _size(image: GeneratedImage) -> str:
+    return f"{image.width}x{image.height}"
 
 
-def _usage(outputs: list[OutputRouter]) -> dict[str, Any]:
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+def _usage(outputs: list[OutputRouter]) -> ImageUsage:
     """OpenAI's image usage: the prompt's tokens as text input, the image spans' as output."""
     prompt = outputs[0].usage.prompt_tokens  # one prompt for all n
     output = sum(o.usage.completion_tokens for o in outputs)
-    return {
-        "input_tokens": prompt,
-        "input_tokens_details": {"text_tokens": prompt, "image_tokens": 0},
-        "output_tokens": output,
-        "total_tokens": prompt + output,
-    }
+    return ImageUsage(prompt, ImageTokensDetails(text_tokens=prompt, image_tokens=0), output, prompt + output)
 
 
 async def _stream(request: web.Request, req: ImageGenerationRequest, generation: ImageGeneration) -> web.StreamResponse:
@@ -103,15 +108,31 @@ async def _stream(request: web.Request, req: ImageGenerationRequest, generation:
         while remaining:
             event = await events.get()
             if isinstance(event, ImagePreview):
-                body = {"partial_image_index": event.index, "size": event.size, **_event_image(req, event.data)}
-                await _send(response, _PARTIAL, body)
+                partial = ImageGenPartialImageEvent(
+                    partial_image_index=event.index,
+                    size=event.size,
+                    b64_json=_b64(event.data),
+                    created_at=int(time.time()),
+                    output_format=req.output_format,
+                    quality="auto",
+                    background="opaque",
+                )
+                await sse.send_event(response, partial)
                 continue
             remaining -= 1
             if isinstance(event.result, BaseException):
                 await sse.send_error_and_done(response, _as_engine_error(event.result))
                 return response
-            body = {**_event_image(req, event.result.data), **_described(req, event.result)}
-            await _send(response, _COMPLETED, body | {"usage": _usage(generation.outputs)})
+            completed = ImageGenCompletedEvent(
+                b64_json=_b64(event.result.data),
+                created_at=int(time.time()),
+                output_format=req.output_format,
+                quality="auto",
+                background="opaque",
+                size=_size(event.result),
+                usage=_usage(generation.outputs),
+            )
+            await sse.send_event(response, completed)
     finally:
         for task in tasks:
             task.cancel()
@@ -125,20 +146,6 @@ async def _stream(request: web.Request, req: ImageGenerationRequest, generation:
 @dataclass(frozen=True, slots=True)
 class _Drawn:
     result: GeneratedImage | BaseException
-
-
-def _event_image(req: ImageGenerationRequest, data: bytes) -> dict[str, Any]:
-    return {
-        "b64_json": base64.b64encode(data).decode(),
-        "created_at": int(time.time()),
-        "output_format": req.output_format,
-        "quality": "auto",
-        "background": "opaque",
-    }
-
-
-async def _send(response: web.StreamResponse, event: str, body: dict[str, Any]) -> None:
-    await sse.send_event(response, {"type": event, **body})
 
 
 def _as_engine_error(exc: BaseException) -> EngineError:

@@ -19,8 +19,8 @@ import logging
 from collections.abc import AsyncGenerator
 from contextlib import aclosing
 
+import msgspec
 import numpy as np
-import orjson
 from aiohttp import web
 
 from omni.serving import lifecycle
@@ -29,6 +29,7 @@ from omni.http.errors import engine_error
 from omni.http.body import body_timeout, read_parsed, request_timeout
 from omni.http.state import MODELS
 from omni.serving.requests.speech import SPEECH_PATH, SpeechRequest, parse_speech_request
+from omni.serving.responses import SpeechAudioDeltaEvent, SpeechAudioDoneEvent, SpeechUsage
 from omni.engines.llm import EngineError
 from omni.shared.media.audio_encoding import MEDIA_TYPES, StreamingAudioEncoder
 from omni.shared.media.tempo import TimeStretch
@@ -100,28 +101,19 @@ async def _send_events(request: web.Request, req: SpeechRequest, speech: Speech)
     try:
         async with aclosing(_encoded(req, speech)) as chunks:
             async for data in chunks:
-                await _event(response, {"type": "speech.audio.delta", "audio": base64.b64encode(data).decode()})
+                await _event(response, "speech.audio.delta", SpeechAudioDeltaEvent(base64.b64encode(data).decode()))
     except EngineError as exc:
-        await _event(response, {"type": "error", **engine_error(exc).to_dict()})
+        await _event(response, "error", {"type": "error", **engine_error(exc).to_dict()})
         await response.write_eof()
         return response
     usage = speech.output.usage
     prompt = usage.prompt_tokens
-    await _event(
-        response,
-        {
-            "type": "speech.audio.done",
-            "usage": {
-                "input_tokens": prompt,
-                "output_tokens": usage.completion_tokens,
-                "total_tokens": prompt + usage.completion_tokens,
-            },
-        },
-    )
+    done = SpeechUsage(prompt, usage.completion_tokens, prompt + usage.completion_tokens)
+    await _event(response, "speech.audio.done", SpeechAudioDoneEvent(done))
     await response.write_eof()
     return response
 
 
-async def _event(response: web.StreamResponse, payload: dict[str, object]) -> None:
+async def _event(response: web.StreamResponse, kind: str, payload: object) -> None:
     # OpenAI's speech events carry their type as the SSE event name and in the data
-    await response.write(f"event: {payload['type']}\n".encode() + b"data: " + orjson.dumps(payload) + b"\n\n")
+    await response.write(f"event: {kind}\n".encode() + b"data: " + msgspec.json.encode(payload) + b"\n\n")

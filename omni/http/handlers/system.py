@@ -10,40 +10,42 @@ import tomllib
 from aiohttp import web
 
 from omni.serving.model import ServedModel
+from omni.serving.responses import Health, Model, ModelList, Version
+from omni.http.sse import json_response
 from omni.http.state import METRICS, MODELS
 
 
-def _model_card(model: ServedModel) -> dict[str, object]:
-    return {
-        "id": model.name,
-        "object": "model",
-        "created": model.created,
-        "owned_by": "omni-serve",
-        "max_model_len": model.pool.max_model_len or None,
-    }
+def _model_card(model: ServedModel) -> Model:
+    return Model(
+        id=model.name,
+        object="model",
+        created=model.created,
+        owned_by="omni-serve",
+        max_model_len=model.pool.max_model_len or None,
+    )
 
 
 async def list_models(request: web.Request) -> web.Response:
     models = [_model_card(m) for m in request.app[MODELS]]
-    return web.json_response({"object": "list", "data": models})
+    return await json_response(ModelList(object="list", data=models))
 
 
 async def get_model(request: web.Request) -> web.Response:
     model = request.app[MODELS].get(request.match_info["model"])
-    return web.json_response(_model_card(model))
+    return await json_response(_model_card(model))
 
 
 async def health(request: web.Request) -> web.Response:
     """200 only when every model's worker is up and ready to take requests."""
     registry = request.app[MODELS]
     if registry.all_ready:
-        return web.json_response({"status": "ok"})
+        return await json_response(Health(status="ok"))
     waiting = [m.name for m in registry if not m.ready]
-    return web.json_response({"status": "starting", "not_ready": waiting}, status=503)
+    return await json_response(Health(status="starting", not_ready=waiting), status=503)
 
 
 async def version(request: web.Request) -> web.Response:
-    return web.json_response({"version": package_version()})
+    return await json_response(Version(package_version()))
 
 
 @functools.cache

@@ -11,17 +11,18 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from typing import Any
 
 from aiohttp import web
 
 from omni.errors import bad_request
 from omni.http.body import read_json
+from omni.http.sse import json_response
 from omni.http.state import MODELS
 from omni.serving.model import ServedModel
 from omni.serving.prompt import chat_prompt, media_parts
 from omni.serving.requests import parse_chat_completion_request
 from omni.serving.requests.fields import missing
+from omni.serving.responses import DetokenizeResponse, TokenizeResponse
 from omni.serving.requests.tokenize import (
     DETOKENIZE_PATH,
     TOKENIZE_PATH,
@@ -42,13 +43,13 @@ async def tokenize(request: web.Request) -> web.Response:
         token_ids = await asyncio.to_thread(
             model.tokenizer.encode, req.prompt, add_special_tokens=req.add_special_tokens
         )
-    out: dict[str, Any] = {
-        "count": len(token_ids),
-        "max_model_len": model.pool.max_model_len or None,  # 0 until the worker reports it
-        "tokens": token_ids,
-        "token_strs": _token_strs(model, token_ids) if req.return_token_strs else None,
-    }
-    return web.json_response(out)
+    out = TokenizeResponse(
+        count=len(token_ids),
+        max_model_len=model.pool.max_model_len or None,  # 0 until the worker reports it
+        tokens=token_ids,
+        token_strs=_token_strs(model, token_ids) if req.return_token_strs else None,
+    )
+    return await json_response(out)
 
 
 async def detokenize(request: web.Request) -> web.Response:
@@ -61,7 +62,7 @@ async def detokenize(request: web.Request) -> web.Response:
         raise bad_request(f"Token id {outside} is outside the vocabulary [0, {vocab}).", param="tokens", code="invalid_value")
     # Special tokens are kept, as vLLM's detokenize keeps them.
     text = await asyncio.to_thread(model.tokenizer.decode, tokens, skip_special_tokens=False)
-    return web.json_response({"prompt": text})
+    return await json_response(DetokenizeResponse(text))
 
 
 def _model(request: web.Request, name: str | None) -> ServedModel:

@@ -21,9 +21,8 @@ from __future__ import annotations
 import zlib
 from collections.abc import Sequence
 from contextlib import aclosing
-from typing import Any
 
-import orjson
+import msgspec
 from aiohttp import web
 
 from omni.serving import lifecycle
@@ -31,16 +30,25 @@ from omni.http import sse
 from omni.http.access_log import note_generation
 from omni.http.body import body_timeout, read_transcription_form, request_timeout
 from omni.http.errors import engine_error
-from omni.http.logprobs import token_text
+from omni.http.logprobs import logprob_entry
 from omni.http.state import MODELS
 from omni.serving.requests.transcriptions import TRANSCRIPTIONS_PATH, TranscriptionRequest, parse_transcription_request
+from omni.serving.responses import (
+    DurationUsage,
+    LogprobEntry,
+    TranscriptionSegment,
+    TranscriptionTokenDetails,
+    TranscriptionUsage,
+    TranscriptionVerbose,
+    TranscriptTextDeltaEvent,
+    TranscriptTextDoneEvent,
+)
+from omni.serving.responses import Transcription as TranscriptionBody
 from omni.engines.llm import EngineError
 from omni.engines.generation import TokenLogprob
 from omni.serving.lifecycle import Transcription
 from omni.text.tokenizer import TextTokenizer
 
-_DELTA = "transcript.text.delta"
-_DONE = "transcript.text.done"
 
 
 async def create_transcription(request: web.Request) -> web.StreamResponse:
@@ -62,62 +70,50 @@ async def respond(request: web.Request, req: TranscriptionRequest, t: Transcript
         return web.Response(text=choice.text, content_type="text/plain")
     if req.response_format == "verbose_json":
         return await sse.json_response(_verbose(req, t, choice.text, choice.logprobs))
-    body: dict[str, Any] = {"text": choice.text}
+    body = TranscriptionBody(text=choice.text, usage=_usage(t))
     if req.logprobs:
-        body["logprobs"] = _logprob_entries(t, choice.logprobs)
-    body["usage"] = _usage(t)
+        body.logprobs = _logprob_entries(t, choice.logprobs)
     return await sse.json_response(body)
 
 
-def _usage(t: Transcription) -> dict[str, Any]:
+def _usage(t: Transcription) -> TranscriptionUsage:
     prompt = t.output.usage.prompt_tokens
     output = t.output.usage.completion_tokens
-    return {
-        "type": "tokens",
-        "input_tokens": prompt,
-        "input_token_details": {"text_tokens": prompt - t.num_audio_tokens, "audio_tokens": t.num_audio_tokens},
-        "output_tokens": output,
-        "total_tokens": prompt + output,
-    }
+    details = TranscriptionTokenDetails(text_tokens=prompt - t.num_audio_tokens, audio_tokens=t.num_audio_tokens)
+    return TranscriptionUsage(prompt, details, output, prompt + output)
 
 
 def _verbose(
     req: TranscriptionRequest, t: Transcription, text: str, logprobs: Sequence[TokenLogprob]
-) -> dict[str, Any]:
+) -> TranscriptionVerbose:
     duration = round(t.duration, 3)
     raw = text.encode()
-    segment = {
-        "id": 0,
-        "seek": 0,
-        "start": 0.0,
-        "end": duration,
-        "text": text,
-        "tokens": [lp.token_id for lp in logprobs],
-        "temperature": req.temperature,
-        "avg_logprob": sum(lp.logprob for lp in logprobs) / len(logprobs) if logprobs else 0.0,
-        "compression_ratio": len(raw) / len(zlib.compress(raw)),
-        "no_speech_prob": 0.0,
-    }
-    return {
-        "task": "transcribe",
-        "language": req.language or "unknown",
-        "duration": duration,
-        "text": text,
-        "segments": [segment],
-        "usage": {"type": "duration", "seconds": duration},
-    }
+    segment = TranscriptionSegment(
+        id=0,
+        seek=0,
+        start=0.0,
+        end=duration,
+        text=text,
+        tokens=[lp.token_id for lp in logprobs],
+        temperature=req.temperature,
+        avg_logprob=sum(lp.logprob for lp in logprobs) / len(logprobs) if logprobs else 0.0,
+        compression_ratio=len(raw) / len(zlib.compress(raw)),
+        no_speech_prob=0.0,
+    )
+    return TranscriptionVerbose(
+        language=req.language or "unknown",
+        duration=duration,
+        text=text,
+        segments=[segment],
+        usage=DurationUsage(duration),
+    )
 
 
-def _logprob_entries(t: Transcription, logprobs: Sequence[TokenLogprob]) -> list[dict[str, Any]]:
+def _logprob_entries(t: Transcription, logprobs: Sequence[TokenLogprob]) -> list[LogprobEntry]:
     """OpenAI's {token, logprob, bytes} per token of the transcript (the stop token is none)."""
     tokenizer: TextTokenizer = t.model.tokenizer
-    entries = []
-    for lp in logprobs:
-        if lp.token_id in tokenizer.eos_token_ids:
-            continue
-        token = token_text(tokenizer, lp.token_id)
-        entries.append({"token": token, "logprob": lp.logprob, "bytes": list(token.encode())})
-    return entries
+    eos = tokenizer.eos_token_ids
+    return [logprob_entry(tokenizer, lp.token_id, lp.logprob) for lp in logprobs if lp.token_id not in eos]
 
 
 async def _stream(request: web.Request, req: TranscriptionRequest, t: Transcription) -> web.StreamResponse:
@@ -133,24 +129,23 @@ async def _stream(request: web.Request, req: TranscriptionRequest, t: Transcript
                 if not delta.text:
                     continue
                 parts.append(delta.text)
-                event: dict[str, Any] = {"type": _DELTA, "delta": delta.text}
+                event = TranscriptTextDeltaEvent(delta=delta.text)
                 if req.logprobs:
-                    event["logprobs"] = _logprob_entries(t, pending)
+                    event.logprobs = _logprob_entries(t, pending)
                 pending = []
-                await _event(response, event)
+                await _event(response, "transcript.text.delta", event)
     except EngineError as exc:  # the status is sent already: say it in the stream
-        await _event(response, {"type": "error", **engine_error(exc).to_dict()})
+        await _event(response, "error", {"type": "error", **engine_error(exc).to_dict()})
         await response.write_eof()
         return response
-    done: dict[str, Any] = {"type": _DONE, "text": "".join(parts)}
+    done = TranscriptTextDoneEvent(text="".join(parts), usage=_usage(t))
     if req.logprobs:
-        done["logprobs"] = _logprob_entries(t, logprobs)
-    done["usage"] = _usage(t)
-    await _event(response, done)
+        done.logprobs = _logprob_entries(t, logprobs)
+    await _event(response, "transcript.text.done", done)
     await response.write_eof()
     return response
 
 
-async def _event(response: web.StreamResponse, payload: dict[str, Any]) -> None:
-    await response.write(f"event: {payload['type']}\n".encode() + b"data: " + orjson.dumps(payload) + b"\n\n")
+async def _event(response: web.StreamResponse, kind: str, payload: object) -> None:
+    await response.write(f"event: {kind}\n".encode() + b"data: " + msgspec.json.encode(payload) + b"\n\n")
 

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from jsonschema import Draft202012Validator
@@ -14,7 +15,8 @@ from openapi_spec_validator import validate
 from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT202012
 
-from omni.errors import APIError
+from omni.errors import APIError, Error
+from omni.serving.responses import RESPONSE_TYPES
 from omni.http.openapi import EXTRA_BODY, FIELD_SCHEMAS, IMAGES_PATH, OPENAPI_PATH, REQUIRED, openapi_document
 from omni.serving.requests import parse_chat_completion_request, parse_completion_request
 from omni.serving.requests.fields import merge_extra_body
@@ -408,10 +410,13 @@ RESPONSES: list[tuple[str, dict[str, Any], bool]] = [
 ]
 
 
+CHAT_USAGE = {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7, "prompt_tokens_details": {"cached_tokens": 0}}
+
+
 def _chat_completion(content: Any) -> dict[str, Any]:
     message = {"role": "assistant", "content": content}
     choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": "stop"}
-    return {"id": "c", "object": "chat.completion", "created": 0, "model": "m", "choices": [choice]}
+    return {"id": "c", "object": "chat.completion", "created": 0, "model": "m", "choices": [choice], "usage": CHAT_USAGE}
 
 
 def _chunk(content: Any) -> dict[str, Any]:
@@ -462,6 +467,11 @@ RESPONSES += [
     ("ChatCompletion", _chat_completion([{"type": "text", "text": "a fox:"}, IMAGE_PART]), True),
     ("ChatCompletion", _chat_completion([IMAGE_PART, IMAGE_PART]), True),
     ("ChatCompletion", _chat_completion([{"type": "input_audio", "input_audio": {"data": ""}}]), False),
+    # a whole completion always carries its usage, a chunk only with stream_options.include_usage
+    ("ChatCompletion", {k: v for k, v in _chat_completion("hi").items() if k != "usage"}, False),
+    ("ChatCompletion", _chat_completion("hi") | {"object": "chat.completion.chunk"}, False),
+    ("ChatCompletionChunk", _chunk("hi") | {"usage": None}, True),
+    ("ChatCompletionChunk", _chunk("hi") | {"usage": CHAT_USAGE}, True),
     ("ChatCompletionChunk", _chunk("hi"), True),
     ("ChatCompletionChunk", _chunk([IMAGE_PART]), True),
     ("ChatCompletionChunk", _chunk([{"type": "image_url", "image_url": {}}]), False),
@@ -472,6 +482,14 @@ RESPONSES += [
 def test_the_response_schemas_describe_the_bodies(name: str, body: dict[str, Any], valid: bool) -> None:
     errors = [e.message for e in validator(name).iter_errors(body)]
     assert (not errors) == valid, errors
+
+
+def test_the_response_schemas_are_the_structs_own() -> None:
+    """Each response component is its Struct's schema; a request component of the same name
+    wins only where it is the same Struct (TextPart, a content part either way)."""
+    _, generated = msgspec.json.schema_components((*RESPONSE_TYPES, Error), ref_template="#/components/schemas/{name}")
+    for name, schema in generated.items():
+        assert name == "TextPart" or SCHEMAS[name] == schema, name
 
 
 def test_the_images_operation_streams_events() -> None:
