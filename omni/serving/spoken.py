@@ -18,6 +18,7 @@ import dataclasses
 import functools
 from dataclasses import dataclass
 
+import msgspec
 import orjson
 
 from omni.errors import bad_request
@@ -136,5 +137,5 @@ async def recall_spoken(store: ArtifactStore | None, req: ChatCompletionRequest)
             raise unknown from None
         except StoreError:
             raise bad_request(f"The spoken answer '{message.audio_id}' could not be read back.", param=param) from None
-        messages[i] = dataclasses.replace(message, content=str(meta.get("transcript", "")))
-    return dataclasses.replace(req, messages=tuple(messages))
+        messages[i] = msgspec.structs.replace(message, content=str(meta.get("transcript", "")))
+    return msgspec.structs.replace(req, messages=tuple(messages))
