@@ -210,7 +210,8 @@ def test_cache_salt_keeps_cached_prompts_apart(server: str, tiny_model_dir) -> N
     shared = cached("Two?", cache_salt="tenant-a")
     assert shared >= 8 * BLOCK_SIZE  # the same tenant's system prompt is cached
     assert cached("Three?", cache_salt="tenant-b") == 0  # another tenant's is not
-    assert cached("Four?") == 0  # nor for requests without a salt
+    # nor for requests without a salt (they may share the template's first block with other tests')
+    assert cached("Four?") < 8 * BLOCK_SIZE
     assert cached("Five?") >= 8 * BLOCK_SIZE  # which share theirs among themselves
     bad = post(server, "/v1/chat/completions", {**body, "messages": [{"role": "user", "content": "x"}], "cache_salt": ""})
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "cache_salt"
