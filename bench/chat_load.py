@@ -185,8 +185,8 @@ async def one_request(client, model: str, idx: int, messages: list[dict], args, 
 
 
 async def run_load(args) -> dict:
-    from openai import AsyncOpenAI
     import httpx
+    from openai import AsyncOpenAI
 
     limits = httpx.Limits(max_connections=max(args.concurrency * 2, 16), max_keepalive_connections=args.concurrency * 2)
     http_client = httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(args.request_timeout, connect=30.0))

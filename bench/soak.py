@@ -53,9 +53,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from media_bench import Server, metric, parse_metrics, png_data_url  # noqa: E402  (one server harness)
-
 import httpx  # noqa: E402
+from media_bench import Server, metric, parse_metrics, png_data_url  # noqa: E402  (one server harness)
 
 SCHEMA = "soak/1"
 MODEL = "omni-tiny"  # the embedded default's served name

@@ -74,6 +74,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as a script from anywhere, without an install
     sys.path.insert(0, str(ROOT))
 
+from gpu_workers.attention.ulysses import UlyssesAttention, gather_sequence, shard_sequence  # noqa: E402
 from gpu_workers.distributed import GroupMember, destroy_group, init_group  # noqa: E402
 from gpu_workers.models.flux_dit import (  # noqa: E402
     FluxDiT,
@@ -82,7 +83,6 @@ from gpu_workers.models.flux_dit import (  # noqa: E402
     patchify,
     position_ids,
 )
-from gpu_workers.attention.ulysses import UlyssesAttention, gather_sequence, shard_sequence  # noqa: E402
 
 SCHEMA = "vision-decoder-bench/1"
 BENCHMARKS = ("dit", "ulysses", "cfg", "jobs")

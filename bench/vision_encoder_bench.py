@@ -59,12 +59,12 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as a script from anywhere, without an install
     sys.path.insert(0, str(ROOT))
 
-from gpu_workers.preprocess.image import ImageProcessingConfig, ImageProcessor  # noqa: E402
 from gpu_workers.models.qwen2_5_vl_vision import (  # noqa: E402
     PatchEmbed,
     Qwen2_5_VisionEncoder,
     VisionEncoderConfig,
 )
+from gpu_workers.preprocess.image import ImageProcessingConfig, ImageProcessor  # noqa: E402
 
 SCHEMA = "vision-encoder-bench/1"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

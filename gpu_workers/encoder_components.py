@@ -20,6 +20,11 @@ import numpy as np
 import torch
 from PIL import Image
 
+from gpu_workers.loader import load_safetensors, read_json
+from gpu_workers.models.fsq_audio_tokenizer import FSQAudioTokenizer
+from gpu_workers.models.qwen2_5_vl_vision import Qwen2_5_VisionEncoder, VisionEncoderConfig
+from gpu_workers.models.qwen2_audio_encoder import AudioEncoderConfig, Qwen2AudioEncoder
+from gpu_workers.models.ta_tok import TATokImageTokenizer
 from gpu_workers.preprocess.audio import AudioFeatureConfig, LogMelExtractor
 from gpu_workers.preprocess.image import (
     OPENAI_CLIP_MEAN,
@@ -30,11 +35,6 @@ from gpu_workers.preprocess.image import (
     smart_resize,
     to_rgb,
 )
-from gpu_workers.loader import load_safetensors, read_json
-from gpu_workers.models.fsq_audio_tokenizer import FSQAudioTokenizer
-from gpu_workers.models.qwen2_5_vl_vision import Qwen2_5_VisionEncoder, VisionEncoderConfig
-from gpu_workers.models.qwen2_audio_encoder import AudioEncoderConfig, Qwen2AudioEncoder
-from gpu_workers.models.ta_tok import TATokImageTokenizer
 
 COMPONENTS = ("vision_encoder", "audio_encoder", "image_tokenizer", "audio_tokenizer")
 

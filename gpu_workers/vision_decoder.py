@@ -67,14 +67,14 @@ import torch
 import torch.distributed as dist
 from safetensors.torch import load_file
 
+from gpu_workers.attention.ulysses import UlyssesAttention, gather_sequence, shard_sequence
 from gpu_workers.loader import read_json
 from gpu_workers.models.flow_match import FlowMatchSchedule, autoguidance, cfg, euler_step, initial_noise
 from gpu_workers.models.flux_dit import FluxDiT, FluxDiTConfig, condition_from_codes, patchify, position_ids, unpatchify
 from gpu_workers.models.flux_vae import IMAGE_FORMATS, FluxVAEConfig, FluxVAEDecoder, to_image_bytes
-from gpu_workers.attention.ulysses import UlyssesAttention, gather_sequence, shard_sequence
 from omni.shared import protocol
-from omni.shared.settings import json_key, read_json_config, to_json_config
 from omni.shared.media.image_sizes import PATCH_SCALE
+from omni.shared.settings import json_key, read_json_config, to_json_config
 
 MODEL_TYPE = "omni_vision_decoder"
 CODEBOOK_FILE = "codebook.safetensors"

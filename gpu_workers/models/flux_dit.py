@@ -77,9 +77,9 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 from torch import nn
 
-from omni.shared.settings import json_key, read_json_config, to_json_config
 from gpu_workers.loader import INDEX_FILE, SINGLE_FILE, load_safetensors, read_json
 from gpu_workers.models.hf_weights import load_exact
+from omni.shared.settings import json_key, read_json_config, to_json_config
 
 # (q, k, v) -> out, all (B, H, S, head_dim); see the module docstring
 Attention = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]

@@ -89,10 +89,10 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 from torch import nn
 
-from gpu_workers.preprocess.audio import AudioFeatureConfig, LogMelExtractor
 from gpu_workers.loader import read_json
-from omni.shared.settings import json_key, read_json_config, to_json_config
 from gpu_workers.models.hf_weights import load_exact
+from gpu_workers.preprocess.audio import AudioFeatureConfig, LogMelExtractor
+from omni.shared.settings import json_key, read_json_config, to_json_config
 
 MODEL_TYPE = "omni_unit_vocoder"
 CONFIG_FILE = "config.json"

@@ -27,6 +27,7 @@ from gpu_workers.distributed import GroupMember
 from gpu_workers.models.unit_vocoder import LoadedVocoder, VocoderState, load_unit_vocoder
 from gpu_workers.runner import Runner, register_runner
 from omni.shared import protocol
+
 log = logging.getLogger("omni.audio_decoder")
 
 

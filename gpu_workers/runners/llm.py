@@ -34,6 +34,7 @@ from gpu_workers.runner import Runner, register_runner
 from gpu_workers.sampler import Sampler, validate_options
 from gpu_workers.store_client import LRUBytes, StoreClient
 from omni.shared import protocol
+
 log = logging.getLogger("omni.llm_runner")
 
 # Reads an encoder artifact's bytes by key (the artifact store); raises when it cannot.

@@ -28,12 +28,12 @@ import logging
 import time
 from dataclasses import dataclass
 
-from omni.shared import protocol
 from omni.config import AudioDecoderConfig
 from omni.engines.admission import Limit, Overloaded
-from omni.metrics import Metrics
 from omni.engines.supervisor import EngineError, SupervisedWorker, fail_futures
 from omni.engines.worker_process import WorkerDied
+from omni.metrics import Metrics
+from omni.shared import protocol
 
 log = logging.getLogger("omni.engines.audio_decoder")
 

@@ -13,11 +13,11 @@ import uuid
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 
+from omni.engines.llm import PrefillDone
+from omni.engines.pool import ModelPool
 from omni.shared import protocol
 from omni.text.constrained.constraint import TokenConstraint
 from omni.text.detokenizer import IncrementalDetokenizer
-from omni.engines.llm import PrefillDone
-from omni.engines.pool import ModelPool
 from omni.text.tokenizer import TextTokenizer
 from scheduler.request import MediaSpan, Request, RequestId, RequestStatus, SamplingParams
 

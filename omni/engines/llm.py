@@ -16,14 +16,14 @@ from collections import Counter
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-from omni.shared import protocol
-from omni.engines.admission import Limit, Overloaded, QueueLimits, QueueLoad, retry_after_s
 from omni.config import AdmissionConfig, LLMConfig
-from omni.text.constrained.constraint import MaskFiller, TokenConstraint
-from omni.metrics import ChoiceGroup, EngineMetrics, Metrics
+from omni.engines.admission import Limit, Overloaded, QueueLimits, QueueLoad, retry_after_s
 from omni.engines.step import step_message
 from omni.engines.supervisor import EngineError, SupervisedWorker
 from omni.engines.worker_process import WorkerDied
+from omni.metrics import ChoiceGroup, EngineMetrics, Metrics
+from omni.shared import protocol
+from omni.text.constrained.constraint import MaskFiller, TokenConstraint
 from scheduler.block_manager import BlockManager
 from scheduler.output import SchedulerOutput
 from scheduler.placement import WorkerState

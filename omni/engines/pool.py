@@ -15,12 +15,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from types import TracebackType
 
-from omni.engines.admission import Overloaded, QueueLimits, QueueLoad, retry_after_s
 from omni.config import ModelConfig
-from omni.text.constrained.constraint import TokenConstraint
+from omni.engines.admission import Overloaded, QueueLimits, QueueLoad, retry_after_s
 from omni.engines.llm import EngineError, LLMEngine, RefusedAtSubmit, RequestStream
-from omni.metrics import ChoiceGroup, Metrics
 from omni.engines.worker_specs import llm_worker_spec
+from omni.metrics import ChoiceGroup, Metrics
+from omni.text.constrained.constraint import TokenConstraint
 from scheduler.placement import Placement, make_placement, parse_weights
 from scheduler.prefix_hash import block_hashes, salt_root
 from scheduler.request import Request, RequestId, RequestStatus

@@ -21,8 +21,8 @@ from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, ClassVar
 
 from gpu_workers.worker import worker_main
-from omni.shared import protocol
 from omni.engines.worker_process import WorkerDied, WorkerProcess
+from omni.shared import protocol
 
 log = logging.getLogger("omni.engines.supervisor")
 

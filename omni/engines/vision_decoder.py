@@ -24,12 +24,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from omni.shared import protocol
 from omni.config import VisionDecoderConfig
 from omni.engines.admission import Limit, Overloaded
-from omni.metrics import Metrics
 from omni.engines.supervisor import EngineError, SupervisedWorker, fail_futures
 from omni.engines.worker_process import WorkerDied
+from omni.metrics import Metrics
+from omni.shared import protocol
 
 log = logging.getLogger("omni.engines.vision_decoder")
 

@@ -32,6 +32,7 @@ from typing import Any
 
 from gpu_workers.worker import worker_main
 from omni.shared import protocol
+
 log = logging.getLogger("omni.engines.worker_process")
 
 

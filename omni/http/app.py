@@ -11,31 +11,36 @@ from collections.abc import AsyncIterator
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
-from omni.http.access_log import add_request_id_header, request_id_middleware
-from omni.http.handlers import artifacts, chat, completions, images, speech, system, tokenize, transcriptions
-from omni.http import openapi
-from omni.errors import unauthorized
-from omni.http.errors import error_middleware
-from omni.engines.audio_decoder import AudioDecoderEngine
-from omni.modalities.outputs.audio import ModelAudio
-from omni.text.chat_format import ChatFormat
 from omni.config import ModelConfig, ServerConfig
-from omni.http.cors import install_cors
+from omni.engines.audio_decoder import AudioDecoderEngine
 from omni.engines.encoder import EncoderEngine
-from omni.http.metrics_middleware import http_metrics_middleware
-from omni.modalities.outputs.image import ModelImages
-from omni.modalities.inputs.pipeline import MediaPipeline
-from omni.metrics import Metrics
-from omni.model_layout import ModelLayout
 from omni.engines.pool import ModelPool
-from omni.serving.model import ModelRegistry, ServedModel
+from omni.engines.vision_decoder import VisionDecoderEngine
+from omni.engines.worker_specs import (
+    audio_decoder_worker_spec,
+    encoder_device,
+    encoder_worker_spec,
+    vision_decoder_worker_spec,
+)
+from omni.errors import unauthorized
+from omni.http import openapi
+from omni.http.access_log import add_request_id_header, request_id_middleware
+from omni.http.cors import install_cors
+from omni.http.errors import error_middleware
+from omni.http.handlers import artifacts, chat, completions, images, speech, system, tokenize, transcriptions
+from omni.http.metrics_middleware import http_metrics_middleware
 from omni.http.state import CONFIG, METRICS, MODELS, STORE
 from omni.http.stats_line import log_stats_forever
+from omni.metrics import Metrics
+from omni.modalities.inputs.pipeline import MediaPipeline
+from omni.modalities.outputs.audio import ModelAudio
+from omni.modalities.outputs.image import ModelImages
+from omni.model_layout import ModelLayout
+from omni.serving.model import ModelRegistry, ServedModel
 from omni.shared.store.base import ArtifactStore
 from omni.shared.store.spec import StoreSpec
+from omni.text.chat_format import ChatFormat
 from omni.text.tokenizer import TextTokenizer
-from omni.engines.vision_decoder import VisionDecoderEngine
-from omni.engines.worker_specs import audio_decoder_worker_spec, encoder_device, encoder_worker_spec, vision_decoder_worker_spec
 
 log = logging.getLogger("omni.http.app")
 

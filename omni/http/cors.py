@@ -24,10 +24,11 @@ from __future__ import annotations
 from aiohttp import hdrs, web
 from aiohttp.typedefs import Handler
 
-from omni.http.access_log import HEADER as REQUEST_ID_HEADER, request_id_middleware
-from omni.http.errors import error_response
-from omni.errors import APIError
 from omni.config import CorsPolicy
+from omni.errors import APIError
+from omni.http.access_log import HEADER as REQUEST_ID_HEADER
+from omni.http.access_log import request_id_middleware
+from omni.http.errors import error_response
 
 ANY = "*"
 # Response headers a page's script may read beyond the CORS-safelisted ones: the request id

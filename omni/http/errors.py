@@ -16,8 +16,8 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 
 from omni.engines.admission import Overloaded
-from omni.errors import APIError, bad_request, internal_error, service_unavailable
 from omni.engines.llm import DeadlineExceeded, EngineError, RefusedAtSubmit
+from omni.errors import APIError, bad_request, internal_error, service_unavailable
 from omni.shared.media.errors import MediaError
 
 logger = logging.getLogger(__name__)

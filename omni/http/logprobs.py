@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+
 from omni.engines.generation import PromptLogprobs, TokenLogprob
 from omni.serving.responses import (
     ChatTokenLogprob,

@@ -34,7 +34,6 @@ from omni.http.state import CONFIG, MODELS
 from omni.serving.requests.chat import ChatCompletionRequest
 from omni.serving.requests.common import known_fields
 from omni.serving.requests.completions import CompletionRequest
-from omni.serving.responses import RESPONSE_TYPES
 from omni.serving.requests.dispositions import (
     FIELDS,
     PATHS,
@@ -61,6 +60,7 @@ from omni.serving.requests.transcriptions import (
     TRANSCRIPTIONS_PATH,
     TranscriptionFields,
 )
+from omni.serving.responses import RESPONSE_TYPES
 from omni.shared.media.audio_encoding import MEDIA_TYPES, SPEECH_AUDIO_FORMATS
 from omni.shared.store.local import ARTIFACT_PATH
 

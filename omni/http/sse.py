@@ -12,9 +12,9 @@ from typing import Generic, Protocol, TypeVar
 import msgspec
 from aiohttp import web
 
-from omni.http.errors import engine_error
-from omni.engines.llm import EngineError
 from omni.engines.generation import AudioPiece, Delta, GeneratedImage, TokenLogprob, Usage
+from omni.engines.llm import EngineError
+from omni.http.errors import engine_error
 from omni.modalities.outputs.router import OutputRouter
 from omni.serving.responses import ChunkUsage, usage_body
 

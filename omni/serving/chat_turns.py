@@ -19,15 +19,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from omni.errors import bad_request
+from omni.modalities.outputs.image import ImageRoute, ImageSettings, ModelImages
+from omni.serving.choice_constraints import OutputSpans, TriggeredGrammar, prompt_opens_reasoning
+from omni.serving.model import ServedModel
 from omni.serving.requests import ChatCompletionRequest
 from omni.serving.requests.images import ChatImageOptions
-from omni.text.reply_parser import OutputFormat
-from omni.serving.choice_constraints import OutputSpans, TriggeredGrammar, prompt_opens_reasoning
 from omni.text.constrained.spec import GrammarKind, GrammarSpec
-from omni.modalities.outputs.image import ImageRoute, ImageSettings, ModelImages
 from omni.text.parsers.tool_calls import tool_parser_class
 from omni.text.parsers.tool_grammar import MAX_FREE_CHARS, T2I_TOOL, tool_call_grammar
-from omni.serving.model import ServedModel
+from omni.text.reply_parser import OutputFormat
 from scheduler.request import SamplingParams
 
 SEEDS_PER_CHOICE = 1 << 16  # more images than one turn holds

@@ -10,11 +10,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from omni.errors import bad_request
+from omni.serving.model import ServedModel
 from omni.serving.requests import ChatCompletionRequest, CompletionRequest
 from omni.text.constrained.compiler import CompiledGrammar
 from omni.text.constrained.constraint import ReasoningBudget, SpanSet, TokenConstraint, WithSpans
 from omni.text.parsers.reasoning import reasoning_parser_class
-from omni.serving.model import ServedModel
 
 # How far back from the prompt's end an open <think> is looked for (it is followed by at most
 # a newline or two).

@@ -28,37 +28,44 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
+from omni.engines.audio_decoder import AudioDecodeError
+from omni.engines.generation import Generation, OutputOptions, choice_params, new_request_id, response_id
 from omni.errors import APIError, bad_request, service_unavailable
+from omni.modalities.inputs.items import MediaItem, decode_params
+from omni.modalities.inputs.placeholders import placeholder_ids
+from omni.modalities.outputs.audio import ModelAudio
+from omni.modalities.outputs.image import ImageSettings
+from omni.modalities.outputs.router import OutputRouter
+from omni.serving.chat_turns import (
+    ban_images,
+    ban_tool_markup,
+    chat_images,
+    check_tool_choice,
+    output_format,
+    tool_grammar,
+)
+from omni.serving.choice_constraints import ChoiceConstraints, OutputSpans
+from omni.serving.model import ModelRegistry, ServedModel
+from omni.serving.prompt import chat_prompt, completion_prompts, load_media
 from omni.serving.requests import (
     ChatCompletionRequest,
     CompletionRequest,
     parse_chat_completion_request,
 )
-from omni.serving.sampling import sampling_params, truncate_prompt, truncated_media
 from omni.serving.requests.images import ImageGenerationRequest
 from omni.serving.requests.speech import SpeechRequest
 from omni.serving.requests.transcriptions import TranscriptionRequest
+from omni.serving.sampling import sampling_params, truncate_prompt, truncated_media
 from omni.serving.spoken import ChatAudio, ban_audio, chat_audio, recall_spoken
-from omni.text.reply_parser import OutputFormat
-from omni.serving.chat_turns import ban_images, ban_tool_markup, chat_images, check_tool_choice, output_format, tool_grammar
-from omni.serving.choice_constraints import ChoiceConstraints, OutputSpans
-from omni.text.constrained import audio_span, image_span
-from omni.text.constrained.audio_span import MIN_UNITS
-from omni.text.constrained.compiler import CompiledGrammar
-from omni.engines.audio_decoder import AudioDecodeError
-from omni.engines.generation import Generation, OutputOptions, choice_params, new_request_id, response_id
-from omni.modalities.outputs.audio import ModelAudio
-from omni.modalities.outputs.image import ImageSettings
 from omni.shared.media import MediaLimits
 from omni.shared.media.audio import decode_audio
 from omni.shared.media.errors import MediaError
-from omni.modalities.inputs.items import MediaItem, decode_params
-from omni.modalities.inputs.placeholders import placeholder_ids
-from omni.modalities.outputs.router import OutputRouter
-from omni.serving.prompt import chat_prompt, completion_prompts, load_media
-from omni.serving.model import ModelRegistry, ServedModel
 from omni.shared.store.base import ArtifactStore
 from omni.shared.store.keys import content_hash
+from omni.text.constrained import audio_span, image_span
+from omni.text.constrained.audio_span import MIN_UNITS
+from omni.text.constrained.compiler import CompiledGrammar
+from omni.text.reply_parser import OutputFormat
 from scheduler.request import SamplingParams
 
 

@@ -6,14 +6,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from omni.engines.pool import ModelPool
+from omni.engines.supervisor import SupervisedWorker
 from omni.errors import bad_request, model_not_found
-from omni.text.chat_format import ChatFormat
-from omni.text.constrained.compiler import GrammarCompiler
 from omni.modalities.inputs.pipeline import MediaPipeline
 from omni.modalities.outputs.audio import ModelAudio
 from omni.modalities.outputs.image import ModelImages
-from omni.engines.pool import ModelPool
-from omni.engines.supervisor import SupervisedWorker
+from omni.text.chat_format import ChatFormat
+from omni.text.constrained.compiler import GrammarCompiler
 from omni.text.tokenizer import TextTokenizer
 
 

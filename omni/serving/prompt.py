@@ -19,6 +19,10 @@ from typing import Any, TypeAlias
 
 from omni.errors import APIError, bad_request
 from omni.modalities.inputs import items as media_items
+from omni.modalities.inputs.items import MediaItem, MediaRef
+from omni.modalities.inputs.pipeline import PromptInputs
+from omni.modalities.inputs.placeholders import placeholder_ids
+from omni.serving.model import ServedModel
 from omni.serving.requests import (
     ChatCompletionRequest,
     ChatMessage,
@@ -28,12 +32,7 @@ from omni.serving.requests import (
     TextPart,
     VideoURLPart,
 )
-from omni.modalities.inputs.items import MediaItem, MediaRef
-from omni.modalities.inputs.pipeline import PromptInputs
-from omni.modalities.inputs.placeholders import placeholder_ids
-from omni.serving.model import ServedModel
 from omni.text.tokenizer import Message, TextTokenizer
-
 
 MediaPart: TypeAlias = ImageURLPart | InputAudioPart | VideoURLPart
 

@@ -21,15 +21,15 @@ from dataclasses import dataclass
 import msgspec
 import orjson
 
+from omni.engines.generation import Generation, OutputOptions
 from omni.errors import bad_request
-from omni.serving.requests import ChatCompletionRequest
 from omni.modalities.outputs.audio import AudioRoute, ModelAudio
 from omni.serving.choice_constraints import OutputSpans
-from omni.text.constrained.audio_span import MAX_UNITS, MIN_UNITS
-from omni.engines.generation import Generation, OutputOptions
 from omni.serving.model import ServedModel
+from omni.serving.requests import ChatCompletionRequest
 from omni.shared.store.base import ArtifactStore, KeyNotFound, StoreError
 from omni.shared.store.keys import validate_key
+from omni.text.constrained.audio_span import MAX_UNITS, MIN_UNITS
 from scheduler.request import SamplingParams
 
 SPONTANEOUS_FORMAT = "wav"  # of an answer that spoke without being asked: no format was given

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from gpu_workers.preprocess.image import ImageProcessingConfig, ImageProcessor
 from gpu_workers.models.qwen2_5_vl_vision import VisionEncoderConfig
+from gpu_workers.preprocess.image import ImageProcessingConfig, ImageProcessor
 
 ROOT = Path(__file__).resolve().parents[2]
 TOL = 1e-4

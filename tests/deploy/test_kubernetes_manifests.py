@@ -15,8 +15,8 @@ import pytest
 import yaml
 from aiohttp import web
 
-from omni.http.app import _OPEN_PATHS, add_routes
 from omni.cli.options import parse_args, server_config
+from omni.http.app import _OPEN_PATHS, add_routes
 from omni.shared.store.spec import StoreSpec
 
 MANIFESTS = Path(__file__).resolve().parents[2] / "deploy" / "kubernetes"

@@ -22,8 +22,8 @@ import openai
 import pytest
 from PIL import Image
 
-from omni.text.constrained.image_span import START
 from omni.shared.media.image_sizes import RATIO_SIZES
+from omni.text.constrained.image_span import START
 from omni.text.tokenizer import TextTokenizer
 from tests.e2e.conftest import DIFFUSION_STEPS, read_metric
 from tests.e2e.server import PROCESSES, worker_pids

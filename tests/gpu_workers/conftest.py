@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from gpu_workers.runners.llm import LLMRunner
-from omni.shared import protocol
 from omni.engines.step import step_message
+from omni.shared import protocol
 from scheduler.block_manager import BlockManager
 from scheduler.request import Request, RequestId, SamplingParams
 from scheduler.scheduler import Scheduler, SchedulerConfig

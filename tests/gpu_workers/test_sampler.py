@@ -7,8 +7,8 @@ import pytest
 import torch
 from transformers import MinPLogitsWarper, RepetitionPenaltyLogitsProcessor, TemperatureLogitsWarper
 
-from omni.shared.protocol import SamplingOptions
 from gpu_workers.sampler import Sampler, process_logits, validate_options, warp_logits
+from omni.shared.protocol import SamplingOptions
 
 INF = float("inf")
 

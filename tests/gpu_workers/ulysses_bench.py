@@ -21,8 +21,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from gpu_workers.distributed import GroupMember, destroy_group, init_group
 from gpu_workers.attention.ulysses import UlyssesAttention, shard_sequence
+from gpu_workers.distributed import GroupMember, destroy_group, init_group
 from tests.gpu_workers.ulysses_cases import TinyBlock
 
 HEADS, HEAD_DIM = 24, 80  # hidden 1920, as the reference decoder

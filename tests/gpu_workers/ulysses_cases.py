@@ -16,9 +16,9 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from gpu_workers.attention.ulysses import UlyssesAttention, gather_sequence, shard_sequence
 from gpu_workers.distributed import GroupMember, destroy_group, init_group
 from gpu_workers.models.flux_dit import FluxDiT, FluxDiTConfig, position_ids
-from gpu_workers.attention.ulysses import UlyssesAttention, gather_sequence, shard_sequence
 
 Attention = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 

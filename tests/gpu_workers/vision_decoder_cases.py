@@ -17,11 +17,12 @@ import torch
 import torch.distributed as dist
 
 from gpu_workers import vision_decoder
+from gpu_workers.attention.ulysses import UlyssesAttention
 from gpu_workers.distributed import GroupMember, destroy_group, init_group
 from gpu_workers.tiny.checkpoints import TINY_DIT, make_tiny_vision_decoder
-from gpu_workers.attention.ulysses import UlyssesAttention
 from gpu_workers.vision_decoder import Generation, Preview, VisionDecoder
 from omni.shared import protocol
+
 GUIDANCES = ("autoguidance", "cfg")
 THREE_HEADS = {**TINY_DIT, "hidden_size": 48, "num_heads": 3}  # head_dim 16 = 4 + 6 + 6
 WIDTH, HEIGHT, STEPS = 144, 80, 3

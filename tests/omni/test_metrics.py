@@ -2,8 +2,8 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client import REGISTRY
 
-from omni.metrics import ChoiceGroup, Metrics, one_two_five
 from omni.engines.pool import choice_groups
+from omni.metrics import ChoiceGroup, Metrics, one_two_five
 from scheduler.request import MediaSpan, Request, RequestId, SamplingParams
 
 TINY = {"model_name": "tiny", "engine": "0"}

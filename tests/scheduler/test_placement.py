@@ -6,8 +6,8 @@ import pytest
 
 from scheduler.placement import (
     DEFAULT_WEIGHTS,
-    HotspotGuard,
     PREFILL_WEIGHT,
+    HotspotGuard,
     KVUtilizationScorer,
     LeastLoadedPlacement,
     PrefixAwarePlacement,

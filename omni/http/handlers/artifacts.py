@@ -11,8 +11,8 @@ import time
 
 from aiohttp import web
 
-from omni.http.errors import error_response
 from omni.errors import APIError, not_found
+from omni.http.errors import error_response
 from omni.http.state import STORE
 from omni.shared.store.base import KeyNotFound, StoreError
 from omni.shared.store.local import ARTIFACT_PATH, LocalStore

@@ -7,14 +7,19 @@ import base64
 import time
 
 import numpy as np
-from msgspec import UNSET
 from aiohttp import web
+from msgspec import UNSET
 
-from omni.serving import lifecycle
+from omni.engines.generation import AudioPiece, Delta, GeneratedImage, TokenLogprob, Usage
 from omni.http import sse
 from omni.http.access_log import note_generation
 from omni.http.body import body_timeout, read_parsed, request_timeout
 from omni.http.logprobs import chat_logprob_entries, prompt_logprobs_json
+from omni.http.state import MODELS, STORE
+from omni.modalities.outputs.audio import AUDIO_EXPIRES_S, new_audio_id, store_spoken
+from omni.modalities.outputs.router import OutputRouter
+from omni.serving import lifecycle
+from omni.serving.lifecycle import Completion
 from omni.serving.requests import ChatCompletionRequest, parse_chat_completion_request
 from omni.serving.requests.chat import TextPart
 from omni.serving.responses import (
@@ -38,13 +43,8 @@ from omni.serving.responses import (
     finish_reason,
     usage_body,
 )
-from omni.modalities.outputs.audio import AUDIO_EXPIRES_S, new_audio_id, store_spoken
 from omni.serving.spoken import ChatAudio
-from omni.engines.generation import AudioPiece, Delta, GeneratedImage, TokenLogprob, Usage
 from omni.shared.media.audio_encoding import float_to_pcm16
-from omni.serving.lifecycle import Completion
-from omni.modalities.outputs.router import OutputRouter
-from omni.http.state import MODELS, STORE
 from omni.text.parsers.tool_calls import ToolCallDelta as ParsedToolCallDelta
 from omni.text.tokenizer import TextTokenizer
 

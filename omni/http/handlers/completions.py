@@ -11,11 +11,15 @@ from dataclasses import dataclass
 from aiohttp import web
 from msgspec import UNSET, UnsetType
 
-from omni.serving import lifecycle
+from omni.engines.generation import Delta, PromptLogprobs, TokenLogprob, Usage
 from omni.http import sse
 from omni.http.access_log import note_generation
 from omni.http.body import body_timeout, read_parsed, request_timeout
 from omni.http.logprobs import OffsetToken, completion_logprobs, prompt_logprobs_json
+from omni.http.state import MODELS
+from omni.modalities.outputs.router import OutputRouter
+from omni.serving import lifecycle
+from omni.serving.lifecycle import Completion
 from omni.serving.requests import CompletionRequest, parse_completion_request
 from omni.serving.responses import (
     ChunkUsage,
@@ -28,10 +32,6 @@ from omni.serving.responses import (
     usage_body,
 )
 from omni.text.detokenizer import token_offsets
-from omni.engines.generation import Delta, PromptLogprobs, TokenLogprob, Usage
-from omni.serving.lifecycle import Completion
-from omni.modalities.outputs.router import OutputRouter
-from omni.http.state import MODELS
 from omni.text.tokenizer import TextTokenizer
 
 

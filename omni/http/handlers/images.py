@@ -18,11 +18,16 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from omni.serving import lifecycle
+from omni.engines.generation import GeneratedImage
+from omni.engines.llm import EngineError
+from omni.errors import internal_error
 from omni.http import sse
 from omni.http.access_log import note_generation
 from omni.http.body import body_timeout, read_parsed, request_timeout
-from omni.errors import internal_error
+from omni.http.state import MODELS
+from omni.modalities.outputs.router import OutputRouter
+from omni.serving import lifecycle
+from omni.serving.lifecycle import ImageGeneration, ImagePreview
 from omni.serving.requests.images import ImageGenerationRequest, parse_image_generation_request
 from omni.serving.responses import (
     ImageData,
@@ -32,11 +37,7 @@ from omni.serving.responses import (
     ImageTokensDetails,
     ImageUsage,
 )
-from omni.engines.llm import EngineError
-from omni.engines.generation import GeneratedImage
-from omni.serving.lifecycle import ImageGeneration, ImagePreview
-from omni.modalities.outputs.router import OutputRouter
-from omni.http.state import MODELS
+
 
 async def create_image(request: web.Request) -> web.StreamResponse:
     req = await read_parsed(request, parse_image_generation_request, timeout=body_timeout(request))

@@ -23,17 +23,17 @@ import msgspec
 import numpy as np
 from aiohttp import web
 
-from omni.serving import lifecycle
+from omni.engines.llm import EngineError
 from omni.http.access_log import note_generation
-from omni.http.errors import engine_error
 from omni.http.body import body_timeout, read_parsed, request_timeout
+from omni.http.errors import engine_error
 from omni.http.state import MODELS
+from omni.serving import lifecycle
+from omni.serving.lifecycle import Speech
 from omni.serving.requests.speech import SPEECH_PATH, SpeechRequest, parse_speech_request
 from omni.serving.responses import SpeechAudioDeltaEvent, SpeechAudioDoneEvent, SpeechUsage
-from omni.engines.llm import EngineError
 from omni.shared.media.audio_encoding import MEDIA_TYPES, StreamingAudioEncoder
 from omni.shared.media.tempo import TimeStretch
-from omni.serving.lifecycle import Speech
 
 log = logging.getLogger("omni.http.handlers.speech")
 

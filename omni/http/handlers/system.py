@@ -9,10 +9,10 @@ from pathlib import Path
 import tomllib
 from aiohttp import web
 
-from omni.serving.model import ServedModel
-from omni.serving.responses import Health, Model, ModelList, Version
 from omni.http.sse import json_response
 from omni.http.state import METRICS, MODELS
+from omni.serving.model import ServedModel
+from omni.serving.responses import Health, Model, ModelList, Version
 
 
 def _model_card(model: ServedModel) -> Model:

@@ -22,7 +22,6 @@ from omni.serving.model import ServedModel
 from omni.serving.prompt import chat_prompt, media_parts
 from omni.serving.requests import parse_chat_completion_request
 from omni.serving.requests.fields import missing
-from omni.serving.responses import DetokenizeResponse, TokenizeResponse
 from omni.serving.requests.tokenize import (
     DETOKENIZE_PATH,
     TOKENIZE_PATH,
@@ -30,6 +29,7 @@ from omni.serving.requests.tokenize import (
     parse_detokenize_request,
     parse_tokenize_request,
 )
+from omni.serving.responses import DetokenizeResponse, TokenizeResponse
 
 __all__ = ["DETOKENIZE_PATH", "TOKENIZE_PATH", "detokenize", "tokenize"]
 

@@ -25,13 +25,16 @@ from contextlib import aclosing
 import msgspec
 from aiohttp import web
 
-from omni.serving import lifecycle
+from omni.engines.generation import TokenLogprob
+from omni.engines.llm import EngineError
 from omni.http import sse
 from omni.http.access_log import note_generation
 from omni.http.body import body_timeout, read_transcription_form, request_timeout
 from omni.http.errors import engine_error
 from omni.http.logprobs import logprob_entry
 from omni.http.state import MODELS
+from omni.serving import lifecycle
+from omni.serving.lifecycle import Transcription
 from omni.serving.requests.transcriptions import TRANSCRIPTIONS_PATH, TranscriptionRequest, parse_transcription_request
 from omni.serving.responses import (
     DurationUsage,
@@ -44,11 +47,7 @@ from omni.serving.responses import (
     TranscriptTextDoneEvent,
 )
 from omni.serving.responses import Transcription as TranscriptionBody
-from omni.engines.llm import EngineError
-from omni.engines.generation import TokenLogprob
-from omni.serving.lifecycle import Transcription
 from omni.text.tokenizer import TextTokenizer
-
 
 
 async def create_transcription(request: web.Request) -> web.StreamResponse:

@@ -12,8 +12,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from omni.shared.media import MediaLimits, is_video
 from omni.modalities.inputs.source import decode_base64_off_loop, load_media_bytes
+from omni.shared.media import MediaLimits, is_video
 from omni.shared.store.keys import content_hash
 
 _HASH_IN_THREAD_BYTES = 1 << 20

@@ -16,16 +16,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from omni.errors import bad_request, service_unavailable
 from omni.engines.encoder import EncoderEngine
 from omni.engines.llm import EngineError
-from omni.shared.media import MediaLimits
+from omni.errors import bad_request, service_unavailable
+from omni.metrics import Metrics
 from omni.modalities.inputs import items
 from omni.modalities.inputs.encoder_cache import Encoded, EncoderCache
 from omni.modalities.inputs.items import MediaItem
 from omni.modalities.inputs.placeholders import Placeholder, PlaceholderTokens
-from omni.metrics import Metrics
 from omni.model_layout import component_revision
+from omni.shared.media import MediaLimits
 from omni.shared.store.base import ArtifactStore
 from omni.shared.store.keys import content_hash, encoder_key_for
 from omni.text.tokenizer import TextTokenizer

@@ -25,15 +25,15 @@ from typing import Protocol
 import numpy as np
 import orjson
 
-from omni.errors import bad_request, service_unavailable
 from omni.engines.audio_decoder import AudioDecoderEngine
 from omni.engines.generation import AudioPiece, Delta, Generation
-from omni.text.constrained.audio_span import AudioSpanFormat
-from omni.text.constrained.compiler import CompiledGrammar, GrammarCompiler
-from omni.text.constrained.spec import GrammarKind, GrammarSpec
+from omni.errors import bad_request, service_unavailable
 from omni.shared.media.audio_encoding import MEDIA_TYPES, encode_audio
 from omni.shared.store.base import ArtifactStore
 from omni.shared.store.keys import validate_key
+from omni.text.constrained.audio_span import AudioSpanFormat
+from omni.text.constrained.compiler import CompiledGrammar, GrammarCompiler
+from omni.text.constrained.spec import GrammarKind, GrammarSpec
 from omni.text.tokenizer import TextTokenizer
 
 OPENAI_VOICES = (

@@ -28,16 +28,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from omni.engines.generation import Delta, GeneratedImage, Generation
+from omni.engines.vision_decoder import ImageRequest, VisionDecoderEngine
+from omni.metrics import Metrics
+from omni.shared.media.image_sizes import nearest_size
+from omni.shared.store.base import ArtifactStore
+from omni.shared.store.keys import output_key
 from omni.text.constrained.compiler import CompiledGrammar, GrammarCompiler
 from omni.text.constrained.image_span import ImageSpanFormat
 from omni.text.constrained.spec import GrammarKind, GrammarSpec
-from omni.engines.generation import Delta, GeneratedImage, Generation
-from omni.shared.media.image_sizes import nearest_size
-from omni.metrics import Metrics
-from omni.shared.store.base import ArtifactStore
-from omni.shared.store.keys import output_key
 from omni.text.tokenizer import TextTokenizer
-from omni.engines.vision_decoder import ImageRequest, VisionDecoderEngine
 
 # (preview index, its bytes, size="WxH"): an image's previews as they are made
 SizedPreviewCallback = Callable[..., None]

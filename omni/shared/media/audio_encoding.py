@@ -23,9 +23,9 @@ from fractions import Fraction
 from typing import Protocol
 
 import av
-from av.audio.stream import AudioStream
 import numpy as np
 import numpy.typing as npt
+from av.audio.stream import AudioStream
 
 # What each API may ask for, in the order OpenAI documents them (for error messages).
 CHAT_AUDIO_FORMATS = ("wav", "aac", "mp3", "flac", "opus", "pcm16")

@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 import torch
 
-from gpu_workers.preprocess.audio import LogMelExtractor
 from gpu_workers.models.fsq_audio_tokenizer import (
     FSQAudioTokenizer,
     FSQAudioTokenizerConfig,
@@ -19,6 +18,7 @@ from gpu_workers.models.fsq_audio_tokenizer import (
     make_tiny_audio_tokenizer,
 )
 from gpu_workers.models.qwen2_audio_encoder import output_lengths
+from gpu_workers.preprocess.audio import LogMelExtractor
 
 SR = 16000
 

@@ -14,12 +14,12 @@ from transformers.models.qwen2_5_vl.configuration_qwen2_5_vl import Qwen2_5_VLVi
 from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VisionTransformerPretrainedModel
 from transformers.models.qwen2_vl import image_processing_pil_qwen2_vl as hf_proc
 
-from gpu_workers.preprocess.image import ImageProcessingConfig, ImageProcessor, patchify, smart_resize
 from gpu_workers.models.qwen2_5_vl_vision import (
     Qwen2_5_VisionEncoder,
     VisionEncoderConfig,
     packed_layout,
 )
+from gpu_workers.preprocess.image import ImageProcessingConfig, ImageProcessor, patchify, smart_resize
 
 # window 56 px = 2 merged tokens a side, so the grids below have ragged edge windows
 HF_VISION: dict[str, Any] = {

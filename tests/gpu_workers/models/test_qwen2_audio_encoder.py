@@ -13,8 +13,8 @@ from transformers.masking_utils import create_bidirectional_mask
 from transformers.models.qwen2_audio.configuration_qwen2_audio import Qwen2AudioEncoderConfig
 from transformers.models.qwen2_audio.modeling_qwen2_audio import Qwen2AudioEncoder as HFQwen2AudioEncoder
 
-from gpu_workers.preprocess.audio import AudioFeatureConfig, LogMelExtractor, mel_filter_bank
 from gpu_workers.models.qwen2_audio_encoder import AudioEncoderConfig, Qwen2AudioEncoder, output_lengths
+from gpu_workers.preprocess.audio import AudioFeatureConfig, LogMelExtractor, mel_filter_bank
 
 SR = 16000
 HF_AUDIO: dict[str, Any] = {

@@ -8,10 +8,12 @@ import numpy as np
 import pytest
 import torch
 
-from gpu_workers.runners.audio_decoder import AudioDecoderRunner
 from gpu_workers.distributed import GroupMember
+from gpu_workers.runners.audio_decoder import AudioDecoderRunner
 from gpu_workers.tiny.checkpoints import make_tiny_audio_decoder
 from omni.shared import protocol
+
+
 @pytest.fixture(scope="module")
 def runner(tmp_path_factory: pytest.TempPathFactory) -> AudioDecoderRunner:
     directory = make_tiny_audio_decoder(tmp_path_factory.mktemp("ad") / "audio_decoder", seed=0, num_units=64)

@@ -17,14 +17,14 @@ import torch
 from PIL import Image
 
 import gpu_workers.runners.encoder as encoder_runner_module
-from omni.shared import protocol
 from gpu_workers.artifacts import embeddings_from_bytes
 from gpu_workers.encoder_components import VisionEncoderComponent
-from gpu_workers.runners.encoder import EncoderRunner
-from gpu_workers.preprocess.image import smart_resize
 from gpu_workers.models.qwen2_audio_encoder import output_lengths
+from gpu_workers.preprocess.image import smart_resize
+from gpu_workers.runners.encoder import EncoderRunner
 from gpu_workers.store_client import StoreClient
 from gpu_workers.tiny.checkpoints import TINY_IMAGE_CODEBOOK, make_tiny_omni_checkpoint
+from omni.shared import protocol
 from omni.shared.media import MediaLimits, decode_audio, decode_video
 from omni.shared.store.base import KeyNotFound
 from omni.shared.store.codec import decode_codes, decode_tensors

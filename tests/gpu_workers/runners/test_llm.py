@@ -5,9 +5,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from omni.shared import protocol
 from gpu_workers.runners.llm import CPU_KV_CACHE_BYTES, LLMRunner, kv_bytes_per_block
 from gpu_workers.tiny.checkpoints import make_tiny_checkpoint
+from omni.shared import protocol
 from tests.gpu_workers.conftest import StepDriver
 
 GREEDY = protocol.SamplingOptions(temperature=0.0)

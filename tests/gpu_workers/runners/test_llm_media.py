@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from omni.shared import protocol
 from gpu_workers.artifacts import embeddings_to_bytes
 from gpu_workers.attention.backend import SequenceChunk
 from gpu_workers.runners.llm import LLMRunner
 from gpu_workers.tiny.checkpoints import make_tiny_checkpoint
+from omni.shared import protocol
 
 GREEDY = protocol.SamplingOptions(temperature=0.0)
 HIDDEN = 64

@@ -14,12 +14,12 @@ import torch
 
 from gpu_workers.distributed import GroupMember
 from gpu_workers.runner import runner_class
+from gpu_workers.runners.vision_decoder import SIZES, VisionDecoderRunner
 from gpu_workers.tiny.checkpoints import make_tiny_vision_decoder
 from gpu_workers.vision_decoder import VisionDecoder
-from gpu_workers.runners.vision_decoder import SIZES, VisionDecoderRunner
+from omni.engines.worker_process import WorkerProcess
 from omni.shared import protocol
 from omni.shared.media.image_sizes import ALLOWED_SIZES
-from omni.engines.worker_process import WorkerProcess
 
 CODES = [(3 * i + 2) % 64 for i in range(64)]
 

@@ -18,8 +18,8 @@ from gpu_workers.tiny.checkpoints import (
     make_tiny_omni_checkpoint,
 )
 from gpu_workers.vision_decoder import AutoGuidance, VisionDecoder
-from omni.shared import protocol
 from omni.model_layout import ENCODER_COMPONENTS, ModelLayout, component_revision
+from omni.shared import protocol
 from tests.gpu_workers.models.test_llama import our_logits
 
 PROMPT = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5]

@@ -16,17 +16,16 @@ from aiohttp import web
 from aiohttp.test_utils import make_mocked_request
 
 from gpu_workers.tiny.checkpoints import make_tiny_checkpoint
-from omni.shared import protocol
-from omni.engines.admission import Limit, Overloaded, QueueLimits, QueueLoad, retry_after_s
-from omni.http.errors import error_response
-from omni.errors import service_unavailable
-from omni.http.errors import error_middleware, engine_error, too_many_requests
 from omni.cli.options import build_parser, server_config
 from omni.config import AdmissionConfig, EncoderConfig, LLMConfig, ModelConfig
+from omni.engines.admission import Limit, Overloaded, QueueLimits, QueueLoad, retry_after_s
 from omni.engines.encoder import EncoderEngine
 from omni.engines.llm import DeadlineExceeded, EngineError, LLMEngine, RefusedAtSubmit
-from omni.metrics import Metrics
 from omni.engines.pool import ModelPool
+from omni.errors import service_unavailable
+from omni.http.errors import engine_error, error_middleware, error_response, too_many_requests
+from omni.metrics import Metrics
+from omni.shared import protocol
 from scheduler.request import Request, RequestId, SamplingParams
 
 MODEL = "m"

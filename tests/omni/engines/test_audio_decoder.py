@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 
 from gpu_workers.tiny.checkpoints import make_tiny_audio_decoder
-from omni.shared import protocol
 from omni.config import AudioDecoderConfig
 from omni.engines.audio_decoder import AudioDecoderEngine
-from omni.metrics import Metrics
 from omni.engines.supervisor import EngineError
+from omni.metrics import Metrics
+from omni.shared import protocol
 
 CHUNKS = (4, 25, 25)
 

@@ -11,12 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from omni.shared.protocol import EncodedItem
 from gpu_workers.tiny.checkpoints import make_tiny_omni_checkpoint
-from omni.shared.protocol import EncoderWorkerSpec, StoreSettings
 from omni.engines.encoder import EncoderEngine
 from omni.engines.llm import EngineError
 from omni.metrics import Metrics
+from omni.shared.protocol import EncodedItem, EncoderWorkerSpec, StoreSettings
 from omni.shared.store.codec import EMBEDDINGS, artifact_rows
 from omni.shared.store.keys import encoder_key
 from omni.shared.store.local import LocalStore

@@ -15,11 +15,11 @@ import torch
 from PIL import Image
 
 from gpu_workers.tiny.checkpoints import make_tiny_vision_decoder
-from omni.shared import protocol
 from omni.config import VisionDecoderConfig
 from omni.engines.admission import Overloaded
-from omni.metrics import Metrics
 from omni.engines.vision_decoder import ImageDrawError, ImageRequest, VisionDecoderEngine
+from omni.metrics import Metrics
+from omni.shared import protocol
 
 MODEL = "tiny"
 CODES = tuple(range(64))  # the tiny decoder's 8 x 8 grid

@@ -12,9 +12,9 @@ from multiprocessing.connection import Connection
 import pytest
 
 from gpu_workers import worker
+from omni.engines.worker_process import WorkerProcess
 from omni.shared import protocol
 from omni.shared.protocol import LLMWorkerSpec, wire
-from omni.engines.worker_process import WorkerProcess
 
 
 def messages_of(data: bytes, cut_every: int) -> list[object]:

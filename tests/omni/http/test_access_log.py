@@ -10,10 +10,10 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-from omni.http.access_log import AccessLogger, add_request_id_header, note_generation, request_id, request_id_middleware
-from omni.errors import bad_request
-from omni.http.errors import error_middleware
 from omni.engines.generation import Usage
+from omni.errors import bad_request
+from omni.http.access_log import AccessLogger, add_request_id_header, note_generation, request_id, request_id_middleware
+from omni.http.errors import error_middleware
 
 
 @dataclass

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from omni.http.app import create_app
 from omni.config import ServerConfig, StoreConfig
+from omni.http.app import create_app
 from omni.http.state import STORE
 from omni.shared.store.local import LocalStore
 from omni.shared.store.spec import StoreSpec

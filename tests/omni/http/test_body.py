@@ -12,12 +12,10 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from omni.errors import APIError
-
+from omni.http.body import _DECODE_IN_THREAD_BYTES, read_parsed
 from omni.http.errors import error_middleware
-from omni.http.body import read_parsed
 from omni.serving.requests import parse_chat_completion_request
 from omni.serving.requests.chat import MAX_CHAT_ITEMS
-from omni.http.body import _DECODE_IN_THREAD_BYTES
 
 
 def _app() -> web.Application:

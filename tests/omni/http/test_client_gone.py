@@ -10,8 +10,8 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import make_mocked_request
 
-from omni.http.errors import error_middleware
 from omni.http.app import client_gone_middleware
+from omni.http.errors import error_middleware
 
 
 def request(closing: bool) -> web.Request:

@@ -12,9 +12,9 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-from omni.http.sse import open_event_stream, send_done, send_event
-from omni.http.app import create_app
 from omni.config import CorsPolicy, ServerConfig, StoreConfig
+from omni.http.app import create_app
+from omni.http.sse import open_event_stream, send_done, send_event
 
 KEY = "sk-test"
 PAGE = "http://127.0.0.1:9000"

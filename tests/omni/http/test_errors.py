@@ -3,8 +3,8 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from omni import errors
 from omni.errors import APIError
-from omni.http.errors import error_middleware
 from omni.http.body import read_json
+from omni.http.errors import error_middleware
 from omni.shared.media.errors import MediaError
 
 

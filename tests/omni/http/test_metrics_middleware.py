@@ -8,12 +8,12 @@ import asyncio
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-from omni.http.errors import error_middleware
 from omni.http.app import add_routes
+from omni.http.errors import error_middleware
 from omni.http.metrics_middleware import http_metrics_middleware
+from omni.http.state import MODELS
 from omni.metrics import Metrics
 from omni.serving.model import ModelRegistry
-from omni.http.state import MODELS
 
 
 def _app(metrics: Metrics) -> web.Application:

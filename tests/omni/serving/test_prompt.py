@@ -9,12 +9,12 @@ from typing import Any, cast
 
 import pytest
 
+from omni.engines.pool import ModelPool
 from omni.errors import APIError
+from omni.serving.model import ServedModel
+from omni.serving.prompt import chat_prompt, completion_prompts, load_media
 from omni.serving.requests import parse_chat_completion_request, parse_completion_request
 from omni.text.chat_format import ChatFormat
-from omni.engines.pool import ModelPool
-from omni.serving.prompt import chat_prompt, completion_prompts, load_media
-from omni.serving.model import ServedModel
 from omni.text.tokenizer import TextTokenizer
 from tests.omni.fake_pool import FakePool
 

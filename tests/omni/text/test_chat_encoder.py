@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from omni.text.chat_encoder import ESC
 from omni.serving.prompt import too_long
+from omni.text.chat_encoder import ESC
 from omni.text.tokenizer import TextTokenizer
 
 

@@ -7,9 +7,9 @@ from typing import Any
 import pytest
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
+from omni.shared.gil_free import LARGE, join_str
 from omni.text import chat_template
 from omni.text.chat_template import ChatTemplate, _join, _rstripped_end, _tagged_joins, _TaggedJoins
-from omni.shared.gil_free import LARGE, join_str
 from omni.text.tokenizer import TextTokenizer
 
 # Hand-written templates in the styles of real ones.

@@ -14,14 +14,14 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-from omni.shared import protocol
-from omni.http.handlers import completions
-from omni.http.errors import error_middleware
-from omni.engines.llm import PrefillDone
 from omni.engines.generation import PromptLogprob, prompt_logprobs
+from omni.engines.llm import PrefillDone
 from omni.engines.pool import ModelPool
-from omni.serving.model import ModelRegistry, ServedModel
+from omni.http.errors import error_middleware
+from omni.http.handlers import completions
 from omni.http.state import MODELS
+from omni.serving.model import ModelRegistry, ServedModel
+from omni.shared import protocol
 from omni.text.tokenizer import TextTokenizer
 from scheduler.request import Request
 from tests.omni.fake_pool import FakePool, FakeStream

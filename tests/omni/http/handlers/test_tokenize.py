@@ -13,12 +13,12 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-from omni.http.handlers import system
-from omni.http.errors import error_middleware
-from omni.http.app import add_routes
 from omni.engines.pool import ModelPool
-from omni.serving.model import ModelRegistry, ServedModel
+from omni.http.app import add_routes
+from omni.http.errors import error_middleware
+from omni.http.handlers import system
 from omni.http.state import MODELS
+from omni.serving.model import ModelRegistry, ServedModel
 from omni.text.tokenizer import TextTokenizer
 from tests.omni.fake_pool import FakePool
 

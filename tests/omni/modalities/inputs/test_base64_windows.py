@@ -10,9 +10,9 @@ import threading
 
 import pytest
 
-from omni.shared.media import MediaError, MediaLimits
 from omni.modalities.inputs import source
 from omni.modalities.inputs.source import decode_base64, load_media_bytes
+from omni.shared.media import MediaError, MediaLimits
 
 LIMITS = MediaLimits(max_bytes=10_000)
 

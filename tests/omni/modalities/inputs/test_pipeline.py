@@ -13,19 +13,19 @@ from typing import Any, cast
 import numpy as np
 import pytest
 
-from omni.shared import protocol
 from gpu_workers.tiny.checkpoints import make_tiny_omni_checkpoint
-from omni.errors import APIError, bad_request
-from omni.serving.requests import ChatCompletionRequest, parse_chat_completion_request
 from omni.engines.encoder import EncoderEngine
 from omni.engines.llm import EngineError
-from omni.shared.media import MediaError, MediaLimits
+from omni.errors import APIError, bad_request
+from omni.metrics import Metrics
 from omni.modalities.inputs import items as media_items
 from omni.modalities.inputs.items import MediaItem
 from omni.modalities.inputs.pipeline import MediaPipeline, PromptInputs
-from omni.serving.prompt import media_parts, media_ref, template_messages
-from omni.metrics import Metrics
 from omni.model_layout import ModelLayout, component_revision
+from omni.serving.prompt import media_parts, media_ref, template_messages
+from omni.serving.requests import ChatCompletionRequest, parse_chat_completion_request
+from omni.shared import protocol
+from omni.shared.media import MediaError, MediaLimits
 from omni.shared.store.base import StoreError
 from omni.shared.store.codec import encode_codes, encode_tensors
 from omni.shared.store.keys import encoder_key

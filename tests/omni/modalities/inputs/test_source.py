@@ -8,10 +8,10 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from omni.shared.media.errors import MediaError
 from omni.modalities.inputs import source
-from omni.shared.media.limits import MediaLimits
 from omni.modalities.inputs.source import decode_base64, is_public_address, load_media_bytes
+from omni.shared.media.errors import MediaError
+from omni.shared.media.limits import MediaLimits
 
 PARAM = "messages[0].content[1].image_url.url"
 REMOTE = MediaLimits(allow_remote=True)

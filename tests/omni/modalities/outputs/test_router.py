@@ -14,13 +14,13 @@ from typing import cast
 import numpy as np
 import pytest
 
-from omni.text.constrained.audio_span import AudioSpanFormat
-from omni.text.constrained.image_span import END, EOF, EOL, VISION_TOKEN, ImageSpanFormat
 from omni.engines.generation import Delta, GeneratedImage, Generation, OutputOptions
 from omni.engines.pool import ModelPool
 from omni.modalities.outputs.audio import AudioRoute
 from omni.modalities.outputs.image import ImageRoute, ImageSpan
 from omni.modalities.outputs.router import OutputRouter
+from omni.text.constrained.audio_span import AudioSpanFormat
+from omni.text.constrained.image_span import END, EOF, EOL, VISION_TOKEN, ImageSpanFormat
 from omni.text.tokenizer import TextTokenizer
 from scheduler.request import RequestId, RequestStatus, SamplingParams
 from tests.omni.fake_pool import FakePool

@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 
+from omni.engines.generation import response_id
 from omni.errors import APIError
 from omni.serving.requests import parse_chat_completion_request, parse_completion_request
 from omni.serving.requests.fields import merge_extra_body
 from omni.serving.sampling import sampling_params, truncate_prompt, truncated_media
-from omni.engines.generation import response_id
 from omni.text.tokenizer import TextTokenizer
 from scheduler.request import MediaSpan
 from tests.omni.serving.requests.test_fields import chat, completion

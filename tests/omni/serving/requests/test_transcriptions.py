@@ -18,9 +18,15 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-from omni.http.handlers import transcriptions
+from omni.engines.pool import ModelPool
 from omni.errors import APIError
 from omni.http.errors import error_middleware
+from omni.http.handlers import transcriptions
+from omni.http.state import MODELS
+from omni.modalities.inputs.items import MediaItem
+from omni.modalities.inputs.pipeline import MediaPipeline, PromptInputs
+from omni.serving.lifecycle import TRANSCRIBE_INSTRUCTION
+from omni.serving.model import ModelRegistry, ServedModel
 from omni.serving.requests.transcriptions import (
     MAX_PROMPT_CHARS,
     TranscriptionForm,
@@ -28,12 +34,6 @@ from omni.serving.requests.transcriptions import (
     parse_transcription_request,
 )
 from omni.shared.media import MediaLimits
-from omni.modalities.inputs.items import MediaItem
-from omni.modalities.inputs.pipeline import MediaPipeline, PromptInputs
-from omni.engines.pool import ModelPool
-from omni.serving.lifecycle import TRANSCRIBE_INSTRUCTION
-from omni.serving.model import ModelRegistry, ServedModel
-from omni.http.state import MODELS
 from omni.text.tokenizer import TextTokenizer
 from scheduler.request import MediaSpan
 from tests.omni.fake_pool import FakePool

@@ -3,8 +3,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from omni.shared.media.errors import MediaError
 from omni.shared.media.audio import SAMPLE_RATE, decode_audio
+from omni.shared.media.errors import MediaError
 from omni.shared.media.limits import MediaLimits
 from tests.omni.shared.media.conftest import encoded_audio, wav_bytes
 
