@@ -23,6 +23,13 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if item.path.is_relative_to(E2E_DIR):
             item.add_marker(pytest.mark.slow)
+        # schemathesis names its items per operation (test_fuzz[POST /v1/completions]) but gives
+        # them all the function's node id; pytest-xdist schedules by node id and would run one.
+        if isinstance(item, pytest.Function) and item.name != item.originalname and not item.nodeid.endswith("]"):
+            if hasattr(item, "_id"):  # pytest 9: the id pytest gives its own parametrized items
+                item._id = item.parent.id.child(item.name)
+            else:
+                item._nodeid = f"{item.nodeid}[{item.name.removeprefix(item.originalname + '[')}"
 
 
 @pytest.fixture(scope="session")
