@@ -109,6 +109,9 @@ class VllmCompat:
     enable_chunked_prefill: bool = setting(
         True, help="chunked prefill is always on; --no-enable-chunked-prefill is refused"
     )
+    enable_log_requests: bool = setting(False, help="each request is logged already (--disable-log-requests stops it)")
+    enable_request_id_headers: bool = setting(False, help="every response carries X-Request-Id already")
+    enable_prompt_tokens_details: bool = setting(False, help="usage carries prompt_tokens_details already")
 
 
 # One argument group per section, in --help's order.

@@ -34,6 +34,7 @@ from omni.shared.log_format import current_request_id
 HEADER = "X-Request-Id"
 _USABLE = re.compile(r"^[\x21-\x7e]{1,128}$")  # printable ASCII, no spaces
 REQUEST_ID = web.RequestKey("request_id", str)
+_CLIENT_GAVE_ID = web.RequestKey("client_gave_id", bool)
 _STARTED = web.RequestKey("started", float)
 
 log = logging.getLogger("omni.access")
@@ -59,12 +60,20 @@ def request_id(request: web.Request) -> str:
     return request.get(REQUEST_ID, "")
 
 
+def client_request_id(request: web.Request) -> str | None:
+    """The client's own X-Request-Id, None when the server made the id up: a client's id names
+    the response (chatcmpl-<id>), as vLLM names it."""
+    return request_id(request) if request.get(_CLIENT_GAVE_ID, False) else None
+
+
 @web.middleware
 async def request_id_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Outermost: every response, an error's included, carries the id."""
     given = request.headers.get(HEADER, "")
-    rid = given if _USABLE.match(given) else uuid.uuid4().hex
+    usable = _USABLE.match(given) is not None
+    rid = given if usable else uuid.uuid4().hex
     request[REQUEST_ID] = rid
+    request[_CLIENT_GAVE_ID] = usable
     request[_STARTED] = time.monotonic()
     # Every log line of this request's task, and of the tasks it starts, carries the id.
     current_request_id.set(rid)

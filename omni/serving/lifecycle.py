@@ -101,9 +101,16 @@ class Completion(Prepared):
 
 
 async def chat(
-    models: ModelRegistry, req: ChatCompletionRequest, *, store: ArtifactStore | None, timeout: float | None
+    models: ModelRegistry,
+    req: ChatCompletionRequest,
+    *,
+    store: ArtifactStore | None,
+    timeout: float | None,
+    client_request_id: str | None = None,
 ) -> Completion:
-    """store: where earlier spoken answers are kept, for turns that refer to one by id."""
+    """store: where earlier spoken answers are kept, for turns that refer to one by id.
+    client_request_id: the client's X-Request-Id; it names the response before the body's
+    request_id does, as in vLLM."""
     model = models.get(req.model)  # a 404 naming the model if it is not served
     req = await recall_spoken(store, req)  # earlier spoken answers referred to by id
     check_tool_choice(model, req)
@@ -155,12 +162,14 @@ async def chat(
         for i, g in enumerate(generations)
     ]
     return Completion(
-        id=response_id("chatcmpl", req.request_id, completion_id), model=model, outputs=outputs, timeout=timeout,
+        id=response_id("chatcmpl", client_request_id or req.request_id, completion_id), model=model, outputs=outputs, timeout=timeout,
         output_format=fmt, inline_images=images is not None and images.inline, audio=speaking,
     )  # fmt: skip
 
 
-async def completion(models: ModelRegistry, req: CompletionRequest, *, timeout: float | None) -> Completion:
+async def completion(
+    models: ModelRegistry, req: CompletionRequest, *, timeout: float | None, client_request_id: str | None = None
+) -> Completion:
     model = models.get(req.model)
     prompts = await completion_prompts(model, req)  # no media: a malformed prompt is a 400 even while starting
     check_serving(model)
@@ -195,7 +204,8 @@ async def completion(models: ModelRegistry, req: CompletionRequest, *, timeout: 
             for i in range(req.n)
         ]
     outputs = [OutputRouter(g) for g in generations]
-    return Completion(id=response_id("cmpl", req.request_id, completion_id), model=model, outputs=outputs, timeout=timeout)
+    completion_id = response_id("cmpl", client_request_id or req.request_id, completion_id)
+    return Completion(id=completion_id, model=model, outputs=outputs, timeout=timeout)
 
 
 @dataclass(frozen=True, slots=True)

@@ -134,6 +134,8 @@ class ChatCompletionMessage(Struct, kw_only=True):
     ]
     tool_calls: list[OutputToolCall] | UnsetType = UNSET
     reasoning_content: str | None | UnsetType = UNSET
+    # the same text under vLLM's newer name (0.11.2 on), so clients reading either find it
+    reasoning: str | None | UnsetType = UNSET
     audio: MessageAudio | UnsetType = UNSET
 
 
@@ -182,6 +184,7 @@ class AudioDelta(Struct, kw_only=True):
 class ChunkDelta(Struct, kw_only=True):
     role: Literal["assistant"] | UnsetType = UNSET
     reasoning_content: str | UnsetType = UNSET
+    reasoning: str | UnsetType = UNSET  # the same text under vLLM's newer name
     content: Annotated[
         str | list[OutputImagePart] | UnsetType,
         Meta(description="Text, or in a chunk of its own the images the tokens so far drew."),

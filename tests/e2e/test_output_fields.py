@@ -255,6 +255,22 @@ def test_request_id_names_the_chat_response(client: httpx.Client) -> None:
     assert post(client, CHAT, max_tokens=1, request_id="eval-0008")["id"] == "chatcmpl-eval-0008"
 
 
+@pytest.mark.parametrize(("path", "prefix"), [(CHAT, "chatcmpl"), (COMPLETIONS, "cmpl")])
+def test_the_clients_x_request_id_names_the_response(client: httpx.Client, path: str, prefix: str) -> None:
+    prompt = {"messages": [{"role": "user", "content": "Hi"}]} if path == CHAT else {"prompt": "Hi"}
+    body = {"model": MODEL, "max_tokens": 2, **prompt}
+    named = client.post(path, json=body, headers={"X-Request-Id": "trace-41"})
+    assert named.headers["X-Request-Id"] == "trace-41" and named.json()["id"] == f"{prefix}-trace-41"
+    # the header before the body's request_id, as vLLM; the server's own ids name nothing
+    both = client.post(path, json={**body, "request_id": "body-7"}, headers={"X-Request-Id": "trace-42"})
+    assert both.json()["id"] == f"{prefix}-trace-42"
+    plain = client.post(path, json=body)
+    assert plain.json()["id"] != f"{prefix}-{plain.headers['X-Request-Id']}"
+    with client.stream("POST", path, json={**body, "stream": True}, headers={"X-Request-Id": "trace-43"}) as r:
+        ids = {json.loads(line[6:])["id"] for line in r.iter_lines() if line.startswith("data: {")}
+    assert ids == {f"{prefix}-trace-43"}
+
+
 @pytest.mark.parametrize("path", [COMPLETIONS, CHAT])
 def test_a_literal_extra_body_is_merged(client: httpx.Client, tok: TextTokenizer, path: str) -> None:
     y = token(tok, "y")

@@ -30,11 +30,14 @@ async def _reply(client: openai.AsyncOpenAI, stream: bool, **fields: Any) -> tup
     if not stream:
         out = await client.chat.completions.create(**kw)
         message = out.choices[0].message
+        # vLLM's newer name carries the same text (clients read either)
+        assert getattr(message, "reasoning", None) == getattr(message, "reasoning_content", None)
         return getattr(message, "reasoning_content", None), message.content or "", out.choices[0].finish_reason
     reasoning, content, finish, saw_reasoning = "", "", "", False
     async for chunk in await client.chat.completions.create(stream=True, **kw):
         for choice in chunk.choices:
             delta = choice.delta.model_dump()
+            assert delta.get("reasoning") == delta.get("reasoning_content")
             if delta.get("reasoning_content"):
                 saw_reasoning = True
                 reasoning += delta["reasoning_content"]

@@ -12,7 +12,7 @@ from msgspec import UNSET
 
 from omni.engines.generation import AudioPiece, Delta, GeneratedImage, TokenLogprob, Usage
 from omni.http import sse
-from omni.http.access_log import note_generation
+from omni.http.access_log import client_request_id, note_generation
 from omni.http.body import body_timeout, read_parsed, request_timeout
 from omni.http.logprobs import chat_logprob_entries, prompt_logprobs_json
 from omni.http.state import MODELS, STORE
@@ -53,7 +53,10 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
     req = await read_parsed(request, parse_chat_completion_request, timeout=body_timeout(request))
     # An app built without create_app (tests) may have no store: it kept no spoken answers.
     store = request.app.get(STORE)
-    completion = await lifecycle.chat(request.app[MODELS], req, store=store, timeout=request_timeout(request))
+    completion = await lifecycle.chat(
+        request.app[MODELS], req, store=store, timeout=request_timeout(request),
+        client_request_id=client_request_id(request),
+    )  # fmt: skip
     note_generation(request, completion.model.name, completion.generations)
     with completion.admitted():  # or a 429, before any streaming
         return await respond(request, req, completion)
@@ -86,7 +89,7 @@ async def _complete(request: web.Request, req: ChatCompletionRequest, completion
             if not message.content:
                 message.content = None  # as OpenAI answers a turn that only calls tools
         if fmt.reasoning_parser is not None:
-            message.reasoning_content = reply.reasoning
+            message.reasoning_content = message.reasoning = reply.reasoning
         if c.audio and completion.audio is not None:
             message.audio = await _spoken(request, completion.audio, c.audio, reply.content or "")
             if completion.audio.requested:
@@ -163,7 +166,7 @@ async def _stream(
         body = ChunkDelta()
         empty = not (parsed.reasoning or parsed.content or parsed.tool_calls)
         if parsed.reasoning:
-            body.reasoning_content = parsed.reasoning
+            body.reasoning_content = body.reasoning = parsed.reasoning
         if parsed.content:
             body.content = parsed.content
         if parsed.tool_calls:

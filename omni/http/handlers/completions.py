@@ -13,7 +13,7 @@ from msgspec import UNSET, UnsetType
 
 from omni.engines.generation import Delta, PromptLogprobs, TokenLogprob, Usage
 from omni.http import sse
-from omni.http.access_log import note_generation
+from omni.http.access_log import client_request_id, note_generation
 from omni.http.body import body_timeout, read_parsed, request_timeout
 from omni.http.logprobs import OffsetToken, completion_logprobs, prompt_logprobs_json
 from omni.http.state import MODELS
@@ -37,7 +37,9 @@ from omni.text.tokenizer import TextTokenizer
 
 async def create_completion(request: web.Request) -> web.StreamResponse:
     req = await read_parsed(request, parse_completion_request, timeout=body_timeout(request))
-    completion = await lifecycle.completion(request.app[MODELS], req, timeout=request_timeout(request))
+    completion = await lifecycle.completion(
+        request.app[MODELS], req, timeout=request_timeout(request), client_request_id=client_request_id(request)
+    )
     note_generation(request, completion.model.name, completion.generations)
     with completion.admitted():
         return await respond(request, req, completion)

@@ -98,6 +98,13 @@ def test_a_vllm_launch_line_sets_what_it_names(dirs: tuple[Path, Path]) -> None:
     assert not server_config(parse_args([str(text), "--no-prefix-caching"])).models[0].llm.enable_prefix_caching
 
 
+def test_vllm_flags_asking_for_what_omni_serve_always_does_are_accepted(dirs: tuple[Path, Path]) -> None:
+    text, _ = dirs
+    plain = server_config(parse_args([str(text)]))
+    asked = [str(text), "--enable-log-requests", "--enable-request-id-headers", "--enable-prompt-tokens-details"]
+    assert server_config(parse_args(asked)) == plain  # each asks for the default: nothing changes
+
+
 @pytest.mark.parametrize(
     ("flags", "named"),
     [
