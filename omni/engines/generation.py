@@ -57,6 +57,9 @@ class Delta:
     # the audio chunks its unit tokens completed.
     images: list[GeneratedImage] = field(default_factory=list)
     audio: list[AudioPiece] = field(default_factory=list)
+    # On the last delta, what stopped it (vLLM's stop_reason): the stop string it hit, or the
+    # client's stop token id it sampled; None for EOS, the length or anything else.
+    stop_reason: str | int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,6 +143,7 @@ class OutputOptions:
     skip_special_tokens: bool = True
     keep_special: frozenset[int] = frozenset()  # markup the chat parsers read, kept in the text
     include_stop_str_in_output: bool = False  # the matched stop string (or stop token) stays in
+    stop_token_ids: tuple[int, ...] = ()  # the client's: one that ends a choice is its stop_reason
 
 
 class Generation:
@@ -224,12 +228,13 @@ class Generation:
                 if detok.stopped:
                     finished = True
                     pool.abort(stream, RequestStatus.FINISHED_STOPPED)
-                    yield Delta(text, [event.token_id], logprobs, "stop", offsets)
+                    yield Delta(text, [event.token_id], logprobs, "stop", offsets, stop_reason=detok.stop_reason)
                     return
                 if event.finish_reason is not None:
                     finished = True
                     text += detok.finish()
-                    yield Delta(text, [event.token_id], logprobs, event.finish_reason, offsets)
+                    stopped_by = event.token_id if event.token_id in output.stop_token_ids else None
+                    yield Delta(text, [event.token_id], logprobs, event.finish_reason, offsets, stop_reason=stopped_by)
                     return
                 yield Delta(text, [event.token_id], logprobs, None, offsets)
         finally:

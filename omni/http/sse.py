@@ -146,6 +146,7 @@ class Choice:
     text: str = ""
     logprobs: list[TokenLogprob] = field(default_factory=list)
     finish_reason: str | None = None
+    stop_reason: str | int | None = None  # the stop string or client stop token id that ended it
     text_offsets: list[int] = field(default_factory=list)  # each token's, in text (Delta's)
     images: list[GeneratedImage] = field(default_factory=list)  # drawn from its image spans
     audio: list[AudioPiece] = field(default_factory=list)  # spoken from its audio spans, in order
@@ -166,6 +167,7 @@ async def collect(outputs: Sequence[OutputRouter]) -> list[Choice]:
                 choices[index].audio.extend(delta.audio)
                 if delta.finish_reason is not None:
                     choices[index].finish_reason = delta.finish_reason
+                    choices[index].stop_reason = delta.stop_reason
     except EngineError as exc:
         raise engine_error(exc) from exc
     for choice, text in zip(choices, parts):

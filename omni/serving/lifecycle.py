@@ -146,7 +146,9 @@ async def chat(
             token_ids,
             choice_params(params, i),
             f"{completion_id}-{i}",
-            output=OutputOptions(req.stop, req.skip_special_tokens, keep_special, req.include_stop_str_in_output),
+            output=OutputOptions(
+                req.stop, req.skip_special_tokens, keep_special, req.include_stop_str_in_output, req.stop_token_ids
+            ),
             media=media,
             constraint=constraints.new(),
             cache_salt=req.cache_salt,
@@ -196,7 +198,10 @@ async def completion(
                 choice_params(params, i),
                 f"{completion_id}-{p * req.n + i}",
                 output=OutputOptions(
-                    req.stop, req.skip_special_tokens, include_stop_str_in_output=req.include_stop_str_in_output
+                    req.stop,
+                    req.skip_special_tokens,
+                    include_stop_str_in_output=req.include_stop_str_in_output,
+                    stop_token_ids=req.stop_token_ids,
                 ),
                 constraint=constraints.new(),
                 cache_salt=req.cache_salt,

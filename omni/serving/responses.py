@@ -139,11 +139,18 @@ class ChatCompletionMessage(Struct, kw_only=True):
     audio: MessageAudio | UnsetType = UNSET
 
 
+StopReason: TypeAlias = Annotated[
+    int | str | None,
+    Meta(description="What ended the choice (vLLM's): the stop string hit or the stop_token_ids id sampled; null otherwise."),
+]
+
+
 class ChatChoice(Struct):
     index: Count
     message: ChatCompletionMessage
     logprobs: ChatLogprobs | None
     finish_reason: FinishReason
+    stop_reason: StopReason = None
 
 
 class ChatCompletion(Struct, kw_only=True):
@@ -198,6 +205,7 @@ class ChatChunkChoice(Struct):
     delta: ChunkDelta
     logprobs: ChatLogprobs | None
     finish_reason: FinishReason
+    stop_reason: StopReason | UnsetType = UNSET  # on the chunk that finishes the choice
 
 
 ChunkUsage: TypeAlias = Annotated[
@@ -222,6 +230,7 @@ class TextChoice(Struct, kw_only=True):
     text: str
     logprobs: CompletionLogprobs | None
     finish_reason: FinishReason
+    stop_reason: StopReason | UnsetType = UNSET  # always when not streamed; on a stream's last chunk
     prompt_logprobs: PromptLogprobs | UnsetType = UNSET
 
 

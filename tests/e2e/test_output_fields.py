@@ -180,14 +180,21 @@ def _stop_fields(tok: TextTokenizer, include: bool) -> dict[str, Any]:
 @pytest.mark.parametrize(("include", "text"), [(False, ""), (True, "yy")])
 def test_include_stop_str_in_output_on_completions(client: httpx.Client, tok: TextTokenizer, include: bool, text: str) -> None:
     choice = post(client, COMPLETIONS, **_stop_fields(tok, include))["choices"][0]
-    assert (choice["text"], choice["finish_reason"]) == (text, "stop")
+    assert (choice["text"], choice["finish_reason"], choice["stop_reason"]) == (text, "stop", "yy")
     chunks = stream(client, COMPLETIONS, **_stop_fields(tok, include))
     assert "".join(c["choices"][0]["text"] for c in chunks) == text
+    # vLLM's stop_reason names the stop string, on the chunk that finishes the choice only
+    assert [c["choices"][0].get("stop_reason", "absent") for c in chunks if c["choices"]][-1] == "yy"
+    assert all("stop_reason" not in c["choices"][0] for c in chunks[:-1] if c["choices"] and not c["choices"][0]["finish_reason"])
 
 
 def test_include_stop_str_in_output_on_chat(client: httpx.Client, tok: TextTokenizer) -> None:
     choice = post(client, CHAT, **_stop_fields(tok, True))["choices"][0]
-    assert (choice["message"]["content"], choice["finish_reason"]) == ("yy", "stop")
+    assert (choice["message"]["content"], choice["finish_reason"], choice["stop_reason"]) == ("yy", "stop", "yy")
+    finishing = [c["choices"][0] for c in stream(client, CHAT, **_stop_fields(tok, True)) if c["choices"]][-1]
+    assert (finishing["finish_reason"], finishing["stop_reason"]) == ("stop", "yy")
+    ended = post(client, CHAT, max_tokens=2)["choices"][0]
+    assert (ended["finish_reason"], ended["stop_reason"]) == ("length", None)  # nothing stopped it
 
 
 def test_tokens_as_token_ids_on_completions(client: httpx.Client, tok: TextTokenizer) -> None:
@@ -288,5 +295,7 @@ def test_a_stop_token_adds_no_text_unless_asked(client: httpx.Client, tok: TextT
     # min_tokens keeps z (and EOS) out for three tokens, the bias makes y those three, then z.
     fields["include_stop_str_in_output"] = include
     choice = post(client, COMPLETIONS, **fields)["choices"][0]
-    assert (choice["text"], choice["finish_reason"]) == (text, "stop")
-    assert "".join(c["choices"][0]["text"] for c in stream(client, COMPLETIONS, **fields)) == text
+    assert (choice["text"], choice["finish_reason"], choice["stop_reason"]) == (text, "stop", z)  # the token id
+    chunks = stream(client, COMPLETIONS, **fields)
+    assert "".join(c["choices"][0]["text"] for c in chunks) == text
+    assert [c["choices"][0]["stop_reason"] for c in chunks if "stop_reason" in c["choices"][0]] == [z]

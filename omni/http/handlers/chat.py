@@ -95,7 +95,7 @@ async def _complete(request: web.Request, req: ChatCompletionRequest, completion
             if completion.audio.requested:
                 message.content = None  # a spoken turn's text is its transcript, as OpenAI answers
         logprobs = _logprobs(req, tokenizer, c.logprobs)
-        choices.append(ChatChoice(i, message, logprobs, _finish_reason(c.finish_reason, parser.made_calls)))
+        choices.append(ChatChoice(i, message, logprobs, _finish_reason(c.finish_reason, parser.made_calls), c.stop_reason))
     body = ChatCompletion(
         id=completion.id,
         object="chat.completion",
@@ -185,7 +185,10 @@ async def _stream(
         if empty and delta.finish_reason is None and not req.logprobs:
             return None  # a token that completes no character yet, or markup held back
         logprobs = _logprobs(req, tokenizer, delta.logprobs)
-        return ChatChunkChoice(index, body, logprobs, _finish_reason(delta.finish_reason, parser.made_calls))
+        out = ChatChunkChoice(index, body, logprobs, _finish_reason(delta.finish_reason, parser.made_calls))
+        if delta.finish_reason is not None:
+            out.stop_reason = delta.stop_reason
+        return out
 
     def image_chunks(index: int) -> list[ChatChunkChoice]:
         """The images of the delta just sent, as chunks of their own: delta.content is then a

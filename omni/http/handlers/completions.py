@@ -149,6 +149,7 @@ async def _complete(req: CompletionRequest, completion: Completion) -> web.Respo
                 text=prefix + c.text,
                 logprobs=logprobs,
                 finish_reason=finish_reason(c.finish_reason),
+                stop_reason=c.stop_reason,
                 prompt_logprobs=_prompt_logprobs_field(tokenizer, req, output),
             )
         )
@@ -197,9 +198,12 @@ async def _stream(
         if req.logprobs is not None:
             tokens = prompt + _offset_tokens(delta.logprobs, delta.text_offsets, shift)
             lp = completion_logprobs(tokenizer, tokens, as_token_ids=req.return_tokens_as_token_ids)
-        return TextChoice(
+        body = TextChoice(
             index=index, text=prefix + delta.text, logprobs=lp, finish_reason=finish_reason(delta.finish_reason)
         )
+        if delta.finish_reason is not None:
+            body.stop_reason = delta.stop_reason
+        return body
 
     await stream.run(completion.outputs, choice, lambda: _usage(completion.outputs, req.n))
     return response
