@@ -31,6 +31,7 @@ from schemathesis.checks import (
 
 from omni.http.openapi import OPENAPI_PATH, openapi_document
 from omni.serving.requests.dispositions import FIELDS, PATHS
+from omni.serving.requests.fields import MAX_N
 
 MAX_EXAMPLES = 30
 # Per generated body: the tokens it may ask for and the choices it may run, so that a case
@@ -85,7 +86,7 @@ def _bounded(body: Any, path: str = "/v1/chat/completions") -> None:
             body[key] = MAX_TOKENS
     if body.get("max_tokens") is None and body.get("max_completion_tokens") is None:
         body["max_tokens"] = MAX_TOKENS
-    if is_int(body.get("n")) and MAX_CHOICES < body["n"] <= 16:
+    if is_int(body.get("n")) and MAX_CHOICES < body["n"] <= MAX_N:
         body["n"] = MAX_CHOICES
 
 

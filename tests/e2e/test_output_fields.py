@@ -278,6 +278,15 @@ def test_the_clients_x_request_id_names_the_response(client: httpx.Client, path:
     assert ids == {f"{prefix}-trace-43"}
 
 
+
+def test_n_goes_to_openais_bound(client: httpx.Client) -> None:
+    """OpenAI's cap of 128 choices; the queue's admission bounds the work of all n together."""
+    body = post(client, CHAT, max_tokens=1, n=40, temperature=1.0, seed=3)
+    assert sorted(c["index"] for c in body["choices"]) == list(range(40))
+    assert body["usage"]["completion_tokens"] == 40
+    assert refused(client, CHAT, max_tokens=1, n=129) == "n"
+    assert refused(client, COMPLETIONS, max_tokens=1, n=129) == "n"
+
 @pytest.mark.parametrize("path", [COMPLETIONS, CHAT])
 def test_a_literal_extra_body_is_merged(client: httpx.Client, tok: TextTokenizer, path: str) -> None:
     y = token(tok, "y")

@@ -15,7 +15,7 @@ import msgspec
 
 from omni.errors import APIError, bad_request
 
-MAX_N = 16
+MAX_N = 128  # OpenAI's bound; admission bounds the work (all n choices are admitted together)
 MAX_STOP_STRINGS = 4
 # torch.Generator.manual_seed accepts exactly this range.
 MIN_SEED, MAX_SEED = -(2**63), 2**64 - 1

@@ -197,7 +197,7 @@ CHAT_ERRORS: list[tuple[dict[str, Any], str]] = [
     (chat(logprobs=True, top_logprobs=21), "top_logprobs"),
     (chat(logprobs=True, top_logprobs=-1), "top_logprobs"),
     (chat(n=0), "n"),
-    (chat(n=17), "n"),
+    (chat(n=129), "n"),  # OpenAI's bound is 128
     (chat(n="2"), "n"),
     (chat(presence_penalty=2.5), "presence_penalty"),
     (chat(frequency_penalty=-2.01), "frequency_penalty"),
