@@ -74,12 +74,12 @@ class ChoiceParser:
         self._single_call = single_call
         self.made_calls = False  # a tool call came out (finish_reason becomes "tool_calls")
 
-    def parse(self, text: str) -> ChatReply:
-        """The whole output at once."""
+    def parse(self, text: str, *, cut: bool = False) -> ChatReply:
+        """The whole output at once; cut: it ended at the length limit (a call it cut is a call)."""
         reasoning, content = (None, text) if self._reasoning is None else self._reasoning.parse(text)
         calls: list[ToolCall] = []
         if self._tools is not None:
-            content, calls = self._tools.parse(content)
+            content, calls = self._tools.parse(content, cut=cut)
             if self._single_call:
                 calls = calls[:1]
         self.made_calls = bool(calls)
@@ -94,21 +94,21 @@ class ChoiceParser:
         delta.reasoning = reasoning
         return delta
 
-    def finish(self) -> ChatDelta:
-        """The output ended: everything the parsers still held back."""
+    def finish(self, *, cut: bool = False) -> ChatDelta:
+        """The output ended (cut: at the length limit): everything the parsers still held back."""
         if self._reasoning is None:
-            return self._content("", final=True)
+            return self._content("", final=True, cut=cut)
         reasoning, content = self._reasoning.finish()
-        delta = self._content(content, final=True)
+        delta = self._content(content, final=True, cut=cut)
         delta.reasoning = reasoning
         return delta
 
-    def _content(self, text: str, *, final: bool) -> ChatDelta:
+    def _content(self, text: str, *, final: bool, cut: bool = False) -> ChatDelta:
         if self._tools is None:
             return ChatDelta(content=text)
         content, calls = self._tools.push(text) if text else ("", [])
         if final:
-            more_content, more_calls = self._tools.finish()
+            more_content, more_calls = self._tools.finish(cut=cut)
             content, calls = content + more_content, calls + more_calls
         if self._single_call:
             calls = [c for c in calls if c.index == 0]

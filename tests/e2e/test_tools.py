@@ -155,6 +155,29 @@ async def test_required_and_named_calls_always_validate(fmt: tuple[str, str]) ->
     assert len({json.dumps(r["calls"][0]["arguments"]) for r in replies}) > 20
 
 
+
+async def test_a_call_cut_by_max_tokens_is_a_call_with_what_it_wrote(fmt: tuple[str, str]) -> None:
+    """A forced call the length limit cuts comes back as a tool call with its arguments as far
+    as written and finish_reason length, streamed or not, with no markup in the content."""
+    parser, base = fmt
+    client = _client(base)
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    sizes = (3, 6, 12) if parser == "hyperclovax" else (4, 12, 24)  # the last one writes the name whole
+    for choice in ("required", named):
+        for max_tokens in sizes:
+            whole, streamed = await asyncio.gather(
+                *(_call(client, stream, seed=1, tool_choice=choice, max_tokens=max_tokens) for stream in (False, True))
+            )
+            for reply in (whole, streamed):
+                assert reply["finish"] == "length", reply
+                assert not any(m in (reply["content"] or "") for m in MARKUP), reply
+                assert all(c["id"].startswith("call_") and c["name"] in SCHEMAS for c in reply["calls"]), reply
+            assert [(c["name"], c["arguments"]) for c in whole["calls"]] == [
+                (c["name"], c["arguments"]) for c in streamed["calls"]
+            ]
+            if max_tokens == sizes[-1] and choice is named:
+                assert whole["calls"] and whole["calls"][0]["name"] == "get_weather", whole
+
 async def test_one_call_only_without_parallel_tool_calls(fmt: tuple[str, str]) -> None:
     client = _client(fmt[1])
     replies = await asyncio.gather(

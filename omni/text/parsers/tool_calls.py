@@ -129,8 +129,14 @@ class ToolParser(ABC):
     def _read_call(self, body: str) -> _Call | None:
         """The call in the text between the markers; None when it is not a well-formed call."""
 
-    def parse(self, text: str) -> tuple[str, list[ToolCall]]:
-        """The whole output -> (content without the calls, the calls in order)."""
+    @abstractmethod
+    def _read_cut_call(self, body: str) -> _Call | None:
+        """A call the length limit cut (the text after its start marker): its name and its
+        arguments as far as they were written, the JSON left open; None before the name is whole."""
+
+    def parse(self, text: str, *, cut: bool = False) -> tuple[str, list[ToolCall]]:
+        """The whole output -> (content without the calls, the calls in order). cut: the output
+        ended at the length limit, so an unclosed call at its end is a call, not content."""
         texts: list[str] = []  # texts[k] is the text before call k; the last one is the tail
         calls: list[_Call] = []
         run = ""  # text since the last call, malformed calls included
@@ -145,7 +151,16 @@ class ToolParser(ABC):
                 calls.append(call)
                 run = ""
             pos = j + len(end)
-        texts.append(run + text[pos:])
+        tail = text[pos:]
+        i = tail.find(start) if cut else -1
+        if i >= 0:  # the length limit cut a call: it is one, with its arguments as written
+            partial = self._read_cut_call(tail[i + len(start) :])
+            texts.append((run + tail[:i]).rstrip())  # as before a whole call, the space touching it goes
+            if partial is not None:
+                calls.append(partial)
+                texts.append("")
+        else:
+            texts.append(run + tail)
         pieces = []
         for k, piece in enumerate(texts):
             if k > 0:
@@ -195,8 +210,13 @@ class ToolParser(ABC):
             self._in_call, self._searched = True, len(start)
         return "".join(content), deltas
 
-    def finish(self) -> tuple[str, list[ToolCallDelta]]:
-        """End of output: what was held back is content (an unclosed call as written)."""
+    def finish(self, *, cut: bool = False) -> tuple[str, list[ToolCallDelta]]:
+        """End of output: what was held back is content (an unclosed call as written), unless
+        the length limit cut it (cut): then it is a call with its arguments as far as written."""
+        if cut and self._in_call:
+            partial = self._read_cut_call(self._buffer[len(self.call_start) :])
+            self._buffer, self._held_space, self._in_call = "", "", False
+            return "", [] if partial is None else self._deltas(partial)
         content = self._held_space + self._buffer
         self._buffer, self._held_space, self._in_call = "", "", False
         return content, []
@@ -237,7 +257,16 @@ class HermesToolParser(ToolParser):
             return None
         return _Call(obj["name"], (_dumps(args),))
 
+    def _read_cut_call(self, body: str) -> _Call | None:
+        name = _HERMES_NAME.search(body)
+        if name is None:
+            return None
+        args = _HERMES_ARGS.search(body, name.end())
+        return _Call(json.loads(f'"{name.group(1)}"'), (body[args.end() :] if args else "",))
 
+
+_HERMES_NAME = re.compile(r'"name"\s*:\s*"((?:[^"\\]|\\.)+)"')
+_HERMES_ARGS = re.compile(r'"(?:arguments|parameters)"\s*:\s*')
 _ARG_PAIR = re.compile(r"<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>\s*", re.DOTALL)
 _FUNCTION_NAME = re.compile(r"\s*([^\s<>]+)\s*")
 
@@ -276,6 +305,35 @@ class HyperCLOVAXToolParser(ToolParser):
             return _Call(name, ("{}",))
         items = [f"{_dumps(k)}: {_dumps(v)}" for k, v in args.items()]
         return _Call(name, ("{" + items[0], *(", " + item for item in items[1:]), "}"))
+
+    def _read_cut_call(self, body: str) -> _Call | None:
+        head = _FUNCTION_NAME.match(body)
+        if head is None or head.end() == len(body):  # the name may not be whole yet
+            return None
+        name = head.group(1)
+        tool = self.tools.get(name)
+        properties = tool.parameters.get("properties", {}) if tool is not None else {}
+        items: list[str] = []
+        pos = head.end()
+        while (pair := _ARG_PAIR.match(body, pos)) is not None:
+            key, value = pair.group(1).strip(), pair.group(2)
+            typed = value if is_string_schema(properties.get(key)) else _json_or_text(value)
+            items.append(f"{_dumps(key)}: {_dumps(typed)}")
+            pos = pair.end()
+        # A pair the limit cut: its key, once whole, and its value as far as written (a string
+        # value left open).
+        rest = _CUT_PAIR.match(body, pos)
+        if rest is not None:
+            key, value = rest.group(1).strip(), rest.group(2)
+            if is_string_schema(properties.get(key)):
+                items.append(f"{_dumps(key)}: {_dumps(value)[:-1]}")
+            else:
+                items.append(f"{_dumps(key)}: {value}")
+        arguments = "{" + ", ".join(items)
+        return _Call(name, (arguments,))
+
+
+_CUT_PAIR = re.compile(r"<arg_key>(.*?)</arg_key>\s*<arg_value>(.*)", re.DOTALL)
 
 
 def _json_or_text(text: str) -> Any:

@@ -247,3 +247,39 @@ def test_the_registry_names_the_formats() -> None:
     with pytest.raises(ValueError, match="known: glm45, hermes, hyperclovax"):
         tool_parser_class("mistral")
     assert HyperCLOVAXToolParser.markup_tokens[:2] == HermesToolParser.markup_tokens == ("<tool_call>", "</tool_call>")
+
+
+def stream_cut(parser: ToolParser, chunks: list[str]) -> tuple[str, list[tuple[str, str]]]:
+    """stream(), ended by the length limit."""
+    finish = parser.finish
+    parser.finish = lambda: finish(cut=True)  # type: ignore[method-assign]
+    return stream(parser, chunks)
+
+
+# (output cut by the length limit, content, [(name, arguments as far as written)])
+CUT_CALLS: list[tuple[type[ToolParser], str, str, list[tuple[str, str]]]] = [
+    # the issue's example: the template's markup never reaches the content
+    (HyperCLOVAXToolParser, "<tool_call>get_weather\n<arg_key>city", "", [("get_weather", "{")]),
+    (HyperCLOVAXToolParser, "Checking.\n<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Seo",
+     "Checking.", [("get_weather", '{"city": "Seo')]),
+    (HyperCLOVAXToolParser, hcx("ping") + "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Seoul</arg_value>\n"
+     "<arg_key>days</arg_key>\n<arg_value>1", "", [("ping", "{}"), ("get_weather", '{"city": "Seoul", "days": 1')]),
+    (HyperCLOVAXToolParser, "Hm <tool_call>get_wea", "Hm", []),  # no whole name: no call, no markup
+    (HermesToolParser, '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Se', "",
+     [("get_weather", '{"city": "Se')]),
+    (HermesToolParser, 'Sure.\n<tool_call>\n{"name": "get_weather"', "Sure.", [("get_weather", "")]),
+    (HermesToolParser, '<tool_call>\n{"na', "", []),
+]
+
+
+@pytest.mark.parametrize(("parser_class", "text", "content", "calls"), CUT_CALLS)
+def test_a_call_the_length_limit_cut_is_a_call_with_its_arguments_as_written(
+    parser_class: type[ToolParser], text: str, content: str, calls: list[tuple[str, str]]
+) -> None:
+    parsed_content, parsed = parser_class(TOOLS).parse(text, cut=True)
+    assert (parsed_content, [(c.name, c.arguments) for c in parsed]) == (content, calls)
+    for size in (1, 3, len(text) or 1):  # streamed in any pieces, the same
+        chunks = [text[i : i + size] for i in range(0, len(text), size)]
+        assert stream_cut(parser_class(TOOLS), chunks) == (content, calls)
+    # not cut (a stop token ended it), an unclosed call stays the text it was
+    assert parser_class(TOOLS).parse(text)[0].endswith(text[text.rfind("<tool_call>") :])
