@@ -501,7 +501,6 @@ BUDGET = 600
 
 OVER_BUDGET: dict[str, str] = {
     "gpu_workers/models/unit_vocoder.py": "one model, read top-down like nanoGPT's model.py (STYLE.md 7)",
-    "omni/http/openapi.py": "the paths, the error responses and the post-pass over the generated components: what a Struct cannot say (null as the default, dispositions, the rules between fields)",
     "omni/metrics.py": "one registry of every metric family, so vLLM's names, labels and buckets read in one place",
 }
 

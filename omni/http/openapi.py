@@ -87,10 +87,6 @@ def _int(lo: int | None = None, hi: int | None = None) -> Schema:
     return _bounded("integer", lo, hi)
 
 
-def _number(lo: float | None = None, hi: float | None = None) -> Schema:
-    return _bounded("number", lo, hi)
-
-
 def _bounded(kind: str, lo: float | None, hi: float | None) -> Schema:
     out: Schema = {"type": kind}
     if lo is not None:
@@ -98,14 +94,6 @@ def _bounded(kind: str, lo: float | None, hi: float | None) -> Schema:
     if hi is not None:
         out["maximum"] = hi
     return out
-
-
-def _part(kind: str, properties: Schema) -> Schema:
-    return {
-        "type": "object",
-        "properties": {"type": {"const": kind}, **properties},
-        "required": ["type", *properties],
-    }
 
 
 _STRING: Schema = {"type": "string"}

@@ -30,7 +30,7 @@ from omni.http.errors import engine_error
 from omni.http.state import MODELS
 from omni.serving import lifecycle
 from omni.serving.lifecycle import Speech
-from omni.serving.requests.speech import SPEECH_PATH, SpeechRequest, parse_speech_request
+from omni.serving.requests.speech import SpeechRequest, parse_speech_request
 from omni.serving.responses import SpeechAudioDeltaEvent, SpeechAudioDoneEvent, SpeechUsage
 from omni.shared.media.audio_encoding import MEDIA_TYPES, StreamingAudioEncoder
 from omni.shared.media.tempo import TimeStretch

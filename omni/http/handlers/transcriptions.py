@@ -35,7 +35,7 @@ from omni.http.logprobs import logprob_entry
 from omni.http.state import MODELS
 from omni.serving import lifecycle
 from omni.serving.lifecycle import Transcription
-from omni.serving.requests.transcriptions import TRANSCRIPTIONS_PATH, TranscriptionRequest, parse_transcription_request
+from omni.serving.requests.transcriptions import TranscriptionRequest, parse_transcription_request
 from omni.serving.responses import (
     DurationUsage,
     LogprobEntry,

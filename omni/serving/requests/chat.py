@@ -25,7 +25,7 @@ from omni.serving.requests.common import (
 from omni.serving.requests.fields import Json, missing, type_error, value_error
 from omni.serving.requests.images import ChatImageOptions, check_image_options
 from omni.serving.requests.structured import grammar_of
-from omni.serving.requests.tools import NamedToolChoice, Tool, ToolFields, tool_fields
+from omni.serving.requests.tools import MAX_TOOLS, NamedToolChoice, Tool, ToolFields, tool_fields
 from omni.text.constrained.spec import GrammarSpec
 
 MAX_TOP_LOGPROBS = 20
@@ -37,8 +37,6 @@ MAX_CHAT_ITEMS = 16_384
 Role: TypeAlias = Literal["system", "developer", "user", "assistant", "tool"]
 Modality: TypeAlias = Literal["text", "image", "audio"]
 AudioFormat: TypeAlias = Literal["wav", "mp3", "flac", "opus", "pcm16", "aac"]
-ROLES = frozenset(Role.__args__)  # type: ignore[attr-defined]
-MODALITIES = frozenset(Modality.__args__)  # type: ignore[attr-defined]
 AUDIO_FORMATS = frozenset(AudioFormat.__args__)  # type: ignore[attr-defined]
 
 
@@ -294,7 +292,7 @@ class ChatCompletionRequest(GenerationFields, frozen=True, kw_only=True, forbid_
         Literal["none", "auto", "required"] | NamedToolChoice, honoured("none, auto, required or a named function")
     ] | None = None
     tools_sent: Annotated[
-        Annotated[list[Tool], Meta(max_length=128)], honoured("the functions the model may call")
+        Annotated[list[Tool], Meta(max_length=MAX_TOOLS)], honoured("the functions the model may call")
     ] = field(name="tools", default_factory=list)
     verbosity: Annotated[Refused, rejected("the verbosity of a response is not controllable")] = None
     web_search_options: Annotated[Refused, rejected("there is no web search tool")] = None

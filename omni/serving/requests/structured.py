@@ -15,7 +15,6 @@ import orjson
 from omni.errors import bad_request
 from omni.serving.requests.common import (
     GenerationFields,
-    GuidedBackend,
     JsonObjectFormat,
     JsonSchemaResponseFormat,
     ResponseFormat,
@@ -106,4 +105,3 @@ def _spec(kind: GrammarKind, value: Any, param: str) -> GrammarSpec:
     return GrammarSpec(kind, value, param)
 
 
-GUIDED_BACKENDS = frozenset(GuidedBackend.__args__)  # type: ignore[attr-defined]

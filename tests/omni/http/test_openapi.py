@@ -18,16 +18,19 @@ from referencing.jsonschema import DRAFT202012
 from omni.config import ServerConfig, StoreConfig
 from omni.errors import APIError, Error
 from omni.http.app import create_app
-from omni.http.handlers.speech import SPEECH_PATH
-from omni.http.handlers.transcriptions import TRANSCRIPTIONS_PATH
 from omni.http.openapi import EXTRA_BODY, FIELD_SCHEMAS, IMAGES_PATH, OPENAPI_PATH, REQUIRED, openapi_document
 from omni.serving.requests import parse_chat_completion_request, parse_completion_request
 from omni.serving.requests.dispositions import FIELDS, STREAM_OPTIONS_FIELDS, Disposition, Endpoint
 from omni.serving.requests.fields import merge_extra_body
 from omni.serving.requests.images import IMAGE_FIELDS, parse_image_generation_request
-from omni.serving.requests.speech import SPEECH_FIELDS, parse_speech_request
+from omni.serving.requests.speech import SPEECH_FIELDS, SPEECH_PATH, parse_speech_request
 from omni.serving.requests.tokenize import CHAT_FIELDS, DETOKENIZE_FIELDS, PROMPT_FIELDS
-from omni.serving.requests.transcriptions import TRANSCRIPTION_FIELDS, TranscriptionForm, parse_transcription_request
+from omni.serving.requests.transcriptions import (
+    TRANSCRIPTION_FIELDS,
+    TRANSCRIPTIONS_PATH,
+    TranscriptionForm,
+    parse_transcription_request,
+)
 from omni.serving.responses import RESPONSE_TYPES
 from omni.shared.media.audio_encoding import MEDIA_TYPES, SPEECH_AUDIO_FORMATS
 

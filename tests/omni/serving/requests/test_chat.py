@@ -66,6 +66,8 @@ def test_required_forces_every_tool_and_a_named_choice_forces_one() -> None:
         ({"tools": [{"type": "function", "function": {"name": "has space"}}]}, "tools[0].function.name"),
         ({"tools": [{"type": "function", "function": {"name": "f", "parameters": []}}]}, "tools[0].function.parameters"),
         ({"tools": [WEATHER, WEATHER]}, "tools[1].function.name"),
+        # OpenAI's limit of 128 tools
+        ({"tools": [{"type": "function", "function": {"name": f"f{i}"}} for i in range(129)]}, "tools"),
         ({"tools": [WEATHER], "parallel_tool_calls": "yes"}, "parallel_tool_calls"),
         ({"tools": [WEATHER], "tool_choice": "required", "response_format": {"type": "json_object"}}, "response_format"),
     ],
