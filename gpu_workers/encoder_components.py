@@ -1,11 +1,12 @@
-"""The encoders an encoder worker hosts: one Component subclass per component directory.
+"""The encoders an encoder worker hosts: one Component subclass per component.
 
     vision_encoder   image, video -> embeddings   Qwen2.5-VL ViT + projector
     audio_encoder    audio -> embeddings          Qwen2-Audio encoder + projector
     image_tokenizer  image -> codes               TA-Tok (SigLIP features, nearest code)
     audio_tokenizer  audio -> units               FSQ audio tokenizer
 
-prepare() runs per item on decoded media (a ValueError there is the client's 400); forward()
+Each reads its config and tensors through ComponentFiles (gpu_workers/component_files.py): a
+component directory, or its part of the published checkpoint. prepare() runs per item on decoded media (a ValueError there is the client's 400); forward()
 runs once over every prepared item of a batch. gpu_workers/runners/encoder.py drives them.
 """
 
@@ -13,14 +14,13 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
 import torch
 from PIL import Image
 
-from gpu_workers.loader import load_safetensors, read_json
+from gpu_workers.component_files import ComponentFiles, DirFiles
 from gpu_workers.models.fsq_audio_tokenizer import FSQAudioTokenizer
 from gpu_workers.models.qwen2_5_vl_vision import Qwen2_5_VisionEncoder, VisionEncoderConfig
 from gpu_workers.models.qwen2_audio_encoder import AudioEncoderConfig, Qwen2AudioEncoder
@@ -72,14 +72,14 @@ class Component(ABC):
         if "name" in cls.__dict__:  # a concrete component, not a shared base
             Component._registry[cls.name] = cls
 
-    def __init__(self, component_dir: Path, device: torch.device, dtype: torch.dtype) -> None:
-        self.dir = component_dir
+    def __init__(self, files: ComponentFiles, device: torch.device, dtype: torch.dtype) -> None:
+        self.files = files
         self.device = device
         self.dtype = dtype
 
     @classmethod
-    def create(cls, name: str, component_dir: Path, device: torch.device, dtype: torch.dtype) -> Component:
-        return cls._registry[name](component_dir, device, dtype)
+    def create(cls, name: str, files: ComponentFiles, device: torch.device, dtype: torch.dtype) -> Component:
+        return cls._registry[name](files, device, dtype)
 
     @abstractmethod
     def prepare(self, kind: str, media: Any) -> Any: ...
@@ -94,10 +94,10 @@ class VisionEncoderComponent(Component):
     kinds = frozenset({"image", "video"})
     discrete = False
 
-    def __init__(self, component_dir: Path, device: torch.device, dtype: torch.dtype) -> None:
-        super().__init__(component_dir, device, dtype)
-        self.config = VisionEncoderConfig.from_hf(read_json(component_dir / "config.json"))
-        pre = read_json(component_dir / "preprocessor_config.json")
+    def __init__(self, files: ComponentFiles, device: torch.device, dtype: torch.dtype) -> None:
+        super().__init__(files, device, dtype)
+        self.config = VisionEncoderConfig.from_hf(files.config())
+        pre = files.side_json("preprocessor_config.json") or {}
         c = self.config
         self.processor = ImageProcessor(
             ImageProcessingConfig(
@@ -117,7 +117,7 @@ class VisionEncoderComponent(Component):
             frames_per_chunk=int(pre.get("video_frames_per_chunk", default.frames_per_chunk)),
         )
         self.model = Qwen2_5_VisionEncoder(c)
-        self.model.load_hf_state_dict(load_safetensors(component_dir))
+        self.model.load_hf_state_dict(files.tensors())
         self.model.to(device=device, dtype=dtype).eval()
 
     def prepare(self, kind: str, media: Any) -> tuple[np.ndarray, list[tuple[int, int, int]]]:
@@ -174,12 +174,12 @@ class AudioEncoderComponent(AudioComponent):
     name = "audio_encoder"
     discrete = False
 
-    def __init__(self, component_dir: Path, device: torch.device, dtype: torch.dtype) -> None:
-        super().__init__(component_dir, device, dtype)
-        self.config = AudioEncoderConfig.from_hf(read_json(component_dir / "config.json"))
+    def __init__(self, files: ComponentFiles, device: torch.device, dtype: torch.dtype) -> None:
+        super().__init__(files, device, dtype)
+        self.config = AudioEncoderConfig.from_hf(files.config())
         self.features = LogMelExtractor(AudioFeatureConfig(num_mel_bins=self.config.num_mel_bins), device)
         self.model = Qwen2AudioEncoder(self.config)
-        self.model.load_hf_state_dict(load_safetensors(component_dir))
+        self.model.load_hf_state_dict(files.tensors())
         self.model.to(device=device, dtype=dtype).eval()
 
     def forward(self, prepared: list[np.ndarray]) -> list[torch.Tensor]:
@@ -197,9 +197,9 @@ class ImageTokenizerComponent(Component):
     kinds = frozenset({"image"})
     discrete = True
 
-    def __init__(self, component_dir: Path, device: torch.device, dtype: torch.dtype) -> None:
-        super().__init__(component_dir, device, dtype)
-        self.model = TATokImageTokenizer.from_dir(component_dir, device=device, dtype=dtype)
+    def __init__(self, files: ComponentFiles, device: torch.device, dtype: torch.dtype) -> None:
+        super().__init__(files, device, dtype)
+        self.model = TATokImageTokenizer.from_weights(files.config(), files.tensors(), device=device, dtype=dtype)
 
     def prepare(self, kind: str, media: Any) -> Image.Image:
         return to_rgb(media)
@@ -213,9 +213,10 @@ class AudioTokenizerComponent(AudioComponent):
     name = "audio_tokenizer"
     discrete = True
 
-    def __init__(self, component_dir: Path, device: torch.device, dtype: torch.dtype) -> None:
-        super().__init__(component_dir, device, dtype)
-        self.model = FSQAudioTokenizer.from_dir(component_dir, device=device, dtype=dtype)
+    def __init__(self, files: ComponentFiles, device: torch.device, dtype: torch.dtype) -> None:
+        super().__init__(files, device, dtype)
+        assert isinstance(files, DirFiles), "the published audio tokenizer is S3TokenizerV2"
+        self.model = FSQAudioTokenizer.from_dir(files.where, device=device, dtype=dtype)
 
     def forward(self, prepared: list[np.ndarray]) -> list[torch.Tensor]:
         return [torch.tensor(units, dtype=torch.int64) for units in self.model.encode(prepared)]

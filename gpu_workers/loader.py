@@ -1,6 +1,9 @@
 """Load a HF-layout checkpoint directory (config.json + safetensors) into a LlamaForCausalLM.
 
-Reads model.safetensors or a sharded model.safetensors.index.json; never pickle (.bin).
+Reads model.safetensors or a sharded model.safetensors.index.json; never pickle (.bin). In the
+published omni checkpoint the LLM is config.json's text_config and the tensors under
+model.language_model. (model.language_model.model.* and .lm_head.*), read from the shards that
+hold them only; the other components' tensors are not the LLM's and are never read.
 HF names map onto ours by dropping the "model." prefix and stacking q/k/v and gate/up into
 the fused MergedLinear rows (LlamaForCausalLM.STACKED_PARAMS). Every parameter row range
 must be written exactly once; anything missing, unexpected or misshapen is a ValueError.
@@ -17,6 +20,7 @@ from safetensors import safe_open
 
 from gpu_workers.attention.backend import AttentionBackend
 from gpu_workers.models.llama import LlamaFamilyConfig, LlamaForCausalLM, MergedLinear
+from omni.shared.safetensors_index import PUBLISHED_PREFIXES, SafetensorsIndex, is_published
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
@@ -36,7 +40,10 @@ def read_json(path: Path) -> dict[str, Any]:
 
 
 def read_config(model_dir: Path) -> LlamaFamilyConfig:
-    return LlamaFamilyConfig.from_hf(read_json(model_dir / "config.json"))
+    raw = read_json(model_dir / "config.json")
+    if is_published(model_dir):
+        return LlamaFamilyConfig.from_hf(raw["text_config"])
+    return LlamaFamilyConfig.from_hf(raw)
 
 
 def checkpoint_files(model_dir: Path) -> list[Path]:
@@ -75,11 +82,18 @@ def load_model(
     with torch.device("meta"):
         model = LlamaForCausalLM(config, backend)
     model = model.to(dtype).to_empty(device=device)
-    load_weights(model, checkpoint_files(model_dir))
+    if is_published(model_dir):
+        index = SafetensorsIndex.read(model_dir)
+        files = [model_dir / shard for shard in index.shards(PUBLISHED_PREFIXES["llm"])]
+        load_weights(model, files, prefix=PUBLISHED_PREFIXES["llm"][0])
+    else:
+        load_weights(model, checkpoint_files(model_dir))
     return model.eval()
 
 
-def load_weights(model: LlamaForCausalLM, files: list[Path]) -> None:
+def load_weights(model: LlamaForCausalLM, files: list[Path], *, prefix: str = "") -> None:
+    """prefix: only tensors under it are the model's (in the published checkpoint,
+    model.language_model.); it is stripped, leaving HF names (model.*, lm_head.weight)."""
     params = dict(model.named_parameters())
     modules = dict(model.named_modules())
     # (param name, shard index or None) -> not yet written
@@ -94,7 +108,10 @@ def load_weights(model: LlamaForCausalLM, files: list[Path]) -> None:
     tied = model.config.tie_word_embeddings
     for path in files:
         with safe_open(str(path), framework="pt") as f:
-            for hf_name in f.keys():  # noqa: SIM118 - safe_open is not iterable
+            for stored in f.keys():  # noqa: SIM118 - safe_open is not iterable
+                if not stored.startswith(prefix):
+                    continue  # another component's tensor in a shared shard
+                hf_name = stored[len(prefix) :]
                 if (tied and hf_name == "lm_head.weight") or hf_name.endswith("rotary_emb.inv_freq"):
                     continue  # derived, not learned: the tied head is embed_tokens, RoPE is computed
                 target = _our_name(hf_name)
@@ -104,12 +121,12 @@ def load_weights(model: LlamaForCausalLM, files: list[Path]) -> None:
                 name, shard = target
                 if (name, shard) not in pending:
                     raise ValueError(f"{hf_name}: tensor appears twice in the checkpoint")
-                _copy(params[name], modules[name.rsplit(".", 1)[0]], shard, f.get_tensor(hf_name), hf_name)
+                _copy(params[name], modules[name.rsplit(".", 1)[0]], shard, f.get_tensor(stored), stored)
                 pending.discard((name, shard))
     if unexpected:
-        raise ValueError(f"unexpected tensors in checkpoint: {', '.join(sorted(unexpected))}")
+        raise ValueError(f"unexpected tensors in checkpoint: {', '.join(prefix + n for n in sorted(unexpected))}")
     if pending:
-        missing = sorted(_hf_name(name, shard) for name, shard in pending)
+        missing = sorted(prefix + _hf_name(name, shard) for name, shard in pending)
         raise ValueError(f"tensors missing from checkpoint: {', '.join(missing)}")
 
 

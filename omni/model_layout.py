@@ -1,7 +1,11 @@
 """Where a served model's parts live on disk, and the revision that keys its encoder outputs.
 
-Two layouts are served:
+Three layouts are served:
 
+    DIR/config.json + text_config    the published omni checkpoint, as downloaded: one sharded
+    DIR/model.safetensors.index.json safetensors set whose keys carry one prefix per component
+    DIR/decoder/vision/model_index.json   (PUBLISHED_PREFIXES), the image decoder as a diffusers
+    DIR/decoder/audio/*.mar               folder, the audio decoder as TorchServe archives
     DIR/config.json                  an LLM alone (text only)
     DIR/llm/config.json              an omni checkpoint: one directory per component,
     DIR/vision_encoder/config.json   as a converted reference checkpoint is laid out
@@ -10,6 +14,9 @@ Two layouts are served:
     DIR/audio_tokenizer/ ...
     DIR/vision_decoder/config.json   the image decoder (DiT, weak DiT, VAE, scheduler, codebook)
     DIR/audio_decoder/config.json    the unit vocoder (its weights, voices, speaker encoder)
+
+Nothing here imports torch: the published checkpoint's index and safetensors headers are JSON
+(omni/shared/safetensors_index.py).
 """
 
 from __future__ import annotations
@@ -17,11 +24,18 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
+from omni.shared.safetensors_index import PUBLISHED_PREFIXES, SafetensorsIndex, is_published
+
 ENCODER_COMPONENTS = ("vision_encoder", "audio_encoder", "image_tokenizer", "audio_tokenizer")
-_REVISION_CHARS = 16  # 64 bits of the weights' sha256: plenty to tell revisions apart
+_REVISION_CHARS = 16  # 64 bits of sha256: plenty to tell revisions apart
+
+PUBLISHED_VISION_DECODER = Path("decoder") / "vision"
+PUBLISHED_AUDIO_DECODER = Path("decoder") / "audio"
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,10 +45,30 @@ class ModelLayout:
     components: dict[str, Path] = field(default_factory=dict)
     vision_decoder: Path | None = None  # None: the model cannot draw images
     audio_decoder: Path | None = None  # None: the model cannot speak
+    published: bool = False  # one root for every component (PUBLISHED_PREFIXES)
 
     @classmethod
     def from_dir(cls, root: Path) -> ModelLayout:
         root = Path(root)
+        if is_published(root):
+            index = SafetensorsIndex.read(root)
+            found = {
+                name: root
+                for name in ENCODER_COMPONENTS
+                if index.has_prefix(PUBLISHED_PREFIXES[name][0])
+            }
+            if not index.has_prefix(PUBLISHED_PREFIXES["llm"][0]):
+                raise ValueError(f"{root}: the index has no {PUBLISHED_PREFIXES['llm'][0]}* tensors (no LLM)")
+            vision = root / PUBLISHED_VISION_DECODER
+            audio = root / PUBLISHED_AUDIO_DECODER
+            return cls(
+                root,
+                root,
+                found,
+                vision_decoder=vision if (vision / "model_index.json").is_file() else None,
+                audio_decoder=audio if audio.is_dir() and any(audio.glob("*.mar")) else None,
+                published=True,
+            )
         if (root / "llm" / "config.json").is_file():
             found = {
                 name: root / name for name in ENCODER_COMPONENTS if (root / name / "config.json").is_file()
@@ -55,7 +89,10 @@ class ModelLayout:
         return bool(self.components)
 
     def codebook_sizes(self) -> dict[str, int]:
-        """Codes each discrete component can emit, read from its config.json."""
+        """Codes each discrete component can emit: from its config.json, or for the published
+        checkpoint from its tensors' shapes (the codebook's rows; 3 ** the FSQ dimensions)."""
+        if self.published:
+            return _published_codebook_sizes(SafetensorsIndex.read(self.root), self.components)
         sizes: dict[str, int] = {}
         for name, path in self.components.items():
             try:
@@ -63,10 +100,35 @@ class ModelLayout:
                 if name == "image_tokenizer":
                     sizes[name] = int(config["codebook_size"])
                 elif name == "audio_tokenizer":
+                    if config.get("model_type") == "s3_tokenizer_v2":
+                        continue  # sized by its weights, read by the worker
                     sizes[name] = math.prod(int(level) for level in config["levels"])
             except (KeyError, TypeError, ValueError) as e:
                 raise ValueError(f"{path}/config.json: no usable codebook size ({e!r})") from None
         return sizes
+
+    def revisions(self) -> dict[str, Callable[[], str]]:
+        """Per encoder component, how to get the revision that keys its outputs in the store."""
+        if self.published:
+            index = SafetensorsIndex.read(self.root)
+            return {name: partial(index.revision, PUBLISHED_PREFIXES[name]) for name in self.components}
+        return {name: partial(component_revision, path) for name, path in self.components.items()}
+
+
+def _published_codebook_sizes(index: SafetensorsIndex, components: dict[str, Path]) -> dict[str, int]:
+    sizes: dict[str, int] = {}
+    wanted = {
+        "image_tokenizer": "model.discrete_vision_model.bottleneck.regularizer.embedding.weight",
+        "audio_tokenizer": "model.discrete_audio_model.quantizer._codebook.project_down.weight",
+    }
+    for name, key in wanted.items():
+        if name not in components:
+            continue
+        shape = index.shape(key)
+        if shape is None or len(shape) != 2:
+            raise ValueError(f"{index.root}: {key} is missing or not a matrix; cannot size the {name}'s codes")
+        sizes[name] = shape[0] if name == "image_tokenizer" else 3 ** shape[0]
+    return sizes
 
 
 def _component(root: Path, name: str) -> Path | None:

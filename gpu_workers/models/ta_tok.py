@@ -23,6 +23,7 @@ compares against) and moves its tower from "encoder." to "vision_model.".
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -167,13 +168,97 @@ class TATokImageTokenizer(nn.Module):
         cls, path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32
     ) -> TATokImageTokenizer:
         path = Path(path)
-        config = TATokConfig.from_hf(read_json(path / "config.json"))
+        return cls.from_weights(read_json(path / "config.json"), load_safetensors(path), device, dtype)
+
+    @classmethod
+    def from_weights(
+        cls,
+        raw_config: Mapping[str, Any],
+        tensors: Mapping[str, torch.Tensor],
+        device: str | torch.device = "cpu",
+        dtype: torch.dtype = torch.float32,
+    ) -> TATokImageTokenizer:
+        config = TATokConfig.from_hf(raw_config)
         with torch.device(device):
             model = cls(config)
-        model.load_hf_state_dict(load_safetensors(path, device))
+        model.load_hf_state_dict(tensors)
         model.to(dtype)
         model.codebook.float()  # see the module docstring: codes must not depend on dtype
         return model.eval()
+
+
+# ---------------------------------------------------------------------------------------------
+# The published checkpoint's TA-Tok (model.discrete_vision_model.*, prefix stripped): the SigLIP
+# tower under "encoder.", encode_task_layer, bottleneck.in_linear, and a SimVQ codebook compared
+# as normalize(embedding_proj(embedding)), folded once here. Its SigLIP2 decoder, decode task
+# layer, out_linear, scale layer (the 0.5 / 0.5 normalisation, also image_mean/std here) and a
+# teacher, if shipped, only serve reconstruction and training: not read.
+
+PUBLISHED_IGNORED = ("decoder.", "decode_task_layer.", "bottleneck.out_linear.", "scale_layer.", "teacher.")
+_CODEBOOK = "bottleneck.regularizer.embedding.weight"
+_CODEBOOK_PROJ = "bottleneck.regularizer.embedding_proj."
+# The tower the reference builds from google/siglip2-so400m-patch14-384's config (not in the
+# checkpoint): used when the shapes are those of so400m; other sizes (tiny checkpoints) take the
+# image size from the position table and heads of so400m's width 72.
+_SO400M = {"hidden_size": 1152, "intermediate_size": 4304, "num_attention_heads": 16, "image_size": 384}
+_SIGLIP_HEAD_DIM = 72
+
+
+def published_config(root: Mapping[str, Any], shapes: Mapping[str, tuple[int, ...]]) -> dict[str, Any]:
+    """The TATokConfig dict of the published tokenizer, from its tensors' shapes."""
+    try:
+        hidden, channels, patch, _ = shapes["encoder.embeddings.patch_embedding.weight"]
+        positions = shapes["encoder.embeddings.position_embedding.weight"][0]
+        intermediate = shapes["encoder.encoder.layers.0.mlp.fc1.weight"][0]
+        bottleneck = shapes["bottleneck.in_linear.weight"][0]
+        codebook = shapes[_CODEBOOK][0]
+    except KeyError as e:
+        raise ValueError(f"the published image tokenizer lacks {e.args[0]}") from None
+    layers = len({k.split(".")[3] for k in shapes if k.startswith("encoder.encoder.layers.")})
+    grid = math.isqrt(positions)
+    if grid * grid != positions or hidden % _SIGLIP_HEAD_DIM:
+        raise ValueError(f"image tokenizer: {positions} positions / width {hidden} is not a SigLIP tower we know")
+    so400m = hidden == _SO400M["hidden_size"] and intermediate == _SO400M["intermediate_size"] and grid == 27
+    vision = {
+        "hidden_size": hidden,
+        "intermediate_size": intermediate,
+        "num_hidden_layers": layers,
+        "num_attention_heads": _SO400M["num_attention_heads"] if so400m else hidden // _SIGLIP_HEAD_DIM,
+        "num_channels": channels,
+        "image_size": _SO400M["image_size"] if so400m else grid * patch,
+        "patch_size": patch,
+        "layer_norm_eps": 1e-6,
+        "hidden_act": "gelu_pytorch_tanh",
+    }
+    return {
+        "model_type": "ta_tok",
+        "vision_config": vision,
+        "bottleneck_dim": bottleneck,
+        "codebook_size": codebook,
+        "feature_layer": -2,
+        "image_mean": [0.5, 0.5, 0.5],
+        "image_std": [0.5, 0.5, 0.5],
+        "encode_task_layer": True,
+    }
+
+
+def published_rename(name: str) -> str | None:
+    if name.startswith(PUBLISHED_IGNORED) or name.startswith("bottleneck.regularizer."):
+        return None  # the codebook is folded by published_codebook
+    if name.startswith("encoder."):
+        return _TOWER_PREFIX + name[len("encoder.") :]
+    if name.startswith("bottleneck.in_linear."):
+        return "bottleneck." + name[len("bottleneck.in_linear.") :]
+    return name
+
+
+def published_codebook(source: Any) -> dict[str, torch.Tensor]:
+    """codebook.weight = embedding_proj(embedding.weight), in float32 (normalised at use)."""
+    t = source.read([_CODEBOOK, _CODEBOOK_PROJ + "weight", _CODEBOOK_PROJ + "bias"])
+    embedding = t[_CODEBOOK].float()
+    with torch.no_grad():
+        folded = F.linear(embedding, t[_CODEBOOK_PROJ + "weight"].float(), t[_CODEBOOK_PROJ + "bias"].float())
+    return {"codebook.weight": folded}
 
 
 # ---------------------------------------------------------------------------------------------

@@ -7,8 +7,8 @@ video of the batch into one variable-length sequence, the audio encoder stacks e
 window. Outputs go to the artifact store under the keys the server chose (write, then
 publish); only row counts and discrete codes travel back over the pipe.
 
-Components (gpu_workers/encoder_components.py) each have a directory under the model root;
-a missing one is simply not served.
+Components (gpu_workers/encoder_components.py) each have a directory under the model root, or
+a key prefix in the published checkpoint; a missing one is simply not served.
 """
 
 from __future__ import annotations
@@ -22,12 +22,14 @@ from typing import Any
 import torch
 
 from gpu_workers.artifacts import embeddings_to_bytes
+from gpu_workers.component_files import ComponentFiles
 from gpu_workers.distributed import GroupMember
 from gpu_workers.encoder_components import COMPONENTS, Component
 from gpu_workers.runner import Runner, register_runner
 from gpu_workers.store_client import StoreClient
 from omni.shared import protocol
 from omni.shared.media import MediaError, MediaLimits, decode_audio, decode_image, decode_video
+from omni.shared.safetensors_index import PUBLISHED_PREFIXES, SafetensorsIndex, is_published
 from omni.shared.store.codec import encode_codes
 
 log = logging.getLogger("omni.encoder")
@@ -52,10 +54,12 @@ class EncoderRunner(Runner):
         self.device = torch.device(device)
         self.store = store
         self.limits = limits or MediaLimits()
+        published = is_published(root)
+        index = SafetensorsIndex.read(root) if published else None
         self.components: dict[str, Component] = {
-            name: Component.create(name, root / name, self.device, dtype)
+            name: Component.create(name, ComponentFiles.open(root, name, published=published), self.device, dtype)
             for name in COMPONENTS
-            if (root / name / "config.json").is_file()
+            if (index.has_prefix(PUBLISHED_PREFIXES[name][0]) if index else (root / name / "config.json").is_file())
         }
         if not self.components:
             raise ValueError(f"{root}: no encoder component ({', '.join(COMPONENTS)}) found")

@@ -167,7 +167,7 @@ async def _media_pipeline(
         start_timeout=config.worker.worker_start_timeout,
     )
     pipeline = MediaPipeline(
-        config.name, tokenizer, encoder, store, layout.components, config.media_limits, metrics
+        config.name, tokenizer, encoder, store, layout.revisions(), config.media_limits, metrics
     )
     pipeline.check_vocabulary(layout.codebook_sizes())
     return pipeline

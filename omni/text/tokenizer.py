@@ -123,7 +123,11 @@ class TextTokenizer:
                 hf.chat_template = config_template
         eos = _eos_ids(_read_json(model_dir / "generation_config.json").get("eos_token_id"))
         if not eos:
-            eos = _eos_ids(_read_json(model_dir / "config.json").get("eos_token_id"))
+            config = _read_json(model_dir / "config.json")
+            eos = _eos_ids(config.get("eos_token_id"))
+            text_config = config.get("text_config")
+            if not eos and isinstance(text_config, dict):  # the published omni checkpoint's LLM
+                eos = _eos_ids(text_config.get("eos_token_id"))
         if not eos and hf.eos_token_id is not None:
             eos = frozenset((hf.eos_token_id,))
         return cls(hf, eos)

@@ -12,9 +12,8 @@ token ids and the MediaSpans the LLM worker injects.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 
 from omni.engines.encoder import EncoderEngine
 from omni.engines.llm import EngineError
@@ -24,7 +23,6 @@ from omni.modalities.inputs import items
 from omni.modalities.inputs.encoder_cache import Encoded, EncoderCache
 from omni.modalities.inputs.items import MediaItem
 from omni.modalities.inputs.placeholders import Placeholder, PlaceholderTokens
-from omni.model_layout import component_revision
 from omni.shared.media import MediaLimits
 from omni.shared.store.base import ArtifactStore
 from omni.shared.store.keys import content_hash, encoder_key_for
@@ -45,7 +43,7 @@ class MediaPipeline:
         tokenizer: TextTokenizer,
         encoder: EncoderEngine,
         store: ArtifactStore,
-        components: Mapping[str, Path | str],
+        components: Mapping[str, str | Callable[[], str]],
         limits: MediaLimits,
         metrics: Metrics,
         *,
@@ -55,8 +53,8 @@ class MediaPipeline:
         self.tokenizer = tokenizer
         self.encoder = encoder
         self.store = store
-        # component -> weights revision, for store keys: a str as given, or hashed from the
-        # component's directory by load_revisions()
+        # component -> weights revision, for store keys: a str as given, or got by calling the
+        # given function (ModelLayout.revisions: it reads files) in load_revisions()
         self._components = dict(components)
         self.revisions = {c: r for c, r in self._components.items() if isinstance(r, str)}
         self.limits = limits
@@ -69,10 +67,10 @@ class MediaPipeline:
         return self.encoder.ready and len(self.revisions) == len(self._components)
 
     async def load_revisions(self) -> None:
-        """Hash each component directory's files (a few seconds for real weights), concurrently."""
-        dirs = {c: Path(d) for c, d in self._components.items() if c not in self.revisions}
-        hashed = await asyncio.gather(*(asyncio.to_thread(component_revision, d) for d in dirs.values()))
-        self.revisions.update(zip(dirs, hashed))
+        """Read each component's revision off the loop, concurrently."""
+        pending = {c: r for c, r in self._components.items() if c not in self.revisions and callable(r)}
+        found = await asyncio.gather(*(asyncio.to_thread(read) for read in pending.values()))
+        self.revisions.update(zip(pending, found))
 
     def check_vocabulary(self, num_codes: dict[str, int]) -> None:
         """Raise ValueError at start-up when a discrete component (component -> codebook

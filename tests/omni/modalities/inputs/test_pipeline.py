@@ -544,7 +544,7 @@ async def test_revisions_are_hashed_from_component_directories(
 ) -> None:
     layout = ModelLayout.from_dir(make_tiny_omni_checkpoint(tmp_path / "omni"))
     pipeline = MediaPipeline(
-        MODEL, tokenizer, cast(EncoderEngine, FakeEncoder(store)), store, layout.components, MediaLimits(), Metrics()
+        MODEL, tokenizer, cast(EncoderEngine, FakeEncoder(store)), store, layout.revisions(), MediaLimits(), Metrics()
     )
     assert not pipeline.ready  # keys cannot be made before the revisions are known
     error = await expand_error(pipeline, chat(*IMAGE_AUDIO))
