@@ -142,8 +142,8 @@ class PublishedFiles(ComponentFiles):
         return read_json(path)
 
     def tensors(self) -> dict[str, torch.Tensor]:
-        wanted = {key: self.adapter.rename(key) for key in self.source.keys()}
-        read = self.source.read(k for k, v in wanted.items() if v is not None)
+        wanted = {key: new for key in self.source.keys() if (new := self.adapter.rename(key)) is not None}
+        read = self.source.read(wanted)
         out = {wanted[k]: t for k, t in read.items()}
         if len(out) != len(read):
             raise ValueError(f"{self.where}: two of the {self.name}'s tensors map to one name")
