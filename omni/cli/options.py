@@ -52,7 +52,8 @@ class Launch:
         positional=True,
         nargs="?",
         metavar="MODEL",
-        help="checkpoint directory, as in `vllm serve MODEL` (the same as one --model)",
+        help="checkpoint directory, or a Hugging Face repo id already in the local Hugging Face cache, "
+        "as in `vllm serve MODEL` (the same as one --model)",
     )
     config: Path | None = setting(
         None, metavar="FILE", help="YAML file of settings (flag names without the dashes); flags given here win over it"
@@ -61,9 +62,13 @@ class Launch:
         None,
         metavar="[NAME=]DIR",
         action="append",
-        help="Hugging Face checkpoint directory, served as NAME (default: the directory's "
-        "name); repeat to serve several models, picked by the request's `model` "
+        help="Hugging Face checkpoint directory, or a repo id in the local Hugging Face cache "
+        "(never downloaded), served as NAME (default: the directory's name, or the repo id); "
+        "repeat to serve several models, picked by the request's `model` "
         "(default: a small random model made locally)",
+    )
+    revision: str | None = setting(
+        None, metavar="REV", help="the branch, tag or commit of a repo id's snapshot in the cache (default: main)"
     )
     served_model_name: tuple[str, ...] | None = setting(
         None,
@@ -354,12 +359,36 @@ def _models(launch: Launch, from_file: frozenset[str]) -> list[tuple[str, Path]]
     models = []
     for spec in specs:
         name, sep, directory = spec.partition("=")
-        model_dir = Path(directory if sep else name).expanduser()
-        models.append((served or (name if sep else model_dir.name), model_dir))
+        given = directory if sep else name
+        model_dir = Path(given).expanduser()
+        if not model_dir.exists() and _REPO_ID.fullmatch(given):
+            model_dir = _cached_snapshot(given, launch.revision)
+            default_name = given  # vLLM serves a repo id under its own name
+        else:
+            default_name = model_dir.name
+        models.append((served or (name if sep else default_name), model_dir))
     names = [n for n, _ in models]
     if len(set(names)) != len(names):
         raise _fail(f"two models share a name: {names}")
     return models
+
+
+_REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+
+
+def _cached_snapshot(repo_id: str, revision: str | None) -> Path:
+    """A Hugging Face repo id's snapshot in the local cache, found without the network."""
+    from huggingface_hub import constants, snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    try:
+        return Path(str(snapshot_download(repo_id, revision=revision, local_files_only=True)))
+    except (LocalEntryNotFoundError, FileNotFoundError, ValueError) as exc:
+        raise _fail(
+            f"{repo_id}: not a directory, and not in the Hugging Face cache at {constants.HF_HUB_CACHE}"
+            f"{f' at revision {revision}' if revision else ''} (omni-serve never downloads; "
+            f"fetch it first, e.g. `hf download {repo_id}`, or give its directory) [{type(exc).__name__}]"
+        ) from None
 
 
 def _chat_format(config: ChatFormatConfig) -> ChatFormatConfig:

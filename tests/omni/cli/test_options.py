@@ -200,3 +200,40 @@ def test_a_bad_config_file_exits_naming_the_problem(
         parse_args(["--config", str(config_file)])
     assert exit_info.value.code == 2
     assert says in capsys.readouterr().err
+
+
+def _hf_cache(root: Path, repo_id: str, snapshot_of: Path, revision: str = "main") -> Path:
+    """A Hugging Face hub cache holding repo_id at one commit, laid out as huggingface_hub writes it."""
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    repo = root / ("models--" + repo_id.replace("/", "--"))
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / revision).write_text(commit)
+    snapshot = repo / "snapshots" / commit
+    snapshot.parent.mkdir(parents=True)
+    snapshot.symlink_to(snapshot_of, target_is_directory=True)
+    return snapshot
+
+
+def test_a_repo_id_resolves_from_the_local_cache_without_the_network(
+    dirs: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    text, _ = dirs
+    snapshot = _hf_cache(tmp_path, "acme/tiny-llama", text)
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    config = server_config(build_parser().parse_args(["acme/tiny-llama"]))
+    assert config.models[0].name == "acme/tiny-llama"  # served under the repo id, as vLLM does
+    assert config.models[0].model_dir == snapshot.resolve()
+    with pytest.raises(SystemExit, match=rf"acme/absent: not a directory, and not in the Hugging Face cache at {tmp_path}"):
+        server_config(build_parser().parse_args(["acme/absent"]))
+    with pytest.raises(SystemExit, match="at revision v2"):
+        server_config(build_parser().parse_args(["acme/tiny-llama", "--revision", "v2"]))
+
+
+def test_the_published_layout_is_one_directory_for_every_component(tmp_path: Path) -> None:
+    from gpu_workers.tiny.published import make_tiny_published_checkpoint
+
+    root = make_tiny_published_checkpoint(tmp_path / "HyperCLOVAX-SEED-Omni-8B").resolve()
+    model = server_config(build_parser().parse_args([str(root)])).models[0]
+    assert model.name == "HyperCLOVAX-SEED-Omni-8B"
+    assert model.model_dir == root and model.encoder_dir == root
