@@ -133,17 +133,22 @@ def _prefixed(prefix: str, tensors: dict[str, torch.Tensor]) -> dict[str, torch.
     return {prefix + k: v for k, v in tensors.items()}
 
 
-def make_tiny_published_checkpoint(out_dir: Path, *, seed: int = 0) -> Path:
-    """Write the tiny published-layout checkpoint into out_dir; same seed, same bytes."""
+def make_tiny_published_checkpoint(
+    out_dir: Path, *, seed: int = 0, llm_overrides: dict[str, Any] | None = None
+) -> Path:
+    """Write the tiny published-layout checkpoint into out_dir; same seed, same bytes.
+    llm_overrides: text_config keys (a larger LLM for start-up measurements)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     num_units = 3**TINY_S3_FSQ_DIMS
-    hidden = int(_BASE["hidden_size"])
+    hidden = int({**_BASE, **(llm_overrides or {})}["hidden_size"])
     tensors: dict[str, torch.Tensor] = {}
     with tempfile.TemporaryDirectory() as tmp:
         parts = Path(tmp)
         # the LLM (and the tokenizer it writes, which moves to the root)
-        llm_dir = make_tiny_checkpoint(parts / "llm", "hyperclovax", seed=seed, num_audio_codes=num_units)
+        llm_dir = make_tiny_checkpoint(
+            parts / "llm", "hyperclovax", seed=seed, num_audio_codes=num_units, **(llm_overrides or {})
+        )
         text_config = json.loads((llm_dir / "config.json").read_text())
         for name, tensor in load_file(llm_dir / "model.safetensors").items():
             # model.X -> model.language_model.model.X; lm_head.weight -> model.language_model.lm_head.weight
