@@ -235,4 +235,3 @@ class AudioTokenizerComponent(AudioComponent):
 
     def forward(self, prepared: list[np.ndarray]) -> list[torch.Tensor]:
         return [torch.as_tensor(np.asarray(units, dtype=np.int64)) for units in self.model.encode(prepared)]
-

@@ -127,7 +127,7 @@ def _mel_to_hz(mels: np.ndarray) -> np.ndarray:
     return hz
 
 
-def mel_filters(n_mels: int) -> np.ndarray:
+def slaney_mel_filters(n_mels: int) -> np.ndarray:
     """(n_mels, 201) float32 Slaney-normalised triangles over 0..8 kHz for n_fft 400 at 16 kHz:
     librosa.filters.mel(sr=16000, n_fft=400, n_mels=n_mels) to the bit, rounding included
     (the triangles are stored as float32 before the float64 area factor is applied)."""
@@ -307,12 +307,14 @@ class FSQQuantizer(nn.Module):
 
 
 class S3TokenizerV2(nn.Module):
+    mel_filters: torch.Tensor  # (n_mels, 201) float32, a buffer that is not in the state dict
+
     def __init__(self, config: S3TokenizerV2Config) -> None:
         super().__init__()
         self.config = config
         self.encoder = AudioEncoderV2(config)
         self.quantizer = FSQQuantizer(config)
-        self.register_buffer("mel_filters", torch.from_numpy(mel_filters(config.n_mels)), persistent=False)
+        self.register_buffer("mel_filters", torch.from_numpy(slaney_mel_filters(config.n_mels)), persistent=False)
 
     def forward(self, mel: torch.Tensor, mel_frames: torch.Tensor) -> list[torch.Tensor]:
         """mel (B, n_mels, T0) float32 zero-padded, mel_frames (B,) -> each row's codes (int64)."""
@@ -384,13 +386,16 @@ class S3TokenizerV2(nn.Module):
             model = cls(config)
         model.encoder.to(dtype)
         model = model.to_empty(device=device)
-        model.mel_filters.copy_(torch.from_numpy(mel_filters(config.n_mels)))  # to_empty left it undefined
+        model.mel_filters.copy_(torch.from_numpy(slaney_mel_filters(config.n_mels)))  # to_empty left it undefined
         model.load_reference_state_dict(state_dict)
         return model.eval()
 
 
 # ---------------------------------------------------------------------------------------------
 # Random weights for tests and tiny checkpoints
+
+
+_CONV1_GAIN = 4.0  # with it, z before tanh has std ~2 on speech-like audio: every digit's three levels occur
 
 
 def random_reference_state_dict(config: S3TokenizerV2Config, seed: int = 0) -> dict[str, torch.Tensor]:
@@ -413,6 +418,3 @@ def random_reference_state_dict(config: S3TokenizerV2Config, seed: int = 0) -> d
     conv1 = out["encoder.conv1.weight"]
     out["encoder.conv1.weight"] = _CONV1_GAIN * (conv1 - conv1.mean(dim=(1, 2), keepdim=True))
     return out
-
-
-_CONV1_GAIN = 4.0  # with it, z before tanh has std ~2 on speech-like audio: every digit's three levels occur
