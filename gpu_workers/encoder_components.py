@@ -3,7 +3,7 @@
     vision_encoder   image, video -> embeddings   Qwen2.5-VL ViT + projector
     audio_encoder    audio -> embeddings          Qwen2-Audio encoder + projector
     image_tokenizer  image -> codes               TA-Tok (SigLIP features, nearest code)
-    audio_tokenizer  audio -> units               FSQ audio tokenizer
+    audio_tokenizer  audio -> units               S3TokenizerV2 (CosyVoice2), or the older FSQ tokenizer
 
 Each reads its config and tensors through ComponentFiles (gpu_workers/component_files.py): a
 component directory, or its part of the published checkpoint. prepare() runs per item on decoded media (a ValueError there is the client's 400); forward()
@@ -24,6 +24,8 @@ from gpu_workers.component_files import ComponentFiles, DirFiles
 from gpu_workers.models.fsq_audio_tokenizer import FSQAudioTokenizer
 from gpu_workers.models.qwen2_5_vl_vision import Qwen2_5_VisionEncoder, VisionEncoderConfig
 from gpu_workers.models.qwen2_audio_encoder import AudioEncoderConfig, Qwen2AudioEncoder
+from gpu_workers.models.s3_tokenizer import MIN_PIECE_SAMPLES, S3TokenizerV2
+from gpu_workers.models.s3_tokenizer import MODEL_TYPE as S3_TOKENIZER_V2
 from gpu_workers.models.ta_tok import TATokImageTokenizer
 from gpu_workers.preprocess.audio import AudioFeatureConfig, LogMelExtractor
 from gpu_workers.preprocess.image import (
@@ -215,9 +217,22 @@ class AudioTokenizerComponent(AudioComponent):
 
     def __init__(self, files: ComponentFiles, device: torch.device, dtype: torch.dtype) -> None:
         super().__init__(files, device, dtype)
-        assert isinstance(files, DirFiles), "the published audio tokenizer is S3TokenizerV2"
-        self.model = FSQAudioTokenizer.from_dir(files.where, device=device, dtype=dtype)
+        self.model: S3TokenizerV2 | FSQAudioTokenizer
+        # {"model_type": "s3_tokenizer_v2"} (the published checkpoint's) takes its sizes from its
+        # weights' shapes
+        if files.config().get("model_type") == S3_TOKENIZER_V2:
+            self.model = S3TokenizerV2.from_reference_state_dict(files.tensors(), device=device, dtype=dtype)
+            self.min_samples = MIN_PIECE_SAMPLES
+        else:
+            assert isinstance(files, DirFiles), "the published audio tokenizer is S3TokenizerV2"
+            self.model = FSQAudioTokenizer.from_dir(files.where, device=device, dtype=dtype)
+            self.min_samples = 1
+
+    def prepare(self, kind: str, media: Any) -> np.ndarray:
+        wave = super().prepare(kind, media)
+        if len(wave) < self.min_samples:  # here, so that it is the client's 400
+            raise ValueError(f"the audio is too short for the audio tokenizer ({len(wave)} samples)")
+        return wave
 
     def forward(self, prepared: list[np.ndarray]) -> list[torch.Tensor]:
-        return [torch.tensor(units, dtype=torch.int64) for units in self.model.encode(prepared)]
-
+        return [torch.as_tensor(np.asarray(units, dtype=np.int64)) for units in self.model.encode(prepared)]

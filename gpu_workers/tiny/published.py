@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
+from gpu_workers.models.s3_tokenizer import S3TokenizerV2Config, random_reference_state_dict
 from gpu_workers.tiny.checkpoints import (
     _BASE,
     TINY_AUDIO_ENCODER,
@@ -170,6 +171,8 @@ def make_tiny_published_checkpoint(
             new = next((p + name[len(o) :] for o, p in projector.items() if name.startswith(o)), None)
             tensors[new or "model.audio_model." + name] = tensor
     tensors |= _prefixed("model.discrete_vision_model.", tiny_ta_tok(seed + 3))
+    s3 = S3TokenizerV2Config(n_mels=128, n_state=128, n_head=2, n_layer=2, fsq_dims=TINY_S3_FSQ_DIMS)
+    tensors |= _prefixed("model.discrete_audio_model.", random_reference_state_dict(s3, seed + 4))
     tensors |= _prefixed("model.video_audio_compressor.", _random_tensors(mamba_mia_shapes(hidden), seed + 7, 0.1))
 
     vision_config = {k: v for k, v in TINY_VISION_ENCODER.items() if k != "model_type"}

@@ -14,7 +14,7 @@ from gpu_workers.attention.torch_sdpa import TorchSDPABackend
 from gpu_workers.component_files import ComponentFiles
 from gpu_workers.encoder_components import Component
 from gpu_workers.loader import load_model
-from gpu_workers.tiny.published import TINY_TA_TOK, make_tiny_published_checkpoint
+from gpu_workers.tiny.published import TINY_S3_FSQ_DIMS, TINY_TA_TOK, make_tiny_published_checkpoint
 from omni.model_layout import ModelLayout
 from omni.shared.safetensors_index import INDEX_FILE, PUBLISHED_PREFIXES, UNSERVED_PREFIXES
 
@@ -56,8 +56,8 @@ def test_laid_out_as_the_download(checkpoint: Path) -> None:
 def test_layout_sees_every_served_component(checkpoint: Path) -> None:
     layout = ModelLayout.from_dir(checkpoint)
     assert layout.published and layout.llm_dir == checkpoint
-    assert {"vision_encoder", "audio_encoder", "image_tokenizer"} <= set(layout.components)
-    assert layout.codebook_sizes()["image_tokenizer"] == TINY_TA_TOK["codes"]
+    assert set(layout.components) == {"vision_encoder", "audio_encoder", "image_tokenizer", "audio_tokenizer"}
+    assert layout.codebook_sizes() == {"image_tokenizer": TINY_TA_TOK["codes"], "audio_tokenizer": 3**TINY_S3_FSQ_DIMS}
     revisions = {name: read() for name, read in layout.revisions().items()}
     assert len(set(revisions.values())) == len(revisions)
 
@@ -65,7 +65,7 @@ def test_layout_sees_every_served_component(checkpoint: Path) -> None:
 def test_the_llm_and_each_encoder_load(checkpoint: Path) -> None:
     model = load_model(checkpoint, device=CPU, dtype=torch.float32, backend=TorchSDPABackend(4, CPU))
     assert model.config.model_type == "hyperclovax"
-    for name in ("vision_encoder", "audio_encoder", "image_tokenizer"):
+    for name in ("vision_encoder", "audio_encoder", "image_tokenizer", "audio_tokenizer"):
         Component.create(name, ComponentFiles.open(checkpoint, name, published=True), CPU, torch.float32)
 
 
