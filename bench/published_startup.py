@@ -91,14 +91,7 @@ def own_weights(root: Path) -> dict[str, int]:
     from omni.shared.safetensors_index import PUBLISHED_PREFIXES, SafetensorsIndex
 
     index = SafetensorsIndex.read(root)
-
-    def prefix_bytes(prefixes: tuple[str, ...]) -> int:
-        total = 0
-        for name in index.names(prefixes):
-            begin, end = index.header(index.weight_map[name])[name]["data_offsets"]
-            total += end - begin
-        return total
-
+    prefix_bytes = index.nbytes
     encoders = sum(prefix_bytes(PUBLISHED_PREFIXES[c]) for c in PUBLISHED_PREFIXES if c != "llm")
     folder = lambda p: sum(f.stat().st_size for f in p.rglob("*") if f.is_file())  # noqa: E731
     return {

@@ -150,3 +150,45 @@ def component_revision(component_dir: Path) -> str:
                 while chunk := f.read(1 << 20):
                     h.update(chunk)
     return h.hexdigest()[:_REVISION_CHARS]
+
+
+def weight_bytes(layout: ModelLayout) -> dict[str, int]:
+    """Bytes each part's weights take on disk (as stored: bf16 in the real download), the first
+    figure of a memory plan (docs/CHECKPOINT.md)."""
+    out: dict[str, int] = {}
+    if layout.published:
+        index = SafetensorsIndex.read(layout.root)
+        out["llm"] = index.nbytes(PUBLISHED_PREFIXES["llm"])
+        out |= {name: index.nbytes(PUBLISHED_PREFIXES[name]) for name in layout.components}
+    else:
+        out["llm"] = _folder_bytes(layout.llm_dir, recurse=False)
+        out |= {name: _folder_bytes(path) for name, path in layout.components.items()}
+    for name, path in (("vision_decoder", layout.vision_decoder), ("audio_decoder", layout.audio_decoder)):
+        if path is not None:
+            out[name] = _folder_bytes(path)
+    return out
+
+
+def _folder_bytes(path: Path, *, recurse: bool = True) -> int:
+    files = path.rglob("*") if recurse else path.glob("*")
+    return sum(f.stat().st_size for f in files if f.is_file() and f.suffix in (".safetensors", ".mar", ".bin", ".pt"))
+
+
+def main(argv: list[str] | None = None) -> None:
+    """python -m omni.model_layout DIR: what omni-serve finds in a checkpoint, and its sizes."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m omni.model_layout", description=main.__doc__)
+    parser.add_argument("dir", type=Path)
+    args = parser.parse_args(argv)
+    layout = ModelLayout.from_dir(args.dir)
+    kind = "published" if layout.published else ("per-component" if layout.components else "text-only")
+    print(f"{layout.root}: {kind} layout")
+    for name, size in weight_bytes(layout).items():
+        print(f"  {name:<16} {size / 2**20:10.1f} MiB")
+    for name, codes in layout.codebook_sizes().items():
+        print(f"  {name} codes: {codes}")
+
+
+if __name__ == "__main__":
+    main()

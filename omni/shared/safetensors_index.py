@@ -101,6 +101,14 @@ class SafetensorsIndex:
         entry = self.header(shard).get(name)
         return tuple(int(d) for d in entry["shape"]) if entry else None
 
+    def nbytes(self, prefixes: tuple[str, ...]) -> int:
+        """Bytes of the tensors under the prefixes, as stored."""
+        total = 0
+        for name in self.names(prefixes):
+            begin, end = self.header(self.weight_map[name])[name]["data_offsets"]
+            total += int(end) - int(begin)
+        return total
+
     def revision(self, prefixes: tuple[str, ...]) -> str:
         """A cheap fingerprint of the tensors under the prefixes: each one's name, dtype, shape and
         place in its shard, and its first and last few KiB of data. A retrained checkpoint of the

@@ -36,3 +36,19 @@ def test_a_bare_llm_has_no_decoders(tmp_path: Path) -> None:
     assert layout.llm_dir == tmp_path and (layout.vision_decoder, layout.audio_decoder) == (None, None)
     with pytest.raises(ValueError, match="is it a checkpoint"):
         ModelLayout.from_dir(tmp_path / "missing")
+
+
+def test_published_weight_bytes_come_from_the_headers(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from gpu_workers.tiny.published import make_tiny_published_checkpoint
+    from omni.model_layout import main, weight_bytes
+    from omni.shared.safetensors_index import SafetensorsIndex
+
+    root = make_tiny_published_checkpoint(tmp_path / "ckpt")
+    sizes = weight_bytes(ModelLayout.from_dir(root))
+    index = SafetensorsIndex.read(root)
+    stored = sum((root / shard).stat().st_size for shard in set(index.weight_map.values()))
+    unserved = index.nbytes(("model.video_audio_compressor.",))
+    parts = sum(v for k, v in sizes.items() if not k.endswith("_decoder"))
+    assert 0 < stored - parts - unserved < 64 << 10  # the rest is the shards' JSON headers
+    main([str(root)])
+    assert "published layout" in capsys.readouterr().out
