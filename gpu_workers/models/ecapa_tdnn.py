@@ -43,8 +43,9 @@ our `mfa`. Everything else has the same name.
 What differs from the reference's preprocessing: it decodes with pydub and resamples with
 librosa (soxr "hq"); we take decoded samples and resample with PyAV (FFmpeg's swresample, as
 omni/shared/media does), which agrees with scipy's resample_poly to about 3e-4 on band-limited
-audio away from the edges (the two differ near the new Nyquist frequency and at the ends). Its optional AUDIOLLM_DOWN_SAMPLE_RATE detour (load at a lower rate, then resample up)
-is not done. The high-pass runs in float64 like scipy's sosfilt (on float32 samples), so it
+audio away from the edges (the two differ near the new Nyquist frequency and at the ends).
+Its optional AUDIOLLM_DOWN_SAMPLE_RATE detour (load at a lower rate, then resample up) is not
+done. The high-pass runs in float64 like scipy's sosfilt (on float32 samples), so it
 matches it to float64 rounding.
 """
 
