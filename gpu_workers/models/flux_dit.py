@@ -16,16 +16,28 @@ Resizing happens at latent resolution, before the 2x2 packing, so each token car
 2x2 pixels of latent and of condition. `vec` is the mean of the N code embeddings (taken
 before the resize).
 
+Three token layouts (FluxDiTConfig.patch and pack_condition), for a latent of h x w:
+
+    patch 1                one token per latent pixel: [latent (in) | condition (cond)],
+                           the condition resized to h x w (the reference's default)
+    patch 2, packed        the above packed 2 x 2: 4*(in + cond) per token (diffusers' Flux
+                           pipeline layout; our own checkpoints)
+    patch 2, unpacked      the reference's use_patchify: [latent packed 2 x 2 (4*in) |
+                           condition resized to the h/2 x w/2 token grid (cond)]
+
+In every layout the output is the latent's share of a token (in, or 4*in packed) and the
+packing is channel-major, (c, dy, dx) -> c*4 + dy*2 + dx, as both references pack it.
+
 Sequence-parallel contract (Ulysses shards the token axis across ranks):
 
     forward(x, positions, timestep, vec, attention=None)
-        x          (B, S_local, 4*(in_channels + cond_channels))  a shard of the tokens
+        x          (B, S_local, token_in_dim)   a shard of the tokens, e.g. 4*(in + cond)
         positions  (S_local, 3)   ids (0, row, col) of those tokens on the token grid
         timestep   (B,)           float, the value the sinusoid sees (sigma * 1000)
         vec        (B, vec_in_dim)
         attention  (q, k, v) -> out, all (B, H, S_local, head_dim); default full
                    scaled_dot_product_attention over the S_local tokens given
-        returns    (B, S_local, 4*in_channels)
+        returns    (B, S_local, token_out_dim)  e.g. 4*in_channels
 
 Every operation but `attention` acts on each token alone: the embedders, LayerNorm,
 modulation, the fused projections, QK RMS-norm, the MLP and the final layer. RoPE is
@@ -62,6 +74,21 @@ diffusers' FluxTransformer2DModel with num_layers=0 double-stream blocks:
 `FluxDiT.load_weights` takes either naming; diffusers' is converted on load (one
 concatenation per block), so a diffusers-format conversion of a real checkpoint drops in.
 A weak "autoguidance" transformer is another FluxDiT with a smaller config.
+
+The reference's VisionTransformer (the published decoder/vision/transformer/ and
+transformer2/) stores the same tensors under other names, renamed on load with no other
+change (its linear1 rows are [q | k | v | mlp], its modulations chunk (shift, scale, gate)
+and (shift, scale), as ours):
+
+    img_in                         x_embed
+    time_in.{in,out}_layer         time_embed.linear_{1,2}
+    vector_in.{in,out}_layer       vec_embed.linear_{1,2}
+    single_blocks.i.modulation.lin blocks.i.modulation
+    single_blocks.i.linear1        blocks.i.linear_in
+    single_blocks.i.linear2        blocks.i.linear_out
+    single_blocks.i.norm.query_norm.scale / key_norm.scale    blocks.i.q_norm / k_norm.weight
+    final_layer.adaLN_modulation.1 final.modulation
+    final_layer.linear             final.linear
 """
 
 from __future__ import annotations
@@ -88,8 +115,9 @@ PATCH = 2  # Flux packs 2x2 latent pixels into one token
 _NORM_EPS = 1e-6  # LayerNorm and QK RMSNorm, as diffusers' FluxSingleTransformerBlock
 _TIME_FREQ_DIM = 256
 _TIME_MAX_PERIOD = 10000.0
-# the weights file of a folder saved by diffusers' save_pretrained (unsharded)
+# the weights file of a folder saved by diffusers' save_pretrained, and its index when sharded
 _DIFFUSERS_FILE = "diffusion_pytorch_model.safetensors"
+_DIFFUSERS_INDEX = "diffusion_pytorch_model.safetensors.index.json"
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,10 +136,17 @@ class FluxDiTConfig:
     # Latent pixels per token, each way: 1 (one token per latent pixel, as the reference's DiT
     # runs by default) or 2 (Flux's 2 x 2 packing, as diffusers' pipeline does).
     patch: int = 1
+    # With patch 2, where the condition goes (see the module docstring's two layouts):
+    # True packs it 2 x 2 like the latent (diffusers' Flux pipeline layout, ours); False
+    # resizes it to the token grid and appends it unpacked (the reference's use_patchify).
+    # The same thing at patch 1.
+    pack_condition: bool = json_key(True, read=lambda key, v: _bool(key, v))
 
     def __post_init__(self) -> None:
         if self.patch not in (1, 2):
             raise ValueError(f"flux dit config: patch must be 1 or 2, got {self.patch!r}")
+        if not isinstance(self.pack_condition, bool):
+            raise ValueError(f"flux dit config: pack_condition must be a bool, got {self.pack_condition!r}")
         for name in ("in_channels", "cond_channels", "hidden_size", "num_heads", "num_layers", "vec_in_dim"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
@@ -139,8 +174,14 @@ class FluxDiTConfig:
         return int(self.hidden_size * self.mlp_ratio)
 
     @property
+    def condition_patch(self) -> int:
+        """Condition pixels per token, each way: the latent's patch, or 1 when unpacked."""
+        return self.patch if self.pack_condition else 1
+
+    @property
     def token_in_dim(self) -> int:
-        return self.patch * self.patch * (self.in_channels + self.cond_channels)
+        cp = self.condition_patch
+        return self.patch * self.patch * self.in_channels + cp * cp * self.cond_channels
 
     @property
     def token_out_dim(self) -> int:
@@ -148,11 +189,15 @@ class FluxDiTConfig:
 
     @classmethod
     def from_dict(cls, config: Mapping[str, Any]) -> FluxDiTConfig:
-        """Our config.json, or diffusers' FluxTransformer2DModel one (told apart by its
-        `_class_name` or `num_single_layers`: in diffusers `num_layers` counts double blocks).
-        A key left out takes its default: ours, or diffusers' for a diffusers config."""
+        """Our config.json, the reference's VisionTransformer one (`_class_name`
+        "VisionTransformer", the published decoder/vision/transformer/), or diffusers'
+        FluxTransformer2DModel one (another `_class_name`, or `num_single_layers`: in diffusers
+        `num_layers` counts double blocks). A key left out takes its default: ours, the
+        reference's or diffusers'."""
         if not isinstance(config, Mapping):
             raise ValueError(f"flux dit config must be a dict, got {type(config).__name__}")  # noqa: TRY004
+        if config.get("_class_name") == REFERENCE_CLASS:
+            return _from_reference(config)
         if "_class_name" in config or "num_single_layers" in config:
             return _from_diffusers(config)
         # other keys (model_type, what a tool adds) are left alone
@@ -164,6 +209,73 @@ class FluxDiTConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return to_json_config(self, model_type="flux_dit")
+
+
+def _bool(key: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"flux dit config: {key} must be true or false, got {value!r}")
+    return value
+
+
+# The reference's VisionTransformer.__init__ defaults (pipeline.py), for keys its config.json
+# leaves out (diffusers' ConfigMixin writes every one, so this matters for hand-written files)
+REFERENCE_CLASS = "VisionTransformer"
+_REFERENCE_DEFAULTS: dict[str, Any] = {
+    "in_channels": 16,
+    "vec_in_dim": 1536,
+    "context_in_dim": 1536,
+    "hidden_size": 1920,
+    "mlp_ratio": 4.0,
+    "num_heads": 24,
+    "depth": 0,
+    "depth_single_blocks": 35,
+    "axes_dim": (8, 36, 36),
+    "theta": 10000,
+    "qkv_bias": True,
+    "guidance_embed": False,
+    "use_patchify": False,
+}
+
+
+def _from_reference(config: Mapping[str, Any]) -> FluxDiTConfig:
+    """The reference's VisionTransformer config.json -> ours:
+
+        depth_single_blocks        num_layers      (depth: double-stream blocks, must be 0)
+        context_in_dim             cond_channels
+        vec_in_dim, hidden_size, num_heads, mlp_ratio     the same
+        axes_dim, theta            axes_dims_rope, rope_theta
+        use_patchify false         patch 1, in_channels = in_channels
+        use_patchify true          patch 2, pack_condition false, in_channels = in_channels / 4
+
+    With use_patchify the reference's in_channels counts the PACKED latent (img_in takes
+    in_channels + context_in_dim and the final layer gives in_channels back, unpacked 2 x 2),
+    so it must be 4 x the VAE's 16 latent channels. qkv_bias and guidance_embed are accepted
+    and unused, as the reference's class ignores them (its linear1 always has a bias; it has
+    no guidance embedder). depth > 0 is refused: the reference builds no double-stream blocks
+    whatever its value, so a checkpoint saying otherwise is not one it would run as written."""
+    c = {**_REFERENCE_DEFAULTS, **config}
+    if c["depth"] != 0:
+        raise ValueError(f"flux dit: VisionTransformer config has depth {c['depth']}; only 0 is supported")
+    patchified = _bool("use_patchify", c["use_patchify"])
+    in_channels = c["in_channels"]
+    if patchified and (not isinstance(in_channels, int) or in_channels % 4):
+        raise ValueError(
+            f"flux dit: VisionTransformer with use_patchify has in_channels {in_channels!r}, "
+            "not 4 x the latent channels (the packed 2 x 2 latent)"
+        )
+    return FluxDiTConfig(
+        in_channels=in_channels // 4 if patchified else in_channels,
+        cond_channels=c["context_in_dim"],
+        hidden_size=c["hidden_size"],
+        num_heads=c["num_heads"],
+        num_layers=c["depth_single_blocks"],
+        mlp_ratio=float(c["mlp_ratio"]),
+        axes_dims_rope=tuple(c["axes_dim"]),
+        rope_theta=float(c["theta"]),
+        vec_in_dim=c["vec_in_dim"],
+        patch=2 if patchified else 1,
+        pack_condition=not patchified,
+    )
 
 
 # FluxTransformer2DModel.__init__ defaults, for keys a diffusers config.json leaves out
@@ -433,8 +545,11 @@ class FluxDiT(nn.Module):
         return self.final(h, temb)
 
     def load_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
-        """Load our names or diffusers' (converted first); all of them, each of the right shape."""
-        if any(name.startswith(_DIFFUSERS_MARKERS) for name in state_dict):
+        """Load our names, the reference's or diffusers' (those two renamed first); all of
+        them, each of the right shape."""
+        if any(name.startswith(_REFERENCE_MARKERS) for name in state_dict):
+            state_dict = reference_state_dict_to_ours(state_dict)
+        elif any(name.startswith(_DIFFUSERS_MARKERS) for name in state_dict):
             state_dict = diffusers_state_dict_to_ours(state_dict)
         load_exact(self, state_dict, "flux dit")
 
@@ -442,8 +557,9 @@ class FluxDiT(nn.Module):
     def from_dir(
         cls, path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32
     ) -> FluxDiT:
-        """config.json (ours or diffusers'), model.safetensors (sharded or not) or, in a folder
-        saved by diffusers, an unsharded diffusion_pytorch_model.safetensors; either naming."""
+        """config.json (ours, the reference's or diffusers'), model.safetensors (sharded or
+        not) or, in a folder saved by diffusers, diffusion_pytorch_model.safetensors (sharded
+        or not); any of the three namings."""
         path = Path(path)
         config = FluxDiTConfig.from_dir(path)
         # built on meta: no memory or time spent on a random init the weights overwrite
@@ -458,7 +574,23 @@ def _read_weights(path: Path, device: str | torch.device) -> dict[str, torch.Ten
     ours = (path / SINGLE_FILE).is_file() or (path / INDEX_FILE).is_file()
     if not ours and (path / _DIFFUSERS_FILE).is_file():
         return load_file(path / _DIFFUSERS_FILE, device=str(device))
+    if not ours and (path / _DIFFUSERS_INDEX).is_file():
+        return _read_sharded(path / _DIFFUSERS_INDEX, device)
     return load_safetensors(path, device)
+
+
+def _read_sharded(index: Path, device: str | torch.device) -> dict[str, torch.Tensor]:
+    """Every tensor an index's weight_map names, from its shards (diffusers' save_pretrained
+    above its shard size: diffusion_pytorch_model-0000k-of-0000n.safetensors)."""
+    weight_map = read_json(index).get("weight_map")
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise ValueError(f"{index}: no weight_map")
+    tensors: dict[str, torch.Tensor] = {}
+    for shard in sorted(set(weight_map.values())):
+        if not (index.parent / shard).is_file():
+            raise ValueError(f"{index}: shard file {shard} not found")
+        tensors.update(load_file(index.parent / shard, device=str(device)))
+    return tensors
 
 
 # ---------------------------------------------------------------------------------------------
@@ -515,4 +647,47 @@ def diffusers_state_dict_to_ours(state_dict: Mapping[str, torch.Tensor]) -> dict
         if missing:
             raise ValueError(f"flux dit weights: {target} lacks {', '.join(missing)}")
         ours[target] = torch.cat([parts[p] for p in _LINEAR_IN_PARTS], dim=0)
+    return ours
+
+
+# ---------------------------------------------------------------------------------------------
+# The reference's VisionTransformer names -> ours: renames only (same fused linear1 rows, same
+# modulation chunk orders), so every tensor is loaded as stored.
+
+_REFERENCE_MARKERS = ("single_blocks.", "img_in.", "time_in.", "vector_in.", "final_layer.")
+_REFERENCE_RENAMES = {
+    "img_in.": "x_embed.",
+    "time_in.in_layer.": "time_embed.linear_1.",
+    "time_in.out_layer.": "time_embed.linear_2.",
+    "vector_in.in_layer.": "vec_embed.linear_1.",
+    "vector_in.out_layer.": "vec_embed.linear_2.",
+    "final_layer.linear.": "final.linear.",
+    "final_layer.adaLN_modulation.1.": "final.modulation.",  # Sequential(SiLU, Linear)
+}
+_REFERENCE_BLOCK_RENAMES = {
+    "modulation.lin.": "modulation.",
+    "linear1.": "linear_in.",
+    "linear2.": "linear_out.",
+    "norm.query_norm.scale": "q_norm.weight",
+    "norm.key_norm.scale": "k_norm.weight",
+}
+
+
+def reference_state_dict_to_ours(state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Rename a VisionTransformer state dict. A name with no counterpart is kept as it is, so
+    that loading reports it as unexpected."""
+    ours: dict[str, torch.Tensor] = {}
+    for name, tensor in state_dict.items():
+        prefix = next((p for p in _REFERENCE_RENAMES if name.startswith(p)), None)
+        if prefix is not None:
+            ours[_REFERENCE_RENAMES[prefix] + name.removeprefix(prefix)] = tensor
+            continue
+        if name.startswith("single_blocks."):
+            index, rest = name.removeprefix("single_blocks.").split(".", 1)
+            block_prefix = next((p for p in _REFERENCE_BLOCK_RENAMES if rest.startswith(p)), None)
+            if block_prefix is not None:
+                renamed = _REFERENCE_BLOCK_RENAMES[block_prefix] + rest.removeprefix(block_prefix)
+                ours[f"blocks.{index}.{renamed}"] = tensor
+                continue
+        ours[name] = tensor
     return ours
