@@ -1,6 +1,25 @@
 """VisionDecoder: a batch of image jobs (codes in) to encoded images (bytes out).
 
-Checkpoint layout: the `vision_decoder/` directory of an omni checkpoint.
+Two checkpoint layouts, told apart by model_index.json.
+
+The published one: `decoder/vision/` of HyperCLOVAX-SEED-Omni-8B, a diffusers pipeline folder
+(the reference's VisionTokenToImagePipeline), read in place:
+
+    decoder/vision/
+      model_index.json            names the components; transformer2 optional (null or absent)
+      transformer/                VisionTransformer config.json + diffusion_pytorch_model
+                                  .safetensors (or a sharded index): the DiT (models/flux_dit.py)
+      transformer2/               the weak twin: autoguidance, default scale 0.75 (the
+                                  reference's HTTP API); without it no guidance at all
+      token_embedder/             VisionTokenEmbedder config.json {vocab_size, embedding_dim,
+                                  token_length} + weights: buffer "vocab_embeddings" is the
+                                  codebook; "uncond_embedding" is never used (no CFG there);
+                                  the code grid is sqrt(token_length) square
+      vae/, scheduler/            as below; the scheduler must not ask for dynamic shifting
+                                  (the reference calls set_timesteps(N) without mu, which
+                                  diffusers refuses then), so its static shift is what runs
+
+Ours: the `vision_decoder/` directory of an omni checkpoint.
 
     vision_decoder/
       config.json                 {"model_type": "omni_vision_decoder",
@@ -25,12 +44,19 @@ None takes the config's; "none" has no scale and ignores it. For a W x H image, 
 the VAE's 8x and the DiT's patch p (1 or 2):
 
     noise      initial_noise((16, H/8, W/8), seed)     per job, drawn on the CPU
-    condition  condition_from_codes(codes, codebook, (H/8, W/8))   map and vec
-    tokens     patchify(noise | map, p)                (B, S, p*p*(16 + cond)), S = H/8p * W/8p
+    condition  condition_from_codes(codes, codebook, grid)   map and vec; grid = (H/8, W/8),
+                                                       or the token grid (H/16, W/16) when the
+                                                       condition is not packed (use_patchify)
+    tokens     patchify(noise, p) | patchify(map, cp)  (B, S, p*p*16 + cp*cp*cond),
+                                                       S = H/8p * W/8p; cp = p or 1
     step i     v = guidance(DiT(tokens, t_i), ...)     t_i = int(sigma_i * 1000): the truncated
                x <- x + (sigma_{i+1} - sigma_i) * v    timestep; the step uses exact sigmas
     preview    x0 = x_i - sigma_i * v_i                the clean latent the step predicts
-    image      VAE(unpatchify(x)), clamped, encoded    png | jpeg | webp
+    image      VAE(unpatchify(x)), clamped, encoded    png | jpeg | webp (pixels truncated to
+                                                       uint8, as the reference)
+
+The latent stays float32 between steps (the reference, in bf16 throughout, rounds it to bf16
+after each step); everything else follows the reference's arithmetic.
 
 Previews: a job with partial_images = p gets them after steps floor(k * N / (p + 1)),
 k = 1..p, of N steps (25 steps, 3 previews: steps 6, 12, 18); with N >= p + 2 that is p
@@ -65,6 +91,7 @@ from typing import Any, ClassVar
 
 import torch
 import torch.distributed as dist
+from safetensors import safe_open
 from safetensors.torch import load_file
 
 from gpu_workers.attention.ulysses import UlyssesAttention, gather_sequence, shard_sequence
@@ -79,6 +106,13 @@ from omni.shared.settings import json_key, read_json_config, to_json_config
 MODEL_TYPE = "omni_vision_decoder"
 CODEBOOK_FILE = "codebook.safetensors"
 UNCOND_FILE = "uncond.safetensors"
+WEAK_DIR = "weak_transformer"
+# the published diffusers pipeline folder
+PIPELINE_INDEX = "model_index.json"
+PIPELINE_WEAK_DIR = "transformer2"
+PIPELINE_COMPONENTS = ("transformer", "vae", "scheduler", "token_embedder")  # required; transformer2 optional
+PIPELINE_WEIGHTS = "diffusion_pytorch_model.safetensors"
+REFERENCE_GUIDANCE_SCALE = 0.75  # the reference's HTTP API default (its pipeline's is 0)
 MAX_PREVIEWS = 3  # OpenAI's partial_images range is 0..3
 # The server sends sizes of its table (about 768^2 pixels); a bound on a side keeps a bad job
 # from allocating without limit.
@@ -186,14 +220,14 @@ class StepInputs:
     """One denoising step of a batch, over this rank's L tokens."""
 
     x: torch.Tensor  # (B, L, p*p*16) the noisy latent's tokens, float32
-    cond: torch.Tensor  # (B, L, p*p*cond) the code condition's tokens
+    cond: torch.Tensor  # (B, L, cp*cp*cond) the code condition's tokens (cp: p, or 1 unpacked)
     vec: torch.Tensor  # (B, cond) the mean code embedding
     timestep: torch.Tensor  # (B,) what the DiT sees: truncated, on the 0..1000 scale
     scales: torch.Tensor  # (B,) each job's guidance scale
 
     @property
     def tokens(self) -> torch.Tensor:
-        return torch.cat((self.x, self.cond), dim=-1)  # (B, L, p*p*(16 + cond)), as patchify(latent | map)
+        return torch.cat((self.x, self.cond), dim=-1)  # (B, L, p*p*16 + cp*cp*cond)
 
 
 class Guidance(ABC):
@@ -232,7 +266,8 @@ class AutoGuidance(Guidance):
 
     @classmethod
     def from_dir(cls, path: Path, transformer: FluxDiT, device: torch.device, dtype: torch.dtype) -> AutoGuidance:
-        weak = FluxDiT.from_dir(path / "weak_transformer", device=device, dtype=dtype)
+        weak_dir = path / (PIPELINE_WEAK_DIR if (path / PIPELINE_INDEX).is_file() else WEAK_DIR)
+        weak = FluxDiT.from_dir(weak_dir, device=device, dtype=dtype)
         _check_twin(weak.config, transformer.config)
         return cls(weak)
 
@@ -271,9 +306,9 @@ class ClassifierFreeGuidance(Guidance):
 
     def velocity(self, shard: TokenShard, transformer: FluxDiT, step: StepInputs) -> torch.Tensor:
         b, s, _ = step.x.shape
-        p = transformer.config.patch
-        # a constant map patchifies to each channel's value repeated p*p times (channel-major)
-        null_cond = self.embedding.repeat_interleave(p * p).expand(b, s, -1).to(step.cond.dtype)  # (B, L, p*p*cond)
+        cp = transformer.config.condition_patch
+        # a constant map patchifies to each channel's value repeated cp*cp times (channel-major)
+        null_cond = self.embedding.repeat_interleave(cp * cp).expand(b, s, -1).to(step.cond.dtype)  # (B, L, cp*cp*cond)
         null_vec = self.embedding.expand(b, -1)  # (B, cond)
         with_cond, without = step.tokens, torch.cat((step.x, null_cond), dim=-1)
         if self.batched:
@@ -290,7 +325,7 @@ GUIDANCE: dict[str, type[Guidance]] = {g.MODE: g for g in (AutoGuidance, Classif
 
 
 def _check_twin(weak: FluxDiTConfig, main: FluxDiTConfig) -> None:
-    fields = ("in_channels", "cond_channels", "vec_in_dim", "patch")
+    fields = ("in_channels", "cond_channels", "vec_in_dim", "patch", "pack_condition")
     differ = [f for f in fields if getattr(weak, f) != getattr(main, f)]
     if differ:
         raise ValueError(f"weak_transformer differs from transformer in {', '.join(differ)}")
@@ -346,21 +381,26 @@ class VisionDecoder:
         group: dist.ProcessGroup | None = None,
         cfg_batched: bool = True,
     ) -> VisionDecoder:
-        """Load the layout of the module docstring. The VAE is loaded on rank 0 of the group
-        only. cfg_batched=False runs CFG's two passes one after the other."""
+        """Load either layout of the module docstring (the published one when the folder has a
+        model_index.json). The VAE is loaded on rank 0 of the group only. cfg_batched=False
+        runs CFG's two passes one after the other."""
         path = Path(path)
         device = torch.device(device)
-        config = VisionDecoderConfig.from_dict(read_json(path / "config.json"))
-        if not (path / CODEBOOK_FILE).is_file():
-            raise ValueError(f"{path}: no {CODEBOOK_FILE}")
-        codebook = load_file(path / CODEBOOK_FILE, device=str(device)).get("codebook")
-        if codebook is None:
-            raise ValueError(f"{path / CODEBOOK_FILE}: no 'codebook' tensor")
+        published = (path / PIPELINE_INDEX).is_file()
+        if published:
+            config, codebook = _read_pipeline_folder(path, device)
+        else:
+            config, codebook = _read_omni_folder(path, device)
         transformer = FluxDiT.from_dir(path / "transformer", device=device, dtype=dtype)
         guidance = GUIDANCE[config.guidance].from_dir(path, transformer, device, dtype)
         if isinstance(guidance, ClassifierFreeGuidance):
             guidance.batched = cfg_batched
         schedule = FlowMatchSchedule.from_config(read_json(path / "scheduler" / "scheduler_config.json"))
+        if published and schedule.use_dynamic_shifting:
+            raise ValueError(
+                f"{path / 'scheduler'}: use_dynamic_shifting is on, but the reference calls "
+                "set_timesteps(steps) without mu, which diffusers refuses; this folder cannot be run as published"
+            )
         vae_config = FluxVAEConfig.from_diffusers(read_json(path / "vae" / "config.json"))
         leader = not dist.is_initialized() or dist.get_rank(group) == 0
         vae = FluxVAEDecoder.from_dir(path / "vae", device=device, dtype=dtype) if leader else None
@@ -445,9 +485,10 @@ class VisionDecoder:
         x, cond, vec = self._inputs(jobs, shard, (h, w))
         scales = torch.tensor([self._scale(job) for job in jobs], device=self.device)  # (B,)
         sigmas = self.schedule.sigmas(steps, image_seq_len=shard.num_tokens).tolist()  # exact, N + 1
-        # what the DiT sees: timesteps truncated to integers, on its 0..1000 scale
-        truncated = self.schedule.model_timesteps(steps, image_seq_len=shard.num_tokens)
-        timesteps = truncated.to(self.device, torch.float32) * (TIMESTEP_SCALE / self.schedule.num_train_timesteps)
+        # what the DiT sees: timesteps truncated to integers, over num_train_timesteps, then
+        # times 1000 in float32, in the reference's order (its sigma, then time_factor)
+        truncated = self.schedule.model_sigmas(steps, image_seq_len=shard.num_tokens)
+        timesteps = truncated.to(self.device) * TIMESTEP_SCALE
         previews = _preview_steps(jobs, steps)
         spent = 0.0
         for i in range(steps):
@@ -467,12 +508,16 @@ class VisionDecoder:
     def _inputs(
         self, jobs: list[protocol.ImageJob], shard: TokenShard, latent_hw: tuple[int, int]
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """This rank's latent and condition tokens and the vec: (B, L, p*p*16), (B, L, p*p*cond), (B, cond)."""
-        p, channels = self.transformer.config.patch, self.transformer.config.in_channels
-        noise = torch.stack([initial_noise((channels, *latent_hw), job.seed, self.device) for job in jobs])
+        """This rank's latent and condition tokens and the vec: (B, L, p*p*16), (B, L, cp*cp*cond), (B, cond)."""
+        c = self.transformer.config
+        p, cp = c.patch, c.condition_patch
+        noise = torch.stack([initial_noise((c.in_channels, *latent_hw), job.seed, self.device) for job in jobs])
         codes = torch.tensor([job.codes for job in jobs], dtype=torch.int64, device=self.device)  # (B, rows*cols)
-        cond_map, vec = condition_from_codes(codes, self.codebook, latent_hw)  # (B, cond, h, w), (B, cond)
-        return shard.shard(patchify(noise, p)), shard.shard(patchify(cond_map, p)), vec
+        # the map on the grid it is packed from: the latent's (cp = p), or the tokens' (cp = 1)
+        h, w = latent_hw
+        cond_hw = (h * cp // p, w * cp // p)
+        cond_map, vec = condition_from_codes(codes, self.codebook, cond_hw)  # (B, cond, *cond_hw), (B, cond)
+        return shard.shard(patchify(noise, p)), shard.shard(patchify(cond_map, cp)), vec
 
     @torch.inference_mode()
     def _velocity(self, shard: TokenShard, step: StepInputs) -> torch.Tensor:
@@ -512,6 +557,64 @@ class VisionDecoder:
 
     def _scale(self, job: protocol.ImageJob) -> float:
         return self.config.guidance_scale if job.guidance_scale is None else float(job.guidance_scale)
+
+
+def _read_omni_folder(path: Path, device: torch.device) -> tuple[VisionDecoderConfig, torch.Tensor]:
+    """Our layout's config.json and codebook."""
+    config = VisionDecoderConfig.from_dict(read_json(path / "config.json"))
+    if not (path / CODEBOOK_FILE).is_file():
+        raise ValueError(f"{path}: no {CODEBOOK_FILE}")
+    codebook = load_file(path / CODEBOOK_FILE, device=str(device)).get("codebook")
+    if codebook is None:
+        raise ValueError(f"{path / CODEBOOK_FILE}: no 'codebook' tensor")
+    return config, codebook
+
+
+def _read_pipeline_folder(path: Path, device: torch.device) -> tuple[VisionDecoderConfig, torch.Tensor]:
+    """The published folder's equivalent of our config.json and codebook: model_index.json
+    decides the guidance (autoguidance at the reference API's 0.75 with transformer2, none
+    without), token_embedder/ gives the code grid and the codebook."""
+    index = read_json(path / PIPELINE_INDEX)
+
+    def listed(name: str) -> bool:
+        # diffusers writes an absent optional component as [null, null]
+        entry = index.get(name)
+        return isinstance(entry, list) and len(entry) == 2 and entry[1] is not None
+
+    missing = [name for name in PIPELINE_COMPONENTS if not listed(name)]
+    if missing:
+        raise ValueError(f"{path / PIPELINE_INDEX}: no {', '.join(missing)}")
+    weak = listed(PIPELINE_WEAK_DIR)
+    if weak and not (path / PIPELINE_WEAK_DIR).is_dir():
+        raise ValueError(f"{path / PIPELINE_INDEX} names {PIPELINE_WEAK_DIR}, but that folder is missing")
+
+    embedder_dir = path / "token_embedder"
+    raw = read_json(embedder_dir / "config.json")
+    # the reference's VisionTokenEmbedder defaults, for keys its config leaves out
+    defaults = {"vocab_size": 65536, "embedding_dim": 1536, "token_length": 729}
+    sizes = {key: raw.get(key, default) for key, default in defaults.items()}
+    bad = [k for k, v in sizes.items() if isinstance(v, bool) or not isinstance(v, int) or v <= 0]
+    if bad:
+        raise ValueError(f"{embedder_dir / 'config.json'}: {', '.join(bad)} must be positive ints")
+    side = math.isqrt(sizes["token_length"])
+    if side * side != sizes["token_length"]:
+        # the reference lays the codes out on a sqrt(token_length) square
+        raise ValueError(f"{embedder_dir / 'config.json'}: token_length {sizes['token_length']} is not a square")
+    weights = embedder_dir / PIPELINE_WEIGHTS
+    if not weights.is_file():
+        raise ValueError(f"{embedder_dir}: no {PIPELINE_WEIGHTS}")
+    with safe_open(str(weights), framework="pt", device=str(device)) as f:
+        if "vocab_embeddings" not in f.keys():  # noqa: SIM118 - safe_open is not a dict
+            raise ValueError(f"{weights}: no 'vocab_embeddings' tensor")
+        codebook = f.get_tensor("vocab_embeddings")  # uncond_embedding is not read: nothing uses it
+    want = (sizes["vocab_size"], sizes["embedding_dim"])
+    if tuple(codebook.shape) != want:
+        raise ValueError(f"{weights}: vocab_embeddings {tuple(codebook.shape)}, config says {want}")
+    if weak:
+        config = VisionDecoderConfig((side, side), AutoGuidance.MODE, REFERENCE_GUIDANCE_SCALE)
+    else:
+        config = VisionDecoderConfig((side, side), Unguided.MODE, 0.0)
+    return config, codebook
 
 
 def _preview_steps(jobs: Sequence[protocol.ImageJob], steps: int) -> dict[int, list[tuple[int, int]]]:
