@@ -1,42 +1,7 @@
 """VisionDecoder: a batch of image jobs (codes in) to encoded images (bytes out).
 
-Two checkpoint layouts, told apart by model_index.json.
-
-The published one: `decoder/vision/` of HyperCLOVAX-SEED-Omni-8B, a diffusers pipeline folder
-(the reference's VisionTokenToImagePipeline), read in place:
-
-    decoder/vision/
-      model_index.json            names the components; transformer2 optional (null or absent)
-      transformer/                VisionTransformer config.json + diffusion_pytorch_model
-                                  .safetensors (or a sharded index): the DiT (models/flux_dit.py)
-      transformer2/               the weak twin: autoguidance, default scale 0.75 (the
-                                  reference's HTTP API); without it no guidance at all
-      token_embedder/             VisionTokenEmbedder config.json {vocab_size, embedding_dim,
-                                  token_length} + weights: buffer "vocab_embeddings" is the
-                                  codebook; "uncond_embedding" is never used (no CFG there);
-                                  the code grid is sqrt(token_length) square
-      vae/, scheduler/            as below; the scheduler must not ask for dynamic shifting
-                                  (the reference calls set_timesteps(N) without mu, which
-                                  diffusers refuses then), so its static shift is what runs
-
-Ours: the `vision_decoder/` directory of an omni checkpoint.
-
-    vision_decoder/
-      config.json                 {"model_type": "omni_vision_decoder",
-                                   "code_grid": [rows, cols],        27 x 27 in the reference
-                                   "guidance": "autoguidance" | "cfg" | "none",
-                                   "guidance_scale": 0.75}           the default scale
-      codebook.safetensors        "codebook" (num_codes, cond_channels): the image tokenizer's
-                                  codebook embeddings, the rows the codes index
-      transformer/                the DiT: FluxDiT config.json + model.safetensors (ours or
-                                  diffusers' names and config, see models/flux_dit.py)
-      weak_transformer/           "autoguidance" only: the weak twin, a smaller FluxDiT with the
-                                  same latent, condition and patch sizes
-      uncond.safetensors          "cfg" only: "embedding" (cond_channels,), the unconditional
-                                  code embedding: every grid cell gets it, and vec is it
-      vae/                        diffusers AutoencoderKL config.json and
-                                  diffusion_pytorch_model.safetensors (the decoder half is read)
-      scheduler/scheduler_config.json   diffusers FlowMatchEulerDiscreteScheduler config
+The checkpoint: either layout of vision_decoder_layout.py (the published decoder/vision/ or
+ours), read by DecoderFolder.
 
 A batch's jobs share width, height and steps (the server batches them so); everything else
 (codes, seed, guidance scale, output format, previews) is per job. A job's guidance_scale of
@@ -84,14 +49,13 @@ from __future__ import annotations
 import math
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Generator, Iterator, Mapping, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import torch
 import torch.distributed as dist
-from safetensors import safe_open
 from safetensors.torch import load_file
 
 from gpu_workers.attention.ulysses import UlyssesAttention, gather_sequence, shard_sequence
@@ -99,72 +63,15 @@ from gpu_workers.loader import read_json
 from gpu_workers.models.flow_match import FlowMatchSchedule, autoguidance, cfg, euler_step, initial_noise
 from gpu_workers.models.flux_dit import FluxDiT, FluxDiTConfig, condition_from_codes, patchify, position_ids, unpatchify
 from gpu_workers.models.flux_vae import IMAGE_FORMATS, FluxVAEConfig, FluxVAEDecoder, to_image_bytes
+from gpu_workers.vision_decoder_layout import GUIDANCE_MODES, UNCOND_FILE, DecoderFolder, VisionDecoderConfig
 from omni.shared import protocol
 from omni.shared.media.image_sizes import PATCH_SCALE
-from omni.shared.settings import json_key, read_json_config, to_json_config
 
-MODEL_TYPE = "omni_vision_decoder"
-CODEBOOK_FILE = "codebook.safetensors"
-UNCOND_FILE = "uncond.safetensors"
-WEAK_DIR = "weak_transformer"
-# the published diffusers pipeline folder
-PIPELINE_INDEX = "model_index.json"
-PIPELINE_WEAK_DIR = "transformer2"
-PIPELINE_COMPONENTS = ("transformer", "vae", "scheduler", "token_embedder")  # required; transformer2 optional
-PIPELINE_WEIGHTS = "diffusion_pytorch_model.safetensors"
-REFERENCE_GUIDANCE_SCALE = 0.75  # the reference's HTTP API default (its pipeline's is 0)
 MAX_PREVIEWS = 3  # OpenAI's partial_images range is 0..3
 # The server sends sizes of its table (about 768^2 pixels); a bound on a side keeps a bad job
 # from allocating without limit.
 MAX_SIDE = 2048
 TIMESTEP_SCALE = 1000.0  # the DiT's timestep input is sigma on a 0..1000 scale
-
-
-def _code_grid(key: str, grid: Any) -> tuple[int, int]:
-    if (
-        not isinstance(grid, list | tuple)
-        or len(grid) != 2
-        or any(not isinstance(n, int) or isinstance(n, bool) or n <= 0 for n in grid)
-    ):
-        raise ValueError(f"vision decoder config: code_grid must be [rows, cols] of positive ints, got {grid!r}")
-    if grid[0] != grid[1]:
-        # condition_from_codes lays the codes out on a square grid, as TA-Tok emits them
-        raise ValueError(f"vision decoder config: code_grid {list(grid)} is not square")
-    return (grid[0], grid[1])
-
-
-def _guidance(key: str, guidance: Any) -> str:
-    if guidance not in GUIDANCE:
-        raise ValueError(f"vision decoder config: guidance {guidance!r} is not one of {', '.join(GUIDANCE)}")
-    return str(guidance)
-
-
-def _guidance_scale(key: str, scale: Any) -> float:
-    if isinstance(scale, bool) or not isinstance(scale, int | float) or not math.isfinite(scale) or scale < 0:
-        raise ValueError(f"vision decoder config: guidance_scale must be a number >= 0, got {scale!r}")
-    return float(scale)
-
-
-@dataclass(frozen=True, slots=True)
-class VisionDecoderConfig:
-    code_grid: tuple[int, int] = json_key(read=_code_grid)  # (rows, cols) of codes per image
-    guidance: str = json_key(read=_guidance)  # a key of GUIDANCE
-    guidance_scale: float = json_key(read=_guidance_scale)  # the default when a job gives none
-
-    @classmethod
-    def from_dict(cls, raw: Mapping[str, Any]) -> VisionDecoderConfig:
-        if raw.get("model_type") != MODEL_TYPE:
-            raise ValueError(f"vision decoder config: model_type {raw.get('model_type')!r} is not {MODEL_TYPE}")
-        if raw.get("guidance") == "none":
-            raw = {"guidance_scale": 0.0, **raw}  # required but for "none", which has no scale
-        return read_json_config(cls, raw, what="vision decoder config", strict=False)
-
-    def to_dict(self) -> dict[str, Any]:
-        return to_json_config(self, model_type=MODEL_TYPE)
-
-    @property
-    def num_codes_per_image(self) -> int:
-        return self.code_grid[0] * self.code_grid[1]
 
 
 @dataclass(frozen=True, slots=True)
@@ -237,7 +144,7 @@ class Guidance(ABC):
 
     @classmethod
     @abstractmethod
-    def from_dir(cls, path: Path, transformer: FluxDiT, device: torch.device, dtype: torch.dtype) -> Guidance:
+    def from_dir(cls, folder: DecoderFolder, transformer: FluxDiT, device: torch.device, dtype: torch.dtype) -> Guidance:
         """Load what the mode needs beside the DiT from the checkpoint directory."""
 
     @abstractmethod
@@ -249,7 +156,7 @@ class Unguided(Guidance):
     MODE = "none"
 
     @classmethod
-    def from_dir(cls, path: Path, transformer: FluxDiT, device: torch.device, dtype: torch.dtype) -> Unguided:
+    def from_dir(cls, folder: DecoderFolder, transformer: FluxDiT, device: torch.device, dtype: torch.dtype) -> Unguided:
         return cls()
 
     def velocity(self, shard: TokenShard, transformer: FluxDiT, step: StepInputs) -> torch.Tensor:
@@ -265,9 +172,10 @@ class AutoGuidance(Guidance):
         self.weak = weak
 
     @classmethod
-    def from_dir(cls, path: Path, transformer: FluxDiT, device: torch.device, dtype: torch.dtype) -> AutoGuidance:
-        weak_dir = path / (PIPELINE_WEAK_DIR if (path / PIPELINE_INDEX).is_file() else WEAK_DIR)
-        weak = FluxDiT.from_dir(weak_dir, device=device, dtype=dtype)
+    def from_dir(
+        cls, folder: DecoderFolder, transformer: FluxDiT, device: torch.device, dtype: torch.dtype
+    ) -> AutoGuidance:
+        weak = FluxDiT.from_dir(folder.weak_dir, device=device, dtype=dtype)
         _check_twin(weak.config, transformer.config)
         return cls(weak)
 
@@ -293,8 +201,9 @@ class ClassifierFreeGuidance(Guidance):
 
     @classmethod
     def from_dir(
-        cls, path: Path, transformer: FluxDiT, device: torch.device, dtype: torch.dtype
+        cls, folder: DecoderFolder, transformer: FluxDiT, device: torch.device, dtype: torch.dtype
     ) -> ClassifierFreeGuidance:
+        path = folder.path
         if not (path / UNCOND_FILE).is_file():
             raise ValueError(f"{path}: guidance 'cfg' needs {UNCOND_FILE}")
         embedding = load_file(path / UNCOND_FILE, device=str(device)).get("embedding")
@@ -322,6 +231,7 @@ class ClassifierFreeGuidance(Guidance):
 
 
 GUIDANCE: dict[str, type[Guidance]] = {g.MODE: g for g in (AutoGuidance, ClassifierFreeGuidance, Unguided)}
+assert set(GUIDANCE) == set(GUIDANCE_MODES), "every mode a config may name has its class"
 
 
 def _check_twin(weak: FluxDiTConfig, main: FluxDiTConfig) -> None:
@@ -386,25 +296,16 @@ class VisionDecoder:
         runs CFG's two passes one after the other."""
         path = Path(path)
         device = torch.device(device)
-        published = (path / PIPELINE_INDEX).is_file()
-        if published:
-            config, codebook = _read_pipeline_folder(path, device)
-        else:
-            config, codebook = _read_omni_folder(path, device)
+        folder = DecoderFolder.read(path, device)
+        config = folder.config
         transformer = FluxDiT.from_dir(path / "transformer", device=device, dtype=dtype)
-        guidance = GUIDANCE[config.guidance].from_dir(path, transformer, device, dtype)
+        guidance = GUIDANCE[config.guidance].from_dir(folder, transformer, device, dtype)
         if isinstance(guidance, ClassifierFreeGuidance):
             guidance.batched = cfg_batched
-        schedule = FlowMatchSchedule.from_config(read_json(path / "scheduler" / "scheduler_config.json"))
-        if published and schedule.use_dynamic_shifting:
-            raise ValueError(
-                f"{path / 'scheduler'}: use_dynamic_shifting is on, but the reference calls "
-                "set_timesteps(steps) without mu, which diffusers refuses; this folder cannot be run as published"
-            )
         vae_config = FluxVAEConfig.from_diffusers(read_json(path / "vae" / "config.json"))
         leader = not dist.is_initialized() or dist.get_rank(group) == 0
         vae = FluxVAEDecoder.from_dir(path / "vae", device=device, dtype=dtype) if leader else None
-        return cls(config, codebook, transformer, guidance, schedule, vae_config, vae, group)
+        return cls(config, folder.codebook, transformer, guidance, folder.schedule, vae_config, vae, group)
 
     @property
     def num_codes(self) -> int:
@@ -557,64 +458,6 @@ class VisionDecoder:
 
     def _scale(self, job: protocol.ImageJob) -> float:
         return self.config.guidance_scale if job.guidance_scale is None else float(job.guidance_scale)
-
-
-def _read_omni_folder(path: Path, device: torch.device) -> tuple[VisionDecoderConfig, torch.Tensor]:
-    """Our layout's config.json and codebook."""
-    config = VisionDecoderConfig.from_dict(read_json(path / "config.json"))
-    if not (path / CODEBOOK_FILE).is_file():
-        raise ValueError(f"{path}: no {CODEBOOK_FILE}")
-    codebook = load_file(path / CODEBOOK_FILE, device=str(device)).get("codebook")
-    if codebook is None:
-        raise ValueError(f"{path / CODEBOOK_FILE}: no 'codebook' tensor")
-    return config, codebook
-
-
-def _read_pipeline_folder(path: Path, device: torch.device) -> tuple[VisionDecoderConfig, torch.Tensor]:
-    """The published folder's equivalent of our config.json and codebook: model_index.json
-    decides the guidance (autoguidance at the reference API's 0.75 with transformer2, none
-    without), token_embedder/ gives the code grid and the codebook."""
-    index = read_json(path / PIPELINE_INDEX)
-
-    def listed(name: str) -> bool:
-        # diffusers writes an absent optional component as [null, null]
-        entry = index.get(name)
-        return isinstance(entry, list) and len(entry) == 2 and entry[1] is not None
-
-    missing = [name for name in PIPELINE_COMPONENTS if not listed(name)]
-    if missing:
-        raise ValueError(f"{path / PIPELINE_INDEX}: no {', '.join(missing)}")
-    weak = listed(PIPELINE_WEAK_DIR)
-    if weak and not (path / PIPELINE_WEAK_DIR).is_dir():
-        raise ValueError(f"{path / PIPELINE_INDEX} names {PIPELINE_WEAK_DIR}, but that folder is missing")
-
-    embedder_dir = path / "token_embedder"
-    raw = read_json(embedder_dir / "config.json")
-    # the reference's VisionTokenEmbedder defaults, for keys its config leaves out
-    defaults = {"vocab_size": 65536, "embedding_dim": 1536, "token_length": 729}
-    sizes = {key: raw.get(key, default) for key, default in defaults.items()}
-    bad = [k for k, v in sizes.items() if isinstance(v, bool) or not isinstance(v, int) or v <= 0]
-    if bad:
-        raise ValueError(f"{embedder_dir / 'config.json'}: {', '.join(bad)} must be positive ints")
-    side = math.isqrt(sizes["token_length"])
-    if side * side != sizes["token_length"]:
-        # the reference lays the codes out on a sqrt(token_length) square
-        raise ValueError(f"{embedder_dir / 'config.json'}: token_length {sizes['token_length']} is not a square")
-    weights = embedder_dir / PIPELINE_WEIGHTS
-    if not weights.is_file():
-        raise ValueError(f"{embedder_dir}: no {PIPELINE_WEIGHTS}")
-    with safe_open(str(weights), framework="pt", device=str(device)) as f:
-        if "vocab_embeddings" not in f.keys():  # noqa: SIM118 - safe_open is not a dict
-            raise ValueError(f"{weights}: no 'vocab_embeddings' tensor")
-        codebook = f.get_tensor("vocab_embeddings")  # uncond_embedding is not read: nothing uses it
-    want = (sizes["vocab_size"], sizes["embedding_dim"])
-    if tuple(codebook.shape) != want:
-        raise ValueError(f"{weights}: vocab_embeddings {tuple(codebook.shape)}, config says {want}")
-    if weak:
-        config = VisionDecoderConfig((side, side), AutoGuidance.MODE, REFERENCE_GUIDANCE_SCALE)
-    else:
-        config = VisionDecoderConfig((side, side), Unguided.MODE, 0.0)
-    return config, codebook
 
 
 def _preview_steps(jobs: Sequence[protocol.ImageJob], steps: int) -> dict[int, list[tuple[int, int]]]:

@@ -18,7 +18,9 @@ CODEBOOK = torch.randn(64, 16, generator=torch.Generator().manual_seed(3))
 
 
 def make(path: Path, use_patchify: bool = True) -> Path:
-    return make_tiny_published_vision_decoder(path, seed=1, codebook=CODEBOOK, code_grid=(8, 8), use_patchify=use_patchify)
+    return make_tiny_published_vision_decoder(
+        path, seed=1, codebook=CODEBOOK, code_grid=(8, 8), use_patchify=use_patchify
+    )
 
 
 def test_the_folder_is_laid_out_as_published(tmp_path: Path) -> None:
@@ -34,7 +36,13 @@ def test_the_folder_is_laid_out_as_published(tmp_path: Path) -> None:
     ]  # fmt: skip
     index = json.loads((root / "model_index.json").read_text())
     assert index["_class_name"] == "VisionTokenToImagePipeline"
-    assert {k for k in index if not k.startswith("_")} == {"transformer", "transformer2", "vae", "scheduler", "token_embedder"}
+    assert {k for k in index if not k.startswith("_")} == {
+        "transformer",
+        "transformer2",
+        "vae",
+        "scheduler",
+        "token_embedder",
+    }
 
     embedder = json.loads((root / "token_embedder/config.json").read_text())
     assert (embedder["vocab_size"], embedder["embedding_dim"], embedder["token_length"]) == (64, 16, 64)
