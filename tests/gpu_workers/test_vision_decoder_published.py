@@ -57,7 +57,7 @@ class Recorder:
             )
             return out
 
-        model.forward = recording  # type: ignore[method-assign]
+        model.forward = recording  # type: ignore[method-assign,assignment]
 
 
 def reference_inputs(root: Path, use_patchify: bool, seed: int, steps: int) -> dict[str, Any]:

@@ -108,7 +108,7 @@ def write_folder(path: Path, config: dict[str, Any], tensors: dict[str, torch.Te
         save_file(tensors, str(path / "diffusion_pytorch_model.safetensors"))
         return path
     names = sorted(tensors)
-    weight_map = {}
+    weight_map: dict[str, str] = {}
     for k in range(shards):
         file = f"diffusion_pytorch_model-{k + 1:05d}-of-{shards:05d}.safetensors"
         part = names[k::shards]
