@@ -1,23 +1,7 @@
 """VisionDecoder: a batch of image jobs (codes in) to encoded images (bytes out).
 
-Checkpoint layout: the `vision_decoder/` directory of an omni checkpoint.
-
-    vision_decoder/
-      config.json                 {"model_type": "omni_vision_decoder",
-                                   "code_grid": [rows, cols],        27 x 27 in the reference
-                                   "guidance": "autoguidance" | "cfg" | "none",
-                                   "guidance_scale": 0.75}           the default scale
-      codebook.safetensors        "codebook" (num_codes, cond_channels): the image tokenizer's
-                                  codebook embeddings, the rows the codes index
-      transformer/                the DiT: FluxDiT config.json + model.safetensors (ours or
-                                  diffusers' names and config, see models/flux_dit.py)
-      weak_transformer/           "autoguidance" only: the weak twin, a smaller FluxDiT with the
-                                  same latent, condition and patch sizes
-      uncond.safetensors          "cfg" only: "embedding" (cond_channels,), the unconditional
-                                  code embedding: every grid cell gets it, and vec is it
-      vae/                        diffusers AutoencoderKL config.json and
-                                  diffusion_pytorch_model.safetensors (the decoder half is read)
-      scheduler/scheduler_config.json   diffusers FlowMatchEulerDiscreteScheduler config
+The checkpoint: either layout of vision_decoder_layout.py (the published decoder/vision/ or
+ours), read by DecoderFolder.
 
 A batch's jobs share width, height and steps (the server batches them so); everything else
 (codes, seed, guidance scale, output format, previews) is per job. A job's guidance_scale of
@@ -25,12 +9,19 @@ None takes the config's; "none" has no scale and ignores it. For a W x H image, 
 the VAE's 8x and the DiT's patch p (1 or 2):
 
     noise      initial_noise((16, H/8, W/8), seed)     per job, drawn on the CPU
-    condition  condition_from_codes(codes, codebook, (H/8, W/8))   map and vec
-    tokens     patchify(noise | map, p)                (B, S, p*p*(16 + cond)), S = H/8p * W/8p
+    condition  condition_from_codes(codes, codebook, grid)   map and vec; grid = (H/8, W/8),
+                                                       or the token grid (H/16, W/16) when the
+                                                       condition is not packed (use_patchify)
+    tokens     patchify(noise, p) | patchify(map, cp)  (B, S, p*p*16 + cp*cp*cond),
+                                                       S = H/8p * W/8p; cp = p or 1
     step i     v = guidance(DiT(tokens, t_i), ...)     t_i = int(sigma_i * 1000): the truncated
                x <- x + (sigma_{i+1} - sigma_i) * v    timestep; the step uses exact sigmas
     preview    x0 = x_i - sigma_i * v_i                the clean latent the step predicts
-    image      VAE(unpatchify(x)), clamped, encoded    png | jpeg | webp
+    image      VAE(unpatchify(x)), clamped, encoded    png | jpeg | webp (pixels truncated to
+                                                       uint8, as the reference)
+
+The latent stays float32 between steps (the reference, in bf16 throughout, rounds it to bf16
+after each step); everything else follows the reference's arithmetic.
 
 Previews: a job with partial_images = p gets them after steps floor(k * N / (p + 1)),
 k = 1..p, of N steps (25 steps, 3 previews: steps 6, 12, 18); with N >= p + 2 that is p
@@ -58,10 +49,10 @@ from __future__ import annotations
 import math
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Generator, Iterator, Mapping, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import torch
 import torch.distributed as dist
@@ -72,65 +63,15 @@ from gpu_workers.loader import read_json
 from gpu_workers.models.flow_match import FlowMatchSchedule, autoguidance, cfg, euler_step, initial_noise
 from gpu_workers.models.flux_dit import FluxDiT, FluxDiTConfig, condition_from_codes, patchify, position_ids, unpatchify
 from gpu_workers.models.flux_vae import IMAGE_FORMATS, FluxVAEConfig, FluxVAEDecoder, to_image_bytes
+from gpu_workers.vision_decoder_layout import GUIDANCE_MODES, UNCOND_FILE, DecoderFolder, VisionDecoderConfig
 from omni.shared import protocol
 from omni.shared.media.image_sizes import PATCH_SCALE
-from omni.shared.settings import json_key, read_json_config, to_json_config
 
-MODEL_TYPE = "omni_vision_decoder"
-CODEBOOK_FILE = "codebook.safetensors"
-UNCOND_FILE = "uncond.safetensors"
 MAX_PREVIEWS = 3  # OpenAI's partial_images range is 0..3
 # The server sends sizes of its table (about 768^2 pixels); a bound on a side keeps a bad job
 # from allocating without limit.
 MAX_SIDE = 2048
 TIMESTEP_SCALE = 1000.0  # the DiT's timestep input is sigma on a 0..1000 scale
-
-
-def _code_grid(key: str, grid: Any) -> tuple[int, int]:
-    if (
-        not isinstance(grid, list | tuple)
-        or len(grid) != 2
-        or any(not isinstance(n, int) or isinstance(n, bool) or n <= 0 for n in grid)
-    ):
-        raise ValueError(f"vision decoder config: code_grid must be [rows, cols] of positive ints, got {grid!r}")
-    if grid[0] != grid[1]:
-        # condition_from_codes lays the codes out on a square grid, as TA-Tok emits them
-        raise ValueError(f"vision decoder config: code_grid {list(grid)} is not square")
-    return (grid[0], grid[1])
-
-
-def _guidance(key: str, guidance: Any) -> str:
-    if guidance not in GUIDANCE:
-        raise ValueError(f"vision decoder config: guidance {guidance!r} is not one of {', '.join(GUIDANCE)}")
-    return str(guidance)
-
-
-def _guidance_scale(key: str, scale: Any) -> float:
-    if isinstance(scale, bool) or not isinstance(scale, int | float) or not math.isfinite(scale) or scale < 0:
-        raise ValueError(f"vision decoder config: guidance_scale must be a number >= 0, got {scale!r}")
-    return float(scale)
-
-
-@dataclass(frozen=True, slots=True)
-class VisionDecoderConfig:
-    code_grid: tuple[int, int] = json_key(read=_code_grid)  # (rows, cols) of codes per image
-    guidance: str = json_key(read=_guidance)  # a key of GUIDANCE
-    guidance_scale: float = json_key(read=_guidance_scale)  # the default when a job gives none
-
-    @classmethod
-    def from_dict(cls, raw: Mapping[str, Any]) -> VisionDecoderConfig:
-        if raw.get("model_type") != MODEL_TYPE:
-            raise ValueError(f"vision decoder config: model_type {raw.get('model_type')!r} is not {MODEL_TYPE}")
-        if raw.get("guidance") == "none":
-            raw = {"guidance_scale": 0.0, **raw}  # required but for "none", which has no scale
-        return read_json_config(cls, raw, what="vision decoder config", strict=False)
-
-    def to_dict(self) -> dict[str, Any]:
-        return to_json_config(self, model_type=MODEL_TYPE)
-
-    @property
-    def num_codes_per_image(self) -> int:
-        return self.code_grid[0] * self.code_grid[1]
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,14 +127,14 @@ class StepInputs:
     """One denoising step of a batch, over this rank's L tokens."""
 
     x: torch.Tensor  # (B, L, p*p*16) the noisy latent's tokens, float32
-    cond: torch.Tensor  # (B, L, p*p*cond) the code condition's tokens
+    cond: torch.Tensor  # (B, L, cp*cp*cond) the code condition's tokens (cp: p, or 1 unpacked)
     vec: torch.Tensor  # (B, cond) the mean code embedding
     timestep: torch.Tensor  # (B,) what the DiT sees: truncated, on the 0..1000 scale
     scales: torch.Tensor  # (B,) each job's guidance scale
 
     @property
     def tokens(self) -> torch.Tensor:
-        return torch.cat((self.x, self.cond), dim=-1)  # (B, L, p*p*(16 + cond)), as patchify(latent | map)
+        return torch.cat((self.x, self.cond), dim=-1)  # (B, L, p*p*16 + cp*cp*cond)
 
 
 class Guidance(ABC):
@@ -203,7 +144,7 @@ class Guidance(ABC):
 
     @classmethod
     @abstractmethod
-    def from_dir(cls, path: Path, transformer: FluxDiT, device: torch.device, dtype: torch.dtype) -> Guidance:
+    def from_dir(cls, folder: DecoderFolder, transformer: FluxDiT, device: torch.device, dtype: torch.dtype) -> Guidance:
         """Load what the mode needs beside the DiT from the checkpoint directory."""
 
     @abstractmethod
@@ -215,7 +156,7 @@ class Unguided(Guidance):
     MODE = "none"
 
     @classmethod
-    def from_dir(cls, path: Path, transformer: FluxDiT, device: torch.device, dtype: torch.dtype) -> Unguided:
+    def from_dir(cls, folder: DecoderFolder, transformer: FluxDiT, device: torch.device, dtype: torch.dtype) -> Unguided:
         return cls()
 
     def velocity(self, shard: TokenShard, transformer: FluxDiT, step: StepInputs) -> torch.Tensor:
@@ -231,8 +172,10 @@ class AutoGuidance(Guidance):
         self.weak = weak
 
     @classmethod
-    def from_dir(cls, path: Path, transformer: FluxDiT, device: torch.device, dtype: torch.dtype) -> AutoGuidance:
-        weak = FluxDiT.from_dir(path / "weak_transformer", device=device, dtype=dtype)
+    def from_dir(
+        cls, folder: DecoderFolder, transformer: FluxDiT, device: torch.device, dtype: torch.dtype
+    ) -> AutoGuidance:
+        weak = FluxDiT.from_dir(folder.weak_dir, device=device, dtype=dtype)
         _check_twin(weak.config, transformer.config)
         return cls(weak)
 
@@ -258,8 +201,9 @@ class ClassifierFreeGuidance(Guidance):
 
     @classmethod
     def from_dir(
-        cls, path: Path, transformer: FluxDiT, device: torch.device, dtype: torch.dtype
+        cls, folder: DecoderFolder, transformer: FluxDiT, device: torch.device, dtype: torch.dtype
     ) -> ClassifierFreeGuidance:
+        path = folder.path
         if not (path / UNCOND_FILE).is_file():
             raise ValueError(f"{path}: guidance 'cfg' needs {UNCOND_FILE}")
         embedding = load_file(path / UNCOND_FILE, device=str(device)).get("embedding")
@@ -271,9 +215,9 @@ class ClassifierFreeGuidance(Guidance):
 
     def velocity(self, shard: TokenShard, transformer: FluxDiT, step: StepInputs) -> torch.Tensor:
         b, s, _ = step.x.shape
-        p = transformer.config.patch
-        # a constant map patchifies to each channel's value repeated p*p times (channel-major)
-        null_cond = self.embedding.repeat_interleave(p * p).expand(b, s, -1).to(step.cond.dtype)  # (B, L, p*p*cond)
+        cp = transformer.config.condition_patch
+        # a constant map patchifies to each channel's value repeated cp*cp times (channel-major)
+        null_cond = self.embedding.repeat_interleave(cp * cp).expand(b, s, -1).to(step.cond.dtype)  # (B, L, cp*cp*cond)
         null_vec = self.embedding.expand(b, -1)  # (B, cond)
         with_cond, without = step.tokens, torch.cat((step.x, null_cond), dim=-1)
         if self.batched:
@@ -287,10 +231,11 @@ class ClassifierFreeGuidance(Guidance):
 
 
 GUIDANCE: dict[str, type[Guidance]] = {g.MODE: g for g in (AutoGuidance, ClassifierFreeGuidance, Unguided)}
+assert set(GUIDANCE) == set(GUIDANCE_MODES), "every mode a config may name has its class"
 
 
 def _check_twin(weak: FluxDiTConfig, main: FluxDiTConfig) -> None:
-    fields = ("in_channels", "cond_channels", "vec_in_dim", "patch")
+    fields = ("in_channels", "cond_channels", "vec_in_dim", "patch", "pack_condition")
     differ = [f for f in fields if getattr(weak, f) != getattr(main, f)]
     if differ:
         raise ValueError(f"weak_transformer differs from transformer in {', '.join(differ)}")
@@ -346,25 +291,21 @@ class VisionDecoder:
         group: dist.ProcessGroup | None = None,
         cfg_batched: bool = True,
     ) -> VisionDecoder:
-        """Load the layout of the module docstring. The VAE is loaded on rank 0 of the group
-        only. cfg_batched=False runs CFG's two passes one after the other."""
+        """Load either layout of the module docstring (the published one when the folder has a
+        model_index.json). The VAE is loaded on rank 0 of the group only. cfg_batched=False
+        runs CFG's two passes one after the other."""
         path = Path(path)
         device = torch.device(device)
-        config = VisionDecoderConfig.from_dict(read_json(path / "config.json"))
-        if not (path / CODEBOOK_FILE).is_file():
-            raise ValueError(f"{path}: no {CODEBOOK_FILE}")
-        codebook = load_file(path / CODEBOOK_FILE, device=str(device)).get("codebook")
-        if codebook is None:
-            raise ValueError(f"{path / CODEBOOK_FILE}: no 'codebook' tensor")
+        folder = DecoderFolder.read(path, device)
+        config = folder.config
         transformer = FluxDiT.from_dir(path / "transformer", device=device, dtype=dtype)
-        guidance = GUIDANCE[config.guidance].from_dir(path, transformer, device, dtype)
+        guidance = GUIDANCE[config.guidance].from_dir(folder, transformer, device, dtype)
         if isinstance(guidance, ClassifierFreeGuidance):
             guidance.batched = cfg_batched
-        schedule = FlowMatchSchedule.from_config(read_json(path / "scheduler" / "scheduler_config.json"))
         vae_config = FluxVAEConfig.from_diffusers(read_json(path / "vae" / "config.json"))
         leader = not dist.is_initialized() or dist.get_rank(group) == 0
         vae = FluxVAEDecoder.from_dir(path / "vae", device=device, dtype=dtype) if leader else None
-        return cls(config, codebook, transformer, guidance, schedule, vae_config, vae, group)
+        return cls(config, folder.codebook, transformer, guidance, folder.schedule, vae_config, vae, group)
 
     @property
     def num_codes(self) -> int:
@@ -445,9 +386,10 @@ class VisionDecoder:
         x, cond, vec = self._inputs(jobs, shard, (h, w))
         scales = torch.tensor([self._scale(job) for job in jobs], device=self.device)  # (B,)
         sigmas = self.schedule.sigmas(steps, image_seq_len=shard.num_tokens).tolist()  # exact, N + 1
-        # what the DiT sees: timesteps truncated to integers, on its 0..1000 scale
-        truncated = self.schedule.model_timesteps(steps, image_seq_len=shard.num_tokens)
-        timesteps = truncated.to(self.device, torch.float32) * (TIMESTEP_SCALE / self.schedule.num_train_timesteps)
+        # what the DiT sees: timesteps truncated to integers, over num_train_timesteps, then
+        # times 1000 in float32, in the reference's order (its sigma, then time_factor)
+        truncated = self.schedule.model_sigmas(steps, image_seq_len=shard.num_tokens)
+        timesteps = truncated.to(self.device) * TIMESTEP_SCALE
         previews = _preview_steps(jobs, steps)
         spent = 0.0
         for i in range(steps):
@@ -467,12 +409,16 @@ class VisionDecoder:
     def _inputs(
         self, jobs: list[protocol.ImageJob], shard: TokenShard, latent_hw: tuple[int, int]
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """This rank's latent and condition tokens and the vec: (B, L, p*p*16), (B, L, p*p*cond), (B, cond)."""
-        p, channels = self.transformer.config.patch, self.transformer.config.in_channels
-        noise = torch.stack([initial_noise((channels, *latent_hw), job.seed, self.device) for job in jobs])
+        """This rank's latent and condition tokens and the vec: (B, L, p*p*16), (B, L, cp*cp*cond), (B, cond)."""
+        c = self.transformer.config
+        p, cp = c.patch, c.condition_patch
+        noise = torch.stack([initial_noise((c.in_channels, *latent_hw), job.seed, self.device) for job in jobs])
         codes = torch.tensor([job.codes for job in jobs], dtype=torch.int64, device=self.device)  # (B, rows*cols)
-        cond_map, vec = condition_from_codes(codes, self.codebook, latent_hw)  # (B, cond, h, w), (B, cond)
-        return shard.shard(patchify(noise, p)), shard.shard(patchify(cond_map, p)), vec
+        # the map on the grid it is packed from: the latent's (cp = p), or the tokens' (cp = 1)
+        h, w = latent_hw
+        cond_hw = (h * cp // p, w * cp // p)
+        cond_map, vec = condition_from_codes(codes, self.codebook, cond_hw)  # (B, cond, *cond_hw), (B, cond)
+        return shard.shard(patchify(noise, p)), shard.shard(patchify(cond_map, cp)), vec
 
     @torch.inference_mode()
     def _velocity(self, shard: TokenShard, step: StepInputs) -> torch.Tensor:

@@ -16,16 +16,28 @@ Resizing happens at latent resolution, before the 2x2 packing, so each token car
 2x2 pixels of latent and of condition. `vec` is the mean of the N code embeddings (taken
 before the resize).
 
+Three token layouts (FluxDiTConfig.patch and pack_condition), for a latent of h x w:
+
+    patch 1                one token per latent pixel: [latent (in) | condition (cond)],
+                           the condition resized to h x w (the reference's default)
+    patch 2, packed        the above packed 2 x 2: 4*(in + cond) per token (diffusers' Flux
+                           pipeline layout; our own checkpoints)
+    patch 2, unpacked      the reference's use_patchify: [latent packed 2 x 2 (4*in) |
+                           condition resized to the h/2 x w/2 token grid (cond)]
+
+In every layout the output is the latent's share of a token (in, or 4*in packed) and the
+packing is channel-major, (c, dy, dx) -> c*4 + dy*2 + dx, as both references pack it.
+
 Sequence-parallel contract (Ulysses shards the token axis across ranks):
 
     forward(x, positions, timestep, vec, attention=None)
-        x          (B, S_local, 4*(in_channels + cond_channels))  a shard of the tokens
+        x          (B, S_local, token_in_dim)   a shard of the tokens, e.g. 4*(in + cond)
         positions  (S_local, 3)   ids (0, row, col) of those tokens on the token grid
         timestep   (B,)           float, the value the sinusoid sees (sigma * 1000)
         vec        (B, vec_in_dim)
         attention  (q, k, v) -> out, all (B, H, S_local, head_dim); default full
                    scaled_dot_product_attention over the S_local tokens given
-        returns    (B, S_local, 4*in_channels)
+        returns    (B, S_local, token_out_dim)  e.g. 4*in_channels
 
 Every operation but `attention` acts on each token alone: the embedders, LayerNorm,
 modulation, the fused projections, QK RMS-norm, the MLP and the final layer. RoPE is
@@ -43,25 +55,8 @@ travel with them. Padding a shard is exact too, provided `attention` masks the p
 1000 inside; this model takes the multiplied value, so that a sampler can truncate it to an
 integer as the reference does while its Euler step keeps the exact sigma.
 
-Weights. Our names (what our checkpoints hold, a tiny embedded one included) against
-diffusers' FluxTransformer2DModel with num_layers=0 double-stream blocks:
-
-    time_embed.linear_{1,2}        time_text_embed.timestep_embedder.linear_{1,2}
-    vec_embed.linear_{1,2}         time_text_embed.text_embedder.linear_{1,2}
-    x_embed                        x_embedder
-    blocks.i.modulation            single_transformer_blocks.i.norm.linear  (shift, scale, gate)
-    blocks.i.linear_in             rows: attn.to_q | attn.to_k | attn.to_v | proj_mlp
-    blocks.i.q_norm, k_norm        attn.norm_q, attn.norm_k
-    blocks.i.linear_out            proj_out  (input columns: attention | MLP)
-    final.modulation               norm_out.linear, halves swapped: diffusers chunks
-                                   (scale, shift), we chunk (shift, scale) like the blocks
-    final.linear                   proj_out
-    (none)                         context_embedder: it embeds text tokens, of which there
-                                   are none; dropped at conversion
-
-`FluxDiT.load_weights` takes either naming; diffusers' is converted on load (one
-concatenation per block), so a diffusers-format conversion of a real checkpoint drops in.
-A weak "autoguidance" transformer is another FluxDiT with a smaller config.
+Checkpoints: our names, diffusers' FluxTransformer2DModel's or the reference's
+VisionTransformer's, each config and naming read by models/flux_dit_formats.py.
 """
 
 from __future__ import annotations
@@ -74,10 +69,16 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file
 from torch import nn
 
-from gpu_workers.loader import INDEX_FILE, SINGLE_FILE, load_safetensors, read_json
+from gpu_workers.loader import read_json
+from gpu_workers.models.flux_dit_formats import (
+    REFERENCE_CLASS,
+    diffusers_config,
+    read_weights,
+    reference_config,
+    state_dict_to_ours,
+)
 from gpu_workers.models.hf_weights import load_exact
 from omni.shared.settings import json_key, read_json_config, to_json_config
 
@@ -88,8 +89,6 @@ PATCH = 2  # Flux packs 2x2 latent pixels into one token
 _NORM_EPS = 1e-6  # LayerNorm and QK RMSNorm, as diffusers' FluxSingleTransformerBlock
 _TIME_FREQ_DIM = 256
 _TIME_MAX_PERIOD = 10000.0
-# the weights file of a folder saved by diffusers' save_pretrained (unsharded)
-_DIFFUSERS_FILE = "diffusion_pytorch_model.safetensors"
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,10 +107,17 @@ class FluxDiTConfig:
     # Latent pixels per token, each way: 1 (one token per latent pixel, as the reference's DiT
     # runs by default) or 2 (Flux's 2 x 2 packing, as diffusers' pipeline does).
     patch: int = 1
+    # With patch 2, where the condition goes (see the module docstring's two layouts):
+    # True packs it 2 x 2 like the latent (diffusers' Flux pipeline layout, ours); False
+    # resizes it to the token grid and appends it unpacked (the reference's use_patchify).
+    # The same thing at patch 1.
+    pack_condition: bool = json_key(True, read=lambda key, v: _bool(key, v))
 
     def __post_init__(self) -> None:
         if self.patch not in (1, 2):
             raise ValueError(f"flux dit config: patch must be 1 or 2, got {self.patch!r}")
+        if not isinstance(self.pack_condition, bool):
+            raise ValueError(f"flux dit config: pack_condition must be a bool, got {self.pack_condition!r}")  # noqa: TRY004
         for name in ("in_channels", "cond_channels", "hidden_size", "num_heads", "num_layers", "vec_in_dim"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
@@ -139,8 +145,14 @@ class FluxDiTConfig:
         return int(self.hidden_size * self.mlp_ratio)
 
     @property
+    def condition_patch(self) -> int:
+        """Condition pixels per token, each way: the latent's patch, or 1 when unpacked."""
+        return self.patch if self.pack_condition else 1
+
+    @property
     def token_in_dim(self) -> int:
-        return self.patch * self.patch * (self.in_channels + self.cond_channels)
+        cp = self.condition_patch
+        return self.patch * self.patch * self.in_channels + cp * cp * self.cond_channels
 
     @property
     def token_out_dim(self) -> int:
@@ -148,13 +160,17 @@ class FluxDiTConfig:
 
     @classmethod
     def from_dict(cls, config: Mapping[str, Any]) -> FluxDiTConfig:
-        """Our config.json, or diffusers' FluxTransformer2DModel one (told apart by its
-        `_class_name` or `num_single_layers`: in diffusers `num_layers` counts double blocks).
-        A key left out takes its default: ours, or diffusers' for a diffusers config."""
+        """Our config.json, the reference's VisionTransformer one (`_class_name`
+        "VisionTransformer", the published decoder/vision/transformer/), or diffusers'
+        FluxTransformer2DModel one (another `_class_name`, or `num_single_layers`: in diffusers
+        `num_layers` counts double blocks). A key left out takes its default: ours, the
+        reference's or diffusers'."""
         if not isinstance(config, Mapping):
             raise ValueError(f"flux dit config must be a dict, got {type(config).__name__}")  # noqa: TRY004
+        if config.get("_class_name") == REFERENCE_CLASS:
+            return cls(**reference_config(config))
         if "_class_name" in config or "num_single_layers" in config:
-            return _from_diffusers(config)
+            return cls(**diffusers_config(config))
         # other keys (model_type, what a tool adds) are left alone
         return read_json_config(cls, config, what="flux dit config", strict=False)
 
@@ -166,62 +182,10 @@ class FluxDiTConfig:
         return to_json_config(self, model_type="flux_dit")
 
 
-# FluxTransformer2DModel.__init__ defaults, for keys a diffusers config.json leaves out
-_DIFFUSERS_DEFAULTS: dict[str, Any] = {
-    "patch_size": 1,
-    "in_channels": 64,
-    "out_channels": None,
-    "num_layers": 19,
-    "num_single_layers": 38,
-    "attention_head_dim": 128,
-    "num_attention_heads": 24,
-    "pooled_projection_dim": 768,
-    "guidance_embeds": False,
-    "axes_dims_rope": (16, 56, 56),
-}
-
-
-def _from_diffusers(config: Mapping[str, Any]) -> FluxDiTConfig:
-    """diffusers FluxTransformer2DModel config -> ours:
-
-        num_single_layers                         num_layers
-        num_attention_heads                       num_heads
-        num_attention_heads * attention_head_dim  hidden_size
-        pooled_projection_dim                     vec_in_dim
-        out_channels / 4                          in_channels  (diffusers counts packed channels)
-        in_channels / 4 - out_channels / 4        cond_channels
-        axes_dims_rope                            axes_dims_rope
-        (fixed 10000, 4.0 in diffusers)           rope_theta, mlp_ratio
-        joint_attention_dim                       unused: it sizes context_embedder, for text tokens
-
-    Refused: double-stream blocks (num_layers > 0), a guidance embedder, patch_size != 1
-    (diffusers' own unpatchify in proj_out; Flux packs outside the model) and
-    out_channels left unset (then it equals in_channels and leaves no room for a condition).
-    """
-    c = {**_DIFFUSERS_DEFAULTS, **config}
-    if c["num_layers"] != 0:
-        raise ValueError(f"flux dit: diffusers config has {c['num_layers']} double-stream blocks; only 0 is supported")
-    if c["guidance_embeds"]:
-        raise ValueError("flux dit: diffusers config has guidance_embeds; guidance distillation is not supported")
-    if c["patch_size"] != 1:
-        raise ValueError(f"flux dit: diffusers config has patch_size {c['patch_size']}; only 1 is supported")
-    packed_in, packed_out = c["in_channels"], c["out_channels"]
-    if not isinstance(packed_out, int) or packed_out % 4 or packed_in % 4 or packed_in <= packed_out:
-        raise ValueError(
-            f"flux dit: diffusers in_channels {packed_in} / out_channels {packed_out} must be packed "
-            "(multiples of 4), with in_channels = 4 * (latent + condition) > out_channels = 4 * latent"
-        )
-    heads, head_dim = c["num_attention_heads"], c["attention_head_dim"]
-    return FluxDiTConfig(
-        in_channels=packed_out // 4,
-        cond_channels=(packed_in - packed_out) // 4,
-        hidden_size=heads * head_dim,
-        num_heads=heads,
-        num_layers=c["num_single_layers"],
-        axes_dims_rope=tuple(c["axes_dims_rope"]),
-        vec_in_dim=c["pooled_projection_dim"],
-        patch=2,  # diffusers' Flux configs count packed channels
-    )
+def _bool(key: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"flux dit config: {key} must be true or false, got {value!r}")  # noqa: TRY004
+    return value
 
 
 # ---------------------------------------------------------------------------------------------
@@ -433,86 +397,22 @@ class FluxDiT(nn.Module):
         return self.final(h, temb)
 
     def load_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
-        """Load our names or diffusers' (converted first); all of them, each of the right shape."""
-        if any(name.startswith(_DIFFUSERS_MARKERS) for name in state_dict):
-            state_dict = diffusers_state_dict_to_ours(state_dict)
-        load_exact(self, state_dict, "flux dit")
+        """Load our names, the reference's or diffusers' (those two renamed first); all of
+        them, each of the right shape."""
+        load_exact(self, state_dict_to_ours(state_dict), "flux dit")
 
     @classmethod
     def from_dir(
         cls, path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32
     ) -> FluxDiT:
-        """config.json (ours or diffusers'), model.safetensors (sharded or not) or, in a folder
-        saved by diffusers, an unsharded diffusion_pytorch_model.safetensors; either naming."""
+        """config.json (ours, the reference's or diffusers'), model.safetensors (sharded or
+        not) or, in a folder saved by diffusers, diffusion_pytorch_model.safetensors (sharded
+        or not); any of the three namings."""
         path = Path(path)
         config = FluxDiTConfig.from_dir(path)
         # built on meta: no memory or time spent on a random init the weights overwrite
         with torch.device("meta"):
             model = cls(config)
         model = model.to(dtype).to_empty(device=device)
-        model.load_weights(_read_weights(path, device))
+        model.load_weights(read_weights(path, device))
         return model.eval()
-
-
-def _read_weights(path: Path, device: str | torch.device) -> dict[str, torch.Tensor]:
-    ours = (path / SINGLE_FILE).is_file() or (path / INDEX_FILE).is_file()
-    if not ours and (path / _DIFFUSERS_FILE).is_file():
-        return load_file(path / _DIFFUSERS_FILE, device=str(device))
-    return load_safetensors(path, device)
-
-
-# ---------------------------------------------------------------------------------------------
-# diffusers FluxTransformer2DModel names -> ours (the table in the module docstring).
-
-_DIFFUSERS_MARKERS = ("single_transformer_blocks.", "time_text_embed.", "x_embedder.", "norm_out.")
-_DIFFUSERS_RENAMES = {
-    "time_text_embed.timestep_embedder.": "time_embed.",
-    "time_text_embed.text_embedder.": "vec_embed.",
-    "x_embedder.": "x_embed.",
-    "proj_out.": "final.linear.",
-}
-# rows of linear_in, in order
-_LINEAR_IN_PARTS = ("attn.to_q", "attn.to_k", "attn.to_v", "proj_mlp")
-_BLOCK_RENAMES = {
-    "norm.linear.": "modulation.",
-    "attn.norm_q.": "q_norm.",
-    "attn.norm_k.": "k_norm.",
-    "proj_out.": "linear_out.",
-}
-
-
-def diffusers_state_dict_to_ours(state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Rename (and fuse) a FluxTransformer2DModel state dict with no double-stream blocks.
-    context_embedder.* is dropped; a name with no counterpart is kept as it is, so that
-    loading reports it as unexpected."""
-    ours: dict[str, torch.Tensor] = {}
-    fused: dict[str, dict[str, torch.Tensor]] = {}  # "blocks.i.linear_in.weight" -> part -> tensor
-    for name, tensor in state_dict.items():
-        if name.startswith("context_embedder."):
-            continue
-        if name.startswith("norm_out.linear."):
-            # diffusers' AdaLayerNormContinuous chunks (scale, shift); ours (shift, scale)
-            scale, shift = tensor.chunk(2, dim=0)
-            ours["final.modulation." + name.removeprefix("norm_out.linear.")] = torch.cat((shift, scale), dim=0)
-            continue
-        prefix = next((p for p in _DIFFUSERS_RENAMES if name.startswith(p)), None)
-        if prefix is not None:
-            ours[_DIFFUSERS_RENAMES[prefix] + name.removeprefix(prefix)] = tensor
-            continue
-        if name.startswith("single_transformer_blocks."):
-            index, rest = name.removeprefix("single_transformer_blocks.").split(".", 1)
-            part, _, param = rest.rpartition(".")
-            if part in _LINEAR_IN_PARTS:
-                fused.setdefault(f"blocks.{index}.linear_in.{param}", {})[part] = tensor
-                continue
-            block_prefix = next((p for p in _BLOCK_RENAMES if rest.startswith(p)), None)
-            if block_prefix is not None:
-                ours[f"blocks.{index}.{_BLOCK_RENAMES[block_prefix]}{rest.removeprefix(block_prefix)}"] = tensor
-                continue
-        ours[name] = tensor
-    for target, parts in fused.items():
-        missing = [p for p in _LINEAR_IN_PARTS if p not in parts]
-        if missing:
-            raise ValueError(f"flux dit weights: {target} lacks {', '.join(missing)}")
-        ours[target] = torch.cat([parts[p] for p in _LINEAR_IN_PARTS], dim=0)
-    return ours

@@ -7,7 +7,7 @@ What the image decoder does after its last Euler step, in the reference's order:
       -> post_quant_conv        (absent in Flux: use_post_quant_conv=False)
       -> decoder                conv_in, mid block (resnet, attention, resnet), up blocks, conv_out
     image (B, 3, 8h, 8w)       nominally [-1, 1], not clamped here
-      -> to_uint8 / to_png      clamp, (x/2 + 0.5) * 255, round (diffusers' VaeImageProcessor)
+      -> to_uint8 / to_png      clamp, (x + 1) / 2 * 255, truncated (the reference's astype)
 
 Parameter names are diffusers' AutoencoderKL names ("decoder.mid_block.attentions.0.to_q.weight"),
 so the vae/ folder of a Flux checkpoint (or the reference's) loads as it is; its encoder.* and
@@ -308,14 +308,16 @@ def _decoder_weights(state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.
 
 
 def to_uint8(image: torch.Tensor) -> np.ndarray:
-    """(3, H, W) float -> (H, W, 3) uint8, as diffusers' VaeImageProcessor.postprocess does:
-    (x/2 + 0.5).clamp(0, 1) * 255, rounded half to even. Computed in float32 whatever the
-    input's dtype (diffusers denormalises in the input's dtype, so a bf16 image can differ from
-    it by one level); NaN becomes 0 (mid grey) rather than an undefined byte."""
+    """(3, H, W) float -> (H, W, 3) uint8, as the reference's pipeline postprocesses:
+    clamp(-1, 1), (x + 1) / 2, * 255, then numpy's astype(uint8), which TRUNCATES (level
+    k + 0.7 gives k; diffusers' VaeImageProcessor would round it to k + 1). Computed in float32
+    whatever the input's dtype (the reference clamps and halves in its bf16, so a bf16 image
+    can differ from it by one level); NaN becomes 0 (mid grey, 127) rather than an undefined
+    byte."""
     if image.dim() != 3 or image.shape[0] != 3:
         raise ValueError(f"image {tuple(image.shape)}: want (3, H, W)")
     x = torch.nan_to_num(image.detach().float().cpu(), nan=0.0).clamp(-1.0, 1.0)
-    x = ((x * 0.5 + 0.5).clamp(0.0, 1.0) * 255).round()
+    x = (x + 1) / 2 * 255  # in [0, 255]: the cast truncates toward zero, i.e. floors
     return x.to(torch.uint8).permute(1, 2, 0).contiguous().numpy()
 
 

@@ -331,7 +331,7 @@ def make_tiny_vision_decoder(
     an image has visibly varied pixels."""
     from gpu_workers.models.flux_dit import FluxDiT, FluxDiTConfig
     from gpu_workers.models.flux_vae import FluxVAEConfig, FluxVAEDecoder
-    from gpu_workers.vision_decoder import CODEBOOK_FILE, UNCOND_FILE, VisionDecoderConfig
+    from gpu_workers.vision_decoder_layout import CODEBOOK_FILE, UNCOND_FILE, VisionDecoderConfig
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -24,13 +24,13 @@ from gpu_workers.models.flux_dit import (
     SingleStreamBlock,
     apply_rope,
     condition_from_codes,
-    diffusers_state_dict_to_ours,
     patchify,
     position_ids,
     rope_cos_sin,
     timestep_embedding,
     unpatchify,
 )
+from gpu_workers.models.flux_dit_formats import diffusers_state_dict_to_ours
 
 # head_dim 16 = 4 + 6 + 6; a 8 x 12 latent packs into a 4 x 6 grid of 24 tokens
 CONFIG = FluxDiTConfig(

@@ -183,20 +183,27 @@ def _test_image() -> torch.Tensor:
     return image
 
 
-def test_uint8_is_vae_image_processor_to_the_pixel() -> None:
+def test_uint8_is_the_references_postprocess_to_the_pixel() -> None:
+    """The reference's pipeline.postprocess, written here in numpy: clamp, (x + 1) / 2, * 255,
+    astype(uint8), a truncation. diffusers' VaeImageProcessor rounds instead: at most one
+    level apart, and the levels k + 0.7 are where they part."""
     image = _test_image()
-    want = np.asarray(VaeImageProcessor().postprocess(image[None], output_type="pil")[0])
+    x = image.clamp(-1, 1)
+    want = (((x + 1) / 2).permute(1, 2, 0).numpy() * 255).astype(np.uint8)
     got = to_uint8(image)
     assert got.dtype == np.uint8 and got.shape == (12, 10, 3)
     assert np.array_equal(got, want)
-    assert got[0, :6, 0].tolist() == [1, 2, 3, 4, 5, 6]
+    assert got[0, :6, 0].tolist() == [0, 1, 2, 3, 4, 5]
     assert got[0, 0, 1] == 0 and got[0, 1, 1] == 255
+    rounded = np.asarray(VaeImageProcessor().postprocess(image[None], output_type="pil")[0])
+    assert rounded[0, :6, 0].tolist() == [1, 2, 3, 4, 5, 6]
+    assert np.abs(rounded.astype(int) - got.astype(int)).max() == 1
 
 
 def test_uint8_nan_and_shape() -> None:
     image = torch.zeros(3, 2, 2)
     image[0, 0, 0] = float("nan")
-    assert to_uint8(image)[0, 0, 0] == 128  # 0 -> mid grey, (0.5 * 255).round() = 128 (half to even)
+    assert to_uint8(image)[0, 0, 0] == 127  # 0 -> mid grey, 0.5 * 255 = 127.5 truncated
     with pytest.raises(ValueError, match="want \\(3, H, W\\)"):
         to_uint8(torch.zeros(1, 3, 2, 2))
 
