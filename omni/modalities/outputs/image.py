@@ -20,6 +20,7 @@ from __future__ import annotations
 import base64
 import functools
 import json
+import math
 import logging
 import random
 import time
@@ -51,15 +52,26 @@ _EXTENSIONS = {"png": "png", "jpeg": "jpg", "webp": "webp"}
 
 
 def read_code_grid(decoder_dir: Path) -> tuple[int, int]:
-    """(rows, cols) of the codes one image span holds, from vision_decoder/config.json
-    (27 x 27 in the reference)."""
+    """(rows, cols) of the codes one image span holds (27 x 27 in the reference): from
+    vision_decoder/config.json's code_grid, or in the published decoder/vision/ folder from
+    token_embedder/config.json's token_length, a square."""
+    decoder_dir = Path(decoder_dir)
+    published = (decoder_dir / "model_index.json").is_file()
+    source = decoder_dir / ("token_embedder/config.json" if published else "config.json")
     try:
-        config = json.loads((Path(decoder_dir) / "config.json").read_text())
-        rows, cols = (int(v) for v in config.get("code_grid", (27, 27)))
+        config = json.loads(source.read_text())
+        if published:
+            length = int(config.get("token_length", 729))
+            side = math.isqrt(length)
+            if side * side != length:
+                raise ValueError(f"token_length {length} is not a square")
+            rows, cols = side, side
+        else:
+            rows, cols = (int(v) for v in config.get("code_grid", (27, 27)))
     except (OSError, ValueError, TypeError) as e:
-        raise ValueError(f"{decoder_dir}/config.json: no usable code_grid ({e})") from None
+        raise ValueError(f"{source}: no usable code grid ({e})") from None
     if rows <= 0 or cols <= 0:
-        raise ValueError(f"{decoder_dir}/config.json: code_grid {rows}x{cols} is not positive")
+        raise ValueError(f"{source}: code grid {rows}x{cols} is not positive")
     return rows, cols
 
 
