@@ -33,6 +33,7 @@ from gpu_workers.tiny.checkpoints import (
     make_tiny_checkpoint,
     make_tiny_vision_encoder,
 )
+from gpu_workers.tiny.published_vision_decoder import make_tiny_published_vision_decoder
 
 SHARDS = 2
 # TA-Tok at reduced size: a SigLIP tower of width 144 (two heads of so400m's 72), 8 x 8 patches of
@@ -185,6 +186,13 @@ def make_tiny_published_checkpoint(
         "hidden_size": hidden,
         "torch_dtype": "float32",
     }
+    # decoder/vision/: the DiT draws from the image tokenizer's codebook, folded as the encoder
+    # worker folds it (the reference's token_embedder is its own table of the same shape)
+    ta = {k[len("model.discrete_vision_model.bottleneck.regularizer.") :]: v for k, v in tensors.items()
+          if k.startswith("model.discrete_vision_model.bottleneck.regularizer.")}
+    codebook = ta["embedding.weight"] @ ta["embedding_proj.weight"].T + ta["embedding_proj.bias"]
+    grid = (TINY_TA_TOK["grid"], TINY_TA_TOK["grid"])
+    make_tiny_published_vision_decoder(out_dir / "decoder" / "vision", seed=seed + 5, codebook=codebook, code_grid=grid)
     _write_json(out_dir / "config.json", config)
     _write_json(out_dir / "preprocessor_config.json", TINY_VISION_PREPROCESSOR)
     save_sharded(out_dir, tensors, SHARDS)

@@ -56,6 +56,7 @@ def test_laid_out_as_the_download(checkpoint: Path) -> None:
 def test_layout_sees_every_served_component(checkpoint: Path) -> None:
     layout = ModelLayout.from_dir(checkpoint)
     assert layout.published and layout.llm_dir == checkpoint
+    assert layout.vision_decoder == checkpoint / "decoder" / "vision"
     assert set(layout.components) == {"vision_encoder", "audio_encoder", "image_tokenizer", "audio_tokenizer"}
     assert layout.codebook_sizes() == {"image_tokenizer": TINY_TA_TOK["codes"], "audio_tokenizer": 3**TINY_S3_FSQ_DIMS}
     revisions = {name: read() for name, read in layout.revisions().items()}
