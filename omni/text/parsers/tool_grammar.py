@@ -294,9 +294,19 @@ def _bounded(schema: Any, cap: int, *, close_objects: bool = True) -> Any:
     if isinstance(out.get("allOf"), list):  # closing a part would refuse the other parts' keys
         out["allOf"] = [_bounded(s, cap, close_objects=False) for s in out["allOf"]]
     _as_llguidance_reads(out)
+    form = _BARE_FORMATS.get(out.get("format"))  # type: ignore[arg-type]
+    if form is not None and "pattern" not in out:  # stricter than llguidance's (it takes a leap second)
+        out["pattern"] = f"^(?:{form})$"
+        del out["format"]
     # A pattern is left as it is: with a bound it might match nothing, which does not compile.
     if _admits(out, "string") and not any(k in out for k in ("maxLength", "enum", "const", "pattern")):
         out["maxLength"] = max(cap, int(out.get("minLength", 0)))
+    extra = out.get("additionalProperties")
+    if isinstance(extra, Mapping) and not out.get("properties") and not out.get("patternProperties"):
+        # A map (keys are data): its keys bounded as free strings are. llguidance has no
+        # propertyNames; a pattern would also apply to declared properties, so only a map's.
+        out["patternProperties"] = {f"^.{{0,{cap}}}$": extra}
+        out["additionalProperties"] = False
     said = any(k in out for k in ("anyOf", "oneOf", "allOf", "$ref", "additionalProperties", "patternProperties"))
     if close_objects and _admits(out, "object") and not said:
         out["additionalProperties"] = False
