@@ -36,7 +36,8 @@ SEEDS_PER_CHOICE = 1 << 16  # more images than one turn holds
 
 
 def check_tool_choice(model: ServedModel, req: ChatCompletionRequest) -> None:
-    if req.tools.choice == "auto" and model.chat_format.tool_parser is not None and not model.chat_format.auto_tool_choice:
+    fmt = model.chat_format
+    if req.tools.choice == "auto" and fmt.tool_parser is not None and not fmt.auto_tool_choice:
         raise bad_request(
             'tool_choice "auto" is turned off on this server (--no-enable-auto-tool-choice); '
             'use "none", "required" or a named function.',
@@ -172,6 +173,6 @@ def output_format(model: ServedModel, req: ChatCompletionRequest, prompt_token_i
         reasoning_parser=reasoning,
         in_reasoning=reasoning is not None and prompt_opens_reasoning(model, reasoning, prompt_token_ids),
         tool_parser=tool_parser,
-        tools=req.tools.functions,
+        tools=req.tools.forced if tool_parser == JSON_ARGUMENTS else req.tools.functions,  # (the named one)
         single_call=req.tools.single_call,
     )

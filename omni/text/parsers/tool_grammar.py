@@ -134,7 +134,8 @@ def _json_grammar(
     if format_name == JSON_ARGUMENTS:
         if len(functions) != 1:
             raise ValueError(f"{JSON_ARGUMENTS} is one named function's arguments, not {len(functions)} functions'")
-        rules += ["start: fn0_args", f"fn0_args: {_inline_json(_bounded(_object_schema(functions[0].parameters), cap))}"]
+        schema = _bounded(_object_schema(functions[0].parameters), cap)
+        rules += ["start: fn0_args", f"fn0_args: {_inline_json(schema)}"]
         return "\n".join(rules) + "\n"
     rules += [
         'start: "[" call' + _more_calls(parallel, max_calls, ",") + ' "]"',
@@ -231,7 +232,11 @@ def _bare_value(rule: str, schema: Any, definitions: Mapping[str, Any], cap: int
 
 # A bare string's format, as a regex (JSON strings have llguidance's own). Stricter than the
 # formats where that is simpler: no leap day, no leap second, a plain dotted email domain.
-_DAY = r"(?:(?:0[13578]|1[02])-(?:0[1-9]|[12][0-9]|3[01])|(?:0[469]|11)-(?:0[1-9]|[12][0-9]|30)|02-(?:0[1-9]|1[0-9]|2[0-8]))"
+_DAY = (  # month-day: the 31-day months, the 30-day ones, February
+    r"(?:(?:0[13578]|1[02])-(?:0[1-9]|[12][0-9]|3[01])"
+    r"|(?:0[469]|11)-(?:0[1-9]|[12][0-9]|30)"
+    r"|02-(?:0[1-9]|1[0-9]|2[0-8]))"
+)
 _DATE = r"[0-9]{4}-" + _DAY
 _TIME = r"(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](?:\.[0-9]{1,6})?(?:Z|[+-](?:[01][0-9]|2[0-3]):[0-5][0-9])"
 _OCTET = r"(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
@@ -314,7 +319,9 @@ def _bounded(schema: Any, cap: int, *, close_objects: bool = True) -> Any:
 
 
 # Counts llguidance takes only as JSON integers; a client may write them as 2.0.
-_COUNTS = ("minItems", "maxItems", "minLength", "maxLength", "minProperties", "maxProperties", "minContains", "maxContains")
+_COUNTS = (
+    "minItems", "maxItems", "minLength", "maxLength", "minProperties", "maxProperties", "minContains", "maxContains"
+)  # fmt: skip
 # llguidance builds a number's range as a regex over i64 (a bound near -2**63 overflows it).
 # A bound beyond this one is moved in to it: the range only narrows, so what the grammar
 # admits still validates, and no model writes a 17-digit argument a client meant.
@@ -355,7 +362,7 @@ def _literal(text: str) -> str:
     return json.dumps(text, ensure_ascii=False)
 
 
-_FORMATS: dict[str, Callable[[str, ToolFunction, int], list[str]]] = {
+_FORMATS: dict[str, Callable[[str, ToolFunction, int, _Markers], list[str]]] = {
     "hermes": _hermes_call,
     "hyperclovax": _hyperclovax_call,
     "glm45": _hyperclovax_call,

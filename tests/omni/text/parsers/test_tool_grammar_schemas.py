@@ -29,7 +29,8 @@ FORMAT_CHECKER = jsonschema.Draft202012Validator.FORMAT_CHECKER
 
 
 def params(properties: dict[str, Any], required: list[str] | None = None, **more: Any) -> dict[str, Any]:
-    return {"type": "object", "properties": properties, "required": list(properties) if required is None else required, **more}
+    required = list(properties) if required is None else required
+    return {"type": "object", "properties": properties, "required": required, **more}
 
 
 # The issue's tool: an enum string, an integer range, an array of enum items with min/maxItems.
@@ -88,7 +89,9 @@ CONSTRUCTS: dict[str, dict[str, Any]] = {
         {"counts": {"type": "object", "additionalProperties": {"type": "integer", "minimum": 0}, "maxProperties": 2}}
     ),
     "optional_only": params({"a": {"type": "integer"}, "b": {"type": "string", "maxLength": 3}}, []),
-    "any_of": params({"x": {"anyOf": [{"type": "integer", "minimum": 0, "maximum": 5}, {"type": "string", "enum": ["none"]}]}}),
+    "any_of": params(
+        {"x": {"anyOf": [{"type": "integer", "minimum": 0, "maximum": 5}, {"type": "string", "enum": ["none"]}]}}
+    ),
     "one_of": params(
         {
             "x": {
@@ -100,7 +103,10 @@ CONSTRUCTS: dict[str, dict[str, Any]] = {
         }
     ),
     "nullable_type_list": params(
-        {"s": {"type": ["string", "null"], "maxLength": 5}, "n": {"type": ["integer", "null"], "minimum": 0, "maximum": 3}}
+        {
+            "s": {"type": ["string", "null"], "maxLength": 5},
+            "n": {"type": ["integer", "null"], "minimum": 0, "maximum": 3},
+        }
     ),
     "nullable_any_of": params({"x": {"anyOf": [{"type": "string", "maxLength": 4}, {"type": "null"}]}}),
     "ref_defs": {
@@ -115,7 +121,7 @@ CONSTRUCTS: dict[str, dict[str, Any]] = {
         "definitions": {"node": params({"v": {"type": "integer"}, "next": {"$ref": "#/definitions/node"}}, ["v"])},
     },
     "annotations_ignored": params(
-        {"x": {"type": "integer", "title": "X", "description": "a } brace", "default": 3, "examples": [4], "maximum": 9}},
+        {"x": {"type": "integer", "title": "X", "description": "a } brace", "default": 3, "maximum": 9}},
         title="Arguments",
         description="What the call takes",
         default={},
