@@ -1,7 +1,9 @@
 """The chat-only steps of the lifecycle: what tools, tool_choice and reasoning ask of the
 generation, and how its text is read back.
 
-- check_tool_choice: a tool_choice the model's chat format cannot serve is a 400, before work.
+- check_tool_choice: a tool_choice the server turned off is a 400, before work.
+- tool_format: the format the calls are written and read in: the chat template's, or, on a
+  model whose template has none, JSON for a forced call (as vLLM serves any model).
 - tool_grammar: tool_choice "required" or a named function forces the call grammar, so a call
   whose arguments validate against the function's schema always comes out; with "auto" the
   same grammar switches on when the model opens a call, so a call it starts is well formed.
@@ -26,7 +28,7 @@ from omni.serving.requests import ChatCompletionRequest
 from omni.serving.requests.images import ChatImageOptions
 from omni.text.constrained.spec import GrammarKind, GrammarSpec
 from omni.text.parsers.tool_calls import tool_parser_class
-from omni.text.parsers.tool_grammar import MAX_FREE_CHARS, T2I_TOOL, tool_call_grammar
+from omni.text.parsers.tool_grammar import JSON_ARGUMENTS, JSON_CALLS, MAX_FREE_CHARS, T2I_TOOL, tool_call_grammar
 from omni.text.reply_parser import OutputFormat
 from scheduler.request import SamplingParams
 
@@ -34,17 +36,8 @@ SEEDS_PER_CHOICE = 1 << 16  # more images than one turn holds
 
 
 def check_tool_choice(model: ServedModel, req: ChatCompletionRequest) -> None:
-    tools, fmt = req.tools, model.chat_format
-    if tools.choice == "none":
-        return
-    if fmt.tool_parser is None:
-        raise bad_request(
-            f"tool_choice '{tools.choice if tools.choice != 'named' else tools.named}' needs a tool call "
-            "parser, and this model's chat format has none (the server's --tool-call-parser).",
-            param="tool_choice",
-            code="unsupported_parameter",
-        )
-    if tools.choice == "auto" and not fmt.auto_tool_choice:
+    fmt = model.chat_format
+    if req.tools.choice == "auto" and fmt.tool_parser is not None and not fmt.auto_tool_choice:
         raise bad_request(
             'tool_choice "auto" is turned off on this server (--no-enable-auto-tool-choice); '
             'use "none", "required" or a named function.',
@@ -53,17 +46,33 @@ def check_tool_choice(model: ServedModel, req: ChatCompletionRequest) -> None:
         )
 
 
+def tool_format(model: ServedModel, req: ChatCompletionRequest) -> str | None:
+    """The format a reply's calls are read in (a tool_calls.py parser's name), None: no calls.
+    The chat template's own; on a model whose template has none, a forced call is JSON, as vLLM
+    serves it (json_calls for "required", json_arguments for a named function), and "auto"
+    leaves the reply plain text."""
+    tools, parser = req.tools, model.chat_format.tool_parser
+    if tools.choice == "none":
+        return None
+    if parser is not None:
+        return parser
+    if tools.choice == "required":
+        return JSON_CALLS
+    return JSON_ARGUMENTS if tools.choice == "named" else None
+
+
 async def tool_grammar(model: ServedModel, req: ChatCompletionRequest, max_tokens: int) -> TriggeredGrammar | None:
     """The call grammar: from the first token for "required" or a named function; for "auto",
     switched on when the model opens a call, so a call it starts is always well formed."""
-    tools, parser = req.tools, model.chat_format.tool_parser
-    if parser is None or tools.choice == "none" or not tools.functions:
+    tools, parser = req.tools, tool_format(model, req)
+    if parser is None or not tools.functions:
         return None
     forced = tools.forced
     opened = not forced  # "auto"
     trigger = None
+    markup = tool_parser_class(parser).markup_tokens
     if opened:
-        trigger = model.tokenizer.token_to_id(tool_parser_class(parser).markup_tokens[0])
+        trigger = model.tokenizer.token_to_id(markup[0])
         if trigger is None:
             return None  # the tokenizer cannot open a call with one token: parse what comes
     images = model.images if req.images_allowed else None
@@ -74,6 +83,7 @@ async def tool_grammar(model: ServedModel, req: ChatCompletionRequest, max_token
         max_free_chars=free_string_chars(max_tokens),
         opened=opened,
         image_rules=images.format.rules("image") if images is not None else (),
+        tokens={m for m in markup if model.tokenizer.token_to_id(m) is not None},
     )
     grammar = await model.grammars.compile(GrammarSpec(GrammarKind.GRAMMAR, source, "tools" if opened else "tool_choice"))
     return TriggeredGrammar(grammar, trigger)  # "auto": from the model's own <tool_call> on
@@ -157,13 +167,12 @@ def ban_tool_markup(model: ServedModel, req: ChatCompletionRequest, params: Samp
 
 
 def output_format(model: ServedModel, req: ChatCompletionRequest, prompt_token_ids: Sequence[int]) -> OutputFormat:
-    fmt = model.chat_format
-    reasoning = fmt.reasoning_parser
-    tool_parser = fmt.tool_parser if req.tools.choice != "none" else None
+    reasoning = model.chat_format.reasoning_parser
+    tool_parser = tool_format(model, req)
     return OutputFormat(
         reasoning_parser=reasoning,
         in_reasoning=reasoning is not None and prompt_opens_reasoning(model, reasoning, prompt_token_ids),
         tool_parser=tool_parser,
-        tools=req.tools.functions,
+        tools=req.tools.forced if tool_parser == JSON_ARGUMENTS else req.tools.functions,  # (the named one)
         single_call=req.tools.single_call,
     )

@@ -83,6 +83,16 @@ def hermes_server(tiny_model_dir: Path) -> Iterator[str]:
         yield base
 
 
+@pytest.fixture(scope="module")
+def plain_server(tiny_model_dir: Path) -> Iterator[str]:
+    """The tiny model on a template with no tool format (SmolLM2's shape): forced calls are JSON."""
+    with running_server(
+        "--model", f"{MODEL}={tiny_model_dir}", "--max-model-len", "2048",
+        "--chat-template", str(TEMPLATES / "plain_tools.jinja"),
+    ) as base:  # fmt: skip
+        yield base
+
+
 @pytest.fixture(params=["hyperclovax", "hermes"])
 def fmt(request: pytest.FixtureRequest, server: str) -> tuple[str, str]:
     """(parser name, base URL) of a server per tool-call format."""
@@ -252,3 +262,57 @@ def test_required_without_tools_is_a_400_and_auto_without_a_parser_too(server: s
         timeout=30,
     )
     assert r.status_code == 400 and r.json()["error"]["param"] == "tool_choice"
+
+
+# Issue 20's tool: an enum string, an integer range, an array of enum items with min/maxItems.
+TRIP = {
+    "type": "function",
+    "function": {
+        "name": "plan_trip",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "mode": {"type": "string", "enum": ["train", "bus", "car"]},
+                "nights": {"type": "integer", "minimum": 1, "maximum": 14},
+                "extras": {
+                    "type": "array",
+                    "items": {"type": "string", "enum": ["breakfast", "parking", "wifi"]},
+                    "minItems": 1,
+                    "maxItems": 2,
+                },
+            },
+            "required": ["mode", "nights", "extras"],
+        },
+    },
+}
+
+
+async def test_the_issue_tool_is_called_on_a_hermes_template(hermes_server: str) -> None:
+    """Issue 20: tool_choice "required" with this tool on a Hermes-template model was a 400."""
+    client = _client(hermes_server)
+    out = await client.chat.completions.create(
+        model=MODEL, messages=ASK, tools=[TRIP], tool_choice="required", parallel_tool_calls=False, seed=0,
+        max_tokens=300,
+    )  # fmt: skip
+    [call] = out.choices[0].message.tool_calls or []
+    jsonschema.validate(json.loads(call.function.arguments), TRIP["function"]["parameters"])
+    assert out.choices[0].finish_reason == "tool_calls"
+
+
+async def test_forced_calls_on_a_template_without_tool_format_are_json_read_back(plain_server: str) -> None:
+    """Issue 24, gap 7: "required" and a named function on a model whose template has no tool
+    format, through the official client: the server constrains the call to JSON and reads it
+    back into tool_calls, streamed and not; "auto" stays text."""
+    client = _client(plain_server)
+    named = {"type": "function", "function": {"name": "get_time"}}
+    jobs = [_call(client, stream=i % 2 == 1, seed=i, tool_choice="required", max_tokens=600) for i in range(6)]
+    jobs += [_call(client, stream=i % 2 == 1, seed=i, tool_choice=named, max_tokens=300) for i in range(4)]
+    replies = await asyncio.gather(*jobs)
+    for reply in replies[:6]:
+        _check_calls(reply, {"get_weather", "get_time"})
+        assert reply["content"] is None
+    for reply in replies[6:]:
+        _check_calls(reply, {"get_time"})
+        assert reply["content"] is None and len(reply["calls"]) == 1
+    auto = await _call(client, stream=False, seed=0, max_tokens=8)
+    assert auto["calls"] == [] and auto["finish"] == "length" and auto["content"]

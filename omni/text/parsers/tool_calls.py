@@ -343,15 +343,133 @@ def _json_or_text(text: str) -> Any:
         return text
 
 
+class _WholeOutputParser(ToolParser):
+    """A format with no markup, whose whole output is the call(s) (a forced call on a model whose
+    chat format has none, as vLLM serves it; the grammar is tool_grammar.py's of the same name).
+    Streamed, the calls come when the output ends: JSON is only known to be whole then. Output
+    that does not read as the format stays content, as it was written."""
+
+    markup_tokens = ()
+
+    @abstractmethod
+    def _read_output(self, text: str, *, cut: bool) -> list[_Call] | None:
+        """The calls in the whole output; None when it is not this format. cut: the length
+        limit ended it, so the last call may be partial."""
+
+    def parse(self, text: str, *, cut: bool = False) -> tuple[str, list[ToolCall]]:
+        calls = self._read_output(text, cut=cut)
+        if calls is None:
+            return text, []
+        return "", [ToolCall(new_call_id(), c.name, "".join(c.pieces)) for c in calls]
+
+    def push(self, text: str) -> tuple[str, list[ToolCallDelta]]:
+        self._buffer += text
+        return "", []
+
+    def finish(self, *, cut: bool = False) -> tuple[str, list[ToolCallDelta]]:
+        text, self._buffer = self._buffer, ""
+        calls = self._read_output(text, cut=cut)
+        if calls is None:
+            return text, []
+        return "", [delta for call in calls for delta in self._deltas(call)]
+
+    def _read_cut_call(self, body: str) -> _Call | None:
+        return None  # (not used: _read_output reads a cut output whole)
+
+
+class JsonCallsParser(_WholeOutputParser):
+    """tool_choice "required": `[{"name": "f", "parameters": {...}}, ...]`, vLLM's list of calls
+    ("arguments" read as well). Cut by the length limit: the calls it holds whole, then the one
+    it cut, once its name is whole, with its arguments as far as written."""
+
+    name = "json_calls"
+
+    def _read_output(self, text: str, *, cut: bool) -> list[_Call] | None:
+        try:
+            items = _loads(text)
+        except ValueError:
+            return self._read_cut_list(text) if cut else None
+        if not isinstance(items, list) or not items:
+            return None
+        calls = [self._read_item(item) for item in items]
+        return None if any(c is None for c in calls) else [c for c in calls if c is not None]
+
+    def _read_call(self, body: str) -> _Call | None:
+        try:
+            return self._read_item(_loads(body))
+        except ValueError:
+            return None
+
+    @staticmethod
+    def _read_item(item: Any) -> _Call | None:
+        if not isinstance(item, dict) or not isinstance(item.get("name"), str) or not item["name"]:
+            return None
+        args = item.get("parameters", item.get("arguments", {}))
+        return _Call(item["name"], (_dumps(args),)) if isinstance(args, dict) else None
+
+    def _read_cut_list(self, text: str) -> list[_Call]:
+        """    [{"name":"f","parameters":{..}},{"name":"g","parameters":{"a":1
+                |------- whole: decoded ------| |-- cut: name, then the rest as written"""
+        decoder = json.JSONDecoder(parse_constant=_no_constant)
+        calls: list[_Call] = []
+        pos = len(text) - len(text.lstrip())
+        if not text.startswith("[", pos):
+            return calls
+        pos += 1
+        while pos < len(text):
+            pos += len(text[pos:]) - len(text[pos:].lstrip(" \t\n\r,"))
+            try:
+                item, pos = decoder.raw_decode(text, pos)
+            except ValueError:
+                name = _HERMES_NAME.search(text, pos)
+                if name is not None:
+                    args = _JSON_PARAMETERS.search(text, name.end())
+                    calls.append(_Call(json.loads(f'"{name.group(1)}"'), (text[args.end() :] if args else "",)))
+                break
+            call = self._read_item(item)
+            if call is None:
+                break
+            calls.append(call)
+        return calls
+
+
+class JsonArgumentsParser(_WholeOutputParser):
+    """A named function: the whole output is its arguments object (as vLLM's named tool_choice).
+    Cut by the length limit: a call with the arguments as far as written."""
+
+    name = "json_arguments"
+
+    def _read_output(self, text: str, *, cut: bool) -> list[_Call] | None:
+        if len(self.tools) != 1:
+            return None
+        call = self._read_call(text)
+        if call is None and cut and text.lstrip().startswith("{"):
+            call = _Call(next(iter(self.tools)), (text.strip(),))
+        return None if call is None else [call]
+
+    def _read_call(self, body: str) -> _Call | None:
+        try:
+            args = _loads(body)
+        except ValueError:
+            return None
+        return _Call(next(iter(self.tools)), (_dumps(args),)) if isinstance(args, dict) else None
+
+
+_JSON_PARAMETERS = re.compile(r'"(?:parameters|arguments)"\s*:\s*')
+
+# The formats a chat template writes, which --tool-call-parser names.
 TOOL_PARSERS: dict[str, type[ToolParser]] = {
     "hermes": HermesToolParser,
     "hyperclovax": HyperCLOVAXToolParser,
     "glm45": HyperCLOVAXToolParser,  # vLLM's name for the same format
 }
+# The server's own, for forced calls on a model whose template has no tool format.
+JSON_TOOL_PARSERS: dict[str, type[ToolParser]] = {p.name: p for p in (JsonCallsParser, JsonArgumentsParser)}
 
 
 def tool_parser_class(name: str) -> type[ToolParser]:
     try:
-        return TOOL_PARSERS[name]
+        return TOOL_PARSERS.get(name) or JSON_TOOL_PARSERS[name]
     except KeyError:
-        raise ValueError(f"unknown tool call parser {name!r}; known: {', '.join(sorted(TOOL_PARSERS))}") from None
+        known = sorted([*TOOL_PARSERS, *JSON_TOOL_PARSERS])
+        raise ValueError(f"unknown tool call parser {name!r}; known: {', '.join(known)}") from None

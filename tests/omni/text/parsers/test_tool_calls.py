@@ -14,6 +14,8 @@ from hypothesis import strategies as st
 from omni.text.parsers.tool_calls import (
     HermesToolParser,
     HyperCLOVAXToolParser,
+    JsonArgumentsParser,
+    JsonCallsParser,
     ToolCall,
     ToolFunction,
     ToolParser,
@@ -283,3 +285,46 @@ def test_a_call_the_length_limit_cut_is_a_call_with_its_arguments_as_written(
         assert stream_cut(parser_class(TOOLS), chunks) == (content, calls)
     # not cut (a stop token ended it), an unclosed call stays the text it was
     assert parser_class(TOOLS).parse(text)[0].endswith(text[text.rfind("<tool_call>") :])
+
+
+# The server's own formats for a forced call on a model whose template has none: the whole
+# output is JSON, read when it ends (streamed, the calls come with the last piece).
+JSON_CASES: list[tuple[type[ToolParser], list[ToolFunction], str, bool, str, list[tuple[str, str]]]] = [
+    # (parser, tools, output, cut, content, calls)
+    (JsonCallsParser, TOOLS, '[{"name":"get_weather","parameters":{"city":"Seoul","days":2}},'
+     '{"name":"ping","parameters":{}}]', False, "", [("get_weather", '{"city": "Seoul", "days": 2}'), ("ping", "{}")]),
+    (JsonCallsParser, TOOLS, '[{"name": "ping", "arguments": {}}]', False, "", [("ping", "{}")]),  # vLLM reads both
+    (JsonCallsParser, TOOLS, '[{"name":"ping"', False, '[{"name":"ping"', []),  # not JSON, not cut: content
+    (JsonCallsParser, TOOLS, '{"name":"ping"}', False, '{"name":"ping"}', []),  # no list
+    (JsonCallsParser, TOOLS, "[]", False, "[]", []),
+    (JsonCallsParser, TOOLS, '[{"name":"ping","parameters":{}},{"name":"get_weather","parameters":{"city":"Se',
+     True, "", [("ping", "{}"), ("get_weather", '{"city":"Se')]),
+    (JsonCallsParser, TOOLS, '[{"name":"get_weather"', True, "", [("get_weather", "")]),
+    (JsonCallsParser, TOOLS, '[{"na', True, "", []),  # no whole name: no call, and no JSON as content
+    (JsonArgumentsParser, [WEATHER], '{"city":"Busan","unit":"c"}', False, "",
+     [("get_weather", '{"city": "Busan", "unit": "c"}')]),
+    (JsonArgumentsParser, [WEATHER], '{"city":"Bu', True, "", [("get_weather", '{"city":"Bu')]),
+    (JsonArgumentsParser, [WEATHER], '{"city":"Bu', False, '{"city":"Bu', []),
+    (JsonArgumentsParser, [WEATHER], "[1]", False, "[1]", []),
+]
+
+
+@pytest.mark.parametrize(("parser_class", "tools", "text", "cut", "content", "calls"), JSON_CASES)
+def test_the_json_formats_read_the_whole_output_as_the_calls(
+    parser_class: type[ToolParser],
+    tools: list[ToolFunction],
+    text: str,
+    cut: bool,
+    content: str,
+    calls: list[tuple[str, str]],
+) -> None:
+    parsed_content, parsed = parser_class(tools).parse(text, cut=cut)
+    assert all(CALL_ID.fullmatch(c.id) for c in parsed)
+    assert (parsed_content, [(c.name, c.arguments) for c in parsed]) == (content, calls)
+    for size in (1, 4, len(text)):
+        chunks = [text[i : i + size] for i in range(0, len(text), size)]
+        parser = parser_class(tools)
+        assert all(parser.push(c) == ("", []) for c in chunks)  # nothing before the end
+        streamed = stream_cut(parser_class(tools), chunks) if cut else stream(parser_class(tools), chunks)
+        assert streamed == (content, calls)
+    assert parser_class.markup_tokens == () and tool_parser_class(parser_class.name) is parser_class

@@ -178,6 +178,7 @@ def test_hyperclovax_writes_the_schema_order_with_optional_parts() -> None:
     [
         (("mistral", [WEATHER]), "no tool call grammar for 'mistral'"),
         (("hermes", []), "at least one function"),
+        (("json_arguments", [WEATHER, PING]), "one named function's arguments, not 2"),
     ],
 )
 def test_what_cannot_be_a_grammar_is_a_value_error(args: tuple[str, list[ToolFunction]], message: str) -> None:
@@ -214,7 +215,17 @@ async def test_markers_need_only_be_tokens_not_special_ones(tiny_tokenizer_dir: 
     assert stopped and HermesToolParser([WEATHER]).parse(output)[1]
     missing = tokenizer_variant(tiny_tokenizer_dir, tmp_path / "missing", "absent")
     with pytest.raises(APIError, match='unknown special token: "<tool_call>"'):
-        await GrammarCompiler(missing).compile(spec)
+        await GrammarCompiler(missing).compile(spec)  # told they are tokens, which they are not
+    # Told which markers are tokens (the server asks the tokenizer), the others are text: a
+    # checkpoint given a Hermes template its tokenizer was not made for still makes calls.
+    text = tool_call_grammar("hermes", [WEATHER], parallel=False, tokens=())
+    assert '"<tool_call>"' in text
+    grammar = await GrammarCompiler(missing).compile(GrammarSpec(GrammarKind.GRAMMAR, text, "tool_choice"))
+    for seed in range(4):
+        output, _, stopped = walk(grammar, missing, seed)
+        content, calls = HermesToolParser([WEATHER]).parse(output)
+        assert stopped and content == "" and len(calls) == 1, output
+        jsonschema.validate(json.loads(calls[0].arguments), dict(WEATHER.parameters))
 
 
 @pytest.mark.parametrize("parser_name", ["hermes", "hyperclovax"])
