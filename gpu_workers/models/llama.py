@@ -174,7 +174,7 @@ def _hyperclovax_mup(config: dict[str, Any], head_dim: int) -> dict[str, Any]:
     NAVER's vLLM plugin read them where the two agree, and refused where they do not."""
     use_post_norm = config.get("use_post_norm")
     if not isinstance(use_post_norm, bool):
-        raise ValueError(
+        raise ValueError(  # noqa: TRY004 - a config error, reported as every other one is
             "hyperclovax config: use_post_norm must be given as true or false, got "
             f"{'nothing' if use_post_norm is None else repr(use_post_norm)} (transformers' HyperCLOVAXConfig "
             "defaults it to true, the reference's vLLM plugin to false; omni-serve does not guess)"
