@@ -277,3 +277,19 @@ def test_image_tokenizer_codes_match_transformers_siglip(checkpoint: Path) -> No
     assert got.shape == (3, t["grid"] ** 2)
     assert len(want.unique()) > 8  # the codes depend on the image, not one code everywhere
     assert torch.equal(got, want)
+
+
+def test_a_text_config_without_use_post_norm_is_refused_at_load(checkpoint: Path, tmp_path: Path) -> None:
+    """transformers' HyperCLOVAXConfig defaults use_post_norm to true, NAVER's vLLM plugin to
+    false: the loader names the field and where it is missing rather than pick one."""
+    from gpu_workers.attention.torch_sdpa import TorchSDPABackend
+    from gpu_workers.loader import load_model
+
+    for path in checkpoint.iterdir():
+        if path.name != "config.json":
+            (tmp_path / path.name).symlink_to(path)
+    config = json.loads((checkpoint / "config.json").read_text())
+    del config["text_config"]["use_post_norm"]
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=r"config.json text_config: hyperclovax config: use_post_norm must be given"):
+        load_model(tmp_path, device=CPU, dtype=torch.float32, backend=TorchSDPABackend(4, CPU))
