@@ -18,7 +18,8 @@ config values read by `LlamaFamilyConfig.from_hf`:
 A hyperclovax config must say `use_post_norm`: transformers' HyperCLOVAXConfig defaults it to
 True and the reference's vLLM plugin to False, so a missing value is an error, not a guess. The
 muP multipliers default (absent or null) to what both of those agree on: 1.0, and
-head_dim ** -0.5 for attention_multiplier. A multiplier of exactly 1.0 costs nothing.
+head_dim ** -0.5 for attention_multiplier. A multiplier of exactly 1.0 costs nothing. The plugin
+also multiplies by a `logit_scale` field that transformers ignores: only 1.0 is accepted.
 
 Parameter names follow the HF layout without the "model." prefix, except that q/k/v and
 gate/up are fused at load time (`STACKED_PARAMS` says how; gpu_workers/loader.py does it).
@@ -183,6 +184,10 @@ def _hyperclovax_mup(config: dict[str, Any], head_dim: int) -> dict[str, Any]:
     def multiplier(key: str, default: float) -> float:
         value = config.get(key)
         return default if value is None else float(value)
+
+    if multiplier("logit_scale", 1.0) != 1.0:
+        # the plugin multiplies the logits by logit_scale too; transformers ignores it
+        raise ValueError(f"hyperclovax config: logit_scale {config['logit_scale']!r} is not supported (only 1.0)")
 
     return {
         "embedding_multiplier": multiplier("embedding_multiplier", 1.0),

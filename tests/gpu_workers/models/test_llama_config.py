@@ -54,6 +54,10 @@ def test_hyperclovax_needs_use_post_norm_and_defaults_the_multipliers() -> None:
         c = LlamaFamilyConfig.from_hf(config)
         assert (c.embedding_multiplier, c.residual_multiplier, c.logits_scaling) == (1.0, 1.0, 1.0)
         assert c.attention_scale == 16**-0.5 and not c.use_post_norm
+    # NAVER's plugin also multiplies by a logit_scale field, which transformers ignores
+    assert LlamaFamilyConfig.from_hf(hcx | {"use_post_norm": True, "logit_scale": 1.0}).logits_scaling == 1.0
+    with pytest.raises(ValueError, match="logit_scale 2.0 is not supported"):
+        LlamaFamilyConfig.from_hf(hcx | {"use_post_norm": True, "logit_scale": 2.0})
 
 
 def test_old_and_new_rope_keys_agree() -> None:
