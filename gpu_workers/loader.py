@@ -40,10 +40,14 @@ def read_json(path: Path) -> dict[str, Any]:
 
 
 def read_config(model_dir: Path) -> LlamaFamilyConfig:
-    raw = read_json(model_dir / "config.json")
-    if is_published(model_dir):
-        return LlamaFamilyConfig.from_hf(raw["text_config"])
-    return LlamaFamilyConfig.from_hf(raw)
+    path = model_dir / "config.json"
+    raw = read_json(path)
+    published = is_published(model_dir)
+    config: Any = raw.get("text_config") if published else raw  # from_hf checks that it is a dict
+    try:
+        return LlamaFamilyConfig.from_hf(config)
+    except ValueError as e:
+        raise ValueError(f"{path}{' text_config' if published else ''}: {e}") from None
 
 
 def checkpoint_files(model_dir: Path) -> list[Path]:

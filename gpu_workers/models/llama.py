@@ -8,10 +8,18 @@ config values read by `LlamaFamilyConfig.from_hf`:
     llama        the base architecture
     qwen2        + biases on q/k/v (never on o)
     granite      + muP: embedding_multiplier, attention_multiplier (the softmax scale),
-                   residual_multiplier, logits_scaling (logits are divided by it)
-    hyperclovax  granite's muP + optional Peri-LN (`use_post_norm`): an RMSNorm on the
-                 attention output and on the MLP output before each residual add, stored as
-                 model.layers.N.post_norm1.weight and model.layers.N.post_norm2.weight
+                   residual_multiplier, logits_scaling (logits are DIVIDED by it)
+    hyperclovax  the same muP fields, except that logits are MULTIPLIED by logits_scaling
+                 (transformers' HyperCLOVAXForCausalLM and NAVER's vLLM plugin both multiply),
+                 + Peri-LN when `use_post_norm`: an RMSNorm on the attention output and on the
+                 MLP output before each residual add, stored as model.layers.N.post_norm1.weight
+                 and model.layers.N.post_norm2.weight
+
+A hyperclovax config must say `use_post_norm`: transformers' HyperCLOVAXConfig defaults it to
+True and the reference's vLLM plugin to False, so a missing value is an error, not a guess. The
+muP multipliers default (absent or null) to what both of those agree on: 1.0, and
+head_dim ** -0.5 for attention_multiplier. A multiplier of exactly 1.0 costs nothing. The plugin
+also multiplies by a `logit_scale` field that transformers ignores: only 1.0 is accepted.
 
 Parameter names follow the HF layout without the "model." prefix, except that q/k/v and
 gate/up are fused at load time (`STACKED_PARAMS` says how; gpu_workers/loader.py does it).
@@ -30,7 +38,6 @@ from torch import nn
 from gpu_workers.attention.backend import AttentionBackend, KVCache
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "granite", "hyperclovax")
-_MUP_TYPES = ("granite", "hyperclovax")
 _ROPE_TYPES = ("default", "llama3")
 
 
@@ -127,19 +134,19 @@ class LlamaFamilyConfig:
             mlp_bias = bool(config.get("mlp_bias", False))
 
         rope = _rope_from_hf(config, model_type)
-        if model_type in _MUP_TYPES:
+        if model_type == "granite":
             # Granite's config class defaults attention_multiplier to 1.0 (transformers writes
-            # it out explicitly); a hyperclovax config without it gets the usual 1/sqrt(d).
-            default_scale = 1.0 if model_type == "granite" else head_dim**-0.5
+            # it out explicitly).
             mup: dict[str, Any] = {
                 "embedding_multiplier": float(config.get("embedding_multiplier", 1.0)),
-                "attention_scale": float(config.get("attention_multiplier", default_scale)),
+                "attention_scale": float(config.get("attention_multiplier", 1.0)),
                 "residual_multiplier": float(config.get("residual_multiplier", 1.0)),
                 "logits_scaling": float(config.get("logits_scaling", 1.0)),
-                "use_post_norm": model_type == "hyperclovax" and bool(config.get("use_post_norm", False)),
             }
             if mup["logits_scaling"] == 0.0:
-                raise ValueError(f"{model_type} config: logits_scaling must not be 0")
+                raise ValueError(f"{model_type} config: logits_scaling must not be 0 (logits are divided by it)")
+        elif model_type == "hyperclovax":
+            mup = _hyperclovax_mup(config, head_dim)
         else:
             mup = {"attention_scale": head_dim**-0.5}
 
@@ -161,6 +168,34 @@ class LlamaFamilyConfig:
             **rope,
             **mup,
         )
+
+
+def _hyperclovax_mup(config: dict[str, Any], head_dim: int) -> dict[str, Any]:
+    """muP and Peri-LN of a hyperclovax config, read as transformers 5's HyperCLOVAXConfig and
+    NAVER's vLLM plugin read them where the two agree, and refused where they do not."""
+    use_post_norm = config.get("use_post_norm")
+    if not isinstance(use_post_norm, bool):
+        raise ValueError(  # noqa: TRY004 - a config error, reported as every other one is
+            "hyperclovax config: use_post_norm must be given as true or false, got "
+            f"{'nothing' if use_post_norm is None else repr(use_post_norm)} (transformers' HyperCLOVAXConfig "
+            "defaults it to true, the reference's vLLM plugin to false; omni-serve does not guess)"
+        )
+
+    def multiplier(key: str, default: float) -> float:
+        value = config.get(key)
+        return default if value is None else float(value)
+
+    if multiplier("logit_scale", 1.0) != 1.0:
+        # the plugin multiplies the logits by logit_scale too; transformers ignores it
+        raise ValueError(f"hyperclovax config: logit_scale {config['logit_scale']!r} is not supported (only 1.0)")
+
+    return {
+        "embedding_multiplier": multiplier("embedding_multiplier", 1.0),
+        "attention_scale": multiplier("attention_multiplier", head_dim**-0.5),
+        "residual_multiplier": multiplier("residual_multiplier", 1.0),
+        "logits_scaling": multiplier("logits_scaling", 1.0),
+        "use_post_norm": use_post_norm,
+    }
 
 
 def _rope_from_hf(config: dict[str, Any], model_type: str) -> dict[str, Any]:
@@ -315,11 +350,15 @@ class DecoderLayer(nn.Module):
         a = self.self_attn(self.input_layernorm(h), cos, sin, kv_cache, attn_metadata)  # (T, H)
         if self.post_norm1 is not None:
             a = self.post_norm1(a)
-        h = h + a * self.residual_multiplier
+        if self.residual_multiplier != 1.0:
+            a = a * self.residual_multiplier
+        h = h + a
         m = self.mlp(self.post_attention_layernorm(h))  # (T, H)
         if self.post_norm2 is not None:
             m = self.post_norm2(m)
-        return h + m * self.residual_multiplier
+        if self.residual_multiplier != 1.0:
+            m = m * self.residual_multiplier
+        return h + m
 
 
 class LlamaForCausalLM(nn.Module):
@@ -379,6 +418,8 @@ class LlamaForCausalLM(nn.Module):
             logits = F.linear(hidden, self.embed_tokens.weight)
         else:
             logits = self.lm_head(hidden)
-        if self.config.logits_scaling != 1.0:
-            logits = logits / self.config.logits_scaling
+        scaling = self.config.logits_scaling
+        if scaling != 1.0:
+            # muP: hyperclovax multiplies, granite divides (as each reference model does)
+            logits = logits * scaling if self.config.model_type == "hyperclovax" else logits / scaling
         return logits.float()

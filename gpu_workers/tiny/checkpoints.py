@@ -2,10 +2,10 @@
 
 A checkpoint is config.json + model.safetensors + generation_config.json (+ the tiny
 tokenizer's files when gpu_workers.tiny.tokenizer is importable). Weights are drawn from a
-seeded generator in sorted-name order, so the same arguments give the same bytes. llama,
-qwen2 and granite checkpoints also load in transformers' AutoModelForCausalLM; hyperclovax
-has no transformers class (the reference uses remote code) and carries its Peri-LN norms as
-model.layers.N.post_norm1.weight / post_norm2.weight, as gpu_workers/models/llama.py reads.
+seeded generator in sorted-name order, so the same arguments give the same bytes. All four
+types also load in transformers' AutoModelForCausalLM (hyperclovax as transformers 5's native
+HyperCLOVAXForCausalLM), which names the Peri-LN norms model.layers.N.post_norm1.weight /
+post_norm2.weight, as gpu_workers/models/llama.py reads them.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from safetensors.torch import load_file, save_file
 from gpu_workers.models.llama import SUPPORTED_MODEL_TYPES, LlamaFamilyConfig
 
 # Bump when the default checkpoint's bytes change, so caches built by older code are not reused.
-TINY_CHECKPOINT_VERSION = "omni-v4"
+TINY_CHECKPOINT_VERSION = "omni-v5"
 DEFAULT_VOCAB_SIZE = 512  # used when no tokenizer is written
 _VOCAB_MULTIPLE = 64
 
@@ -51,18 +51,19 @@ _BASE: dict[str, Any] = {
     "initializer_range": 0.1,  # larger than real models' 0.02 so greedy picks are not near-ties
     "torch_dtype": "float32",
 }
-# muP values in the spirit of the reference model (attention_multiplier = 1 / head_dim)
+# muP values in the spirit of the reference model (attention_multiplier = 1 / head_dim). The
+# logits come out at half size in both: granite divides them by its logits_scaling, hyperclovax
+# multiplies them by its own (gpu_workers/models/llama.py).
 _MUP: dict[str, Any] = {
     "embedding_multiplier": 4.0,
     "attention_multiplier": 1 / 16,
     "residual_multiplier": 0.5,
-    "logits_scaling": 2.0,
 }
 _PER_TYPE: dict[str, dict[str, Any]] = {
     "llama": {"attention_bias": False, "mlp_bias": False},
     "qwen2": {"use_sliding_window": False},
-    "granite": {"attention_bias": False, "mlp_bias": False, **_MUP},
-    "hyperclovax": {"attention_bias": False, "mlp_bias": False, **_MUP, "use_post_norm": True},
+    "granite": {"attention_bias": False, "mlp_bias": False, **_MUP, "logits_scaling": 2.0},
+    "hyperclovax": {"attention_bias": False, "mlp_bias": False, **_MUP, "logits_scaling": 0.5, "use_post_norm": True},
 }
 
 

@@ -22,10 +22,12 @@ TOP = 3
 TOLERANCE = 1e-4
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    # granite: muP multipliers and logits scaling, the reference model's kind of arithmetic
-    return make_tiny_checkpoint(tmp_path_factory.mktemp("plp") / "granite", "granite", seed=3)
+@pytest.fixture(scope="module", params=["granite", "hyperclovax"])
+def model_dir(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Path:
+    # muP multipliers and logits scaling, which granite divides by and hyperclovax (the
+    # reference model, with Peri-LN too) multiplies by; transformers has a class for each
+    model_type = request.param
+    return make_tiny_checkpoint(tmp_path_factory.mktemp("plp") / model_type, model_type, seed=3)
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,8 @@ from scheduler.scheduler import Scheduler, SchedulerConfig
 
 VOCAB = 256
 # Small but varied: explicit head_dim != hidden / heads, llama3 RoPE and tied embeddings on
-# llama; q/k/v biases on qwen2; every bias and non-trivial muP multipliers on granite.
+# llama; q/k/v biases on qwen2; every bias and non-trivial muP multipliers on granite; muP
+# and Peri-LN on hyperclovax.
 HF_CONFIGS: dict[str, dict[str, Any]] = {
     "llama": {
         "head_dim": 32,
@@ -42,6 +43,14 @@ HF_CONFIGS: dict[str, dict[str, Any]] = {
         "attention_multiplier": 0.09,
         "residual_multiplier": 0.4,
         "logits_scaling": 3.0,
+    },
+    # granite's muP with logits multiplied rather than divided, and Peri-LN
+    "hyperclovax": {
+        "embedding_multiplier": 3.0,
+        "attention_multiplier": 0.11,
+        "residual_multiplier": 0.6,
+        "logits_scaling": 0.7,
+        "use_post_norm": True,
     },
 }
 

@@ -58,7 +58,7 @@ def flatten(parts: list[protocol.PromptLogprobs]) -> tuple[list[float], list[int
     return chosen, ranks, tops, top_ids
 
 
-@pytest.mark.parametrize("model_type", ["llama", "granite"])
+@pytest.mark.parametrize("model_type", ["llama", "granite", "hyperclovax"])
 def test_chunked_prompt_logprobs_match_transformers(hf_checkpoint: Any, model_type: str) -> None:
     model_dir, hf = hf_checkpoint(model_type)
     want_chosen, want_ranks, want_top = reference(hf, PROMPT)

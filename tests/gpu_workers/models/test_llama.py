@@ -1,4 +1,5 @@
-"""Our Llama-family model and runner against transformers on the same tiny weights."""
+"""Our Llama-family model and runner against transformers on the same tiny weights (hyperclovax
+against transformers 5's native HyperCLOVAXForCausalLM)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from gpu_workers.loader import load_model
 from gpu_workers.runners.llm import LLMRunner
 from tests.gpu_workers.conftest import StepDriver, hf_greedy
 
-MODEL_TYPES = ["llama", "qwen2", "granite"]
+MODEL_TYPES = ["llama", "qwen2", "granite", "hyperclovax"]
 PROMPTS = [
     [5, 17, 99, 3, 250, 41, 7],
     [200, 13],

@@ -42,6 +42,24 @@ def test_mup_fields_only_for_granite_and_hyperclovax() -> None:
     assert (plain.embedding_multiplier, plain.logits_scaling, plain.attention_scale) == (1.0, 1.0, 0.25)
 
 
+def test_hyperclovax_needs_use_post_norm_and_defaults_the_multipliers() -> None:
+    # transformers' HyperCLOVAXConfig defaults use_post_norm to True, NAVER's vLLM plugin to False
+    hcx = BASE | {"model_type": "hyperclovax"}
+    for missing in (hcx, hcx | {"use_post_norm": None}, hcx | {"use_post_norm": "yes"}):
+        with pytest.raises(ValueError, match="use_post_norm must be given"):
+            LlamaFamilyConfig.from_hf(missing)
+    # where the two agree, their default: 1.0, and head_dim ** -0.5 for the softmax scale
+    nulls = dict.fromkeys(("embedding_multiplier", "attention_multiplier", "residual_multiplier", "logits_scaling"))
+    for config in (hcx | {"use_post_norm": False}, hcx | nulls | {"use_post_norm": False}):
+        c = LlamaFamilyConfig.from_hf(config)
+        assert (c.embedding_multiplier, c.residual_multiplier, c.logits_scaling) == (1.0, 1.0, 1.0)
+        assert c.attention_scale == 16**-0.5 and not c.use_post_norm
+    # NAVER's plugin also multiplies by a logit_scale field, which transformers ignores
+    assert LlamaFamilyConfig.from_hf(hcx | {"use_post_norm": True, "logit_scale": 1.0}).logits_scaling == 1.0
+    with pytest.raises(ValueError, match="logit_scale 2.0 is not supported"):
+        LlamaFamilyConfig.from_hf(hcx | {"use_post_norm": True, "logit_scale": 2.0})
+
+
 def test_old_and_new_rope_keys_agree() -> None:
     scaling = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
     old = LlamaFamilyConfig.from_hf(BASE | {"rope_theta": 5e5, "rope_scaling": {"type": "llama3", **scaling}})

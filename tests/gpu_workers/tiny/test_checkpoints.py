@@ -55,8 +55,12 @@ def test_deterministic_and_vocab_covers_the_tokenizer(tmp_path: Path) -> None:
 
 
 def test_hyperclovax_without_post_norm_is_granite(tmp_path: Path) -> None:
+    # granite divides the logits by its logits_scaling (2.0), hyperclovax multiplies by its own
+    # (0.5): the same halving, bit for bit, since both are powers of two
     granite = make_tiny_checkpoint(tmp_path / "g", "granite")
     hcx = make_tiny_checkpoint(tmp_path / "h", "hyperclovax", use_post_norm=False)
+    assert json.loads((granite / "config.json").read_text())["logits_scaling"] == 2.0
+    assert json.loads((hcx / "config.json").read_text())["logits_scaling"] == 0.5
     assert load_file(granite / "model.safetensors").keys() == load_file(hcx / "model.safetensors").keys()
     torch.testing.assert_close(our_logits(hcx, PROMPT), our_logits(granite, PROMPT), rtol=0, atol=0)
 
@@ -104,7 +108,7 @@ def test_omni_checkpoint_is_deterministic_and_revisions_track_weights(tmp_path: 
 
 
 def test_the_omni_checkpoints_decoders_match_its_tokenizers(tmp_path: Path) -> None:
-    assert TINY_CHECKPOINT_VERSION == "omni-v4"  # both decoders are part of the default checkpoint
+    assert TINY_CHECKPOINT_VERSION == "omni-v5"  # both decoders are part of the default checkpoint
     root = make_tiny_omni_checkpoint(tmp_path / "omni")
     codebook = load_file(root / "image_tokenizer" / "model.safetensors")["codebook.weight"]
     assert torch.equal(load_file(root / "vision_decoder" / "codebook.safetensors")["codebook"], codebook)
