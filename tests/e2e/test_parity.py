@@ -116,7 +116,7 @@ def _assert_matches(tok: TextTokenizer, got: list[tuple[str, int]], expected: li
             assert text.startswith(tok.decode(ref))
 
 
-@pytest.mark.parametrize("model_type", ["llama", "qwen2", "granite"])
+@pytest.mark.parametrize("model_type", ["llama", "qwen2", "hyperclovax"])
 def test_greedy_matches_transformers(tmp_path: Path, model_type: str) -> None:
     model_dir = make_tiny_checkpoint(tmp_path / model_type, model_type, seed=5)
     tok = TextTokenizer.from_dir(model_dir)
