@@ -120,7 +120,7 @@ class UnitBigVganConfig:
     def from_reference(cls, raw: Mapping[str, Any]) -> UnitBigVganConfig:
         """Read config.json; refuse what the generator does not implement, by name."""
         if not isinstance(raw, Mapping):
-            raise ValueError(f"unit BigVGAN config: want a JSON object, got {type(raw).__name__}")
+            raise ValueError(f"unit BigVGAN config: want a JSON object, got {type(raw).__name__}")  # noqa: TRY004
         if str(raw.get("resblock")) != "1":
             raise ValueError(f"unit BigVGAN config: resblock {raw.get('resblock')!r} is not supported (only \"1\", AMPBlock1)")
         if raw.get("activation") != "snakebeta":
@@ -131,11 +131,11 @@ class UnitBigVganConfig:
         for key, default in (("snake_logscale", None), ("use_bias_at_final", True), ("causal", True), ("finetune", False)):
             value = raw.get(key, default)
             if not isinstance(value, bool):
-                raise ValueError(f"unit BigVGAN config: {key} must be true or false, got {value!r}")
+                raise ValueError(f"unit BigVGAN config: {key} must be true or false, got {value!r}")  # noqa: TRY004
             flags[key] = value
         dilations = raw.get("resblock_dilation_sizes")
         if not isinstance(dilations, list | tuple):
-            raise ValueError(f"unit BigVGAN config: resblock_dilation_sizes must be a list of lists, got {dilations!r}")
+            raise ValueError(f"unit BigVGAN config: resblock_dilation_sizes must be a list of lists, got {dilations!r}")  # noqa: TRY004
         config = cls(
             num_units=_positive_int(raw, "num_units"),
             unit_emb_dim=_positive_int(raw, "unit_emb_dim"),
@@ -206,9 +206,9 @@ def kaiser_sinc_filter(cutoff: float, half_width: float, kernel_size: int) -> to
         beta = 0.0
     window = torch.kaiser_window(kernel_size, periodic=False, beta=beta, dtype=torch.float32, device="cpu")
     if kernel_size % 2 == 0:
-        times = torch.arange(-half, half, dtype=torch.float32) + 0.5
+        times = torch.arange(-half, half, dtype=torch.float32, device="cpu") + 0.5
     else:
-        times = torch.arange(kernel_size, dtype=torch.float32) - half
+        times = torch.arange(kernel_size, dtype=torch.float32, device="cpu") - half
     taps = 2 * cutoff * window * torch.sinc(2 * cutoff * times)
     return taps / taps.sum()
 
@@ -368,8 +368,9 @@ class UnitBigVgan(nn.Module):
         voice = speaker.to(x.dtype)[:, :, None].expand(-1, -1, x.shape[-1])  # (B, S, T)
         x = self.conv_pre(torch.cat([x, voice], dim=1))  # (B, C0, T)
         k = c.num_kernels
-        for i, (up,) in enumerate(self.ups):
-            x = up(x)  # (B, C_i, T * stage_rate(i))
+        for i, stage in enumerate(self.ups):
+            assert isinstance(stage, nn.ModuleList)  # ups.{i}.0: the reference's nesting
+            x = stage[0](x)  # (B, C_i, T * stage_rate(i))
             mixed = self.resblocks[i * k](x)
             for j in range(1, k):
                 mixed = mixed + self.resblocks[i * k + j](x)
@@ -538,7 +539,7 @@ def read_archive(path: Path) -> Archive:
     if not isinstance(generator, dict) or not all(isinstance(t, torch.Tensor) for t in generator.values()):
         raise ValueError(f"{path}: the serialized file holds no {{'generator': state dict}}")
     if not isinstance(config, dict):
-        raise ValueError(f"{path}: {CONFIG_FILE} is not a JSON object")
+        raise ValueError(f"{path}: {CONFIG_FILE} is not a JSON object")  # noqa: TRY004
     return Archive(path, config, generator, speakers)
 
 
@@ -677,7 +678,7 @@ def random_generator_state(config: UnitBigVganConfig, seed: int) -> dict[str, to
         elif name.startswith(("unit_emb.", "spk_emb.")):
             value = noise
         else:
-            fan_in = math.prod(param.shape[1:])
+            fan_in = float(math.prod(param.shape[1:]))
             if ".deconv." in name:
                 fan_in = param.shape[0] * param.shape[2] / config.upsample_rates[int(name.split(".")[1])]
             gain = 0.3 if (".convs2." in name or name.startswith("conv_post.")) else 1.0
@@ -699,4 +700,23 @@ def unfold_weight_norm(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Ten
             out[base + ".weight_g"], out[base + ".weight_v"] = norm, tensor.clone()
         else:
             out[name] = tensor
+    return out
+
+
+def reference_buffers(config: UnitBigVganConfig) -> dict[str, torch.Tensor]:
+    """The buffers the reference saves beside the weights (tiny archives): each resampler's
+    filter (1, 1, K) and, with causal convs, each conv's and transposed conv's pad_buffer
+    (zeros, (1, C_in, its left padding))."""
+    with torch.device("meta"):
+        model = UnitBigVgan(config)
+    taps = kaiser_sinc_filter(0.5 / _AA_RATIO, 0.6 / _AA_RATIO, _AA_TAPS).view(1, 1, -1)
+    out: dict[str, torch.Tensor] = {}
+    for name, module in model.named_modules():
+        if isinstance(module, Activation1d):
+            out[f"{name}.upsample.filter"] = taps.clone()
+            out[f"{name}.downsample.lowpass.filter"] = taps.clone()
+        elif config.causal and isinstance(module, _Conv):
+            out[f"{name}.pad_buffer"] = torch.zeros(1, module.conv.in_channels, module.padding[0])
+        elif config.causal and isinstance(module, _Up):
+            out[f"{name}.pad_buffer"] = torch.zeros(1, module.deconv.in_channels, module.left)
     return out
