@@ -1,8 +1,8 @@
 """A stand-in for gpu_workers/models/ecapa_tdnn.py, for the tests of the zero-shot path while
 that module is written elsewhere: the same interface (EcapaConfig, EcapaTdnn with
 load_reference_state_dict and forward(mel) -> (B, embed_dim), ReferenceMelConfig,
-reference_mel, random_reference_state_dict), none of ECAPA-TDNN's computation. `ecapa_module`
-gives the real module when it imports, else installs this one in sys.modules for the test."""
+reference_mel, random_reference_state_dict), none of ECAPA-TDNN's computation. `install`
+gives the real module when it imports, else puts this one in sys.modules for the test."""
 
 from __future__ import annotations
 
@@ -72,11 +72,6 @@ def random_reference_state_dict(config: EcapaConfig, seed: int) -> dict[str, tor
     return {name: 0.1 * torch.randn(t.shape, generator=gen) for name, t in sorted(shapes.items())}
 
 
-@pytest.fixture
-def ecapa_module(monkeypatch: pytest.MonkeyPatch) -> types.ModuleType:
-    return install(monkeypatch)
-
-
 def install(monkeypatch: pytest.MonkeyPatch) -> types.ModuleType:
     """The real module if it imports, else this stand-in, put where the product code imports it
     (undone with the monkeypatch)."""
@@ -87,7 +82,7 @@ def install(monkeypatch: pytest.MonkeyPatch) -> types.ModuleType:
         for name in ("EcapaConfig", "EcapaTdnn", "ReferenceMelConfig", "reference_mel", "random_reference_state_dict"):
             setattr(module, name, globals()[name])
         monkeypatch.setitem(sys.modules, NAME, module)
-        import gpu_workers.models as models
+        from gpu_workers import models
 
         monkeypatch.setattr(models, "ecapa_tdnn", module, raising=False)
         return module
