@@ -189,7 +189,7 @@ class PublishedAudioDecoderRunner(AudioDecoderRunner):
     (the samples they give do not read past their own units), an ending row runs alone (its
     last samples read the replicate padding at its own end)."""
 
-    def __init__(self, decoder: PublishedAudioDecoder) -> None:  # noqa: super().__init__ wants the causal vocoder
+    def __init__(self, decoder: PublishedAudioDecoder) -> None:  # not super().__init__: that one loads the causal vocoder
         self.decoder = decoder
         self.config_ = decoder.config
         weight = decoder.generators[0].unit_emb.weight
