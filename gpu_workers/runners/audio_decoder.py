@@ -12,6 +12,13 @@ its first chunk to its last; a DecodeAudio batch holds at most one chunk per str
 A chunk that cannot be decoded (a unit out of range, a speaker the table lacks, a stream the
 worker does not know) fails its stream alone (DecodedAudio.error; the stream is closed); the
 others of the batch are decoded. Voices from a reference recording are EmbedSpeaker jobs.
+
+The published layout (decoder/audio/ with the reference's .mar archives) runs in
+PublishedAudioDecoderRunner: two generators (named voices; zero-shot, whose embeddings come
+from its ECAPA-TDNN), non-causal activations, so each stream holds back the samples the next
+units can still change (gpu_workers/models/unit_bigvgan.py, UnitStream) and gives them with a
+later chunk: a chunk's samples are then not len(units) * hop, but a stream's are, in total,
+and they are the one-shot decode's.
 """
 
 from __future__ import annotations
@@ -19,11 +26,21 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
 
 from gpu_workers.distributed import GroupMember
+from gpu_workers.models.unit_bigvgan import (
+    SAMPLE_RATE,
+    PublishedAudioDecoder,
+    UnitBigVgan,
+    UnitStream,
+    is_published_audio_decoder,
+    load_published_audio_decoder,
+    stream_reach,
+)
 from gpu_workers.models.unit_vocoder import LoadedVocoder, VocoderState, load_unit_vocoder
 from gpu_workers.runner import Runner, register_runner
 from omni.shared import protocol
@@ -52,7 +69,10 @@ class AudioDecoderRunner(Runner):
 
     @classmethod
     def from_spec(cls, spec: protocol.AudioDecoderWorkerSpec, group: GroupMember) -> AudioDecoderRunner:
-        return cls(load_unit_vocoder(spec.model_dir, torch.device(spec.device), getattr(torch, spec.dtype)))
+        device, dtype = torch.device(spec.device), getattr(torch, spec.dtype)
+        if is_published_audio_decoder(spec.model_dir):
+            return PublishedAudioDecoderRunner(load_published_audio_decoder(spec.model_dir, device, dtype))
+        return cls(load_unit_vocoder(spec.model_dir, device, dtype))
 
     def ready_message(self, spec: protocol.AudioDecoderWorkerSpec) -> protocol.AudioDecoderReady:
         c = self.config
@@ -82,15 +102,18 @@ class AudioDecoderRunner(Runner):
             except ValueError as exc:
                 self.streams.pop(chunk.stream_id, None)
                 results[chunk.stream_id] = protocol.DecodedAudio(chunk.stream_id, b"", str(exc))
-        results.update(self._decode([(c, o) for c, o in rows if c.units]))
+        results.update(self._decode([(c, o) for c, o in rows if self._decodes(c)]))
         for chunk, opened in rows:
-            if not chunk.units:  # nothing to say (a last chunk with no units left)
+            if chunk.stream_id not in results:  # nothing to say (a last chunk with no units left)
                 results[chunk.stream_id] = protocol.DecodedAudio(chunk.stream_id, b"")
                 self.streams[chunk.stream_id] = opened
             if chunk.last:
                 self.streams.pop(chunk.stream_id, None)
         ordered = [results[c.stream_id] for c in job.chunks]
         return protocol.AudioDecodeResult(job.batch_id, ordered, time.perf_counter() - started)
+
+    def _decodes(self, chunk: protocol.AudioChunk) -> bool:
+        return bool(chunk.units)
 
     def _open(self, chunk: protocol.AudioChunk) -> _Open:
         """The stream's state and voice: fresh for a first chunk, else the one it left."""
@@ -147,6 +170,119 @@ class AudioDecoderRunner(Runner):
         try:
             with torch.inference_mode():
                 vector = encoder.embed(wave)
+        except ValueError as exc:
+            return protocol.SpeakerEmbedding(job.job_id, b"", str(exc))
+        return protocol.SpeakerEmbedding(job.job_id, vector.float().cpu().numpy().astype("<f4").tobytes())
+
+
+@dataclass(slots=True)
+class _OpenSpan:
+    stream: UnitStream
+    speaker: torch.Tensor  # (spk_emb_dim,)
+    generator: UnitBigVgan  # the named voices' or the zero-shot one
+
+
+class PublishedAudioDecoderRunner(AudioDecoderRunner):
+    """The published decoder/audio/: a named voice decodes with the named-voice generator, a
+    reference recording's embedding with the zero-shot one. Each stream recomputes a window of
+    its units per chunk (UnitStream); rows that are not ending share one batch, right-padded
+    (the samples they give do not read past their own units), an ending row runs alone (its
+    last samples read the replicate padding at its own end)."""
+
+    def __init__(self, decoder: PublishedAudioDecoder) -> None:  # not super().__init__: that one loads the causal vocoder
+        self.decoder = decoder
+        self.config_ = decoder.config
+        weight = decoder.generators[0].unit_emb.weight
+        self.device, self.dtype = weight.device, weight.dtype
+        self.reach = {id(g): stream_reach(g.config) for g in decoder.generators}
+        self.streams: dict[int, Any] = {}
+
+    def ready_message(self, spec: protocol.AudioDecoderWorkerSpec) -> protocol.AudioDecoderReady:
+        zero_shot = self.decoder.zero_shot
+        return protocol.AudioDecoderReady(
+            spec.worker_id,
+            spec.device,
+            SAMPLE_RATE,
+            self.config_.hop,
+            self.config_.num_units,
+            list(self.decoder.voices),
+            zero_shot is not None,
+            zero_shot.sample_rate if zero_shot is not None else SAMPLE_RATE,
+        )
+
+    def _decodes(self, chunk: protocol.AudioChunk) -> bool:
+        return bool(chunk.units) or chunk.last  # a last chunk gives what was held back
+
+    def _open(self, chunk: protocol.AudioChunk) -> Any:
+        num_units = self.config_.num_units
+        bad = [u for u in chunk.units if not 0 <= u < num_units]
+        if bad:
+            raise ValueError(f"unit {bad[0]} is not in [0, {num_units})")
+        if not chunk.first:
+            opened = self.streams.get(chunk.stream_id)
+            if opened is None:
+                raise ValueError(f"audio stream {chunk.stream_id} is not open here")
+            return opened
+        if chunk.speaker_embedding is not None:
+            zero_shot = self.decoder.zero_shot
+            if zero_shot is None:
+                raise ValueError("this audio decoder has no zero-shot generator: no voices from recordings")
+            generator = zero_shot.generator
+            vector = np.frombuffer(chunk.speaker_embedding, dtype="<f4")
+            if vector.size != generator.config.spk_emb_dim:
+                raise ValueError(f"a speaker embedding has {generator.config.spk_emb_dim} values, not {vector.size}")
+            speaker = torch.from_numpy(vector.copy()).to(self.device, self.dtype)
+        else:
+            voices = self.decoder.voices
+            if self.decoder.named is None or not 0 <= chunk.speaker < len(voices):
+                raise ValueError(f"speaker {chunk.speaker} is not one of the {len(voices)} voices")
+            generator = self.decoder.named.generator
+            with torch.inference_mode():
+                speaker = generator.voice_embedding(torch.tensor([chunk.speaker], device=self.device))[0]
+        return _OpenSpan(UnitStream(self.reach[id(generator)], generator.config.hop), speaker, generator)
+
+    def _decode(self, rows: list[tuple[protocol.AudioChunk, Any]]) -> dict[int, protocol.DecodedAudio]:
+        out: dict[int, protocol.DecodedAudio] = {}
+        batches: dict[tuple[int, int], list[tuple[int, _OpenSpan, list[int], int, int]]] = {}
+        for chunk, opened in rows:
+            units, first, end = opened.stream.window(chunk.units, chunk.last)
+            if end == first:  # everything held back: nothing to compute yet
+                out[chunk.stream_id] = protocol.DecodedAudio(chunk.stream_id, b"")
+                self.streams[chunk.stream_id] = opened
+                continue
+            key = (id(opened.generator), chunk.stream_id if chunk.last else -1)
+            batches.setdefault(key, []).append((chunk.stream_id, opened, units, first, end))
+        for batch in batches.values():
+            generator = batch[0][1].generator
+            longest = max(len(units) for _, _, units, _, _ in batch)
+            window = torch.zeros(len(batch), longest, dtype=torch.long)
+            for i, (_, _, units, _, _) in enumerate(batch):
+                window[i, : len(units)] = torch.tensor(units, dtype=torch.long)
+            speakers = torch.stack([opened.speaker for _, opened, _, _, _ in batch])
+            with torch.inference_mode():
+                audio = generator(window.to(self.device), speakers).float().cpu().numpy()
+            for row, (stream_id, opened, _, first, end) in zip(audio, batch, strict=True):
+                opened.stream.advance(first, end)
+                self.streams[stream_id] = opened
+                pcm = np.ascontiguousarray(row[first:end], dtype="<f4")
+                out[stream_id] = protocol.DecodedAudio(stream_id, pcm.tobytes())
+        return out
+
+    def _embed(self, job: protocol.EmbedSpeaker) -> protocol.SpeakerEmbedding:
+        zero_shot = self.decoder.zero_shot
+        if zero_shot is None:
+            return protocol.SpeakerEmbedding(job.job_id, b"", "this audio decoder has no speaker encoder")
+        if job.sample_rate != zero_shot.sample_rate:
+            return protocol.SpeakerEmbedding(
+                job.job_id, b"", f"reference audio must be at {zero_shot.sample_rate} Hz, not {job.sample_rate}"
+            )
+        from gpu_workers.models.ecapa_tdnn import reference_mel
+
+        wave = np.frombuffer(job.samples, dtype="<f4").copy()
+        try:
+            mel = torch.as_tensor(reference_mel(wave, job.sample_rate, zero_shot.mel_config))
+            with torch.inference_mode():
+                vector = zero_shot.encoder(mel.to(self.device, self.dtype))[0]
         except ValueError as exc:
             return protocol.SpeakerEmbedding(job.job_id, b"", str(exc))
         return protocol.SpeakerEmbedding(job.job_id, vector.float().cpu().numpy().astype("<f4").tobytes())

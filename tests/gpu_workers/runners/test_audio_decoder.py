@@ -4,14 +4,18 @@ its stream alone; voices come from the table or from a reference recording."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import numpy as np
 import pytest
 import torch
 
 from gpu_workers.distributed import GroupMember
-from gpu_workers.runners.audio_decoder import AudioDecoderRunner
+from gpu_workers.runners.audio_decoder import AudioDecoderRunner, PublishedAudioDecoderRunner
 from gpu_workers.tiny.checkpoints import make_tiny_audio_decoder
+from gpu_workers.tiny.published_audio_decoder import make_tiny_published_audio_decoder
 from omni.shared import protocol
+from tests.gpu_workers import ecapa_stand_in
 
 
 @pytest.fixture(scope="module")
@@ -88,3 +92,81 @@ def test_a_voice_from_a_recording(runner: AudioDecoderRunner) -> None:
     assert samples.shape == (3 * 960,) and np.abs(samples).max() > 0
     wrong_rate = runner.run(protocol.EmbedSpeaker(4, wave.tobytes(), 24000))
     assert isinstance(wrong_rate, protocol.SpeakerEmbedding) and "16000 Hz" in (wrong_rate.error or "")
+
+
+# ---------------------------------------------------------------------------------------------
+# The published layout: decoder/audio/ with the reference's two .mar archives. The zero-shot
+# speaker encoder is tests/gpu_workers/ecapa_stand_in.py's until gpu_workers/models/ecapa_tdnn.py
+# lands (then the real one).
+
+
+@pytest.fixture(scope="module")
+def published(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AudioDecoderRunner]:
+    with pytest.MonkeyPatch.context() as patch:
+        ecapa_stand_in.install(patch)
+        directory = make_tiny_published_audio_decoder(
+            tmp_path_factory.mktemp("pub") / "audio", seed=0, num_units=64, voices=("fkms", "mhwj")
+        )
+        runner = AudioDecoderRunner.from_spec(protocol.AudioDecoderWorkerSpec(model_dir=str(directory)), GroupMember(0, 1, None))
+        yield runner
+
+
+def test_published_ready_message(published: AudioDecoderRunner) -> None:
+    assert isinstance(published, PublishedAudioDecoderRunner)
+    ready = published.ready_message(protocol.AudioDecoderWorkerSpec(model_dir="x"))
+    assert (ready.sample_rate, ready.hop, ready.num_units) == (24000, 960, 64)
+    assert ready.speakers == ["fkms", "mhwj"] and ready.speaker_encoder and ready.speaker_sample_rate == 24000
+
+
+def _published_one_shot(runner: PublishedAudioDecoderRunner, units: list[int], speaker: torch.Tensor, zero_shot: bool) -> np.ndarray:
+    part = runner.decoder.zero_shot if zero_shot else runner.decoder.named
+    assert part is not None
+    with torch.inference_mode():
+        return part.generator(torch.tensor([units]), speaker[None])[0].numpy()
+
+
+def test_published_streams_equal_each_span_decoded_at_once(published: AudioDecoderRunner) -> None:
+    """Named voice and a recording's voice, in shared batches, chunks of 4, 25, 2 and 3, 9 (an
+    empty last chunk too): each stream's samples, joined, are its one-shot decode (worst
+    difference measured 0 here: the same lengths reach the same kernels); the held-back look-ahead comes with later chunks."""
+    assert isinstance(published, PublishedAudioDecoderRunner)
+    t = np.arange(24000) / 24000
+    wave = (0.3 * np.sin(2 * np.pi * 220 * t)).astype("<f4")
+    reply = published.run(protocol.EmbedSpeaker(1, wave.tobytes(), 24000))
+    assert isinstance(reply, protocol.SpeakerEmbedding) and reply.error is None, reply
+    rng = np.random.default_rng(0)
+    a, b = rng.integers(0, 64, 31).tolist(), rng.integers(0, 64, 12).tolist()
+    got: dict[int, list[np.ndarray]] = {1: [], 2: []}
+    batches = [
+        [protocol.AudioChunk(1, a[:4], speaker=1, first=True)],
+        [protocol.AudioChunk(1, a[4:29]), protocol.AudioChunk(2, b[:3], speaker_embedding=reply.embedding, first=True)],
+        [protocol.AudioChunk(2, b[3:]), protocol.AudioChunk(1, a[29:], last=True)],
+        [protocol.AudioChunk(2, [], last=True)],
+    ]
+    for i, chunks in enumerate(batches):
+        for stream_id, samples in _decode(published, i, chunks).items():
+            got[stream_id].append(samples)
+    assert got[1][0].size < 4 * 960  # held back
+    named = published.decoder.named
+    assert named is not None
+    voice = named.generator.voice_embedding(torch.tensor([1]))[0]
+    embedding = torch.from_numpy(np.frombuffer(reply.embedding, dtype="<f4").copy())
+    for stream_id, units, speaker, zero_shot in ((1, a, voice, False), (2, b, embedding, True)):
+        streamed = np.concatenate(got[stream_id])
+        want = _published_one_shot(published, units, speaker, zero_shot)
+        assert streamed.shape == want.shape == (len(units) * 960,)
+        assert np.abs(streamed - want).max() < 5e-6
+    assert published.streams == {}
+
+
+def test_published_refusals(published: AudioDecoderRunner) -> None:
+    result = published.run(protocol.DecodeAudio(20, [
+        protocol.AudioChunk(5, [1, 64], first=True),
+        protocol.AudioChunk(6, [1, 2], speaker=7, first=True),
+        protocol.AudioChunk(7, [1, 2], speaker_embedding=b"\0" * 12, first=True),
+    ]))  # fmt: skip
+    assert isinstance(result, protocol.AudioDecodeResult)
+    errors = {r.stream_id: r.error or "" for r in result.chunks}
+    assert "not in [0, 64)" in errors[5] and "speaker 7" in errors[6] and "16 values, not 3" in errors[7]
+    wrong_rate = published.run(protocol.EmbedSpeaker(4, b"\0" * 4000, 16000))
+    assert isinstance(wrong_rate, protocol.SpeakerEmbedding) and "24000 Hz" in (wrong_rate.error or "")
