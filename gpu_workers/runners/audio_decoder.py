@@ -32,14 +32,11 @@ import numpy as np
 import torch
 
 from gpu_workers.distributed import GroupMember
-from gpu_workers.models.unit_bigvgan import (
-    SAMPLE_RATE,
+from gpu_workers.models.unit_bigvgan import SAMPLE_RATE, UnitBigVgan, UnitStream, stream_reach
+from gpu_workers.models.unit_bigvgan_archive import (
     PublishedAudioDecoder,
-    UnitBigVgan,
-    UnitStream,
     is_published_audio_decoder,
     load_published_audio_decoder,
-    stream_reach,
 )
 from gpu_workers.models.unit_vocoder import LoadedVocoder, VocoderState, load_unit_vocoder
 from gpu_workers.runner import Runner, register_runner

@@ -53,14 +53,8 @@ def make_tiny_published_audio_decoder(out_dir: Path, *, seed: int, num_units: in
     """out_dir/NCCosybigvganDecoder.mar and out_dir/NCZSCosybigvganDecoder.mar, random weights
     (seed) whose audio is neither silent nor clipped."""
     from gpu_workers.models import ecapa_tdnn
-    from gpu_workers.models.unit_bigvgan import (
-        NAMED_VOICES_ARCHIVE,
-        ZERO_SHOT_ARCHIVE,
-        UnitBigVganConfig,
-        random_generator_state,
-        reference_buffers,
-        unfold_weight_norm,
-    )
+    from gpu_workers.models.unit_bigvgan import NAMED_VOICES_ARCHIVE, ZERO_SHOT_ARCHIVE, UnitBigVganConfig
+    from gpu_workers.models.unit_bigvgan_archive import random_generator_state, reference_buffers, unfold_weight_norm
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

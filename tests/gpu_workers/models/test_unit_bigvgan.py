@@ -47,18 +47,19 @@ from gpu_workers.models.unit_bigvgan import (
     UnitBigVgan,
     UnitBigVganConfig,
     UnitStream,
+    kaiser_sinc_filter,
+    stream_reach,
+)
+from gpu_workers.models.unit_bigvgan_archive import (
     fold_weight_norm,
     is_published_audio_decoder,
-    kaiser_sinc_filter,
     load_generator,
     load_published_audio_decoder,
     random_generator_state,
     read_archive,
-    stream_reach,
     unfold_weight_norm,
 )
 from gpu_workers.tiny.published_audio_decoder import TINY_GENERATOR, make_tiny_published_audio_decoder
-from tests.gpu_workers import ecapa_stand_in
 
 
 def _import_bigvgan() -> types.ModuleType:
@@ -96,9 +97,10 @@ NUM_UNITS = 64
 
 
 @pytest.fixture
-def ecapa_module(monkeypatch: pytest.MonkeyPatch) -> types.ModuleType:
-    """gpu_workers/models/ecapa_tdnn.py, or the stand-in while it is not there."""
-    return ecapa_stand_in.install(monkeypatch)
+def ecapa_module() -> types.ModuleType:
+    from gpu_workers.models import ecapa_tdnn
+
+    return ecapa_tdnn
 
 
 def _config(**overrides: Any) -> UnitBigVganConfig:

@@ -15,7 +15,6 @@ from gpu_workers.runners.audio_decoder import AudioDecoderRunner, PublishedAudio
 from gpu_workers.tiny.checkpoints import make_tiny_audio_decoder
 from gpu_workers.tiny.published_audio_decoder import make_tiny_published_audio_decoder
 from omni.shared import protocol
-from tests.gpu_workers import ecapa_stand_in
 
 
 @pytest.fixture(scope="module")
@@ -95,20 +94,15 @@ def test_a_voice_from_a_recording(runner: AudioDecoderRunner) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# The published layout: decoder/audio/ with the reference's two .mar archives. The zero-shot
-# speaker encoder is tests/gpu_workers/ecapa_stand_in.py's until gpu_workers/models/ecapa_tdnn.py
-# lands (then the real one).
+# The published layout: decoder/audio/ with the reference's two .mar archives.
 
 
 @pytest.fixture(scope="module")
 def published(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AudioDecoderRunner]:
-    with pytest.MonkeyPatch.context() as patch:
-        ecapa_stand_in.install(patch)
-        directory = make_tiny_published_audio_decoder(
-            tmp_path_factory.mktemp("pub") / "audio", seed=0, num_units=64, voices=("fkms", "mhwj")
-        )
-        runner = AudioDecoderRunner.from_spec(protocol.AudioDecoderWorkerSpec(model_dir=str(directory)), GroupMember(0, 1, None))
-        yield runner
+    directory = make_tiny_published_audio_decoder(
+        tmp_path_factory.mktemp("pub") / "audio", seed=0, num_units=64, voices=("fkms", "mhwj")
+    )
+    yield AudioDecoderRunner.from_spec(protocol.AudioDecoderWorkerSpec(model_dir=str(directory)), GroupMember(0, 1, None))
 
 
 def test_published_ready_message(published: AudioDecoderRunner) -> None:
