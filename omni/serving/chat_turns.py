@@ -166,4 +166,5 @@ def output_format(model: ServedModel, req: ChatCompletionRequest, prompt_token_i
         tool_parser=tool_parser,
         tools=req.tools.functions,
         single_call=req.tools.single_call,
+        spoken_markup=fmt.spoken_markup,
     )
