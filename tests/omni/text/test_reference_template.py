@@ -15,7 +15,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from transformers import PreTrainedTokenizerFast
 
 from gpu_workers.tiny.tokenizer import build_tiny_tokenizer
 from omni.text.chat_format import ChatFormat
