@@ -132,7 +132,8 @@ class AudioRoute:
     # No voice named by the request: the speaker info the model wrote before a span picks its
     # stream (None: it picks none, open_stream's voice speaks).
     speaker_stream: Callable[[Mapping[str, Any]], AudioSink | None] | None = None
-    _spans: int = field(default=0, init=False)  # spans opened and ended so far
+    _spans: int = field(default=0, init=False)  # spans that gave audio so far
+    _opened: int = field(default=0, init=False)  # spans opened so far, audio or not
     _opening_unit: int | None = field(default=None, init=False)  # the unit that opened a bare span
     _bare: bool = field(default=False, init=False)  # the open span was opened by a unit
     _sink: AudioSink | None = field(default=None, init=False)  # the open span's stream
@@ -152,6 +153,7 @@ class AudioRoute:
 
     def open(self, generation: Generation) -> None:
         self._sink = self._stream_for(generation)
+        self._opened += 1
         self._bare = self._opening_unit is not None
         self._pending = [] if self._opening_unit is None else [self._opening_unit]
         self._sent, self._last_chunk, self._opening_unit = 0, 0, None
@@ -174,7 +176,7 @@ class AudioRoute:
         i = 0
         while i < len(ids):
             if ids[i] == fmt.start_token_id or fmt.unit_of(ids[i]) is not None:
-                if runs == self._spans:
+                if runs == self._opened:
                     return generation.tokenizer.decode(ids[start:i], skip_special_tokens=False)
                 runs += 1
                 i += 1
@@ -216,11 +218,11 @@ class AudioRoute:
         chunk; a cut span of fewer than the least units gives no audio."""
         assert self._sink is not None
         if cut and self._sent + len(self._pending) < self.format.min_units:
-            self._sink.close()
+            self._sink.close()  # no audio: no span (a stray bare unit does not stop speak_after)
         else:
             await self._send(delta, self._pending, last=True)
+            self._spans += 1
         self._sink, self._pending = None, []
-        self._spans += 1
 
     def close(self) -> None:
         if self._sink is not None:  # the vocoder frees the stream's state
