@@ -25,7 +25,7 @@ from safetensors.torch import load_file, save_file
 from gpu_workers.models.llama import SUPPORTED_MODEL_TYPES, LlamaFamilyConfig
 
 # Bump when the default checkpoint's bytes change, so caches built by older code are not reused.
-TINY_CHECKPOINT_VERSION = "omni-v5"
+TINY_CHECKPOINT_VERSION = "omni-v6"
 DEFAULT_VOCAB_SIZE = 512  # used when no tokenizer is written
 _VOCAB_MULTIPLE = 64
 

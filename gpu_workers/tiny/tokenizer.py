@@ -63,6 +63,27 @@ SPECIAL_TOKENS: tuple[str, ...] = (
 )
 
 
+# The reference's further markers (PUBLISHED_CHECKPOINT.md section 7): the duration line of its
+# prompt format (omni/text/templates/hyperclovax_omni.jinja), tool results, and the markup of a
+# spoken answer. Appended after the code tokens, so every earlier id stays what it was.
+REFERENCE_TOKENS: tuple[str, ...] = (
+    "<|video_aux_start|>",
+    "<|video_aux_end|>",
+    "<|audio_aux_start|>",
+    "<|audio_aux_end|>",
+    "<tool_response>",
+    "</tool_response>",
+    "<user_transcript>",
+    "</user_transcript>",
+    "<assistant_transcript>",
+    "</assistant_transcript>",
+    "<audio_decoder_call>",
+    "</audio_decoder_call>",
+    "<speaker_info>",
+    "</speaker_info>",
+)
+
+
 def vision_code_token(code: int) -> str:
     return f"<|vision{code:05d}|>"
 
@@ -226,6 +247,7 @@ def build_tiny_tokenizer(
     special = list(SPECIAL_TOKENS)
     special += [vision_code_token(i) for i in range(num_vision_codes)]
     special += [audio_code_token(i) for i in range(num_audio_codes)]
+    special += REFERENCE_TOKENS
     tokenizer.add_special_tokens(special)
 
     out_dir.mkdir(parents=True, exist_ok=True)

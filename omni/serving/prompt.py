@@ -58,7 +58,10 @@ def media_ref(param: str, part: MediaPart) -> MediaRef:
 
 def template_messages(messages: Sequence[ChatMessage], items: Sequence[MediaItem]) -> list[dict[str, Any]]:
     """Messages for the chat template: each media part becomes {"type": kind, "id": ...}
-    (transformers' multimodal template convention); the template renders placeholders."""
+    (transformers' multimodal template convention), an audio or video one with its "duration"
+    in seconds (rounded to 0.01 s, as transformers' HyperCLOVAX processor writes it) when its
+    container tells it; the template renders placeholders (and the reference's format states
+    the duration, docs/REFERENCE_DIALECT.md)."""
     by_param = {item.param: item for item in items}
     counts: dict[str, int] = {}
     out = []
@@ -72,7 +75,10 @@ def template_messages(messages: Sequence[ChatMessage], items: Sequence[MediaItem
                     continue
                 item = by_param[f"messages[{i}].content[{j}]"]
                 n = counts[item.kind] = counts.get(item.kind, 0) + 1
-                content.append({"type": item.kind, "id": f"{item.kind}_{n - 1}"})
+                media: dict[str, Any] = {"type": item.kind, "id": f"{item.kind}_{n - 1}"}
+                if item.seconds is not None:
+                    media["duration"] = round(item.seconds, 2)
+                content.append(media)
             d["content"] = content
         out.append(d)
     return out

@@ -10,6 +10,8 @@ Two ways audio comes out of a chat turn, as the reference model makes it:
 - on its own (modalities not given): a span the model opens mid-turn is spoken in the default
   voice (or `audio.voice` when the request names one), and the turn keeps its text.
 modalities given without "audio" bans the span's opening token.
+In the reference's dialect (ChatFormat.spoken_markup) the model writes its units bare after its
+speaker info, which picks the voice when the request names none (omni/modalities/outputs/audio.py).
 """
 
 from __future__ import annotations
@@ -41,13 +43,15 @@ class ChatAudio:
     voice: int
     format: str  # the non-streamed answer's audio format; a stream's is pcm16
     requested: bool  # modalities named audio: every choice's turn is spoken
+    dialect: bool = False  # the reference's spoken answers: bare units after the speaker info
+    voice_named: bool = True  # the request named the voice (else the model's speaker info may)
 
     def spans(self) -> OutputSpans | None:
         grammar = self.audio.grammar
         return None if grammar is None else OutputSpans(grammar, self.audio.format.start_token_id)
 
     def route(self, model: ServedModel) -> AudioRoute:
-        route = self.audio.route(self.voice)
+        route = self.audio.route(self.voice, dialect=self.dialect, voice_named=self.voice_named)
         if not self.requested:
             return route
         return dataclasses.replace(route, speak_after=functools.partial(speak_text, model, self.audio))
@@ -70,7 +74,7 @@ def chat_audio(model: ServedModel, req: ChatCompletionRequest) -> ChatAudio | No
         audio.engine.check_room()
     voice = audio.voice_index(req.audio.voice, "audio.voice") if req.audio is not None else 0
     fmt = req.audio.format if req.audio is not None else SPONTANEOUS_FORMAT
-    return ChatAudio(audio, voice, fmt, requested)
+    return ChatAudio(audio, voice, fmt, requested, model.chat_format.spoken_markup, req.audio is not None)
 
 
 def ban_audio(model: ServedModel, req: ChatCompletionRequest, params: SamplingParams) -> SamplingParams:

@@ -5,7 +5,9 @@ bring its own. Read back: which tool-call parser turns the model's markup into O
 `tool_calls`, and which reasoning parser moves `<think>...</think>` into `reasoning_content`.
 Both parsers default to what the checkpoint's template shows: a template that writes
 `<arg_key>` inside `<tool_call>` is the reference model's dialect, one that writes JSON inside
-`<tool_call>` is Hermes', and a template that mentions `<think>` reasons.
+`<tool_call>` is Hermes', and a template that mentions `<think>` reasons. The reference's spoken
+answers (omni/text/parsers/spoken.py) are read when its vocabulary has their markup or the
+template is its prompt format (it writes the `<|..._meta_duration|>` placeholders).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ class ChatFormat:
     auto_tool_choice: bool = True  # tool_choice "auto" is served (vLLM's --enable-auto-tool-choice)
     chat_template: str | None = None  # the server's template, replacing the checkpoint's
     trust_request_chat_template: bool = False  # a request's own chat_template is rendered
+    spoken_markup: bool = False  # replies may hold the reference's spoken-answer markup
 
     @classmethod
     def resolve(
@@ -52,7 +55,12 @@ class ChatFormat:
             auto_tool_choice=auto_tool_choice,
             chat_template=chat_template,
             trust_request_chat_template=trust_request_chat_template,
+            spoken_markup=detect_spoken_markup(tokenizer, template),
         )
+
+
+def detect_spoken_markup(tokenizer: TextTokenizer, template: str) -> bool:
+    return tokenizer.token_to_id("<assistant_transcript>") is not None or "_meta_duration|>" in template
 
 
 def detect_tool_parser(template: str) -> str | None:

@@ -22,6 +22,14 @@ from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 from omni.text.chat_encoder import ChatEncoder
 from omni.text.chat_template import ChatTemplate
 
+# The reference model's prompt format, for a checkpoint that ships no template of its own but
+# has the reference's vocabulary (the published HyperCLOVAX-SEED-Omni-8B download is one: its
+# own deployment passes this layout with --chat-template). omni-serve's own rendering of it.
+REFERENCE_TEMPLATE = Path(__file__).with_name("templates") / "hyperclovax_omni.jinja"
+# The tokens whose presence says the vocabulary is the reference's: its turn markers and the
+# media header every input item starts with.
+REFERENCE_MARKERS = ("<|im_start|>", "<|im_end|>", "<|mime_start|>", "<|mime_end|>")
+
 
 class TemplateMessage(Protocol):
     """A parsed chat message (omni.serving.requests.ChatMessage) that can render itself."""
@@ -94,6 +102,11 @@ def _eos_ids(value: Any) -> frozenset[int]:
     return frozenset()
 
 
+def reference_chat_template() -> str:
+    """The reference model's prompt format (omni/text/templates/hyperclovax_omni.jinja)."""
+    return REFERENCE_TEMPLATE.read_text(encoding="utf-8")
+
+
 class TextTokenizer:
     def __init__(
         self, hf_tokenizer: PreTrainedTokenizerBase, eos_token_ids: frozenset[int]
@@ -121,6 +134,8 @@ class TextTokenizer:
                 hf.chat_template = template_file.read_text()
             elif isinstance(config_template, str):
                 hf.chat_template = config_template
+            elif all(hf.backend_tokenizer.token_to_id(t) is not None for t in REFERENCE_MARKERS):
+                hf.chat_template = reference_chat_template()
         eos = _eos_ids(_read_json(model_dir / "generation_config.json").get("eos_token_id"))
         if not eos:
             config = _read_json(model_dir / "config.json")

@@ -163,12 +163,12 @@ BAD_VALUES: list[tuple[dict[str, Any], str]] = [
     ({"frequency_penalty": -3}, "frequency_penalty"),
     ({"repetition_penalty": 0}, "repetition_penalty"),
     ({"logit_bias": {"5": 101}}, "logit_bias"),
-    ({"logit_bias": {"1444": 1}}, "logit_bias"),  # one past the tiny vocabulary
+    ({"logit_bias": {"1458": 1}}, "logit_bias"),  # one past the tiny vocabulary
     ({"min_p": 1.5}, "min_p"),
     ({"min_tokens": -1}, "min_tokens"),
     ({"max_tokens": 2, "min_tokens": 3}, "min_tokens"),
     ({"allowed_token_ids": []}, "allowed_token_ids"),
-    ({"allowed_token_ids": [1444]}, "allowed_token_ids"),
+    ({"allowed_token_ids": [1458]}, "allowed_token_ids"),
     ({"bad_words": "y"}, "bad_words"),
 ]
 

@@ -78,7 +78,7 @@ async def _complete(request: web.Request, req: ChatCompletionRequest, completion
     choices = []
     for i, c in enumerate(collected):
         parser = fmt.new_parser()
-        reply = parser.parse(c.text, cut=c.finish_reason == "length")
+        reply = parser.parse(c.text, cut=c.finish_reason == "length", spoke=bool(c.audio))
         message = ChatCompletionMessage(role="assistant", content=echo + reply.content)
         if c.images and not completion.inline_images:
             message.content = _content_parts(echo + reply.content, c.images)
@@ -162,7 +162,7 @@ async def _stream(
         parser = parsers[index]
         parsed = parser.push(delta.text)
         if delta.finish_reason is not None:
-            parsed += parser.finish(cut=delta.finish_reason == "length")
+            parsed += parser.finish(cut=delta.finish_reason == "length", spoke=bool(spoken[index] or delta.audio))
         body = ChunkDelta()
         empty = not (parsed.reasoning or parsed.content or parsed.tool_calls)
         if parsed.reasoning:

@@ -14,6 +14,7 @@ from typing import Literal
 
 from omni.modalities.inputs.source import decode_base64_off_loop, load_media_bytes
 from omni.shared.media import MediaLimits, is_video
+from omni.shared.media.audio import media_duration_s
 from omni.shared.store.keys import content_hash
 
 _HASH_IN_THREAD_BYTES = 1 << 20
@@ -26,6 +27,7 @@ class MediaItem:
     data: bytes
     fmt: str | None = None
     digest: str = ""  # content_hash of data and the decode params: the key's last segment
+    seconds: float | None = None  # an audio or video item's length, for prompts that state it
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +66,9 @@ async def load_items(refs: Sequence[MediaRef], limits: MediaLimits) -> list[Medi
             digest = await asyncio.to_thread(content_hash, data, params)
         else:
             digest = content_hash(data, params)
-        return MediaItem(kind, ref.param, data, ref.fmt, digest)
+        seconds = None
+        if kind != "image":  # read from the container's header, off the event loop
+            seconds = await asyncio.to_thread(media_duration_s, data, kind)
+        return MediaItem(kind, ref.param, data, ref.fmt, digest, seconds)
 
     return list(await asyncio.gather(*(load(ref) for ref in refs)))

@@ -10,17 +10,29 @@ Voices. The checkpoint names its voices (audio_decoder/speakers.json); a request
 of those, or one of OpenAI's voice names, which map onto the checkpoint's in this fixed order,
 round robin (a checkpoint with four voices a, b, c, d: alloy -> a, ash -> b, ballad -> c,
 coral -> d, echo -> a, ...). Any other name is a 400 listing both. OPENAI_VOICES is the order.
+
+The reference's dialect. Its model writes a spoken answer's units bare, with no opening token,
+after `<speaker_info>{json}</speaker_info>` (or, older, "\n\n{json}\n\n"): a route made with
+bare_units opens a span at a unit outside one, and that span ends at the first token that is no
+unit. When the request names no voice, the speaker info before a span picks it (speaker_voice):
+a "speaker" (or "id") naming one of the checkpoint's voices is that voice; otherwise the gender
+does, as the reference's chainer maps it: "m"/"male" -> mhwj, "f"/"female" -> fkms, when the
+checkpoint has that voice. The age picks nothing (the reference maps it only through a
+deployment's own speaker file, not in the download), nor does "is_ref_audio" (the reference then
+clones the user's last recording, which chat does not do here): the default voice speaks.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import logging
+import re
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import orjson
@@ -46,6 +58,42 @@ FIRST_CHUNK_UNITS = 4  # 160 ms of speech before the first audio is sent
 CHUNK_UNITS = 25  # then a second at a time
 
 log = logging.getLogger("omni.modalities.outputs.audio")
+
+# The reference's speaker info before a span's units: the tagged form, or the older flat JSON
+# after a blank line at the very end of the text (markup a route never sees may follow it).
+_SPEAKER_TAG = re.compile(r"<speaker_info>(\{[^{}]*\})</speaker_info>")
+_SPEAKER_LEGACY = re.compile(r"\n\n(\{[^{}]+\})$")
+_AFTER_INFO = re.compile(r"(?:\s|<discrete_audio>|<audio_decoder_call>)+$")
+# The reference chainer's voice for a gender (omni_chainer track_b: VoiceType).
+_GENDER_VOICES = {"m": "mhwj", "male": "mhwj", "f": "fkms", "female": "fkms"}
+
+
+def speaker_info(text: str) -> dict[str, Any] | None:
+    """The speaker info in the text before a span (the last tagged one, or the older form at its
+    end), if any."""
+    tagged = _SPEAKER_TAG.findall(text)
+    if tagged:
+        found = tagged[-1]
+    else:
+        legacy = _SPEAKER_LEGACY.search(_AFTER_INFO.sub("", text))
+        if legacy is None:
+            return None
+        found = legacy.group(1)
+    try:
+        info = json.loads(found)
+    except ValueError:
+        return None
+    return info if isinstance(info, dict) else None
+
+
+def speaker_voice(info: Mapping[str, Any], voices: Sequence[str]) -> int | None:
+    """The row of the checkpoint's voice table the model's speaker info picks, if any."""
+    for key in ("speaker", "id"):
+        named = info.get(key)
+        if isinstance(named, str) and named in voices:
+            return voices.index(named)
+    voice = _GENDER_VOICES.get(str(info.get("gender", "")).lower())
+    return voices.index(voice) if voice in voices else None
 
 
 class AudioSink(Protocol):
@@ -79,7 +127,15 @@ class AudioRoute:
     # an audio span goes on to speak it; this makes that continuation, the audio span opened
     # after the text, or None when no room is left for it.
     speak_after: Callable[[Generation], Generation | None] | None = None
-    _spans: int = field(default=0, init=False)  # spans opened and ended so far
+    # The reference's dialect: a unit outside a span opens one (which the first non-unit ends).
+    bare_units: bool = False
+    # No voice named by the request: the speaker info the model wrote before a span picks its
+    # stream (None: it picks none, open_stream's voice speaks).
+    speaker_stream: Callable[[Mapping[str, Any]], AudioSink | None] | None = None
+    _spans: int = field(default=0, init=False)  # spans that gave audio so far
+    _opened: int = field(default=0, init=False)  # spans opened so far, audio or not
+    _opening_unit: int | None = field(default=None, init=False)  # the unit that opened a bare span
+    _bare: bool = field(default=False, init=False)  # the open span was opened by a unit
     _sink: AudioSink | None = field(default=None, init=False)  # the open span's stream
     _pending: list[int] = field(default_factory=list, init=False)  # units sampled, not yet sent
     _sent: int = field(default=0, init=False)  # units already decoded
@@ -87,12 +143,49 @@ class AudioRoute:
     _request_id: str = field(default="", init=False)  # the request writing the span, for logs
 
     def opens(self, token_id: int) -> bool:
-        return token_id == self.format.start_token_id
+        if token_id == self.format.start_token_id:
+            self._opening_unit = None
+            return True
+        if self.bare_units:
+            self._opening_unit = self.format.unit_of(token_id)
+            return self._opening_unit is not None
+        return False
 
     def open(self, generation: Generation) -> None:
-        self._sink = self.open_stream()
-        self._pending, self._sent, self._last_chunk = [], 0, 0
+        self._sink = self._stream_for(generation)
+        self._opened += 1
+        self._bare = self._opening_unit is not None
+        self._pending = [] if self._opening_unit is None else [self._opening_unit]
+        self._sent, self._last_chunk, self._opening_unit = 0, 0, None
         self._request_id = str(generation.request.request_id)
+
+    def _stream_for(self, generation: Generation) -> AudioSink:
+        if self.speaker_stream is not None:
+            info = speaker_info(self._text_before_span(generation))
+            stream = None if info is None else self.speaker_stream(info)
+            if stream is not None:
+                return stream
+        return self.open_stream()
+
+    def _text_before_span(self, generation: Generation) -> str:
+        """The text the model wrote between the previous span (or its start) and this one."""
+        ids = generation.request.output_token_ids
+        fmt = self.format
+        runs = 0  # spans found so far in the output
+        start = 0  # where the text before the next span starts
+        i = 0
+        while i < len(ids):
+            if ids[i] == fmt.start_token_id or fmt.unit_of(ids[i]) is not None:
+                if runs == self._opened:
+                    return generation.tokenizer.decode(ids[start:i], skip_special_tokens=False)
+                runs += 1
+                i += 1
+                while i < len(ids) and fmt.unit_of(ids[i]) is not None:
+                    i += 1
+                start = i
+                continue
+            i += 1
+        return ""
 
     async def feed(self, delta: Delta, token_id: int) -> bool:
         """A token inside the span: a unit (sent once a chunk is full) or the span's end."""
@@ -100,6 +193,9 @@ class AudioRoute:
             await self.end(delta, cut=False)
             return True
         unit = self.format.unit_of(token_id)
+        if unit is None and self._bare:  # a bare span ends at the first token after its units
+            await self.end(delta, cut=True)
+            return True
         if unit is None:  # the span grammar lets only units and the end through
             log.error("%s: token %d inside an audio span is no unit", self._request_id, token_id)
             return False
@@ -122,11 +218,11 @@ class AudioRoute:
         chunk; a cut span of fewer than the least units gives no audio."""
         assert self._sink is not None
         if cut and self._sent + len(self._pending) < self.format.min_units:
-            self._sink.close()
+            self._sink.close()  # no audio: no span (a stray bare unit does not stop speak_after)
         else:
             await self._send(delta, self._pending, last=True)
+            self._spans += 1
         self._sink, self._pending = None, []
-        self._spans += 1
 
     def close(self) -> None:
         if self._sink is not None:  # the vocoder frees the stream's state
@@ -217,10 +313,20 @@ class ModelAudio:
             code="invalid_value",
         )
 
-    def route(self, voice: int, *, embedding: bytes | None = None, opened: bool = False) -> AudioRoute:
+    def route(
+        self, voice: int, *, embedding: bytes | None = None, opened: bool = False, dialect: bool = False,
+        voice_named: bool = True,
+    ) -> AudioRoute:  # fmt: skip
         """One choice's route: each span it opens gets a vocoder stream in this voice (a row of
-        the table, or a speaker embedding taken from a recording)."""
+        the table, or a speaker embedding taken from a recording). dialect: the reference's
+        output, bare units and speaker info, which picks the voice when none is named."""
         engine = self.engine
+        voices = self.voices
+
+        def speaker_stream(info: Mapping[str, Any]) -> AudioSink | None:
+            row = speaker_voice(info, voices)
+            return None if row is None else engine.open_stream(row, None)
+
         return AudioRoute(
             self.format,
             lambda: engine.open_stream(voice, embedding),
@@ -228,6 +334,8 @@ class ModelAudio:
             first_chunk_units=self.first_chunk_units,
             chunk_units=self.chunk_units,
             opened=opened,
+            bare_units=dialect,
+            speaker_stream=speaker_stream if dialect and not voice_named and embedding is None else None,
         )
 
 

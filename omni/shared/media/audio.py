@@ -74,3 +74,26 @@ def _too_long(limits: MediaLimits, param: str) -> MediaError:
         f"Audio in {param} is longer than {limits.max_audio_seconds} s (max_audio_seconds).",
         param=param,
     )
+
+
+def media_duration_s(data: bytes, kind: str) -> float | None:
+    """The length in seconds of an audio or video file, from its container (no decoding:
+    the stream's duration, else the container's, else the end of its last packet), or None
+    when it cannot be read. The reference model's prompt states it (<|..._meta_duration|>)."""
+    try:
+        with av.open(io.BytesIO(data), mode="r") as container:
+            streams = container.streams.video if kind == "video" else container.streams.audio
+            if not streams:
+                return None
+            stream = streams[0]
+            if stream.duration is not None and stream.time_base is not None:
+                return float(stream.duration * stream.time_base)
+            if container.duration is not None:
+                return container.duration / av.time_base
+            end = 0.0
+            for packet in container.demux(stream):
+                if packet.pts is not None and packet.time_base is not None:
+                    end = max(end, float((packet.pts + (packet.duration or 0)) * packet.time_base))
+            return end or None
+    except Exception:
+        return None  # the worker's decode names what is wrong with the file

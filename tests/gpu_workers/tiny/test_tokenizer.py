@@ -5,7 +5,7 @@ from typing import Any
 import tokenizers
 import transformers
 
-from gpu_workers.tiny.tokenizer import SPECIAL_TOKENS, build_tiny_tokenizer
+from gpu_workers.tiny.tokenizer import REFERENCE_TOKENS, SPECIAL_TOKENS, build_tiny_tokenizer
 
 FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
 
@@ -13,7 +13,7 @@ FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
 def test_build_is_deterministic(tmp_path: Path) -> None:
     n1 = build_tiny_tokenizer(tmp_path / "a")
     n2 = build_tiny_tokenizer(tmp_path / "b")
-    assert n1 == n2 == 1280 + len(SPECIAL_TOKENS) + 64 + 64
+    assert n1 == n2 == 1280 + len(SPECIAL_TOKENS) + 64 + 64 + len(REFERENCE_TOKENS)
     for name in FILES:
         assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
 
@@ -21,16 +21,16 @@ def test_build_is_deterministic(tmp_path: Path) -> None:
 def test_code_token_counts_are_parameters(tmp_path: Path) -> None:
     n = build_tiny_tokenizer(tmp_path, num_vision_codes=3, num_audio_codes=2)
     tok = tokenizers.Tokenizer.from_file(str(tmp_path / "tokenizer.json"))
-    assert n == tok.get_vocab_size() == 1280 + len(SPECIAL_TOKENS) + 5
+    assert n == tok.get_vocab_size() == 1280 + len(SPECIAL_TOKENS) + 5 + len(REFERENCE_TOKENS)
     assert tok.token_to_id("<|vision00002|>") is not None
     assert tok.token_to_id("<|vision00003|>") is None
-    assert tok.token_to_id("<|audio0001|>") == n - 1
+    assert tok.token_to_id("<|audio0001|>") == n - 1 - len(REFERENCE_TOKENS)  # the dialect's tokens come last
 
 
 def test_loads_with_transformers_and_tokenizers(tiny_tokenizer_dir: Path) -> None:
     hf = transformers.AutoTokenizer.from_pretrained(tiny_tokenizer_dir, local_files_only=True)
     raw = tokenizers.Tokenizer.from_file(str(tiny_tokenizer_dir / "tokenizer.json"))
-    assert len(hf) == raw.get_vocab_size() == 1280 + len(SPECIAL_TOKENS) + 128 == 1444
+    assert len(hf) == raw.get_vocab_size() == 1280 + len(SPECIAL_TOKENS) + 128 + len(REFERENCE_TOKENS) == 1458
     assert hf.eos_token == "<|im_end|>"
     assert hf.pad_token == "<|endoftext|>"
     assert hf.model_max_length == 8192

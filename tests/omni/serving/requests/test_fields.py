@@ -26,7 +26,7 @@ USER = [{"role": "user", "content": "hi"}]
 
 @pytest.fixture(scope="module")
 def tok(tiny_tokenizer_dir: Path) -> TextTokenizer:
-    return TextTokenizer.from_dir(tiny_tokenizer_dir)  # 1444 tokens
+    return TextTokenizer.from_dir(tiny_tokenizer_dir)  # 1458 tokens
 
 
 def chat(**fields: Any) -> dict[str, Any]:
@@ -431,7 +431,7 @@ def test_sampling_field_messages() -> None:
 
 @pytest.mark.parametrize(
     ("fields", "param"),
-    [({"logit_bias": {"1444": 1}}, "logit_bias"), ({"allowed_token_ids": [5, 1444]}, "allowed_token_ids")],
+    [({"logit_bias": {"1458": 1}}, "logit_bias"), ({"allowed_token_ids": [5, 1458]}, "allowed_token_ids")],
 )
 def test_token_ids_must_be_in_the_vocabulary(fields: dict[str, Any], param: str, tok: TextTokenizer) -> None:
     for r in (parse_chat_completion_request(chat(**fields)), parse_completion_request(completion(**fields))):
@@ -439,7 +439,7 @@ def test_token_ids_must_be_in_the_vocabulary(fields: dict[str, Any], param: str,
             sampling_params(r, num_prompt_tokens=10, max_model_len=100, tokenizer=tok)
         assert (info.value.status, info.value.param, info.value.code) == (400, param, "invalid_value")
         assert info.value.message == (
-            f"Invalid value for '{param}': token id 1444 is out of range for a vocabulary of 1444."
+            f"Invalid value for '{param}': token id 1458 is out of range for a vocabulary of 1458."
         )
 
 

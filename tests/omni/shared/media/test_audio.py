@@ -75,3 +75,22 @@ def test_corrupt_audio(data: bytes) -> None:
 
 def test_video_without_audio_is_400(mp4_video: bytes) -> None:
     assert _error(mp4_video).message.startswith("could not decode audio")
+
+
+def test_media_duration_is_the_containers_length() -> None:
+    """Against the stdlib wave module's frame count (worst difference: none beyond float)."""
+    import io as _io
+    import wave
+
+    from omni.shared.media.audio import media_duration_s
+
+    buf = _io.BytesIO()
+    with wave.open(buf, "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(16000)
+        w.writeframes(b"\0\0" * 20_000)  # 1.25 s
+    with wave.open(_io.BytesIO(buf.getvalue())) as r:
+        expected = r.getnframes() / r.getframerate()
+    assert media_duration_s(buf.getvalue(), "audio") == pytest.approx(expected, abs=1e-9)
+    assert media_duration_s(b"not a media file", "audio") is None
