@@ -426,9 +426,17 @@ def make_tiny_audio_decoder(
 
 
 def make_tiny_omni_checkpoint(out_dir: Path, *, seed: int = 0) -> Path:
-    """llm/ (tiny hyperclovax), vision_encoder/, audio_encoder/, image_tokenizer/, audio_tokenizer/,
-    vision_decoder/ (on the image tokenizer's codebook), audio_decoder/ (one unit per audio unit
-    token of the LLM)."""
+    """The embedded default: a tiny omni checkpoint in the published layout, as users download
+    the real one (gpu_workers/tiny/published.py)."""
+    from gpu_workers.tiny.published import make_tiny_published_checkpoint
+
+    return make_tiny_published_checkpoint(out_dir, seed=seed)
+
+
+def make_tiny_component_checkpoint(out_dir: Path, *, seed: int = 0) -> Path:
+    """The per-component layout the reference's converter writes: llm/ (tiny hyperclovax),
+    vision_encoder/, audio_encoder/, image_tokenizer/, audio_tokenizer/, vision_decoder/ (on the
+    image tokenizer's codebook), audio_decoder/ (one unit per audio unit token of the LLM)."""
     from gpu_workers.models.fsq_audio_tokenizer import make_tiny_audio_tokenizer
     from gpu_workers.models.ta_tok import make_tiny_image_tokenizer
 
@@ -449,11 +457,11 @@ def make_tiny_omni_checkpoint(out_dir: Path, *, seed: int = 0) -> Path:
 
 
 def default_checkpoint_dir(cache_root: Path | None = None) -> Path:
-    """The default tiny omni checkpoint (hyperclovax LLM + encoders), built once per version
+    """The default tiny omni checkpoint (published layout: make_tiny_omni_checkpoint), built once per version
     under the cache root (cache_root, else $OMNI_SERVE_CACHE, else ~/.cache/omni-serve)."""
     root = cache_root or Path(os.environ.get("OMNI_SERVE_CACHE") or Path.home() / ".cache" / "omni-serve")
     final = Path(root) / f"tiny-{TINY_CHECKPOINT_VERSION}"
-    if (final / "llm" / "config.json").is_file():
+    if (final / "config.json").is_file():
         return final
     final.parent.mkdir(parents=True, exist_ok=True)
     # Build beside the target and rename: readers never see a half-written directory, and
@@ -463,7 +471,7 @@ def default_checkpoint_dir(cache_root: Path | None = None) -> Path:
         make_tiny_omni_checkpoint(tmp, seed=0)
         os.rename(tmp, final)
     except OSError:
-        if not (final / "llm" / "config.json").is_file():
+        if not (final / "config.json").is_file():
             raise
     finally:
         if tmp.exists():
@@ -477,12 +485,14 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m gpu_workers.tiny.checkpoints", description=__doc__)
     p.add_argument("--print-default-dir", action="store_true", help="build (once) and print the default checkpoint")
     p.add_argument("--out", type=Path, help="write a checkpoint here instead")
-    p.add_argument("--model-type", default="hyperclovax", choices=(*SUPPORTED_MODEL_TYPES, "omni"))
+    p.add_argument("--model-type", default="hyperclovax", choices=(*SUPPORTED_MODEL_TYPES, "omni", "omni-components"))
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
     if args.out is not None:
         if args.model_type == "omni":
             print(make_tiny_omni_checkpoint(args.out, seed=args.seed))
+        elif args.model_type == "omni-components":
+            print(make_tiny_component_checkpoint(args.out, seed=args.seed))
         else:
             print(make_tiny_checkpoint(args.out, args.model_type, seed=args.seed))
     elif args.print_default_dir:

@@ -33,12 +33,15 @@ from gpu_workers.tiny.checkpoints import (
     make_tiny_checkpoint,
     make_tiny_vision_encoder,
 )
+from gpu_workers.tiny.published_audio_decoder import make_tiny_published_audio_decoder
 from gpu_workers.tiny.published_vision_decoder import make_tiny_published_vision_decoder
 
 SHARDS = 2
 # TA-Tok at reduced size: a SigLIP tower of width 144 (two heads of so400m's 72), 8 x 8 patches of
 # 14 (64 codes a picture, as the tiny vocabulary has image code tokens), a 64-row SimVQ codebook.
 TINY_TA_TOK = {"hidden": 144, "intermediate": 96, "layers": 3, "patch": 14, "grid": 8, "bottleneck": 16, "codes": 64}
+# The reference's voice names (its docker-compose and examples): fkms is its default.
+TINY_PUBLISHED_VOICES = ("fkms", "mhwj", "fphj", "mphw")
 TINY_S3_FSQ_DIMS = 4  # 3 ** 4 = 81 audio units, the tiny vocabulary's audio unit tokens
 
 
@@ -156,7 +159,8 @@ def make_tiny_published_checkpoint(
             # model.X -> model.language_model.model.X; lm_head.weight -> model.language_model.lm_head.weight
             tensors["model.language_model." + name] = tensor
         for path in llm_dir.iterdir():
-            if path.name not in ("config.json", "model.safetensors"):
+            # no chat template: the server then speaks the reference's own format (track_b)
+            if path.name not in ("config.json", "model.safetensors", "chat_template.jinja"):
                 path.replace(out_dir / path.name)
         # the Qwen2.5-VL ViT and its projector
         vision_dir = make_tiny_vision_encoder(parts / "vision", seed=seed + 1, projector_hidden_size=hidden)
@@ -193,6 +197,9 @@ def make_tiny_published_checkpoint(
     codebook = ta["embedding.weight"] @ ta["embedding_proj.weight"].T + ta["embedding_proj.bias"]
     grid = (TINY_TA_TOK["grid"], TINY_TA_TOK["grid"])
     make_tiny_published_vision_decoder(out_dir / "decoder" / "vision", seed=seed + 5, codebook=codebook, code_grid=grid)
+    make_tiny_published_audio_decoder(
+        out_dir / "decoder" / "audio", seed=seed + 6, num_units=num_units, voices=TINY_PUBLISHED_VOICES
+    )
     _write_json(out_dir / "config.json", config)
     _write_json(out_dir / "preprocessor_config.json", TINY_VISION_PREPROCESSOR)
     save_sharded(out_dir, tensors, SHARDS)

@@ -23,7 +23,7 @@ from gpu_workers.models.qwen2_audio_encoder import output_lengths
 from gpu_workers.preprocess.image import smart_resize
 from gpu_workers.runners.encoder import EncoderRunner
 from gpu_workers.store_client import StoreClient
-from gpu_workers.tiny.checkpoints import TINY_IMAGE_CODEBOOK, make_tiny_omni_checkpoint
+from gpu_workers.tiny.checkpoints import TINY_IMAGE_CODEBOOK, make_tiny_component_checkpoint
 from omni.shared import protocol
 from omni.shared.media import MediaLimits, decode_audio, decode_video
 from omni.shared.store.base import KeyNotFound
@@ -46,7 +46,7 @@ class Env:
 @pytest.fixture(scope="module")
 def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     tmp = tmp_path_factory.mktemp("encoder-runner")
-    model_dir = make_tiny_omni_checkpoint(tmp / "model")
+    model_dir = make_tiny_component_checkpoint(tmp / "model")
     store = StoreClient(f"local:{tmp / 'store'}")
     try:
         yield Env(model_dir, store, EncoderRunner(model_dir, store=store), tmp)

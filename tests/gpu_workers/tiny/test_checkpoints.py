@@ -15,7 +15,7 @@ from gpu_workers.tiny.checkpoints import (
     TINY_VOICES,
     default_checkpoint_dir,
     make_tiny_checkpoint,
-    make_tiny_omni_checkpoint,
+    make_tiny_component_checkpoint,
 )
 from gpu_workers.vision_decoder import AutoGuidance, VisionDecoder
 from omni.model_layout import ENCODER_COMPONENTS, ModelLayout, component_revision
@@ -80,22 +80,22 @@ def test_hyperclovax_without_post_norm_is_granite(tmp_path: Path) -> None:
 
 def test_default_checkpoint_is_built_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     d = default_checkpoint_dir(tmp_path)
-    weights = d / "llm" / "model.safetensors"
+    weights = d / "model.safetensors.index.json"
     stamp = weights.stat().st_mtime_ns
     assert default_checkpoint_dir(tmp_path) == d
     assert weights.stat().st_mtime_ns == stamp
-    layout = ModelLayout.from_dir(d)
-    assert layout.llm_dir == d / "llm"
+    layout = ModelLayout.from_dir(d)  # the published layout, as users download the real model
+    assert layout.published and layout.llm_dir == d
     assert sorted(layout.components) == sorted(ENCODER_COMPONENTS)
-    assert (layout.vision_decoder, layout.audio_decoder) == (d / "vision_decoder", d / "audio_decoder")
+    assert (layout.vision_decoder, layout.audio_decoder) == (d / "decoder" / "vision", d / "decoder" / "audio")
     assert [p.name for p in tmp_path.iterdir()] == [d.name]  # no temp dirs left behind
     monkeypatch.setenv("OMNI_SERVE_CACHE", str(tmp_path))
     assert default_checkpoint_dir() == d
 
 
 def test_omni_checkpoint_is_deterministic_and_revisions_track_weights(tmp_path: Path) -> None:
-    a = make_tiny_omni_checkpoint(tmp_path / "a")
-    b = make_tiny_omni_checkpoint(tmp_path / "b")
+    a = make_tiny_component_checkpoint(tmp_path / "a")
+    b = make_tiny_component_checkpoint(tmp_path / "b")
     files = sorted(p.relative_to(a) for p in a.rglob("*") if p.is_file())
     assert files == sorted(p.relative_to(b) for p in b.rglob("*") if p.is_file())
     for rel in files:
@@ -103,13 +103,13 @@ def test_omni_checkpoint_is_deterministic_and_revisions_track_weights(tmp_path: 
     # the revision in encoder store keys follows the weights, not the directory's path
     assert component_revision(a / "vision_encoder") == component_revision(b / "vision_encoder")
     assert component_revision(a / "vision_encoder") != component_revision(a / "audio_encoder")
-    c = make_tiny_omni_checkpoint(tmp_path / "c", seed=1)
+    c = make_tiny_component_checkpoint(tmp_path / "c", seed=1)
     assert component_revision(c / "vision_encoder") != component_revision(a / "vision_encoder")
 
 
 def test_the_omni_checkpoints_decoders_match_its_tokenizers(tmp_path: Path) -> None:
     assert TINY_CHECKPOINT_VERSION == "omni-v6"  # v6: logits_scaling multiplies; the dialect tokens
-    root = make_tiny_omni_checkpoint(tmp_path / "omni")
+    root = make_tiny_component_checkpoint(tmp_path / "omni")
     codebook = load_file(root / "image_tokenizer" / "model.safetensors")["codebook.weight"]
     assert torch.equal(load_file(root / "vision_decoder" / "codebook.safetensors")["codebook"], codebook)
     decoder = VisionDecoder.from_dir(root / "vision_decoder")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from gpu_workers.tiny.checkpoints import make_tiny_checkpoint, make_tiny_omni_checkpoint
+from gpu_workers.tiny.checkpoints import make_tiny_checkpoint, make_tiny_component_checkpoint
 from omni.cli.options import build_parser, parse_args, server_config
 from omni.config import CorsPolicy
 
@@ -15,7 +15,7 @@ from omni.config import CorsPolicy
 @pytest.fixture(scope="module")
 def dirs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     root = tmp_path_factory.mktemp("models")
-    return make_tiny_checkpoint(root / "text", "llama"), make_tiny_omni_checkpoint(root / "omni")
+    return make_tiny_checkpoint(root / "text", "llama"), make_tiny_component_checkpoint(root / "omni")
 
 
 def test_omni_layout_gets_its_encoder_and_text_layout_none(dirs: tuple[Path, Path]) -> None:

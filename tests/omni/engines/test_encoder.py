@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from gpu_workers.tiny.checkpoints import make_tiny_omni_checkpoint
+from gpu_workers.tiny.checkpoints import make_tiny_component_checkpoint
 from omni.engines.encoder import EncoderEngine
 from omni.engines.llm import EngineError
 from omni.metrics import Metrics
@@ -30,7 +30,7 @@ IMAGES = {(56, 56): 4, (112, 112): 16, (84, 56): 6, (112, 56): 8}
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_tiny_omni_checkpoint(tmp_path_factory.mktemp("omni"))
+    return make_tiny_component_checkpoint(tmp_path_factory.mktemp("omni"))
 
 
 @pytest.fixture

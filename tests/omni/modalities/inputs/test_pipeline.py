@@ -13,7 +13,7 @@ from typing import Any, cast
 import numpy as np
 import pytest
 
-from gpu_workers.tiny.checkpoints import make_tiny_omni_checkpoint
+from gpu_workers.tiny.checkpoints import make_tiny_component_checkpoint
 from omni.engines.encoder import EncoderEngine
 from omni.engines.llm import EngineError
 from omni.errors import APIError, bad_request
@@ -132,7 +132,7 @@ class FlakyStore(LocalStore):
 # ---- fixtures and helpers ---------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def tokenizer(tmp_path_factory: pytest.TempPathFactory) -> TextTokenizer:
-    root = make_tiny_omni_checkpoint(tmp_path_factory.mktemp("omni"))
+    root = make_tiny_component_checkpoint(tmp_path_factory.mktemp("omni"))
     return TextTokenizer.from_dir(root / "llm")
 
 
@@ -518,7 +518,7 @@ async def test_an_mp4_becomes_a_video_item(
 async def test_codebooks_must_fit_the_vocabulary(
     tmp_path: Path, tokenizer: TextTokenizer, store: LocalStore
 ) -> None:
-    root = make_tiny_omni_checkpoint(tmp_path / "omni")
+    root = make_tiny_component_checkpoint(tmp_path / "omni")
     sizes = ModelLayout.from_dir(root).codebook_sizes()
     assert sizes == {"image_tokenizer": 64, "audio_tokenizer": 81}
     pipeline = make_pipeline(tokenizer, FakeEncoder(store), store)
@@ -542,7 +542,7 @@ async def test_media_while_the_encoder_is_not_ready_is_a_503(
 async def test_revisions_are_hashed_from_component_directories(
     tmp_path: Path, tokenizer: TextTokenizer, store: LocalStore
 ) -> None:
-    layout = ModelLayout.from_dir(make_tiny_omni_checkpoint(tmp_path / "omni"))
+    layout = ModelLayout.from_dir(make_tiny_component_checkpoint(tmp_path / "omni"))
     pipeline = MediaPipeline(
         MODEL, tokenizer, cast(EncoderEngine, FakeEncoder(store)), store, layout.revisions(), MediaLimits(), Metrics()
     )
