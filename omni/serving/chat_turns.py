@@ -175,5 +175,5 @@ def output_format(model: ServedModel, req: ChatCompletionRequest, prompt_token_i
         tool_parser=tool_parser,
         tools=req.tools.forced if tool_parser == JSON_ARGUMENTS else req.tools.functions,  # (the named one)
         single_call=req.tools.single_call,
-        spoken_markup=fmt.spoken_markup,
+        spoken_markup=model.chat_format.spoken_markup,
     )
