@@ -27,7 +27,7 @@ import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gpu_workers.tiny.checkpoints import make_tiny_omni_checkpoint  # noqa: E402
+from gpu_workers.tiny.published import make_tiny_omni_checkpoint  # noqa: E402
 from tests.e2e import test_hostile_input as hostile  # noqa: E402
 
 MODEL = hostile.MODEL

@@ -12,9 +12,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import shutil
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -24,8 +21,6 @@ from safetensors.torch import load_file, save_file
 
 from gpu_workers.models.llama import SUPPORTED_MODEL_TYPES, LlamaFamilyConfig
 
-# Bump when the default checkpoint's bytes change, so caches built by older code are not reused.
-TINY_CHECKPOINT_VERSION = "omni-v6"
 DEFAULT_VOCAB_SIZE = 512  # used when no tokenizer is written
 _VOCAB_MULTIPLE = 64
 
@@ -425,14 +420,6 @@ def make_tiny_audio_decoder(
     return out_dir
 
 
-def make_tiny_omni_checkpoint(out_dir: Path, *, seed: int = 0) -> Path:
-    """The embedded default: a tiny omni checkpoint in the published layout, as users download
-    the real one (gpu_workers/tiny/published.py)."""
-    from gpu_workers.tiny.published import make_tiny_published_checkpoint
-
-    return make_tiny_published_checkpoint(out_dir, seed=seed)
-
-
 def make_tiny_component_checkpoint(out_dir: Path, *, seed: int = 0) -> Path:
     """The per-component layout the reference's converter writes: llm/ (tiny hyperclovax),
     vision_encoder/, audio_encoder/, image_tokenizer/, audio_tokenizer/, vision_decoder/ (on the
@@ -454,52 +441,3 @@ def make_tiny_component_checkpoint(out_dir: Path, *, seed: int = 0) -> Path:
     make_tiny_vision_decoder(out_dir / "vision_decoder", seed=seed + 5, codebook=codebook)
     make_tiny_audio_decoder(out_dir / "audio_decoder", seed=seed + 6, num_units=num_units)
     return out_dir
-
-
-def default_checkpoint_dir(cache_root: Path | None = None) -> Path:
-    """The default tiny omni checkpoint (published layout: make_tiny_omni_checkpoint), built once per version
-    under the cache root (cache_root, else $OMNI_SERVE_CACHE, else ~/.cache/omni-serve)."""
-    root = cache_root or Path(os.environ.get("OMNI_SERVE_CACHE") or Path.home() / ".cache" / "omni-serve")
-    final = Path(root) / f"tiny-{TINY_CHECKPOINT_VERSION}"
-    if (final / "config.json").is_file():
-        return final
-    final.parent.mkdir(parents=True, exist_ok=True)
-    # Build beside the target and rename: readers never see a half-written directory, and
-    # of two racing builders the second rename fails and its copy is dropped.
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=final.parent))
-    try:
-        make_tiny_omni_checkpoint(tmp, seed=0)
-        os.rename(tmp, final)
-    except OSError:
-        if not (final / "config.json").is_file():
-            raise
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-    return final
-
-
-def main(argv: list[str] | None = None) -> None:
-    import argparse
-
-    p = argparse.ArgumentParser(prog="python -m gpu_workers.tiny.checkpoints", description=__doc__)
-    p.add_argument("--print-default-dir", action="store_true", help="build (once) and print the default checkpoint")
-    p.add_argument("--out", type=Path, help="write a checkpoint here instead")
-    p.add_argument("--model-type", default="hyperclovax", choices=(*SUPPORTED_MODEL_TYPES, "omni", "omni-components"))
-    p.add_argument("--seed", type=int, default=0)
-    args = p.parse_args(argv)
-    if args.out is not None:
-        if args.model_type == "omni":
-            print(make_tiny_omni_checkpoint(args.out, seed=args.seed))
-        elif args.model_type == "omni-components":
-            print(make_tiny_component_checkpoint(args.out, seed=args.seed))
-        else:
-            print(make_tiny_checkpoint(args.out, args.model_type, seed=args.seed))
-    elif args.print_default_dir:
-        print(default_checkpoint_dir())
-    else:
-        p.error("give --print-default-dir or --out")
-
-
-if __name__ == "__main__":
-    main()

@@ -335,7 +335,7 @@ def _check_vllm_only_flags(compat: VllmCompat, args: argparse.Namespace) -> None
 def default_model_dir() -> Path:
     """Make (once) the embedded small random checkpoint, in a child so we never load torch."""
     out = subprocess.run(
-        [sys.executable, "-m", "gpu_workers.tiny.checkpoints", "--print-default-dir"],
+        [sys.executable, "-m", "gpu_workers.tiny.published", "--print-default-dir"],
         check=True,
         capture_output=True,
         text=True,

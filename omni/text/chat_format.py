@@ -60,7 +60,10 @@ class ChatFormat:
 
 
 def detect_spoken_markup(tokenizer: TextTokenizer, template: str) -> bool:
-    return tokenizer.token_to_id("<assistant_transcript>") is not None or "_meta_duration|>" in template
+    """The reference's dialect: its template (media meta placeholders) over a vocabulary with the
+    spoken-answer tags. A vocabulary that merely has the tags, under another template, is read
+    as it is: its replies keep their text, whitespace included."""
+    return tokenizer.token_to_id("<assistant_transcript>") is not None and "_meta_duration|>" in template
 
 
 def detect_tool_parser(template: str) -> str | None:

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from gpu_workers.tiny.checkpoints import make_tiny_checkpoint, make_tiny_omni_checkpoint
+from gpu_workers.tiny.checkpoints import make_tiny_checkpoint
+from gpu_workers.tiny.published import make_tiny_omni_checkpoint
 from tests.e2e.server import free_port, running_server
 
 BLOCK_SIZE = 4

@@ -21,7 +21,7 @@ import httpx
 import orjson
 import pytest
 
-from gpu_workers.tiny.checkpoints import make_tiny_omni_checkpoint
+from gpu_workers.tiny.published import make_tiny_omni_checkpoint
 from tests.e2e.server import PROCESSES, running_server, worker_pids
 
 MODEL = "m"

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from gpu_workers.tiny.checkpoints import make_tiny_omni_checkpoint
+from gpu_workers.tiny.published import make_tiny_omni_checkpoint
 from tests.e2e.conftest import read_metric
 from tests.e2e.server import running_server
 from tests.omni.shared.store.conftest import AWS_TEST_ENV

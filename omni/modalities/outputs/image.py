@@ -20,8 +20,8 @@ from __future__ import annotations
 import base64
 import functools
 import json
-import math
 import logging
+import math
 import random
 import time
 from collections.abc import Callable

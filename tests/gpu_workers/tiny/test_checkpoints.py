@@ -11,12 +11,11 @@ from safetensors.torch import load_file, save_file
 
 from gpu_workers.models.unit_vocoder import load_unit_vocoder
 from gpu_workers.tiny.checkpoints import (
-    TINY_CHECKPOINT_VERSION,
     TINY_VOICES,
-    default_checkpoint_dir,
     make_tiny_checkpoint,
     make_tiny_component_checkpoint,
 )
+from gpu_workers.tiny.published import TINY_CHECKPOINT_VERSION, default_checkpoint_dir
 from gpu_workers.vision_decoder import AutoGuidance, VisionDecoder
 from omni.model_layout import ENCODER_COMPONENTS, ModelLayout, component_revision
 from omni.shared import protocol
