@@ -56,6 +56,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from gpu_workers.models.unit_vocoder import UpsampleStages
+
 NAMED_VOICES_ARCHIVE = "NCCosybigvganDecoder.mar"
 ZERO_SHOT_ARCHIVE = "NCZSCosybigvganDecoder.mar"
 MANIFEST = "MAR-INF/MANIFEST.json"
@@ -91,7 +93,7 @@ def _positive_int(raw: Mapping[str, Any], key: str) -> int:
 
 
 @dataclass(frozen=True, slots=True)
-class UnitBigVganConfig:
+class UnitBigVganConfig(UpsampleStages):
     """The fields of an archive's config.json that the generator uses (the reference's names);
     `raw` keeps the whole file (the zero-shot speaker encoder reads its own fields from it)."""
 
@@ -164,22 +166,6 @@ class UnitBigVganConfig:
             raise ValueError("unit BigVGAN config: one resblock_dilation_sizes list per resblock kernel size")
         if not self.causal and any(k % 2 == 0 for k in self.resblock_kernel_sizes):
             raise ValueError("unit BigVGAN config: non-causal resblock kernels must be odd")
-
-    @property
-    def hop(self) -> int:
-        return math.prod(self.upsample_rates)
-
-    @property
-    def num_kernels(self) -> int:
-        return len(self.resblock_kernel_sizes)
-
-    def stage_channels(self, i: int) -> int:
-        """Channels after upsampling stage i (stage -1: conv_pre's output)."""
-        return self.upsample_initial_channel // 2 ** (i + 1)
-
-    def stage_rate(self, i: int) -> int:
-        """Samples per unit after upsampling stage i (1 before the first)."""
-        return math.prod(self.upsample_rates[: i + 1])
 
 
 # ---------------------------------------------------------------------------------------------

@@ -147,8 +147,33 @@ class SpeakerEncoderConfig:
         return self.max_seconds * self.sample_rate
 
 
+class UpsampleStages:
+    """What a BigVGAN-style generator's stages derive from its config (both unit vocoders')."""
+
+    __slots__ = ()
+    upsample_rates: tuple[int, ...]
+    upsample_initial_channel: int
+    resblock_kernel_sizes: tuple[int, ...]
+
+    @property
+    def hop(self) -> int:
+        return math.prod(self.upsample_rates)
+
+    @property
+    def num_kernels(self) -> int:
+        return len(self.resblock_kernel_sizes)
+
+    def stage_channels(self, i: int) -> int:
+        """Channels after upsampling stage i (stage -1: conv_pre's output)."""
+        return self.upsample_initial_channel // 2 ** (i + 1)
+
+    def stage_rate(self, i: int) -> int:
+        """Samples per unit after upsampling stage i (1 before the first)."""
+        return math.prod(self.upsample_rates[: i + 1])
+
+
 @dataclass(frozen=True, slots=True)
-class UnitVocoderConfig:
+class UnitVocoderConfig(UpsampleStages):
     """Defaults: the reference's sizes where known (6,561 units, 24 kHz, 25 units a second),
     BigVGAN-v2 24 kHz's widths and AMP kernels, upsampling stages rearranged for hop 960."""
 
@@ -224,21 +249,6 @@ class UnitVocoderConfig:
                 f"unit vocoder config: antialias_half_width must be positive, got {self.antialias_half_width}"
             )
 
-    @property
-    def hop(self) -> int:
-        return math.prod(self.upsample_rates)
-
-    @property
-    def num_kernels(self) -> int:
-        return len(self.resblock_kernel_sizes)
-
-    def stage_channels(self, i: int) -> int:
-        """Channels after upsampling stage i (stage -1: conv_pre's output)."""
-        return self.upsample_initial_channel // 2 ** (i + 1)
-
-    def stage_rate(self, i: int) -> int:
-        """Samples per unit after upsampling stage i (1 before the first)."""
-        return math.prod(self.upsample_rates[: i + 1])
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any]) -> UnitVocoderConfig:
