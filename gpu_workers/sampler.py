@@ -50,7 +50,10 @@ def is_greedy(options: SamplingOptions) -> bool:
     return options.temperature < GREEDY_BELOW_TEMPERATURE
 
 
-def validate_options(options: SamplingOptions) -> None:
+def validate_options(options: SamplingOptions, vocab_size: int | None = None) -> None:
+    """A ValueError for options the sampler cannot apply; vocab_size bounds every token id (the
+    server refuses such ids with a 400 first: an id past the logits would index out of range,
+    a sticky device-side assert on a GPU)."""
     if options.temperature < 0.0:
         raise ValueError(f"temperature must be >= 0, got {options.temperature}")
     if not 0.0 < options.top_p <= 1.0:
@@ -83,8 +86,9 @@ def validate_options(options: SamplingOptions) -> None:
         *options.bad_words_token_ids,
         options.min_tokens_stop_ids,
     )
-    if any(t < 0 for t in ids):
-        raise ValueError("token ids must be >= 0")
+    bound = vocab_size if vocab_size is not None else float("inf")
+    if any(not 0 <= t < bound for t in ids):
+        raise ValueError(f"token ids must be in [0, {vocab_size})" if vocab_size else "token ids must be >= 0")
 
 
 def adjusts_logits(options: SamplingOptions) -> bool:

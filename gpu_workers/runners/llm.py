@@ -261,8 +261,8 @@ class LLMRunner(Runner):
         for r in step.new_requests:
             if r.request_id in self.requests or r.request_id in new_states:
                 raise ValueError(f"request {r.request_id!r} is already known")
-            validate_options(r.sampling)
             vocab = self.model_config.vocab_size
+            validate_options(r.sampling, vocab)
             if not r.token_ids or not all(0 <= t < vocab for t in r.token_ids):
                 raise ValueError(f"request {r.request_id!r}: token ids must be non-empty and in [0, {vocab})")
             self._check_block_ids(r.request_id, r.block_ids)

@@ -110,6 +110,7 @@ def sampling_params(
     vocab_size = tokenizer.vocab_size
     _check_in_vocabulary("logit_bias", tuple(t for t, _ in request.logit_bias), vocab_size)
     _check_in_vocabulary("allowed_token_ids", request.allowed_token_ids or (), vocab_size)
+    _check_in_vocabulary("stop_token_ids", request.stop_token_ids, vocab_size)
     max_tokens = request.max_tokens
     if max_tokens is not None and max_tokens > room:
         raise bad_request(

@@ -288,3 +288,18 @@ def test_values_at_the_edge_of_float32_sample_the_top_token(options: SamplingOpt
     x = logits(1, 50, seed=5)
     out = Sampler().sample(x, [options], [gen(0)], no_history(1))
     assert out[0].token_id == int(x[0].argmax())
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        SamplingOptions(min_tokens=2, min_tokens_stop_ids=[3, 10]),
+        SamplingOptions(allowed_token_ids=[10]),
+        SamplingOptions(logit_bias_token_ids=[11], logit_bias_values=[1.0]),
+        SamplingOptions(bad_words_token_ids=[[2, 10]]),
+    ],
+)
+def test_token_ids_past_the_vocabulary_are_refused_before_they_index_the_logits(options: SamplingOptions) -> None:
+    validate_options(options)  # no vocabulary given: only the sign is checked
+    with pytest.raises(ValueError, match=r"token ids must be in \[0, 10\)"):
+        validate_options(options, vocab_size=10)

@@ -431,7 +431,14 @@ def test_sampling_field_messages() -> None:
 
 @pytest.mark.parametrize(
     ("fields", "param"),
-    [({"logit_bias": {"1458": 1}}, "logit_bias"), ({"allowed_token_ids": [5, 1458]}, "allowed_token_ids")],
+    [
+        ({"logit_bias": {"1458": 1}}, "logit_bias"),
+        ({"allowed_token_ids": [5, 1458]}, "allowed_token_ids"),
+        # out of the vocabulary, a stop id could never be sampled; banned by min_tokens it
+        # indexed past the logits in the worker (a device-side assert on a GPU, issue 22)
+        ({"stop_token_ids": [1458], "min_tokens": 2}, "stop_token_ids"),
+        ({"stop_token_ids": [3, 1458]}, "stop_token_ids"),
+    ],
 )
 def test_token_ids_must_be_in_the_vocabulary(fields: dict[str, Any], param: str, tok: TextTokenizer) -> None:
     for r in (parse_chat_completion_request(chat(**fields)), parse_completion_request(completion(**fields))):
