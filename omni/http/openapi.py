@@ -43,6 +43,7 @@ from omni.serving.requests.dispositions import (
     KnownField,
     SameAs,
 )
+from omni.serving.requests.image_edits import IMAGE_EDITS_PATH, ImageEditFields
 from omni.serving.requests.images import (
     IMAGES_PATH,
     ImageGenerationRequest,
@@ -108,6 +109,7 @@ _REQUESTS: dict[str, type[Struct]] = {
     "ChatCompletionRequest": ChatCompletionRequest,
     "TextCompletionRequest": CompletionRequest,
     "ImageGenerationRequest": ImageGenerationRequest,
+    "ImageEditRequest": ImageEditFields,
     "SpeechRequest": SpeechRequest,
     "TranscriptionRequest": TranscriptionFields,
     "TokenizeCompletionRequest": TokenizeCompletionRequest,
@@ -121,13 +123,17 @@ _MODEL_DESCRIPTIONS = {
     "TextCompletionRequest": "A served model's name (GET /v1/models).",
 }
 # A multipart form has no null: a field left out has its default.
-_FORMS = frozenset({"TranscriptionRequest"})
+_FORMS = frozenset({"TranscriptionRequest", "ImageEditRequest"})
 
 # The rules between fields that a Struct's types cannot say (the parsers' checks say them too).
 _COMPRESSION_NEEDS_JPEG_OR_WEBP: Schema = {
     # output_format defaults to png, which has no compression
     "if": {"properties": {"output_compression": {"not": {"type": "null"}}}, "required": ["output_compression"]},
     "then": {"properties": {"output_format": {"enum": ["jpeg", "webp"]}}, "required": ["output_format"]},
+}
+_PARTIALS_NEED_STREAM: Schema = {
+    "if": {"properties": {"partial_images": {"type": "integer", "minimum": 1}}, "required": ["partial_images"]},
+    "then": {"properties": {"stream": {"const": True}}, "required": ["stream"]},
 }
 _RULES: dict[str, list[Schema]] = {
     "ChatCompletionRequest": [
@@ -136,13 +142,8 @@ _RULES: dict[str, list[Schema]] = {
             "then": {"properties": {"audio": {"type": "object"}}, "required": ["audio"]},
         }
     ],
-    "ImageGenerationRequest": [
-        _COMPRESSION_NEEDS_JPEG_OR_WEBP,
-        {
-            "if": {"properties": {"partial_images": {"type": "integer", "minimum": 1}}, "required": ["partial_images"]},
-            "then": {"properties": {"stream": {"const": True}}, "required": ["stream"]},
-        },
-    ],
+    "ImageGenerationRequest": [_COMPRESSION_NEEDS_JPEG_OR_WEBP, _PARTIALS_NEED_STREAM],
+    "ImageEditRequest": [_COMPRESSION_NEEDS_JPEG_OR_WEBP, _PARTIALS_NEED_STREAM],
     "TranscriptionRequest": [
         {
             "if": {"properties": {"stream": {"const": True}}, "required": ["stream"]},
@@ -336,15 +337,18 @@ _KEYED: list[Schema] = [{"bearer": []}, {}]
 _OPEN: list[Schema] = []
 
 
-def _generation(operation_id: str, summary: str, request: str, result: str, events: str) -> Schema:
+def _generation(
+    operation_id: str, summary: str, request: str, result: str, events: str, *, form: bool = False
+) -> Schema:
     """A POST answered with result, or with stream true with server-sent events: `events`
-    says what each 'data: ' line holds."""
+    says what each 'data: ' line holds. form: the body is multipart/form-data, not JSON."""
+    body = {"multipart/form-data": {"schema": _ref(request)}} if form else _json(_ref(request))
     return {
         "post": {
             "operationId": operation_id,
             "summary": summary,
             "security": _KEYED,
-            "requestBody": {"required": True, "content": _json(_ref(request))},
+            "requestBody": {"required": True, "content": body},
             "responses": {
                 "200": {
                     "description": f"A {result}; with stream true, server-sent events.",
@@ -492,6 +496,17 @@ def _paths() -> dict[str, Schema]:
                 "an ImageGenPartialImageEvent (partial_images of them per image, from intermediate denoising steps) "
                 "or, one per image, an ImageGenCompletedEvent (its image as b64_json whatever response_format)"
             ),
+        ),
+        IMAGE_EDITS_PATH: _generation(
+            "create_image_edit",
+            "Edit images from a prompt",
+            "ImageEditRequest",
+            "ImagesResponse",
+            (
+                "an ImageEditPartialImageEvent (partial_images of them per image, from intermediate denoising steps) "
+                "or, one per image, an ImageEditCompletedEvent (its image as b64_json whatever response_format)"
+            ),
+            form=True,
         ),
         TRANSCRIPTIONS_PATH: _transcription_operation(),
         SPEECH_PATH: _speech_operation(),
