@@ -98,6 +98,7 @@ def _bounded(kind: str, lo: float | None, hi: float | None) -> Schema:
 
 
 _STRING: Schema = {"type": "string"}
+_JSON, _FORM = "application/json", "multipart/form-data"  # request bodies' media types
 _TOKEN_IDS: Schema = {"type": "array", "items": _int(0)}
 
 
@@ -297,7 +298,7 @@ def _response_schemas() -> dict[str, Schema]:
 
 
 def _json(schema: Schema) -> Schema:
-    return {"application/json": {"schema": schema}}
+    return {_JSON: {"schema": schema}}
 
 
 _RETRY_AFTER = {"Retry-After": {"schema": _int(0), "description": "Seconds to wait before retrying."}}
@@ -337,18 +338,15 @@ _KEYED: list[Schema] = [{"bearer": []}, {}]
 _OPEN: list[Schema] = []
 
 
-def _generation(
-    operation_id: str, summary: str, request: str, result: str, events: str, *, form: bool = False
-) -> Schema:
+def _generation(operation_id: str, summary: str, request: str, result: str, events: str) -> Schema:
     """A POST answered with result, or with stream true with server-sent events: `events`
-    says what each 'data: ' line holds. form: the body is multipart/form-data, not JSON."""
-    body = {"multipart/form-data": {"schema": _ref(request)}} if form else _json(_ref(request))
+    says what each 'data: ' line holds."""
     return {
         "post": {
             "operationId": operation_id,
             "summary": summary,
             "security": _KEYED,
-            "requestBody": {"required": True, "content": body},
+            "requestBody": {"required": True, "content": {_FORM if request in _FORMS else _JSON: {"schema": _ref(request)}}},
             "responses": {
                 "200": {
                     "description": f"A {result}; with stream true, server-sent events.",
@@ -368,6 +366,10 @@ def _generation(
     }
 
 
+_IMAGE_SSE = (  # "Gen" or "Edit"
+    "an Image{0}PartialImageEvent (partial_images of them per image, from intermediate denoising steps) "
+    "or, one per image, an Image{0}CompletedEvent (its image as b64_json whatever response_format)"
+).format
 # The audio APIs' events are named (an `event:` line with each one's type) and no [DONE] follows.
 _AUDIO_EVENTS = (
     "'data: ' lines, {events}, each as JSON after an 'event: ' line naming its type; no [DONE]. A worker "
@@ -399,7 +401,7 @@ def _transcription_operation() -> Schema:
             "security": _KEYED,
             "requestBody": {
                 "required": True,
-                "content": {"multipart/form-data": {"schema": _ref("TranscriptionRequest")}},
+                "content": {_FORM: {"schema": _ref("TranscriptionRequest")}},
             },
             "responses": {
                 "200": {
@@ -488,25 +490,10 @@ def _paths() -> dict[str, Schema]:
             "a TextCompletionChunk",
         ),
         IMAGES_PATH: _generation(
-            "create_image",
-            "Draw images from a prompt",
-            "ImageGenerationRequest",
-            "ImagesResponse",
-            (
-                "an ImageGenPartialImageEvent (partial_images of them per image, from intermediate denoising steps) "
-                "or, one per image, an ImageGenCompletedEvent (its image as b64_json whatever response_format)"
-            ),
+            "create_image", "Draw images from a prompt", "ImageGenerationRequest", "ImagesResponse", _IMAGE_SSE("Gen")
         ),
         IMAGE_EDITS_PATH: _generation(
-            "create_image_edit",
-            "Edit images from a prompt",
-            "ImageEditRequest",
-            "ImagesResponse",
-            (
-                "an ImageEditPartialImageEvent (partial_images of them per image, from intermediate denoising steps) "
-                "or, one per image, an ImageEditCompletedEvent (its image as b64_json whatever response_format)"
-            ),
-            form=True,
+            "create_image_edit", "Edit images from a prompt", "ImageEditRequest", "ImagesResponse", _IMAGE_SSE("Edit")
         ),
         TRANSCRIPTIONS_PATH: _transcription_operation(),
         SPEECH_PATH: _speech_operation(),
