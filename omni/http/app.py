@@ -37,6 +37,7 @@ from omni.modalities.outputs.audio import ModelAudio
 from omni.modalities.outputs.image import ModelImages
 from omni.model_layout import ModelLayout
 from omni.serving.model import ModelRegistry, ServedModel
+from omni.serving.requests.image_edits import IMAGE_EDITS_PATH
 from omni.serving.requests.speech import SPEECH_PATH
 from omni.serving.requests.transcriptions import TRANSCRIPTIONS_PATH
 from omni.shared.store.base import ArtifactStore
@@ -272,6 +273,7 @@ def _add_routes(app: web.Application, prefix: str) -> None:
     router.add_post("/v1/chat/completions", chat.create_chat_completion)
     router.add_post("/v1/completions", completions.create_completion)
     router.add_post("/v1/images/generations", images.create_image)
+    router.add_post(IMAGE_EDITS_PATH, images.create_image_edit)
     router.add_post(SPEECH_PATH, speech.create_speech)
     router.add_post(TRANSCRIPTIONS_PATH, transcriptions.create_transcription)
     router.add_get("/v1/models", system.list_models)

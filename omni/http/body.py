@@ -1,5 +1,5 @@
 """Reading a request's body off the connection: JSON bodies read in chunks, decoded (and
-parsed) in a worker thread when large, and the transcription API's multipart form, each bounded
+parsed) in a worker thread when large, and the multipart forms (transcriptions, image edits), each bounded
 by --body-timeout; and the request headers every endpoint shares. The HTTP layer's only door to
 a body: handlers read here, then hand the parsed request to omni/serving/lifecycle.py."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 import orjson
@@ -18,6 +18,8 @@ from omni.errors import APIError, bad_request
 from omni.http.json_body import TooManyItems, decode_json, empty_in_steps
 from omni.http.state import CONFIG
 from omni.serving.requests.fields import Json, body_too_slow, merge_extra_body
+from omni.serving.requests.image_edits import FILE_PARTS as IMAGE_FILE_PARTS
+from omni.serving.requests.image_edits import ImageEditForm
 from omni.serving.requests.transcriptions import TranscriptionForm
 
 # Bodies larger than this are decoded, and parsed, in a worker thread: json_body.decode_json
@@ -118,10 +120,30 @@ async def read_transcription_form(
     Not multipart, or malformed, is a 400; a file over max_file_bytes a 413 naming `file`; a
     body over client_max_size a 413; one that has not arrived within timeout seconds a 408, and
     the connection is closed."""
+    fields, files = await _read_form(request, {"file": max_file_bytes}, "the audio as a file part named 'file'", timeout)
+    audio = files.get("file", [])
+    if len(audio) > 1:
+        raise bad_request("'file' is given twice; send one audio file.", param="file")
+    return TranscriptionForm(fields, audio[0] if audio else None)
+
+
+async def read_image_edit_form(
+    request: web.Request, *, max_file_bytes: int, timeout: float | None = None
+) -> ImageEditForm:
+    """The images API's edit form (omni/serving/requests/image_edits.py reads its values): as
+    read_transcription_form, each image (`image`, `image[]`) and the mask bounded by
+    max_file_bytes."""
+    limits = {name: max_file_bytes for name in IMAGE_FILE_PARTS}
+    fields, files = await _read_form(request, limits, "the image as a file part named 'image'", timeout)
+    return ImageEditForm(fields, files)
+
+
+async def _read_form(
+    request: web.Request, file_bytes: Mapping[str, int], what: str, timeout: float | None
+) -> tuple[dict[str, list[str]], dict[str, list[bytes]]]:
     if request.content_type != "multipart/form-data":
         raise bad_request(
-            "The request body must be multipart/form-data (the audio as a file part named 'file'), "
-            f"not {request.content_type or 'empty'}.",
+            f"The request body must be multipart/form-data ({what}), not {request.content_type or 'empty'}.",
             code="invalid_content_type",
         )
     limit = request.client_max_size
@@ -130,7 +152,7 @@ async def read_transcription_form(
         raise web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=declared)
     try:
         async with asyncio.timeout(timeout):
-            return await _read_parts(request, max_file_bytes)
+            return await _read_parts(request, file_bytes)
     except TimeoutError:
         raise body_too_slow(timeout) from None
     # aiohttp's multipart parser: its own errors (a bad part header is an HttpProcessingError) and
@@ -139,10 +161,14 @@ async def read_transcription_form(
         raise bad_request(f"The multipart body is malformed: {getattr(e, 'message', None) or e}") from None
 
 
-async def _read_parts(request: web.Request, max_file_bytes: int) -> TranscriptionForm:
+async def _read_parts(
+    request: web.Request, file_bytes: Mapping[str, int]
+) -> tuple[dict[str, list[str]], dict[str, list[bytes]]]:
+    """The text parts' values and the file parts' bytes (file_bytes: the files' names and their
+    bounds), each by its name without a trailing `[]`, in the order sent."""
     reader = await request.multipart()
     fields: dict[str, list[str]] = {}
-    file: bytes | None = None
+    files: dict[str, list[bytes]] = {}
     total = 0  # every part's bytes, against client_max_size (the reader counts none of them)
     num_parts = 0
     while (part := await reader.next()) is not None:
@@ -151,15 +177,11 @@ async def _read_parts(request: web.Request, max_file_bytes: int) -> Transcriptio
             raise bad_request(f"The body has more than {MAX_PARTS} parts.")
         if not isinstance(part, BodyPartReader):
             raise bad_request("A part of the body is itself multipart; send each field as one part.")
-        name = part.name
-        if not name:
+        if not part.name:
             raise bad_request("A part of the body has no name (Content-Disposition: form-data; name=...).")
-        if name == "file":
-            if file is not None:
-                raise bad_request("'file' is given twice; send one audio file.", param="file")
-            max_bytes = max_file_bytes
-        else:
-            max_bytes = MAX_FIELD_BYTES
+        name = part.name.removesuffix("[]")
+        is_file = name in file_bytes
+        max_bytes = file_bytes[name] if is_file else MAX_FIELD_BYTES
         data = bytearray()
         while chunk := await part.read_chunk(_READ_CHUNK_BYTES):
             data += chunk
@@ -167,20 +189,20 @@ async def _read_parts(request: web.Request, max_file_bytes: int) -> Transcriptio
             if request.client_max_size and total > request.client_max_size:
                 raise web.HTTPRequestEntityTooLarge(max_size=request.client_max_size, actual_size=total)
             if len(data) > max_bytes:
-                raise _too_large(name, max_bytes)
-        if name == "file":
-            file = bytes(data)
+                raise _too_large(name, max_bytes, is_file)
+        if is_file:
+            files.setdefault(name, []).append(bytes(data))
             continue
         try:
             value = data.decode(part.get_charset("utf-8"))
         except UnicodeDecodeError:
             raise bad_request(f"The value of '{name}' is not valid text in its charset.", param=name) from None
-        fields.setdefault(name.removesuffix("[]"), []).append(value)
-    return TranscriptionForm(fields, file)
+        fields.setdefault(name, []).append(value)
+    return fields, files
 
 
-def _too_large(name: str, max_bytes: int) -> APIError:
-    what = "(--max-media-bytes)" if name == "file" else "(the bound of a form field)"
+def _too_large(name: str, max_bytes: int, is_file: bool) -> APIError:
+    what = "(--max-media-bytes)" if is_file else "(the bound of a form field)"
     return APIError(
         413, f"'{name}' is larger than {max_bytes} bytes {what}.", param=name, code="payload_too_large"
     )

@@ -43,6 +43,7 @@ from omni.serving.requests.dispositions import (
     KnownField,
     SameAs,
 )
+from omni.serving.requests.image_edits import IMAGE_EDITS_PATH, ImageEditFields
 from omni.serving.requests.images import (
     IMAGES_PATH,
     ImageGenerationRequest,
@@ -97,6 +98,7 @@ def _bounded(kind: str, lo: float | None, hi: float | None) -> Schema:
 
 
 _STRING: Schema = {"type": "string"}
+_JSON, _FORM = "application/json", "multipart/form-data"  # request bodies' media types
 _TOKEN_IDS: Schema = {"type": "array", "items": _int(0)}
 
 
@@ -108,6 +110,7 @@ _REQUESTS: dict[str, type[Struct]] = {
     "ChatCompletionRequest": ChatCompletionRequest,
     "TextCompletionRequest": CompletionRequest,
     "ImageGenerationRequest": ImageGenerationRequest,
+    "ImageEditRequest": ImageEditFields,
     "SpeechRequest": SpeechRequest,
     "TranscriptionRequest": TranscriptionFields,
     "TokenizeCompletionRequest": TokenizeCompletionRequest,
@@ -121,13 +124,17 @@ _MODEL_DESCRIPTIONS = {
     "TextCompletionRequest": "A served model's name (GET /v1/models).",
 }
 # A multipart form has no null: a field left out has its default.
-_FORMS = frozenset({"TranscriptionRequest"})
+_FORMS = frozenset({"TranscriptionRequest", "ImageEditRequest"})
 
 # The rules between fields that a Struct's types cannot say (the parsers' checks say them too).
 _COMPRESSION_NEEDS_JPEG_OR_WEBP: Schema = {
     # output_format defaults to png, which has no compression
     "if": {"properties": {"output_compression": {"not": {"type": "null"}}}, "required": ["output_compression"]},
     "then": {"properties": {"output_format": {"enum": ["jpeg", "webp"]}}, "required": ["output_format"]},
+}
+_PARTIALS_NEED_STREAM: Schema = {
+    "if": {"properties": {"partial_images": {"type": "integer", "minimum": 1}}, "required": ["partial_images"]},
+    "then": {"properties": {"stream": {"const": True}}, "required": ["stream"]},
 }
 _RULES: dict[str, list[Schema]] = {
     "ChatCompletionRequest": [
@@ -136,13 +143,8 @@ _RULES: dict[str, list[Schema]] = {
             "then": {"properties": {"audio": {"type": "object"}}, "required": ["audio"]},
         }
     ],
-    "ImageGenerationRequest": [
-        _COMPRESSION_NEEDS_JPEG_OR_WEBP,
-        {
-            "if": {"properties": {"partial_images": {"type": "integer", "minimum": 1}}, "required": ["partial_images"]},
-            "then": {"properties": {"stream": {"const": True}}, "required": ["stream"]},
-        },
-    ],
+    "ImageGenerationRequest": [_COMPRESSION_NEEDS_JPEG_OR_WEBP, _PARTIALS_NEED_STREAM],
+    "ImageEditRequest": [_COMPRESSION_NEEDS_JPEG_OR_WEBP, _PARTIALS_NEED_STREAM],
     "TranscriptionRequest": [
         {
             "if": {"properties": {"stream": {"const": True}}, "required": ["stream"]},
@@ -296,7 +298,7 @@ def _response_schemas() -> dict[str, Schema]:
 
 
 def _json(schema: Schema) -> Schema:
-    return {"application/json": {"schema": schema}}
+    return {_JSON: {"schema": schema}}
 
 
 _RETRY_AFTER = {"Retry-After": {"schema": _int(0), "description": "Seconds to wait before retrying."}}
@@ -344,7 +346,7 @@ def _generation(operation_id: str, summary: str, request: str, result: str, even
             "operationId": operation_id,
             "summary": summary,
             "security": _KEYED,
-            "requestBody": {"required": True, "content": _json(_ref(request))},
+            "requestBody": {"required": True, "content": {_FORM if request in _FORMS else _JSON: {"schema": _ref(request)}}},
             "responses": {
                 "200": {
                     "description": f"A {result}; with stream true, server-sent events.",
@@ -364,6 +366,10 @@ def _generation(operation_id: str, summary: str, request: str, result: str, even
     }
 
 
+_IMAGE_SSE = (  # "Gen" or "Edit"
+    "an Image{0}PartialImageEvent (partial_images of them per image, from intermediate denoising steps) "
+    "or, one per image, an Image{0}CompletedEvent (its image as b64_json whatever response_format)"
+).format
 # The audio APIs' events are named (an `event:` line with each one's type) and no [DONE] follows.
 _AUDIO_EVENTS = (
     "'data: ' lines, {events}, each as JSON after an 'event: ' line naming its type; no [DONE]. A worker "
@@ -395,7 +401,7 @@ def _transcription_operation() -> Schema:
             "security": _KEYED,
             "requestBody": {
                 "required": True,
-                "content": {"multipart/form-data": {"schema": _ref("TranscriptionRequest")}},
+                "content": {_FORM: {"schema": _ref("TranscriptionRequest")}},
             },
             "responses": {
                 "200": {
@@ -484,14 +490,10 @@ def _paths() -> dict[str, Schema]:
             "a TextCompletionChunk",
         ),
         IMAGES_PATH: _generation(
-            "create_image",
-            "Draw images from a prompt",
-            "ImageGenerationRequest",
-            "ImagesResponse",
-            (
-                "an ImageGenPartialImageEvent (partial_images of them per image, from intermediate denoising steps) "
-                "or, one per image, an ImageGenCompletedEvent (its image as b64_json whatever response_format)"
-            ),
+            "create_image", "Draw images from a prompt", "ImageGenerationRequest", "ImagesResponse", _IMAGE_SSE("Gen")
+        ),
+        IMAGE_EDITS_PATH: _generation(
+            "create_image_edit", "Edit images from a prompt", "ImageEditRequest", "ImagesResponse", _IMAGE_SSE("Edit")
         ),
         TRANSCRIPTIONS_PATH: _transcription_operation(),
         SPEECH_PATH: _speech_operation(),

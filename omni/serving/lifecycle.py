@@ -32,6 +32,7 @@ from omni.engines.audio_decoder import AudioDecodeError
 from omni.engines.generation import Generation, OutputOptions, choice_params, new_request_id, response_id
 from omni.errors import APIError, bad_request, service_unavailable
 from omni.modalities.inputs.items import MediaItem, decode_params
+from omni.modalities.inputs.pipeline import PromptInputs
 from omni.modalities.inputs.placeholders import placeholder_ids
 from omni.modalities.outputs.audio import ModelAudio
 from omni.modalities.outputs.image import ImageSettings
@@ -59,6 +60,7 @@ from omni.serving.sampling import sampling_params, truncate_prompt, truncated_me
 from omni.serving.spoken import ChatAudio, ban_audio, chat_audio, recall_spoken
 from omni.shared.media import MediaLimits
 from omni.shared.media.audio import decode_audio
+from omni.shared.media.compositing import EditCanvas
 from omni.shared.media.errors import MediaError
 from omni.shared.store.base import ArtifactStore
 from omni.shared.store.keys import content_hash
@@ -229,6 +231,9 @@ class ImageGeneration(Prepared):
     order they happened."""
 
     previews: asyncio.Queue[Any]  # ImagePreview, and what the response puts there itself
+    # An edit's: previews are finished against it as its images are (ImageSettings.canvas)
+    canvas: EditCanvas | None = None
+    num_image_tokens: int = 0  # an edit's: the prompt tokens standing for its input images
 
 
 async def image_generation(
@@ -236,35 +241,10 @@ async def image_generation(
 ) -> ImageGeneration:
     """POST /v1/images/generations: the prompt as a user turn, the reply forced to be one image
     span (the prompt ends with its opening token), n choices each drawn with seed + i."""
-    model = _image_model(models, req.model)
-    images = model.images
-    assert images is not None
-    turn = parse_chat_completion_request(
-        {
-            "model": model.name,
-            "messages": [{"role": "user", "content": req.prompt}],
-            # the answer is the image: templates that reason first are told not to
-            "chat_template_kwargs": {"enable_thinking": False, "skip_reasoning": True},
-        }
-    )
-    check_serving(model)
-    if not images.ready:
-        raise service_unavailable("The image decoder is starting; retry shortly.", retry_after_s=5)
-    model.pool.check_admission()
+    model = image_model(models, req.model)
+    turn = image_turn(model, req.prompt)
+    check_drawing(model)
     prompt = await chat_prompt(model, turn, [])
-    token_ids = [*prompt.token_ids, images.format.start_token_id]
-    if len(token_ids) + images.format.span_tokens > model.pool.max_model_len:
-        raise bad_request(
-            f"The prompt is {len(token_ids)} tokens; with the {images.format.span_tokens} of an image it "
-            f"exceeds the model's context of {model.pool.max_model_len}.",
-            param="prompt",
-            code="context_length_exceeded",
-        )
-    assert images.grammar is not None  # compiled at start-up
-    constraints = ChoiceConstraints(
-        model, turn, None, token_ids, images.format.span_tokens,
-        images=OutputSpans(images.grammar, images.format.start_token_id, opened=True),
-    )  # fmt: skip
     settings = ImageSettings(
         size=req.size,
         steps=req.num_inference_steps,
@@ -275,15 +255,65 @@ async def image_generation(
         as_url=req.response_format == "url" and not req.stream,
         partial_images=req.partial_images,
     )
+    return image_choices(model, turn, prompt, settings, n=req.n, timeout=timeout)
+
+
+def image_turn(model: ServedModel, text: str) -> ChatCompletionRequest:
+    """A drawing request's user turn, as the chat request its constraints are made for."""
+    return parse_chat_completion_request(
+        {
+            "model": model.name,
+            "messages": [{"role": "user", "content": text}],
+            # the answer is the image: templates that reason first are told not to
+            "chat_template_kwargs": {"enable_thinking": False, "skip_reasoning": True},
+        }
+    )
+
+
+def check_drawing(model: ServedModel) -> None:
+    """The model's engines are up and its queue has room (503, 429), before any prompt work."""
+    images = model.images
+    assert images is not None  # image_model
+    check_serving(model)
+    if not images.ready:
+        raise service_unavailable("The image decoder is starting; retry shortly.", retry_after_s=5)
+    model.pool.check_admission()
+
+
+def image_choices(
+    model: ServedModel,
+    turn: ChatCompletionRequest,
+    prompt: PromptInputs,
+    settings: ImageSettings,
+    *,
+    n: int,
+    timeout: float | None,
+) -> ImageGeneration:
+    """n choices of the prompt followed by an image span's opening token, each held to the span
+    grammar and drawn with settings.seed + i."""
+    images = model.images
+    assert images is not None and images.grammar is not None  # compiled at start-up
+    token_ids = [*prompt.token_ids, images.format.start_token_id]
+    if len(token_ids) + images.format.span_tokens > model.pool.max_model_len:
+        raise bad_request(
+            f"The prompt is {len(token_ids)} tokens; with the {images.format.span_tokens} of an image it "
+            f"exceeds the model's context of {model.pool.max_model_len}.",
+            param="prompt",
+            code="context_length_exceeded",
+        )
+    constraints = ChoiceConstraints(
+        model, turn, None, token_ids, images.format.span_tokens,
+        images=OutputSpans(images.grammar, images.format.start_token_id, opened=True),
+    )  # fmt: skip
     previews: asyncio.Queue[Any] = asyncio.Queue()
     request_id = new_request_id("img")
     outputs = []
-    for i in range(req.n):
-        seed = None if req.seed is None else req.seed + i
+    for i in range(n):
+        seed = None if settings.seed is None else settings.seed + i
         params = SamplingParams(max_tokens=images.format.span_tokens, seed=seed)
         generation = Generation(
             model.pool, model.tokenizer, token_ids, params, f"{request_id}-{i}",
-            output=OutputOptions(), constraint=constraints.new(),
+            output=OutputOptions(), media=prompt.media, constraint=constraints.new(),
         )  # fmt: skip
         on_preview = functools.partial(_queue_preview, previews, i)
         outputs.append(OutputRouter(generation, images.route(settings, first_seed=seed, opened=True, on_preview=on_preview)))
@@ -294,7 +324,7 @@ def _queue_preview(queue: asyncio.Queue[Any], image: int, index: int, data: byte
     queue.put_nowait(ImagePreview(image, index, data, size))
 
 
-def _image_model(models: ModelRegistry, name: str | None) -> ServedModel:
+def image_model(models: ModelRegistry, name: str | None) -> ServedModel:
     """The named model, which must draw images, or the only served model that does."""
     return models.capable(
         name, lambda m: m.images is not None, lacks="has no image decoder: it cannot draw images",
@@ -372,7 +402,7 @@ async def transcription(models: ModelRegistry, req: TranscriptionRequest, *, tim
         digest = content_hash(req.file, params)
     item = MediaItem("audio", "file", req.file, None, digest)  # fmt None: FFmpeg probes the container
     turn = [{"type": "audio", "id": "audio_0"}, {"type": "text", "text": transcription_instruction(req)}]
-    template_ids = await asyncio.to_thread(_transcription_template, model, [{"role": "user", "content": turn}])
+    template_ids = await asyncio.to_thread(answer_template, model, [{"role": "user", "content": turn}])
     prompt = await media.expand(template_ids, [item])
     placeholders = placeholder_ids(model.tokenizer)
     num_audio = len(prompt.token_ids) - sum(t not in placeholders for t in template_ids)
@@ -412,8 +442,9 @@ def transcription_instruction(req: TranscriptionRequest) -> str:
     return " ".join(parts)
 
 
-def _transcription_template(model: ServedModel, messages: list[dict[str, Any]]) -> list[int]:
-    # The answer is the transcript: templates that reason first are told not to.
+def answer_template(model: ServedModel, messages: list[dict[str, Any]]) -> list[int]:
+    """The prompt of a turn whose answer is the endpoint's output (a transcript, an edited
+    image): templates that reason first are told not to."""
     return model.tokenizer.apply_chat_template(
         messages,
         add_generation_prompt=True,

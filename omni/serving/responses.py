@@ -319,6 +319,30 @@ class ImageGenCompletedEvent(Struct, kw_only=True, tag_field="type", tag="image_
     usage: ImageUsage
 
 
+class ImageEditPartialImageEvent(Struct, kw_only=True, tag_field="type", tag="image_edit.partial_image"):
+    """An intermediate denoising step's edited image (partial_images of them per image)."""
+
+    partial_image_index: Count
+    size: Size
+    b64_json: str
+    created_at: Count
+    output_format: OutputFormat
+    quality: Literal["auto"]
+    background: Literal["opaque"]
+
+
+class ImageEditCompletedEvent(Struct, kw_only=True, tag_field="type", tag="image_edit.completed"):
+    """One per edited image, as b64_json whatever response_format."""
+
+    b64_json: str
+    created_at: Count
+    output_format: OutputFormat
+    quality: Literal["auto"]
+    background: Literal["opaque"]
+    size: Size
+    usage: ImageUsage
+
+
 # ----------------------------------------------------------------------------- audio
 
 TranscriptLogprobs: TypeAlias = Annotated[list[LogprobEntry], Meta(description="With include [logprobs].")]
@@ -449,6 +473,8 @@ RESPONSE_TYPES: tuple[type[Struct], ...] = (
     ImagesResponse,
     ImageGenPartialImageEvent,
     ImageGenCompletedEvent,
+    ImageEditPartialImageEvent,
+    ImageEditCompletedEvent,
     Transcription,
     TranscriptionVerbose,
     TranscriptTextDeltaEvent,

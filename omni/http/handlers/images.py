@@ -1,11 +1,13 @@
-"""POST /v1/images/generations: the handler, and the images API's response format (the
-lifecycle is omni.serving.lifecycle.image_generation).
+"""POST /v1/images/generations and /v1/images/edits: the handlers, and the images API's
+response format (the lifecycles are omni.serving.lifecycle.image_generation and
+omni.serving.image_edits.image_edit).
 
 Not streamed: {created, data: [{url} | {b64_json}], output_format, size, quality, background,
 usage}, as the official client's ImagesResponse reads it. Streamed (stream: true), as OpenAI
 streams image generation: `image_generation.partial_image` events (partial_images of them per
 image, from intermediate denoising steps) and one `image_generation.completed` event per image,
-every image as b64_json, then [DONE].
+every image as b64_json, then [DONE]. An edit's events are `image_edit.partial_image` and
+`image_edit.completed`, its previews finished (sized and composited) as its images are.
 """
 
 from __future__ import annotations
@@ -23,14 +25,17 @@ from omni.engines.llm import EngineError
 from omni.errors import internal_error
 from omni.http import sse
 from omni.http.access_log import note_generation
-from omni.http.body import body_timeout, read_parsed, request_timeout
+from omni.http.body import body_timeout, read_image_edit_form, read_parsed, request_timeout
 from omni.http.state import MODELS
 from omni.modalities.outputs.router import OutputRouter
-from omni.serving import lifecycle
+from omni.serving import image_edits, lifecycle
 from omni.serving.lifecycle import ImageGeneration, ImagePreview
+from omni.serving.requests.image_edits import ImageEditFields, parse_image_edit_request
 from omni.serving.requests.images import ImageGenerationRequest, parse_image_generation_request
 from omni.serving.responses import (
     ImageData,
+    ImageEditCompletedEvent,
+    ImageEditPartialImageEvent,
     ImageGenCompletedEvent,
     ImageGenPartialImageEvent,
     ImagesResponse,
@@ -47,9 +52,35 @@ async def create_image(request: web.Request) -> web.StreamResponse:
         return await respond(request, req, generation)
 
 
-async def respond(request: web.Request, req: ImageGenerationRequest, generation: ImageGeneration) -> web.StreamResponse:
+async def create_image_edit(request: web.Request) -> web.StreamResponse:
+    models = request.app[MODELS]
+    max_file_bytes = lifecycle.max_upload_bytes(models)
+    form = await read_image_edit_form(request, max_file_bytes=max_file_bytes, timeout=body_timeout(request))
+    req = parse_image_edit_request(form)
+    generation = await image_edits.image_edit(models, req, timeout=request_timeout(request))
+    note_generation(request, generation.model.name, generation.generations)
+    with generation.admitted():
+        return await respond(request, req, generation, _EDIT_EVENTS)
+
+
+@dataclass(frozen=True, slots=True)
+class _Events:
+    partial: type[ImageGenPartialImageEvent] | type[ImageEditPartialImageEvent]
+    completed: type[ImageGenCompletedEvent] | type[ImageEditCompletedEvent]
+
+
+_GENERATION_EVENTS = _Events(ImageGenPartialImageEvent, ImageGenCompletedEvent)
+_EDIT_EVENTS = _Events(ImageEditPartialImageEvent, ImageEditCompletedEvent)
+
+
+async def respond(
+    request: web.Request,
+    req: ImageGenerationRequest | ImageEditFields,
+    generation: ImageGeneration,
+    events: _Events = _GENERATION_EVENTS,
+) -> web.StreamResponse:
     if req.stream:
-        return await _stream(request, req, generation)
+        return await _stream(request, req, generation, events)
     choices = await sse.collect(generation.outputs)
     images = [_the_image(c.images) for c in choices]
     data = [
@@ -63,7 +94,7 @@ async def respond(request: web.Request, req: ImageGenerationRequest, generation:
         size=_size(images[0]),
         quality="auto",
         background="opaque",
-        usage=_usage(generation.outputs),
+        usage=_usage(generation),
     )
     return await sse.json_response(body)
 
@@ -83,14 +114,20 @@ def _b64(data: bytes) -> str:
     return base64.b64encode(data).decode()
 
 
-def _usage(outputs: list[OutputRouter]) -> ImageUsage:
-    """OpenAI's image usage: the prompt's tokens as text input, the image spans' as output."""
+def _usage(generation: ImageGeneration) -> ImageUsage:
+    """OpenAI's image usage: the prompt's tokens as input (an edit's input images' apart from
+    the text's), the image spans' as output."""
+    outputs = generation.outputs
     prompt = outputs[0].usage.prompt_tokens  # one prompt for all n
     output = sum(o.usage.completion_tokens for o in outputs)
-    return ImageUsage(prompt, ImageTokensDetails(text_tokens=prompt, image_tokens=0), output, prompt + output)
+    images = generation.num_image_tokens
+    details = ImageTokensDetails(text_tokens=prompt - images, image_tokens=images)
+    return ImageUsage(prompt, details, output, prompt + output)
 
 
-async def _stream(request: web.Request, req: ImageGenerationRequest, generation: ImageGeneration) -> web.StreamResponse:
+async def _stream(
+    request: web.Request, req: ImageGenerationRequest | ImageEditFields, generation: ImageGeneration, kinds: _Events
+) -> web.StreamResponse:
     """Each image is drawn by a task of its own. Its previews and, last, the image itself
     arrive on the one queue in the order they happen, so a preview never follows its image."""
     response = await sse.open_event_stream(request)
@@ -109,10 +146,16 @@ async def _stream(request: web.Request, req: ImageGenerationRequest, generation:
         while remaining:
             event = await events.get()
             if isinstance(event, ImagePreview):
-                partial = ImageGenPartialImageEvent(
+                data, size = event.data, event.size
+                if generation.canvas is not None:  # as the image will be: its size, the input outside the mask
+                    data, width, height = await asyncio.to_thread(
+                        generation.canvas.finish, data, req.output_format, req.output_compression
+                    )
+                    size = f"{width}x{height}"
+                partial = kinds.partial(
                     partial_image_index=event.index,
-                    size=event.size,
-                    b64_json=_b64(event.data),
+                    size=size,
+                    b64_json=_b64(data),
                     created_at=int(time.time()),
                     output_format=req.output_format,
                     quality="auto",
@@ -124,14 +167,14 @@ async def _stream(request: web.Request, req: ImageGenerationRequest, generation:
             if isinstance(event.result, BaseException):
                 await sse.send_error_and_done(response, _as_engine_error(event.result))
                 return response
-            completed = ImageGenCompletedEvent(
+            completed = kinds.completed(
                 b64_json=_b64(event.result.data),
                 created_at=int(time.time()),
                 output_format=req.output_format,
                 quality="auto",
                 background="opaque",
                 size=_size(event.result),
-                usage=_usage(generation.outputs),
+                usage=_usage(generation),
             )
             await sse.send_event(response, completed)
     finally:

@@ -17,6 +17,7 @@ asked for as bytes (b64_json, data URLs) are not stored.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import functools
 import json
@@ -32,6 +33,7 @@ from typing import Protocol
 from omni.engines.generation import Delta, GeneratedImage, Generation
 from omni.engines.vision_decoder import ImageRequest, VisionDecoderEngine
 from omni.metrics import Metrics
+from omni.shared.media.compositing import EditCanvas
 from omni.shared.media.image_sizes import nearest_size
 from omni.shared.store.base import ArtifactStore
 from omni.shared.store.keys import output_key
@@ -161,6 +163,9 @@ class ImageSettings:
     quality: int | None = None
     as_url: bool = True  # False: bytes (a data URL in chat, b64_json in the images API)
     partial_images: int = 0
+    # An edit's: the drawn image is drawn as PNG, then made the canvas's size and composited
+    # into the input outside the mask (omni/shared/media/compositing.py), then encoded.
+    canvas: EditCanvas | None = None
 
 
 class ModelImages:
@@ -243,21 +248,24 @@ class ImageDrawer:
                 steps=s.steps or self.images.default_steps,
                 seed=seed % 2**64,
                 guidance_scale=s.guidance_scale,
-                output_format=s.output_format,
-                quality=s.quality,
+                output_format="png" if s.canvas is not None else s.output_format,
+                quality=None if s.canvas is not None else s.quality,
                 partial_images=s.partial_images,
             ),
             None if self.on_preview is None else functools.partial(self.on_preview, size=f"{width}x{height}"),
         )
+        data, out_width, out_height = decoded.data, decoded.width, decoded.height
+        if s.canvas is not None:  # Pillow releases the GIL as it resizes and encodes
+            data, out_width, out_height = await asyncio.to_thread(s.canvas.finish, data, s.output_format, s.quality)
         media_type = MEDIA_TYPES[s.output_format]
         if s.as_url:
             key = output_key("image", _EXTENSIONS[s.output_format])
             put = time.monotonic()
-            await self.images.store.put(key, decoded.data, media_type)
+            await self.images.store.put(key, data, media_type)
             self.images.metrics.observe_store("put", time.monotonic() - put)
             url = await self.images.store.url(key, URL_EXPIRES_S)
         else:
             key = None
-            url = f"data:{media_type};base64,{base64.b64encode(decoded.data).decode()}"
+            url = f"data:{media_type};base64,{base64.b64encode(data).decode()}"
         log.debug("%s: image %dx%d seed %d in %.2f s", request_id, width, height, seed, time.monotonic() - started)
-        return GeneratedImage(url, decoded.width, decoded.height, media_type, data=decoded.data, key=key, seed=seed)
+        return GeneratedImage(url, out_width, out_height, media_type, data=data, key=key, seed=seed)

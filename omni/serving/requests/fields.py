@@ -8,7 +8,7 @@ import functools
 import re
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, TypeAlias, TypeVar
 
 import msgspec
@@ -99,6 +99,25 @@ def missing(param: str) -> APIError:
     return bad_request(
         f"Missing required parameter: '{param}'.", param=param, code="missing_required_parameter"
     )
+
+
+# ----------------------------------------------------------------------------- forms
+# A multipart form's values are texts, a field given as several parts (`include[]`) a list.
+
+
+def form_value(name: str, values: Sequence[T]) -> T:
+    """The one text of a field that takes one."""
+    if len(values) > 1:
+        raise bad_request(f"'{name}' is given {len(values)} times; send it once.", param=name)
+    return values[0]
+
+
+def form_bool(value: str, name: str) -> bool:
+    """A form's boolean, as the official client writes it: true or false."""
+    lowered = value.strip().lower()
+    if lowered not in ("true", "false"):
+        raise value_error(name, f"expected true or false, got {value!r}.")
+    return lowered == "true"
 
 
 # ----------------------------------------------------------------------------- Structs

@@ -104,7 +104,7 @@ def parse_image_generation_request(body: Body) -> ImageGenerationRequest:
     req = convert(body, ImageGenerationRequest)
     if not req.prompt.strip():
         raise value_error("prompt", "must not be empty.")
-    _check_size(req.size_sent, "size")
+    check_size(req.size_sent, "size")
     if req.output_compression is not None and req.output_format == "png":
         raise value_error("output_compression", "applies to jpeg and webp output only.")
     if req.partial_images and not req.stream:
@@ -134,7 +134,7 @@ class ChatImageOptions(Struct, frozen=True, kw_only=True, forbid_unknown_fields=
 def check_image_options(options: ChatImageOptions | None) -> None:
     if options is None:
         return
-    _check_size(options.size_sent, "image.size")
+    check_size(options.size_sent, "image.size")
     if options.output_compression is not None and options.output_format == "png":
         raise value_error("image.output_compression", "applies to jpeg and webp output only.")
 
@@ -155,7 +155,7 @@ class _ImageOnly(Struct, frozen=True):
     image: ChatImageOptions
 
 
-def _check_size(value: str | None, param: str) -> None:
+def check_size(value: str | None, param: str) -> None:
     if value is None:
         return
     try:

@@ -25,7 +25,6 @@ from typing import Annotated, Any, Literal, TypeAlias
 
 from msgspec import Struct
 
-from omni.errors import bad_request
 from omni.serving.requests.common import (
     Refused,
     check_known,
@@ -37,6 +36,8 @@ from omni.serving.requests.fields import (
     MAX_SEED,
     MIN_SEED,
     convert,
+    form_bool,
+    form_value,
     unsupported,
     value_error,
 )
@@ -111,7 +112,7 @@ class TranscriptionRequest:
 def parse_transcription_request(form: TranscriptionForm) -> TranscriptionRequest:
     check_known(form.fields, TRANSCRIPTION_FIELDS, TRANSCRIPTIONS_PATH)
     values: dict[str, Any] = {
-        name: list(parts) if name in _LISTS else _one(name, parts) for name, parts in form.fields.items() if parts
+        name: list(parts) if name in _LISTS else form_value(name, parts) for name, parts in form.fields.items() if parts
     }
     if form.file is not None:
         values["file"] = form.file
@@ -119,7 +120,7 @@ def parse_transcription_request(form: TranscriptionForm) -> TranscriptionRequest
         fmt = values["response_format"]
         raise unsupported("response_format", f"{fmt} captions need timestamps, and this model gives none.")
     if "stream" in values:
-        values["stream"] = _bool(values["stream"], "stream")
+        values["stream"] = form_bool(values["stream"], "stream")
     # not strict: each text is read as its field's type ("0.4" a number)
     fields = convert(values, TranscriptionFields, strict=False)
     if not fields.file:
@@ -141,19 +142,6 @@ def parse_transcription_request(form: TranscriptionForm) -> TranscriptionRequest
         logprobs=bool(fields.include),
         seed=fields.seed,
     )
-
-
-def _one(name: str, values: Sequence[str]) -> str:
-    if len(values) > 1:
-        raise bad_request(f"'{name}' is given {len(values)} times; send it once.", param=name)
-    return values[0]
-
-
-def _bool(value: str, name: str) -> bool:
-    lowered = value.strip().lower()
-    if lowered not in ("true", "false"):
-        raise value_error(name, f"expected true or false, got {value!r}.")
-    return lowered == "true"
 
 
 def _language(value: str) -> str | None:
