@@ -37,6 +37,7 @@ class _Open:
     item: dict[str, Any]
     index: int  # output_index
     text: list[str] = field(default_factory=list)
+    claimed: bool = False  # an image item: a t2i_model_generation call is its call
 
 
 class ResponseEvents:
@@ -53,6 +54,7 @@ class ResponseEvents:
         self._open: _Open | None = None
         self._calls: dict[int, _Open] = {}  # the parser's call index -> its function_call item
         self._drawing: set[int] = set()  # call indices that are t2i_model_generation (images)
+        self._unclaimed = 0  # images drawn before the parser named their call (it may hold the name back)
         self._content: list[str] = []
         self._reasoning: list[str] = []
         self._made_calls: list[dict[str, Any]] = []
@@ -207,7 +209,12 @@ class ResponseEvents:
         if opened is None:
             if self.t2i_call and call.name == T2I_TOOL:
                 self._drawing.add(call.index)
-                return self._image_item()[0]
+                if self._unclaimed:  # its image came out already
+                    self._unclaimed -= 1
+                    return []
+                events, image = self._image_item()
+                image.claimed = True
+                return events
             item = {"id": new_id("fc"), "type": "function_call", "call_id": call.id or new_id("call"),
                     "name": call.name or "", "arguments": "", "status": "in_progress"}  # fmt: skip
             events, opened = self._begin(item)
@@ -233,6 +240,8 @@ class ResponseEvents:
 
     def _image(self, image: GeneratedImage) -> list[Event]:
         events, opened = self._image_item()
+        if self.t2i_call and not opened.claimed:
+            self._unclaimed += 1
         item = opened.item
         item |= {"status": "completed", "result": _b64(image.data), "size": f"{image.width}x{image.height}",
                  "output_format": self.output_format, "quality": "auto", "background": "opaque"}  # fmt: skip
