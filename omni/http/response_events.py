@@ -113,7 +113,9 @@ class ResponseEvents:
         self.response["completed_at"] = int(time.time())
         self.response["usage"] = {
             "input_tokens": usage.prompt_tokens,
-            "input_tokens_details": {"cached_tokens": usage.cached_tokens},
+            # the prompt tokens this turn computed, which the prefix cache keeps (whole blocks of them)
+            "input_tokens_details": {"cached_tokens": usage.cached_tokens,
+                                     "cache_write_tokens": usage.prompt_tokens - usage.cached_tokens},  # fmt: skip
             "output_tokens": usage.completion_tokens,
             "output_tokens_details": {"reasoning_tokens": self.reasoning_tokens},
             "total_tokens": usage.prompt_tokens + usage.completion_tokens,

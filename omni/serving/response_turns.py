@@ -119,6 +119,7 @@ def response_turn(model: ServedModel, req: ResponseRequest, history: list[dict[s
     }
     params.prefixes["max_completion_tokens"] = "max_output_tokens"
     params.prefixes["response_format"] = "text.format"
+    params.prefixes["response_format.json_schema"] = "text.format"
     kwargs: dict[str, Json] = dict(SKIP_REASONING) if req.reasoning is not None and req.reasoning.skip else {}
     tools: list[dict[str, Json]] = []
     for i, tool in enumerate(req.tools):
