@@ -31,13 +31,13 @@ from omni.serving.requests import ChatCompletionRequest, parse_chat_completion_r
 from omni.serving.requests.fields import Json, value_error
 from omni.serving.requests.responses import (
     ContentPart,
-    FunctionCall,
+    FunctionCallItem,
     FunctionCallOutput,
     FunctionChoice,
     ImageGenerationCall,
     ImageGenerationChoice,
     ImageGenerationTool,
-    InputAudio,
+    InputAudioContent,
     InputFile,
     InputImage,
     InputText,
@@ -198,7 +198,7 @@ def _input_messages(req: ResponseRequest, params: ParamMap, *, offset: int) -> l
             message: dict[str, Json] = {"role": item.role, "content": _content(item, param)}
             if item.role == "assistant" and reasoning is not None:
                 message["reasoning_content"], reasoning = reasoning, None
-        elif isinstance(item, FunctionCall):
+        elif isinstance(item, FunctionCallItem):
             call = {"id": item.call_id, "type": "function", "function": {"name": item.name, "arguments": item.arguments}}
             last = out[-1] if out else None
             if last is not None and last["role"] == "assistant" and reasoning is None:  # the same turn's
@@ -238,7 +238,7 @@ def _content(item: Message, param: str) -> Json:
         return item.content
     if item.role != "user":  # text only, as chat's
         for j, part in enumerate(item.content):
-            if isinstance(part, InputImage | InputAudio | InputFile):
+            if isinstance(part, InputImage | InputAudioContent | InputFile):
                 raise value_error(f"{param}.content[{j}]", f"a {item.role} message may only contain text parts.")
         return "".join(_text(p) for p in item.content)
     return [_part(p, f"{param}.content[{j}]") for j, p in enumerate(item.content)]
@@ -252,7 +252,7 @@ def _part(part: ContentPart, param: str) -> dict[str, Json]:
             raise _no_files(param, "image_url")
         detail = None if part.detail in ("auto", "original") else part.detail
         return {"type": "image_url", "image_url": {"url": part.image_url, "detail": detail}}
-    if isinstance(part, InputAudio):
+    if isinstance(part, InputAudioContent):
         return {"type": "input_audio", "input_audio": {"data": part.input_audio.data, "format": part.input_audio.format}}
     return {"type": "image_url", "image_url": {"url": _file_url(part, param)}}
 

@@ -49,7 +49,7 @@ class OutputText(Struct, frozen=True, tag_field="type", tag="output_text"):
     come back with it and are not read)."""
 
     text: str
-    annotations: list[Any] = []
+    annotations: list[Any] = field(default_factory=list)
     logprobs: list[Any] | None = None
 
 
@@ -68,7 +68,7 @@ class AudioData(Struct, frozen=True):
     format: str
 
 
-class InputAudio(Struct, frozen=True, tag_field="type", tag="input_audio"):
+class InputAudioContent(Struct, frozen=True, tag_field="type", tag="input_audio"):
     input_audio: AudioData
 
 
@@ -82,7 +82,7 @@ class InputFile(Struct, frozen=True, tag_field="type", tag="input_file"):
     detail: str | None = None
 
 
-ContentPart: TypeAlias = InputText | OutputText | Refusal | InputImage | InputAudio | InputFile
+ContentPart: TypeAlias = InputText | OutputText | Refusal | InputImage | InputAudioContent | InputFile
 
 
 # ----------------------------------------------------------------------------- input items
@@ -96,7 +96,7 @@ class Message(Struct, frozen=True, kw_only=True, tag_field="type", tag="message"
     phase: str | None = None
 
 
-class FunctionCall(Struct, frozen=True, kw_only=True, tag_field="type", tag="function_call"):
+class FunctionCallItem(Struct, frozen=True, kw_only=True, tag_field="type", tag="function_call"):
     call_id: str
     name: str
     arguments: str
@@ -120,7 +120,7 @@ class ReasoningText(Struct, frozen=True, tag_field="type", tag="reasoning_text")
 
 
 class Reasoning(Struct, frozen=True, kw_only=True, tag_field="type", tag="reasoning"):
-    summary: tuple[SummaryText, ...] = ()
+    summary: list[SummaryText] = field(default_factory=list)
     content: tuple[ReasoningText, ...] | None = None
     id: str | None = None
     encrypted_content: str | None = None
@@ -133,7 +133,7 @@ class ImageGenerationCall(Struct, frozen=True, kw_only=True, tag_field="type", t
     status: str | None = None
 
 
-InputItem: TypeAlias = Message | FunctionCall | FunctionCallOutput | Reasoning | ImageGenerationCall
+InputItem: TypeAlias = Message | FunctionCallItem | FunctionCallOutput | Reasoning | ImageGenerationCall
 
 
 # ----------------------------------------------------------------------------- tools
@@ -221,7 +221,7 @@ class ReasoningConfig(Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
         return self.effort in ("none", "minimal")
 
 
-class StreamOptions(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+class ResponseStreamOptions(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     include_obfuscation: Literal[False] | None = None  # events carry no obfuscation padding
 
 
@@ -255,7 +255,7 @@ class ResponseRequest(Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
     store: Annotated[bool, honoured("keep the response for GET, follow-ups and cancel, for a bounded time")] = True
     background: Annotated[bool, honoured("answer at once with the response queued; GET it later")] = False
     stream: Annotated[bool, honoured("server-sent events, named by type, each with a sequence_number")] = False
-    stream_options: Annotated[StreamOptions, honoured("include_obfuscation is accepted false only")] | None = None
+    stream_options: Annotated[ResponseStreamOptions, honoured("include_obfuscation is accepted false only")] | None = None
     include: Annotated[Refused, default_only("no extra output data is available", [])] = None
     truncation: Annotated[Refused, default_only("an input past the context is a 400", "disabled")] = None
     service_tier: Annotated[Refused, default_only("there is one processing tier", "auto", "default")] = None
