@@ -38,9 +38,9 @@ from omni.modalities.outputs.image import ModelImages
 from omni.model_layout import ModelLayout
 from omni.serving.model import ModelRegistry, ServedModel
 from omni.serving.requests.responses import RESPONSES_PATH
-from omni.serving.response_store import ResponseStore
 from omni.serving.requests.speech import SPEECH_PATH
 from omni.serving.requests.transcriptions import TRANSCRIPTIONS_PATH
+from omni.serving.response_store import ResponseStore
 from omni.shared.store.base import ArtifactStore
 from omni.shared.store.spec import StoreSpec
 from omni.text.chat_format import ChatFormat

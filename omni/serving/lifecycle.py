@@ -56,10 +56,10 @@ from omni.serving.requests import (
 )
 from omni.serving.requests.images import ImageGenerationRequest
 from omni.serving.requests.responses import ResponseRequest
-from omni.serving.response_store import ResponseStore
-from omni.serving.response_turns import ResponseTurn, response_turn
 from omni.serving.requests.speech import SpeechRequest
 from omni.serving.requests.transcriptions import TranscriptionRequest
+from omni.serving.response_store import ResponseStore
+from omni.serving.response_turns import ResponseTurn, response_turn
 from omni.serving.sampling import sampling_params, truncate_prompt, truncated_media
 from omni.serving.spoken import ChatAudio, ban_audio, chat_audio, recall_spoken
 from omni.shared.media import MediaLimits
