@@ -27,9 +27,9 @@ from omni.http import openapi
 from omni.http.access_log import add_request_id_header, request_id_middleware
 from omni.http.cors import install_cors
 from omni.http.errors import error_middleware
-from omni.http.handlers import artifacts, chat, completions, images, speech, system, tokenize, transcriptions
+from omni.http.handlers import artifacts, chat, completions, images, responses, speech, system, tokenize, transcriptions
 from omni.http.metrics_middleware import http_metrics_middleware
-from omni.http.state import CONFIG, METRICS, MODELS, STORE
+from omni.http.state import CONFIG, METRICS, MODELS, RESPONSES, STORE
 from omni.http.stats_line import log_stats_forever
 from omni.metrics import Metrics
 from omni.modalities.inputs.pipeline import MediaPipeline
@@ -38,8 +38,10 @@ from omni.modalities.outputs.image import ModelImages
 from omni.model_layout import ModelLayout
 from omni.serving.model import ModelRegistry, ServedModel
 from omni.serving.requests.image_edits import IMAGE_EDITS_PATH
+from omni.serving.requests.responses import RESPONSES_PATH
 from omni.serving.requests.speech import SPEECH_PATH
 from omni.serving.requests.transcriptions import TRANSCRIPTIONS_PATH
+from omni.serving.response_store import ResponseStore
 from omni.shared.store.base import ArtifactStore
 from omni.shared.store.spec import StoreSpec
 from omni.text.chat_format import ChatFormat
@@ -232,6 +234,15 @@ async def _store_ctx(app: web.Application) -> AsyncIterator[None]:
         await store.close()
 
 
+async def _responses_ctx(app: web.Application) -> AsyncIterator[None]:
+    """Stored responses; background runs are cancelled before the models stop."""
+    app[RESPONSES] = store = ResponseStore()
+    try:
+        yield
+    finally:
+        await store.close()
+
+
 def create_app(config: ServerConfig) -> web.Application:
     # Outermost first: errors become OpenAI error objects, unless the client is gone.
     metrics = Metrics()
@@ -253,6 +264,7 @@ def create_app(config: ServerConfig) -> web.Application:
     app[MODELS] = ModelRegistry()
     app.cleanup_ctx.append(_store_ctx)
     app.cleanup_ctx.append(_models_ctx)
+    app.cleanup_ctx.append(_responses_ctx)
     app.cleanup_ctx.append(_stats_ctx)
     add_routes(app, config.root_path)
     return app
@@ -274,6 +286,10 @@ def _add_routes(app: web.Application, prefix: str) -> None:
     router.add_post("/v1/completions", completions.create_completion)
     router.add_post("/v1/images/generations", images.create_image)
     router.add_post(IMAGE_EDITS_PATH, images.create_image_edit)
+    router.add_post(RESPONSES_PATH, responses.create_response)
+    router.add_get(RESPONSES_PATH + "/{response_id}", responses.get_response)
+    router.add_delete(RESPONSES_PATH + "/{response_id}", responses.delete_response)
+    router.add_post(RESPONSES_PATH + "/{response_id}/cancel", responses.cancel_response)
     router.add_post(SPEECH_PATH, speech.create_speech)
     router.add_post(TRANSCRIPTIONS_PATH, transcriptions.create_transcription)
     router.add_get("/v1/models", system.list_models)
@@ -303,3 +319,6 @@ class _PrefixedRouter:
 
     def add_post(self, path: str, handler: Handler) -> None:
         self._router.add_post(self._prefix + path, handler)
+
+    def add_delete(self, path: str, handler: Handler) -> None:
+        self._router.add_delete(self._prefix + path, handler)

@@ -48,6 +48,7 @@ from omni.serving.requests.images import (
     IMAGES_PATH,
     ImageGenerationRequest,
 )
+from omni.serving.requests.responses import RESPONSES_PATH, ResponseRequest
 from omni.serving.requests.speech import SPEECH_PATH, SpeechRequest
 from omni.serving.requests.tokenize import (
     DETOKENIZE_PATH,
@@ -116,6 +117,7 @@ _REQUESTS: dict[str, type[Struct]] = {
     "TokenizeCompletionRequest": TokenizeCompletionRequest,
     "TokenizeChatRequest": TokenizeChatRequest,
     "DetokenizeRequest": DetokenizeRequest,
+    "ResponseRequest": ResponseRequest,
 }
 # The generation endpoints' request components.
 _GENERATION: Mapping[Endpoint, str] = {"chat": "ChatCompletionRequest", "completions": "TextCompletionRequest"}
@@ -294,6 +296,15 @@ def _response_schemas() -> dict[str, Schema]:
     _, components = msgspec.json.schema_components(
         (*RESPONSE_TYPES, Error), ref_template="#/components/schemas/{name}"
     )
+    # The Responses API's Response object (omni/http/response_events.py builds it), in outline.
+    components["Response"] = {
+        "type": "object",
+        "properties": {
+            "id": _STRING, "object": {"const": "response"}, "status": _STRING, "output": {"type": "array"},
+            "usage": {"anyOf": [{"type": "object"}, {"type": "null"}]},
+        },
+        "required": ["id", "object", "status", "output"],
+    }  # fmt: skip
     return components
 
 
@@ -463,6 +474,13 @@ def _post(operation_id: str, summary: str, request: Schema, result: str) -> Sche
     }
 
 
+_RESPONSE_ID = [{"name": "response_id", "in": "path", "required": True, "schema": _STRING}]
+
+
+def _stored_response(description: str) -> Schema:
+    return {"200": {"description": description, "content": _json(_ref("Response"))}, **_errors("400", "401", "404", "500")}
+
+
 def _paths() -> dict[str, Schema]:
     health = {
         "200": {"description": "Every model is ready.", "content": _json(_ref("Health"))},
@@ -495,6 +513,24 @@ def _paths() -> dict[str, Schema]:
         IMAGE_EDITS_PATH: _generation(
             "create_image_edit", "Edit images from a prompt", "ImageEditRequest", "ImagesResponse", _IMAGE_SSE("Edit")
         ),
+        RESPONSES_PATH: _generation(
+            "create_response",
+            "Create a model response (OpenAI's Responses API)",
+            "ResponseRequest",
+            "Response",
+            "a Responses stream event (response.created, response.output_text.delta, ...; each after an "
+            "'event: ' line naming its type, with a sequence_number; no [DONE])",
+        ),
+        RESPONSES_PATH + "/{response_id}": {
+            **_get("get_response", "A stored response", _stored_response("The response."), _KEYED,
+                   parameters=_RESPONSE_ID),
+            "delete": {"operationId": "delete_response", "summary": "Delete a stored response", "security": _KEYED,
+                       "parameters": _RESPONSE_ID, "responses": _stored_response("It is deleted.")},
+        },  # fmt: skip
+        RESPONSES_PATH + "/{response_id}/cancel": {
+            "post": {"operationId": "cancel_response", "summary": "Cancel a background response", "security": _KEYED,
+                     "parameters": _RESPONSE_ID, "responses": _stored_response("The response, cancelled.")},
+        },  # fmt: skip
         TRANSCRIPTIONS_PATH: _transcription_operation(),
         SPEECH_PATH: _speech_operation(),
         "/v1/models": _get(

@@ -7,9 +7,11 @@ from aiohttp import web
 from omni.config import ServerConfig
 from omni.metrics import Metrics
 from omni.serving.model import ModelRegistry
+from omni.serving.response_store import ResponseStore
 from omni.shared.store.base import ArtifactStore
 
 CONFIG = web.AppKey("config", ServerConfig)
 METRICS = web.AppKey("metrics", Metrics)
 MODELS = web.AppKey("models", ModelRegistry)
 STORE = web.AppKey("store", ArtifactStore)
+RESPONSES = web.AppKey("responses", ResponseStore)  # stored Responses API turns, and background runs

@@ -17,11 +17,11 @@ generation, and how its text is read back.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from omni.errors import bad_request
-from omni.modalities.outputs.image import ImageRoute, ImageSettings, ModelImages
+from omni.modalities.outputs.image import ImageRoute, ImageSettings, ModelImages, SizedPreviewCallback
 from omni.serving.choice_constraints import OutputSpans, TriggeredGrammar, prompt_opens_reasoning
 from omni.serving.model import ServedModel
 from omni.serving.requests import ChatCompletionRequest
@@ -107,6 +107,7 @@ class ChatImages:
     images: ModelImages
     settings: ImageSettings
     inline: bool  # the reference dialect: the image is a t2i_model_generation call's argument
+    on_preview: Callable[[int], SizedPreviewCallback] | None = None  # choice index -> its previews' callback
 
     def spans(self) -> OutputSpans | None:
         grammar = self.images.grammar
@@ -115,7 +116,8 @@ class ChatImages:
     def route(self, choice_index: int) -> ImageRoute:
         seed = self.settings.seed
         first = None if seed is None else seed + choice_index * SEEDS_PER_CHOICE
-        return self.images.route(self.settings, first_seed=first, inline=self.inline)
+        on_preview = None if self.on_preview is None else self.on_preview(choice_index)
+        return self.images.route(self.settings, first_seed=first, inline=self.inline, on_preview=on_preview)
 
 
 def chat_images(model: ServedModel, req: ChatCompletionRequest) -> ChatImages | None:

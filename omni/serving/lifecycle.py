@@ -22,8 +22,10 @@ when its deltas are first asked for, so an error in an earlier step costs no eng
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import math
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
@@ -54,8 +56,11 @@ from omni.serving.requests import (
     parse_chat_completion_request,
 )
 from omni.serving.requests.images import ImageGenerationRequest
+from omni.serving.requests.responses import ResponseRequest
 from omni.serving.requests.speech import SpeechRequest
 from omni.serving.requests.transcriptions import TranscriptionRequest
+from omni.serving.response_store import ResponseStore
+from omni.serving.response_turns import ResponseTurn, response_turn
 from omni.serving.sampling import sampling_params, truncate_prompt, truncated_media
 from omni.serving.spoken import ChatAudio, ban_audio, chat_audio, recall_spoken
 from omni.shared.media import MediaLimits
@@ -109,10 +114,13 @@ async def chat(
     store: ArtifactStore | None,
     timeout: float | None,
     client_request_id: str | None = None,
+    previews: asyncio.Queue[Any] | None = None,
+    partial_images: int = 0,
 ) -> Completion:
     """store: where earlier spoken answers are kept, for turns that refer to one by id.
     client_request_id: the client's X-Request-Id; it names the response before the body's
-    request_id does, as in vLLM."""
+    request_id does, as in vLLM. previews: where partial_images previews of each drawn image
+    go, as ImagePreview (the Responses API streams them)."""
     model = models.get(req.model)  # a 404 naming the model if it is not served
     req = await recall_spoken(store, req)  # earlier spoken answers referred to by id
     check_tool_choice(model, req)
@@ -131,6 +139,10 @@ async def chat(
     )
     params = ban_audio(model, req, ban_images(model, req, ban_tool_markup(model, req, params)))
     images = chat_images(model, req)
+    if images is not None and previews is not None and partial_images:
+        settings = dataclasses.replace(images.settings, partial_images=partial_images)
+        on_preview = functools.partial(_choice_previews, previews)
+        images = dataclasses.replace(images, settings=settings, on_preview=on_preview)
     speaking = chat_audio(model, req)
     fmt = output_format(model, req, token_ids)
     grammar = await _grammar(model, req) if req.grammar is not None else await tool_grammar(model, req, params.max_tokens)
@@ -169,6 +181,42 @@ async def chat(
         id=response_id("chatcmpl", client_request_id or req.request_id, completion_id), model=model, outputs=outputs, timeout=timeout,
         output_format=fmt, inline_images=images is not None and images.inline, audio=speaking,
     )  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Response(Completion):
+    """A Responses API turn, ready to run: chat's one choice, the turn it answers (the
+    conversation to store), and the queue its image previews arrive on (ImagePreview)."""
+
+    turn: ResponseTurn
+    previews: asyncio.Queue[Any]
+
+
+async def response(
+    models: ModelRegistry, req: ResponseRequest, *, responses: ResponseStore, store: ArtifactStore | None,
+    timeout: float | None,
+) -> Response:  # fmt: skip
+    """POST /v1/responses: the earlier turns of previous_response_id, then the request as a
+    chat turn (omni/serving/response_turns.py), answered by chat's lifecycle."""
+    history: list[dict[str, Any]] = []
+    if req.previous_response_id is not None:
+        earlier = responses.get(req.previous_response_id)
+        if earlier is None:
+            raise bad_request(
+                f"Previous response with id '{req.previous_response_id}' not found (or it expired).",
+                param="previous_response_id",
+            )
+        history = earlier.messages
+    model = models.get(req.model)
+    turn = response_turn(model, req, history)
+    previews: asyncio.Queue[Any] = asyncio.Queue()
+    partial = turn.image_tool.partial_images if turn.image_tool is not None and req.stream else 0
+    try:
+        done = await chat(models, turn.chat, store=store, timeout=timeout, previews=previews, partial_images=partial)
+    except (APIError, MediaError) as exc:
+        raise turn.params.rename(exc) from None
+    fields = {f.name: getattr(done, f.name) for f in dataclasses.fields(done)}
+    return Response(**fields, turn=turn, previews=previews)
 
 
 async def completion(
@@ -318,6 +366,10 @@ def image_choices(
         on_preview = functools.partial(_queue_preview, previews, i)
         outputs.append(OutputRouter(generation, images.route(settings, first_seed=seed, opened=True, on_preview=on_preview)))
     return ImageGeneration(model=model, outputs=outputs, timeout=timeout, previews=previews)
+
+
+def _choice_previews(queue: asyncio.Queue[Any], choice_index: int) -> Callable[..., None]:
+    return functools.partial(_queue_preview, queue, choice_index)
 
 
 def _queue_preview(queue: asyncio.Queue[Any], image: int, index: int, data: bytes, *, size: str) -> None:

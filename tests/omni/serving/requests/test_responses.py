@@ -1,0 +1,80 @@
+"""The Responses body: what the official client sends converts, and each bad part is a 400
+naming where it is, in the client's own terms."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from omni.errors import APIError
+from omni.serving.requests.responses import (
+    FunctionCallOutput,
+    ImageGenerationChoice,
+    ImageGenerationTool,
+    InputFile,
+    InputImage,
+    Message,
+    parse_response_request,
+)
+
+
+def test_a_string_input_and_typed_items() -> None:
+    assert parse_response_request({"model": "m", "input": "hi"}).input == "hi"
+    req = parse_response_request(
+        {
+            "model": "m",
+            "input": [
+                {"role": "user", "content": [{"type": "input_text", "text": "a"},
+                                             {"type": "input_image", "image_url": "data:image/png;base64,AA=="},
+                                             {"type": "input_file", "file_data": "AA==", "filename": "x.png"}]},
+                {"type": "function_call_output", "call_id": "c1", "output": "{}"},
+            ],
+            "tools": [{"type": "image_generation", "size": "768x768", "partial_images": 2}],
+            "tool_choice": {"type": "image_generation"},
+            "reasoning": {"effort": "none", "summary": "auto"},
+        }
+    )  # fmt: skip
+    assert isinstance(req.input, list)
+    message, output = req.input
+    assert isinstance(message, Message) and isinstance(output, FunctionCallOutput)
+    assert [type(p) for p in message.content] == [type(message.content[0]), InputImage, InputFile]
+    assert isinstance(req.tool_choice, ImageGenerationChoice)
+    assert isinstance(req.image_tool, ImageGenerationTool) and req.image_tool.parsed_size == (768, 768)
+    assert req.reasoning is not None and req.reasoning.skip
+
+
+BAD: list[tuple[dict[str, Any], str, str]] = [
+    ({"input": [{"type": "computer_call"}]}, "input[0].type", "invalid_value"),
+    ({"input": [{"role": "user", "content": [{"type": "input_video"}]}]}, "input[0].content[0].type", "invalid_value"),
+    ({"tools": [{"type": "web_search_preview"}]}, "tools[0].type", "invalid_value"),
+    ({"tools": [{"type": "image_generation", "size": "1024x1024"}]}, "tools[0].size", "invalid_value"),
+    ({"tools": [{"type": "image_generation", "background": "transparent"}]}, "tools[0].background", "invalid_value"),
+    ({"tools": [{"type": "image_generation", "partial_images": 4}]}, "tools[0].partial_images", None),
+    ({"tool_choice": {"type": "function", "name": "f"}}, "tool_choice.name", "invalid_value"),
+    ({"tool_choice": {"type": "image_generation"}}, "tool_choice", "invalid_value"),
+    ({"max_tool_calls": 3}, "max_tool_calls", "unsupported_parameter"),
+    ({"truncation": "auto"}, "truncation", "unsupported_parameter"),
+    ({"frequency_penalty": 1}, "frequency_penalty", "unknown_parameter"),
+    ({"background": True, "store": False}, "store", None),
+    ({"metadata": {str(i): "v" for i in range(17)}}, "metadata", "invalid_value"),
+    ({"reasoning": {"effort": "extreme"}}, "reasoning.effort", "invalid_value"),
+    ({"text": {"format": {"type": "json_schema"}}}, "text.format.name", None),
+]
+
+
+@pytest.mark.parametrize("extra, param, code", BAD)
+def test_a_bad_part_is_a_400_naming_it(extra: dict[str, Any], param: str, code: str | None) -> None:
+    with pytest.raises(APIError) as caught:
+        parse_response_request({"model": "m", "input": "hi", **extra})
+    assert caught.value.status == 400
+    assert caught.value.param == param, caught.value.message
+    if code is not None:
+        assert caught.value.code == code
+
+
+def test_input_is_needed_unless_a_turn_continues() -> None:
+    with pytest.raises(APIError) as caught:
+        parse_response_request({"model": "m"})
+    assert caught.value.param == "input"
+    assert parse_response_request({"model": "m", "previous_response_id": "resp_1"}).input == ""
