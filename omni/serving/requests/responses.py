@@ -18,7 +18,6 @@ from msgspec import Meta, Struct, field
 from omni.errors import bad_request
 from omni.serving.requests.common import (
     STRING,
-    STRING_MAP,
     Refused,
     check_known,
     default_only,
