@@ -73,3 +73,26 @@ class VoiceActivity:
             self._context = window[-CONTEXT:]
             out.append(float(prob.reshape(-1)[0]))
         return out
+
+
+class LazyVoiceActivityModel:
+    """The server's one model, loaded on the first realtime session that needs it (onnxruntime
+    and the model file cost a fraction of a second, paid only by servers that take sessions);
+    None, with a warning once, where silero-vad or onnxruntime is not installed."""
+
+    def __init__(self) -> None:
+        self._model: VoiceActivityModel | None = None
+        self._failed = False
+
+    def get(self) -> VoiceActivityModel | None:
+        if self._model is None and not self._failed:
+            try:
+                self._model = VoiceActivityModel()
+            except (ImportError, RuntimeError, OSError) as exc:
+                import logging
+
+                logging.getLogger("omni.modalities.inputs.voice_activity").warning(
+                    "server VAD is unavailable (%s): realtime sessions start with turn_detection null", exc
+                )
+                self._failed = True
+        return self._model

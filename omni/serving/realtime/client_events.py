@@ -101,6 +101,9 @@ class SessionFields(Struct, forbid_unknown_fields=True):
     truncation: Literal["auto", "disabled"] | UnsetType = UNSET  # informational: the context is the model's
     tracing: None | Literal["auto"] | UnsetType = UNSET  # informational: no traces are kept
     include: list[Literal["item.input_audio_transcription.logprobs"]] | UnsetType = UNSET  # informational
+    # ours, as chat's (vLLM's) fields: reproducible answers, and a bias a test steers a random model with
+    seed: int | UnsetType = UNSET
+    logit_bias: dict[str, Annotated[float, Meta(ge=-100.0, le=100.0)]] | UnsetType = UNSET
 
 
 class ResponseAudioOutput(Struct, forbid_unknown_fields=True):
@@ -126,6 +129,9 @@ class ResponseFields(Struct, forbid_unknown_fields=True):
     input: list[Any] | UnsetType = UNSET  # with conversation none: the items the prompt holds instead
     metadata: dict[str, str] | UnsetType = UNSET
     parallel_tool_calls: bool | UnsetType = UNSET
+    # ours, as chat's (vLLM's) fields: reproducible answers, and a bias a test steers a random model with
+    seed: int | UnsetType = UNSET
+    logit_bias: dict[str, Annotated[float, Meta(ge=-100.0, le=100.0)]] | UnsetType = UNSET
 
 
 # -------------------------------------------------------------------- conversation items

@@ -149,8 +149,9 @@ class ResponseEvents:
             item = {"id": new_item_id(), "object": "realtime.item", "type": "message", "role": "assistant",
                     "status": "in_progress", "content": []}  # fmt: skip
             self._message = self._add(item)
-            part = {"type": "output_audio", "transcript": ""} if self.audio else {"type": "output_text", "text": ""}
-            self.emit({"type": "response.content_part.added", **self._ids(self._message), "part": dict(part)})
+            # the events' part is typed "audio" or "text" (the item's content: output_audio, output_text)
+            part = {"type": "audio", "transcript": ""} if self.audio else {"type": "text", "text": ""}
+            self.emit({"type": "response.content_part.added", **self._ids(self._message), "part": part})
         return self._message
 
     def _text(self, text: str) -> None:
@@ -182,7 +183,8 @@ class ResponseEvents:
             part = {"type": "output_text", "text": text}
             self.emit({"type": "response.output_text.done", **ids, "text": text})
         opened.item["content"] = [part]
-        self.emit({"type": "response.content_part.done", **ids, "part": part})
+        event_part = {"type": "audio", "transcript": text} if self.audio else {"type": "text", "text": text}
+        self.emit({"type": "response.content_part.done", **ids, "part": event_part})
         self._finish(opened, status)
 
     def _call(self, call: ToolCallDelta) -> None:

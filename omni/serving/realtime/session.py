@@ -75,6 +75,8 @@ class RealtimeSession:
             "max_output_tokens": "inf",
             "parallel_tool_calls": True,
             "truncation": "auto",
+            "seed": None,
+            "logit_bias": None,
         }
         self.conversation = Conversation()
         self.max_buffer_seconds = max_buffer_seconds
@@ -175,7 +177,7 @@ class RealtimeSession:
         if f.model is not UNSET and f.model != self.model.name:
             raise bad_request(f"The session's model is '{self.model.name}'; it cannot change.", param="session.model")
         for name in ("instructions", "output_modalities", "tools", "tool_choice", "temperature", "max_output_tokens",
-                     "parallel_tool_calls", "truncation"):  # fmt: skip
+                     "parallel_tool_calls", "truncation", "seed", "logit_bias"):  # fmt: skip
             value = getattr(f, name)
             if value is not UNSET:
                 s[name] = value
@@ -410,7 +412,7 @@ class RealtimeSession:
             )  # fmt: skip
         s = dict(self.settings)
         for name in ("instructions", "output_modalities", "tools", "tool_choice", "temperature", "max_output_tokens",
-                     "parallel_tool_calls"):  # fmt: skip
+                     "parallel_tool_calls", "seed", "logit_bias"):  # fmt: skip
             value = getattr(fields, name)
             if value is not UNSET:
                 s[name] = value
@@ -472,6 +474,9 @@ class RealtimeSession:
             body["modalities"] = ["text"]
         if s["temperature"] is not None:
             body["temperature"] = s["temperature"]
+        for name in ("seed", "logit_bias"):
+            if s[name] is not None:
+                body[name] = s[name]
         if s["max_output_tokens"] != "inf":
             body["max_completion_tokens"] = s["max_output_tokens"]
         if s["tools"]:
