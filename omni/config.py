@@ -311,6 +311,9 @@ class ServerConfig:
         None, env="OMNI_SERVE_API_KEY", help="require this bearer token (default: $OMNI_SERVE_API_KEY)"
     )
     max_n: int = 16
+    realtime_max_buffer_seconds: float = setting(
+        120.0, help="seconds of uncommitted input audio a realtime session may hold (an error event past it)"
+    )
     shutdown_timeout: float = setting(60.0, help="seconds in-flight requests get to finish after SIGTERM")
     # Connection hygiene (omni/http/connections.py): a request's headers must arrive within
     # header_timeout s of its first byte (of the connection, for its first request), its body

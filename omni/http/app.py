@@ -27,12 +27,24 @@ from omni.http import openapi
 from omni.http.access_log import add_request_id_header, request_id_middleware
 from omni.http.cors import install_cors
 from omni.http.errors import error_middleware
-from omni.http.handlers import artifacts, chat, completions, images, responses, speech, system, tokenize, transcriptions
+from omni.http.handlers import (
+    artifacts,
+    chat,
+    completions,
+    images,
+    realtime,
+    responses,
+    speech,
+    system,
+    tokenize,
+    transcriptions,
+)
 from omni.http.metrics_middleware import http_metrics_middleware
-from omni.http.state import CONFIG, METRICS, MODELS, RESPONSES, STORE
+from omni.http.state import CONFIG, METRICS, MODELS, RESPONSES, STORE, VAD
 from omni.http.stats_line import log_stats_forever
 from omni.metrics import Metrics
 from omni.modalities.inputs.pipeline import MediaPipeline
+from omni.modalities.inputs.voice_activity import LazyVoiceActivityModel
 from omni.modalities.outputs.audio import ModelAudio
 from omni.modalities.outputs.image import ModelImages
 from omni.model_layout import ModelLayout
@@ -90,11 +102,21 @@ def _auth_middleware(api_key: str, root_path: str) -> Middleware:
             path = path[len(root_path) :]
         if path not in _OPEN_PATHS and not path.startswith(_OPEN_PREFIXES):
             given = request.headers.get("Authorization", "").encode()
-            if not hmac.compare_digest(given, expected):
+            if not hmac.compare_digest(given, expected) and not _subprotocol_key(request, api_key):
                 raise unauthorized("Incorrect API key provided.")
         return await handler(request)
 
     return auth
+
+
+def _subprotocol_key(request: web.Request, api_key: str) -> bool:
+    """A browser's WebSocket cannot set headers: OpenAI's clients send the key as the subprotocol
+    `openai-insecure-api-key.<key>` (GET /v1/realtime), which is taken as the header would be."""
+    if request.headers.get("Upgrade", "").lower() != "websocket":
+        return False
+    expected = f"{realtime.KEY_PROTOCOL}{api_key}".encode()
+    offered = request.headers.get("Sec-WebSocket-Protocol", "")
+    return any(hmac.compare_digest(p.strip().encode(), expected) for p in offered.split(","))
 
 
 async def _models_ctx(app: web.Application) -> AsyncIterator[None]:
@@ -262,6 +284,7 @@ def create_app(config: ServerConfig) -> web.Application:
     app[CONFIG] = config
     app[METRICS] = metrics
     app[MODELS] = ModelRegistry()
+    app[VAD] = LazyVoiceActivityModel()
     app.cleanup_ctx.append(_store_ctx)
     app.cleanup_ctx.append(_models_ctx)
     app.cleanup_ctx.append(_responses_ctx)
@@ -292,6 +315,7 @@ def _add_routes(app: web.Application, prefix: str) -> None:
     router.add_post(RESPONSES_PATH + "/{response_id}/cancel", responses.cancel_response)
     router.add_post(SPEECH_PATH, speech.create_speech)
     router.add_post(TRANSCRIPTIONS_PATH, transcriptions.create_transcription)
+    router.add_get(realtime.REALTIME_PATH, realtime.realtime)
     router.add_get("/v1/models", system.list_models)
     router.add_get("/v1/models/{model}", system.get_model)
     router.add_get("/health", system.health)

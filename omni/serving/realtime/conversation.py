@@ -1,0 +1,150 @@
+"""One realtime session's conversation: its items in order, as the Realtime API shows them
+(the openai package's ConversationItem shapes), and as the chat messages a turn's prompt is
+rendered from.
+
+    message (user)        -> a user message: input_text parts as text, input_audio parts as
+                             input_audio (WAV, the session's own samples: the same bytes every
+                             turn, so the encoder cache and the prefix cache hold them)
+    message (assistant)   -> an assistant message: its text, or its audio's transcript
+    message (system)      -> a system message
+    function_call         -> an assistant tool call (calls in a row join one message)
+    function_call_output  -> a tool message
+
+Truncating an assistant item's audio at audio_end_ms keeps the words of its transcript in that
+share of its audio's length (the transcript is written before its speech, so no timing ties a
+word to a time): the next turn's prompt holds only what the user heard.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import uuid
+import wave
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from omni.errors import APIError, bad_request
+
+Item = dict[str, Any]
+
+
+def new_item_id() -> str:
+    return f"item_{uuid.uuid4().hex[:24]}"
+
+
+def wav_bytes(samples: np.ndarray, sample_rate: int) -> bytes:
+    """int16 mono samples as a WAV file."""
+    buf = io.BytesIO()
+    with wave.open(buf, "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(sample_rate)
+        w.writeframes(samples.astype("<i2").tobytes())
+    return buf.getvalue()
+
+
+@dataclass(slots=True)
+class _Audio:
+    wav_b64: str | None  # a user item's audio, as it renders
+    duration_ms: int  # an assistant item's, for truncation
+
+
+@dataclass(slots=True)
+class Conversation:
+    items: list[Item] = field(default_factory=list)
+    _audio: dict[tuple[str, int], _Audio] = field(default_factory=dict)  # (item id, content index)
+
+    def index(self, item_id: str, param: str = "item_id") -> int:
+        for i, item in enumerate(self.items):
+            if item["id"] == item_id:
+                return i
+        raise not_found(item_id, param)
+
+    def get(self, item_id: str) -> Item:
+        return self.items[self.index(item_id)]
+
+    def add(self, item: Item, previous_item_id: str | None = None) -> str | None:
+        """Insert after previous_item_id ("root": first; None: last); the id before it, if any."""
+        if any(i["id"] == item["id"] for i in self.items):
+            raise bad_request(f"An item with id '{item['id']}' is already in the conversation.", param="item.id")
+        if previous_item_id is None:
+            at = len(self.items)
+        elif previous_item_id == "root":
+            at = 0
+        else:
+            at = self.index(previous_item_id, "previous_item_id") + 1
+        self.items.insert(at, item)
+        return self.items[at - 1]["id"] if at > 0 else None
+
+    def previous_id(self, item_id: str) -> str | None:
+        at = self.index(item_id)
+        return self.items[at - 1]["id"] if at > 0 else None
+
+    def delete(self, item_id: str) -> None:
+        del self.items[self.index(item_id)]
+        for key in [k for k in self._audio if k[0] == item_id]:
+            del self._audio[key]
+
+    def set_user_audio(self, item_id: str, content_index: int, wav: bytes) -> None:
+        self._audio[(item_id, content_index)] = _Audio(base64.b64encode(wav).decode(), 0)
+
+    def set_spoken_ms(self, item_id: str, content_index: int, duration_ms: int) -> None:
+        self._audio[(item_id, content_index)] = _Audio(None, duration_ms)
+
+    def truncate(self, item_id: str, content_index: int, audio_end_ms: int) -> None:
+        item = self.get(item_id)
+        if item["type"] != "message" or item["role"] != "assistant":
+            raise bad_request("Only an assistant message's audio can be truncated.", param="item_id")
+        content = item["content"]
+        if content_index >= len(content) or content[content_index]["type"] != "output_audio":
+            raise bad_request(f"Content {content_index} of item '{item_id}' is no output_audio.", param="content_index")
+        audio = self._audio.get((item_id, content_index))
+        duration = audio.duration_ms if audio is not None else 0
+        if audio_end_ms > duration:
+            raise bad_request(
+                f"audio_end_ms {audio_end_ms} is past the audio's end ({duration} ms).", param="audio_end_ms",
+                code="invalid_value",
+            )  # fmt: skip
+        part = content[content_index]
+        words = (part.get("transcript") or "").split()
+        keep = len(words) * audio_end_ms // duration if duration else 0
+        part["transcript"] = " ".join(words[:keep])
+        self._audio[(item_id, content_index)] = _Audio(None, audio_end_ms)
+
+    def messages(self, items: list[Item] | None = None) -> list[dict[str, Any]]:
+        """The items as chat messages, in order."""
+        out: list[dict[str, Any]] = []
+        for item in self.items if items is None else items:
+            kind = item["type"]
+            if kind == "function_call":
+                call = {"id": item["call_id"], "type": "function",
+                        "function": {"name": item["name"], "arguments": item["arguments"]}}  # fmt: skip
+                last = out[-1] if out else None
+                if last is not None and last["role"] == "assistant" and last.get("tool_calls"):
+                    last["tool_calls"].append(call)
+                else:
+                    out.append({"role": "assistant", "content": None, "tool_calls": [call]})
+            elif kind == "function_call_output":
+                out.append({"role": "tool", "tool_call_id": item["call_id"], "content": item["output"]})
+            elif item["role"] == "user":
+                parts = [self._user_part(item["id"], i, p) for i, p in enumerate(item["content"])]
+                out.append({"role": "user", "content": [p for p in parts if p is not None]})
+            else:
+                text = "".join(p.get("text") or p.get("transcript") or "" for p in item["content"])
+                out.append({"role": item["role"], "content": text})
+        return out
+
+    def _user_part(self, item_id: str, index: int, part: dict[str, Any]) -> dict[str, Any] | None:
+        if part["type"] == "input_text":
+            return {"type": "text", "text": part["text"]}
+        audio = self._audio.get((item_id, index))
+        if audio is None or audio.wav_b64 is None:  # given as a transcript only
+            return {"type": "text", "text": part.get("transcript") or ""} if part.get("transcript") else None
+        return {"type": "input_audio", "input_audio": {"data": audio.wav_b64, "format": "wav"}}
+
+
+def not_found(item_id: str, param: str = "item_id") -> APIError:
+    return bad_request(f"Item with item_id '{item_id}' not found.", param=param, code="item_not_found")

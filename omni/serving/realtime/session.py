@@ -1,0 +1,534 @@
+"""One Realtime API session (GET /v1/realtime, omni/http/handlers/realtime.py): its settings,
+its input audio buffer, its conversation, server VAD, and the response in flight. It takes
+client events one at a time (handle) and emits server events (the emit callback), and knows
+nothing of WebSockets.
+
+    session.update            settings replaced field by field (audio by its parts)
+    input_audio_buffer.*      appended audio (bounded); under server VAD each append's audio goes
+                              through Silero on a thread: speech_started (a response playing is
+                              cancelled when interrupt_response), speech_stopped, then the commit
+                              and, with create_response, a response
+    conversation.item.*       the items (omni/serving/realtime/conversation.py)
+    response.create / cancel  one response at a time (omni/serving/realtime/response.py), run on
+                              a task the session owns; the prompt is the whole conversation
+
+A refused event gets an `error` event naming it (its type and event_id) and the session goes
+on. close() cancels what the session still runs: requests abort, their blocks freed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import logging
+import uuid
+from collections.abc import Callable
+from contextlib import aclosing
+from typing import Any
+
+import msgspec
+import numpy as np
+from msgspec import UNSET
+
+from omni.errors import APIError, bad_request
+from omni.modalities.inputs.voice_activity import WINDOW_MS, VoiceActivity, VoiceActivityModel
+from omni.serving import lifecycle
+from omni.serving.model import ModelRegistry, ServedModel
+from omni.serving.realtime import client_events as ev
+from omni.serving.realtime.conversation import Conversation, Item, new_item_id, not_found, wav_bytes
+from omni.serving.realtime.response import Event, ResponseEvents, new_response_id
+from omni.serving.realtime.turn_detection import SpeechStarted, TurnDetector
+from omni.serving.requests import parse_chat_completion_request
+from omni.serving.requests.transcriptions import TranscriptionRequest
+from omni.shared.media import g711
+from omni.shared.media.decimator import Decimator
+from omni.shared.media.errors import MediaError
+
+log = logging.getLogger("omni.serving.realtime")
+MIN_COMMIT_MS = 100  # OpenAI's least: a shorter buffer is an error
+
+
+class RealtimeSession:
+    def __init__(
+        self, models: ModelRegistry, model: ServedModel, emit: Callable[[Event], None], *,
+        vad_model: VoiceActivityModel | None, max_buffer_seconds: float, timeout: float | None = None,
+    ) -> None:  # fmt: skip
+        self.models = models
+        self.model = model
+        self._emit = emit
+        self.vad_model = vad_model
+        self.timeout = timeout
+        self.id = f"sess_{uuid.uuid4().hex[:24]}"
+        speaks = model.audio is not None
+        self.settings: dict[str, Any] = {
+            "instructions": "",
+            "output_modalities": ["audio"] if speaks else ["text"],
+            "input_format": ev.AudioFormat(),
+            "output_format": ev.AudioFormat(),
+            "voice": "alloy",
+            "transcription": None,
+            "turn_detection": ev.ServerVad(type="server_vad") if vad_model is not None else None,
+            "tools": [],
+            "tool_choice": "auto",
+            "temperature": None,
+            "max_output_tokens": "inf",
+            "parallel_tool_calls": True,
+            "truncation": "auto",
+            "seed": None,
+            "logit_bias": None,
+        }
+        self.conversation = Conversation()
+        self.max_buffer_seconds = max_buffer_seconds
+        self._buffer: list[np.ndarray] = []  # int16 at the input format's rate, uncommitted
+        self._buffer_start = 0  # the buffer's first sample, counted from the session's first
+        self._appended = 0  # samples appended in all
+        self._vad: VoiceActivity | None = None
+        self._decimator: Decimator | None = None
+        self._detector: TurnDetector | None = None
+        self._vad_windows = 0
+        self._speech_start_ms = 0
+        self._pending_item = new_item_id()  # the id the next committed audio gets
+        self._response: tuple[ResponseEvents, asyncio.Task[None]] | None = None
+        self._cancel_reason: str | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.num_responses = 0
+
+    # ------------------------------------------------------------------ plumbing
+
+    def emit(self, event: Event) -> None:
+        self._emit({"event_id": f"event_{uuid.uuid4().hex[:20]}", **event})
+
+    def error(self, exc: APIError | MediaError, event_type: str | None, event_id: str | None) -> None:
+        message = exc.message
+        if event_type is not None:
+            message = f"{event_type}: {message}"
+        error = {"type": getattr(exc, "type", "invalid_request_error"), "code": exc.code if isinstance(exc, APIError) else "invalid_media",
+                 "message": message, "param": exc.param, "event_id": event_id}  # fmt: skip
+        self.emit({"type": "error", "error": error})
+
+    def start(self) -> None:
+        self.emit({"type": "session.created", "session": self.session_json()})
+
+    async def close(self) -> None:
+        """The socket closed: cancel the response and transcriptions; their requests abort."""
+        tasks = list(self._tasks)
+        if self._response is not None:
+            tasks.append(self._response[1])
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._buffer.clear()
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # ------------------------------------------------------------------ events
+
+    async def handle(self, frame: str | bytes) -> None:
+        try:
+            event = ev.parse_event(frame)
+        except ev.EventError as exc:
+            self.error(exc.error, exc.event_type, exc.event_id)
+            return
+        try:
+            await self._dispatch(event)
+        except (APIError, MediaError) as exc:
+            self.error(exc, event.type, event.event_id)
+
+    async def _dispatch(self, event: Any) -> None:
+        if isinstance(event, ev.SessionUpdate):
+            self._update(event.session)
+            self.emit({"type": "session.updated", "session": self.session_json()})
+        elif isinstance(event, ev.AudioAppend):
+            await self._append(event.audio)
+        elif isinstance(event, ev.AudioCommit):
+            self._commit(None, None)
+        elif isinstance(event, ev.AudioClear):
+            self._clear_buffer()
+            self.emit({"type": "input_audio_buffer.cleared"})
+        elif isinstance(event, ev.ItemCreate):
+            self._create_item(event.item, event.previous_item_id)
+        elif isinstance(event, ev.ItemRetrieve):
+            self.emit({"type": "conversation.item.retrieved", "item": self.conversation.get(event.item_id)})
+        elif isinstance(event, ev.ItemDelete):
+            self.conversation.delete(event.item_id)
+            self.emit({"type": "conversation.item.deleted", "item_id": event.item_id})
+        elif isinstance(event, ev.ItemTruncate):
+            self.conversation.truncate(event.item_id, event.content_index, event.audio_end_ms)
+            self.emit({"type": "conversation.item.truncated", "item_id": event.item_id,
+                       "content_index": event.content_index, "audio_end_ms": event.audio_end_ms})  # fmt: skip
+        elif isinstance(event, ev.ResponseCreate):
+            self.respond(event.response)
+        elif isinstance(event, ev.ResponseCancel):
+            if self._response is None or (event.response_id not in (None, self._response[0].id)):
+                raise bad_request("There is no active response to cancel.", param="response_id",
+                                  code="response_cancel_not_active")  # fmt: skip
+            self.cancel("client_cancelled")
+        elif isinstance(event, ev.OutputAudioClear):
+            pass  # over a WebSocket the client holds what was sent; nothing is buffered here
+
+    # ------------------------------------------------------------------ settings
+
+    def _update(self, f: ev.SessionFields) -> None:
+        s = dict(self.settings)
+        if f.model is not UNSET and f.model != self.model.name:
+            raise bad_request(f"The session's model is '{self.model.name}'; it cannot change.", param="session.model")
+        for name in ("instructions", "output_modalities", "tools", "tool_choice", "temperature", "max_output_tokens",
+                     "parallel_tool_calls", "truncation", "seed", "logit_bias"):  # fmt: skip
+            value = getattr(f, name)
+            if value is not UNSET:
+                s[name] = value
+        if f.audio is not UNSET:
+            if f.audio.input is not UNSET:
+                a = f.audio.input
+                if a.format is not UNSET:
+                    if self._buffer and a.format.type != s["input_format"].type:
+                        raise bad_request("Clear or commit the input audio before its format changes.",
+                                          param="session.audio.input.format")  # fmt: skip
+                    s["input_format"] = a.format
+                if a.transcription is not UNSET:
+                    s["transcription"] = a.transcription
+                if a.turn_detection is not UNSET:
+                    if a.turn_detection is not None and self.vad_model is None:
+                        raise bad_request("This server has no voice activity model (silero-vad): turn_detection "
+                                          "must be null.", param="session.audio.input.turn_detection")  # fmt: skip
+                    s["turn_detection"] = a.turn_detection
+            if f.audio.output is not UNSET:
+                o = f.audio.output
+                if o.format is not UNSET:
+                    s["output_format"] = o.format
+                if o.voice is not UNSET:
+                    self._check_voice(o.voice, "session.audio.output.voice")
+                    s["voice"] = o.voice
+        if "audio" in s["output_modalities"] and self.model.audio is None:
+            raise bad_request(f"The model '{self.model.name}' cannot speak.", param="session.output_modalities")
+        if s["turn_detection"] != self.settings["turn_detection"] or s["input_format"] != self.settings["input_format"]:
+            self._vad = None  # a fresh detector for the new settings, on the next append
+        self.settings = s
+
+    def _check_voice(self, voice: str, param: str) -> None:
+        if self.model.audio is not None:
+            self.model.audio.voice_index(voice, param)  # a 400 naming both tables
+
+    def session_json(self) -> dict[str, Any]:
+        s = self.settings
+        vad = s["turn_detection"]
+        tools = [msgspec.to_builtins(t) for t in s["tools"]]
+        return {
+            "type": "realtime", "object": "realtime.session", "id": self.id, "model": self.model.name,
+            "output_modalities": s["output_modalities"], "instructions": s["instructions"], "tools": tools,
+            "tool_choice": msgspec.to_builtins(s["tool_choice"]), "max_output_tokens": s["max_output_tokens"],
+            "tracing": None, "truncation": s["truncation"], "prompt": None, "expires_at": 0, "include": None,
+            "audio": {
+                "input": {
+                    "format": s["input_format"].json(), "noise_reduction": None,
+                    "transcription": msgspec.to_builtins(s["transcription"]) if s["transcription"] else None,
+                    "turn_detection": msgspec.to_builtins(vad) if vad is not None else None,
+                },
+                "output": {"format": s["output_format"].json(), "voice": s["voice"], "speed": 1.0},
+            },
+        }  # fmt: skip
+
+    # ------------------------------------------------------------------ input audio
+
+    def _decode(self, data: str, param: str) -> np.ndarray:
+        try:
+            raw = base64.b64decode(data, validate=True)
+        except (binascii.Error, ValueError):
+            raise bad_request("The audio is not valid base64.", param=param, code="invalid_value") from None
+        fmt = self.settings["input_format"].type
+        if fmt == "audio/pcm":
+            if len(raw) % 2:
+                raise bad_request("audio/pcm is 16-bit samples: an even number of bytes.", param=param)
+            return np.frombuffer(raw, dtype="<i2")
+        return g711.decode(raw, "pcmu" if fmt == "audio/pcmu" else "pcma")
+
+    @property
+    def _rate(self) -> int:
+        return int(self.settings["input_format"].sample_rate)
+
+    def _ms(self, samples: int) -> int:
+        return samples * 1000 // self._rate
+
+    async def _append(self, data: str) -> None:
+        samples = self._decode(data, "audio")
+        held = sum(len(b) for b in self._buffer)
+        if (held + len(samples)) / self._rate > self.max_buffer_seconds:
+            raise bad_request(
+                f"The input audio buffer holds at most {self.max_buffer_seconds:g} s (--realtime-max-buffer-seconds); "
+                "commit or clear it first.", param="audio", code="input_audio_buffer_full",
+            )  # fmt: skip
+        self._buffer.append(samples)
+        self._appended += len(samples)
+        if self.settings["turn_detection"] is not None and len(samples):
+            await self._detect(samples)
+
+    async def _detect(self, samples: np.ndarray) -> None:
+        vad: ev.ServerVad = self.settings["turn_detection"]
+        if self._vad is None:
+            assert self.vad_model is not None
+            self._vad = self.vad_model.stream()
+            self._decimator = Decimator(3) if self._rate == 24000 else None
+            self._detector = TurnDetector(vad.threshold, vad.silence_duration_ms, WINDOW_MS)
+            self._vad_windows = self._ms(self._appended - len(samples)) // WINDOW_MS
+        assert self._detector is not None
+        x = samples.astype(np.float32) / 32768.0
+        if self._decimator is not None:
+            x = self._decimator.push(x)
+        probs = await asyncio.to_thread(self._vad.push, x)  # onnxruntime, off the event loop
+        events = self._detector.push(probs, self._vad_windows * WINDOW_MS)
+        self._vad_windows += len(probs)
+        for turn in events:
+            if isinstance(turn, SpeechStarted):
+                self._speech_start_ms = turn.audio_start_ms
+                self.emit({"type": "input_audio_buffer.speech_started", "audio_start_ms": turn.audio_start_ms,
+                           "item_id": self._pending_item})  # fmt: skip
+                if vad.interrupt_response and self._response is not None:
+                    self.cancel("turn_detected")
+            else:
+                self.emit({"type": "input_audio_buffer.speech_stopped", "audio_end_ms": turn.audio_end_ms,
+                           "item_id": self._pending_item})  # fmt: skip
+                start = max(self._speech_start_ms - vad.prefix_padding_ms, 0)
+                self._commit(start, turn.audio_end_ms)
+                if vad.create_response:
+                    if self._response is None:
+                        self.respond(ev.ResponseFields())
+        if not self._detector.speaking:  # keep only the prefix padding's worth of quiet audio
+            self._trim(self._ms(self._appended) - vad.prefix_padding_ms)
+
+    def _trim(self, before_ms: int) -> None:
+        keep_from = max(before_ms * self._rate // 1000, self._buffer_start)
+        if keep_from <= self._buffer_start:
+            return
+        audio = np.concatenate(self._buffer) if self._buffer else np.zeros(0, np.int16)
+        self._buffer = [audio[keep_from - self._buffer_start :]]
+        self._buffer_start = keep_from
+
+    def _clear_buffer(self) -> None:
+        self._buffer = []
+        self._buffer_start = self._appended
+        if self._detector is not None:
+            self._detector.reset()
+
+    def _commit(self, start_ms: int | None, end_ms: int | None) -> None:
+        """The buffer (or its [start_ms, end_ms) part, server VAD's turn) as a user audio item."""
+        audio = np.concatenate(self._buffer) if self._buffer else np.zeros(0, np.int16)
+        lo = 0 if start_ms is None else max(start_ms * self._rate // 1000 - self._buffer_start, 0)
+        hi = len(audio) if end_ms is None else min(max(end_ms * self._rate // 1000 - self._buffer_start, 0), len(audio))
+        clip = audio[lo:hi]
+        if self._ms(len(clip)) < MIN_COMMIT_MS:
+            raise bad_request(
+                f"The input audio buffer holds {self._ms(len(clip))} ms; a commit needs at least {MIN_COMMIT_MS} ms.",
+                code="input_audio_buffer_commit_empty",
+            )  # fmt: skip
+        self._buffer = [audio[hi:]]
+        self._buffer_start += hi
+        item_id, self._pending_item = self._pending_item, new_item_id()
+        item = {"id": item_id, "object": "realtime.item", "type": "message", "role": "user", "status": "completed",
+                "content": [{"type": "input_audio", "transcript": None}]}  # fmt: skip
+        previous = self.conversation.add(item)
+        wav = wav_bytes(clip, self._rate)
+        self.conversation.set_user_audio(item_id, 0, wav)
+        self.emit({"type": "input_audio_buffer.committed", "previous_item_id": previous, "item_id": item_id})
+        self.emit({"type": "conversation.item.added", "previous_item_id": previous, "item": item})
+        if self.settings["transcription"] is not None:
+            self._spawn(self._transcribe(item, wav))
+        else:
+            self.emit({"type": "conversation.item.done", "previous_item_id": previous, "item": item})
+
+    async def _transcribe(self, item: Item, wav: bytes) -> None:
+        """The user's turn in words, as POST /v1/audio/transcriptions writes it; the item's
+        transcript, then conversation.item.done."""
+        t: ev.InputTranscription = self.settings["transcription"]
+        req = TranscriptionRequest(model=self.model.name, file=wav, language=t.language, prompt=t.prompt)
+        said: list[str] = []
+        try:
+            run = await lifecycle.transcription(self.models, req, timeout=self.timeout)
+            with run.admitted():
+                async with aclosing(run.output.deltas()) as deltas:
+                    async for delta in deltas:
+                        if delta.text:
+                            said.append(delta.text)
+                            self.emit({"type": "conversation.item.input_audio_transcription.delta",
+                                       "item_id": item["id"], "content_index": 0, "delta": delta.text})  # fmt: skip
+            usage = run.output.usage
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the turn goes on without its transcript
+            self.emit({"type": "conversation.item.input_audio_transcription.failed", "item_id": item["id"],
+                       "content_index": 0, "error": {"type": "transcription_error", "message": str(exc)}})  # fmt: skip
+            return
+        transcript = "".join(said).strip()
+        item["content"][0]["transcript"] = transcript
+        self.emit({"type": "conversation.item.input_audio_transcription.completed", "item_id": item["id"],
+                   "content_index": 0, "transcript": transcript,
+                   "usage": {"type": "tokens", "input_tokens": usage.prompt_tokens, "output_tokens": usage.completion_tokens,
+                             "total_tokens": usage.prompt_tokens + usage.completion_tokens}})  # fmt: skip
+        if item in self.conversation.items:
+            self.emit({"type": "conversation.item.done", "previous_item_id": self.conversation.previous_id(item["id"]),
+                       "item": item})  # fmt: skip
+
+    # ------------------------------------------------------------------ items
+
+    def _create_item(self, given: ev.Item, previous_item_id: str | None) -> None:
+        item: Item = msgspec.to_builtins(given)
+        item.setdefault("id", new_item_id())
+        item["object"], item["status"] = "realtime.item", "completed"
+        if isinstance(given, ev.MessageItem):
+            allowed = {"user": ("input_text", "input_audio"), "system": ("input_text",),
+                       "assistant": ("output_text", "output_audio")}[given.role]  # fmt: skip
+            for i, part in enumerate(given.content):
+                kind = item["content"][i]["type"]
+                if kind not in allowed:
+                    raise bad_request(f"A {given.role} message may not hold {kind}.", param=f"item.content[{i}].type")
+        audio: dict[int, bytes] = {}
+        if isinstance(given, ev.MessageItem):
+            for i, part in enumerate(given.content):
+                if isinstance(part, ev.InputAudio) and part.audio is not UNSET:
+                    clip = self._decode(part.audio, f"item.content[{i}].audio")
+                    audio[i] = wav_bytes(clip, self._rate)
+                    item["content"][i].pop("audio", None)
+                    item["content"][i].setdefault("transcript", None)
+                elif isinstance(part, ev.OutputAudio):
+                    item["content"][i].pop("audio", None)
+        if isinstance(given, ev.FunctionCallItem):
+            item.setdefault("call_id", f"call_{uuid.uuid4().hex[:16]}")
+        previous = self.conversation.add(item, previous_item_id)
+        for i, wav in audio.items():
+            self.conversation.set_user_audio(item["id"], i, wav)
+        self.emit({"type": "conversation.item.added", "previous_item_id": previous, "item": item})
+        self.emit({"type": "conversation.item.done", "previous_item_id": previous, "item": item})
+
+    # ------------------------------------------------------------------ responses
+
+    def respond(self, fields: ev.ResponseFields) -> None:
+        if self._response is not None:
+            raise bad_request(
+                f"Conversation already has an active response in progress: {self._response[0].id}. Wait until the "
+                "response is finished before creating a new one.", code="conversation_already_has_active_response",
+            )  # fmt: skip
+        s = dict(self.settings)
+        for name in ("instructions", "output_modalities", "tools", "tool_choice", "temperature", "max_output_tokens",
+                     "parallel_tool_calls", "seed", "logit_bias"):  # fmt: skip
+            value = getattr(fields, name)
+            if value is not UNSET:
+                s[name] = value
+        if fields.audio is not UNSET and fields.audio.output is not UNSET:
+            if fields.audio.output.voice is not UNSET:
+                self._check_voice(fields.audio.output.voice, "response.audio.output.voice")
+                s["voice"] = fields.audio.output.voice
+            if fields.audio.output.format is not UNSET:
+                s["output_format"] = fields.audio.output.format
+        speaks = "audio" in s["output_modalities"]
+        if speaks and self.model.audio is None:
+            raise bad_request(f"The model '{self.model.name}' cannot speak.", param="response.output_modalities")
+        out_of_band = fields.conversation == "none"
+        if fields.input is not UNSET and not out_of_band:
+            raise bad_request("'input' is for out-of-band responses (conversation 'none').", param="response.input")
+        items = self.conversation.items
+        if fields.input is not UNSET:
+            items = [self._reference(x, i) for i, x in enumerate(fields.input)]
+        body = self._chat_body(s, self.conversation.messages(items))
+        req = parse_chat_completion_request(body)
+        response = {
+            "id": new_response_id(), "object": "realtime.response", "status": "in_progress", "status_details": None,
+            "output": [], "conversation_id": None if out_of_band else f"conv_{self.id[5:]}",
+            "output_modalities": s["output_modalities"], "max_output_tokens": s["max_output_tokens"],
+            "audio": {"output": {"format": s["output_format"].json(), "voice": s["voice"]}},
+            "usage": None, "metadata": fields.metadata or None,
+        }  # fmt: skip
+        events = ResponseEvents(self.emit, response, None if out_of_band else self.conversation, audio=speaks,
+                                audio_format=s["output_format"].type)  # fmt: skip
+        self._cancel_reason = None
+        task = asyncio.create_task(self._run(req, events))
+        self._response = (events, task)
+        self.num_responses += 1
+        events.created()
+
+    def _reference(self, x: Any, i: int) -> Item:
+        """An out-of-band response's input item: a reference to a conversation item by id, or an item."""
+        if isinstance(x, dict) and x.get("type") == "item_reference":
+            try:
+                return self.conversation.get(str(x.get("id")))
+            except APIError:
+                raise not_found(str(x.get("id")), f"response.input[{i}].id") from None
+        raise bad_request("Only item references ({'type': 'item_reference', 'id': ...}) are read here.",
+                          param=f"response.input[{i}]")  # fmt: skip
+
+    def _chat_body(self, s: dict[str, Any], messages: list[dict[str, Any]]) -> dict[str, Any]:
+        if s["instructions"]:
+            messages = [{"role": "system", "content": s["instructions"]}, *messages]
+        body: dict[str, Any] = {
+            "model": self.model.name,
+            "messages": messages,
+            # a spoken conversation answers at once: templates that reason first are told not to
+            "chat_template_kwargs": {"skip_reasoning": True, "enable_thinking": False},
+        }
+        if "audio" in s["output_modalities"]:
+            body["modalities"] = ["text", "audio"]
+            body["audio"] = {"voice": s["voice"], "format": "pcm16"}
+        elif self.model.audio is not None:
+            body["modalities"] = ["text"]
+        if s["temperature"] is not None:
+            body["temperature"] = s["temperature"]
+        for name in ("seed", "logit_bias"):
+            if s[name] is not None:
+                body[name] = s[name]
+        if s["max_output_tokens"] != "inf":
+            body["max_completion_tokens"] = s["max_output_tokens"]
+        if s["tools"]:
+            body["tools"] = [{"type": "function", "function": _function(t)} for t in s["tools"]]
+            choice = s["tool_choice"]
+            body["tool_choice"] = choice if isinstance(choice, str) else {"type": "function", "function": {"name": choice.name}}
+            body["parallel_tool_calls"] = s["parallel_tool_calls"]
+        return body
+
+    def cancel(self, reason: str) -> None:
+        if self._response is None:
+            return
+        self._cancel_reason = reason
+        self._response[1].cancel()
+
+    async def _run(self, req: Any, events: ResponseEvents) -> None:
+        finish: str | None = None
+        usage = None
+        try:
+            completion = await lifecycle.chat(self.models, req, store=None, timeout=self.timeout)
+            events.parser = completion.output_format.new_parser()
+            output = completion.outputs[0]
+            try:
+                with completion.admitted():
+                    async with aclosing(output.deltas()) as deltas:
+                        async for delta in deltas:
+                            finish = delta.finish_reason or finish
+                            events.push(delta)
+            finally:
+                usage = output.usage
+        except asyncio.CancelledError:
+            if self._cancel_reason is None:  # the session closed: nobody to tell
+                raise
+            events.done("cancelled", usage, {"type": "cancelled", "reason": self._cancel_reason})
+        except (APIError, MediaError) as exc:
+            code = exc.code if isinstance(exc, APIError) else "invalid_media"
+            self.error(exc, "response.create", None)
+            events.done("failed", usage, {"type": "failed", "error": {"type": "invalid_request_error", "code": code}})
+        except Exception as exc:  # noqa: BLE001 - an engine's failure ends this response only
+            log.warning("%s: response failed: %s", self.id, exc)
+            events.done("failed", usage, {"type": "failed", "error": {"type": "server_error", "code": str(exc)[:200]}})
+        else:
+            if finish == "length":
+                events.done("incomplete", usage, {"type": "incomplete", "reason": "max_output_tokens"})
+            else:
+                events.done("completed", usage)
+        finally:
+            self._response = None
+
+
+def _function(tool: ev.FunctionTool) -> dict[str, Any]:
+    fn: dict[str, Any] = {"name": tool.name, "parameters": tool.parameters or {"type": "object", "properties": {}}}
+    if tool.description is not UNSET:
+        fn["description"] = tool.description
+    return fn

@@ -1,0 +1,183 @@
+"""GET /v1/realtime with the official openai client's realtime support (client.realtime.connect)
+against the embedded default's layout (the session's shared omni server): every server event is
+validated against the openai package's own pydantic types (RealtimeServerEvent).
+
+The tiny model is random: a logit bias on <|im_end|> (the session's `logit_bias`, our extension
+as chat's) makes its text end within a few tokens, so its spoken answer follows quickly."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+from typing import Any
+
+import httpx
+import numpy as np
+import openai
+import pydantic
+import pytest
+from openai.types.realtime import RealtimeServerEvent
+
+from tests.e2e.audio import spoken
+
+MODEL = "omni"
+SERVER_EVENT: Any = pydantic.TypeAdapter(RealtimeServerEvent)
+
+
+@pytest.fixture(scope="module")
+def server(speaking_server: str) -> str:
+    return speaking_server
+
+
+@pytest.fixture(scope="module")
+def ends_soon(server: str) -> dict[str, float]:
+    tokens = httpx.post(f"{server}/tokenize", json={"model": MODEL, "prompt": "<|im_end|>", "add_special_tokens": False}).json()["tokens"]
+    return {str(tokens[0]): 8.0}
+
+
+def _connect(server: str) -> Any:
+    client = openai.AsyncOpenAI(base_url=f"{server}/v1", api_key="unused", max_retries=0)
+    return client.realtime.connect(model=MODEL)
+
+
+async def _until(conn: Any, kind: str, seen: list[dict[str, Any]], timeout: float = 120) -> dict[str, Any]:
+    """Events (validated, as dicts) into seen, up to and including the first of kind."""
+    async def read() -> dict[str, Any]:
+        while True:
+            raw = await conn.recv_bytes()
+            SERVER_EVENT.validate_json(raw)  # the openai package's shape, strictly
+            event = json.loads(raw)
+            seen.append(event)
+            if event["type"] == kind:
+                return event
+
+    return await asyncio.wait_for(read(), timeout)
+
+
+def _types(seen: list[dict[str, Any]]) -> list[str]:
+    return [e["type"] for e in seen]
+
+
+async def _manual(conn: Any, bias: dict[str, float], **session: Any) -> None:
+    await conn.send({"type": "session.update", "session": {"type": "realtime", "audio": {"input": {"turn_detection": None}},
+                                                           "logit_bias": bias, "seed": 3, **session}})
+
+
+async def test_a_text_turn_is_answered_in_speech_and_the_next_turn_is_cached(server: str, ends_soon: dict[str, float]) -> None:
+    async with _connect(server) as conn:
+        seen: list[dict[str, Any]] = []
+        created = await _until(conn, "session.created", seen)
+        assert created["session"]["audio"]["output"]["format"] == {"type": "audio/pcm", "rate": 24000}
+        await _manual(conn, ends_soon, instructions="Answer briefly.")
+        await _until(conn, "session.updated", seen)
+        await conn.send({"type": "conversation.item.create", "item": {"type": "message", "role": "user",
+                                                                     "content": [{"type": "input_text", "text": "Hello!"}]}})
+        await conn.send({"type": "response.create", "response": {"max_output_tokens": 200}})
+        done = await _until(conn, "response.done", seen)
+        kinds = _types(seen)
+        assert done["response"]["status"] == "completed", done
+        for kind in ("conversation.item.added", "response.created", "response.output_item.added", "response.content_part.added",
+                     "response.output_audio.delta", "response.output_audio.done", "response.output_audio_transcript.done",
+                     "response.content_part.done", "response.output_item.done", "conversation.item.done"):
+            assert kind in kinds, kind
+        assert kinds.index("response.created") < kinds.index("response.output_audio.delta") < kinds.index("response.output_audio.done")
+        pcm = b"".join(base64.b64decode(e["delta"]) for e in seen if e["type"] == "response.output_audio.delta")
+        samples = np.frombuffer(pcm, dtype="<i2")
+        assert len(samples) >= 24000 * 0.16 and np.abs(samples).max() > 0  # mono 24 kHz PCM16, at least the first chunk
+        deltas = "".join(e["delta"] for e in seen if e["type"] == "response.output_audio_transcript.delta")
+        assert [e["transcript"] for e in seen if e["type"] == "response.output_audio_transcript.done"] == [deltas]
+        usage = done["response"]["usage"]
+        assert usage["output_token_details"]["audio_tokens"] > 0
+        first_prompt = usage["input_tokens"]
+        # the second turn: the conversation re-rendered, its first turn in the prefix cache
+        await conn.send({"type": "conversation.item.create", "item": {"type": "message", "role": "user",
+                                                                     "content": [{"type": "input_text", "text": "Again."}]}})
+        await conn.send({"type": "response.create", "response": {"output_modalities": ["text"], "max_output_tokens": 4, "logit_bias": {}}})
+        seen.clear()
+        again = await _until(conn, "response.done", seen)
+        assert "response.output_text.delta" in _types(seen) and "response.output_audio.delta" not in _types(seen)
+        cached = again["response"]["usage"]["input_token_details"]["cached_tokens"]
+        assert again["response"]["usage"]["input_tokens"] > first_prompt and cached > 0, again["response"]["usage"]  # whole blocks up to where the answer is re-rendered
+
+
+async def test_a_spoken_turn_under_server_vad(server: str, ends_soon: dict[str, float]) -> None:
+    clip = spoken("Hello, what is the weather like in Seoul today?", 24000, silence_s=1.0)
+    if clip is None:
+        pytest.skip("espeak-ng is not installed (bin/setup test installs it)")
+    pcm = (np.clip(clip, -1, 1) * 32767).astype("<i2").tobytes()
+    async with _connect(server) as conn:
+        seen: list[dict[str, Any]] = []
+        await conn.send({"type": "session.update", "session": {
+            "type": "realtime", "logit_bias": ends_soon, "seed": 3, "max_output_tokens": 200,
+            "audio": {"input": {"transcription": {"model": MODEL}, "turn_detection": {"type": "server_vad", "silence_duration_ms": 400}}}}})
+        step = 24000 * 2 * 20 // 1000  # 20 ms appends
+        for i in range(0, len(pcm), step):
+            await conn.send({"type": "input_audio_buffer.append", "audio": base64.b64encode(pcm[i : i + step]).decode()})
+        await _until(conn, "response.done", seen)
+        kinds = _types(seen)
+        order = ["input_audio_buffer.speech_started", "input_audio_buffer.speech_stopped", "input_audio_buffer.committed",
+                 "conversation.item.added", "response.created", "response.output_audio.delta", "response.done"]
+        at = [kinds.index(k) for k in order]
+        assert at == sorted(at), kinds
+        started = next(e for e in seen if e["type"] == "input_audio_buffer.speech_started")
+        stopped = next(e for e in seen if e["type"] == "input_audio_buffer.speech_stopped")
+        assert 0 <= started["audio_start_ms"] < 500 and stopped["audio_end_ms"] > started["audio_start_ms"] + 1000
+        if "conversation.item.input_audio_transcription.completed" not in kinds:
+            await _until(conn, "conversation.item.input_audio_transcription.completed", seen)
+        user = next(e for e in seen if e["type"] == "input_audio_buffer.committed")["item_id"]
+        done = next(e for e in seen if e["type"] == "conversation.item.input_audio_transcription.completed")
+        assert done["item_id"] == user and isinstance(done["transcript"], str)
+
+
+async def test_a_tool_call_round_trip(server: str, ends_soon: dict[str, float]) -> None:
+    tool = {"type": "function", "name": "get_weather", "description": "The weather in a city.",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 8}}, "required": ["city"]}}
+    async with _connect(server) as conn:
+        seen: list[dict[str, Any]] = []
+        await _manual(conn, ends_soon, tools=[tool], tool_choice="required", output_modalities=["text"])
+        await conn.send({"type": "conversation.item.create", "item": {"type": "message", "role": "user",
+                                                                     "content": [{"type": "input_text", "text": "Weather in Seoul?"}]}})
+        await conn.send({"type": "response.create", "response": {"max_output_tokens": 120}})
+        done = await _until(conn, "response.done", seen)
+        call = next(e for e in seen if e["type"] == "response.function_call_arguments.done")
+        assert "response.function_call_arguments.delta" in _types(seen) and call["name"] == "get_weather"
+        assert done["response"]["output"][-1]["type"] == "function_call"
+        await conn.send({"type": "conversation.item.create", "item": {"type": "function_call_output", "call_id": call["call_id"],
+                                                                     "output": '{"sky": "clear"}'}})
+        await conn.send({"type": "response.create", "response": {"tool_choice": "none", "max_output_tokens": 6, "logit_bias": {}}})
+        seen.clear()
+        answer = await _until(conn, "response.done", seen)
+        assert answer["response"]["output"][0]["type"] == "message" and "response.output_text.delta" in _types(seen)
+
+
+async def test_cancel_barge_in_and_bad_events_keep_the_socket(server: str, ends_soon: dict[str, float]) -> None:
+    async with _connect(server) as conn:
+        seen: list[dict[str, Any]] = []
+        await _manual(conn, {})  # no bias: a long answer
+        await conn.send({"type": "conversation.item.create", "item": {"type": "message", "role": "user",
+                                                                     "content": [{"type": "input_text", "text": "Talk."}]}})
+        await conn.send({"type": "response.create", "event_id": "first", "response": {"max_output_tokens": 1000}})
+        await _until(conn, "response.created", seen)
+        await conn.send({"type": "response.create", "event_id": "second"})  # one at a time
+        error = await _until(conn, "error", seen)
+        assert error["error"]["event_id"] == "second" and error["error"]["code"] == "conversation_already_has_active_response"
+        await conn.send({"type": "response.cancel"})
+        done = await _until(conn, "response.done", seen)
+        assert done["response"]["status"] == "cancelled"
+        assert done["response"]["status_details"]["reason"] == "client_cancelled"
+        bad = [({"type": "no.such.event", "event_id": "e1"}, "type"),
+               ({"type": "input_audio_buffer.append", "event_id": "e2", "audio": "not base64!"}, "audio"),
+               # 121 s of G.711 (8 kHz) past the 120 s buffer
+               ({"type": "session.update", "session": {"type": "realtime", "audio": {"input": {"format": {"type": "audio/pcmu"}}}}}, None),
+               ({"type": "input_audio_buffer.append", "event_id": "e3", "audio": base64.b64encode(b"\xff" * 8000 * 121).decode()}, "audio"),
+               ({"type": "conversation.item.retrieve", "event_id": "e4", "item_id": "nope"}, "item_id")]
+        for event, param in bad:
+            await conn.send(event)
+            if param is None:
+                await _until(conn, "session.updated", seen)
+                continue
+            error = await _until(conn, "error", seen)
+            assert error["error"]["event_id"] == event["event_id"] and error["error"]["param"] == param, error
+        await conn.send({"type": "session.update", "session": {"type": "realtime", "instructions": "still here"}})
+        assert (await _until(conn, "session.updated", seen))["session"]["instructions"] == "still here"

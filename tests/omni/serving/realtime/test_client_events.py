@@ -1,0 +1,35 @@
+"""Client events: each type parses to its Struct; an unknown type, an unknown field or a bad
+value is an EventError naming the event (type, event_id) and the field."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+
+from omni.serving.realtime import client_events as ev
+
+
+def test_a_session_update_with_turn_detection_null() -> None:
+    e = ev.parse_event(orjson.dumps({"type": "session.update", "session": {"audio": {"input": {"turn_detection": None}}}}))
+    assert isinstance(e, ev.SessionUpdate) and e.session.audio.input.turn_detection is None  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(
+    ("event", "param"),
+    [
+        ({"type": "nope", "event_id": "e"}, "type"),
+        ({"type": "session.update", "event_id": "e", "session": {"voices": "x"}}, "session.voices"),
+        ({"type": "conversation.item.truncate", "event_id": "e", "item_id": "i", "content_index": 0, "audio_end_ms": -1}, "audio_end_ms"),
+        ({"type": "session.update", "event_id": "e", "session": {"audio": {"output": {"speed": 1.5}}}}, "session.audio.output.speed"),
+    ],
+)
+def test_bad_events_name_the_event_and_field(event: dict[str, object], param: str) -> None:
+    with pytest.raises(ev.EventError) as e:
+        ev.parse_event(orjson.dumps(event))
+    assert (e.value.event_type, e.value.event_id, e.value.error.param) == (event["type"], "e", param)
+
+
+def test_not_json_is_an_error_too() -> None:
+    with pytest.raises(ev.EventError) as e:
+        ev.parse_event(b"{")
+    assert e.value.error.code == "invalid_json"
