@@ -89,7 +89,7 @@ def _build_runner(spec: protocol.WorkerSpec, member: GroupMember) -> Any:
 
     if spec.num_threads:
         torch.set_num_threads(spec.num_threads)
-    init_group(member, spec.device)
+    member = init_group(member, spec.device)  # with its hand-off group
     runner = runner_class(type(spec)).from_spec(spec, member)
     if spec.seed is not None:
         # After loading, whose module initialisation draws from the generator: sampling
