@@ -2,13 +2,35 @@
 
 The server spawns the world_size processes of a group together and gives each its rank and
 the group's rendezvous address; the group is created before the runner loads, so a runner
-(e.g. the image decoder's Ulysses attention) finds torch.distributed ready. NCCL on CUDA,
-gloo on CPU. A worker of world_size 1 creates no group at all.
+(e.g. the image decoder's Ulysses attention) finds torch.distributed ready. A worker of
+world_size 1 creates no group at all.
+
+A group is two process groups over the same ranks:
+
+    collectives  NCCL on CUDA, gloo on CPU  the runner's all-to-alls and gathers, inside a job;
+                                            a wait past COLLECTIVE_TIMEOUT_S is a hung group
+    hand-off     gloo, on the CPU            rank 0 handing the next job to the others; the
+                                            followers wait here between jobs, for as long as
+                                            the server stays idle (HANDOFF_TIMEOUT)
+
+Waiting for the next job inside a timed collective made an idle group kill itself when the
+timeout struck (review A1: NCCL's watchdog, or gloo's timeout, after 300 s idle), and an NCCL
+wait spins a core and a kernel on the GPU; gloo's blocks.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import datetime
+import os
 from dataclasses import dataclass
+from typing import Any
+
+COLLECTIVE_TIMEOUT_S = 300.0
+# Tests make it short, to show an idle group outlives it without waiting minutes.
+TIMEOUT_ENV = "OMNI_GROUP_TIMEOUT_S"
+# "Unbounded" in practice: gloo takes a finite timeout; ten years of idleness ends the group.
+HANDOFF_TIMEOUT = datetime.timedelta(days=3650)
 
 
 @dataclass(frozen=True, slots=True)
@@ -16,6 +38,7 @@ class GroupMember:
     rank: int = 0
     world_size: int = 1
     init_method: str | None = None  # "tcp://127.0.0.1:PORT", chosen by the server
+    handoff: Any = None  # the hand-off ProcessGroup, once init_group has made it
 
     @property
     def is_leader(self) -> bool:
@@ -23,21 +46,28 @@ class GroupMember:
         return self.rank == 0
 
 
-def init_group(member: GroupMember, device: str, timeout_s: float = 300.0) -> None:
-    if member.world_size == 1:
-        return
-    import datetime  # noqa: PLC0415
+def collective_timeout_s() -> float:
+    value = os.environ.get(TIMEOUT_ENV)
+    return float(value) if value else COLLECTIVE_TIMEOUT_S
 
+
+def init_group(member: GroupMember, device: str, timeout_s: float | None = None) -> GroupMember:
+    """Join the group; return the member with its hand-off group (the member itself when alone)."""
+    if member.world_size == 1:
+        return member
     import torch.distributed as dist  # noqa: PLC0415 - only worker processes import torch
 
     backend = "nccl" if device.startswith("cuda") else "gloo"
+    timeout = timeout_s if timeout_s is not None else collective_timeout_s()
     dist.init_process_group(
         backend,
         init_method=member.init_method,
         rank=member.rank,
         world_size=member.world_size,
-        timeout=datetime.timedelta(seconds=timeout_s),
+        timeout=datetime.timedelta(seconds=timeout),
     )
+    handoff = dist.new_group(backend="gloo", timeout=HANDOFF_TIMEOUT)
+    return dataclasses.replace(member, handoff=handoff)
 
 
 def destroy_group(member: GroupMember) -> None:

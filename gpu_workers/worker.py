@@ -7,6 +7,11 @@ too, so nothing crossing the boundary is pickled by us. torch is imported only i
 child (by the runner modules), never when the server imports this module to name the entry
 point.
 
+A job's exception fails only that job, unless it is a device error that leaves the device
+unusable (is_fatal: a CUDA error other than out of memory, such as a device-side assert, which
+is sticky): then the worker reports it and exits, so the supervisor starts a fresh process
+instead of a worker that fails every later job while it looks alive (review A3).
+
 A group worker (spec.world_size > 1) is world_size of these processes: rank 0 serves the
 pipe, the other ranks follow it (Runner.follow) and hold their pipe only to notice the
 server going away.
@@ -89,7 +94,7 @@ def _build_runner(spec: protocol.WorkerSpec, member: GroupMember) -> Any:
 
     if spec.num_threads:
         torch.set_num_threads(spec.num_threads)
-    init_group(member, spec.device)
+    member = init_group(member, spec.device)  # with its hand-off group
     runner = runner_class(type(spec)).from_spec(spec, member)
     if spec.seed is not None:
         # After loading, whose module initialisation draws from the generator: sampling
@@ -118,11 +123,40 @@ def _serve(conn: Connection, runner: Any) -> None:
                     _send(conn, reply)
                 continue
         except Exception as exc:
-            # The server fails the requests of this job and keeps the worker.
+            # The server fails the requests of this job and keeps the worker ...
             log.error("job %d failed:\n%s", message.job_id, traceback.format_exc())
-            _send(conn, protocol.WorkerError(f"{type(exc).__name__}: {exc}", job_id=message.job_id))
+            fatal = is_fatal(exc)
+            _send(conn, protocol.WorkerError(f"{type(exc).__name__}: {exc}", job_id=message.job_id, fatal=fatal))
+            if fatal:  # ... unless the device is lost: a new process gets a new context
+                log.error("%s: the device is unusable after this error; exiting so the worker restarts", type(exc).__name__)
+                logging.shutdown()
+                os._exit(1)  # not a clean exit: the runner's close() could touch the broken device
             continue
         _send(conn, result)
+
+
+# A CUDA error's text, when torch raises it as a plain RuntimeError (older releases, cuBLAS).
+_DEVICE_ERROR_MARKS = ("CUDA error", "device-side assert", "CUBLAS_STATUS_", "cuDNN error", "NCCL error")
+
+
+def is_fatal(exc: BaseException) -> bool:
+    """A CUDA error other than out of memory, in exc or what caused it. Such errors are sticky:
+    the context fails every later call (a device-side assert from an index out of range, an
+    illegal address). Running out of memory is not: the job fails, the worker goes on."""
+    import torch  # noqa: PLC0415 - in the worker, torch is loaded already
+
+    seen: set[int] = set()
+    error: BaseException | None = exc
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, torch.cuda.OutOfMemoryError):
+            return False
+        if isinstance(error, torch.AcceleratorError):
+            return True
+        if isinstance(error, RuntimeError) and any(mark in str(error) for mark in _DEVICE_ERROR_MARKS):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
 
 
 def _exit_with_the_server(conn: Connection) -> None:

@@ -40,7 +40,11 @@ class LLMConfig:
     them: num_workers data-parallel workers placed round-robin over `devices` (or all on
     `device` when that is empty)."""
 
-    device: str = setting("cpu", help="cpu, cuda or cuda:N")
+    # The flag's default, auto, is resolved by the CLI (omni/cli/devices.py): cuda:0 when a
+    # GPU is visible, else cpu; a config built in code runs on the CPU.
+    device: str = setting(
+        "cpu", unset="auto", help="auto (default: cuda:0 when a GPU is visible, else cpu), cpu, cuda (cuda:0) or cuda:N"
+    )
     devices: tuple[str, ...] = setting(
         (),
         type="devices",

@@ -1,10 +1,14 @@
 """VisionDecoderRunner: the image decoder's worker kind, one process per rank of its group.
 
 Rank 0 is served DecodeImages batches from the pipe. It hands each batch to the other ranks
-first, as the protocol's own bytes broadcast over the group (nothing pickled):
+first, as the protocol's own bytes broadcast over the group's hand-off group (gloo, CPU
+tensors, no timeout to speak of: gpu_workers/distributed.py; nothing pickled):
 
     rank 0    encode(batch) -> n bytes    broadcast [n] (int64)    broadcast bytes (uint8, n)
     rank > 0  (in follow())               receive n                receive, decode(bytes)
+
+A follower waits for its next batch there, however long the server idles; the collective
+group (NCCL on GPUs), whose waits time out, carries only the work inside a batch.
 
 then every rank runs the same VisionDecoder.generate on it, which shards the tokens over the
 group (Ulysses). Rank 0 streams PartialImage messages as the previews are made and the
@@ -108,17 +112,17 @@ class VisionDecoderRunner(Runner):
         if self.member.world_size == 1:
             return
         data = protocol.encode(batch)
-        device = self.decoder.device  # gloo's tensors are on the CPU, NCCL's on the rank's GPU
-        dist.broadcast(torch.tensor([len(data)], dtype=torch.int64, device=device), src=0)
-        dist.broadcast(torch.frombuffer(bytearray(data), dtype=torch.uint8).to(device), src=0)
+        group = self.member.handoff  # gloo: the tensors stay on the CPU
+        dist.broadcast(torch.tensor([len(data)], dtype=torch.int64), src=0, group=group)
+        dist.broadcast(torch.frombuffer(bytearray(data), dtype=torch.uint8), src=0, group=group)
 
     def _receive(self) -> protocol.DecodeImages:
-        device = self.decoder.device
-        size = torch.zeros(1, dtype=torch.int64, device=device)
-        dist.broadcast(size, src=0)
-        data = torch.empty(int(size.item()), dtype=torch.uint8, device=device)
-        dist.broadcast(data, src=0)
-        batch = protocol.decode(data.cpu().numpy().tobytes())
+        group = self.member.handoff
+        size = torch.zeros(1, dtype=torch.int64)
+        dist.broadcast(size, src=0, group=group)  # the idle wait: blocks, no timeout, no spin
+        data = torch.empty(int(size.item()), dtype=torch.uint8)
+        dist.broadcast(data, src=0, group=group)
+        batch = protocol.decode(data.numpy().tobytes())
         if not isinstance(batch, protocol.DecodeImages):
             raise TypeError(f"rank 0 broadcast a {type(batch).__name__}, not DecodeImages")
         return batch

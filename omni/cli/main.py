@@ -13,7 +13,7 @@ import time
 
 from aiohttp import web
 
-from omni.cli.options import parse_args, server_config
+from omni.cli.options import check_devices_present, parse_args, server_config
 from omni.cli.sd_notify import Notifier
 from omni.config import ServerConfig
 from omni.http.access_log import AccessLogger
@@ -162,6 +162,7 @@ def main(argv: list[str] | None = None) -> None:
     os.environ["OMNI_LOG_LEVEL"] = args.log_level
     os.environ["OMNI_LOG_FORMAT"] = args.log_format
     config = server_config(args)
+    check_devices_present(config)  # here, not in server_config: see its docstring
     notifier = Notifier.from_env(os.environ)  # before any worker is spawned (they inherit it)
     try:
         import uvloop  # noqa: PLC0415

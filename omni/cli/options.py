@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from omni.cli import devices as device_flags
 from omni.cli.config_file import ConfigFileError, apply_config_file
 from omni.cli.flags import add_section, read_section
 from omni.cli.vllm_flags import unsupported_flag_message
@@ -188,7 +189,7 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
     """Each section read from the flags, what they leave derived filled in, and one ModelConfig
     per model; a setting omni-serve cannot honour exits naming it."""
     launch: Launch = read_section(Launch, args)
-    llm: LLMConfig = read_section(LLMConfig, args)
+    llm = _llm_devices(read_section(LLMConfig, args), args.device)
     devices = llm.worker_devices
     on_cpu = all(d == "cpu" for d in devices)
     llm = replace(
@@ -216,10 +217,18 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
         except ValueError as exc:
             raise _fail(str(exc)) from None
     images: VisionDecoderConfig = read_section(VisionDecoderConfig, args)
-    if images.diffusion_steps < 1 or images.max_batch_images < 1:
-        raise _fail("--diffusion-steps and --max-batch-images must be at least 1")
     encoder: EncoderConfig = read_section(EncoderConfig, args)
     audio: AudioDecoderConfig = read_section(AudioDecoderConfig, args)
+    try:
+        images = replace(images, devices=device_flags.normalise_list(images.devices, "--vision-decoder-devices"))
+        if encoder.device is not None:
+            encoder = replace(encoder, device=device_flags.normalise(encoder.device, "--encoder-device"))
+        if audio.device is not None:
+            audio = replace(audio, device=device_flags.normalise(audio.device, "--audio-decoder-device"))
+    except device_flags.DeviceError as exc:
+        raise _fail(str(exc)) from None
+    if images.diffusion_steps < 1 or images.max_batch_images < 1:
+        raise _fail("--diffusion-steps and --max-batch-images must be at least 1")
     worker: WorkerConfig = read_section(WorkerConfig, args)
     dtype = {"half": "float16", "float": "float32"}.get(args.dtype, args.dtype)
     worker = replace(
@@ -266,6 +275,42 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
         root_path=_root_path(server.root_path),
         log_stats_interval=None if args.disable_log_stats else server.log_stats_interval,
     )
+
+
+def _llm_devices(llm: LLMConfig, device: str) -> LLMConfig:
+    """--devices normalised and checked; else --device, `auto` (its default) resolved here.
+    Whether the GPUs they name exist is checked at start (check_devices_present)."""
+    try:
+        devices = device_flags.normalise_list(llm.devices, "--devices")
+        if devices:
+            return replace(llm, devices=devices, device=devices[0])
+        gpus = device_flags.visible_gpus() if device.strip().lower() == "auto" else 0
+        return replace(llm, device=device_flags.resolve(device, "--device", gpus))
+    except device_flags.DeviceError as exc:
+        raise _fail(str(exc)) from None
+
+
+def check_devices_present(config: ServerConfig, gpus: int | None = None) -> None:
+    """Before any worker starts: every GPU a device flag names is one this machine shows
+    (gpus: how many; counted from the driver when None). A config is built, and tested,
+    without this, on machines that lack the GPUs it names."""
+    named: list[tuple[str, str]] = []
+    for model in config.models:
+        if model.llm.devices:
+            named += [("--devices", d) for d in model.llm.devices]
+        else:
+            named.append(("--device", model.llm.device))
+        if model.encoder.device is not None:
+            named.append(("--encoder-device", model.encoder.device))
+        named += [("--vision-decoder-devices", d) for d in model.vision_decoder.devices]
+        if model.audio_decoder.device is not None:
+            named.append(("--audio-decoder-device", model.audio_decoder.device))
+    if all(device == "cpu" for _, device in named):
+        return
+    try:
+        device_flags.check_present(named, device_flags.visible_gpus() if gpus is None else gpus)
+    except device_flags.DeviceError as exc:
+        raise _fail(str(exc)) from None
 
 
 def _num_threads(

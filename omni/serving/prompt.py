@@ -116,7 +116,7 @@ async def completion_prompts(model: ServedModel, req: CompletionRequest) -> list
 
 def _completion_prompts(model: ServedModel, req: CompletionRequest) -> list[list[int]]:
     tokenizer = model.tokenizer
-    vocab = tokenizer.vocab_size
+    vocab = tokenizer.num_token_ids
     placeholders = placeholder_ids(tokenizer)
     prompts = []
     for i, prompt in enumerate(req.prompts):

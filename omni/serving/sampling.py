@@ -107,10 +107,12 @@ def sampling_params(
                 "(--max-logprobs).",
                 param=field_name,
             )
-    vocab_size = tokenizer.vocab_size
+    vocab_size = tokenizer.num_token_ids
     _check_in_vocabulary("logit_bias", tuple(t for t, _ in request.logit_bias), vocab_size)
     _check_in_vocabulary("allowed_token_ids", request.allowed_token_ids or (), vocab_size)
     _check_in_vocabulary("stop_token_ids", request.stop_token_ids, vocab_size)
+    bad_words = bad_words_token_ids(request.bad_words, tokenizer)
+    _check_in_vocabulary("bad_words", tuple(t for word in bad_words for t in word), vocab_size)
     max_tokens = request.max_tokens
     if max_tokens is not None and max_tokens > room:
         raise bad_request(
@@ -125,7 +127,7 @@ def sampling_params(
         "max_tokens": room if max_tokens is None else max_tokens,
         "logprobs": request.num_logprobs,
         "stop_token_ids": request.stop_token_ids + stop_token_ids,
-        "bad_words_token_ids": bad_words_token_ids(request.bad_words, tokenizer),
+        "bad_words_token_ids": bad_words,
         "prompt_logprobs": request.num_prompt_logprobs,
     }
     # Every other field is the request's field of the same name: a new sampling field needs no

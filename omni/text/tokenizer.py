@@ -109,9 +109,14 @@ def reference_chat_template() -> str:
 
 class TextTokenizer:
     def __init__(
-        self, hf_tokenizer: PreTrainedTokenizerBase, eos_token_ids: frozenset[int]
+        self,
+        hf_tokenizer: PreTrainedTokenizerBase,
+        eos_token_ids: frozenset[int],
+        model_vocab_size: int | None = None,
     ) -> None:
         self.hf_tokenizer = hf_tokenizer
+        # The model's config.json vocab_size: the rows of its embedding and logits (None: unknown).
+        self.model_vocab_size = model_vocab_size
         # The Rust tokenizer behind the transformers wrapper, for the fast paths.
         self.backend: tokenizers.Tokenizer = hf_tokenizer.backend_tokenizer
         self.eos_token_ids = eos_token_ids
@@ -137,20 +142,31 @@ class TextTokenizer:
             elif all(hf.backend_tokenizer.token_to_id(t) is not None for t in REFERENCE_MARKERS):
                 hf.chat_template = reference_chat_template()
         eos = _eos_ids(_read_json(model_dir / "generation_config.json").get("eos_token_id"))
+        config = _read_json(model_dir / "config.json")
+        text_config = config.get("text_config")
+        if not isinstance(text_config, dict):
+            text_config = {}  # the published omni checkpoint's LLM nests its config there
         if not eos:
-            config = _read_json(model_dir / "config.json")
-            eos = _eos_ids(config.get("eos_token_id"))
-            text_config = config.get("text_config")
-            if not eos and isinstance(text_config, dict):  # the published omni checkpoint's LLM
-                eos = _eos_ids(text_config.get("eos_token_id"))
+            eos = _eos_ids(config.get("eos_token_id")) or _eos_ids(text_config.get("eos_token_id"))
         if not eos and hf.eos_token_id is not None:
             eos = frozenset((hf.eos_token_id,))
-        return cls(hf, eos)
+        model_vocab = config.get("vocab_size", text_config.get("vocab_size"))
+        valid = isinstance(model_vocab, int) and not isinstance(model_vocab, bool) and model_vocab > 0
+        return cls(hf, eos, model_vocab if valid else None)
 
     @cached_property
     def vocab_size(self) -> int:
         """Number of token ids, added and special tokens included (len(hf_tokenizer))."""
         return self.backend.get_vocab_size(with_added_tokens=True)
+
+    @cached_property
+    def num_token_ids(self) -> int:
+        """The token ids a request may name: [0, num_token_ids) are in both the tokenizer and
+        the model. An id past the model's rows indexes past its embedding or logits: an
+        IndexError on the CPU, a sticky device-side assert on a GPU (review A3)."""
+        if self.model_vocab_size is None:
+            return self.vocab_size
+        return min(self.vocab_size, self.model_vocab_size)
 
     @cached_property
     def special_token_ids(self) -> frozenset[int]:

@@ -51,6 +51,14 @@ class ProbeResult:
     total: int  # value * (1 + 2 + ... + world_size): every rank took part
 
 
+# What a Probe of a negative value raises, as torch would on a GPU.
+FAILURES: dict[int, Exception] = {
+    -1: RuntimeError("CUDA error: device-side assert triggered\nCUDA kernel errors might be asynchronously reported"),
+    -2: torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB"),
+    -3: IndexError("index 1000000000 is out of bounds for dimension 1 with size 64"),
+}
+
+
 @register_runner
 class ProbeRunner(Runner):
     SPEC = ProbeSpec
@@ -75,6 +83,8 @@ class ProbeRunner(Runner):
         return int(mine.item())
 
     def run(self, job: Probe) -> ProbeResult:
+        if job.value < 0:  # a job that fails, as a CUDA worker's job can (test_supervisor)
+            raise FAILURES[job.value]
         return ProbeResult(job.job_id, self._collective(torch.tensor([job.value])))
 
     def follow(self) -> None:

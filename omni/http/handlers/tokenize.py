@@ -56,7 +56,7 @@ async def detokenize(request: web.Request) -> web.Response:
     req = parse_detokenize_request(await read_json(request))
     model = _model(request, req.model)
     tokens = req.tokens
-    vocab = model.tokenizer.vocab_size
+    vocab = model.tokenizer.num_token_ids
     outside = next((t for t in tokens if not 0 <= t < vocab), None)
     if outside is not None:
         raise bad_request(f"Token id {outside} is outside the vocabulary [0, {vocab}).", param="tokens", code="invalid_value")

@@ -1,10 +1,12 @@
 """The vision decoder's worker kind through the real worker processes: a group of 2 gloo
 ranks started by WorkerProcess answers ready, streams a batch's previews before its result,
-draws what one process draws, and keeps serving after a batch it refuses."""
+draws what one process draws, keeps serving after a batch it refuses, and outlives idle
+spells longer than its collective timeout (review A1)."""
 
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -12,7 +14,7 @@ from typing import Any
 import pytest
 import torch
 
-from gpu_workers.distributed import GroupMember
+from gpu_workers.distributed import TIMEOUT_ENV, GroupMember
 from gpu_workers.runner import runner_class
 from gpu_workers.runners.vision_decoder import SIZES, VisionDecoderRunner
 from gpu_workers.tiny.checkpoints import make_tiny_vision_decoder
@@ -77,6 +79,39 @@ async def test_a_two_rank_worker_streams_previews_then_the_images(tmp_path: Path
     alone = VisionDecoder.from_dir(checkpoint).decode(jobs[:1]).images[0]
     assert drawn.data == alone.data
     assert isinstance(again[-1], protocol.DecodeResult) and again[-1].images[0].data == drawn.data
+
+
+def _cpu_seconds(pid: int | None) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+
+async def test_an_idle_group_outlives_its_collective_timeout(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Review A1: the follower used to wait for its next batch inside a broadcast of the
+    collective group, whose timeout (300 s; 5 s here) ended the idle rank and with it the
+    group. Now it waits on the hand-off group: three timeouts' worth of idleness later the
+    same processes draw the image, and the follower spent the wait blocked, not spinning."""
+    timeout_s = 5.0
+    monkeypatch.setenv(TIMEOUT_ENV, str(timeout_s))  # the ranks inherit it (spawn)
+    checkpoint = make_tiny_vision_decoder(tmp_path / "vision_decoder", seed=2, codebook=torch.randn(64, 16))
+    spec = protocol.VisionDecoderWorkerSpec(model_dir=str(checkpoint), world_size=2, num_threads=1)
+    worker = WorkerProcess(spec)
+    await worker.start(timeout=120)
+    try:
+        pids = worker.pids
+        follower_cpu = _cpu_seconds(pids[1])
+        idle_s = 3 * timeout_s + 1
+        await asyncio.sleep(idle_s)
+        assert worker.is_alive and worker.pids == pids  # no rank left the group
+        spent = _cpu_seconds(pids[1]) - follower_cpu
+        assert spent < 0.2 * idle_s, f"the idle follower used {spent:.1f} s of CPU in {idle_s:.0f} s"
+        await worker.send(protocol.DecodeImages(1, [protocol.ImageJob(1, CODES, 144, 80, 2, seed=3)]))
+        replies = await _until_result(worker)
+    finally:
+        await worker.stop()
+    result = replies[-1]
+    assert isinstance(result, protocol.DecodeResult) and result.images[0].error is None
 
 
 def test_one_rank_runs_in_process_without_a_group(tmp_path: Path) -> None:

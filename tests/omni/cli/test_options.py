@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from gpu_workers.tiny.checkpoints import make_tiny_checkpoint, make_tiny_component_checkpoint
-from omni.cli.options import build_parser, parse_args, server_config
+from omni.cli.main import main
+from omni.cli.options import build_parser, check_devices_present, parse_args, server_config
 from omni.config import CorsPolicy
 
 
@@ -237,3 +238,54 @@ def test_the_published_layout_is_one_directory_for_every_component(tmp_path: Pat
     model = server_config(build_parser().parse_args([str(root)])).models[0]
     assert model.name == "HyperCLOVAX-SEED-Omni-8B"
     assert model.model_dir == root and model.encoder_dir == root
+
+
+def test_device_flags_are_normalised_and_auto_follows_the_gpus(
+    dirs: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review A2 and C11: `cuda` is cuda:0 for every component that inherits it, and the
+    default --device auto is the CPU here (no GPU) and cuda:0, in bf16, where one is visible."""
+    text, omni = dirs
+    model = server_config(parse_args([str(omni), "--device", "cuda", "--audio-decoder-device", "CUDA:1"])).models[0]
+    assert (model.llm.device, model.llm.worker_devices, model.audio_decoder.device) == ("cuda:0", ("cuda:0",), "cuda:1")
+    monkeypatch.setattr("omni.cli.devices.visible_gpus", lambda: 0)
+    on_cpu = server_config(parse_args([str(text)])).models[0]
+    assert server_config(parse_args([str(text), "--device", "auto"])).models[0] == on_cpu
+    assert (on_cpu.llm.device, on_cpu.worker.dtype, on_cpu.llm.max_num_batched_tokens) == ("cpu", "float32", 512)
+    monkeypatch.setattr("omni.cli.devices.visible_gpus", lambda: 1)
+    on_gpu = server_config(parse_args([str(text)])).models[0]
+    assert (on_gpu.llm.device, on_gpu.worker.dtype, on_gpu.llm.max_num_batched_tokens) == ("cuda:0", "bfloat16", 8192)
+    assert server_config(parse_args([str(text), "--device", "cpu"])).models[0].llm.device == "cpu"
+
+
+@pytest.mark.parametrize(
+    ("flags", "says"),
+    [
+        (["--device", "gpu0"], "--device 'gpu0': a device is cpu, cuda or cuda:N"),
+        (["--devices", "cuda:0,cpu"], "--devices cuda:0,cpu: cpu and cuda devices cannot be mixed"),
+        (["--devices", "cuda,cuda:0"], "--devices cuda:0,cuda:0: cuda:0 is named more than once"),
+        (["--vision-decoder-devices", "cuda:1,cuda:1"], "--vision-decoder-devices cuda:1,cuda:1: cuda:1 is named"),
+        (["--vision-decoder-devices", "cpu,cuda:1"], "--vision-decoder-devices cpu,cuda:1: cpu and cuda"),
+        (["--encoder-device", "cuda:a"], "--encoder-device 'cuda:a'"),
+        (["--audio-decoder-device", "tpu"], "--audio-decoder-device 'tpu'"),
+    ],
+)
+def test_bad_device_flags_exit_naming_the_flag(dirs: tuple[Path, Path], flags: list[str], says: str) -> None:
+    with pytest.raises(SystemExit, match=re.escape(says)):
+        server_config(parse_args([str(dirs[1]), *flags]))
+
+
+def test_a_gpu_the_machine_lacks_is_refused_at_start(dirs: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    """server_config reads GPUs this machine may lack (the tests above); starting checks them,
+    before any worker is spawned: here, where no GPU is visible, any cuda device is refused."""
+    text, omni = dirs
+    config = server_config(parse_args([str(omni), "--device", "cuda:0", "--vision-decoder-devices", "cuda:1,cuda:7"]))
+    check_devices_present(config, gpus=8)  # the LLM's, the encoder's, the vocoder's and both ranks' GPUs are there ...
+    with pytest.raises(SystemExit, match=re.escape("--vision-decoder-devices cuda:7: this machine shows 2 GPUs")):
+        check_devices_present(config, gpus=2)  # ... cuda:7 is not
+    check_devices_present(server_config(parse_args([str(omni), "--vision-decoder-devices", "cpu,cpu"])), gpus=0)
+    monkeypatch.setattr("omni.cli.devices.visible_gpus", lambda: 0)
+    monkeypatch.setenv("OMNI_LOG_LEVEL", "INFO")  # main() sets both for its workers
+    monkeypatch.setenv("OMNI_LOG_FORMAT", "text")
+    with pytest.raises(SystemExit, match=re.escape("--device cuda:0: this machine shows no GPU")):
+        main([str(text), "--device", "cuda"])

@@ -1,6 +1,7 @@
 """A worker of several processes (one torch.distributed group, gloo on CPU) fits the
 supervised-worker base: it starts whole, answers through rank 0, and when any rank dies the
-whole group is restarted."""
+whole group is restarted. A job's error fails that job alone, unless it is a CUDA error that
+leaves the device unusable: then the worker exits and is restarted (review A3)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from collections.abc import AsyncIterator, Callable
 import pytest
 
 from omni.engines.supervisor import EngineError, SupervisedWorker
+from omni.shared import protocol
 from tests.omni import group_runner
 from tests.omni.group_runner import Probe, ProbeReady, ProbeResult, ProbeSpec
 
@@ -48,6 +50,10 @@ class ProbeEngine(SupervisedWorker):
         self._next += 1
         await self.worker.send(Probe(self._next, value))
         reply = await self.worker.recv()
+        if isinstance(reply, protocol.WorkerError):
+            self._inflight.set_exception(EngineError(reply.message))
+            self._inflight = None
+            return
         assert isinstance(reply, ProbeResult) and reply.job_id == self._next
         self._inflight.set_result(reply.total)
         self._inflight = None
@@ -120,3 +126,26 @@ async def test_a_job_on_a_dying_group_fails_and_stop_fails_the_queue() -> None:
         await engine.stop()
     with pytest.raises(EngineError, match="shutting down"):
         await queued
+
+
+@pytest.mark.parametrize("world_size", [1, 2])
+async def test_a_cuda_error_restarts_the_worker_and_other_errors_fail_one_job(world_size: int) -> None:
+    """The probe's job raises what torch raises on a GPU (group_runner.FAILURES): an
+    out-of-range index (IndexError on the CPU) and running out of memory fail that job and
+    keep the process; a CUDA error (a device-side assert: sticky) fails it and ends the
+    process, which the supervisor starts again."""
+    engine = ProbeEngine(world_size=world_size)
+    await engine.start()
+    try:
+        first = list(engine.worker.pids)
+        for value, says in ((-3, "IndexError: index 1000000000"), (-2, "OutOfMemoryError: CUDA out of memory")):
+            with pytest.raises(EngineError, match=says):
+                await asyncio.wait_for(engine.probe(value), 30)
+        assert engine.ready and engine.worker.pids == first and engine.readies == 1
+        with pytest.raises(EngineError, match="device-side assert triggered"):
+            await asyncio.wait_for(engine.probe(-1), 30)
+        await until(lambda: engine.readies == 2 and engine.ready, timeout=120)
+        assert set(engine.worker.pids).isdisjoint(first)  # a new process (every rank of a group)
+        assert await asyncio.wait_for(engine.probe(2), 30) == 2 * sum(range(1, world_size + 1))
+    finally:
+        await engine.stop()

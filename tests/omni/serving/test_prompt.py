@@ -126,3 +126,14 @@ async def test_continue_final_message_leaves_the_turn_open(model: ServedModel) -
     )
     ids = (await chat_prompt(model, no_prompt, [])).token_ids
     assert ids == model.tokenizer.encode("<|im_start|>user\nHi<|im_end|>\n", add_special_tokens=False)
+
+
+async def test_prompt_token_ids_are_bounded_by_the_models_vocabulary(tiny_tokenizer_dir: Path) -> None:
+    """A tokenizer of 1458 ids before a model of 1000 rows: id 1200 is a token, but the
+    embedding has no row for it (review A3); a 400 naming the prompt, not a worker error."""
+    tok = TextTokenizer.from_dir(tiny_tokenizer_dir)
+    smaller = ServedModel("m", TextTokenizer(tok.hf_tokenizer, tok.eos_token_ids, 1000), cast(ModelPool, FakePool([1])), created=0)
+    assert await completion_prompts(smaller, parse_completion_request({"model": "m", "prompt": [[3, 999]]})) == [[3, 999]]
+    with pytest.raises(APIError) as e:
+        await completion_prompts(smaller, parse_completion_request({"model": "m", "prompt": [[3], [1200]]}))
+    assert (e.value.status, e.value.param, e.value.message) == (400, "prompt", "prompt 1 has token ids outside [0, 1000)")

@@ -109,3 +109,23 @@ def test_apply_chat_template_takes_parsed_messages(tok: TextTokenizer) -> None:
     req = parse_chat_completion_request({"model": "m", "messages": messages})
     assert tok.apply_chat_template(req.messages) == tok.apply_chat_template(messages)
     assert tok.apply_chat_template(req.template_messages) == tok.apply_chat_template(req.messages)
+
+
+@pytest.mark.parametrize(
+    ("config", "num_token_ids"),
+    [
+        (None, 1458),  # no config.json: the tokenizer's ids
+        ({"vocab_size": 1000}, 1000),  # a model with fewer rows than the tokenizer has ids
+        ({"text_config": {"vocab_size": 1200}}, 1200),  # the published omni checkpoint's nesting
+        ({"vocab_size": 2048}, 1458),  # rows padded past the tokenizer: ids it cannot decode
+        ({"vocab_size": "big"}, 1458),
+    ],
+)
+def test_the_ids_a_request_may_name_are_in_the_tokenizer_and_the_model(
+    tmp_path: Path, config: dict[str, Any] | None, num_token_ids: int
+) -> None:
+    build_tiny_tokenizer(tmp_path)
+    if config is not None:
+        (tmp_path / "config.json").write_text(json.dumps(config))
+    tok = TextTokenizer.from_dir(tmp_path)
+    assert (tok.vocab_size, tok.num_token_ids) == (1458, num_token_ids)
