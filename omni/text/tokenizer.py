@@ -170,7 +170,7 @@ class TextTokenizer:
         gguf = GgufFile(Path(path))
         meta = gguf.fields
         if not isinstance(meta.get("tokenizer.ggml.tokens"), list):
-            raise ValueError(f"{path}: the GGUF file has no tokenizer (no tokenizer.ggml.tokens)")
+            raise ValueError(f"{path}: the GGUF file has no tokenizer (no tokenizer.ggml.tokens)")  # noqa: TRY004
         grouped = {
             group: {name: meta[f"tokenizer.{key}"] for key, name in renames.items() if f"tokenizer.{key}" in meta}
             for group, renames in GGUF_TOKENIZER_MAPPING.items()
