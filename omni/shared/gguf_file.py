@@ -73,9 +73,10 @@ class GgufFile:
             raise ValueError(f"{self.path}: GGUF architecture {arch!r} has no config mapping in transformers")
         config: dict[str, Any] = {"tie_word_embeddings": "output.weight" not in self.tensor_names}
         config |= GGUF_CONFIG_DEFAULTS_MAPPING.get(model_type, {})
+        mapping: dict[str, Any] = GGUF_CONFIG_MAPPING
         for key, value in self.fields.items():
             prefix, _, rest = key.partition(".")  # general.*, tokenizer.ggml.*_token_id, {arch}.*
-            hf_key = GGUF_CONFIG_MAPPING.get(model_type if prefix == arch else prefix, {}).get(rest)
+            hf_key = mapping.get(model_type if prefix == arch else prefix, {}).get(rest)
             if hf_key is not None and hf_key != -1 and hf_key != "_model_name_or_path":
                 config[hf_key] = value
         config["model_type"] = model_type
