@@ -1,4 +1,5 @@
-"""Load a HF-layout checkpoint directory (config.json + safetensors) into a LlamaForCausalLM.
+"""Load a HF-layout checkpoint directory (config.json + safetensors), or a GGUF file, into a
+LlamaForCausalLM.
 
 Reads model.safetensors or a sharded model.safetensors.index.json; never pickle (.bin). In the
 published omni checkpoint the LLM is config.json's text_config and the tensors under
@@ -7,11 +8,14 @@ hold them only; the other components' tensors are not the LLM's and are never re
 HF names map onto ours by dropping the "model." prefix and stacking q/k/v and gate/up into
 the fused MergedLinear rows (LlamaForCausalLM.STACKED_PARAMS). Every parameter row range
 must be written exactly once; anything missing, unexpected or misshapen is a ValueError.
+A GGUF file's tensors arrive under the same HF names, dequantized (gpu_workers/gguf_weights.py).
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Iterable, Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +23,9 @@ import torch
 from safetensors import safe_open
 
 from gpu_workers.attention.backend import AttentionBackend
+from gpu_workers.gguf_weights import GgufWeights
 from gpu_workers.models.llama import LlamaFamilyConfig, LlamaForCausalLM, MergedLinear
+from omni.shared.gguf_file import is_gguf
 from omni.shared.safetensors_index import PUBLISHED_PREFIXES, SafetensorsIndex, is_published
 
 SINGLE_FILE = "model.safetensors"
@@ -81,12 +87,16 @@ def load_safetensors(model_dir: Path, device: str | torch.device = "cpu") -> dic
 def load_model(
     model_dir: Path, *, device: torch.device, dtype: torch.dtype, backend: AttentionBackend
 ) -> LlamaForCausalLM:
-    config = read_config(model_dir)
+    """model_dir: a checkpoint directory, or a GGUF file (its weights dequantized to dtype)."""
+    gguf = GgufWeights(model_dir) if is_gguf(model_dir) else None
+    config = gguf.config if gguf is not None else read_config(model_dir)
     # Built on meta, so no memory is spent on a random init that the weights overwrite.
     with torch.device("meta"):
         model = LlamaForCausalLM(config, backend)
     model = model.to(dtype).to_empty(device=device)
-    if is_published(model_dir):
+    if gguf is not None:
+        fill_weights(model, gguf.tensors(_hf_names(model)))
+    elif is_published(model_dir):
         index = SafetensorsIndex.read(model_dir)
         files = [model_dir / shard for shard in index.shards(PUBLISHED_PREFIXES["llm"])]
         load_weights(model, files, prefix=PUBLISHED_PREFIXES["llm"][0])
@@ -98,6 +108,22 @@ def load_model(
 def load_weights(model: LlamaForCausalLM, files: list[Path], *, prefix: str = "") -> None:
     """prefix: only tensors under it are the model's (in the published checkpoint,
     model.language_model.); it is stripped, leaving HF names (model.*, lm_head.weight)."""
+
+    def tensors() -> Iterator[tuple[str, Callable[[], torch.Tensor]]]:
+        for path in files:
+            with safe_open(str(path), framework="pt") as f:
+                for stored in f.keys():  # noqa: SIM118 - safe_open is not iterable
+                    if stored.startswith(prefix):  # else another component's tensor in a shared shard
+                        yield stored[len(prefix) :], partial(f.get_tensor, stored)
+
+    fill_weights(model, tensors(), prefix=prefix)
+
+
+def fill_weights(
+    model: LlamaForCausalLM, tensors: Iterable[tuple[str, Callable[[], torch.Tensor]]], *, prefix: str = ""
+) -> None:
+    """Write each (HF name, its tensor's reader) into the model; prefix only names the tensors in
+    errors. Every parameter row range must be written once."""
     params = dict(model.named_parameters())
     modules = dict(model.named_modules())
     # (param name, shard index or None) -> not yet written
@@ -110,28 +136,34 @@ def load_weights(model: LlamaForCausalLM, files: list[Path], *, prefix: str = ""
             pending.add((name, None))
     unexpected: list[str] = []
     tied = model.config.tie_word_embeddings
-    for path in files:
-        with safe_open(str(path), framework="pt") as f:
-            for stored in f.keys():  # noqa: SIM118 - safe_open is not iterable
-                if not stored.startswith(prefix):
-                    continue  # another component's tensor in a shared shard
-                hf_name = stored[len(prefix) :]
-                if (tied and hf_name == "lm_head.weight") or hf_name.endswith("rotary_emb.inv_freq"):
-                    continue  # derived, not learned: the tied head is embed_tokens, RoPE is computed
-                target = _our_name(hf_name)
-                if target is None or target[0] not in params:
-                    unexpected.append(hf_name)
-                    continue
-                name, shard = target
-                if (name, shard) not in pending:
-                    raise ValueError(f"{hf_name}: tensor appears twice in the checkpoint")
-                _copy(params[name], modules[name.rsplit(".", 1)[0]], shard, f.get_tensor(stored), stored)
-                pending.discard((name, shard))
+    for hf_name, read in tensors:
+        if (tied and hf_name == "lm_head.weight") or hf_name.endswith("rotary_emb.inv_freq"):
+            continue  # derived, not learned: the tied head is embed_tokens, RoPE is computed
+        target = _our_name(hf_name)
+        if target is None or target[0] not in params:
+            unexpected.append(hf_name)
+            continue
+        name, shard = target
+        if (name, shard) not in pending:
+            raise ValueError(f"{hf_name}: tensor appears twice in the checkpoint")
+        _copy(params[name], modules[name.rsplit(".", 1)[0]], shard, read(), prefix + hf_name)
+        pending.discard((name, shard))
     if unexpected:
         raise ValueError(f"unexpected tensors in checkpoint: {', '.join(prefix + n for n in sorted(unexpected))}")
     if pending:
         missing = sorted(prefix + _hf_name(name, shard) for name, shard in pending)
         raise ValueError(f"tensors missing from checkpoint: {', '.join(missing)}")
+
+
+def _hf_names(model: LlamaForCausalLM) -> list[str]:
+    """The HF name of every tensor the model reads (q/k/v and gate/up apart)."""
+    modules = dict(model.named_modules())
+    names = []
+    for name, _ in model.named_parameters():
+        module = modules[name.rsplit(".", 1)[0]]
+        shards = range(len(module.shard_sizes)) if isinstance(module, MergedLinear) else [None]
+        names += [_hf_name(name, shard) for shard in shards]
+    return names
 
 
 def _our_name(hf_name: str) -> tuple[str, int | None] | None:

@@ -7,6 +7,7 @@ Three layouts are served:
     DIR/decoder/vision/model_index.json   (PUBLISHED_PREFIXES), the image decoder as a diffusers
     DIR/decoder/audio/*.mar               folder, the audio decoder as TorchServe archives
     DIR/config.json                  an LLM alone (text only)
+    FILE.gguf                        an LLM alone in one GGUF file (text only; omni/shared/gguf_file.py)
     DIR/llm/config.json              an omni checkpoint: one directory per component,
     DIR/vision_encoder/config.json   as a converted reference checkpoint is laid out
     DIR/audio_encoder/ ...           (any encoder may be absent: its inputs are refused)
@@ -29,6 +30,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
+from omni.shared.gguf_file import is_gguf
 from omni.shared.safetensors_index import PUBLISHED_PREFIXES, SafetensorsIndex, is_published
 
 ENCODER_COMPONENTS = ("vision_encoder", "audio_encoder", "image_tokenizer", "audio_tokenizer")
@@ -50,6 +52,8 @@ class ModelLayout:
     @classmethod
     def from_dir(cls, root: Path) -> ModelLayout:
         root = Path(root)
+        if is_gguf(root):
+            return cls(root, root)  # the file stands for the LLM's directory: it holds config, tokenizer and weights
         if is_published(root):
             index = SafetensorsIndex.read(root)
             found = {
@@ -82,7 +86,7 @@ class ModelLayout:
             )
         if (root / "config.json").is_file():
             return cls(root, root)
-        raise ValueError(f"{root} has neither config.json nor llm/config.json; is it a checkpoint?")
+        raise ValueError(f"{root} is not a GGUF file and has neither config.json nor llm/config.json; is it a checkpoint?")
 
     @property
     def has_encoders(self) -> bool:
@@ -160,6 +164,8 @@ def weight_bytes(layout: ModelLayout) -> dict[str, int]:
         index = SafetensorsIndex.read(layout.root)
         out["llm"] = index.nbytes(PUBLISHED_PREFIXES["llm"])
         out |= {name: index.nbytes(PUBLISHED_PREFIXES[name]) for name in layout.components}
+    elif layout.llm_dir.is_file():  # GGUF: as stored, most tensors quantized
+        out["llm"] = layout.llm_dir.stat().st_size
     else:
         out["llm"] = _folder_bytes(layout.llm_dir, recurse=False)
         out |= {name: _folder_bytes(path) for name, path in layout.components.items()}
@@ -183,6 +189,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     layout = ModelLayout.from_dir(args.dir)
     kind = "published" if layout.published else ("per-component" if layout.components else "text-only")
+    kind += " (GGUF)" if layout.llm_dir.is_file() else ""
     print(f"{layout.root}: {kind} layout")
     for name, size in weight_bytes(layout).items():
         print(f"  {name:<16} {size / 2**20:10.1f} MiB")

