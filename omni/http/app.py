@@ -257,8 +257,9 @@ async def _store_ctx(app: web.Application) -> AsyncIterator[None]:
 
 
 async def _responses_ctx(app: web.Application) -> AsyncIterator[None]:
-    """Stored responses; background runs are cancelled before the models stop."""
-    app[RESPONSES] = store = ResponseStore()
+    """Stored responses (written through to the artifact store); background runs are cancelled
+    before the models stop."""
+    app[RESPONSES] = store = ResponseStore(artifacts=app[STORE])
     try:
         yield
     finally:

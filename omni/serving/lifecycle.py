@@ -195,7 +195,7 @@ async def response(
     chat turn (omni/serving/response_turns.py), answered by chat's lifecycle."""
     history: list[dict[str, Any]] = []
     if req.previous_response_id is not None:
-        earlier = responses.get(req.previous_response_id)
+        earlier = await responses.fetch(req.previous_response_id)
         if earlier is None:
             raise bad_request(
                 f"Previous response with id '{req.previous_response_id}' not found (or it expired).",

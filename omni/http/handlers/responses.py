@@ -63,12 +63,12 @@ async def create_response(request: web.Request) -> web.StreamResponse:
 
 async def get_response(request: web.Request) -> web.Response:
     response_id = request.match_info[RESPONSE_ID]
-    return await sse.json_response(_stored(request.app[RESPONSES], response_id).response)
+    return await sse.json_response((await _stored(request.app[RESPONSES], response_id)).response)
 
 
 async def delete_response(request: web.Request) -> web.Response:
     response_id = request.match_info[RESPONSE_ID]
-    if not request.app[RESPONSES].delete(response_id):
+    if not await request.app[RESPONSES].remove(response_id):
         raise _not_found(response_id)
     return await sse.json_response({"id": response_id, "object": "response.deleted", "deleted": True})
 
@@ -77,7 +77,7 @@ async def cancel_response(request: web.Request) -> web.Response:
     """Only a background response can be cancelled; one that already ended is returned as it is."""
     responses = request.app[RESPONSES]
     response_id = request.match_info[RESPONSE_ID]
-    record = _stored(responses, response_id)
+    record = await _stored(responses, response_id)
     if not record.response.get("background"):
         raise bad_request("Only background responses can be cancelled.", param=RESPONSE_ID)
     if responses.cancel(response_id):
@@ -206,8 +206,8 @@ async def _background(responses: ResponseStore, req: ResponseRequest, run: lifec
     _keep(responses, req, run, events)
 
 
-def _stored(responses: ResponseStore, response_id: str) -> Any:
-    record = responses.get(response_id)
+async def _stored(responses: ResponseStore, response_id: str) -> Any:
+    record = await responses.fetch(response_id)
     if record is None:
         raise _not_found(response_id)
     return record

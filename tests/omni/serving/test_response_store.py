@@ -97,3 +97,45 @@ async def test_a_finished_run_cannot_be_cancelled() -> None:
     await asyncio.sleep(0)
     await asyncio.sleep(0)
     assert not store.cancel("a")
+
+
+async def test_records_are_written_through_and_read_by_another_process(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Another process (a restarted server, or another node on a shared store) reads a record
+    from the artifact store, until its wall-clock expiry; every drop deletes the store's copy."""
+    from omni.shared.store.local import LocalStore
+
+    artifacts = LocalStore(tmp_path, "http://x", b"secret")
+    wall = Clock()
+    writer = ResponseStore(ttl_s=60, clock=Clock(), artifacts=artifacts, wall_clock=wall)
+    writer.put("resp_1", *_record(1))
+    writer.put("resp_2", *_record(2))
+    await writer.close()  # the writes land
+    assert await artifacts.exists("resp/resp_1.json") and await artifacts.exists("resp/resp_2.json")
+
+    reader = ResponseStore(ttl_s=60, clock=Clock(), artifacts=artifacts, wall_clock=wall)
+    found = await reader.fetch("resp_1")
+    assert found is not None and found.response == _record(1)[0] and found.messages == _record(1)[1]
+    assert await reader.fetch("resp_9") is None and await reader.fetch("../etc/passwd") is None
+    assert await reader.remove("resp_2")  # only the store held it here
+    await reader.close()
+    assert not await artifacts.exists("resp/resp_2.json") and not await reader.remove("resp_2")
+
+    wall.now += 61  # past its time: not served, and the first reader to find it frees it
+    assert await reader.fetch("resp_1") is None
+    await reader.close()
+    assert not await artifacts.exists("resp/resp_1.json")
+
+
+async def test_a_record_this_process_drops_leaves_the_store_too(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from omni.shared.store.local import LocalStore
+
+    artifacts = LocalStore(tmp_path, "http://x", b"secret")
+    clock = Clock()
+    store = ResponseStore(ttl_s=60, max_entries=1, clock=clock, artifacts=artifacts, wall_clock=clock)
+    store.put("resp_1", *_record(1))
+    await asyncio.sleep(0.05)
+    store.put("resp_2", *_record(2))  # pushes resp_1 out
+    clock.now += 61
+    store.sweep()  # resp_2 expires
+    await store.close()
+    assert not await artifacts.exists("resp/resp_1.json") and not await artifacts.exists("resp/resp_2.json")
