@@ -30,6 +30,7 @@ from aiohttp import web
 from msgspec import Struct
 
 from omni.errors import Error
+from omni.http.handlers.realtime import REALTIME_PATH
 from omni.http.state import CONFIG, MODELS
 from omni.serving.requests.chat import ChatCompletionRequest
 from omni.serving.requests.common import known_fields
@@ -531,6 +532,13 @@ def _paths() -> dict[str, Schema]:
             "post": {"operationId": "cancel_response", "summary": "Cancel a background response", "security": _KEYED,
                      "parameters": _RESPONSE_ID, "responses": _stored_response("The response, cancelled.")},
         },  # fmt: skip
+        REALTIME_PATH: _get(
+            "realtime",
+            "OpenAI's Realtime API: a WebSocket of its GA events (docs/REALTIME.md)",
+            {"101": {"description": "Switching to the WebSocket."}, **_errors("400", "401", "404", "500")},
+            _KEYED,
+            parameters=[{"name": "model", "in": "query", "required": False, "schema": _STRING}],
+        ),
         TRANSCRIPTIONS_PATH: _transcription_operation(),
         SPEECH_PATH: _speech_operation(),
         "/v1/models": _get(
