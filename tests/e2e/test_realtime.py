@@ -20,6 +20,7 @@ import pytest
 from openai.types.realtime import RealtimeServerEvent
 
 from tests.e2e.audio import spoken
+from tests.e2e.conftest import read_metric
 
 MODEL = "omni"
 SERVER_EVENT: Any = pydantic.TypeAdapter(RealtimeServerEvent)
@@ -181,3 +182,84 @@ async def test_cancel_barge_in_and_bad_events_keep_the_socket(server: str, ends_
             assert error["error"]["event_id"] == event["event_id"] and error["error"]["param"] == param, error
         await conn.send({"type": "session.update", "session": {"type": "realtime", "instructions": "still here"}})
         assert (await _until(conn, "session.updated", seen))["session"]["instructions"] == "still here"
+
+
+def _pcm16(clip: np.ndarray) -> bytes:
+    return (np.clip(clip, -1, 1) * 32767).astype("<i2").tobytes()
+
+
+async def _idle(server: str, timeout: float = 60) -> tuple[float, float]:
+    """(running requests, KV usage) of the served model's engines, once both are 0 or when the
+    wait runs out (a bounded wait: the gauges are set at each scheduler step)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        running = await asyncio.to_thread(read_metric, server, "vllm:num_requests_running", model_name=MODEL)
+        usage = await asyncio.to_thread(read_metric, server, "vllm:kv_cache_usage_perc", model_name=MODEL)
+        if (running == 0 and usage == 0) or loop.time() > deadline:
+            return running, usage
+        await asyncio.sleep(0.2)
+
+
+async def test_barge_in_cancels_a_long_spoken_answer_and_frees_its_kv(server: str) -> None:
+    """Speech in the input while a long spoken answer runs (server VAD, interrupt_response)
+    cancels it: response.done says cancelled (turn_detected), and the engine's running requests
+    and KV usage (cached free blocks not counted) go back to 0."""
+    clip = spoken("Stop, stop, I have another question for you.", 24000, silence_s=1.0)
+    if clip is None:
+        pytest.skip("espeak-ng is not installed (bin/setup test installs it)")
+    pcm = _pcm16(clip)
+    async with _connect(server) as conn:
+        seen: list[dict[str, Any]] = []
+        await conn.send({"type": "session.update", "session": {
+            "type": "realtime", "seed": 3, "logit_bias": {},  # no bias: a long answer
+            "audio": {"input": {"turn_detection": {"type": "server_vad", "silence_duration_ms": 400,
+                                                   "create_response": False, "interrupt_response": True}}}}})
+        await _until(conn, "session.updated", seen)
+        await conn.send({"type": "conversation.item.create", "item": {"type": "message", "role": "user",
+                                                                     "content": [{"type": "input_text", "text": "Talk."}]}})
+        await conn.send({"type": "response.create", "response": {"max_output_tokens": 1500}})
+        await _until(conn, "response.output_item.added", seen)  # the answer is being generated
+        running = await asyncio.to_thread(read_metric, server, "vllm:num_requests_running", model_name=MODEL)
+        assert running >= 1  # the answer's request holds the engine (and its KV) now
+        step = 24000 * 2 * 20 // 1000  # 20 ms appends, as a microphone sends them
+        for i in range(0, len(pcm), step):
+            await conn.send({"type": "input_audio_buffer.append", "audio": base64.b64encode(pcm[i : i + step]).decode()})
+        done = await _until(conn, "response.done", seen)
+        kinds = _types(seen)
+        assert kinds.index("input_audio_buffer.speech_started") < kinds.index("response.done"), kinds
+        assert done["response"]["status"] == "cancelled", done["response"]["status_details"]
+        assert done["response"]["status_details"]["reason"] == "turn_detected"
+        await _until(conn, "input_audio_buffer.committed", seen)  # the user's turn is kept; no response follows it
+        assert await _idle(server) == (0, 0)
+
+
+async def test_truncate_shortens_the_next_prompt(server: str, ends_soon: dict[str, float]) -> None:
+    """The same out-of-band response over the same two items counts fewer input tokens once the
+    assistant's spoken answer is truncated at half its audio (the rendered transcript is cut)."""
+    async with _connect(server) as conn:
+        seen: list[dict[str, Any]] = []
+        await _manual(conn, {k: 4.0 for k in ends_soon})  # a few words, then speech
+        await conn.send({"type": "conversation.item.create", "item": {"type": "message", "role": "user",
+                                                                     "content": [{"type": "input_text", "text": "Tell me more."}]}})
+        await conn.send({"type": "response.create", "response": {"max_output_tokens": 60}})
+        done = await _until(conn, "response.done", seen)
+        answer = done["response"]["output"][0]
+        assert answer["type"] == "message" and answer["content"][0]["type"] == "output_audio"
+        assert answer["content"][0]["transcript"].strip(), answer  # words to cut
+        samples = sum(len(base64.b64decode(e["delta"])) // 2 for e in seen if e["type"] == "response.output_audio.delta")
+        heard_ms = samples * 1000 // 24000 // 2
+        user = next(e["item"]["id"] for e in seen if e["type"] == "conversation.item.added" and e["item"]["role"] == "user")
+        refs = [{"type": "item_reference", "id": user}, {"type": "item_reference", "id": answer["id"]}]
+        probe = {"conversation": "none", "input": refs, "output_modalities": ["text"], "max_output_tokens": 1}
+
+        async def prompt_tokens() -> int:
+            await conn.send({"type": "response.create", "response": probe})
+            return int((await _until(conn, "response.done", seen))["response"]["usage"]["input_tokens"])
+
+        whole = await prompt_tokens()
+        await conn.send({"type": "conversation.item.truncate", "item_id": answer["id"], "content_index": 0, "audio_end_ms": heard_ms})
+        truncated = await _until(conn, "conversation.item.truncated", seen)
+        assert truncated["audio_end_ms"] == heard_ms
+        cut = await prompt_tokens()
+        assert cut < whole, (cut, whole)
