@@ -4,6 +4,7 @@ The session's events with a served model are tests/e2e/test_realtime.py's."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from types import SimpleNamespace
 from typing import Any, cast
@@ -11,6 +12,7 @@ from typing import Any, cast
 import aiohttp
 import orjson
 import pytest
+from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from omni.config import ServerConfig
@@ -94,3 +96,25 @@ async def test_a_session_whose_events_overflow_is_closed_with_an_error(
         closing = await ws.receive(timeout=30)
         assert closing.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED, aiohttp.WSMsgType.CLOSING)
         assert ws.close_code == aiohttp.WSCloseCode.POLICY_VIOLATION
+
+
+async def test_a_client_that_takes_nothing_is_cut_off(
+    client: TestClient[Any, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server's writes never complete (a client whose socket takes nothing more): past the
+    bound the session does not wait on them; the connection is aborted after the grace."""
+    stalled = asyncio.Event()
+
+    async def never(self: web.WebSocketResponse, data: str, compress: int | None = None) -> None:
+        stalled.set()
+        await asyncio.Event().wait()
+
+    monkeypatch.setattr(web.WebSocketResponse, "send_str", never)
+    monkeypatch.setattr(realtime, "MAX_PENDING_EVENTS", 2)
+    monkeypatch.setattr(realtime, "CLOSE_GRACE_S", 0.1)
+    async with client.ws_connect("/v1/realtime?model=m", headers={"Authorization": f"Bearer {KEY}"}) as ws:
+        await asyncio.wait_for(stalled.wait(), 30)  # session.created is stuck in the writer
+        for _ in range(3):  # each an error event, none written: the third overflows, and no frame follows
+            await ws.send_str("{not json")
+        end = await ws.receive(timeout=30)
+        assert end.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED, aiohttp.WSMsgType.ERROR), end
