@@ -89,7 +89,7 @@ class LLMConfig:
         help="automatic prefix caching (on by default)",
         off_flag=("--no-prefix-caching", "disable automatic prefix caching"),
     )
-    attention_backend: str = setting("auto", choices=("auto", "torch_sdpa", "flash_attn"))
+    attention_backend: str = setting("auto", choices=("auto", "torch_sdpa", "flash_attn", "flex_paged"))
     max_logprobs: int = setting(
         20,
         type="positive_int",

@@ -1,0 +1,257 @@
+"""Paged attention on CPU with torch's flex_attention, compiled by inductor's C++ template.
+
+Every row of a step whose chunk continues a sequence (decodes, later prefill chunks, prefix-
+cache hits) reads its K/V blocks where they lie in the cache: the whole cache is handed to
+flex_attention as one key sequence of num_blocks * block_size slots, and the block mask names,
+per row, the blocks the row may see. Nothing of the context is copied, and no dense mask
+exists: a row at position p sees
+
+- "full" blocks: block_ids[0 : (p + 1) // block_size], every slot unmasked;
+- at most one "partial" block: block_ids[(p + 1) // block_size], its first (p + 1) % block_size
+  slots (the only place the mask function runs).
+
+Each continuing row is a batch element of its own, its G = Hq / Hkv query heads folded into G
+query rows against their shared KV head (one kernel pass over each block serves all G heads).
+The per-row block lists are overlapping strided views of one (rows, max_blocks) table, so the
+metadata is O(rows * max_blocks), not O(rows * num_blocks). It is built once per step for all
+layers.
+
+Chunks that start at position 0 (a whole new prompt) keep plain causal SDPA over their own K/V.
+
+flex_attention is compiled once per process with dynamic shapes (inductor caches it on disk
+across restarts); the first step with a continuing row pays the compile (about 7 s with a warm
+inductor cache, 20-25 s cold, on a 2-core EPYC).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from gpu_workers.attention.backend import (
+    AttentionBackend,
+    KVCache,
+    SequenceChunk,
+    slots_tensor,
+    write_kv,
+)
+from gpu_workers.attention.torch_sdpa import _sdpa_gqa
+
+_compiled_flex: Callable[..., torch.Tensor] | None = None
+
+
+def _flex() -> Callable[..., torch.Tensor]:
+    global _compiled_flex
+    if _compiled_flex is None:
+        from torch.nn.attention.flex_attention import flex_attention
+
+        _compiled_flex = torch.compile(flex_attention, dynamic=True)
+    return _compiled_flex
+
+
+def cpu_flex_supported() -> bool:
+    """inductor's C++ flex template needs an x86 CPU with AVX2 (torch's own check)."""
+    try:
+        from torch._inductor.kernel.flex.flex_cpu import check_cpu_supported
+    except ImportError:
+        return False
+    return bool(check_cpu_supported())
+
+
+@dataclass(slots=True)
+class PagedRows:
+    """The continuing rows of a step, each a batch element of the flex call."""
+
+    rows: torch.Tensor  # (R,) packed-batch rows, in order; R >= 2 (see _MIN_ROWS)
+    num_real: int  # the first num_real entries are real rows, the rest repeat the last one
+    positions: torch.Tensor  # (R,) int64 position of each row in its sequence
+    table: torch.Tensor  # (R, M) int32: the row's sequence's block ids, padded with 0
+    num_full: torch.Tensor  # (R,) int32 full blocks: (position + 1) // block_size
+    partial_len: torch.Tensor  # (R,) int32 visible slots of the partial block: (position + 1) % block_size
+    contiguous: bool  # rows == arange(R) and every packed row is continuing (pure decode)
+
+
+@dataclass(slots=True)
+class FlexPagedMetadata:
+    num_tokens: int
+    slots: torch.Tensor | None  # (T,) int64 cache slot of each packed row; None: stateless
+    paged: PagedRows | None
+    fresh: list[tuple[int, int]]  # packed rows [start, end) of chunks starting at position 0
+    # the block mask needs the cache's size and the model's head grouping, which arrive with
+    # the first layer's forward: built there once, then shared by every layer of the step
+    block_mask: Any = None
+
+
+# dynamic shapes specialise sizes 0 and 1: pad the batch of rows and the table width to at
+# least 2 so a one-sequence decode reuses the compiled kernel instead of compiling another
+_MIN_ROWS = 2
+
+
+def paged_rows(chunks: list[SequenceChunk], block_size: int, device: torch.device) -> PagedRows | None:
+    """Per-row block lists of every continuing chunk's rows (None when there is none)."""
+    cont = [c for c in chunks if c.num_computed_tokens > 0]
+    if not cont:
+        return None
+    if not all(c.block_ids for c in cont):
+        raise ValueError("a chunk that continues a sequence needs its block table")
+    rows: list[int] = []
+    positions: list[int] = []
+    tables: list[list[int]] = []
+    width = max(_MIN_ROWS, max(-(-c.context_len // block_size) for c in cont))
+    for c in cont:
+        bt = c.block_ids[: -(-c.context_len // block_size)]
+        bt = bt + [0] * (width - len(bt))
+        for i in range(c.num_query_tokens):
+            rows.append(c.query_start + i)
+            positions.append(c.num_computed_tokens + i)
+            tables.append(bt)
+    num_real = len(rows)
+    while len(rows) < _MIN_ROWS:
+        rows.append(rows[-1])
+        positions.append(positions[-1])
+        tables.append(tables[-1])
+    pos = torch.tensor(positions, dtype=torch.int64)
+    num_tokens = sum(c.num_query_tokens for c in chunks)
+    return PagedRows(
+        rows=torch.tensor(rows, dtype=torch.int64, device=device),
+        num_real=num_real,
+        positions=pos.to(device),
+        table=torch.tensor(tables, dtype=torch.int32, device=device),
+        num_full=((pos + 1) // block_size).to(torch.int32).to(device),
+        partial_len=((pos + 1) % block_size).to(torch.int32).to(device),
+        contiguous=num_real == len(rows) == num_tokens and rows == list(range(num_tokens)),
+    )
+
+
+def visible_slots(p: PagedRows, block_size: int) -> list[list[int]]:
+    """The cache slots each real row attends to, read back from its block lists (for tests)."""
+    out = []
+    for r in range(p.num_real):
+        nf, rem = int(p.num_full[r]), int(p.partial_len[r])
+        blocks = p.table[r].tolist()
+        slots = [b * block_size + o for b in blocks[:nf] for o in range(block_size)]
+        if rem:
+            slots += [blocks[nf] * block_size + o for o in range(rem)]
+        out.append(slots)
+    return out
+
+
+_ROW_CAPACITY = 1 << 14
+
+
+def _row_buffer(rows: int, device: torch.device) -> torch.Tensor:
+    """A fresh (capacity,) int32 buffer for per-row mask data, its size static to the compiler.
+
+    inductor's C++ flex template cannot name a symbolic size of a tensor the mask function
+    reads (the generated kernel refers to an undeclared `cur_qSplitSize<n>`), so the buffer
+    has a fixed size: 16k rows, or the next power of two above (one more compile then).
+    """
+    capacity = max(_ROW_CAPACITY, 1 << (rows - 1).bit_length())
+    buf = torch.zeros(capacity, dtype=torch.int32, device=device)
+    torch._dynamo.mark_static(buf)
+    return buf
+
+
+def _block_mask(p: PagedRows, num_blocks: int, block_size: int, group: int) -> Any:
+    from torch.nn.attention.flex_attention import BlockMask
+
+    r, m = p.table.shape
+    dev = p.table.device
+    # Row i's full-block list starts at table[i, 0]; its view runs num_blocks entries on into
+    # the next rows (never read: only the first num_full entries are), hence the tail padding.
+    flat = torch.cat([p.table.flatten(), torch.zeros(num_blocks, dtype=torch.int32, device=dev)])
+    full_idx = flat.as_strided((r, 1, 1, num_blocks), (m, 0, 0, 1))
+    has_partial = p.partial_len > 0
+    # the partial block, or block 0 (never read) when the row ends on a block edge
+    last = p.table.gather(1, p.num_full.clamp(max=m - 1).long()[:, None])[:, 0]
+    part = torch.cat([torch.where(has_partial, last, 0), torch.zeros(num_blocks, dtype=torch.int32, device=dev)])
+    part_idx = part.as_strided((r, 1, 1, num_blocks), (1, 0, 0, 1))
+    # the first slot past the row's last visible one: the partial block's slot + partial_len,
+    # in a buffer of static size (see _row_buffer)
+    end = _row_buffer(r, dev)
+    end[:r] = last * block_size + p.partial_len
+
+    def mask_mod(b: Any, h: Any, q_idx: Any, kv_idx: Any) -> Any:
+        # evaluated only on the row's partial block, so comparing physical slots suffices
+        return kv_idx < end[b]
+
+    return BlockMask.from_kv_blocks(
+        has_partial.to(torch.int32).view(r, 1, 1),
+        part_idx,
+        p.num_full.view(r, 1, 1),
+        full_idx,
+        BLOCK_SIZE=(group, block_size),
+        mask_mod=mask_mod,
+        seq_lengths=(group, num_blocks * block_size),
+        compute_q_blocks=False,
+    )
+
+
+class FlexPagedBackend(AttentionBackend):
+    name = "flex_paged"
+
+    @classmethod
+    def supports(cls, block_size: int, device: torch.device, dtype: torch.dtype) -> bool:
+        return device.type == "cpu" and dtype in (torch.float32, torch.bfloat16) and cpu_flex_supported()
+
+    def build_metadata(self, chunks: list[SequenceChunk]) -> FlexPagedMetadata:
+        fresh = [(c.query_start, c.query_start + c.num_query_tokens) for c in chunks if c.num_computed_tokens == 0]
+        return FlexPagedMetadata(
+            num_tokens=sum(c.num_query_tokens for c in chunks),
+            slots=slots_tensor(chunks, self.block_size, self.device),
+            paged=paged_rows(chunks, self.block_size, self.device),
+            fresh=fresh,
+        )
+
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        kv_cache: KVCache | None,
+        metadata: FlexPagedMetadata,
+        scale: float,
+    ) -> torch.Tensor:
+        m = metadata
+        if kv_cache is not None:
+            write_kv(k, v, kv_cache, m.slots)
+        if m.paged is None and len(m.fresh) == 1:
+            return self._fresh(q, k, v, *m.fresh[0], scale)
+        if m.paged is not None and m.paged.contiguous:
+            return self._paged(q, kv_cache, m, scale)  # pure decode: no scatter
+        out = torch.empty_like(q)  # (T, Hq, D)
+        if m.paged is not None:
+            out.index_copy_(0, m.paged.rows[: m.paged.num_real], self._paged(q, kv_cache, m, scale))
+        for start, end in m.fresh:
+            out[start:end] = self._fresh(q, k, v, start, end, scale)
+        return out
+
+    def _paged(self, q: torch.Tensor, kv_cache: KVCache | None, m: FlexPagedMetadata, scale: float) -> torch.Tensor:
+        p = m.paged
+        assert p is not None
+        if kv_cache is None:
+            raise ValueError("a chunk that continues a sequence needs a KV cache")
+        k_cache, v_cache = kv_cache
+        nb, bs, hkv, dim = k_cache.shape
+        hq = q.shape[1]
+        group = hq // hkv
+        if m.block_mask is None:
+            m.block_mask = _block_mask(p, nb, bs, group)
+        r = p.rows.shape[0]
+        qr = q if p.contiguous else q.index_select(0, p.rows)
+        qr = qr.to(k_cache.dtype).view(r, hkv, group, dim)  # (R, Hkv, G, D)
+        # the whole cache as one key sequence per KV head, shared by every row (stride-0 batch)
+        kf = k_cache.view(1, nb * bs, hkv, dim).transpose(1, 2).expand(r, -1, -1, -1)  # (R, Hkv, S, D)
+        vf = v_cache.view(1, nb * bs, hkv, dim).transpose(1, 2).expand(r, -1, -1, -1)
+        o = _flex()(qr, kf, vf, block_mask=m.block_mask, scale=scale)  # (R, Hkv, G, D)
+        return o.reshape(r, hq, dim)[: p.num_real].to(q.dtype)  # (R', Hq, D)
+
+    @staticmethod
+    def _fresh(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int, end: int, scale: float) -> torch.Tensor:
+        qp = q[start:end].transpose(0, 1)[None]  # (1, Hq, n, D)
+        kp = k[start:end].transpose(0, 1)[None]  # (1, Hkv, n, D)
+        vp = v[start:end].transpose(0, 1)[None]
+        return _sdpa_gqa(qp, kp, vp, is_causal=True, scale=scale)[0].transpose(0, 1)  # (n, Hq, D)
