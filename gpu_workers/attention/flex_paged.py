@@ -97,32 +97,29 @@ def paged_rows(chunks: list[SequenceChunk], block_size: int, device: torch.devic
         return None
     if not all(c.block_ids for c in cont):
         raise ValueError("a chunk that continues a sequence needs its block table")
-    rows: list[int] = []
-    positions: list[int] = []
-    tables: list[list[int]] = []
     width = max(_MIN_ROWS, max(-(-c.context_len // block_size) for c in cont))
-    for c in cont:
-        bt = c.block_ids[: -(-c.context_len // block_size)]
-        bt = bt + [0] * (width - len(bt))
-        for i in range(c.num_query_tokens):
-            rows.append(c.query_start + i)
-            positions.append(c.num_computed_tokens + i)
-            tables.append(bt)
-    num_real = len(rows)
-    while len(rows) < _MIN_ROWS:
-        rows.append(rows[-1])
-        positions.append(positions[-1])
-        tables.append(tables[-1])
-    pos = torch.tensor(positions, dtype=torch.int64)
+    tables = [c.block_ids[: -(-c.context_len // block_size)] for c in cont]
+    table = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32)  # (C, M)
+    counts = torch.tensor([c.num_query_tokens for c in cont])
+    first = torch.tensor([c.query_start for c in cont]) - torch.tensor([c.num_computed_tokens for c in cont])
+    num_real = int(counts.sum())
+    if num_real < _MIN_ROWS:  # repeat the last row
+        counts[-1] += _MIN_ROWS - num_real
+    chunk_of_row = torch.repeat_interleave(torch.arange(len(cont)), counts)  # (R,)
+    # each chunk's rows are consecutive in the batch and in their sequence's positions
+    starts = torch.tensor([c.num_computed_tokens for c in cont])
+    offsets = torch.arange(chunk_of_row.shape[0]) - torch.repeat_interleave(counts.cumsum(0) - counts, counts)
+    pos = (starts[chunk_of_row] + offsets).clamp(max=torch.tensor([c.context_len - 1 for c in cont])[chunk_of_row])
+    rows = first[chunk_of_row] + pos
     num_tokens = sum(c.num_query_tokens for c in chunks)
     return PagedRows(
-        rows=torch.tensor(rows, dtype=torch.int64, device=device),
+        rows=rows.to(device),
         num_real=num_real,
         positions=pos.to(device),
-        table=torch.tensor(tables, dtype=torch.int32, device=device),
+        table=table[chunk_of_row].to(device),
         num_full=((pos + 1) // block_size).to(torch.int32).to(device),
         partial_len=((pos + 1) % block_size).to(torch.int32).to(device),
-        contiguous=num_real == len(rows) == num_tokens and rows == list(range(num_tokens)),
+        contiguous=num_real == rows.shape[0] == num_tokens and bool((rows == torch.arange(num_tokens)).all()),
     )
 
 
