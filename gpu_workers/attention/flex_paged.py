@@ -40,16 +40,76 @@ from gpu_workers.attention.backend import (
 )
 from gpu_workers.attention.torch_sdpa import _sdpa_gqa
 
-_compiled_flex: Callable[..., torch.Tensor] | None = None
+_compiled_attend: Callable[..., torch.Tensor] | None = None
 
 
-def _flex() -> Callable[..., torch.Tensor]:
-    global _compiled_flex
-    if _compiled_flex is None:
-        from torch.nn.attention.flex_attention import flex_attention
+def _attend(
+    q: torch.Tensor,  # (R, Hkv, G, D)
+    k: torch.Tensor,  # (R, Hkv, S, D): the whole cache, S = num_blocks * block_size, stride-0 over R
+    v: torch.Tensor,
+    table: torch.Tensor,  # (R, M) int32 block ids of each row's sequence, padded
+    num_full: torch.Tensor,  # (R,) int32
+    has_partial: torch.Tensor,  # (R,) int32, 0 or 1
+    partial_block: torch.Tensor,  # (R,) int32 (block 0, never read, where has_partial is 0)
+    end: torch.Tensor,  # (capacity,) int32: entry i is row i's first slot past its last visible one
+    block_size: int,
+    scale: float,
+) -> torch.Tensor:
+    """flex_attention over the paged cache; the block mask is built here, inside the compiled
+    region, so the table's width is a symbol like any size (built outside, it would be a
+    stride that dynamo specialises on: one compile per width)."""
+    from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
-        _compiled_flex = torch.compile(flex_attention, dynamic=True)
-    return _compiled_flex
+    r, m = table.shape
+    group = q.shape[2]
+    num_blocks = k.shape[2] // block_size
+    # Row i's full-block list starts at table[i, 0]; its view runs num_blocks entries on into
+    # the next rows (never read: only the first num_full entries are), hence the tail padding.
+    flat = torch.cat([table.flatten(), table.new_zeros(num_blocks)])
+    full_idx = flat.as_strided((r, 1, 1, num_blocks), (m, 0, 0, 1))
+    part = torch.cat([partial_block, partial_block.new_zeros(num_blocks)])
+    part_idx = part.as_strided((r, 1, 1, num_blocks), (1, 0, 0, 1))
+
+    def mask_mod(b: Any, h: Any, q_idx: Any, kv_idx: Any) -> Any:
+        # evaluated only on the row's partial block, so comparing physical slots suffices
+        return kv_idx < end[b]
+
+    mask = BlockMask.from_kv_blocks(
+        has_partial.view(r, 1, 1),
+        part_idx,
+        num_full.view(r, 1, 1),
+        full_idx,
+        BLOCK_SIZE=(group, block_size),
+        mask_mod=mask_mod,
+        seq_lengths=(group, num_blocks * block_size),
+        compute_q_blocks=False,
+    )
+    return flex_attention(q, k, v, block_mask=mask, scale=scale)  # type: ignore[return-value]
+
+
+def _compiled() -> Callable[..., torch.Tensor]:
+    global _compiled_attend
+    if _compiled_attend is None:
+        import torch.fx.experimental._config as fx_config
+
+        compiled = torch.compile(_attend, dynamic=True)
+
+        def call(*args: Any) -> torch.Tensor:
+            # No duck sizing: sizes that happen to be equal when traced (two rows, two blocks)
+            # would share one symbol, and the first step where they differ would compile again.
+            # One graph serves a worker (per block size, dtype, head shape and scale); a process
+            # that meets many (the tests) may compile more than dynamo's default 8 times, and past
+            # that limit dynamo would run flex_attention eagerly, where the mask function is
+            # evaluated on every block, not only the partial ones, and the result is wrong: so
+            # a higher limit, and an error rather than that fallback.
+            with (
+                fx_config.patch(use_duck_shape=False),
+                torch._dynamo.config.patch(recompile_limit=64, fail_on_recompile_limit_hit=True),
+            ):
+                return compiled(*args)  # type: ignore[no-any-return]
+
+        _compiled_attend = call
+    return _compiled_attend
 
 
 def cpu_flex_supported() -> bool:
@@ -80,9 +140,8 @@ class FlexPagedMetadata:
     slots: torch.Tensor | None  # (T,) int64 cache slot of each packed row; None: stateless
     paged: PagedRows | None
     fresh: list[tuple[int, int]]  # packed rows [start, end) of chunks starting at position 0
-    # the block mask needs the cache's size and the model's head grouping, which arrive with
-    # the first layer's forward: built there once, then shared by every layer of the step
-    block_mask: Any = None
+    # built by the first layer's forward, then shared by every layer of the step
+    mask_inputs: _MaskInputs | None = None
 
 
 # dynamic shapes specialise sizes 0 and 1: pad the batch of rows and the table width to at
@@ -152,39 +211,22 @@ def _row_buffer(rows: int, device: torch.device) -> torch.Tensor:
     return buf
 
 
-def _block_mask(p: PagedRows, num_blocks: int, block_size: int, group: int) -> Any:
-    from torch.nn.attention.flex_attention import BlockMask
+@dataclass(slots=True)
+class _MaskInputs:
+    """What the compiled kernel's block mask is built from, computed once per step."""
 
+    has_partial: torch.Tensor  # (R,) int32
+    partial_block: torch.Tensor  # (R,) int32
+    end: torch.Tensor  # (capacity,) int32, see _row_buffer
+
+
+def _mask_inputs(p: PagedRows, block_size: int) -> _MaskInputs:
     r, m = p.table.shape
-    dev = p.table.device
-    # Row i's full-block list starts at table[i, 0]; its view runs num_blocks entries on into
-    # the next rows (never read: only the first num_full entries are), hence the tail padding.
-    flat = torch.cat([p.table.flatten(), torch.zeros(num_blocks, dtype=torch.int32, device=dev)])
-    full_idx = flat.as_strided((r, 1, 1, num_blocks), (m, 0, 0, 1))
     has_partial = p.partial_len > 0
-    # the partial block, or block 0 (never read) when the row ends on a block edge
     last = p.table.gather(1, p.num_full.clamp(max=m - 1).long()[:, None])[:, 0]
-    part = torch.cat([torch.where(has_partial, last, 0), torch.zeros(num_blocks, dtype=torch.int32, device=dev)])
-    part_idx = part.as_strided((r, 1, 1, num_blocks), (1, 0, 0, 1))
-    # the first slot past the row's last visible one: the partial block's slot + partial_len,
-    # in a buffer of static size (see _row_buffer)
-    end = _row_buffer(r, dev)
+    end = _row_buffer(r, p.table.device)
     end[:r] = last * block_size + p.partial_len
-
-    def mask_mod(b: Any, h: Any, q_idx: Any, kv_idx: Any) -> Any:
-        # evaluated only on the row's partial block, so comparing physical slots suffices
-        return kv_idx < end[b]
-
-    return BlockMask.from_kv_blocks(
-        has_partial.to(torch.int32).view(r, 1, 1),
-        part_idx,
-        p.num_full.view(r, 1, 1),
-        full_idx,
-        BLOCK_SIZE=(group, block_size),
-        mask_mod=mask_mod,
-        seq_lengths=(group, num_blocks * block_size),
-        compute_q_blocks=False,
-    )
+    return _MaskInputs(has_partial.to(torch.int32), torch.where(has_partial, last, 0).to(torch.int32), end)
 
 
 class FlexPagedBackend(AttentionBackend):
@@ -193,6 +235,16 @@ class FlexPagedBackend(AttentionBackend):
     @classmethod
     def supports(cls, block_size: int, device: torch.device, dtype: torch.dtype) -> bool:
         return device.type == "cpu" and dtype in (torch.float32, torch.bfloat16) and cpu_flex_supported()
+
+    def warm_up(self, kv_cache: KVCache, num_heads: int, scale: float) -> None:
+        """Compile flex_attention for this cache's dtype and head grouping: two decode rows
+        reading block 0 (nothing is written)."""
+        k_cache = kv_cache[0]
+        _, bs, _, dim = k_cache.shape
+        chunks = [SequenceChunk(0, 1, bs, [0, 0]), SequenceChunk(1, 1, 1, [0])]
+        with torch.inference_mode():  # as the runner's steps: tensors made here match its guards
+            q = torch.zeros(2, num_heads, dim, dtype=k_cache.dtype, device=k_cache.device)
+            self._paged(q, kv_cache, self.build_metadata(chunks), scale)
 
     def build_metadata(self, chunks: list[SequenceChunk]) -> FlexPagedMetadata:
         fresh = [(c.query_start, c.query_start + c.num_query_tokens) for c in chunks if c.num_computed_tokens == 0]
@@ -235,15 +287,18 @@ class FlexPagedBackend(AttentionBackend):
         nb, bs, hkv, dim = k_cache.shape
         hq = q.shape[1]
         group = hq // hkv
-        if m.block_mask is None:
-            m.block_mask = _block_mask(p, nb, bs, group)
+        if m.mask_inputs is None:
+            m.mask_inputs = _mask_inputs(p, bs)
+        mi = m.mask_inputs
         r = p.rows.shape[0]
         qr = q if p.contiguous else q.index_select(0, p.rows)
         qr = qr.to(k_cache.dtype).view(r, hkv, group, dim)  # (R, Hkv, G, D)
         # the whole cache as one key sequence per KV head, shared by every row (stride-0 batch)
         kf = k_cache.view(1, nb * bs, hkv, dim).transpose(1, 2).expand(r, -1, -1, -1)  # (R, Hkv, S, D)
         vf = v_cache.view(1, nb * bs, hkv, dim).transpose(1, 2).expand(r, -1, -1, -1)
-        o = _flex()(qr, kf, vf, block_mask=m.block_mask, scale=scale)  # (R, Hkv, G, D)
+        o = _compiled()(
+            qr, kf, vf, p.table, p.num_full, mi.has_partial, mi.partial_block, mi.end, bs, scale
+        )  # (R, Hkv, G, D)
         return o.reshape(r, hq, dim)[: p.num_real].to(q.dtype)  # (R', Hq, D)
 
     @staticmethod

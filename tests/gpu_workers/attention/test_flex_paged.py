@@ -175,3 +175,33 @@ def test_auto_is_flex_paged_on_cpu() -> None:
     for dtype in (torch.float32, torch.bfloat16):
         backend = create_attention_backend("auto", block_size=16, device=CPU, dtype=dtype)
         assert isinstance(backend, FlexPagedBackend)
+
+
+def test_warm_up_compiles_without_touching_the_cache() -> None:
+    kc, vc = torch.randn(8, 4, HKV, D), torch.randn(8, 4, HKV, D)
+    before = (kc.clone(), vc.clone())
+    FlexPagedBackend(4, CPU).warm_up((kc, vc), HQ, 0.3)
+    assert torch.equal(kc, before[0]) and torch.equal(vc, before[1])
+
+
+def test_one_compiled_graph_serves_every_batch_shape_after_warm_up() -> None:
+    """Rows, table widths, positions and block ids change every step; none of them compiles
+    again once the worker has warmed up (a recompile would cost seconds mid-serving)."""
+    from torch._dynamo.utils import counters
+
+    bs, nb = 8, 96
+    kc, vc = torch.randn(nb, bs, HKV, D), torch.randn(nb, bs, HKV, D)
+    backend = FlexPagedBackend(bs, CPU)
+    backend.warm_up((kc, vc), HQ, 0.25)
+    graphs = counters["stats"]["unique_graphs"]
+    rng = random.Random(0)
+    with torch.inference_mode():
+        for num_seqs, context in [(6, 3), (1, 40), (4, 17), (2, 9)]:
+            chunks, start = [], 0
+            for i in range(num_seqs):
+                n = 1 if i % 2 else rng.randint(1, 6)
+                chunks.append(SequenceChunk(start, n, context + i, rng.sample(range(nb), -(-(context + i + n) // bs))))
+                start += n
+            q, k, v = torch.randn(start, HQ, D), torch.randn(start, HKV, D), torch.randn(start, HKV, D)
+            backend.forward(q, k, v, (kc, vc), backend.build_metadata(chunks), 0.25)
+    assert counters["stats"]["unique_graphs"] == graphs
