@@ -89,7 +89,13 @@ class LLMConfig:
         help="automatic prefix caching (on by default)",
         off_flag=("--no-prefix-caching", "disable automatic prefix caching"),
     )
-    attention_backend: str = setting("auto", choices=("auto", "torch_sdpa", "flash_attn", "flex_paged"))
+    attention_backend: str = setting(
+        "auto",
+        choices=("auto", "torch_sdpa", "flash_attn", "flex_paged"),
+        help="auto: flash_attn on CUDA where it runs; on CPU flex_paged (K/V read in place from "
+        "the paged cache by a compiled flex_attention kernel) where inductor can build it; else "
+        "torch_sdpa (copies each sequence's padded context per layer)",
+    )
     max_logprobs: int = setting(
         20,
         type="positive_int",

@@ -90,6 +90,7 @@ def _attend(
 def _compiled() -> Callable[..., torch.Tensor]:
     global _compiled_attend
     if _compiled_attend is None:
+        import torch._dynamo.config as dynamo_config
         import torch.fx.experimental._config as fx_config
 
         compiled = torch.compile(_attend, dynamic=True)
@@ -101,12 +102,18 @@ def _compiled() -> Callable[..., torch.Tensor]:
             # that meets many (the tests) may compile more than dynamo's default 8 times, and past
             # that limit dynamo would run flex_attention eagerly, where the mask function is
             # evaluated on every block, not only the partial ones, and the result is wrong: so
-            # a higher limit, and an error rather than that fallback.
-            with (
-                fx_config.patch(use_duck_shape=False),
-                torch._dynamo.config.patch(recompile_limit=64, fail_on_recompile_limit_hit=True),
-            ):
+            # a higher limit, and an error rather than that fallback. (Plain assignments: the
+            # config modules' patch() costs ~200 us a call, every layer of every step.)
+            saved = (fx_config.use_duck_shape, dynamo_config.recompile_limit,
+                     dynamo_config.fail_on_recompile_limit_hit)  # fmt: skip
+            fx_config.use_duck_shape = False
+            dynamo_config.recompile_limit = max(64, saved[1])
+            dynamo_config.fail_on_recompile_limit_hit = True
+            try:
                 return compiled(*args)  # type: ignore[no-any-return]
+            finally:
+                (fx_config.use_duck_shape, dynamo_config.recompile_limit,
+                 dynamo_config.fail_on_recompile_limit_hit) = saved  # fmt: skip
 
         _compiled_attend = call
     return _compiled_attend
