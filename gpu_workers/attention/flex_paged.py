@@ -120,10 +120,14 @@ def _compiled() -> Callable[..., torch.Tensor]:
 
 
 def cpu_flex_supported() -> bool:
-    """inductor's C++ flex template needs an x86 CPU with AVX2 (torch's own check)."""
+    """inductor's C++ flex template needs an x86 CPU with AVX2 (torch's own check) and a C++
+    compiler inductor can find (g++ or $CXX)."""
     try:
+        from torch._inductor.cpp_builder import get_cpp_compiler
         from torch._inductor.kernel.flex.flex_cpu import check_cpu_supported
-    except ImportError:
+
+        get_cpp_compiler()  # raises when there is none
+    except Exception:  # noqa: BLE001 - any failure to find the toolchain means "not here"
         return False
     return bool(check_cpu_supported())
 
