@@ -150,7 +150,9 @@ def main() -> None:
     num_blocks = 2 * (-(-tokens_needed // bs)) + 4 * args.seqs
     runner = LLMRunner(args.model, dtype=getattr(torch, args.dtype), block_size=bs, num_kv_blocks=num_blocks,
                        attention_backend=args.attention_backend)  # fmt: skip
-    vocab = runner.model_config.vocab_size
+    mc = runner.model_config
+    runner.attention_backend.warm_up(runner.kv_caches[0], mc.num_heads, mc.attention_scale)  # as a worker does
+    vocab = mc.vocab_size
     rng = random.Random(0)
     free = list(range(num_blocks))
     rng.shuffle(free)  # scattered block tables, as a server's are after a while
