@@ -92,9 +92,9 @@ class LLMConfig:
     attention_backend: str = setting(
         "auto",
         choices=("auto", "torch_sdpa", "flash_attn", "flex_paged"),
-        help="auto: flash_attn on CUDA where it runs; on CPU flex_paged (K/V read in place from "
-        "the paged cache by a compiled flex_attention kernel) where inductor can build it; else "
-        "torch_sdpa (copies each sequence's padded context per layer)",
+        help="auto: flash_attn on CUDA where it runs; on CPU flex_paged (decodes read K/V in place "
+        "from the paged cache through a compiled flex_attention kernel) where inductor can build "
+        "it; else torch_sdpa (copies the decode batch's padded context every layer)",
     )
     max_logprobs: int = setting(
         20,

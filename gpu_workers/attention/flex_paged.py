@@ -1,26 +1,29 @@
-"""Paged attention on CPU with torch's flex_attention, compiled by inductor's C++ template.
+"""Paged attention on CPU: decodes read their K/V blocks in place through flex_attention,
+compiled by inductor's C++ template.
 
-Every row of a step whose chunk continues a sequence (decodes, later prefill chunks, prefix-
-cache hits) reads its K/V blocks where they lie in the cache: the whole cache is handed to
-flex_attention as one key sequence of num_blocks * block_size slots, and the block mask names,
-per row, the blocks the row may see. Nothing of the context is copied, and no dense mask
-exists: a row at position p sees
+Every decode row of a step (one new token of a running sequence) reads the cache where it
+lies: the whole cache is handed to flex_attention as one key sequence of num_blocks *
+block_size slots, and the block mask names, per row, the blocks it may see. Nothing of the
+context is copied and no dense mask exists: a row at position p sees
 
 - "full" blocks: block_ids[0 : (p + 1) // block_size], every slot unmasked;
 - at most one "partial" block: block_ids[(p + 1) // block_size], its first (p + 1) % block_size
   slots (the only place the mask function runs).
 
-Each continuing row is a batch element of its own, its G = Hq / Hkv query heads folded into G
+Each decode row is a batch element of its own, its G = Hq / Hkv query heads folded into G
 query rows against their shared KV head (one kernel pass over each block serves all G heads).
 The per-row block lists are overlapping strided views of one (rows, max_blocks) table, so the
-metadata is O(rows * max_blocks), not O(rows * num_blocks). It is built once per step for all
-layers.
+metadata is O(rows * max_blocks), not O(rows * num_blocks); it is built once per step.
 
-Chunks that start at position 0 (a whole new prompt) keep plain causal SDPA over their own K/V.
+Other chunks take SDPA's flash kernel (never the math one): a whole new prompt causal over its
+own K/V; a later chunk of a prompt, or a prefix-cache hit, over its own blocks (copied once per
+layer by index_select, the chunk's context only) with its causal mask. Through the paged
+kernel those chunks were slower: each of their rows is a separate 16-slot-block walk, ~4x the
+gather + flash SDPA time for a 128-token chunk in bf16.
 
-flex_attention is compiled once per process with dynamic shapes (inductor caches it on disk
-across restarts); the first step with a continuing row pays the compile (about 7 s with a warm
-inductor cache, 20-25 s cold, on a 2-core EPYC).
+flex_attention is compiled once per process with dynamic shapes (inductor also caches it on
+disk across restarts); a worker does it before it reports ready (warm_up): about 18 s cold,
+6 s with the disk cache warm, on a 2-core EPYC.
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ from gpu_workers.attention.backend import (
     slots_tensor,
     write_kv,
 )
-from gpu_workers.attention.torch_sdpa import _sdpa_gqa
+from gpu_workers.attention.torch_sdpa import PrefillChunk, TorchSDPABackend
 
 _compiled_attend: Callable[..., torch.Tensor] | None = None
 
@@ -150,7 +153,8 @@ class FlexPagedMetadata:
     num_tokens: int
     slots: torch.Tensor | None  # (T,) int64 cache slot of each packed row; None: stateless
     paged: PagedRows | None
-    fresh: list[tuple[int, int]]  # packed rows [start, end) of chunks starting at position 0
+    # every other chunk: a whole new prompt (block_ids None) or a later chunk of a prompt
+    prefills: list[PrefillChunk]
     # built by the first layer's forward, then shared by every layer of the step
     mask_inputs: _MaskInputs | None = None
 
@@ -160,9 +164,13 @@ class FlexPagedMetadata:
 _MIN_ROWS = 2
 
 
+def is_decode(c: SequenceChunk) -> bool:
+    return c.num_query_tokens == 1 and c.num_computed_tokens > 0
+
+
 def paged_rows(chunks: list[SequenceChunk], block_size: int, device: torch.device) -> PagedRows | None:
-    """Per-row block lists of every continuing chunk's rows (None when there is none)."""
-    cont = [c for c in chunks if c.num_computed_tokens > 0]
+    """Per-row block lists of the decode rows (None when there is none)."""
+    cont = [c for c in chunks if is_decode(c)]
     if not cont:
         return None
     if not all(c.block_ids for c in cont):
@@ -258,12 +266,24 @@ class FlexPagedBackend(AttentionBackend):
             self._paged(q, kv_cache, self.build_metadata(chunks), scale)
 
     def build_metadata(self, chunks: list[SequenceChunk]) -> FlexPagedMetadata:
-        fresh = [(c.query_start, c.query_start + c.num_query_tokens) for c in chunks if c.num_computed_tokens == 0]
+        bs, dev = self.block_size, self.device
+        prefills = []
+        for c in chunks:
+            if is_decode(c):
+                continue
+            block_ids = mask = None
+            if c.num_computed_tokens > 0:
+                block_ids = torch.tensor(c.block_ids[: -(-c.context_len // bs)], device=dev)
+                q_pos = torch.arange(c.num_computed_tokens, c.context_len, device=dev)
+                mask = torch.arange(c.context_len, device=dev)[None, :] <= q_pos[:, None]  # (n, ctx)
+            prefills.append(
+                PrefillChunk(c.query_start, c.query_start + c.num_query_tokens, c.context_len, block_ids, mask)
+            )
         return FlexPagedMetadata(
             num_tokens=sum(c.num_query_tokens for c in chunks),
-            slots=slots_tensor(chunks, self.block_size, self.device),
-            paged=paged_rows(chunks, self.block_size, self.device),
-            fresh=fresh,
+            slots=slots_tensor(chunks, bs, dev),
+            paged=paged_rows(chunks, bs, dev),
+            prefills=prefills,
         )
 
     def forward(
@@ -278,15 +298,15 @@ class FlexPagedBackend(AttentionBackend):
         m = metadata
         if kv_cache is not None:
             write_kv(k, v, kv_cache, m.slots)
-        if m.paged is None and len(m.fresh) == 1:
-            return self._fresh(q, k, v, *m.fresh[0], scale)
+        if m.paged is None and len(m.prefills) == 1:
+            return TorchSDPABackend._prefill(q, k, v, kv_cache, m.prefills[0], scale)
         if m.paged is not None and m.paged.contiguous:
             return self._paged(q, kv_cache, m, scale)  # pure decode: no scatter
         out = torch.empty_like(q)  # (T, Hq, D)
         if m.paged is not None:
             out.index_copy_(0, m.paged.rows[: m.paged.num_real], self._paged(q, kv_cache, m, scale))
-        for start, end in m.fresh:
-            out[start:end] = self._fresh(q, k, v, start, end, scale)
+        for p in m.prefills:
+            out[p.start : p.end] = TorchSDPABackend._prefill(q, k, v, kv_cache, p, scale)
         return out
 
     def _paged(self, q: torch.Tensor, kv_cache: KVCache | None, m: FlexPagedMetadata, scale: float) -> torch.Tensor:
@@ -311,10 +331,3 @@ class FlexPagedBackend(AttentionBackend):
             qr, kf, vf, p.table, p.num_full, mi.has_partial, mi.partial_block, mi.end, bs, scale
         )  # (R, Hkv, G, D)
         return o.reshape(r, hq, dim)[: p.num_real].to(q.dtype)  # (R', Hq, D)
-
-    @staticmethod
-    def _fresh(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int, end: int, scale: float) -> torch.Tensor:
-        qp = q[start:end].transpose(0, 1)[None]  # (1, Hq, n, D)
-        kp = k[start:end].transpose(0, 1)[None]  # (1, Hkv, n, D)
-        vp = v[start:end].transpose(0, 1)[None]
-        return _sdpa_gqa(qp, kp, vp, is_causal=True, scale=scale)[0].transpose(0, 1)  # (n, Hq, D)

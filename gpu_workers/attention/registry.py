@@ -1,6 +1,6 @@
-"""Attention backends by name. "auto" picks flash-attn where it can run; on CPU the paged
-flex_attention kernel (reads K/V in place) where inductor can compile it; else torch SDPA
-(which copies each sequence's padded context out of the cache: kept for comparison)."""
+"""Attention backends by name. "auto" picks flash-attn where it can run; on CPU flex_paged
+(decodes read K/V in place through a compiled flex_attention kernel) where inductor can compile
+it; else torch SDPA (which copies the decode batch's padded context: kept for comparison)."""
 
 from __future__ import annotations
 

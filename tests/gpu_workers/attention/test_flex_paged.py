@@ -79,13 +79,21 @@ def sdpa_visible_slots(chunks: list[SequenceChunk], block_size: int) -> list[lis
 def test_metadata_matches_the_sdpa_paths_indices(block_size: int) -> None:
     chunks = mixed_batch(block_size)
     meta = FlexPagedBackend(block_size, CPU).build_metadata(chunks)
-    assert meta.paged is not None
-    # the rows it pages are exactly the continuing chunks' rows, in order
-    cont = [c for c in chunks if c.num_computed_tokens > 0]
-    rows = [c.query_start + i for c in cont for i in range(c.num_query_tokens)]
-    assert meta.paged.rows[: meta.paged.num_real].tolist() == rows
-    assert meta.fresh == [(c.query_start, c.query_start + c.num_query_tokens) for c in chunks if c not in cont]
-    assert visible_slots(meta.paged, block_size) == sdpa_visible_slots(chunks, block_size)
+    old = TorchSDPABackend(block_size, CPU).build_metadata(chunks)
+    assert meta.paged is not None and old.decode is not None
+    # the rows read through the paged kernel are exactly the decode rows, in order, and each
+    # sees the slots the SDPA path's padded table and mask let it see
+    assert meta.paged.rows[: meta.paged.num_real].tolist() == old.decode.rows.tolist()
+    decode_rows = set(old.decode.rows.tolist())
+    seen = dict(zip(sorted(decode_rows | {r for p in old.prefills if p.block_ids is not None for r in range(p.start, p.end)}),
+                    sdpa_visible_slots(chunks, block_size)))  # fmt: skip
+    assert visible_slots(meta.paged, block_size) == [seen[r] for r in sorted(decode_rows)]
+    # every other chunk: the same rows, blocks and causal mask as the SDPA path
+    assert len(meta.prefills) == len(old.prefills)
+    for new_p, old_p in zip(meta.prefills, old.prefills):
+        assert (new_p.start, new_p.end, new_p.context_len) == (old_p.start, old_p.end, old_p.context_len)
+        for a, b in ((new_p.block_ids, old_p.block_ids), (new_p.mask, old_p.mask)):
+            assert (a is None and b is None) or (a is not None and b is not None and torch.equal(a, b))
     assert meta.slots is not None and meta.slots.tolist() == slot_mapping(chunks, block_size)
 
 
@@ -150,9 +158,10 @@ def test_pure_decode_batch_and_a_single_decode() -> None:
         torch.testing.assert_close(got, expected, atol=2e-6, rtol=2e-6)
 
 
-def test_no_continuing_chunk_calls_sdpa(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Continuing chunks (later prefill chunks, prefix hits, decodes) never reach SDPA, so
-    never its math kernel; whole new prompts take causal SDPA with the math kernel excluded."""
+def test_no_chunk_takes_the_math_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Decodes never reach SDPA (the paged kernel reads them); a whole new prompt takes causal
+    SDPA, a later chunk or prefix hit SDPA with its causal mask over its own blocks, and all of
+    it runs with the math kernel excluded (torch raises when no allowed kernel fits)."""
     bs = 16
     chunks = mixed_batch(bs)
     (kc, vc), q, k, v = filled_cache(chunks, bs, torch.float32)
@@ -168,7 +177,10 @@ def test_no_continuing_chunk_calls_sdpa(monkeypatch: pytest.MonkeyPatch) -> None
     with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
         backend.forward(q, k, v, (kc, vc), backend.build_metadata(chunks), 0.125)
     fresh = [c for c in chunks if c.num_computed_tokens == 0]
-    assert len(calls) == len(fresh) and all(c.get("is_causal") and "attn_mask" not in c for c in calls)
+    later = [c for c in chunks if c.num_computed_tokens > 0 and c.num_query_tokens > 1]
+    assert len(calls) == len(fresh) + len(later)
+    assert sum(bool(c.get("is_causal")) for c in calls) == len(fresh)
+    assert sum(c.get("attn_mask") is not None for c in calls) == len(later)
 
 
 def test_auto_is_flex_paged_on_cpu() -> None:
