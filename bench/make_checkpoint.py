@@ -49,9 +49,9 @@ SIZES = {
 
 
 def _import_tiny_tokenizer(wait_s: float):
-    """gpu_workers/tiny/tokenizer.py is written by another helper; poll for it if absent."""
+    """The repo's tiny tokenizer builder (gpu_workers/tiny/tokenizer.py); polls for it if absent."""
     sys.path.insert(0, str(REPO))
-    path = REPO / "gpu_workers" / "tiny_tokenizer.py"
+    path = REPO / "gpu_workers" / "tiny" / "tokenizer.py"
     deadline = time.time() + wait_s
     while not path.exists():
         if time.time() > deadline:

@@ -93,7 +93,13 @@ class LLMConfig:
         help="automatic prefix caching (on by default)",
         off_flag=("--no-prefix-caching", "disable automatic prefix caching"),
     )
-    attention_backend: str = setting("auto", choices=("auto", "torch_sdpa", "flash_attn"))
+    attention_backend: str = setting(
+        "auto",
+        choices=("auto", "torch_sdpa", "flash_attn", "flex_paged"),
+        help="auto: flash_attn on CUDA where it runs; on CPU flex_paged (decodes read K/V in place "
+        "from the paged cache through a compiled flex_attention kernel) where inductor can build "
+        "it; else torch_sdpa (copies the decode batch's padded context every layer)",
+    )
     max_logprobs: int = setting(
         20,
         type="positive_int",

@@ -85,6 +85,10 @@ class AttentionBackend(ABC):
     def supports(cls, block_size: int, device: torch.device, dtype: torch.dtype) -> bool:
         return True
 
+    def warm_up(self, kv_cache: KVCache, num_heads: int, scale: float) -> None:
+        """Compile or load whatever the first step would (a worker calls this before it reports
+        ready, so no request waits for it); the cache's contents are left as they are."""
+
     @abstractmethod
     def build_metadata(self, chunks: list[SequenceChunk]) -> Any:
         """chunks sorted by query_start, contiguous, covering every packed row."""

@@ -207,7 +207,7 @@ class LLMRunner(Runner):
     @classmethod
     def from_spec(cls, spec: protocol.LLMWorkerSpec, group: GroupMember) -> LLMRunner:
         store = StoreClient.from_settings(spec.store) if spec.store is not None else None
-        return cls(
+        runner = cls(
             model_dir=spec.model_dir,
             device=spec.device,
             dtype=getattr(torch, spec.dtype),
@@ -220,6 +220,10 @@ class LLMRunner(Runner):
             read_artifact=store.get if store is not None else None,
             embedding_cache_bytes=spec.embedding_cache_bytes,
         )
+        # before the worker reports ready: the paged CPU kernel compiles here, not in a request
+        mc = runner.model_config
+        runner.attention_backend.warm_up(runner.kv_caches[0], mc.num_heads, mc.attention_scale)
+        return runner
 
     def ready_message(self, spec: protocol.LLMWorkerSpec) -> protocol.LLMReady:
         return protocol.LLMReady(

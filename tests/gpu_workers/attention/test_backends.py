@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from gpu_workers.attention.backend import AttentionBackend, SequenceChunk, slot_mapping
+from gpu_workers.attention.flex_paged import FlexPagedBackend, cpu_flex_supported
 from gpu_workers.attention.registry import create_attention_backend
 from gpu_workers.attention.torch_sdpa import TorchSDPABackend
 
@@ -77,9 +78,11 @@ def test_torch_sdpa_matches_reference(block_size: int) -> None:
     run_backend(TorchSDPABackend(block_size, torch.device("cpu")), "cpu", torch.float32, block_size)
 
 
-def test_auto_is_torch_sdpa_on_cpu() -> None:
+def test_auto_on_cpu() -> None:
+    """flex_paged where inductor can compile it for this CPU, else torch SDPA."""
     backend = create_attention_backend("auto", block_size=16, device=torch.device("cpu"), dtype=torch.float32)
-    assert isinstance(backend, TorchSDPABackend)
+    expected = FlexPagedBackend if cpu_flex_supported() else TorchSDPABackend
+    assert type(backend) is expected
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

@@ -95,3 +95,25 @@ def test_sharded_checkpoint_loads(hf_checkpoint: Any, tmp_path: Any) -> None:
     with torch.no_grad():
         expected = hf(torch.tensor([prompt])).logits[0]
     assert (our_logits(tmp_path, prompt) - expected).abs().max().item() < 1e-4
+
+
+@pytest.mark.parametrize("backend", ["flex_paged", "torch_sdpa"])
+def test_prefix_cache_hits_match_generate(hf_checkpoint: Any, backend: str) -> None:
+    """Later requests reuse the first one's cached prefix blocks (their first chunk continues at
+    position 8 or 12), through both CPU attention backends, token for token as transformers."""
+    model_dir, hf = hf_checkpoint("qwen2")
+    prefix = [9, 8, 7, 6, 5, 4, 3, 2, 1, 11, 22, 33]
+    prompts = [prefix + [40], prefix[:8] + [50, 60], prefix + [70, 80, 90, 100, 110]]
+    expected = [hf_greedy(hf, p, MAX_NEW) for p in prompts]
+    r = LLMRunner(model_dir, device="cpu", dtype=torch.float32, block_size=4, num_kv_blocks=64,
+                  attention_backend=backend)  # fmt: skip
+    starts: list[int] = []  # where each request's first chunk began
+    execute = r.execute
+
+    def recording(step: Any) -> Any:
+        starts.extend(n.num_computed_tokens for n in step.new_requests)
+        return execute(step)
+
+    r.execute = recording  # type: ignore[method-assign]
+    assert StepDriver(r).run(prompts, MAX_NEW, join_at=[0, 2, 3]) == expected
+    assert starts == [0, 8, 12]
