@@ -183,10 +183,10 @@ def test_no_chunk_takes_the_math_kernel(monkeypatch: pytest.MonkeyPatch) -> None
     assert sum(c.get("attn_mask") is not None for c in calls) == len(later)
 
 
-def test_auto_is_flex_paged_on_cpu() -> None:
+def test_flex_paged_is_chosen_by_name_and_auto_starts_without_compiling() -> None:
     for dtype in (torch.float32, torch.bfloat16):
-        backend = create_attention_backend("auto", block_size=16, device=CPU, dtype=dtype)
-        assert isinstance(backend, FlexPagedBackend)
+        assert isinstance(create_attention_backend("flex_paged", block_size=16, device=CPU, dtype=dtype), FlexPagedBackend)
+        assert not isinstance(create_attention_backend("auto", block_size=16, device=CPU, dtype=dtype), FlexPagedBackend)
 
 
 def test_warm_up_compiles_without_touching_the_cache() -> None:
