@@ -287,7 +287,14 @@ def _llm_devices(llm: LLMConfig, device: str) -> LLMConfig:
         if devices:
             return replace(llm, devices=devices, device=devices[0])
         gpus = device_flags.visible_gpus() if device.strip().lower() == "auto" else 0
-        return replace(llm, device=device_flags.resolve(device, "--device", gpus))
+        resolved = device_flags.resolve(device, "--device", gpus)
+        workers = llm.num_workers or 1
+        if resolved != "cpu" and workers > 1:
+            # -dp N on a GPU, as vLLM reads it: N workers on N consecutive GPUs from --device's
+            first = int(resolved.split(":")[1])
+            spread = tuple(f"cuda:{first + i}" for i in range(workers))
+            return replace(llm, device=resolved, devices=spread)
+        return replace(llm, device=resolved)
     except device_flags.DeviceError as exc:
         raise _fail(str(exc)) from None
 

@@ -316,3 +316,22 @@ def test_a_gguf_file_is_a_text_model_served_under_its_stem(
     assert made == ["default", "smollm2"]
     renamed = server_config(build_parser().parse_args(["--model", "small=smollm2"]))
     assert renamed.models[0].name == "small"
+
+
+def test_data_parallel_on_a_gpu_spreads_over_consecutive_gpus(dirs: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 22 point 3: `-dp N` with `--device cuda` is cuda:0..N-1, as vLLM maps it (from
+    --device's index); on the CPU the N workers share it; --devices still places them itself."""
+    text, _ = dirs
+    llm = server_config(parse_args([str(text), "--device", "cuda", "-dp", "3"])).models[0].llm
+    assert (llm.worker_devices, llm.num_workers) == (("cuda:0", "cuda:1", "cuda:2"), 3)
+    assert server_config(parse_args([str(text), "--device", "cuda:2", "-dp", "2"])).models[0].llm.worker_devices == (
+        "cuda:2", "cuda:3")  # fmt: skip
+    monkeypatch.setattr("omni.cli.devices.visible_gpus", lambda: 2)
+    assert server_config(parse_args([str(text), "-dp", "2"])).models[0].llm.worker_devices == ("cuda:0", "cuda:1")
+    on_cpu = server_config(parse_args([str(text), "--device", "cpu", "-dp", "2"])).models[0].llm
+    assert (on_cpu.worker_devices, on_cpu.num_workers) == (("cpu",), 2)
+    listed = server_config(parse_args([str(text), "--devices", "cuda:1,cuda:0", "-dp", "4"])).models[0].llm
+    assert (listed.worker_devices, listed.num_workers) == (("cuda:1", "cuda:0"), 4)
+    config = server_config(parse_args([str(text), "--device", "cuda", "-dp", "3"]))
+    with pytest.raises(SystemExit, match=re.escape("--devices cuda:2: this machine shows 2 GPUs")):
+        check_devices_present(config, gpus=2)
