@@ -105,8 +105,15 @@ class ResponseStore:
         if found is not None or self.artifacts is None:
             return found
         try:
-            raw = await self.artifacts.get(store_key(response_id))
-        except (KeyNotFound, ValueError):  # ValueError: an id no key could have
+            key = store_key(response_id)
+        except ValueError:  # an id no key could have
+            return None
+        pending = self._last.get(key)
+        if pending is not None:  # this process's own write or delete of it lands first
+            await asyncio.gather(pending, return_exceptions=True)
+        try:
+            raw = await self.artifacts.get(key)
+        except KeyNotFound:
             return None
         except StoreError as e:
             log.warning("stored response %s could not be read: %s", response_id, e)

@@ -139,3 +139,16 @@ async def test_a_record_this_process_drops_leaves_the_store_too(tmp_path) -> Non
     store.sweep()  # resp_2 expires
     await store.close()
     assert not await artifacts.exists("resp/resp_1.json") and not await artifacts.exists("resp/resp_2.json")
+
+
+async def test_a_deleted_record_is_not_read_back_from_the_store_before_its_delete_lands(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Read-after-delete in one process: the store's copy is still being written or deleted when
+    the next request comes; fetch waits for this process's own pending write or delete first."""
+    from omni.shared.store.local import LocalStore
+
+    store = ResponseStore(ttl_s=60, artifacts=LocalStore(tmp_path, "http://x", b"secret"))
+    for _ in range(20):  # no sleeps: the write and the delete are still queued each time
+        store.put("resp_1", *_record(1))
+        assert store.delete("resp_1")
+        assert await store.fetch("resp_1") is None
+    await store.close()
