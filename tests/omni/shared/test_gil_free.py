@@ -89,7 +89,13 @@ def test_the_copy_leaves_the_gil_to_other_threads() -> None:
     # Held throughout (the plain join), the spinner counts only in the switch intervals around
     # the copy; released, it counts through the whole copy. The same pieces, a fresh result
     # each time (its pages are faulted in during the copy: the slow part).
+    # Another process busy on the same two cores can starve the spinner through a whole copy:
+    # a few tries, and the first that shows the GIL left (what the test is about) settles it.
     pieces = [_piece("a", 1 << 20) for _ in range(48)]
     held = min(_spins_during("".join, pieces) for _ in range(2))
-    released = max(_spins_during(join_str, pieces) for _ in range(2))
+    released = 0
+    for _ in range(6):
+        released = max(released, _spins_during(join_str, pieces))
+        if released > 2 * held:
+            break
     assert released > 2 * held
