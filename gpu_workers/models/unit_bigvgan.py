@@ -56,7 +56,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from gpu_workers.models.unit_vocoder import UpsampleStages
+from gpu_workers.models.unit_vocoder import SnakeBeta, UpsampleStages  # the same activation
 
 NAMED_VOICES_ARCHIVE = "NCCosybigvganDecoder.mar"
 ZERO_SHOT_ARCHIVE = "NCZSCosybigvganDecoder.mar"
@@ -65,7 +65,6 @@ CONFIG_FILE = "config.json"
 SPEAKER_LIST = "spk_list.txt"
 SAMPLE_RATE = 24000  # the reference's output rate (SAMPLE_RATE in its model_concrete*.py)
 _EDGE_KERNEL = 7  # conv_pre and conv_post
-_SNAKE_EPS = 1e-9
 # Activation1d as the reference builds it: 2x up and down, 12 taps, cutoff 0.5 / ratio and
 # transition half width 0.6 / ratio (not in config.json: fixed in its code)
 _AA_RATIO = 2
@@ -191,22 +190,6 @@ def kaiser_sinc_filter(cutoff: float, half_width: float, kernel_size: int) -> to
         times = torch.arange(kernel_size, dtype=torch.float32, device="cpu") - half
     taps = 2 * cutoff * window * torch.sinc(2 * cutoff * times)
     return taps / taps.sum()
-
-
-class SnakeBeta(nn.Module):
-    """x + 1 / b * sin^2(a x) per channel; a and b stored as logs when logscale."""
-
-    def __init__(self, channels: int, logscale: bool) -> None:
-        super().__init__()
-        self.logscale = logscale
-        self.alpha = nn.Parameter(torch.zeros(channels))
-        self.beta = nn.Parameter(torch.zeros(channels))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        alpha, beta = self.alpha[None, :, None], self.beta[None, :, None]  # (1, C, 1)
-        if self.logscale:
-            alpha, beta = alpha.exp(), beta.exp()
-        return x + (1.0 / (beta + _SNAKE_EPS)) * torch.sin(x * alpha).pow(2)
 
 
 class _Filter(nn.Module):
