@@ -112,21 +112,31 @@ class AudioDecoderRunner(Runner):
     def _decodes(self, chunk: protocol.AudioChunk) -> bool:
         return bool(chunk.units)
 
+    def _continued(self, chunk: protocol.AudioChunk, num_units: int) -> Any | None:
+        """The chunk's units checked; the stream it continues, None for a first chunk."""
+        bad = [u for u in chunk.units if not 0 <= u < num_units]
+        if bad:
+            raise ValueError(f"unit {bad[0]} is not in [0, {num_units})")
+        if chunk.first:
+            return None
+        opened = self.streams.get(chunk.stream_id)
+        if opened is None:
+            raise ValueError(f"audio stream {chunk.stream_id} is not open here")
+        return opened
+
+    def _speaker_vector(self, data: bytes, dim: int) -> torch.Tensor:
+        vector = np.frombuffer(data, dtype="<f4")
+        if vector.size != dim:
+            raise ValueError(f"a speaker embedding has {dim} values, not {vector.size}")
+        return torch.from_numpy(vector.copy()).to(self.device, self.dtype)
+
     def _open(self, chunk: protocol.AudioChunk) -> _Open:
         """The stream's state and voice: fresh for a first chunk, else the one it left."""
-        bad = [u for u in chunk.units if not 0 <= u < self.config.num_units]
-        if bad:
-            raise ValueError(f"unit {bad[0]} is not in [0, {self.config.num_units})")
-        if not chunk.first:
-            opened = self.streams.get(chunk.stream_id)
-            if opened is None:
-                raise ValueError(f"audio stream {chunk.stream_id} is not open here")
+        opened = self._continued(chunk, self.config.num_units)
+        if opened is not None:
             return opened
         if chunk.speaker_embedding is not None:
-            vector = np.frombuffer(chunk.speaker_embedding, dtype="<f4")
-            if vector.size != self.config.speaker_embed_dim:
-                raise ValueError(f"a speaker embedding has {self.config.speaker_embed_dim} values, not {vector.size}")
-            speaker = torch.from_numpy(vector.copy()).to(self.device, self.dtype)
+            speaker = self._speaker_vector(chunk.speaker_embedding, self.config.speaker_embed_dim)
         else:
             if not 0 <= chunk.speaker < len(self.loaded.voices):
                 raise ValueError(f"speaker {chunk.speaker} is not one of the {len(self.loaded.voices)} voices")
@@ -211,24 +221,15 @@ class PublishedAudioDecoderRunner(AudioDecoderRunner):
         return bool(chunk.units) or chunk.last  # a last chunk gives what was held back
 
     def _open(self, chunk: protocol.AudioChunk) -> Any:
-        num_units = self.config_.num_units
-        bad = [u for u in chunk.units if not 0 <= u < num_units]
-        if bad:
-            raise ValueError(f"unit {bad[0]} is not in [0, {num_units})")
-        if not chunk.first:
-            opened = self.streams.get(chunk.stream_id)
-            if opened is None:
-                raise ValueError(f"audio stream {chunk.stream_id} is not open here")
+        opened = self._continued(chunk, self.config_.num_units)
+        if opened is not None:
             return opened
         if chunk.speaker_embedding is not None:
             zero_shot = self.decoder.zero_shot
             if zero_shot is None:
                 raise ValueError("this audio decoder has no zero-shot generator: no voices from recordings")
             generator = zero_shot.generator
-            vector = np.frombuffer(chunk.speaker_embedding, dtype="<f4")
-            if vector.size != generator.config.spk_emb_dim:
-                raise ValueError(f"a speaker embedding has {generator.config.spk_emb_dim} values, not {vector.size}")
-            speaker = torch.from_numpy(vector.copy()).to(self.device, self.dtype)
+            speaker = self._speaker_vector(chunk.speaker_embedding, generator.config.spk_emb_dim)
         else:
             voices = self.decoder.voices
             if self.decoder.named is None or not 0 <= chunk.speaker < len(voices):
