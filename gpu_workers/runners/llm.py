@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,6 +32,7 @@ from gpu_workers.models.llama import LlamaFamilyConfig
 from gpu_workers.models.packed_linear import pack_linears
 from gpu_workers.runner import Runner, register_runner
 from gpu_workers.sampler import Sampler, validate_options
+from gpu_workers.staging import HostStaging
 from gpu_workers.store_client import LRUBytes, StoreClient
 from omni.shared import protocol
 
@@ -45,6 +46,9 @@ DEFAULT_EMBEDDING_CACHE_BYTES = 1024**3
 PROMPT_LOGITS_PER_SLICE = 1 << 26
 # request id -> [(first row within its chunk, embedding rows to put there)]
 MediaRows = dict[str, list[tuple[int, torch.Tensor]]]
+# Artifact reads started ahead (at placement) and not yet collected by a step: beyond this
+# many, the oldest finished ones (of requests that left before they ran) are forgotten.
+MAX_PENDING_FETCHES = 256
 
 
 def kv_bytes_per_block(model: LlamaFamilyConfig, block_size: int, dtype: torch.dtype) -> int:
@@ -88,21 +92,6 @@ def kv_bytes_for_utilization(free: int, total: int, utilization: float) -> int:
             "and other processes): no room for a KV cache; raise it or free the device"
         )
     return budget
-
-
-def apply_token_masks(logits: torch.Tensor, masks: list[bytes | None]) -> None:
-    """Grammar masks, in place: a row with a mask keeps only the tokens its bits allow (tokens
-    past the mask's end, e.g. the padding rows of an embedding larger than the tokenizer, are
-    never allowed). Applied before sampling, so greedy and sampled decoding both obey it."""
-    vocab = logits.shape[1]
-    for row, mask in enumerate(masks):
-        if mask is None:
-            continue
-        bits = np.unpackbits(np.frombuffer(mask, dtype=np.uint8), bitorder="little")
-        allowed = np.zeros(vocab, dtype=bool)
-        n = min(vocab, bits.size)
-        allowed[:n] = bits[:n].astype(bool)
-        logits[row].masked_fill_(torch.from_numpy(~allowed).to(logits.device), float("-inf"))
 
 
 @dataclass(slots=True)
@@ -203,6 +192,9 @@ class LLMRunner(Runner):
         # Injected embeddings by store key, already on the device in the model's dtype.
         self.embeddings = LRUBytes(embedding_cache_bytes)
         self._readers = concurrent.futures.ThreadPoolExecutor(8, thread_name_prefix="artifact-read")
+        # Reads under way, by key: started when a request is placed, collected by its step.
+        self._fetches: dict[str, concurrent.futures.Future[bytes]] = {}
+        self._staging = HostStaging(self.device)  # ids, positions and sample rows: one copy a step
 
     @classmethod
     def from_spec(cls, spec: protocol.LLMWorkerSpec, group: GroupMember) -> LLMRunner:
@@ -247,7 +239,12 @@ class LLMRunner(Runner):
     def execute(self, step: protocol.Step) -> protocol.StepResult:
         for request_id in step.finished_request_ids:
             self.requests.pop(request_id, None)  # unknown ids: nothing to drop
+            self.sampler.release(request_id)
+        # Requests placed on this worker but not yet scheduled: their reads run meanwhile.
+        self._start_fetches(step.media_prefetch)
         scheduled = self._apply_deltas(step)
+        # A request's first step starts reading all its media, later chunks' included.
+        self._start_fetches(ref.key for r in step.new_requests for ref in r.media)
         failed, media = self._load_media(scheduled)
         if not scheduled:
             return protocol.StepResult(step.step_id, [], failed)
@@ -344,7 +341,7 @@ class LLMRunner(Runner):
         wanted = {s.request_id: spans for s in scheduled if (spans := self._chunk_media(s))}
         if not wanted:
             return [], {}  # the text-only step: nothing to do
-        self._prefetch({ref.key for spans in wanted.values() for ref, _, _ in spans})
+        self._start_fetches(ref.key for spans in wanted.values() for ref, _, _ in spans)  # resumed requests'
         failed: list[protocol.FailedRequest] = []
         rows: MediaRows = {}
         unwritten: set[int] = set()
@@ -380,30 +377,22 @@ class LLMRunner(Runner):
         written = self.requests[s.request_id].block_ids[start // bs : -(-end // bs)]
         scheduled.remove(s)
         del self.requests[s.request_id]
+        self.sampler.release(s.request_id)
         return written
 
-    def _prefetch(self, keys: set[str]) -> None:
-        """Read every artifact the step needs and the cache lacks, concurrently: several new
-        requests' images cost one store round trip of latency, not one each. Failures are
-        left for _embedding to meet (and report) again."""
-        missing = sorted(k for k in keys if self.embeddings.get(k) is None)
-        if len(missing) < 2:
-            return
-        assert self.read_artifact is not None
+    def _start_fetches(self, keys: Iterable[str]) -> None:
+        """Start reading, on the reader threads, each artifact the cache lacks and no read is
+        under way for. Called when requests are placed (review C5), so a step only waits for
+        reads still running, and several images cost one store round trip, not one each."""
         read = self.read_artifact
-
-        def load(key: str) -> tuple[str, bytes | None]:
-            try:
-                return key, read(key)
-            except Exception:
-                return key, None
-
-        for key, data in self._readers.map(load, missing):
-            if data is not None:
-                try:
-                    self._cache_embedding(key, data)
-                except Exception:  # noqa: S110 - malformed: _embedding reads it again and reports it
-                    pass
+        if read is None:
+            return
+        for key in keys:
+            if key not in self._fetches and self.embeddings.get(key) is None:
+                self._fetches[key] = self._readers.submit(read, key)
+        if len(self._fetches) > MAX_PENDING_FETCHES:
+            for key in [k for k, f in self._fetches.items() if f.done()][: len(self._fetches) - MAX_PENDING_FETCHES]:
+                del self._fetches[key]
 
     def _cache_embedding(self, key: str, data: bytes) -> torch.Tensor:
         x = embeddings_from_bytes(data).to(self.device, self.dtype)
@@ -414,7 +403,14 @@ class LLMRunner(Runner):
         x = self.embeddings.get(ref.key)
         if x is None:
             assert self.read_artifact is not None
-            x = self._cache_embedding(ref.key, self.read_artifact(ref.key))
+            fetch = self._fetches.pop(ref.key, None)
+            data = None
+            if fetch is not None:
+                try:
+                    data = fetch.result()
+                except Exception:  # noqa: S110 - read again below: it raises the error we report
+                    pass
+            x = self._cache_embedding(ref.key, data if data is not None else self.read_artifact(ref.key))
         hidden = self.model_config.hidden_size
         if tuple(x.shape) != (ref.num_rows, hidden):
             raise ValueError(f"{ref.key} holds {tuple(x.shape)} embeddings, the prompt wants ({ref.num_rows}, {hidden})")
@@ -462,10 +458,11 @@ class LLMRunner(Runner):
                 sample_rows.append(len(input_ids) - 1)
                 sample_ids.append(s.request_id)
         metadata = self.attention_backend.build_metadata(chunks)
-        ids = torch.tensor(input_ids, device=self.device)
+        staged = self._stage_inputs(input_ids, positions, sample_rows)
+        ids = staged["ids"]
         hidden = self.model(
             ids,
-            torch.tensor(positions, device=self.device),
+            staged["positions"],
             self.kv_caches,
             metadata,
             inputs_embeds=self._inputs_embeds(scheduled, ids, media),
@@ -473,11 +470,16 @@ class LLMRunner(Runner):
         prompt_logprobs = [self._prompt_logprobs(hidden, p) for p in prompt_rows]
         if not sample_rows:
             return [], prompt_logprobs
-        logits = self.model.compute_logits(hidden[torch.tensor(sample_rows, device=self.device)])  # (N, V)
-        if masks:
-            apply_token_masks(logits, [masks.get(r) for r in sample_ids])
+        logits = self.model.compute_logits(hidden[staged["sample_rows"]])  # (N, V)
         states = [self.requests[r] for r in sample_ids]
-        outputs = self.sampler.sample(logits, [s.sampling for s in states], [s.generator for s in states], states)
+        outputs = self.sampler.sample(
+            logits,
+            [s.sampling for s in states],
+            [s.generator for s in states],
+            states,
+            masks=[masks.get(r) for r in sample_ids] if masks else None,  # applied to logits, in place
+            request_ids=sample_ids,
+        )
         sampled = []
         for request_id, state, out in zip(sample_ids, states, outputs):
             state.token_ids.append(out.token_id)
@@ -486,6 +488,16 @@ class LLMRunner(Runner):
                 top = [protocol.TopLogprob(int(t), float(lp)) for t, lp in out.top_logprobs]
             sampled.append(protocol.SampledToken(request_id, out.token_id, out.logprob, top))
         return sampled, prompt_logprobs
+
+    def _stage_inputs(self, input_ids: list[int], positions: list[int], sample_rows: list[int]) -> dict[str, torch.Tensor]:
+        """The step's token ids, positions and sampled rows on the device, in one copy (C3)."""
+        return self._staging.stage(
+            {
+                "ids": np.asarray(input_ids, dtype=np.int64),
+                "positions": np.asarray(positions, dtype=np.int64),
+                "sample_rows": np.asarray(sample_rows, dtype=np.int64),
+            }
+        )
 
     def _prompt_logprobs(self, hidden: torch.Tensor, rows: _PromptRows) -> protocol.PromptLogprobs:
         """Log-softmax of the raw logits (as the sampler's logprobs) at the rows predicting

@@ -166,6 +166,7 @@ class LLMEngine(SupervisedWorker):
         self._inflight = InflightPrefixes()
         self._masks = MaskFiller()
         self._num_constrained = 0  # streams with a grammar: none means no step looks for masks
+        self._placed_media: list[str] = []  # artifact keys of requests placed since the last step
 
     # ---- lifecycle -------------------------------------------------------------------
     def on_ready(self, ready: protocol.LLMReady) -> None:
@@ -192,6 +193,7 @@ class LLMEngine(SupervisedWorker):
         self._prefix_seen = (0, 0)
         self._preemptions_seen = 0
         self._pending_finished = []
+        self._placed_media = []
         self.stats.set_cache_config(
             block_size=ready.block_size,
             num_gpu_blocks=ready.num_kv_blocks,
@@ -252,6 +254,7 @@ class LLMEngine(SupervisedWorker):
             self._inflight.add(request.request_id, block_hashes)
         if constraint is not None:
             self._num_constrained += 1
+        self._placed_media += [m.key for m in request.media]
         self.wake()
         return stream
 
@@ -341,8 +344,9 @@ class LLMEngine(SupervisedWorker):
         self._update_gauges()
 
     async def _execute(self, scheduler: Scheduler, output: SchedulerOutput) -> None:
-        step = step_message(output, self._pending_finished, await self._token_masks(output))
+        step = step_message(output, self._pending_finished, await self._token_masks(output), self._placed_media)
         self._pending_finished = []
+        self._placed_media = []
         sent = time.monotonic()
         await self.worker.send(step)
         reply = await self.worker.recv()

@@ -46,10 +46,12 @@ def step_message(
     output: SchedulerOutput,
     finished: Sequence[RequestId],
     token_masks: Sequence[protocol.TokenMask] = (),
+    media_prefetch: Sequence[str] = (),
 ) -> protocol.Step:
     """finished: every request that ended since the last Step sent (the output's own, plus
     those of outputs that had nothing to compute and so were never sent). token_masks: the
-    grammar masks of the constrained requests that sample in this step."""
+    grammar masks of the constrained requests that sample in this step. media_prefetch: the
+    artifact keys of requests placed since the last step (the worker reads them ahead)."""
     new = [
         protocol.NewRequest(
             request_id=s.request.request_id,
@@ -78,4 +80,5 @@ def step_message(
         cached_requests=cached,
         finished_request_ids=[str(r) for r in finished],
         token_masks=list(token_masks),
+        media_prefetch=list(media_prefetch),
     )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from gpu_workers.runners.llm import apply_token_masks
+from gpu_workers.token_masks import apply_token_masks
 
 
 def mask_of(allowed: list[int], vocab: int) -> bytes:

@@ -141,6 +141,9 @@ class Step:
     # Requests that finished or were aborted since the last step: drop their worker state.
     finished_request_ids: list[str]
     token_masks: list[TokenMask] = field(default_factory=list)
+    # Artifact keys of requests placed on this worker since the last step and not scheduled in
+    # this one: the worker starts reading them now, so their first step does not wait for the store.
+    media_prefetch: list[str] = field(default_factory=list)
 
     @property
     def job_id(self) -> int:
