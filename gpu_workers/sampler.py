@@ -300,8 +300,8 @@ def _process(
     if "ban_row" in staged:
         x[staged["ban_row"], staged["ban_token"]] = float("-inf")
     if "bias_row" in staged:
-        index = (staged["bias_row"], staged["bias_token"])
-        x.index_put_(index, staged["bias_value"].to(x.dtype), accumulate=True)
+        biased = (staged["bias_row"], staged["bias_token"])
+        x.index_put_(biased, staged["bias_value"].to(x.dtype), accumulate=True)
     if "penalty_rows" in staged:
         _apply_penalties(x, staged, penalties)
     return _fall_back_where_empty(x, logits)

@@ -408,7 +408,7 @@ class LLMRunner(Runner):
             if fetch is not None:
                 try:
                     data = fetch.result()
-                except Exception:  # noqa: S110 - read again below: it raises the error we report
+                except Exception:  # noqa: S110, BLE001 - read again below: it raises the error we report
                     pass
             x = self._cache_embedding(ref.key, data if data is not None else self.read_artifact(ref.key))
         hidden = self.model_config.hidden_size

@@ -3,6 +3,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import cast
 
+import numpy as np
 import pytest
 import torch
 from transformers import MinPLogitsWarper, RepetitionPenaltyLogitsProcessor, TemperatureLogitsWarper
@@ -303,3 +304,124 @@ def test_token_ids_past_the_vocabulary_are_refused_before_they_index_the_logits(
     validate_options(options)  # no vocabulary given: only the sign is checked
     with pytest.raises(ValueError, match=r"token ids must be in \[0, 10\)"):
         validate_options(options, vocab_size=10)
+
+
+# ---- one staged copy, no per-row syncs: the same tokens as the per-row reference (review C4)
+
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+def reference_draws(
+    probs: torch.Tensor, generators: list[torch.Generator | None]
+) -> torch.Tensor:
+    """The sampler before the change: one multinomial over the unseeded rows (global RNG),
+    then one per seeded row from its own generator."""
+    out = torch.empty(probs.shape[0], dtype=torch.int64, device=probs.device)
+    unseeded = [i for i, g in enumerate(generators) if g is None]
+    if unseeded:
+        rows = torch.tensor(unseeded, device=probs.device)
+        out[rows] = torch.multinomial(probs[rows], 1).squeeze(1)
+    for i, g in enumerate(generators):
+        if g is not None:
+            out[i] = torch.multinomial(probs[i], 1, generator=g)[0]
+    return out
+
+
+def mixed_options() -> list[SamplingOptions]:
+    return [
+        SamplingOptions(temperature=0.8, seed=11, top_k=40),
+        SamplingOptions(temperature=1.0),
+        SamplingOptions(temperature=0.0),
+        SamplingOptions(temperature=1.3, seed=12, top_p=0.9, min_p=0.02),
+        SamplingOptions(temperature=0.7, top_p=0.95),
+        SamplingOptions(temperature=1.0, seed=13),
+    ]
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[CUDA, pytest.mark.cuda])])
+def test_seeded_and_unseeded_draws_equal_per_row_multinomial(device: str) -> None:
+    """200 steps of a batch mixing seeded, unseeded and greedy rows: every token equals what
+    per-row torch.multinomial drew from the same generators and global seed (exact)."""
+    opts = mixed_options()
+    n, v = len(opts), 3000
+
+    def gens() -> list[torch.Generator | None]:
+        return [torch.Generator(device=device).manual_seed(o.seed) if o.seed is not None else None for o in opts]
+
+    new_g, ref_g = gens(), gens()
+    sampler = Sampler()
+    sampled = [i for i, o in enumerate(opts) if o.temperature > 0]
+    for step in range(200):
+        x = logits(n, v, seed=step).to(device)
+        torch.manual_seed(1000 + step)
+        if device == "cuda":
+            torch.cuda.manual_seed(1000 + step)
+        got = [o.token_id for o in sampler.sample(x.clone(), opts, new_g, no_history(n))]
+        torch.manual_seed(1000 + step)
+        if device == "cuda":
+            torch.cuda.manual_seed(1000 + step)
+        probs = warp_logits(x[sampled], [opts[i] for i in sampled]).softmax(-1)
+        want = x.argmax(-1)
+        want[sampled] = reference_draws(probs, [ref_g[i] for i in sampled])
+        assert got == want.tolist(), step
+
+
+def test_a_sampling_call_makes_one_copy_and_never_calls_multinomial(monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_multinomial(*args: object, **kwargs: object) -> torch.Tensor:
+        raise AssertionError("multinomial syncs twice per call")
+
+    monkeypatch.setattr(torch, "multinomial", no_multinomial)
+    opts = [*mixed_options(), SamplingOptions(temperature=0.9, seed=3, presence_penalty=0.5, logit_bias_token_ids=[4],
+                                              logit_bias_values=[2.0], bad_words_token_ids=[[7]], logprobs=2)]  # fmt: skip
+    sampler = Sampler()
+    gens = [gen(o.seed) if o.seed is not None else None for o in opts]
+    mask = np.zeros(-(-50 // 32), dtype="<i4")
+    mask[0] = 0b1011_0000
+    sampler.sample(logits(len(opts), 50), opts, gens, no_history(len(opts)), masks=[None, mask.tobytes()] + [None] * 5,
+                   request_ids=[str(i) for i in range(len(opts))])  # fmt: skip
+    assert sampler._staging is not None and sampler._staging.num_copies == 1
+
+
+def test_kept_penalty_counts_equal_a_recount_after_many_steps() -> None:
+    """60 steps of penalised requests that come and go (slots freed and reused, the tensors
+    grown): every step's processed logits equal a from-scratch recount of the histories (exact)."""
+    v = 64
+    rng = torch.Generator().manual_seed(5)
+    sampler = Sampler()
+    live: dict[str, History] = {}
+    opts: dict[str, SamplingOptions] = {}
+    kinds = [
+        SamplingOptions(temperature=0.0, repetition_penalty=1.3),
+        SamplingOptions(temperature=0.0, frequency_penalty=0.4, presence_penalty=0.2),
+        SamplingOptions(temperature=0.0, repetition_penalty=0.8, frequency_penalty=-0.3),
+        SamplingOptions(temperature=0.0),  # no penalty beside the others
+    ]
+    for step in range(60):
+        if step % 7 == 0 or not live:  # a few arrive
+            for k in range(3):
+                rid = f"r{step}-{k}"
+                live[rid] = History(torch.randint(0, v, (5 + k,), generator=rng).tolist(), [])
+                opts[rid] = kinds[(step + k) % len(kinds)]
+        if step % 5 == 4:  # one leaves
+            gone = min(live)
+            del live[gone]
+            sampler.release(gone)
+        ids = sorted(live)
+        x = logits(len(ids), v, seed=step)
+        hist = [live[r] for r in ids]
+        want = process_logits(x, [opts[r] for r in ids], hist)
+        out = sampler.sample(x.clone(), [opts[r] for r in ids], [None] * len(ids), hist, request_ids=ids)
+        assert [o.token_id for o in out] == want.argmax(-1).tolist(), step
+        rows = [i for i, r in enumerate(ids) if opts[r] is not kinds[3]]
+        if rows:
+            seen, counts = sampler.penalties.rows(
+                torch.tensor([sampler.penalties.slots[ids[i]] for i in rows])
+            )
+            recount = torch.zeros(len(rows), v)
+            for j, i in enumerate(rows):
+                for t in hist[i].output:
+                    recount[j, t] += 1
+            assert torch.equal(counts, recount)
+            assert seen.nonzero().tolist() == sorted([j, t] for j, i in enumerate(rows) for t in set(hist[i].token_ids))
+        for r, o in zip(ids, out):
+            live[r].output.append(o.token_id)

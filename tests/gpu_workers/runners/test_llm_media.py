@@ -3,6 +3,7 @@ the prefill is chunked, and a request whose artifact cannot be used fails alone.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -354,3 +355,48 @@ def test_a_steps_artifacts_are_prefetched_together_and_failures_stay_per_request
     assert sorted(artifacts.reads) == sorted([KEY, KEY + "-b", KEY + "-gone", KEY + "-gone"])
     want_a = int(reference_logits(runner, PROMPT, rows).argmax())
     assert next(s.token_id for s in result.sampled if s.request_id == "a") == want_a
+
+
+# ---- e. reads start when a request is placed (review C5) -------------------------------------
+
+
+class GatedArtifacts(Artifacts):
+    """A store whose reads block until the test opens the gate: shows where a read waits."""
+
+    def __init__(self, items: dict[str, bytes]) -> None:
+        super().__init__(items)
+        self.gate = threading.Event()
+
+    def read(self, key: str) -> bytes:
+        self.reads.append(key)
+        assert self.gate.wait(10), "the gate stayed shut"
+        return self[key]
+
+
+def test_media_is_read_when_the_request_is_placed_not_in_its_step(tiny: Path) -> None:
+    artifacts = GatedArtifacts({KEY: artifact(ROWS)})
+    runner = make_runner(tiny, artifacts)
+    # placed while another request runs: its key rides on that step, whose forward does not wait
+    plain = media_request("t", [60, 61, 62], list(range(8, 16)), 3, [])
+    first = runner.execute(protocol.Step(0, [plain], [], [], media_prefetch=[KEY]))
+    assert [s.request_id for s in first.sampled] == ["t"]  # ran with the read still blocked
+    assert artifacts.reads == [KEY]
+    artifacts.gate.set()
+    m = media_request("m", PROMPT, list(range(8)), len(PROMPT), [protocol.MediaRef(KEY, *SPAN_REF)])
+    result = runner.execute(protocol.Step(1, [m], [], []))
+    assert artifacts.reads == [KEY]  # its step read nothing more
+    want = int(reference_logits(runner, PROMPT, ROWS).argmax())
+    assert [(s.request_id, s.token_id) for s in result.sampled] == [("m", want)]
+    assert runner._fetches == {}  # collected
+
+
+def test_a_requests_first_chunk_starts_reading_its_later_chunks_media(tiny: Path) -> None:
+    rows_b = random_rows(SPAN_REF[1], seed=9)
+    artifacts = Artifacts({KEY: artifact(ROWS), KEY + "-late": artifact(rows_b)})
+    runner = make_runner(tiny, artifacts)
+    late = protocol.MediaRef(KEY + "-late", SPAN_REF[0] + len(PROMPT), SPAN_REF[1])
+    prompt = PROMPT + PROMPT
+    r = media_request("m", prompt, list(range(16)), 4, [protocol.MediaRef(KEY, *SPAN_REF), late])
+    runner.execute(protocol.Step(0, [r], [], []))  # chunk [0, 4): neither span yet
+    runner._fetches[KEY + "-late"].result()  # both reads were started by the first chunk
+    assert sorted(artifacts.reads) == [KEY, KEY + "-late"]
