@@ -214,6 +214,7 @@ class LLMRunner(Runner):
         )
         # before the worker reports ready: the paged CPU kernel compiles here, not in a request
         mc = runner.model_config
+        log.info("attention backend %s on %s (%s)", type(runner.attention_backend).__name__, runner.device, runner.dtype)
         runner.attention_backend.warm_up(runner.kv_caches[0], mc.num_heads, mc.attention_scale)
         return runner
 
