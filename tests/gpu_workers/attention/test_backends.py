@@ -6,6 +6,8 @@ import random
 
 import pytest
 import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from gpu_workers.attention.backend import AttentionBackend, CacheContractError, HeadShape, SequenceChunk, slot_mapping
 from gpu_workers.attention.flash_attn_backend import FlashAttnBackend, VllmFlashAttnBackend
@@ -247,3 +249,38 @@ def test_the_cuda_kernels_match_their_contract_on_a_mixed_batch(name: str) -> No
         m.num_tokens, None, m.cu_seqlens_q.cpu(), m.seqused_k.cpu(), m.cu_seqlens_k.cpu(), m.block_table.cpu(),
         m.max_seqlen_q, m.max_seqlen_k, False), 0.125)  # fmt: skip
     torch.testing.assert_close(got.float().cpu(), expected.float(), atol=2e-2, rtol=2e-2)
+
+
+def test_continuing_chunks_and_prefix_hits_never_need_the_math_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A5: a later chunk of a prompt and prefix-cache hits (GQA 6/2) run with SDPA's math kernel
+    excluded, give the previous path's outputs (GQA with a boolean mask, math allowed), and no
+    SDPA call passes a mask together with fewer K/V heads than query heads (the pairing CUDA
+    sends to the math kernel). Worst difference against the previous path: 6e-8 (fp32)."""
+    from tests.gpu_workers.attention.test_flex_paged import filled_cache, mixed_batch
+
+    bs = 4
+    chunks = [c for c in mixed_batch(bs) if c.num_computed_tokens > 0 and c.num_query_tokens > 1]
+    chunks = [SequenceChunk(sum(x.num_query_tokens for x in chunks[:i]), c.num_query_tokens, c.num_computed_tokens,
+                            c.block_ids) for i, c in enumerate(chunks)]  # fmt: skip
+    (kc, vc), q, k, v = filled_cache(chunks, bs, torch.float32)
+    backend = TorchSDPABackend(bs, CPU)
+    meta = backend.build_metadata(chunks)
+    assert all(p.block_ids is not None for p in meta.prefills) and len(meta.prefills) == len(chunks) == 2
+    real = F.scaled_dot_product_attention
+    calls: list[tuple[int, int, bool]] = []
+
+    def recording(q_: torch.Tensor, k_: torch.Tensor, *args: object, **kwargs: object) -> torch.Tensor:
+        calls.append((q_.shape[1], k_.shape[1], kwargs.get("attn_mask") is not None))
+        return real(q_, k_, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", recording)
+    with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION]):
+        got = backend.forward(q, k, v, (kc, vc), meta, 0.125)
+    assert calls and all(hq == hkv for hq, hkv, masked in calls if masked)
+    # the previous path: per chunk, GQA SDPA over the chunk's gathered context with a bool mask
+    for p in meta.prefills:
+        assert p.block_ids is not None and p.mask is not None
+        kp = kc[p.block_ids].reshape(-1, HKV, D)[: p.context_len].transpose(0, 1)[None]
+        vp = vc[p.block_ids].reshape(-1, HKV, D)[: p.context_len].transpose(0, 1)[None]
+        old = real(q[p.start : p.end].transpose(0, 1)[None], kp, vp, attn_mask=p.mask, scale=0.125, enable_gqa=True)
+        torch.testing.assert_close(got[p.start : p.end], old[0].transpose(0, 1), atol=1e-6, rtol=1e-6)

@@ -8,6 +8,10 @@ mixed batch (decodes, a new prompt, a later chunk, prefix hits), 3.6e-7 in fp32 
 
 from __future__ import annotations
 
+import sys
+import types
+from typing import Any
+
 import pytest
 import torch
 
@@ -105,3 +109,35 @@ def test_the_kernel_contract_computes_what_torch_sdpa_does(block_size: int, dtyp
     write_kv(k, v, (kc, vc), m.slots)
     got = paged_varlen_reference(q, kc, vc, m, 0.125)
     torch.testing.assert_close(got.float(), expected.float(), atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("name", ["vllm_flash_attn", "flashinfer"])
+def test_the_runner_through_a_paged_kernel_matches_generate(
+    name: str, hf_checkpoint: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The whole LLM runner on a paged CUDA backend, its kernel replaced by the contract in
+    plain torch (and its CUDA-only contract check lifted for the CPU): prefix-cache hits,
+    prompts prefilled in 5-token chunks next to decodes, token for token as transformers."""
+    from gpu_workers.attention.flash_attn_backend import VllmFlashAttnBackend
+    from gpu_workers.attention.flashinfer_backend import FlashInferBackend
+    from gpu_workers.runners.llm import LLMRunner
+    from tests.gpu_workers.attention.test_backends import FakeVarlen
+    from tests.gpu_workers.attention.test_flashinfer_backend import StubPrefillWrapper
+    from tests.gpu_workers.conftest import StepDriver, hf_greedy
+
+    cls = VllmFlashAttnBackend if name == "vllm_flash_attn" else FlashInferBackend
+    monkeypatch.setattr(cls, "check_contract", classmethod(lambda c, *a: None))
+    if cls is VllmFlashAttnBackend:
+        monkeypatch.setattr(cls, "importable", classmethod(lambda c: None))
+        monkeypatch.setattr(cls, "_import", classmethod(lambda c: FakeVarlen()))
+    else:
+        module = types.ModuleType("flashinfer")
+        module.BatchPrefillWithPagedKVCacheWrapper = StubPrefillWrapper  # type: ignore[attr-defined]
+        monkeypatch.setitem(sys.modules, "flashinfer", module)
+    model_dir, hf = hf_checkpoint("qwen2")
+    prefix = [9, 8, 7, 6, 5, 4, 3, 2, 1, 11, 22, 33]
+    prompts = [prefix + [40], prefix[:8] + [50, 60], prefix + [70, 80, 90, 100, 110], list(range(30, 47))]
+    expected = [hf_greedy(hf, p, 6) for p in prompts]
+    r = LLMRunner(model_dir, device="cpu", dtype=torch.float32, block_size=4, num_kv_blocks=64, attention_backend=name)
+    assert type(r.attention_backend) is cls
+    assert StepDriver(r, chunk=5).run(prompts, 6, join_at=[0, 2, 3, 3]) == expected
