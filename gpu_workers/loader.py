@@ -84,6 +84,11 @@ def load_safetensors(model_dir: Path, device: str | torch.device = "cpu") -> dic
     return tensors
 
 
+def read_model_config(model_dir: Path) -> LlamaFamilyConfig:
+    """The LLM's config alone (the attention backend is chosen from its head shape first)."""
+    return GgufWeights(model_dir).config if is_gguf(model_dir) else read_config(model_dir)
+
+
 def load_model(
     model_dir: Path, *, device: torch.device, dtype: torch.dtype, backend: AttentionBackend
 ) -> LlamaForCausalLM:

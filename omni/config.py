@@ -95,9 +95,11 @@ class LLMConfig:
     )
     attention_backend: str = setting(
         "auto",
-        choices=("auto", "torch_sdpa", "flash_attn", "flex_paged"),
-        help="auto: flash_attn on CUDA where it runs, else torch_sdpa (copies the decode batch's "
-        "padded context every layer); flex_paged: decodes read K/V in place from the paged cache "
+        choices=("auto", "torch_sdpa", "vllm_flash_attn", "flash_attn", "flashinfer", "flex_paged"),
+        help="auto: on CUDA the first paged kernel installed that takes the cache: vllm_flash_attn "
+        "(vLLM's flash-attn, blocks of 16n), flash_attn (blocks of 256n), flashinfer (any block; "
+        "bin/setup gpu installs it); else torch_sdpa (copies the decode batch's padded context "
+        "every layer); flex_paged: decodes read K/V in place from the paged cache "
         "through a flex_attention kernel inductor compiles at each worker's start (6-18 s; faster "
         "in fp32, even in bf16)",
     )

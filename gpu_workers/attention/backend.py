@@ -72,6 +72,19 @@ def write_kv(k: torch.Tensor, v: torch.Tensor, kv_cache: KVCache, slots: torch.T
     v_cache.view(nb * bs, hkv, d).index_copy_(0, slots, v.to(v_cache.dtype))
 
 
+@dataclass(frozen=True, slots=True)
+class HeadShape:
+    num_heads: int  # query heads
+    num_kv_heads: int
+    head_dim: int
+
+
+class CacheContractError(ValueError):
+    """The KV cache (block size, dtype, head shape, layout) or the machine does not fit what a
+    backend's kernel takes; raised at start-up, when the backend is chosen. The message names
+    the backend and the mismatch."""
+
+
 class AttentionBackend(ABC):
     """Builds per-step metadata once, then runs attention for every layer with it."""
 
@@ -82,8 +95,43 @@ class AttentionBackend(ABC):
         self.device = device
 
     @classmethod
-    def supports(cls, block_size: int, device: torch.device, dtype: torch.dtype) -> bool:
-        return True
+    def check_contract(
+        cls, block_size: int, device: torch.device, dtype: torch.dtype, heads: HeadShape | None = None
+    ) -> None:
+        """Raise CacheContractError naming what of the cache or the machine this backend's kernel
+        cannot take (heads None: what is known before the model's config is read)."""
+
+    @classmethod
+    def importable(cls) -> str | None:
+        """None when the kernel's package can be imported, else why not (a sentence)."""
+        return None
+
+    @classmethod
+    def supports(
+        cls, block_size: int, device: torch.device, dtype: torch.dtype, heads: HeadShape | None = None
+    ) -> bool:
+        try:
+            cls.check_contract(block_size, device, dtype, heads)
+        except CacheContractError:
+            return False
+        return cls.importable() is None
+
+    def check_cache(self, kv_cache: KVCache, heads: HeadShape) -> None:
+        """The layout check, on a layer's allocated cache: K and V each (num_blocks, block_size,
+        num_kv_heads, head_dim), innermost three dims packed (what every paged kernel here reads)."""
+        for name, t in zip("KV", kv_cache):
+            want = (self.block_size, heads.num_kv_heads, heads.head_dim)
+            if t.dim() != 4 or tuple(t.shape[1:]) != want:
+                raise CacheContractError(
+                    f"attention backend {self.name!r}: the {name} cache is {tuple(t.shape)}, "
+                    f"not (num_blocks, {', '.join(map(str, want))}) (KV layout)"
+                )
+            d = heads.head_dim
+            if t.stride()[1:] != (heads.num_kv_heads * d, d, 1):
+                raise CacheContractError(
+                    f"attention backend {self.name!r}: the {name} cache's strides {t.stride()} are not "
+                    f"those of packed (block_size, num_kv_heads, head_dim) rows (KV layout)"
+                )
 
     def warm_up(self, kv_cache: KVCache, num_heads: int, scale: float) -> None:
         """Compile or load whatever the first step would (a worker calls this before it reports

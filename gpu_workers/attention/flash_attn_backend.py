@@ -1,81 +1,102 @@
-"""flash-attn varlen attention reading K/V straight from the paged cache (CUDA only).
+"""flash-attn's varlen kernel reading K/V straight from the paged cache (CUDA only): one call per
+layer for every chunk of a step, prefills and decodes alike (paged_varlen.py has the contract).
 
-The package is imported only when this backend is constructed, so CPU machines never load
-it. flash-attn 2's paged path (block_table) needs block_size to be a multiple of 256.
+Two builds of the same function:
+
+- vllm_flash_attn: vLLM's build (`vllm.vllm_flash_attn`), present wherever vLLM is installed;
+  it takes block_table with seqused_k, and any block size that is a multiple of 16;
+- flash_attn: upstream flash-attn 2, whose paged path needs block_size a multiple of 256.
+
+The packages are imported only when a backend is constructed (or asked whether it can be), so
+CPU machines never load them.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Callable
+from typing import Any, ClassVar
 
 import torch
 
 from gpu_workers.attention.backend import (
     AttentionBackend,
+    CacheContractError,
+    HeadShape,
     KVCache,
     SequenceChunk,
-    slots_tensor,
     write_kv,
 )
+from gpu_workers.attention.paged_varlen import PagedVarlenMetadata, build_paged_varlen
 
-_PAGE_MULTIPLE = 256
-
-
-@dataclass(slots=True)
-class FlashAttnMetadata:
-    slots: torch.Tensor | None  # (T,) int64 cache slot of each packed row; None: stateless
-    cu_seqlens_q: torch.Tensor  # (B + 1,) int32: chunk b owns rows [cu_q[b], cu_q[b + 1])
-    cu_seqlens_k: torch.Tensor  # (B + 1,) int32: cumulative context lengths
-    max_seqlen_q: int
-    max_seqlen_k: int
-    block_table: torch.Tensor  # (B, max_blocks) int32, padded with block 0 (never read)
-    all_fresh: bool  # every chunk starts at position 0 (the stateless path may be used)
+HALF_DTYPES = (torch.float16, torch.bfloat16)
 
 
-class FlashAttnBackend(AttentionBackend):
-    name = "flash_attn"
+def contract_problems(
+    block_size: int, device: torch.device, dtype: torch.dtype, heads: HeadShape | None, *,
+    block_multiple: int, head_dims: tuple[int, ...] | None = None, max_head_dim: int = 256,
+) -> list[str]:  # fmt: skip
+    """What of the cache a paged CUDA kernel cannot take, one phrase each (empty: all fits)."""
+    problems = []
+    if block_size % block_multiple:
+        problems.append(f"block_size {block_size} (needs a multiple of {block_multiple})")
+    if dtype not in HALF_DTYPES:
+        problems.append(f"dtype {dtype} (needs float16 or bfloat16)")
+    if heads is not None:
+        d = heads.head_dim
+        if head_dims is not None and d not in head_dims:
+            problems.append(f"head_dim {d} (needs one of {', '.join(map(str, head_dims))})")
+        elif head_dims is None and (d % 8 or d > max_head_dim):
+            problems.append(f"head_dim {d} (needs a multiple of 8 up to {max_head_dim})")
+        if heads.num_heads % heads.num_kv_heads:
+            problems.append(f"{heads.num_heads} query heads over {heads.num_kv_heads} KV heads (needs a multiple)")
+    if device.type != "cuda":
+        problems.append(f"device {device} (needs CUDA)")
+    return problems
+
+
+def raise_problems(name: str, problems: list[str]) -> None:
+    if problems:
+        raise CacheContractError(f"attention backend {name!r} cannot take this KV cache: {'; '.join(problems)}")
+
+
+class _FlashVarlenBackend(AttentionBackend):
+    BLOCK_MULTIPLE: ClassVar[int]
+    PACKAGE: ClassVar[str]  # what to install, for the error
+
+    @classmethod
+    def _import(cls) -> Callable[..., torch.Tensor]:
+        raise NotImplementedError
+
+    @classmethod
+    def check_contract(
+        cls, block_size: int, device: torch.device, dtype: torch.dtype, heads: HeadShape | None = None
+    ) -> None:
+        raise_problems(cls.name, contract_problems(block_size, device, dtype, heads, block_multiple=cls.BLOCK_MULTIPLE))
+
+    @classmethod
+    def importable(cls) -> str | None:
+        try:
+            cls._import()
+        except ImportError as e:
+            return f"{cls.PACKAGE} cannot be imported ({e})"
+        return None
 
     def __init__(self, block_size: int, device: torch.device) -> None:
         super().__init__(block_size, device)
-        if block_size % _PAGE_MULTIPLE:
-            raise ValueError(f"flash_attn needs block_size to be a multiple of {_PAGE_MULTIPLE}, got {block_size}")
-        from flash_attn import flash_attn_varlen_func
+        self._varlen = self._import()
 
-        self._varlen = flash_attn_varlen_func
+    def build_metadata(self, chunks: list[SequenceChunk]) -> PagedVarlenMetadata:
+        return build_paged_varlen(chunks, self.block_size, self.device)
 
-    @classmethod
-    def supports(cls, block_size: int, device: torch.device, dtype: torch.dtype) -> bool:
-        if device.type != "cuda" or dtype not in (torch.float16, torch.bfloat16):
-            return False
-        if block_size % _PAGE_MULTIPLE:
-            return False
-        try:
-            import flash_attn  # noqa: F401
-        except ImportError:
-            return False
-        return True
+    def warm_up(self, kv_cache: KVCache, num_heads: int, scale: float) -> None:
+        """One call on two rows reading block 0 (nothing is written): loads the kernel."""
+        k_cache = kv_cache[0]
+        m = self.build_metadata([SequenceChunk(0, 1, 1, [0]), SequenceChunk(1, 1, 0, [0])])
+        q = torch.zeros(2, num_heads, k_cache.shape[-1], dtype=k_cache.dtype, device=k_cache.device)
+        self._paged(q, kv_cache, m, scale)
 
-    def build_metadata(self, chunks: list[SequenceChunk]) -> FlashAttnMetadata:
-        bs, dev = self.block_size, self.device
-        cu_q, cu_k, table = [0], [0], []
-        for c in chunks:
-            if c.query_start != cu_q[-1]:
-                raise ValueError("chunks must be contiguous and sorted by query_start")
-            cu_q.append(cu_q[-1] + c.num_query_tokens)
-            cu_k.append(cu_k[-1] + c.context_len)
-            table.append(c.block_ids[: -(-c.context_len // bs)])
-        max_blocks = max(len(t) for t in table)
-        table = [t + [0] * (max_blocks - len(t)) for t in table]
-        return FlashAttnMetadata(
-            slots=slots_tensor(chunks, bs, dev),
-            cu_seqlens_q=torch.tensor(cu_q, dtype=torch.int32, device=dev),
-            cu_seqlens_k=torch.tensor(cu_k, dtype=torch.int32, device=dev),
-            max_seqlen_q=max(c.num_query_tokens for c in chunks),
-            max_seqlen_k=max(c.context_len for c in chunks),
-            block_table=torch.tensor(table, dtype=torch.int32, device=dev),
-            all_fresh=all(c.num_computed_tokens == 0 for c in chunks),
-        )
+    def _paged(self, q: torch.Tensor, kv_cache: KVCache, m: PagedVarlenMetadata, scale: float) -> torch.Tensor:
+        raise NotImplementedError
 
     def forward(
         self,
@@ -83,20 +104,56 @@ class FlashAttnBackend(AttentionBackend):
         k: torch.Tensor,
         v: torch.Tensor,
         kv_cache: KVCache | None,
-        metadata: FlashAttnMetadata,
+        metadata: PagedVarlenMetadata,
         scale: float,
     ) -> torch.Tensor:
         m = metadata
-        kwargs: dict[str, Any] = {
-            "max_seqlen_q": m.max_seqlen_q, "max_seqlen_k": m.max_seqlen_k, "softmax_scale": scale, "causal": True
-        }
         if kv_cache is None:
             if not m.all_fresh:
                 raise ValueError("a chunk that continues a sequence needs a KV cache")
-            return self._varlen(q, k, v, m.cu_seqlens_q, m.cu_seqlens_q, **kwargs)  # type: ignore[no-any-return]
+            # every chunk is its own whole context: varlen over the new K/V
+            return self._varlen(  # type: ignore[call-arg]
+                q, k, v, cu_seqlens_q=m.cu_seqlens_q, cu_seqlens_k=m.cu_seqlens_q, max_seqlen_q=m.max_seqlen_q,
+                max_seqlen_k=m.max_seqlen_q, softmax_scale=scale, causal=True,
+            )  # fmt: skip
         write_kv(k, v, kv_cache, m.slots)
-        # causal=True aligns the mask bottom-right: query i of a chunk with n queries and
-        # context_len keys sees keys [0, context_len - n + i], i.e. its own position and before.
-        return self._varlen(  # type: ignore[no-any-return]
-            q, kv_cache[0], kv_cache[1], m.cu_seqlens_q, m.cu_seqlens_k, block_table=m.block_table, **kwargs
-        )
+        return self._paged(q, kv_cache, m, scale)
+
+
+class VllmFlashAttnBackend(_FlashVarlenBackend):
+    name = "vllm_flash_attn"
+    BLOCK_MULTIPLE = 16
+    PACKAGE = "vllm (its vllm.vllm_flash_attn)"
+
+    @classmethod
+    def _import(cls) -> Callable[..., torch.Tensor]:
+        from vllm.vllm_flash_attn import flash_attn_varlen_func
+
+        return flash_attn_varlen_func  # type: ignore[no-any-return]
+
+    def _paged(self, q: torch.Tensor, kv_cache: KVCache, m: PagedVarlenMetadata, scale: float) -> torch.Tensor:
+        # causal=True aligns the mask bottom-right (paged_varlen.py)
+        kwargs: dict[str, Any] = {"softmax_scale": scale, "causal": True, "block_table": m.block_table}
+        return self._varlen(  # type: ignore[call-arg]
+            q, kv_cache[0], kv_cache[1], max_seqlen_q=m.max_seqlen_q, cu_seqlens_q=m.cu_seqlens_q,
+            max_seqlen_k=m.max_seqlen_k, seqused_k=m.seqused_k, **kwargs,
+        )  # fmt: skip
+
+
+class FlashAttnBackend(_FlashVarlenBackend):
+    name = "flash_attn"
+    BLOCK_MULTIPLE = 256
+    PACKAGE = "flash-attn"
+
+    @classmethod
+    def _import(cls) -> Callable[..., torch.Tensor]:
+        from flash_attn import flash_attn_varlen_func
+
+        return flash_attn_varlen_func  # type: ignore[no-any-return]
+
+    def _paged(self, q: torch.Tensor, kv_cache: KVCache, m: PagedVarlenMetadata, scale: float) -> torch.Tensor:
+        return self._varlen(  # type: ignore[call-arg]
+            q, kv_cache[0], kv_cache[1], cu_seqlens_q=m.cu_seqlens_q, cu_seqlens_k=m.cu_seqlens_k,
+            max_seqlen_q=m.max_seqlen_q, max_seqlen_k=m.max_seqlen_k, softmax_scale=scale, causal=True,
+            block_table=m.block_table,
+        )  # fmt: skip

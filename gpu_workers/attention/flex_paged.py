@@ -36,6 +36,8 @@ import torch
 
 from gpu_workers.attention.backend import (
     AttentionBackend,
+    CacheContractError,
+    HeadShape,
     KVCache,
     SequenceChunk,
     slots_tensor,
@@ -252,8 +254,20 @@ class FlexPagedBackend(AttentionBackend):
     name = "flex_paged"
 
     @classmethod
-    def supports(cls, block_size: int, device: torch.device, dtype: torch.dtype) -> bool:
-        return device.type == "cpu" and dtype in (torch.float32, torch.bfloat16) and cpu_flex_supported()
+    def check_contract(
+        cls, block_size: int, device: torch.device, dtype: torch.dtype, heads: HeadShape | None = None
+    ) -> None:
+        problems = []
+        if dtype not in (torch.float32, torch.bfloat16):
+            problems.append(f"dtype {dtype} (needs float32 or bfloat16)")
+        if device.type != "cpu":
+            problems.append(f"device {device} (needs the CPU)")
+        if problems:
+            raise CacheContractError(f"attention backend {cls.name!r} cannot take this KV cache: {'; '.join(problems)}")
+
+    @classmethod
+    def importable(cls) -> str | None:
+        return None if cpu_flex_supported() else "inductor's C++ flex_attention needs an AVX2 CPU and a C++ compiler"
 
     def warm_up(self, kv_cache: KVCache, num_heads: int, scale: float) -> None:
         """Compile flex_attention for this cache's dtype and head grouping: two decode rows

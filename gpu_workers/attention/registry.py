@@ -1,40 +1,56 @@
-"""Attention backends by name. "auto" picks flash-attn where it can run, else torch SDPA.
+"""Attention backends by name, and "auto".
 
-flex_paged (decodes read K/V in place through a compiled flex_attention kernel) is chosen by
-name for now: it is faster in fp32 (attention 72.6 -> 40.3 ms a decode step at 32 x 200) and
-even in bf16, and it compiles for 6-18 s in each worker at start, a cost that issue 23's compiled
-decode step is to bound and cache for every kernel at once; until then the default starts at
-once (and so does every test server)."""
+auto, on CUDA: the first paged kernel that is importable and takes this cache, in the order
+vllm_flash_attn (any block size that is a multiple of 16), flash_attn (blocks of 256 and up),
+flashinfer (any block size; the one `bin/setup gpu` installs); torch SDPA when none does.
+Elsewhere auto is torch SDPA. A backend named explicitly whose contract the cache breaks, or
+whose package is missing, is a start-up error that says which.
+
+flex_paged (decodes read K/V in place through a compiled flex_attention kernel, on the CPU) is
+chosen by name for now: it is faster in fp32 (attention 72.6 -> 40.3 ms a decode step at
+32 x 200) and even in bf16, and it compiles for 6-18 s in each worker at start, a cost that
+issue 23's compiled decode step is to bound and cache for every kernel at once; until then the
+default starts at once (and so does every test server)."""
 
 from __future__ import annotations
 
 import torch
 
-from gpu_workers.attention.backend import AttentionBackend
-from gpu_workers.attention.flash_attn_backend import FlashAttnBackend
+from gpu_workers.attention.backend import AttentionBackend, HeadShape
+from gpu_workers.attention.flash_attn_backend import FlashAttnBackend, VllmFlashAttnBackend
+from gpu_workers.attention.flashinfer_backend import FlashInferBackend
 from gpu_workers.attention.flex_paged import FlexPagedBackend
 from gpu_workers.attention.torch_sdpa import TorchSDPABackend
 
 ATTENTION_BACKENDS: dict[str, type[AttentionBackend]] = {
     TorchSDPABackend.name: TorchSDPABackend,
+    VllmFlashAttnBackend.name: VllmFlashAttnBackend,
     FlashAttnBackend.name: FlashAttnBackend,
+    FlashInferBackend.name: FlashInferBackend,
     FlexPagedBackend.name: FlexPagedBackend,
 }
+CUDA_AUTO_ORDER: tuple[type[AttentionBackend], ...] = (VllmFlashAttnBackend, FlashAttnBackend, FlashInferBackend)
+
+
+def auto_backend_name(block_size: int, device: torch.device, dtype: torch.dtype, heads: HeadShape | None) -> str:
+    if device.type == "cuda":
+        for cls in CUDA_AUTO_ORDER:
+            if cls.supports(block_size, device, dtype, heads):
+                return cls.name
+    return TorchSDPABackend.name
 
 
 def create_attention_backend(
-    name: str, *, block_size: int, device: torch.device, dtype: torch.dtype
+    name: str, *, block_size: int, device: torch.device, dtype: torch.dtype, heads: HeadShape | None = None
 ) -> AttentionBackend:
+    """heads: the model's head shape, when known (the runner reads it before choosing)."""
     if name == "auto":
-        name = next(
-            (c.name for c in (FlashAttnBackend,) if c.supports(block_size, device, dtype)),
-            TorchSDPABackend.name,
-        )
+        name = auto_backend_name(block_size, device, dtype, heads)
     cls = ATTENTION_BACKENDS.get(name)
     if cls is None:
         raise ValueError(f"unknown attention backend {name!r}; known: auto, {', '.join(ATTENTION_BACKENDS)}")
-    if not cls.supports(block_size, device, dtype):
-        raise ValueError(
-            f"attention backend {name!r} cannot run with block_size={block_size} on {device} in {dtype}"
-        )
+    cls.check_contract(block_size, device, dtype, heads)
+    missing = cls.importable()
+    if missing is not None:
+        raise ValueError(f"attention backend {name!r} is not available here: {missing}")
     return cls(block_size, device)

@@ -2,6 +2,14 @@
 
 All single-token chunks of a step (decodes) go through ONE padded gather and ONE SDPA call
 per layer; longer chunks (prefills) run one SDPA call each, causal with an offset.
+
+No call needs SDPA's math kernel (finding A5): a chunk that continues a sequence (a later chunk
+of a long prompt, or a prefix-cache hit) folds its G = Hq / Hkv query heads into G query rows
+against their shared KV head, as decodes do, so K/V are never repeated and no GQA flag is set;
+its causal mask is an additive float mask over the folded rows, built once per step on the
+device and shared by every layer. That is what the flash (CPU) and memory-efficient (CUDA)
+kernels take; GQA together with a mask is what CUDA sends to the math kernel, which
+materialises fp32 scores for every query head.
 """
 
 from __future__ import annotations
@@ -49,6 +57,9 @@ class PrefillChunk:
     # Set only when the chunk continues a sequence (num_computed_tokens > 0):
     block_ids: torch.Tensor | None  # (ceil(context_len / block_size),) blocks holding [0, context_len)
     mask: torch.Tensor | None  # (n, context_len) bool: query i (position start_pos + i) sees keys [0, start_pos + i]
+    # mask with each query row repeated G times (row i * G + g), additive (0 or -inf) in the
+    # queries' dtype: made by the first layer's call, then shared by the step's other layers
+    folded_mask: torch.Tensor | None = None
 
 
 @dataclass(slots=True)
@@ -87,8 +98,8 @@ class TorchSDPABackend(AttentionBackend):
             if c.num_computed_tokens > 0:
                 num_blocks = -(-c.context_len // bs)
                 block_ids = torch.tensor(c.block_ids[:num_blocks], device=dev)
-                q_pos = torch.arange(c.num_computed_tokens, c.context_len)
-                mask = (torch.arange(c.context_len)[None, :] <= q_pos[:, None]).to(dev)
+                q_pos = torch.arange(c.num_computed_tokens, c.context_len, device=dev)
+                mask = torch.arange(c.context_len, device=dev)[None, :] <= q_pos[:, None]
             prefills.append(
                 PrefillChunk(c.query_start, c.query_start + c.num_query_tokens, c.context_len, block_ids, mask)
             )
@@ -155,5 +166,20 @@ class TorchSDPABackend(AttentionBackend):
             vp = v_cache.index_select(0, p.block_ids).view(-1, hkv, dim)[: p.context_len]
             kp = kp.transpose(0, 1)[None].to(q.dtype)  # (1, Hkv, ctx, D)
             vp = vp.transpose(0, 1)[None].to(q.dtype)
-            op = _sdpa_gqa(qp, kp, vp, attn_mask=p.mask, scale=scale)
+            return _continuing(q[p.start : p.end], kp, vp, p, scale)
         return op[0].transpose(0, 1)  # (n, Hq, D)
+
+
+def _continuing(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: PrefillChunk, scale: float) -> torch.Tensor:
+    """q (n, Hq, D) at positions [context_len - n, context_len); k, v (1, Hkv, ctx, D): (n, Hq, D),
+    the G query heads of each KV head folded into query rows (no GQA, so no math kernel)."""
+    n, hq, dim = q.shape
+    hkv = k.shape[1]
+    group = hq // hkv
+    if p.folded_mask is None or p.folded_mask.dtype != q.dtype:
+        assert p.mask is not None
+        hidden = ~p.mask.repeat_interleave(group, 0)  # (n * G, ctx)
+        p.folded_mask = torch.zeros(hidden.shape, dtype=q.dtype, device=q.device).masked_fill_(hidden, float("-inf"))
+    qf = q.view(n, hkv, group, dim).transpose(0, 1).reshape(1, hkv, n * group, dim)  # row i * G + g
+    of = F.scaled_dot_product_attention(qf, k, v, attn_mask=p.folded_mask, scale=scale)  # (1, Hkv, n * G, D)
+    return of.view(hkv, n, group, dim).transpose(0, 1).reshape(n, hq, dim)

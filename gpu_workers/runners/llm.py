@@ -24,10 +24,10 @@ import numpy as np
 import torch
 
 from gpu_workers.artifacts import embeddings_from_bytes
-from gpu_workers.attention.backend import KVCache, SequenceChunk
+from gpu_workers.attention.backend import HeadShape, KVCache, SequenceChunk
 from gpu_workers.attention.registry import create_attention_backend
 from gpu_workers.distributed import GroupMember
-from gpu_workers.loader import load_model
+from gpu_workers.loader import load_model, read_model_config
 from gpu_workers.models.llama import LlamaFamilyConfig
 from gpu_workers.models.packed_linear import pack_linears
 from gpu_workers.runner import Runner, register_runner
@@ -157,8 +157,11 @@ class LLMRunner(Runner):
         self.device = torch.device(device)
         self.dtype = dtype
         self.block_size = block_size
+        config = read_model_config(Path(model_dir))
+        heads = HeadShape(config.num_heads, config.num_kv_heads, config.head_dim)
+        # a cache the backend's kernel cannot take is an error here, at start, naming what
         self.attention_backend = create_attention_backend(
-            attention_backend, block_size=block_size, device=self.device, dtype=dtype
+            attention_backend, block_size=block_size, device=self.device, dtype=dtype, heads=heads
         )
         self.model = load_model(Path(model_dir), device=self.device, dtype=dtype, backend=self.attention_backend)
         if pack_cpu_weights:
@@ -186,6 +189,7 @@ class LLMRunner(Runner):
             dtype=dtype, device=self.device,
         )  # fmt: skip
         self.kv_caches: list[KVCache] = [(layer[0], layer[1]) for layer in self.kv_cache]
+        self.attention_backend.check_cache(self.kv_caches[0], heads)
         self.sampler = Sampler()
         self.requests: dict[str, RequestState] = {}
         self.read_artifact = read_artifact
