@@ -17,6 +17,10 @@ text, spoken after it), the first audio delta; and the server's own figure for t
 (omni_realtime_first_audio_seconds' growth, measured from the moment it detected the stop).
 Prints the per-turn table, p50/p90, and an ASCII bar chart for docs/REALTIME.md.
 
+Then --barge-ins times (acceptance 1e: within 250 ms): a long spoken answer (no bias) is under
+way (its first audio delta received) when the clip is sent in real time; from speech_started to
+response.done (status cancelled), as the client receives them.
+
     PYTHONPATH=. .venv/bin/python bench/realtime_latency.py
     PYTHONPATH=. .venv/bin/python bench/realtime_latency.py --turns 3 --warmup 1     # a quick check
 """
@@ -45,6 +49,8 @@ from realtime_load import (
     dithered,
     im_end_bias,
     read_metrics,
+    read_turn,
+    send_audio,
     speak,
 )
 
@@ -62,6 +68,8 @@ async def run(base: str, args: argparse.Namespace) -> list[dict[str, Any]]:
     total = args.warmup + args.turns
     for first in range(0, total, args.turns_per_session):
         rows += await session(base, args, pcm, bias, range(first, min(first + args.turns_per_session, total)))
+    if args.barge_ins:
+        rows.append({"barge_in_ms": await barge_ins(base, args, pcm)})
     return rows
 
 
@@ -91,6 +99,29 @@ async def session(base: str, args: argparse.Namespace, pcm: bytes, bias: dict[st
     return rows
 
 
+async def barge_ins(base: str, args: argparse.Namespace, pcm: bytes) -> list[float]:
+    """ms from speech_started to the cancelled response.done, per barge-in."""
+    out: list[float] = []
+    async with connect(base, args.model) as conn:
+        await configure(conn, {}, silence_ms=args.silence_ms, create_response=False, interrupt_response=True)
+        for i in range(args.barge_ins):
+            await conn.send({"type": "conversation.item.create", "item": {"type": "message", "role": "user",
+                                                                         "content": [{"type": "input_text", "text": "Talk."}]}})  # fmt: skip
+            await conn.send({"type": "response.create", "response": {"max_output_tokens": 1500}})
+            turn = Turn()
+            await read_turn(conn, turn, until="response.output_audio.delta")
+            sender = asyncio.create_task(send_audio(conn, dithered(pcm, 1000 + i), chunk_ms=args.chunk_ms))
+            await asyncio.wait_for(read_turn(conn, turn), 300)
+            await sender
+            if "input_audio_buffer.committed" not in turn.kinds:  # the user's turn, kept; no response follows
+                await asyncio.wait_for(read_turn(conn, turn, until="input_audio_buffer.committed"), 300)
+            if turn.status == "cancelled" and turn.speech_started is not None and turn.done is not None:
+                out.append((turn.done - turn.speech_started) * 1000)
+            else:
+                print(f"[realtime-latency] barge-in {i}: status {turn.status}, speech started: {turn.speech_started}")
+    return out
+
+
 def _f(x: float | None) -> str:
     return "-" if x is None else f"{x:.0f}"
 
@@ -98,6 +129,8 @@ def _f(x: float | None) -> str:
 def report(rows: list[dict[str, Any]]) -> str:
     lines = ["turn  status     first audio  created  first text  text end  server  prompt (cached)  audio s",
              "                  ms after speech_stopped (client)          ms"]  # fmt: skip
+    cuts = [r["barge_in_ms"] for r in rows if "barge_in_ms" in r]
+    rows = [r for r in rows if "turn" in r]
     for r in rows:
         lines.append(
             f"{r['turn']:>4}  {r['status']!s:<9}  {_f(r['first_audio_ms']):>11}  {_f(r['created_ms']):>7}  "
@@ -117,6 +150,9 @@ def report(rows: list[dict[str, Any]]) -> str:
             lines.append(f"turn {r['turn']:>2} {_f(ms):>5} ms |{bar}")
         lines.append(f"{'':>14} 500 ms at column {round(500 / scale)}")
         lines.append("```")
+    if cuts and cuts[0]:
+        lines.append(f"\nbarge-in, speech_started to response.done cancelled: {', '.join(f'{x:.0f}' for x in cuts[0])} ms "
+                     f"(max {max(cuts[0]):.0f} ms; target: 250 ms)")  # fmt: skip
     bad = [r for r in rows if r["status"] != "completed" or r["errors"]]
     if bad:
         lines.append(f"\n{len(bad)} turns not completed or with errors: {[(r['turn'], r['status'], r['errors']) for r in bad]}")
@@ -132,6 +168,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--silence-ms", type=int, default=400, help="server VAD's silence_duration_ms")
     p.add_argument("--max-output-tokens", type=int, default=200)
     p.add_argument("--chunk-ms", type=int, default=20)
+    p.add_argument("--barge-ins", type=int, default=5, help="barge-ins timed after the turns (0: none)")
     p.add_argument("--no-transcription", action="store_true", help="leave input_audio_transcription off")
     p.add_argument("--text", default=TEXT)
     p.add_argument("--model", default=MODEL)

@@ -59,6 +59,7 @@ class Turn:
 
     status: str | None = None
     audio_samples: int = 0  # 24 kHz PCM16 samples of output audio
+    speech_started: float | None = None
     speech_stopped: float | None = None
     created: float | None = None  # response.created
     first_text: float | None = None  # the first transcript (or text) delta
@@ -130,7 +131,9 @@ async def read_turn(conn: Any, turn: Turn, on_event: OnEvent | None = None, unti
         event = json.loads(raw)
         kind = event["type"]
         turn.kinds.append(kind)
-        if kind == "input_audio_buffer.speech_stopped":
+        if kind == "input_audio_buffer.speech_started":
+            turn.speech_started = turn.speech_started or now
+        elif kind == "input_audio_buffer.speech_stopped":
             turn.speech_stopped = now
         elif kind == "response.created":
             turn.created = now

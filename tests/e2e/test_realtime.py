@@ -134,6 +134,7 @@ async def test_a_spoken_turn_under_server_vad(server: str, ends_soon: dict[str, 
         samples, rate = decoded(pcm_out, "pcm")
         assert rate == 24000 and samples.ndim == 1 and len(samples) >= 24000 * 0.16 and np.abs(samples).max() > 0
         assert done["response"]["output"][0]["content"][0]["type"] == "output_audio"
+        assert "response.output_audio_transcript.done" in kinds  # the answer's words beside its audio
         if "conversation.item.input_audio_transcription.completed" not in kinds:
             await _until(conn, "conversation.item.input_audio_transcription.completed", seen)
         user = next(e for e in seen if e["type"] == "input_audio_buffer.committed")["item_id"]

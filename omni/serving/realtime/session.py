@@ -105,6 +105,8 @@ class RealtimeSession:
         self._cancel_reason: str | None = None
         self._idle_from_ms: int | None = None  # input audio ms where the idle timeout counts from
         self._first_audio_ms: int | None = None  # input audio ms when the response's audio began
+        self._spoken = asyncio.Event()  # the response's audio began, or it ended: transcripts may run
+        self._spoken.set()
         self._tasks: set[asyncio.Task[None]] = set()
         self.num_responses = 0
 
@@ -375,7 +377,10 @@ class RealtimeSession:
 
     async def _transcribe(self, item: Item, wav: bytes) -> None:
         """The user's turn in words, as POST /v1/audio/transcriptions writes it; the item's
-        transcript, then conversation.item.done."""
+        transcript, then conversation.item.done. It waits for the spoken response that answers
+        the turn (server VAD starts it with the commit) to begin its audio: before that it would
+        compete with the answer for the encoder and the LLM, and delay the first audio."""
+        await self._spoken.wait()
         t: ev.InputTranscription = self.settings["transcription"]
         req = TranscriptionRequest(model=self.model.name, file=wav, language=t.language, prompt=t.prompt)
         said: list[str] = []
@@ -481,6 +486,8 @@ class RealtimeSession:
                                 on_first_audio=self._first_audio)  # fmt: skip
         self._cancel_reason = None
         self._idle_from_ms = self._first_audio_ms = None
+        if speaks:
+            self._spoken = asyncio.Event()
         task = asyncio.create_task(self._run(req, events, event_id))
         self._response = (events, task)
         self.num_responses += 1
@@ -503,6 +510,7 @@ class RealtimeSession:
         self._response[1].cancel()
 
     def _first_audio(self, seconds: float) -> None:
+        self._spoken.set()
         self._first_audio_ms = self._ms(self._appended)
         if self.metrics is not None:
             self.metrics.observe_first_audio(self.model.name, seconds)
@@ -510,6 +518,7 @@ class RealtimeSession:
     def _ended(self, events: ResponseEvents) -> None:
         """Count the response; the idle timeout counts from when its audio has played: its first
         audio's input position plus its length, or its end if that is later."""
+        self._spoken.set()
         status = events.response["status"]
         if self.metrics is not None:
             self.metrics.add_realtime_response(self.model.name, "cancelled" if status == "in_progress" else status)
