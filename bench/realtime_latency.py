@@ -151,8 +151,8 @@ def report(rows: list[dict[str, Any]]) -> str:
         lines.append(f"{'':>14} 500 ms at column {round(500 / scale)}")
         lines.append("```")
     if cuts and cuts[0]:
-        lines.append(f"\nbarge-in, speech_started to response.done cancelled: {', '.join(f'{x:.0f}' for x in cuts[0])} ms "
-                     f"(max {max(cuts[0]):.0f} ms; target: 250 ms)")  # fmt: skip
+        lines.append(f"\nbarge-in, speech_started to response.done cancelled: {', '.join(f'{x:.1f}' for x in cuts[0])} ms "
+                     f"(max {max(cuts[0]):.1f} ms; target: 250 ms)")  # fmt: skip
     bad = [r for r in rows if r["status"] != "completed" or r["errors"]]
     if bad:
         lines.append(f"\n{len(bad)} turns not completed or with errors: {[(r['turn'], r['status'], r['errors']) for r in bad]}")
