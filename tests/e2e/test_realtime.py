@@ -331,6 +331,13 @@ async def test_fifty_sessions_at_once_are_answered_and_leave_nothing_behind(serv
         assert [t.status for t in turns] == ["completed"] * SESSIONS, [(t.status, t.errors) for t in turns]
         assert all(t.audio_samples > 0 and t.speech_stopped is not None for t in turns)
 
+    def counts() -> tuple[float, ...]:
+        return (read_metric(server, "omni_realtime_responses_total", model_name=MODEL, status="completed"),
+                read_metric(server, "omni_realtime_responses_total", model_name=MODEL, status="cancelled"),
+                read_metric(server, "omni_realtime_first_audio_seconds_count", model_name=MODEL),
+                read_metric(server, "vllm:websocket_connections_total"))  # fmt: skip
+
+    before = await asyncio.to_thread(counts)
     await everyone_speaks()  # the warm-up round
     assert set((await wait_idle(server)).values()) == {0}
     start_kib = rss_kib(pid)
@@ -340,6 +347,9 @@ async def test_fifty_sessions_at_once_are_answered_and_leave_nothing_behind(serv
     idle = await wait_idle(server)
     assert set(idle.values()) == {0}, idle
     end_kib = rss_kib(pid)
+    # the metrics saw it: 100 answered, 50 cancelled by their socket's close, all 150 spoke
+    grew = [b - a for a, b in zip(before, await asyncio.to_thread(counts), strict=True)]
+    assert grew == [2 * SESSIONS, SESSIONS, 3 * SESSIONS, 3 * SESSIONS], grew
     print(f"\n{SESSIONS} realtime sessions: server RSS {start_kib / 1024:.1f} MiB after the warm-up, "
           f"{end_kib / 1024:.1f} MiB after a round of turns and a round of disconnects ({(end_kib - start_kib) / 1024:+.1f} MiB)")
     assert end_kib - start_kib < 50 * 1000 * 1000 / 1024
