@@ -87,6 +87,10 @@ HTTP_HIGHR_BUCKETS_S = (
     5.0, 7.5, 10.0, 30.0, 60.0,
 )  # fmt: skip
 HTTP_LOWR_BUCKETS_S = (0.1, 0.5, 1.0)
+# vLLM's WebSocket connections (vllm/entrypoints/speech_to_text/realtime/metrics.py).
+WEBSOCKET_DURATION_BUCKETS_S = (0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0)
+# A realtime response's status in response.done ("cancelled" also when the socket closed first).
+REALTIME_STATUSES = ("completed", "cancelled", "failed", "incomplete")
 
 # vllm:request_success's finished_reason values that omni-serve can give (vLLM's spelling; its
 # "repetition" has no counterpart here). A passed deadline is an abort, as vLLM has no other.
@@ -131,6 +135,7 @@ class Metrics:
         self._vllm_metrics()
         self._omni_metrics()
         self._http_metrics()
+        self._realtime_metrics()
 
     # ---- vLLM's names (per LLM worker) ---------------------------------------------------
     def _vllm_metrics(self) -> None:
@@ -453,6 +458,58 @@ class Metrics:
             buckets=HTTP_LOWR_BUCKETS_S,
             registry=r,
         )
+
+    # ---- the Realtime API: vLLM's WebSocket series, and omni's per response ----------------
+    def _realtime_metrics(self) -> None:
+        r = self.registry
+        self.websocket_active = Gauge(
+            "vllm:websocket_connections_active", "Number of currently active WebSocket connections.", registry=r
+        )
+        self.websocket_total = Counter(
+            "vllm:websocket_connections_total", "Total number of WebSocket connections.", registry=r
+        )
+        self.websocket_duration = Histogram(
+            "vllm:websocket_connection_duration_seconds",
+            "Duration of WebSocket connections in seconds.",
+            buckets=WEBSOCKET_DURATION_BUCKETS_S,
+            registry=r,
+        )
+        self.realtime_responses = Counter(
+            "omni_realtime_responses",
+            "Realtime API responses that ended, by their response.done status: completed, "
+            "incomplete, failed (refused by admission control, a passed deadline, an engine's "
+            "failure), cancelled (response.cancel, barge-in, or the socket closing).",
+            [*_MODEL, "status"],
+            registry=r,
+        )
+        self.realtime_first_audio = Histogram(
+            "omni_realtime_first_audio_seconds",
+            "From the turn's end (server VAD's speech_stopped, the idle timeout, or the client's "
+            "response.create) to the response's first output_audio.delta.",
+            _MODEL,
+            buckets=TTFT_BUCKETS_S,
+            registry=r,
+        )
+
+    def websocket_opened(self) -> None:
+        self.websocket_active.inc()
+        self.websocket_total.inc()
+
+    def websocket_closed(self, seconds: float) -> None:
+        self.websocket_active.dec()
+        self.websocket_duration.observe(seconds)
+
+    def realtime_model(self, model_name: str) -> None:
+        """A realtime model's response series, present at 0 from its first session."""
+        for status in REALTIME_STATUSES:
+            self.realtime_responses.labels(model_name, status)
+        self.realtime_first_audio.labels(model_name)
+
+    def add_realtime_response(self, model_name: str, status: str) -> None:
+        self.realtime_responses.labels(model_name, status).inc()
+
+    def observe_first_audio(self, model_name: str, seconds: float) -> None:
+        self.realtime_first_audio.labels(model_name).observe(seconds)
 
     # ---- recording -----------------------------------------------------------------------
     def engine(self, model_name: str, engine: str) -> EngineMetrics:

@@ -185,3 +185,78 @@ def test_a_request_past_its_deadline_is_a_504(deadline_server: str) -> None:
     assert error["code"] == "deadline_exceeded"
     assert "0.5 s deadline" in error["message"]
     assert read_metric(deadline_server, "vllm:kv_cache_usage_perc", model_name=MODEL) == 0
+
+
+async def _realtime_answer(base: str, **response: object) -> list[dict[str, object]]:
+    """One realtime response to a text turn on the text model (client commits, text out): the
+    events from response.create's to response.done, then a session.update's answer (the socket
+    still takes events)."""
+    from bench.realtime_load import connect
+
+    events: list[dict[str, object]] = []
+
+    async def until(conn: object, kind: str) -> None:
+        while True:
+            event = json.loads(await conn.recv_bytes())  # type: ignore[attr-defined]
+            events.append(event)
+            if event["type"] == kind:
+                return
+
+    async with connect(base, MODEL) as conn:
+        await conn.send({"type": "session.update", "session": {"type": "realtime", "audio": {"input": {"turn_detection": None}}}})
+        await conn.send({"type": "conversation.item.create", "item": {"type": "message", "role": "user",
+                                                                     "content": [{"type": "input_text", "text": "Count to ten."}]}})  # fmt: skip
+        await conn.send({"type": "response.create", "event_id": "the_create", "response": response})
+        await asyncio.wait_for(until(conn, "response.done"), HANG_GUARD_S)
+        await conn.send({"type": "session.update", "session": {"type": "realtime", "instructions": "still here"}})
+        await asyncio.wait_for(until(conn, "session.updated"), HANG_GUARD_S)
+    return events
+
+
+def test_a_realtime_response_refused_by_admission_control_fails_and_the_session_goes_on(small_server: str) -> None:
+    """With the queue full (MAX_NUM_SEQS running, MAX_QUEUED_REQUESTS waiting), a realtime
+    response is refused as a chat request is: an `error` naming its response.create (the 429's
+    type and code), then response.done failed; the socket stays usable."""
+    pytest.importorskip("openai")
+    full = MAX_NUM_SEQS + MAX_QUEUED_REQUESTS
+
+    async def scenario() -> list[dict[str, object]]:
+        async with httpx.AsyncClient(base_url=small_server, timeout=HANG_GUARD_S) as client:
+            streams = [asyncio.create_task(client.post("/v1/chat/completions", json=chat(i, 1000))) for i in range(full)]
+            try:
+                while read_metric(small_server, "vllm:num_requests_waiting", model_name=MODEL) < MAX_QUEUED_REQUESTS:
+                    await asyncio.sleep(0.05)
+                return await _realtime_answer(small_server)
+            finally:
+                for s in streams:
+                    s.cancel()
+                await asyncio.gather(*streams, return_exceptions=True)
+
+    refused_before = read_metric(small_server, "omni_realtime_responses_total", model_name=MODEL, status="failed")
+    events = asyncio.run(asyncio.wait_for(scenario(), HANG_GUARD_S))
+    kinds = [e["type"] for e in events]
+    error = next(e for e in events if e["type"] == "error")["error"]
+    assert isinstance(error, dict)
+    assert (error["type"], error["code"], error["event_id"]) == ("requests", "rate_limit_exceeded", "the_create"), error
+    assert "queue is full" in error["message"]
+    done = next(e for e in events if e["type"] == "response.done")["response"]
+    assert isinstance(done, dict) and done["status"] == "failed"
+    assert done["status_details"]["error"]["code"] == "rate_limit_exceeded"
+    assert kinds.index("error") < kinds.index("response.done") and kinds[-1] == "session.updated"
+    assert read_metric(small_server, "omni_realtime_responses_total", model_name=MODEL, status="failed") == refused_before + 1
+
+
+def test_a_realtime_response_past_its_deadline_fails_and_frees_its_blocks(deadline_server: str) -> None:
+    """--request-timeout applies to each realtime response as to a chat request: the answer is
+    aborted at the deadline (an `error` deadline_exceeded naming its response.create, then
+    response.done failed), its KV blocks freed, and the session goes on."""
+    pytest.importorskip("openai")
+    events = asyncio.run(asyncio.wait_for(_realtime_answer(deadline_server, max_output_tokens=1000), HANG_GUARD_S))
+    error = next(e for e in events if e["type"] == "error")["error"]
+    assert isinstance(error, dict)
+    assert (error["code"], error["event_id"]) == ("deadline_exceeded", "the_create") and "0.5 s deadline" in error["message"]
+    done = next(e for e in events if e["type"] == "response.done")["response"]
+    assert isinstance(done, dict) and done["status"] == "failed"
+    assert events[-1]["type"] == "session.updated"
+    assert read_metric(deadline_server, "vllm:kv_cache_usage_perc", model_name=MODEL) == 0
+    assert read_metric(deadline_server, "vllm:num_requests_running", model_name=MODEL) == 0

@@ -153,6 +153,27 @@ def test_omni_only_series_are_labelled_model_name() -> None:
     assert _sample(m, "omni_decoder_jobs_total", {"model_name": "tiny", "outcome": "ok"}) == 2
 
 
+def test_realtime_sessions_and_responses() -> None:
+    """A session is a WebSocket connection (vLLM's series); its responses count by status, all
+    four present at 0 from the model's first session, and first audio is a histogram per model."""
+    m = Metrics()
+    m.websocket_opened()
+    m.websocket_opened()
+    m.websocket_closed(3.0)
+    assert _sample(m, "vllm:websocket_connections_active") == 1
+    assert _sample(m, "vllm:websocket_connections_total") == 2
+    assert _sample(m, "vllm:websocket_connection_duration_seconds_count") == 1
+    assert _sample(m, "vllm:websocket_connection_duration_seconds_bucket", {"le": "5.0"}) == 1
+    m.realtime_model("tiny")
+    for status in ("completed", "cancelled", "failed", "incomplete"):
+        assert _sample(m, "omni_realtime_responses_total", {"model_name": "tiny", "status": status}) == 0
+    m.add_realtime_response("tiny", "cancelled")
+    m.observe_first_audio("tiny", 0.3)
+    assert _sample(m, "omni_realtime_responses_total", {"model_name": "tiny", "status": "cancelled"}) == 1
+    assert _sample(m, "omni_realtime_first_audio_seconds_bucket", {"model_name": "tiny", "le": "0.25"}) == 0
+    assert _sample(m, "omni_realtime_first_audio_seconds_bucket", {"model_name": "tiny", "le": "0.5"}) == 1
+
+
 def test_vllms_token_buckets() -> None:
     assert one_two_five(100) == (1, 2, 5, 10, 20, 50, 100)
     assert one_two_five(4096)[-1] == 2000

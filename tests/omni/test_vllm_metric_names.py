@@ -2,7 +2,8 @@
 with vLLM's (v1 engine's) name, type and labels, present in a fresh server's registry.
 
 Taken from vLLM's vllm/v1/metrics/loggers.py (PrometheusStatLogger) and, for HTTP, from
-prometheus-fastapi-instrumentator's default metrics, which vLLM mounts. Names are as exposed
+prometheus-fastapi-instrumentator's default metrics, which vLLM mounts, and for WebSocket
+connections (realtime sessions) from vllm/entrypoints/speech_to_text/realtime/metrics.py. Names are as exposed
 (a counter's _total included). docs/METRICS.md is the same table for people."""
 
 from __future__ import annotations
@@ -54,6 +55,10 @@ VLLM_METRICS: list[tuple[str, str, tuple[str, ...]]] = [
     ("http_request_duration_highr_seconds", "histogram", ()),
     ("http_request_size_bytes", "summary", ("handler",)),
     ("http_response_size_bytes", "summary", ("handler",)),
+    # WebSocket connections: vLLM's realtime endpoint's middleware, unlabelled
+    ("vllm:websocket_connections_active", "gauge", ()),
+    ("vllm:websocket_connections_total", "counter", ()),
+    ("vllm:websocket_connection_duration_seconds", "histogram", ()),
     # prometheus_client's process and platform collectors
     ("process_resident_memory_bytes", "gauge", ()),
     ("process_cpu_seconds_total", "counter", ()),

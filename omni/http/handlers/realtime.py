@@ -6,6 +6,8 @@ a queue, in order. The socket closing cancels what the session runs (omni's requ
 Auth is the HTTP API's (the app's middleware): the Authorization header, or, for browsers,
 the subprotocol `openai-insecure-api-key.<key>`; the answer selects the subprotocol `realtime`
 when the client offered it (a browser that offered protocols fails a handshake that selects none).
+Each session counts in vLLM's WebSocket series (vllm:websocket_connections_active, _total,
+_duration_seconds), from the upgrade to the socket's close.
 
 The outgoing events wait in a bounded queue (Outbox): a client that stops reading while a
 response streams would otherwise make the server hold every audio delta it has not taken. Past
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -25,7 +28,7 @@ import orjson
 from aiohttp import WSCloseCode, WSMsgType, web
 
 from omni.errors import bad_request
-from omni.http.state import CONFIG, MODELS, VAD
+from omni.http.state import CONFIG, METRICS, MODELS, VAD
 from omni.serving.realtime.session import RealtimeSession
 
 REALTIME_PATH = "/v1/realtime"
@@ -81,10 +84,13 @@ async def realtime(request: web.Request) -> web.StreamResponse:
         model = models.get(name)  # a 404 before the upgrade
     ws = web.WebSocketResponse(protocols=("realtime",), max_msg_size=MAX_FRAME_BYTES, heartbeat=30.0)
     await ws.prepare(request)
+    metrics = request.app[METRICS]
+    metrics.websocket_opened()
+    opened = time.monotonic()
     outbox = Outbox(MAX_PENDING_EVENTS, lambda: _cut_off(request, writer))
     session = RealtimeSession(
         models, model, outbox.put, vad_model=request.app[VAD].get(),
-        max_buffer_seconds=request.app[CONFIG].realtime_max_buffer_seconds,
+        max_buffer_seconds=request.app[CONFIG].realtime_max_buffer_seconds, metrics=metrics,
     )  # fmt: skip
     writer = asyncio.create_task(_write(ws, outbox.queue, lambda: outbox.overflowed))
     session.start()
@@ -97,13 +103,16 @@ async def realtime(request: web.Request) -> web.StreamResponse:
             elif msg.type == WSMsgType.ERROR:
                 break
     finally:
-        await session.close()
-        outbox.end()
         try:
-            await asyncio.wait_for(writer, timeout=5)
-        except (TimeoutError, asyncio.CancelledError, ConnectionError):
-            writer.cancel()
-        await ws.close()
+            await session.close()
+            outbox.end()
+            try:
+                await asyncio.wait_for(writer, timeout=5)
+            except (TimeoutError, asyncio.CancelledError, ConnectionError):
+                writer.cancel()
+            await ws.close()
+        finally:
+            metrics.websocket_closed(time.monotonic() - opened)
     return ws
 
 

@@ -11,33 +11,104 @@ An item opens when its first delta arrives and is added to the conversation then
 conversation "none", it is not). Cancelled (the client's response.cancel, or the user's
 speech under server VAD), the open items end incomplete and response.done says cancelled;
 closing the deltas aborts the LLM request (its KV blocks freed) and the vocoder stream.
+A response that fails (refused by admission control, past its deadline, an engine's failure)
+ends `failed`, after an `error` event as the HTTP API would have answered (as_api_error).
 """
 
 from __future__ import annotations
 
 import base64
+import logging
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from msgspec import UNSET
 
+from omni.engines.admission import Overloaded
 from omni.engines.generation import Delta, Usage
+from omni.engines.llm import DeadlineExceeded, EngineError, RefusedAtSubmit
+from omni.errors import APIError, bad_request, internal_error, service_unavailable
+from omni.serving.realtime import client_events as ev
 from omni.serving.realtime.conversation import Conversation, Item, new_item_id
 from omni.shared.media import g711
 from omni.shared.media.audio_encoding import float_to_pcm16
 from omni.shared.media.decimator import Decimator
+from omni.shared.media.errors import MediaError
 from omni.text.parsers.tool_calls import ToolCallDelta
 from omni.text.reply_parser import ChoiceParser
 
 Event = dict[str, Any]
 Emit = Callable[[Event], None]
 SAMPLES_PER_UNIT = 960  # the vocoder's 24 kHz samples per audio unit (25 units a second)
+log = logging.getLogger("omni.serving.realtime")
 
 
 def new_response_id() -> str:
     return f"resp_{uuid.uuid4().hex[:24]}"
+
+
+def chat_body(model_name: str, model_speaks: bool, s: dict[str, Any], messages: list[dict[str, Any]]) -> dict[str, Any]:
+    """The chat completion request of a response: s, the session's settings with the
+    response's overrides; messages, the conversation rendered."""
+    if s["instructions"]:
+        messages = [{"role": "system", "content": s["instructions"]}, *messages]
+    body: dict[str, Any] = {
+        "model": model_name,
+        "messages": messages,
+        # a spoken conversation answers at once: templates that reason first are told not to
+        "chat_template_kwargs": {"skip_reasoning": True, "enable_thinking": False},
+    }
+    if "audio" in s["output_modalities"]:
+        body["modalities"] = ["text", "audio"]
+        body["audio"] = {"voice": s["voice"], "format": "pcm16"}
+    elif model_speaks:
+        body["modalities"] = ["text"]
+    if s["temperature"] is not None:
+        body["temperature"] = s["temperature"]
+    for name in ("seed", "logit_bias"):
+        if s[name] is not None:
+            body[name] = s[name]
+    if s["max_output_tokens"] != "inf":
+        body["max_completion_tokens"] = s["max_output_tokens"]
+    if s["tools"]:
+        body["tools"] = [{"type": "function", "function": _function(t)} for t in s["tools"]]
+        choice = s["tool_choice"]
+        body["tool_choice"] = choice if isinstance(choice, str) else {"type": "function", "function": {"name": choice.name}}
+        body["parallel_tool_calls"] = s["parallel_tool_calls"]
+    return body
+
+
+def _function(tool: ev.FunctionTool) -> dict[str, Any]:
+    fn: dict[str, Any] = {"name": tool.name, "parameters": tool.parameters or {"type": "object", "properties": {}}}
+    if tool.description is not UNSET:
+        fn["description"] = tool.description
+    return fn
+
+
+def as_api_error(exc: Exception) -> APIError:
+    """What ended a response, as the HTTP API answers it (omni/http/errors.py's middleware):
+    admission control's refusal a 429 (rate_limit_exceeded, typed by the bound), a passed
+    deadline a 504 (deadline_exceeded), a failed worker a 503, anything else a 500."""
+    if isinstance(exc, APIError) and isinstance(exc.__cause__, EngineError):
+        exc = exc.__cause__  # assembly's 503 for an engine's error: the engine's error says more
+    if isinstance(exc, RefusedAtSubmit):
+        exc = exc.overloaded
+    if isinstance(exc, APIError):
+        return exc
+    if isinstance(exc, MediaError):
+        return bad_request(exc.message, param=exc.param)
+    if isinstance(exc, Overloaded):
+        return APIError(429, exc.message, type=exc.limit.value, code="rate_limit_exceeded")
+    if isinstance(exc, DeadlineExceeded):
+        return APIError(504, str(exc), code="deadline_exceeded")
+    if isinstance(exc, EngineError):
+        return service_unavailable(str(exc))
+    log.warning("realtime: a response failed: %r", exc)
+    return internal_error()
 
 
 @dataclass(slots=True)
@@ -67,9 +138,14 @@ class ResponseEvents:
 
     def __init__(
         self, emit: Emit, response: dict[str, Any], conversation: Conversation | None,
-        *, audio: bool, audio_format: str,
+        *, audio: bool, audio_format: str, turn_end: float | None = None,
+        on_first_audio: Callable[[float], None] | None = None,
     ) -> None:  # fmt: skip
+        """turn_end: when the turn this answers ended (time.monotonic()); on_first_audio is
+        called with the seconds from it to the first audio delta."""
         self.emit = emit
+        self.turn_end = time.monotonic() if turn_end is None else turn_end
+        self.on_first_audio = on_first_audio
         self.response = response
         self.parser: ChoiceParser | None = None  # the turn's (its tools, its reasoning), once it is prepared
         self.conversation = conversation
@@ -167,6 +243,9 @@ class ResponseEvents:
         data = self.audio_out.encode(samples)
         if data:
             self.emit({"type": "response.output_audio.delta", **self._ids(opened), "delta": base64.b64encode(data).decode()})
+            if self.on_first_audio is not None:
+                self.on_first_audio(time.monotonic() - self.turn_end)
+                self.on_first_audio = None
 
     def _close_message(self, status: str) -> None:
         opened, self._message = self._message, None

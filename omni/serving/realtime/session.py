@@ -11,9 +11,15 @@ nothing of WebSockets.
     conversation.item.*       the items (omni/serving/realtime/conversation.py)
     response.create / cancel  one response at a time (omni/serving/realtime/response.py), run on
                               a task the session owns; the prompt is the whole conversation
+    idle_timeout_ms           server VAD's: once a response has ended and its audio has played
+                              (on the input audio's timeline), that much input audio without
+                              speech commits what is held and triggers a response
+                              (input_audio_buffer.timeout_triggered)
 
 A refused event gets an `error` event naming it (its type and event_id) and the session goes
-on. close() cancels what the session still runs: requests abort, their blocks freed.
+on; so does a response that admission control refuses or that fails (then response.done says
+failed). close() cancels what the session still runs: requests abort, their blocks freed.
+Metrics (omni/metrics.py): each response's status, and the first audio's latency.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import asyncio
 import base64
 import binascii
 import logging
+import time
 import uuid
 from collections.abc import Callable
 from contextlib import aclosing
@@ -32,12 +39,13 @@ import numpy as np
 from msgspec import UNSET
 
 from omni.errors import APIError, bad_request
+from omni.metrics import Metrics
 from omni.modalities.inputs.voice_activity import WINDOW_MS, VoiceActivity, VoiceActivityModel
 from omni.serving import lifecycle
 from omni.serving.model import ModelRegistry, ServedModel
 from omni.serving.realtime import client_events as ev
 from omni.serving.realtime.conversation import Conversation, Item, new_item_id, not_found, wav_bytes
-from omni.serving.realtime.response import Event, ResponseEvents, new_response_id
+from omni.serving.realtime.response import Event, ResponseEvents, as_api_error, chat_body, new_response_id
 from omni.serving.realtime.turn_detection import SpeechStarted, TurnDetector
 from omni.serving.requests import parse_chat_completion_request
 from omni.serving.requests.transcriptions import TranscriptionRequest
@@ -53,8 +61,12 @@ class RealtimeSession:
     def __init__(
         self, models: ModelRegistry, model: ServedModel, emit: Callable[[Event], None], *,
         vad_model: VoiceActivityModel | None, max_buffer_seconds: float, timeout: float | None = None,
+        metrics: Metrics | None = None,
     ) -> None:  # fmt: skip
         self.models = models
+        self.metrics = metrics
+        if metrics is not None:
+            metrics.realtime_model(model.name)
         self.model = model
         self._emit = emit
         self.vad_model = vad_model
@@ -91,6 +103,10 @@ class RealtimeSession:
         self._pending_item = new_item_id()  # the id the next committed audio gets
         self._response: tuple[ResponseEvents, asyncio.Task[None]] | None = None
         self._cancel_reason: str | None = None
+        self._idle_from_ms: int | None = None  # input audio ms where the idle timeout counts from
+        self._first_audio_ms: int | None = None  # input audio ms when the response's audio began
+        self._spoken = asyncio.Event()  # the response's audio began, or it ended: transcripts may run
+        self._spoken.set()
         self._tasks: set[asyncio.Task[None]] = set()
         self.num_responses = 0
 
@@ -161,7 +177,7 @@ class RealtimeSession:
             self.emit({"type": "conversation.item.truncated", "item_id": event.item_id,
                        "content_index": event.content_index, "audio_end_ms": event.audio_end_ms})  # fmt: skip
         elif isinstance(event, ev.ResponseCreate):
-            self.respond(event.response)
+            self.respond(event.response, event_id=event.event_id)
         elif isinstance(event, ev.ResponseCancel):
             if self._response is None or (event.response_id not in (None, self._response[0].id)):
                 raise bad_request("There is no active response to cancel.", param="response_id",
@@ -284,6 +300,7 @@ class RealtimeSession:
         for turn in events:
             if isinstance(turn, SpeechStarted):
                 self._speech_start_ms = turn.audio_start_ms
+                self._idle_from_ms = None
                 self.emit({"type": "input_audio_buffer.speech_started", "audio_start_ms": turn.audio_start_ms,
                            "item_id": self._pending_item})  # fmt: skip
                 if vad.interrupt_response and self._response is not None:
@@ -291,13 +308,32 @@ class RealtimeSession:
             else:
                 self.emit({"type": "input_audio_buffer.speech_stopped", "audio_end_ms": turn.audio_end_ms,
                            "item_id": self._pending_item})  # fmt: skip
+                turn_end = time.monotonic()
                 start = max(self._speech_start_ms - vad.prefix_padding_ms, 0)
                 self._commit(start, turn.audio_end_ms)
-                if vad.create_response:
-                    if self._response is None:
-                        self.respond(ev.ResponseFields())
+                if vad.create_response and self._response is None:
+                    self.respond(ev.ResponseFields(), turn_end=turn_end)
         if not self._detector.speaking:  # keep only the prefix padding's worth of quiet audio
             self._trim(self._ms(self._appended) - vad.prefix_padding_ms)
+            self._check_idle(vad)
+
+    def _check_idle(self, vad: ev.ServerVad) -> None:
+        """idle_timeout_ms of input audio without speech since the last response's audio
+        played: what the buffer holds (the padding's worth of that quiet) is committed, when
+        it is long enough to be an item, and a response is created."""
+        now_ms = self._ms(self._appended)
+        idle_from = self._idle_from_ms
+        if vad.idle_timeout_ms is None or idle_from is None or self._response is not None:
+            return
+        if now_ms - idle_from < vad.idle_timeout_ms:
+            return
+        turn_end = time.monotonic()
+        self._idle_from_ms = None
+        self.emit({"type": "input_audio_buffer.timeout_triggered", "audio_start_ms": idle_from,
+                   "audio_end_ms": now_ms, "item_id": self._pending_item})  # fmt: skip
+        if self._ms(sum(len(b) for b in self._buffer)) >= MIN_COMMIT_MS:
+            self._commit(None, None)
+        self.respond(ev.ResponseFields(), turn_end=turn_end)
 
     def _trim(self, before_ms: int) -> None:
         keep_from = max(before_ms * self._rate // 1000, self._buffer_start)
@@ -341,7 +377,10 @@ class RealtimeSession:
 
     async def _transcribe(self, item: Item, wav: bytes) -> None:
         """The user's turn in words, as POST /v1/audio/transcriptions writes it; the item's
-        transcript, then conversation.item.done."""
+        transcript, then conversation.item.done. It waits for the spoken response that answers
+        the turn (server VAD starts it with the commit) to begin its audio: before that it would
+        compete with the answer for the encoder and the LLM, and delay the first audio."""
+        await self._spoken.wait()
         t: ev.InputTranscription = self.settings["transcription"]
         req = TranscriptionRequest(model=self.model.name, file=wav, language=t.language, prompt=t.prompt)
         said: list[str] = []
@@ -404,7 +443,9 @@ class RealtimeSession:
 
     # ------------------------------------------------------------------ responses
 
-    def respond(self, fields: ev.ResponseFields) -> None:
+    def respond(self, fields: ev.ResponseFields, *, event_id: str | None = None, turn_end: float | None = None) -> None:
+        """event_id: the response.create's (a failure's `error` names it); turn_end: when the
+        turn it answers ended (time.monotonic(); now when None), where first-audio latency starts."""
         if self._response is not None:
             raise bad_request(
                 f"Conversation already has an active response in progress: {self._response[0].id}. Wait until the "
@@ -431,7 +472,7 @@ class RealtimeSession:
         items = self.conversation.items
         if fields.input is not UNSET:
             items = [self._reference(x, i) for i, x in enumerate(fields.input)]
-        body = self._chat_body(s, self.conversation.messages(items))
+        body = chat_body(self.model.name, self.model.audio is not None, s, self.conversation.messages(items))
         req = parse_chat_completion_request(body)
         response = {
             "id": new_response_id(), "object": "realtime.response", "status": "in_progress", "status_details": None,
@@ -441,9 +482,13 @@ class RealtimeSession:
             "usage": None, "metadata": fields.metadata or None,
         }  # fmt: skip
         events = ResponseEvents(self.emit, response, None if out_of_band else self.conversation, audio=speaks,
-                                audio_format=s["output_format"].type)  # fmt: skip
+                                audio_format=s["output_format"].type, turn_end=turn_end,
+                                on_first_audio=self._first_audio)  # fmt: skip
         self._cancel_reason = None
-        task = asyncio.create_task(self._run(req, events))
+        self._idle_from_ms = self._first_audio_ms = None
+        if speaks:
+            self._spoken = asyncio.Event()
+        task = asyncio.create_task(self._run(req, events, event_id))
         self._response = (events, task)
         self.num_responses += 1
         events.created()
@@ -458,41 +503,33 @@ class RealtimeSession:
         raise bad_request("Only item references ({'type': 'item_reference', 'id': ...}) are read here.",
                           param=f"response.input[{i}]")  # fmt: skip
 
-    def _chat_body(self, s: dict[str, Any], messages: list[dict[str, Any]]) -> dict[str, Any]:
-        if s["instructions"]:
-            messages = [{"role": "system", "content": s["instructions"]}, *messages]
-        body: dict[str, Any] = {
-            "model": self.model.name,
-            "messages": messages,
-            # a spoken conversation answers at once: templates that reason first are told not to
-            "chat_template_kwargs": {"skip_reasoning": True, "enable_thinking": False},
-        }
-        if "audio" in s["output_modalities"]:
-            body["modalities"] = ["text", "audio"]
-            body["audio"] = {"voice": s["voice"], "format": "pcm16"}
-        elif self.model.audio is not None:
-            body["modalities"] = ["text"]
-        if s["temperature"] is not None:
-            body["temperature"] = s["temperature"]
-        for name in ("seed", "logit_bias"):
-            if s[name] is not None:
-                body[name] = s[name]
-        if s["max_output_tokens"] != "inf":
-            body["max_completion_tokens"] = s["max_output_tokens"]
-        if s["tools"]:
-            body["tools"] = [{"type": "function", "function": _function(t)} for t in s["tools"]]
-            choice = s["tool_choice"]
-            body["tool_choice"] = choice if isinstance(choice, str) else {"type": "function", "function": {"name": choice.name}}
-            body["parallel_tool_calls"] = s["parallel_tool_calls"]
-        return body
-
     def cancel(self, reason: str) -> None:
         if self._response is None:
             return
         self._cancel_reason = reason
         self._response[1].cancel()
 
-    async def _run(self, req: Any, events: ResponseEvents) -> None:
+    def _first_audio(self, seconds: float) -> None:
+        self._spoken.set()
+        self._first_audio_ms = self._ms(self._appended)
+        if self.metrics is not None:
+            self.metrics.observe_first_audio(self.model.name, seconds)
+
+    def _ended(self, events: ResponseEvents) -> None:
+        """Count the response; the idle timeout counts from when its audio has played: its first
+        audio's input position plus its length, or its end if that is later."""
+        self._spoken.set()
+        status = events.response["status"]
+        if self.metrics is not None:
+            self.metrics.add_realtime_response(self.model.name, "cancelled" if status == "in_progress" else status)
+        if self._cancel_reason == "turn_detected":
+            return  # the user is speaking: no idle time counts until the next response
+        end_ms = self._ms(self._appended)
+        if self._first_audio_ms is not None:
+            end_ms = max(end_ms, self._first_audio_ms + events.audio_samples * 1000 // 24000)
+        self._idle_from_ms = end_ms
+
+    async def _run(self, req: Any, events: ResponseEvents, event_id: str | None) -> None:
         finish: str | None = None
         usage = None
         try:
@@ -511,13 +548,10 @@ class RealtimeSession:
             if self._cancel_reason is None:  # the session closed: nobody to tell
                 raise
             events.done("cancelled", usage, {"type": "cancelled", "reason": self._cancel_reason})
-        except (APIError, MediaError) as exc:
-            code = exc.code if isinstance(exc, APIError) else "invalid_media"
-            self.error(exc, "response.create", None)
-            events.done("failed", usage, {"type": "failed", "error": {"type": "invalid_request_error", "code": code}})
-        except Exception as exc:  # noqa: BLE001 - an engine's failure ends this response only
-            log.warning("%s: response failed: %s", self.id, exc)
-            events.done("failed", usage, {"type": "failed", "error": {"type": "server_error", "code": str(exc)[:200]}})
+        except Exception as exc:  # noqa: BLE001 - a refusal or an engine's failure ends this response only
+            error = as_api_error(exc)
+            self.error(error, "response.create", event_id)
+            events.done("failed", usage, {"type": "failed", "error": {"type": error.type, "code": error.code}})
         else:
             if finish == "length":
                 events.done("incomplete", usage, {"type": "incomplete", "reason": "max_output_tokens"})
@@ -525,10 +559,4 @@ class RealtimeSession:
                 events.done("completed", usage)
         finally:
             self._response = None
-
-
-def _function(tool: ev.FunctionTool) -> dict[str, Any]:
-    fn: dict[str, Any] = {"name": tool.name, "parameters": tool.parameters or {"type": "object", "properties": {}}}
-    if tool.description is not UNSET:
-        fn["description"] = tool.description
-    return fn
+            self._ended(events)

@@ -18,7 +18,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from omni.config import ServerConfig
 from omni.http.app import create_app
 from omni.http.handlers import realtime
-from omni.http.state import MODELS
+from omni.http.state import METRICS, MODELS
 
 KEY = "secret-key"
 
@@ -63,6 +63,23 @@ async def test_the_key_as_a_subprotocol_of_a_plain_get_is_not_auth(client: TestC
     """Only an upgrade may carry the key as a subprotocol (a plain request names it in the header)."""
     response = await client.get("/v1/models", headers={"Sec-WebSocket-Protocol": f"openai-insecure-api-key.{KEY}"})
     assert response.status == 401
+
+
+async def test_a_session_counts_as_an_open_websocket_until_it_closes(client: TestClient[Any, Any]) -> None:
+    metrics = client.app[METRICS]
+    total = metrics.registry.get_sample_value("vllm:websocket_connections_total")
+    async with client.ws_connect("/v1/realtime?model=m", headers={"Authorization": f"Bearer {KEY}"}) as ws:
+        assert (await ws.receive_json(timeout=30))["type"] == "session.created"
+        assert metrics.registry.get_sample_value("vllm:websocket_connections_active") == 1
+        assert metrics.registry.get_sample_value("vllm:websocket_connections_total") == total + 1
+    for _ in range(100):  # the server sees the close after the client
+        if metrics.registry.get_sample_value("vllm:websocket_connections_active") == 0:
+            break
+        await asyncio.sleep(0.05)
+    assert metrics.registry.get_sample_value("vllm:websocket_connections_active") == 0
+    assert metrics.registry.get_sample_value("vllm:websocket_connection_duration_seconds_count") == 1
+    labels = {"model_name": "m", "status": "completed"}
+    assert metrics.registry.get_sample_value("omni_realtime_responses_total", labels) == 0
 
 
 async def test_the_outbox_holds_at_most_its_limit_then_ends_with_an_error() -> None:
