@@ -64,19 +64,37 @@ class ScriptedGrammar:
         self.seen.append(token_id)
 
 
+class Forwards:
+    """How many forwards the runner has begun; a wait for the n-th."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._changed = threading.Condition()
+
+    def begin(self) -> None:
+        with self._changed:
+            self.count += 1
+            self._changed.notify_all()
+
+    def wait_for(self, n: int) -> bool:
+        with self._changed:
+            return self._changed.wait_for(lambda: self.count >= n, WAIT_S)
+
+
 class HeldFiller:
     """A mask filler whose k-th fill returns only once the worker has begun its k-th forward
-    (or fails after WAIT_S): were the masks filled before the Step went out, the forward could
-    never begin first."""
+    (or after WAIT_S): were the masks filled before the Step went out, the k-th forward could
+    not begin before the k-th fill returned. Every step of the test has a fill."""
 
-    def __init__(self, forwards: threading.Semaphore) -> None:
+    def __init__(self, forwards: Forwards) -> None:
         self.forwards = forwards
+        self.base = forwards.count  # forwards before this filler's first step
         self.fills = 0
         self.forward_first = 0  # fills that saw their step's forward begin
 
     async def fill(self, constraints: Sequence[TokenConstraint]) -> list[bytes]:
         self.fills += 1
-        if await asyncio.to_thread(self.forwards.acquire, True, WAIT_S):
+        if await asyncio.to_thread(self.forwards.wait_for, self.base + self.fills):
             self.forward_first += 1
         return [cast(ScriptedGrammar, c).mask() for c in constraints]
 
@@ -107,17 +125,15 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture
-def served(
-    tiny: Path, monkeypatch: pytest.MonkeyPatch
-) -> Iterator[tuple[LLMEngine, PipeWorker, threading.Semaphore, int]]:
-    """An engine whose worker is a real runner served on a thread; the semaphore is released
-    as each forward begins; the model's vocabulary size."""
+def served(tiny: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[LLMEngine, PipeWorker, Forwards, int]]:
+    """An engine whose worker is a real runner served on a thread, the runner's forwards
+    counted as they begin, and the model's vocabulary size."""
     runner = LLMRunner(tiny, block_size=BLOCK_SIZE, num_kv_blocks=NUM_KV_BLOCKS)
-    forwards = threading.Semaphore(0)
+    forwards = Forwards()
     forward = runner.model.forward
 
     def counted(*args: Any, **kwargs: Any) -> Any:
-        forwards.release()
+        forwards.begin()
         return forward(*args, **kwargs)
 
     monkeypatch.setattr(runner.model, "forward", counted)
@@ -163,7 +179,7 @@ def tokens(stream: Any) -> list[int]:
 
 
 async def test_the_forward_begins_before_the_masks_are_filled_and_sampling_obeys_them(
-    served: tuple[LLMEngine, PipeWorker, threading.Semaphore, int],
+    served: tuple[LLMEngine, PipeWorker, Forwards, int],
 ) -> None:
     engine, pipe, forwards, vocab = served
     rng = random.Random(5)
@@ -188,16 +204,16 @@ async def test_the_forward_begins_before_the_masks_are_filled_and_sampling_obeys
 
 
 async def test_masks_that_cannot_be_filled_fail_their_step_and_the_worker_stays_in_step(
-    served: tuple[LLMEngine, PipeWorker, threading.Semaphore, int],
+    served: tuple[LLMEngine, PipeWorker, Forwards, int],
 ) -> None:
-    engine, _, _, vocab = served
+    engine, _, forwards, vocab = served
     engine._masks = FailingFiller()  # type: ignore[assignment]
     doomed = submit(engine, "a", ScriptedGrammar([7, 8], vocab), max_tokens=5)
     await run_until_done(engine)
     with pytest.raises(EngineError, match="the grammar engine failed"):
         tokens(doomed)
     # the worker took the StepMasks off its pipe: the next step is answered as itself
-    engine._masks = HeldFiller(threading.Semaphore(100))  # type: ignore[assignment]
+    engine._masks = HeldFiller(forwards)  # type: ignore[assignment]
     fine = submit(engine, "b", ScriptedGrammar([9, 10, 11], vocab), max_tokens=5)
     await run_until_done(engine)
     assert tokens(fine) == [9, 10, 11]
