@@ -70,7 +70,7 @@ def test_streams_in_shared_batches_equal_each_span_decoded_at_once(runner: Audio
 def test_streams_keep_their_state_in_reused_rows_and_equal_each_span_decoded_at_once(
     runner: AudioDecoderRunner, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """20 streams over 12 batches, up to 11 open at once: more than the state's first 8 rows
+    """20 streams, up to 11 open at once: more than the state's first 8 rows
     (it grows), rows freed by streams that end or are closed are taken by later ones (which
     must start from zeros), a stream's chunks land in batches of changing makeup and order.
     Every stream that ends gives, exactly, its span decoded at once."""
