@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from typing import Any, ClassVar, TypeVar
 
 from gpu_workers.distributed import GroupMember
@@ -32,6 +33,10 @@ _BUILTIN_RUNNER_MODULES = (
 class Runner(ABC):
     SPEC: ClassVar[type[WorkerSpec]]  # the spec type this runner serves
     JOB: ClassVar[type | tuple[type, ...]]  # the message type(s) it executes (a Step, an EncodeBatch, ...)
+    # The next message on the worker's pipe, for a job that reads one of its own before it ends
+    # (a Step's grammar masks, filled while its forward runs); the worker sets it before the
+    # first job. A job must read exactly the messages that belong to it, failed or not.
+    receive: Callable[[], Any] | None = None
 
     @classmethod
     @abstractmethod

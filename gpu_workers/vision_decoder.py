@@ -20,6 +20,11 @@ the VAE's 8x and the DiT's patch p (1 or 2):
     image      VAE(unpatchify(x)), clamped, encoded    png | jpeg | webp (pixels truncated to
                                                        uint8, as the reference)
 
+Rank 0's images are encoded (PIL, which releases the GIL) on a small thread pool: the worker
+thread decodes the next image's latent with the VAE, or runs the next denoising steps after a
+preview, while the last one is encoded. Step times come from CUDA events read once a batch
+(the wall clock on the CPU), so no step waits for the device.
+
 The latent stays float32 between steps (the reference, in bf16 throughout, rounds it to bf16
 after each step); everything else follows the reference's arithmetic.
 
@@ -49,7 +54,9 @@ from __future__ import annotations
 import math
 import time
 from abc import ABC, abstractmethod
+from collections import deque
 from collections.abc import Generator, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
@@ -72,6 +79,7 @@ MAX_PREVIEWS = 3  # OpenAI's partial_images range is 0..3
 # from allocating without limit.
 MAX_SIDE = 2048
 TIMESTEP_SCALE = 1000.0  # the DiT's timestep input is sigma on a 0..1000 scale
+ENCODE_THREADS = 4  # rank 0's image encoders (PNG of a 768^2 image: tens of ms)
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,6 +139,7 @@ class StepInputs:
     vec: torch.Tensor  # (B, cond) the mean code embedding
     timestep: torch.Tensor  # (B,) what the DiT sees: truncated, on the 0..1000 scale
     scales: torch.Tensor  # (B,) each job's guidance scale
+    guided: bool  # some scale is not 0: known from the jobs on the host, so no step reads `scales` back
 
     @property
     def tokens(self) -> torch.Tensor:
@@ -182,7 +191,7 @@ class AutoGuidance(Guidance):
     def velocity(self, shard: TokenShard, transformer: FluxDiT, step: StepInputs) -> torch.Tensor:
         tokens = step.tokens
         pred = shard.run(transformer, tokens, step.timestep, step.vec)
-        if not bool((step.scales != 0).any()):
+        if not step.guided:
             return pred  # no job asks for guidance: the weak pass would be multiplied by 0
         weak_pred = shard.run(self.weak, tokens, step.timestep, step.vec)
         return autoguidance(pred, weak_pred, step.scales.view(-1, 1, 1))  # type: ignore[arg-type]  # (B,) scales
@@ -280,6 +289,7 @@ class VisionDecoder:
         self.device = codebook.device
         # pixels per token each way; sides must also divide by 16, as the reference asserts
         self.size_multiple = math.lcm(PATCH_SCALE, vae_config.upscale * c.patch)
+        self._encoders: ThreadPoolExecutor | None = None  # rank 0's, made at its first image
 
     @classmethod
     def from_dir(
@@ -368,42 +378,58 @@ class VisionDecoder:
             yield Generation([], None, step_seconds)
             return
         started = time.perf_counter()
-        rows: Iterator[torch.Tensor] = iter(latents if latents is not None else ())  # the drawn jobs', in order
+        # each image is encoded on the pool while the VAE decodes the next (the worker thread)
+        rows = latents if latents is not None else ()
+        encoded = iter([self._encode(latent, job) for latent, job in zip(rows, drawn)])
         images = [
             protocol.DecodedImage(job.job_id, b"", job.width, job.height, error=error)
             if error is not None
-            else protocol.DecodedImage(job.job_id, self._encode(next(rows), job), job.width, job.height)
+            else protocol.DecodedImage(job.job_id, next(encoded).result(), job.width, job.height)
             for job, error in zip(jobs, errors)
         ]
         yield Generation(images, latents, step_seconds, time.perf_counter() - started)
 
+    def close(self) -> None:
+        if self._encoders is not None:
+            self._encoders.shutdown(wait=True)
+            self._encoders = None
+
     def _sample(self, jobs: list[protocol.ImageJob]) -> Generator[Preview, None, tuple[torch.Tensor | None, float]]:
         """The Euler loop over the batch; returns (latents (B, 16, h, w) on rank 0 else None,
-        mean seconds of a step). Yields the previews on the way."""
+        mean seconds of a step). Yields the previews on the way, in step order, each once its
+        encoding (on the pool, while the next steps run) is done."""
         p, steps = self.transformer.config.patch, jobs[0].steps
         h, w = jobs[0].height // self.vae_config.upscale, jobs[0].width // self.vae_config.upscale
         shard = TokenShard(self.group, position_ids(h // p, w // p, device=self.device))
         x, cond, vec = self._inputs(jobs, shard, (h, w))
-        scales = torch.tensor([self._scale(job) for job in jobs], device=self.device)  # (B,)
+        host_scales = [self._scale(job) for job in jobs]
+        scales = torch.tensor(host_scales, device=self.device)  # (B,)
+        guided = any(scale != 0 for scale in host_scales)
         sigmas = self.schedule.sigmas(steps, image_seq_len=shard.num_tokens).tolist()  # exact, N + 1
         # what the DiT sees: timesteps truncated to integers, over num_train_timesteps, then
         # times 1000 in float32, in the reference's order (its sigma, then time_factor)
         truncated = self.schedule.model_sigmas(steps, image_seq_len=shard.num_tokens)
         timesteps = truncated.to(self.device) * TIMESTEP_SCALE
         previews = _preview_steps(jobs, steps)
-        spent = 0.0
+        encoding: deque[tuple[int, int, Future[bytes]]] = deque()  # (job_id, index, bytes), step order
+        clock = StepClock(self.device)
         for i in range(steps):
-            started = time.perf_counter()
-            v = self._velocity(shard, StepInputs(x, cond, vec, timesteps[i].expand(len(jobs)), scales))
+            clock.start()
+            v = self._velocity(shard, StepInputs(x, cond, vec, timesteps[i].expand(len(jobs)), scales, guided))
             x_next = self._euler(x, v, sigmas[i], sigmas[i + 1])
-            spent += time.perf_counter() - started
+            clock.stop()
+            while encoding and encoding[0][2].done():
+                job_id, index, data = encoding.popleft()
+                yield Preview(job_id, index, data.result())
             if i in previews:
                 clean = self._clean(shard, x, v, sigmas[i], (h, w))  # a gather: every rank takes part
                 for row, index in previews[i] if self.is_leader else []:
-                    yield Preview(jobs[row].job_id, index, self._encode(clean[row], jobs[row]))
+                    encoding.append((jobs[row].job_id, index, self._encode(clean[row], jobs[row])))
             x = x_next
         latents = self._whole(shard, x, (h, w))
-        return (latents if self.is_leader else None), spent / steps
+        for job_id, index, data in encoding:
+            yield Preview(job_id, index, data.result())
+        return (latents if self.is_leader else None), clock.seconds() / steps
 
     @torch.inference_mode()
     def _inputs(
@@ -422,15 +448,11 @@ class VisionDecoder:
 
     @torch.inference_mode()
     def _velocity(self, shard: TokenShard, step: StepInputs) -> torch.Tensor:
-        v = self.guidance.velocity(shard, self.transformer, step)
-        _synchronize(self.device)
-        return v
+        return self.guidance.velocity(shard, self.transformer, step)
 
     @torch.inference_mode()
     def _euler(self, x: torch.Tensor, v: torch.Tensor, sigma: float, sigma_next: float) -> torch.Tensor:
-        x = euler_step(x, v, sigma, sigma_next)  # float32: v is
-        _synchronize(self.device)
-        return x
+        return euler_step(x, v, sigma, sigma_next)  # float32: v is
 
     @torch.inference_mode()
     def _clean(
@@ -447,14 +469,18 @@ class VisionDecoder:
         return unpatchify(shard.gather(x), h // p, w // p, p)
 
     @torch.inference_mode()
-    def _encode(self, latent: torch.Tensor, job: protocol.ImageJob) -> bytes:
-        """One job's latent (16, h, w) -> its encoded image. One job at a time: the bytes
-        depend on the job's latent alone, not on its batch, and memory on one image."""
+    def _encode(self, latent: torch.Tensor, job: protocol.ImageJob) -> Future[bytes]:
+        """One job's latent (16, h, w) -> its encoded image, to come. The VAE decodes here, one
+        job at a time (the bytes depend on the job's latent alone, not on its batch, and memory
+        on one image); the pixels come to the host here too (the pool's threads never touch
+        the device), and the pool encodes them."""
         assert self.vae is not None
-        image = self.vae.decode(latent[None])[0]  # (3, H, W), nominally [-1, 1]
+        image = self.vae.decode(latent[None])[0].float().cpu()  # (3, H, W), nominally [-1, 1]
+        if self._encoders is None:
+            self._encoders = ThreadPoolExecutor(ENCODE_THREADS, thread_name_prefix="image-encode")
         if job.quality is None:
-            return to_image_bytes(image, job.output_format)
-        return to_image_bytes(image, job.output_format, max(job.quality, 1))  # the encoders' floor is 1
+            return self._encoders.submit(to_image_bytes, image, job.output_format)
+        return self._encoders.submit(to_image_bytes, image, job.output_format, max(job.quality, 1))  # the floor is 1
 
     def _scale(self, job: protocol.ImageJob) -> float:
         return self.config.guidance_scale if job.guidance_scale is None else float(job.guidance_scale)
@@ -472,7 +498,35 @@ def _preview_steps(jobs: Sequence[protocol.ImageJob], steps: int) -> dict[int, l
     return at
 
 
-def _synchronize(device: torch.device) -> None:
-    # so that step times measure the work, not the queueing of kernels
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+class StepClock:
+    """Seconds spent inside the steps, read without making any step wait: on a GPU a pair of
+    CUDA events per step, read once at the end (the last event's wait is the only sync); on
+    the CPU the wall clock, as a step's work is done when its calls return."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self._spans: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
+        self._started: torch.cuda.Event | float = 0.0
+        self._seconds = 0.0
+
+    def start(self) -> None:
+        self._started = self._record() if self.cuda else time.perf_counter()
+
+    def stop(self) -> None:
+        if isinstance(self._started, torch.cuda.Event):
+            self._spans.append((self._started, self._record()))
+        else:
+            self._seconds += time.perf_counter() - self._started
+
+    def seconds(self) -> float:
+        if self._spans:
+            self._spans[-1][1].synchronize()
+            self._seconds += sum(a.elapsed_time(b) for a, b in self._spans) / 1000  # ms
+            self._spans = []
+        return self._seconds
+
+    @staticmethod
+    def _record() -> torch.cuda.Event:
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()  # on the current device's current stream (the runner sets the device)
+        return event

@@ -104,6 +104,7 @@ def _build_runner(spec: protocol.WorkerSpec, member: GroupMember) -> Any:
 
 
 def _serve(conn: Connection, runner: Any) -> None:
+    runner.receive = lambda: protocol.decode(conn.recv_bytes())  # EOF raises inside the job, then here
     while True:
         try:
             message = protocol.decode(conn.recv_bytes())

@@ -649,12 +649,16 @@ class UnitVocoder(nn.Module):
     ) -> tuple[torch.Tensor, VocoderState]:
         """units (B, T) long, speaker (B, S), state of batch B, lengths (B,) valid units per
         row (None: all T) -> audio (B, T * hop) (row b valid over [0, lengths[b] * hop)), and
-        the state after each row's last valid unit."""
+        the state after each row's last valid unit. units and lengths are checked where they
+        are, then moved to the model's device: given on the host, the checks read nothing
+        back from the device (review C7)."""
         c = self.config
         b, t = self._check_inputs(units, speaker, state, lengths)
         if lengths is not None and bool((lengths == t).all()):
             lengths = None  # every row full: a slice, not a gather, takes the next contexts
-        stream = Stream(state, lengths)
+        device = self.unit_embed.weight.device
+        units = units.to(device)
+        stream = Stream(state, None if lengths is None else lengths.to(device))
         x = self.unit_embed(units) * c.unit_embed_dim**-0.5  # (B, T, E)
         voice = speaker.to(x.dtype)[:, :, None].expand(-1, -1, t)  # (B, S, T)
         x = torch.cat([x.transpose(1, 2), voice], dim=1)  # (B, E + S, T)

@@ -1,11 +1,13 @@
 """AudioDecoderRunner: the audio decoder's worker kind, a causal unit vocoder over streams.
 
 Each open stream (one span of units the model is writing) keeps its VocoderState here, from
-its first chunk to its last; a DecodeAudio batch holds at most one chunk per stream:
+its first chunk to its last, as one row (its slot) of a batched state per layer (StateSlots);
+a DecodeAudio batch holds at most one chunk per stream:
 
     chunks of the batch:    stream 3: units u0..u3 (first)   stream 5: units u40..u64
     rows (right-padded):    [u0 u1 u2 u3 0 ... 0]  len 4      [u40 ... u64]  len 25
     states:                 fresh (zeros)                     the one stream 5 left last time
+                            (slot 2, zeroed)                  (slot 0)
     one decode_chunk over the rows; each row's next state is cut at its own valid end, so
     batching never changes a stream's samples; row b's audio is its first len * hop samples.
 
@@ -38,7 +40,7 @@ from gpu_workers.models.unit_bigvgan_archive import (
     is_published_audio_decoder,
     load_published_audio_decoder,
 )
-from gpu_workers.models.unit_vocoder import LoadedVocoder, VocoderState, load_unit_vocoder
+from gpu_workers.models.unit_vocoder import LoadedVocoder, UnitVocoder, VocoderState, load_unit_vocoder
 from gpu_workers.runner import Runner, register_runner
 from omni.shared import protocol
 
@@ -47,8 +49,72 @@ log = logging.getLogger("omni.audio_decoder")
 
 @dataclass(slots=True)
 class _Open:
-    state: VocoderState  # batch of one
+    slot: int  # its row of the StateSlots
     speaker: torch.Tensor  # (speaker_embed_dim,)
+
+
+class StateSlots:
+    """The VocoderState of every open stream, as one row of a batched state per layer (review
+    C7): a batch gathers its streams' rows with one index_select per layer and writes the next
+    states back with one index_copy_, where stacking each stream's state and splitting it back
+    took a cat per layer and a clone per layer and stream. A new stream's row is zeroed when
+    its batch first gathers it (one index_fill_ per layer for all of them); a freed row is
+    reused; when every row is taken the rows double."""
+
+    def __init__(self, vocoder: UnitVocoder, capacity: int = 8) -> None:
+        self.vocoder = vocoder
+        with torch.inference_mode():
+            self.state = vocoder.init_state(capacity)  # the model's device and dtype
+        self.device = next(iter(self.state.contexts.values())).device
+        self._free = list(range(capacity - 1, -1, -1))  # pop() takes the lowest row
+        self._fresh: set[int] = set()
+
+    @property
+    def capacity(self) -> int:
+        return self.state.batch_size
+
+    @property
+    def num_taken(self) -> int:
+        return self.capacity - len(self._free)
+
+    def take(self) -> int:
+        if not self._free:
+            self._grow()
+        slot = self._free.pop()
+        self._fresh.add(slot)
+        return slot
+
+    def release(self, slot: int) -> None:
+        self._fresh.discard(slot)
+        self._free.append(slot)
+
+    def index(self, slots: list[int]) -> torch.Tensor:
+        return torch.tensor(slots, dtype=torch.long).to(self.device, non_blocking=True)
+
+    @torch.inference_mode()
+    def gather(self, slots: list[int], index: torch.Tensor) -> VocoderState:
+        """The rows `slots` (index: the same on the device), in order, as a batch state."""
+        fresh = [s for s in slots if s in self._fresh]
+        if fresh:
+            zeroed = self.index(fresh)
+            for context in self.state.contexts.values():
+                context.index_fill_(0, zeroed, 0)
+            self._fresh.difference_update(fresh)
+        return VocoderState({name: c.index_select(0, index) for name, c in self.state.contexts.items()})
+
+    @torch.inference_mode()
+    def scatter(self, index: torch.Tensor, state: VocoderState) -> None:
+        for name, context in self.state.contexts.items():
+            context.index_copy_(0, index, state.contexts[name])
+
+    @torch.inference_mode()
+    def _grow(self) -> None:
+        old, capacity = self.state, self.capacity
+        dtype = next(iter(old.contexts.values())).dtype  # whatever the model made the rows in
+        self.state = self.vocoder.init_state(2 * capacity, device=self.device, dtype=dtype)
+        for name, context in self.state.contexts.items():
+            context[:capacity] = old.contexts[name]
+        self._free = list(range(2 * capacity - 1, capacity - 1, -1))
 
 
 @register_runner
@@ -63,6 +129,7 @@ class AudioDecoderRunner(Runner):
         weight = self.vocoder.speaker_embed.weight
         self.device, self.dtype = weight.device, weight.dtype
         self.streams: dict[int, _Open] = {}
+        self.slots = StateSlots(self.vocoder)
 
     @classmethod
     def from_spec(cls, spec: protocol.AudioDecoderWorkerSpec, group: GroupMember) -> AudioDecoderRunner:
@@ -90,27 +157,38 @@ class AudioDecoderRunner(Runner):
             return self._embed(job)
         started = time.perf_counter()
         for stream_id in job.closed:
-            self.streams.pop(stream_id, None)
+            self._close(stream_id)
         results: dict[int, protocol.DecodedAudio] = {}
         rows: list[tuple[protocol.AudioChunk, _Open]] = []
         for chunk in job.chunks:
             try:
                 rows.append((chunk, self._open(chunk)))
             except ValueError as exc:
-                self.streams.pop(chunk.stream_id, None)
+                self._close(chunk.stream_id)
                 results[chunk.stream_id] = protocol.DecodedAudio(chunk.stream_id, b"", str(exc))
-        results.update(self._decode([(c, o) for c, o in rows if self._decodes(c)]))
+        try:
+            results.update(self._decode([(c, o) for c, o in rows if self._decodes(c)]))
+        except Exception:
+            for chunk, _ in rows:  # the streams this batch began are not open after all
+                if chunk.first:
+                    self._close(chunk.stream_id)
+            raise
         for chunk, opened in rows:
             if chunk.stream_id not in results:  # nothing to say (a last chunk with no units left)
                 results[chunk.stream_id] = protocol.DecodedAudio(chunk.stream_id, b"")
                 self.streams[chunk.stream_id] = opened
             if chunk.last:
-                self.streams.pop(chunk.stream_id, None)
+                self._close(chunk.stream_id)
         ordered = [results[c.stream_id] for c in job.chunks]
         return protocol.AudioDecodeResult(job.batch_id, ordered, time.perf_counter() - started)
 
     def _decodes(self, chunk: protocol.AudioChunk) -> bool:
         return bool(chunk.units)
+
+    def _close(self, stream_id: int) -> None:
+        opened = self.streams.pop(stream_id, None)
+        if opened is not None:
+            self.slots.release(opened.slot)
 
     def _continued(self, chunk: protocol.AudioChunk, num_units: int) -> Any | None:
         """The chunk's units checked; the stream it continues, None for a first chunk."""
@@ -142,7 +220,10 @@ class AudioDecoderRunner(Runner):
                 raise ValueError(f"speaker {chunk.speaker} is not one of the {len(self.loaded.voices)} voices")
             with torch.inference_mode():
                 speaker = self.vocoder.speaker_embedding(torch.tensor([chunk.speaker], device=self.device))[0]
-        return _Open(self.vocoder.init_state(1), speaker)
+        self._close(chunk.stream_id)  # a stream begun again starts from zeros, in a row of its own
+        opened = _Open(self.slots.take(), speaker)
+        self.streams[chunk.stream_id] = opened  # so that any way it ends frees its row
+        return opened
 
     def _decode(self, rows: list[tuple[protocol.AudioChunk, _Open]]) -> dict[int, protocol.DecodedAudio]:
         if not rows:
@@ -151,16 +232,20 @@ class AudioDecoderRunner(Runner):
         units = torch.zeros(len(rows), longest, dtype=torch.long)
         for i, (chunk, _) in enumerate(rows):
             units[i, : len(chunk.units)] = torch.tensor(chunk.units, dtype=torch.long)
-        lengths = torch.tensor([len(c.units) for c, _ in rows], device=self.device)
-        state = VocoderState.stack([o.state for _, o in rows])
+        # units and lengths stay on the host: decode_chunk checks them there, with no sync
+        lengths = torch.tensor([len(c.units) for c, _ in rows])
+        slots = [o.slot for _, o in rows]
+        index = self.slots.index(slots)
+        state = self.slots.gather(slots, index)
         speakers = torch.stack([o.speaker for _, o in rows])
         with torch.inference_mode():
-            audio, after = self.vocoder.decode_chunk(units.to(self.device), speakers, state, lengths)
+            audio, after = self.vocoder.decode_chunk(units, speakers, state, lengths)
+        self.slots.scatter(index, after)
         hop = self.config.hop
         out = {}
         samples = audio.float().cpu().numpy()
-        for (chunk, opened), row, state_after in zip(rows, samples, after.split(), strict=True):
-            self.streams[chunk.stream_id] = _Open(state_after, opened.speaker)
+        for (chunk, opened), row in zip(rows, samples, strict=True):
+            self.streams[chunk.stream_id] = opened
             pcm = np.ascontiguousarray(row[: len(chunk.units) * hop], dtype="<f4")
             out[chunk.stream_id] = protocol.DecodedAudio(chunk.stream_id, pcm.tobytes())
         return out
@@ -219,6 +304,9 @@ class PublishedAudioDecoderRunner(AudioDecoderRunner):
 
     def _decodes(self, chunk: protocol.AudioChunk) -> bool:
         return bool(chunk.units) or chunk.last  # a last chunk gives what was held back
+
+    def _close(self, stream_id: int) -> None:
+        self.streams.pop(stream_id, None)  # its UnitStream holds no device state
 
     def _open(self, chunk: protocol.AudioChunk) -> Any:
         opened = self._continued(chunk, self.config_.num_units)

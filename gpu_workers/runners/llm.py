@@ -131,6 +131,47 @@ class _Scheduled:
     num_scheduled_tokens: int
 
 
+class StepMaskReader:
+    """A Step's grammar masks, by request id: those it carries, and with masks_follow those of
+    the StepMasks the server sends after it, filled while this step's forward runs (review C5).
+    That message is read once, when sampling first needs it, or by settle() when the step
+    ends without sampling (it failed, or its constrained requests were dropped), so that it is
+    never left on the pipe to be taken for the next job."""
+
+    def __init__(self, step: protocol.Step, receive: Callable[[], object] | None) -> None:
+        self.step = step
+        self._receive = receive
+        self._masks: dict[str, bytes] | None = None if step.masks_follow else self._of(step.token_masks)
+
+    def masks(self) -> dict[str, bytes]:
+        if self._masks is None:
+            self._masks = self._read()
+        return self._masks
+
+    def settle(self) -> None:
+        if self._masks is None:
+            try:
+                self.masks()
+            except Exception as exc:  # noqa: BLE001 - the step's own outcome is what is reported
+                log.error("step %d: its masks: %s", self.step.step_id, exc)
+
+    def _read(self) -> dict[str, bytes]:
+        self._masks = {}  # read at most once, even when what comes is wrong
+        if self._receive is None:
+            raise RuntimeError(f"step {self.step.step_id}: its masks follow, but there is no pipe to read them from")
+        follow = self._receive()
+        if not isinstance(follow, protocol.StepMasks) or follow.step_id != self.step.step_id:
+            got = f"{type(follow).__name__} {getattr(follow, 'step_id', '')}".strip()
+            raise ValueError(f"step {self.step.step_id}: its StepMasks was expected, got {got}")
+        if follow.error is not None:
+            raise ValueError(f"step {self.step.step_id}: the server could not fill its grammar masks: {follow.error}")
+        return self._of([*self.step.token_masks, *follow.token_masks])
+
+    @staticmethod
+    def _of(token_masks: Iterable[protocol.TokenMask]) -> dict[str, bytes]:
+        return {m.request_id: m.bitmask for m in token_masks}
+
+
 @register_runner
 class LLMRunner(Runner):
     SPEC = protocol.LLMWorkerSpec
@@ -242,6 +283,13 @@ class LLMRunner(Runner):
         return self.model.config
 
     def execute(self, step: protocol.Step) -> protocol.StepResult:
+        masks = StepMaskReader(step, self.receive)
+        try:
+            return self._execute(step, masks)
+        finally:
+            masks.settle()  # a step that failed, or never sampled, still takes its masks off the pipe
+
+    def _execute(self, step: protocol.Step, masks: StepMaskReader) -> protocol.StepResult:
         for request_id in step.finished_request_ids:
             self.requests.pop(request_id, None)  # unknown ids: nothing to drop
             self.sampler.release(request_id)
@@ -254,7 +302,6 @@ class LLMRunner(Runner):
         if not scheduled:
             return protocol.StepResult(step.step_id, [], failed)
         with torch.inference_mode():
-            masks = {m.request_id: m.bitmask for m in step.token_masks}
             sampled, prompt_logprobs = self._run(scheduled, media, masks)
         return protocol.StepResult(step.step_id, sampled, failed, prompt_logprobs)
 
@@ -436,7 +483,7 @@ class LLMRunner(Runner):
         return h
 
     def _run(
-        self, scheduled: list[_Scheduled], media: MediaRows, masks: dict[str, bytes] | None = None
+        self, scheduled: list[_Scheduled], media: MediaRows, step_masks: StepMaskReader | None = None
     ) -> tuple[list[protocol.SampledToken], list[protocol.PromptLogprobs]]:
         input_ids: list[int] = []
         positions: list[int] = []
@@ -476,6 +523,8 @@ class LLMRunner(Runner):
         if not sample_rows:
             return [], prompt_logprobs
         logits = self.model.compute_logits(hidden[staged["sample_rows"]])  # (N, V)
+        # Only now, with the forward queued (on a GPU, running), may sampling wait for the masks.
+        masks = step_masks.masks() if step_masks is not None else {}
         states = [self.requests[r] for r in sample_ids]
         outputs = self.sampler.sample(
             logits,

@@ -101,6 +101,9 @@ class VisionDecoderRunner(Runner):
             except Exception:
                 self._leave_group(batch)
 
+    def close(self) -> None:
+        self.decoder.close()
+
     def _leave_group(self, batch: protocol.DecodeImages) -> None:
         """The ranks may be out of step (see the module docstring): end this process, and with
         it the group, now. os._exit: a clean exit could wait forever on a collective."""

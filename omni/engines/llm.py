@@ -2,9 +2,11 @@
 
 Requests come in as scheduler Requests and leave as a stream of TokenEvents. One turn of the
 loop (run_once) runs one step: schedule -> send the Step -> await its StepResult -> update the
-scheduler -> hand each request its new token. Aborts (client gone, stop string, a deadline
-passed) happen between awaits in the same loop, so the scheduler is only ever touched from one
-task. Spawning, restarting and stopping the worker are SupervisedWorker's (omni/engines/supervisor.py).
+scheduler -> hand each request its new token. A step with constrained requests that sample
+sends their grammar masks after the Step, filled while the worker runs its forward. Aborts
+(client gone, stop string, a deadline passed) happen between awaits in the same loop, so the
+scheduler is only ever touched from one task. Spawning, restarting and stopping the worker
+are SupervisedWorker's (omni/engines/supervisor.py).
 """
 
 from __future__ import annotations
@@ -344,11 +346,16 @@ class LLMEngine(SupervisedWorker):
         self._update_gauges()
 
     async def _execute(self, scheduler: Scheduler, output: SchedulerOutput) -> None:
-        step = step_message(output, self._pending_finished, await self._token_masks(output), self._placed_media)
+        constrained = self._sampling_constraints(output)
+        step = step_message(output, self._pending_finished, (), self._placed_media, masks_follow=bool(constrained))
         self._pending_finished = []
         self._placed_media = []
         sent = time.monotonic()
         await self.worker.send(step)
+        masks = None
+        if constrained:  # filled while the worker runs the step's forward (review C5)
+            masks = await self._step_masks(step.step_id, constrained)
+            await self.worker.send(masks)
         reply = await self.worker.recv()
         elapsed = time.monotonic() - sent
         self.stats.add_step(output.total_num_scheduled_tokens, elapsed)
@@ -360,6 +367,9 @@ class LLMEngine(SupervisedWorker):
             return
         if not isinstance(reply, protocol.StepResult) or reply.step_id != step.step_id:
             raise WorkerDied(f"worker replied out of order: {type(reply).__name__}")
+        if masks is not None and masks.error is not None:  # as before C5: the step's requests fail
+            self._fail_step(output, EngineError(f"internal error: {masks.error}"))
+            return
         for failed in reply.failed:  # dropped by the worker before its forward
             self._fail_request(RequestId(failed.request_id), EngineError(failed.reason))
         for part in reply.prompt_logprobs:
@@ -398,8 +408,8 @@ class LLMEngine(SupervisedWorker):
                 self._forget(request.request_id)
                 self._finished(stream, finish_reason, now)
 
-    async def _token_masks(self, output: SchedulerOutput) -> list[protocol.TokenMask]:
-        """The grammar mask of every constrained request whose chunk samples in this step."""
+    def _sampling_constraints(self, output: SchedulerOutput) -> list[tuple[RequestId, TokenConstraint]]:
+        """The constrained requests whose chunk samples in this step (they need a mask)."""
         if self._num_constrained == 0:  # the common step: nothing to look at
             return []
         sampling: list[tuple[RequestId, TokenConstraint]] = []
@@ -411,10 +421,17 @@ class LLMEngine(SupervisedWorker):
                 continue
             if computed + num == stream.request.num_tokens:  # the chunk ends at its last token
                 sampling.append((request_id, stream.constraint))
-        if not sampling:
-            return []
-        masks = await self._masks.fill([c for _, c in sampling])
-        return [protocol.TokenMask(r, m) for (r, _), m in zip(sampling, masks)]
+        return sampling
+
+    async def _step_masks(self, step_id: int, sampling: list[tuple[RequestId, TokenConstraint]]) -> protocol.StepMasks:
+        """Their masks, for the StepMasks that follows the Step. It is sent even when filling
+        fails (with the error), as the worker waits for it before it samples."""
+        try:
+            masks = await self._masks.fill([c for _, c in sampling])
+        except Exception as exc:
+            log.exception("%s: filling the grammar masks of step %d failed", self.name, step_id)
+            return protocol.StepMasks(step_id, [], error=f"{type(exc).__name__}: {exc}")
+        return protocol.StepMasks(step_id, [protocol.TokenMask(r, m) for (r, _), m in zip(sampling, masks)])
 
     def _advance_constraint(self, request: Request, constraint: TokenConstraint, token_id: int) -> None:
         """Feed the sampled token to the grammar; a grammar that is complete ends the request

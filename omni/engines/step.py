@@ -47,11 +47,14 @@ def step_message(
     finished: Sequence[RequestId],
     token_masks: Sequence[protocol.TokenMask] = (),
     media_prefetch: Sequence[str] = (),
+    *,
+    masks_follow: bool = False,
 ) -> protocol.Step:
     """finished: every request that ended since the last Step sent (the output's own, plus
     those of outputs that had nothing to compute and so were never sent). token_masks: the
     grammar masks of the constrained requests that sample in this step. media_prefetch: the
-    artifact keys of requests placed since the last step (the worker reads them ahead)."""
+    artifact keys of requests placed since the last step (the worker reads them ahead).
+    masks_follow: the masks come in a StepMasks sent after the Step (the engine's way)."""
     new = [
         protocol.NewRequest(
             request_id=s.request.request_id,
@@ -81,4 +84,5 @@ def step_message(
         finished_request_ids=[str(r) for r in finished],
         token_masks=list(token_masks),
         media_prefetch=list(media_prefetch),
+        masks_follow=masks_follow,
     )

@@ -8,6 +8,7 @@ from __future__ import annotations
 import io
 import json
 import multiprocessing
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,6 +20,8 @@ import torch
 import torch.multiprocessing as mp
 from PIL import Image
 
+from gpu_workers import vision_decoder
+from gpu_workers.models.flux_vae import to_image_bytes
 from gpu_workers.tiny.checkpoints import make_tiny_vision_decoder
 from gpu_workers.vision_decoder import Generation, Preview, VisionDecoder, VisionDecoderConfig, _preview_steps
 from omni.shared import protocol
@@ -205,6 +208,121 @@ def test_the_image_has_the_requested_size_and_format(decoders: dict[str, VisionD
     for fmt, pillow in [("jpeg", "JPEG"), ("webp", "WEBP")]:
         data = decoder.decode([job(output_format=fmt, quality=0)]).images[0].data
         assert Image.open(io.BytesIO(data)).format == pillow
+
+
+# ---- Encoding off the worker thread (review C8) ------------------------------------------------
+
+
+def serial_bytes(decoder: VisionDecoder, latent: torch.Tensor, one: protocol.ImageJob) -> bytes:
+    """The path before C8, on the calling thread: the VAE, then the encoder."""
+    assert decoder.vae is not None
+    image = decoder.vae.decode(latent[None])[0]
+    if one.quality is None:
+        return to_image_bytes(image, one.output_format)
+    return to_image_bytes(image, one.output_format, max(one.quality, 1))
+
+
+@pytest.mark.parametrize("guidance", GUIDANCES)
+def test_pooled_encoding_gives_the_bytes_of_the_serial_path(decoders: dict[str, VisionDecoder], guidance: str) -> None:
+    decoder = decoders[guidance]
+    jobs = [
+        job(1, seed=1),
+        job(2, seed=2, output_format="jpeg", quality=0),
+        job(3, seed=3, output_format="webp", quality=80, guidance_scale=0.0),
+        job(4, seed=4, output_format="jpeg"),
+    ]
+    result = decoder.decode(jobs)
+    assert result.latents is not None
+    for row, one in enumerate(jobs):
+        assert result.images[row].data == serial_bytes(decoder, result.latents[row], one)
+
+
+def test_an_image_is_encoded_on_the_pool_while_the_vae_decodes_the_next(
+    decoders: dict[str, VisionDecoder], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first image's encoder is held until the VAE has started on the second image: on
+    the worker thread (the path before C8) that would never happen, and the wait times out."""
+    decoder = decoders["autoguidance"]
+    assert decoder.vae is not None
+    second_decode = threading.Event()
+    threads: list[str] = []
+    decodes = 0
+    vae_decode, encode = decoder.vae.decode, vision_decoder.to_image_bytes
+
+    def counting_decode(latent: torch.Tensor) -> torch.Tensor:
+        nonlocal decodes
+        decodes += 1
+        if decodes == 2:
+            second_decode.set()
+        return vae_decode(latent)
+
+    def held_encode(image: torch.Tensor, fmt: str, *quality: int) -> bytes:
+        threads.append(threading.current_thread().name)
+        if len(threads) == 1:
+            assert second_decode.wait(30), "the VAE waited for the first image's encoding"
+        return encode(image, fmt, *quality)
+
+    monkeypatch.setattr(decoder.vae, "decode", counting_decode)
+    monkeypatch.setattr(vision_decoder, "to_image_bytes", held_encode)
+    jobs = [job(1, seed=1), job(2, seed=2)]
+    result = decoder.decode(jobs)
+    monkeypatch.undo()
+    assert len(threads) == 2 and all(name.startswith("image-encode") for name in threads)
+    assert threading.current_thread().name not in threads
+    assert result.latents is not None
+    serial = [serial_bytes(decoder, result.latents[row], one) for row, one in enumerate(jobs)]
+    assert [image.data for image in result.images] == serial
+
+
+def test_denoising_goes_on_while_a_preview_is_encoded(
+    decoders: dict[str, VisionDecoder], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A preview after step 4 of 8: its encoder is held until step 5 has run; the preview
+    still comes before the result, with the bytes an unheld run gives."""
+    decoder = decoders["autoguidance"]
+    jobs = [job(1, steps=8, partial_images=1)]
+    unheld = list(decoder.generate(jobs))
+    step_five = threading.Event()
+    steps = 0
+    velocity, encode = decoder._velocity, vision_decoder.to_image_bytes
+
+    def counting_velocity(*args: Any) -> torch.Tensor:
+        nonlocal steps
+        steps += 1
+        if steps == 6:  # 0-based step 5
+            step_five.set()
+        return velocity(*args)
+
+    def held_encode(image: torch.Tensor, fmt: str, *quality: int) -> bytes:
+        if not step_five.is_set():  # the preview's (the final image's comes after step 7)
+            assert step_five.wait(30), "step 5 waited for the preview's encoding"
+        return encode(image, fmt, *quality)
+
+    monkeypatch.setattr(decoder, "_velocity", counting_velocity)
+    monkeypatch.setattr(vision_decoder, "to_image_bytes", held_encode)
+    held = list(decoder.generate(jobs))
+    monkeypatch.undo()
+    assert [type(e) for e in held] == [Preview, Generation]
+    assert isinstance(held[0], Preview) and isinstance(unheld[0], Preview) and held[0] == unheld[0]
+    assert isinstance(held[1], Generation) and isinstance(unheld[1], Generation)
+    assert held[1].images == unheld[1].images
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_on_cuda_no_step_synchronizes(checkpoints: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Steps are timed by CUDA events, read once a batch: torch.cuda.synchronize is never called."""
+    decoder = VisionDecoder.from_dir(checkpoints["autoguidance"], device="cuda:0")
+    calls = 0
+
+    def counting(*args: Any) -> None:
+        nonlocal calls
+        calls += 1
+
+    monkeypatch.setattr(torch.cuda, "synchronize", counting)
+    result = decoder.decode([job(1, steps=4), job(2, guidance_scale=0.0, steps=4)])
+    assert calls == 0 and result.step_seconds > 0 and result.images[0].data
+    decoder.close()
 
 
 # ---- Ulysses: 2 and 4 gloo ranks against 1 ------------------------------------------------------

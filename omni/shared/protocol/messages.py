@@ -144,10 +144,26 @@ class Step:
     # Artifact keys of requests placed on this worker since the last step and not scheduled in
     # this one: the worker starts reading them now, so their first step does not wait for the store.
     media_prefetch: list[str] = field(default_factory=list)
+    # The step's grammar masks come next, in a StepMasks: the server fills them while the worker
+    # runs the forward, which reads them just before it samples (review C5).
+    masks_follow: bool = False
 
     @property
     def job_id(self) -> int:
         return self.step_id
+
+
+@message
+@dataclass(slots=True)
+class StepMasks:
+    """The grammar masks of the Step sent just before it with masks_follow, for its constrained
+    requests that sample. error: the server could not fill them; the worker samples nothing
+    unconstrained, it fails the step (the server fails the step's requests, as it would have)."""
+
+    TAG: ClassVar[int] = 54
+    step_id: int
+    token_masks: list[TokenMask]
+    error: str | None = None
 
 
 @message

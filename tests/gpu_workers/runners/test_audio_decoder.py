@@ -5,6 +5,7 @@ its stream alone; voices come from the table or from a reference recording."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import pytest
@@ -24,8 +25,10 @@ def runner(tmp_path_factory: pytest.TempPathFactory) -> AudioDecoderRunner:
     return AudioDecoderRunner.from_spec(spec, GroupMember(0, 1, None))
 
 
-def _decode(runner: AudioDecoderRunner, batch_id: int, chunks: list[protocol.AudioChunk]) -> dict[int, np.ndarray]:
-    result = runner.run(protocol.DecodeAudio(batch_id, chunks))
+def _decode(
+    runner: AudioDecoderRunner, batch_id: int, chunks: list[protocol.AudioChunk], closed: list[int] | None = None
+) -> dict[int, np.ndarray]:
+    result = runner.run(protocol.DecodeAudio(batch_id, chunks, closed=closed or []))
     assert isinstance(result, protocol.AudioDecodeResult) and result.batch_id == batch_id
     assert [r.stream_id for r in result.chunks] == [c.stream_id for c in chunks]
     assert all(r.error is None for r in result.chunks), [r.error for r in result.chunks]
@@ -62,6 +65,56 @@ def test_streams_in_shared_batches_equal_each_span_decoded_at_once(runner: Audio
         assert streamed.shape == (len(units) * 960,)
         np.testing.assert_array_equal(streamed, _one_shot(runner, units, speaker))
     assert runner.streams == {}  # both ended: their states are freed
+
+
+def test_streams_keep_their_state_in_reused_rows_and_equal_each_span_decoded_at_once(
+    runner: AudioDecoderRunner, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """20 streams, up to 11 open at once: more than the state's first 8 rows
+    (it grows), rows freed by streams that end or are closed are taken by later ones (which
+    must start from zeros), a stream's chunks land in batches of changing makeup and order.
+    Every stream that ends gives, exactly, its span decoded at once."""
+    fresh = AudioDecoderRunner(runner.loaded)
+    seen: list[tuple[str, str]] = []
+    decode_chunk = fresh.vocoder.decode_chunk
+
+    def on_host(units: torch.Tensor, speaker: torch.Tensor, state: Any, lengths: Any = None) -> Any:
+        seen.append((units.device.type, lengths.device.type))  # checked there: no read from the device
+        return decode_chunk(units, speaker, state, lengths)
+
+    monkeypatch.setattr(fresh.vocoder, "decode_chunk", on_host)
+    rng = np.random.default_rng(7)
+    spans = {s: rng.integers(0, 64, int(rng.integers(3, 30))).tolist() for s in range(20)}
+    left = {s: list(units) for s, units in spans.items()}
+    got: dict[int, list[np.ndarray]] = {s: [] for s in spans}
+    waiting, open_ = list(spans), list[int]()
+    closed_early = {4, 11}
+    for batch_id in range(40):
+        while waiting and len(open_) < 11 and rng.random() < 0.7:
+            open_.append(waiting.pop(0))
+        chunks, closed = [], []
+        for s in rng.permutation(open_).tolist():
+            if s in closed_early and len(left[s]) < len(spans[s]):
+                closed.append(s)  # a client that left mid-way
+                open_.remove(s)
+                continue
+            n = min(len(left[s]), int(rng.integers(1, 9)))
+            first, units = len(left[s]) == len(spans[s]), left[s][:n]
+            left[s] = left[s][n:]
+            chunks.append(protocol.AudioChunk(s, units, speaker=s % 2, first=first, last=not left[s]))
+            if not left[s]:
+                open_.remove(s)
+        for stream_id, samples in _decode(fresh, batch_id, chunks, closed).items():
+            got[stream_id].append(samples)
+        if not waiting and not open_:
+            break
+    assert not waiting and not open_
+    monkeypatch.undo()
+    for s, units in spans.items():
+        if s not in closed_early:
+            np.testing.assert_array_equal(np.concatenate(got[s]), _one_shot(fresh, units, s % 2))
+    assert fresh.streams == {} and fresh.slots.num_taken == 0 and fresh.slots.capacity == 16
+    assert set(seen) == {("cpu", "cpu")}
 
 
 def test_a_bad_chunk_fails_its_stream_alone(runner: AudioDecoderRunner) -> None:

@@ -41,7 +41,10 @@ EXAMPLES: dict[type, object] = {
     protocol.MediaRef: MEDIA,
     protocol.NewRequest: NEW,
     protocol.CachedRequest: CACHED,
-    protocol.Step: protocol.Step(8, [NEW], [CACHED], ["gone"], [protocol.TokenMask("r1", b"\x05\x00\x00\x00")]),
+    protocol.Step: protocol.Step(
+        8, [NEW], [CACHED], ["gone"], [protocol.TokenMask("r1", b"\x05\x00\x00\x00")], ["enc/a/r/k"], masks_follow=True
+    ),
+    protocol.StepMasks: protocol.StepMasks(8, [protocol.TokenMask("r0", b"\x01\x00\x00\x00")], error="grammar failed"),
     protocol.TokenMask: protocol.TokenMask("r0", b"\xff\xff\xff\x7f"),
     protocol.LLMReady: protocol.LLMReady(1, "cuda:1", 4096, 16, 8192),
     protocol.TopLogprob: TOP,
