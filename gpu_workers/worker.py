@@ -28,7 +28,7 @@ from collections.abc import Iterator
 from multiprocessing.connection import Connection
 from typing import Any
 
-from gpu_workers.distributed import GroupMember, destroy_group, init_group
+from gpu_workers.distributed import GroupMember, Rendezvous, destroy_group, init_group
 from omni.shared import protocol
 from omni.shared.log_format import setup_logging
 
@@ -36,7 +36,7 @@ log = logging.getLogger("omni.worker")
 
 
 def worker_main(
-    conn: Connection, spec_bytes: bytes, rank: int = 0, init_method: str | None = None
+    conn: Connection, spec_bytes: bytes, rank: int = 0, init_method: Rendezvous | str | None = None
 ) -> None:
     """Process entry point. Returns when told to shut down or when the server goes away."""
     # The server handles Ctrl-C and SIGTERM and shuts workers down in order, after in-flight
