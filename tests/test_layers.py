@@ -585,7 +585,6 @@ UNMIRRORED: dict[str, str] = {
     "gpu_workers/preprocess/audio.py": "tests/gpu_workers/models/test_qwen2_audio_encoder.py",
     "gpu_workers/preprocess/image.py": "tests/gpu_workers/models/test_qwen2_5_vl_vision.py",
     "gpu_workers/runner.py": "the runner registry; tests/gpu_workers/runners/ and this file's worker check",
-    "gpu_workers/worker.py": "tests/omni/engines/test_worker_process.py",
 }
 
 

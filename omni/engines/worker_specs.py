@@ -25,6 +25,7 @@ def llm_worker_spec(config: ModelConfig, worker_id: int, device: str) -> protoco
         num_kv_blocks=llm.num_kv_blocks,
         kv_cache_memory_bytes=llm.kv_cache_memory_bytes,
         gpu_memory_utilization=llm.gpu_memory_utilization,
+        profile_tokens=llm.max_num_batched_tokens,
         max_model_len=llm.max_model_len,
         attention_backend=llm.attention_backend,
         store=store_settings(config.store) if config.encoder_dir is not None else None,

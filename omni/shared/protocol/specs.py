@@ -61,6 +61,11 @@ class LLMWorkerSpec(WorkerSpec):
     num_kv_blocks: int | None = None
     kv_cache_memory_bytes: int | None = None
     gpu_memory_utilization: float | None = None  # on GPU, when neither size above is given
+    # On a GPU, before sizing the KV cache: the largest step's tokens, run once to measure its
+    # activations, and how many LLM workers of this device (this one included) are still to
+    # size theirs: each takes an equal share of what the device has left (gpu_workers/memory.py).
+    profile_tokens: int = 0
+    memory_shares: int = 1
     max_model_len: int | None = None
     attention_backend: str = "auto"
     # Where injected embeddings are read from; None for a text-only LLM, which opens none.
