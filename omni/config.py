@@ -25,6 +25,16 @@ class WorkerConfig:
         unset="auto",  # float32 on CPU, else bfloat16
         choices=("auto", "float32", "bfloat16", "float16", "half", "float"),
     )
+    # Per component, over --dtype: "vocoder=float32,vae=bfloat16" (omni/engines/worker_specs.py
+    # component_dtype says what each takes when not named here)
+    component_dtype: tuple[str, ...] = setting(
+        (),
+        type="devices",
+        help="dtype of one component, over --dtype: NAME=DTYPE, comma-separated; NAME is llm, encoder, "
+        "vision_decoder, vae or vocoder (default: float32 on CPU and for the vocoder, --dtype otherwise)",
+    )
+    # --dtype as given: None for auto (float32 on CPU, bfloat16 on a GPU, per component)
+    requested_dtype: str | None = None
     # torch threads of each CPU worker (None: torch's default; on CPU the CLI shares the cores)
     num_threads: int | None = setting(None, help="torch threads per CPU worker")
     seed: int | None = setting(

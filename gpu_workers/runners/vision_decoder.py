@@ -57,7 +57,9 @@ class VisionDecoderRunner(Runner):
         device = torch.device(spec.device_of(group.rank))
         if device.type == "cuda":
             torch.cuda.set_device(device)  # NCCL's collectives run on the current device
-        decoder = VisionDecoder.from_dir(Path(spec.model_dir), device=device, dtype=getattr(torch, spec.dtype))
+        decoder = VisionDecoder.from_dir(
+            Path(spec.model_dir), device=device, dtype=getattr(torch, spec.dtype), vae_dtype=getattr(torch, spec.vae_dtype)
+        )
         return cls(decoder, group)
 
     def ready_message(self, spec: protocol.VisionDecoderWorkerSpec) -> protocol.VisionDecoderReady:

@@ -96,6 +96,7 @@ class VisionDecoderWorkerSpec(WorkerSpec):
     LABEL: ClassVar[str] = "vision decoder"
 
     model_dir: str  # the checkpoint's vision_decoder/ directory
+    vae_dtype: str = "float32"  # the VAE's own (rank 0's); `dtype` is the DiT's
     # The device of each rank (rank_devices[0] == device); empty: every rank on `device`.
     rank_devices: list[str] = field(default_factory=list)
 
