@@ -192,6 +192,11 @@ class VisionDecoderConfig:
     )
     diffusion_steps: int = setting(25, help="denoising steps per image unless a request asks (default 25)")
     max_batch_images: int = setting(8, help="images drawn together in one batch (default 8)")
+    # A batch's DiT tokens (16 pixels square each, Flux's 8x VAE and 2x2 patches), whatever
+    # its image count: 8 images of 1024x1024, or 2 of 2048x2048 (review A7)
+    max_batch_tokens: int = setting(
+        32768, type="positive_int", help="DiT tokens (one per 16x16 pixels) of one image batch (default 32768)"
+    )
     max_queued_images: int | None = setting(  # None: 4 batches
         None, help="images that may wait for the decoder; beyond it a 429 (default: 4 batches)"
     )
