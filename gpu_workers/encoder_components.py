@@ -97,6 +97,11 @@ class Component(ABC):
     def cost(self, prepared: Any) -> int:
         return 1
 
+    def largest_forward(self) -> list[Any] | None:
+        """Prepared items that cost max_forward_cost together (the profile run's), or None
+        for a component whose forwards are small whatever the batch."""
+        return None
+
 
 def forward_groups(component: Component, prepared: list[Any]) -> list[list[int]]:
     """The indices of prepared items, in order, cut into runs of at most max_forward_cost."""
@@ -150,6 +155,13 @@ class VisionEncoderComponent(Component):
     def cost(self, prepared: tuple[np.ndarray, list[tuple[int, int, int]]]) -> int:
         return int(prepared[0].shape[0])
 
+    def largest_forward(self) -> list[Any]:
+        """One still image of max_forward_cost patches: a square grid, sides a multiple of the merge."""
+        c = self.config
+        merge = c.spatial_merge_size
+        side = max(merge, int(self.max_forward_cost**0.5) // merge * merge)
+        return [(np.zeros((side * side, c.patch_dim), dtype=np.float32), [(1, side, side)])]
+
     def prepare(self, kind: str, media: Any) -> tuple[np.ndarray, list[tuple[int, int, int]]]:
         """-> (patches (N, patch_dim), grid items); an image is one grid item, a video one per chunk."""
         p = self.processor.config
@@ -197,6 +209,9 @@ class AudioComponent(Component):
 
     def cost(self, prepared: np.ndarray) -> int:
         return len(prepared)
+
+    def largest_forward(self) -> list[Any]:
+        return [np.zeros(self.max_forward_cost, dtype=np.float32)]
 
     def prepare(self, kind: str, media: Any) -> np.ndarray:
         if len(media) == 0:

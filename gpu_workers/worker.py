@@ -131,6 +131,8 @@ def _build_runner(spec: protocol.WorkerSpec, member: GroupMember) -> Any:
     bind_device(spec, member.rank)
     member = init_group(member, spec.device)  # with its hand-off group
     runner = runner_class(type(spec)).from_spec(spec, member)
+    if worker_device(spec, member.rank).startswith("cuda"):
+        runner.profile()  # on the CPU nothing shares a budget: tests call it themselves
     if spec.seed is not None:
         # After loading, whose module initialisation draws from the generator: sampling
         # then starts from the seed itself, whatever the model.

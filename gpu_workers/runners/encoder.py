@@ -82,6 +82,13 @@ class EncoderRunner(Runner):
     def run(self, job: protocol.EncodeBatch) -> protocol.EncodeResult:
         return self.encode(job)
 
+    def profile(self) -> None:
+        for component in self.components.values():
+            inputs = component.largest_forward()
+            if inputs is not None:
+                with torch.inference_mode():
+                    component.forward(inputs)
+
     def close(self) -> None:
         self._decoders.shutdown(wait=False)
         self.store.close()

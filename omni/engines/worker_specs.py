@@ -110,6 +110,8 @@ def vision_decoder_worker_spec(config: ModelConfig) -> protocol.VisionDecoderWor
         device=devices[0],
         dtype=component_dtype(config.worker, "vision_decoder", devices[0]),
         vae_dtype=component_dtype(config.worker, "vae", devices[0]),
+        max_batch_images=config.vision_decoder.max_batch_images,
+        max_batch_tokens=config.vision_decoder.max_batch_tokens,
         num_threads=config.worker.num_threads,
         seed=config.worker.seed,
         world_size=len(devices),

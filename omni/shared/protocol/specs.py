@@ -97,6 +97,9 @@ class VisionDecoderWorkerSpec(WorkerSpec):
 
     model_dir: str  # the checkpoint's vision_decoder/ directory
     vae_dtype: str = "float32"  # the VAE's own (rank 0's); `dtype` is the DiT's
+    # The largest batch the engine sends (its profile run on a GPU draws one)
+    max_batch_images: int = 8
+    max_batch_tokens: int = 32768
     # The device of each rank (rank_devices[0] == device); empty: every rank on `device`.
     rank_devices: list[str] = field(default_factory=list)
 

@@ -247,6 +247,24 @@ def test_a_forward_is_bounded_by_its_patches(env: Env, media: Media, mixed: prot
             assert {r.item_id: r.num_rows for r in result.items}[it.item_id] == by_id[it.item_id].num_rows
 
 
+def test_the_profile_run_is_each_components_largest_forward(env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Review A7: on a GPU the worker runs each bounded component's largest forward once before
+    it says ready (here with small bounds, on the CPU): max_forward_cost patches in a square
+    grid of merged rows, max_forward_cost audio samples."""
+    costs: list[tuple[str, int]] = []
+    for name, component in env.runner.components.items():
+        original = component.forward
+        monkeypatch.setattr(component, "max_forward_cost", 64 if name == VISION else 16000)
+
+        def counting(prepared: list[Any], c: Any = component, original: Any = original) -> list[torch.Tensor]:
+            costs.append((c.name, sum(c.cost(p) for p in prepared)))
+            return cast(list[torch.Tensor], original(prepared))
+
+        monkeypatch.setattr(component, "forward", counting)
+    env.runner.profile()
+    assert costs == [(VISION, 64), (AUDIO, 16000), (AUDIO_TOK, 16000)]
+
+
 # ---- d. video chunks ------------------------------------------------------------------------
 
 
