@@ -201,8 +201,8 @@ class LLMRunner(Runner):
         )
         try:  # the cache is allocated already: the peak above it is the step's own
             return profile_peak(memory, lambda: self.execute(protocol.Step(0, [request], [], [])))
-        finally:
-            self.requests.clear()
+        finally:  # finished as the scheduler finishes a request, so every per-request state goes
+            self.execute(protocol.Step(1, [], [], [request.request_id]))
             del self.kv_cache, self.kv_caches
 
     @classmethod
