@@ -90,6 +90,32 @@ class Component(ABC):
     def forward(self, prepared: list[Any]) -> list[torch.Tensor]:
         """One output per item: (rows, hidden) embeddings, or (n,) int64 codes."""
 
+    # One forward takes items up to this much cost (an item above it goes alone), so that a
+    # batch's activations are bounded by its tokens or samples, not its item count (review A7).
+    max_forward_cost: ClassVar[int] = 1 << 62
+
+    def cost(self, prepared: Any) -> int:
+        return 1
+
+    def largest_forward(self) -> list[Any] | None:
+        """Prepared items that cost max_forward_cost together (the profile run's), or None
+        for a component whose forwards are small whatever the batch."""
+        return None
+
+
+def forward_groups(component: Component, prepared: list[Any]) -> list[list[int]]:
+    """The indices of prepared items, in order, cut into runs of at most max_forward_cost."""
+    groups: list[list[int]] = []
+    total = 0
+    for i, item in enumerate(prepared):
+        cost = component.cost(item)
+        if not groups or total + cost > component.max_forward_cost:
+            groups.append([])
+            total = 0
+        groups[-1].append(i)
+        total += cost
+    return groups
+
 
 class VisionEncoderComponent(Component):
     name = "vision_encoder"
@@ -121,6 +147,20 @@ class VisionEncoderComponent(Component):
         self.model = Qwen2_5_VisionEncoder(c)
         self.model.load_hf_state_dict(files.tensors())
         self.model.to(device=device, dtype=dtype).eval()
+
+    # ViT patches (14x14 pixels each, before the 2x2 merge) of one forward: 64 images of
+    # 1 Mpx, or 12 Mpx in all, where 32 images of 2 Mpx would be 340k
+    max_forward_cost = 65536
+
+    def cost(self, prepared: tuple[np.ndarray, list[tuple[int, int, int]]]) -> int:
+        return int(prepared[0].shape[0])
+
+    def largest_forward(self) -> list[Any]:
+        """One still image of max_forward_cost patches: a square grid, sides a multiple of the merge."""
+        c = self.config
+        merge = c.spatial_merge_size
+        side = max(merge, int(self.max_forward_cost**0.5) // merge * merge)
+        return [(np.zeros((side * side, c.patch_dim), dtype=np.float32), [(1, side, side)])]
 
     def prepare(self, kind: str, media: Any) -> tuple[np.ndarray, list[tuple[int, int, int]]]:
         """-> (patches (N, patch_dim), grid items); an image is one grid item, a video one per chunk."""
@@ -165,6 +205,13 @@ class AudioComponent(Component):
     """A component that reads 16 kHz mono waveforms."""
 
     kinds = frozenset({"audio"})
+    max_forward_cost = 16000 * 600  # 16 kHz samples: ten minutes of audio in one forward
+
+    def cost(self, prepared: np.ndarray) -> int:
+        return len(prepared)
+
+    def largest_forward(self) -> list[Any]:
+        return [np.zeros(self.max_forward_cost, dtype=np.float32)]
 
     def prepare(self, kind: str, media: Any) -> np.ndarray:
         if len(media) == 0:

@@ -57,6 +57,11 @@ class Runner(ABC):
         """Ranks > 0 of a group: take part in rank 0's jobs until the group ends."""
         raise NotImplementedError(f"{type(self).__name__} does not run as a process group")
 
+    def profile(self) -> None:
+        """Run the largest job this worker may be given, once, before it says ready: on a GPU
+        the caching allocator then holds that peak for it, and the LLM workers that size their
+        KV caches after it see it as used (gpu_workers/memory.py, review A7). Default: nothing."""
+
     def close(self) -> None:
         """Release what the runner holds (threads, store connections) before the process exits."""
 

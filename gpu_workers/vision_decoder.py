@@ -300,6 +300,7 @@ class VisionDecoder:
         dtype: torch.dtype = torch.float32,
         group: dist.ProcessGroup | None = None,
         cfg_batched: bool = True,
+        vae_dtype: torch.dtype | None = None,  # default: the DiT's
     ) -> VisionDecoder:
         """Load either layout of the module docstring (the published one when the folder has a
         model_index.json). The VAE is loaded on rank 0 of the group only. cfg_batched=False
@@ -314,7 +315,8 @@ class VisionDecoder:
             guidance.batched = cfg_batched
         vae_config = FluxVAEConfig.from_diffusers(read_json(path / "vae" / "config.json"))
         leader = not dist.is_initialized() or dist.get_rank(group) == 0
-        vae = FluxVAEDecoder.from_dir(path / "vae", device=device, dtype=dtype) if leader else None
+        vae_dtype = dtype if vae_dtype is None else vae_dtype
+        vae = FluxVAEDecoder.from_dir(path / "vae", device=device, dtype=vae_dtype) if leader else None
         return cls(config, folder.codebook, transformer, guidance, folder.schedule, vae_config, vae, group)
 
     @property

@@ -24,11 +24,11 @@ import os
 import signal
 import threading
 import traceback
-from collections.abc import Iterator
+from collections.abc import Iterator, MutableMapping
 from multiprocessing.connection import Connection
 from typing import Any
 
-from gpu_workers.distributed import GroupMember, destroy_group, init_group
+from gpu_workers.distributed import GroupMember, Rendezvous, destroy_group, init_group
 from omni.shared import protocol
 from omni.shared.log_format import setup_logging
 
@@ -36,7 +36,7 @@ log = logging.getLogger("omni.worker")
 
 
 def worker_main(
-    conn: Connection, spec_bytes: bytes, rank: int = 0, init_method: str | None = None
+    conn: Connection, spec_bytes: bytes, rank: int = 0, init_method: Rendezvous | str | None = None
 ) -> None:
     """Process entry point. Returns when told to shut down or when the server goes away."""
     # The server handles Ctrl-C and SIGTERM and shuts workers down in order, after in-flight
@@ -52,6 +52,7 @@ def worker_main(
         raise TypeError(f"a worker is started with a spec, got {type(spec).__name__}")
     member = GroupMember(rank, spec.world_size, init_method)
     _name_process(process_name(spec, rank))
+    prepare_environment(spec, os.environ)
     try:
         runner = _build_runner(spec, member)
     except Exception as exc:  # start-up failure: tell the server why, then exit
@@ -87,15 +88,51 @@ def _name_process(name: str) -> None:
         pass
 
 
+# torch threads of a GPU worker unless --num-threads says: its CPU work is launching kernels
+# and small host tensors, and a pool the size of the machine in each of ~10 processes only
+# crowds out the server's event loop (review C10; vLLM runs its GPU workers with one).
+GPU_WORKER_THREADS = 4
+
+
+def prepare_environment(spec: protocol.WorkerSpec, environ: MutableMapping[str, str]) -> None:
+    """Before torch is imported: on a GPU, the caching allocator grows its segments in place
+    rather than fragmenting into fixed ones, so the peaks of colocated workers fit (review A7),
+    unless the user set PYTORCH_CUDA_ALLOC_CONF; and the OpenMP pool is bounded (C10)."""
+    if not spec.device.startswith("cuda"):
+        return
+    environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+    environ.setdefault("OMP_NUM_THREADS", str(spec.num_threads or GPU_WORKER_THREADS))
+
+
+def worker_device(spec: protocol.WorkerSpec, rank: int) -> str:
+    """This rank's device (a group's ranks may each have their own)."""
+    device_of = getattr(spec, "device_of", None)
+    return str(device_of(rank)) if device_of is not None else spec.device
+
+
+def bind_device(spec: protocol.WorkerSpec, rank: int) -> None:
+    """A GPU worker makes its device the current one first thing, so that whatever uses the
+    current device (a kernel library, a synchronize, NCCL) uses its GPU, not GPU 0 (review D1)."""
+    import torch  # noqa: PLC0415
+
+    device = worker_device(spec, rank)
+    if device.startswith("cuda"):
+        torch.cuda.set_device(torch.device(device))
+        torch.set_num_threads(spec.num_threads or GPU_WORKER_THREADS)
+    elif spec.num_threads:
+        torch.set_num_threads(spec.num_threads)
+
+
 def _build_runner(spec: protocol.WorkerSpec, member: GroupMember) -> Any:
     import torch  # noqa: PLC0415 - only the child process may import torch
 
     from gpu_workers.runner import runner_class  # noqa: PLC0415
 
-    if spec.num_threads:
-        torch.set_num_threads(spec.num_threads)
+    bind_device(spec, member.rank)
     member = init_group(member, spec.device)  # with its hand-off group
     runner = runner_class(type(spec)).from_spec(spec, member)
+    if worker_device(spec, member.rank).startswith("cuda"):
+        runner.profile()  # on the CPU nothing shares a budget: tests call it themselves
     if spec.seed is not None:
         # After loading, whose module initialisation draws from the generator: sampling
         # then starts from the seed itself, whatever the model.

@@ -25,6 +25,16 @@ class WorkerConfig:
         unset="auto",  # float32 on CPU, else bfloat16
         choices=("auto", "float32", "bfloat16", "float16", "half", "float"),
     )
+    # Per component, over --dtype: "vocoder=float32,vae=bfloat16" (omni/engines/worker_specs.py
+    # component_dtype says what each takes when not named here)
+    component_dtype: tuple[str, ...] = setting(
+        (),
+        type="devices",
+        help="dtype of one component, over --dtype: NAME=DTYPE, comma-separated; NAME is llm, encoder, "
+        "vision_decoder, vae or vocoder (default: float32 on CPU and for the vocoder, --dtype otherwise)",
+    )
+    # --dtype as given: None for auto (float32 on CPU, bfloat16 on a GPU, per component)
+    requested_dtype: str | None = None
     # torch threads of each CPU worker (None: torch's default; on CPU the CLI shares the cores)
     num_threads: int | None = setting(None, help="torch threads per CPU worker")
     seed: int | None = setting(
@@ -184,6 +194,11 @@ class VisionDecoderConfig:
     )
     diffusion_steps: int = setting(25, help="denoising steps per image unless a request asks (default 25)")
     max_batch_images: int = setting(8, help="images drawn together in one batch (default 8)")
+    # A batch's DiT tokens (16 pixels square each, Flux's 8x VAE and 2x2 patches), whatever
+    # its image count: 8 images of 1024x1024, or 2 of 2048x2048 (review A7)
+    max_batch_tokens: int = setting(
+        32768, type="positive_int", help="DiT tokens (one per 16x16 pixels) of one image batch (default 32768)"
+    )
     max_queued_images: int | None = setting(  # None: 4 batches
         None, help="images that may wait for the decoder; beyond it a 429 (default: 4 batches)"
     )

@@ -579,14 +579,12 @@ UNMIRRORED: dict[str, str] = {
     "gpu_workers/attention/flash_attn_backend.py": "tests/gpu_workers/attention/test_backends.py, given flash-attn",
     "gpu_workers/attention/registry.py": "tests/gpu_workers/attention/test_backends.py",
     "gpu_workers/attention/torch_sdpa.py": "tests/gpu_workers/attention/test_backends.py",
-    "gpu_workers/distributed.py": "tests/gpu_workers/attention/test_ulysses.py and runners/test_vision_decoder.py",
     "gpu_workers/encoder_components.py": "tests/gpu_workers/runners/test_encoder.py",
     "gpu_workers/models/hf_weights.py": "every model's loader; tests/gpu_workers/test_loader.py",
     "gpu_workers/models/siglip_vision.py": "tests/gpu_workers/models/test_ta_tok.py",
     "gpu_workers/preprocess/audio.py": "tests/gpu_workers/models/test_qwen2_audio_encoder.py",
     "gpu_workers/preprocess/image.py": "tests/gpu_workers/models/test_qwen2_5_vl_vision.py",
     "gpu_workers/runner.py": "the runner registry; tests/gpu_workers/runners/ and this file's worker check",
-    "gpu_workers/worker.py": "tests/omni/engines/test_worker_process.py",
 }
 
 

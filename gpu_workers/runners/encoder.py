@@ -4,7 +4,8 @@ A batch (protocol.EncodeBatch) holds items from many requests. The runner decode
 bytes once (omni/shared/media: Pillow, PyAV), preprocesses it per component, then runs ONE forward
 per component over all of that component's items: the vision tower packs every image and
 video of the batch into one variable-length sequence, the audio encoder stacks every 30 s
-window. Outputs go to the artifact store under the keys the server chose (write, then
+window (cut into several forwards where the items' patches or samples exceed the component's
+max_forward_cost, which bounds a forward's memory). Outputs go to the artifact store under the keys the server chose (write, then
 publish); only row counts and discrete codes travel back over the pipe.
 
 Components (gpu_workers/encoder_components.py) each have a directory under the model root, or
@@ -24,7 +25,7 @@ import torch
 from gpu_workers.artifacts import embeddings_to_bytes
 from gpu_workers.component_files import ComponentFiles
 from gpu_workers.distributed import GroupMember
-from gpu_workers.encoder_components import COMPONENTS, Component
+from gpu_workers.encoder_components import COMPONENTS, Component, forward_groups
 from gpu_workers.runner import Runner, register_runner
 from gpu_workers.store_client import StoreClient
 from omni.shared import protocol
@@ -81,6 +82,13 @@ class EncoderRunner(Runner):
     def run(self, job: protocol.EncodeBatch) -> protocol.EncodeResult:
         return self.encode(job)
 
+    def profile(self) -> None:
+        for component in self.components.values():
+            inputs = component.largest_forward()
+            if inputs is not None:
+                with torch.inference_mode():
+                    component.forward(inputs)
+
     def close(self) -> None:
         self._decoders.shutdown(wait=False)
         self.store.close()
@@ -99,14 +107,15 @@ class EncoderRunner(Runner):
                     prepared.append((item, component.prepare(item.kind, decoded[item.item_id])))
                 except ValueError as e:
                     results[item.item_id] = _client_error(item, f"cannot use the {item.kind} in {item.param}: {e}")
-            if not prepared:
-                continue
-            with torch.inference_mode():
-                outputs = component.forward([p for _, p in prepared])
-            forwards.append(protocol.ForwardTiming(name, len(prepared), time.perf_counter() - started))
-            for (item, _), out in zip(prepared, outputs):
-                results[item.item_id], data = self._serialize(component, item, out)
-                publish.append((item, data))
+            for group in forward_groups(component, [p for _, p in prepared]):
+                part = [prepared[i] for i in group]
+                with torch.inference_mode():
+                    outputs = component.forward([p for _, p in part])
+                forwards.append(protocol.ForwardTiming(name, len(part), time.perf_counter() - started))
+                started = time.perf_counter()
+                for (item, _), out in zip(part, outputs):
+                    results[item.item_id], data = self._serialize(component, item, out)
+                    publish.append((item, data))
         put_started = time.perf_counter()
         failures = self._publish(publish, results)
         put_seconds = time.perf_counter() - put_started if publish else 0.0

@@ -28,6 +28,7 @@ from gpu_workers.attention.backend import HeadShape, KVCache, SequenceChunk
 from gpu_workers.attention.registry import create_attention_backend
 from gpu_workers.distributed import GroupMember
 from gpu_workers.loader import load_model, read_model_config
+from gpu_workers.memory import MemoryReader, kv_cache_budget, profile_peak, reader_for
 from gpu_workers.models.llama import LlamaFamilyConfig
 from gpu_workers.models.packed_linear import pack_linears
 from gpu_workers.runner import Runner, register_runner
@@ -57,41 +58,11 @@ def kv_bytes_per_block(model: LlamaFamilyConfig, block_size: int, dtype: torch.d
     return 2 * model.num_layers * block_size * model.num_kv_heads * model.head_dim * elem
 
 
-# Fraction of the GPU memory still free after loading the weights that the KV cache takes by
-# default (activations and the allocator need the rest), and the CPU default.
-GPU_KV_CACHE_FRACTION = 0.85
+# The KV cache on the CPU when no size is given. On a GPU it is what the worker's share of the
+# device leaves once its largest batch has run (gpu_workers/memory.py).
 CPU_KV_CACHE_BYTES = 2 * 1024**3
 
 
-# With --gpu-memory-utilization, the share of the device kept out of the KV cache for
-# activations (logits, attention workspace) and the allocator's fragmentation.
-GPU_ACTIVATION_RESERVE = 0.05
-
-
-def default_kv_cache_bytes(device: torch.device, gpu_memory_utilization: float | None = None) -> int:
-    if device.type == "cuda":
-        free, total = torch.cuda.mem_get_info(device)
-        if gpu_memory_utilization is None:
-            return int(free * GPU_KV_CACHE_FRACTION)
-        return kv_bytes_for_utilization(free, total, gpu_memory_utilization)
-    return CPU_KV_CACHE_BYTES
-
-
-def kv_bytes_for_utilization(free: int, total: int, utilization: float) -> int:
-    """vLLM's rule: this worker may use `utilization` of the device. What is already taken
-    (its weights, and anything else holding the device: an encoder sharing it, another
-    process) counts against that share; the KV cache gets the rest, less a reserve for
-    activations. Raises when nothing is left, naming the numbers."""
-    used = total - free
-    budget = int(total * utilization) - used - int(total * GPU_ACTIVATION_RESERVE)
-    if budget <= 0:
-        gib = 1024**3
-        raise ValueError(
-            f"--gpu-memory-utilization {utilization}: {utilization * total / gib:.1f} GiB of this "
-            f"device's {total / gib:.1f} GiB, but {used / gib:.1f} GiB are in use already (weights "
-            "and other processes): no room for a KV cache; raise it or free the device"
-        )
-    return budget
 
 
 @dataclass(slots=True)
@@ -192,6 +163,9 @@ class LLMRunner(Runner):
         pack_cpu_weights: bool = True,  # oneDNN-packed linears on CPU (models/packed_linear.py)
         read_artifact: ArtifactReader | None = None,  # needed only for requests with media
         embedding_cache_bytes: int = DEFAULT_EMBEDDING_CACHE_BYTES,
+        profile_tokens: int = 0,  # the largest step's tokens, run once before sizing the KV cache
+        memory_shares: int = 1,  # LLM workers of this device still to size theirs, this one included
+        memory: MemoryReader | None = None,  # default: CUDA's counters on a GPU, none on the CPU
     ) -> None:
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
@@ -215,22 +189,6 @@ class LLMRunner(Runner):
                 f"max_model_len {self.max_model_len} exceeds the model's max_position_embeddings "
                 f"{mc.max_position_embeddings}"
             )
-        if num_kv_blocks is None:
-            if kv_cache_memory_bytes is None:
-                kv_cache_memory_bytes = default_kv_cache_bytes(self.device, gpu_memory_utilization)
-            num_kv_blocks = kv_cache_memory_bytes // kv_bytes_per_block(mc, block_size, dtype)
-        if num_kv_blocks < 1:
-            raise ValueError(f"the KV cache must hold at least one block, got {num_kv_blocks}")
-        self.num_kv_blocks = num_kv_blocks
-        # (layers, K|V, blocks, block_size, kv_heads, head_dim). Zeros, not empty: padded
-        # decode gathers read unused slots, and masked-out NaN garbage would still poison
-        # softmax(scores) @ V.
-        self.kv_cache = torch.zeros(
-            mc.num_layers, 2, num_kv_blocks, block_size, mc.num_kv_heads, mc.head_dim,
-            dtype=dtype, device=self.device,
-        )  # fmt: skip
-        self.kv_caches: list[KVCache] = [(layer[0], layer[1]) for layer in self.kv_cache]
-        self.attention_backend.check_cache(self.kv_caches[0], heads)
         self.sampler = Sampler()
         self.requests: dict[str, RequestState] = {}
         self.read_artifact = read_artifact
@@ -240,6 +198,51 @@ class LLMRunner(Runner):
         # Reads under way, by key: started when a request is placed, collected by its step.
         self._fetches: dict[str, concurrent.futures.Future[bytes]] = {}
         self._staging = HostStaging(self.device)  # ids, positions and sample rows: one copy a step
+        memory = memory or reader_for(self.device)
+        activations = 0
+        if num_kv_blocks is None and kv_cache_memory_bytes is None and memory is not None:
+            activations = self._profile(memory, min(profile_tokens, self.max_model_len)) if profile_tokens else 0
+            memory.release()  # the profile's scratch cache and peak: counted below, held again after
+            budget = kv_cache_budget(memory, activations, gpu_memory_utilization, memory_shares)
+            log.info("KV cache: %s", budget.describe())
+            kv_cache_memory_bytes = budget.kv_bytes
+        if num_kv_blocks is None:
+            if kv_cache_memory_bytes is None:
+                kv_cache_memory_bytes = CPU_KV_CACHE_BYTES
+            num_kv_blocks = kv_cache_memory_bytes // kv_bytes_per_block(mc, block_size, dtype)
+        if num_kv_blocks < 1:
+            raise ValueError(f"the KV cache must hold at least one block, got {num_kv_blocks}")
+        self._allocate_kv_cache(num_kv_blocks)
+        self.attention_backend.check_cache(self.kv_caches[0], heads)
+        if memory is not None:
+            memory.hold(activations)
+
+    def _allocate_kv_cache(self, num_kv_blocks: int) -> None:
+        mc = self.model.config
+        self.num_kv_blocks = num_kv_blocks
+        # (layers, K|V, blocks, block_size, kv_heads, head_dim). Zeros, not empty: padded
+        # decode gathers read unused slots, and masked-out NaN garbage would still poison
+        # softmax(scores) @ V.
+        self.kv_cache = torch.zeros(
+            mc.num_layers, 2, num_kv_blocks, self.block_size, mc.num_kv_heads, mc.head_dim,
+            dtype=self.dtype, device=self.device,
+        )  # fmt: skip
+        self.kv_caches: list[KVCache] = [(layer[0], layer[1]) for layer in self.kv_cache]
+
+    def _profile(self, memory: MemoryReader, num_tokens: int) -> int:
+        """The activation peak of the largest step (one prefill of num_tokens) over a KV cache
+        just large enough for it, which is freed again; the allocator keeps the peak reserved
+        for the steps to come (review A7)."""
+        num_blocks = -(-num_tokens // self.block_size)
+        self._allocate_kv_cache(num_blocks)
+        request = protocol.NewRequest(
+            "profile", [0] * num_tokens, protocol.SamplingOptions(temperature=0.0), list(range(num_blocks)), 0, num_tokens
+        )
+        try:  # the cache is allocated already: the peak above it is the step's own
+            return profile_peak(memory, lambda: self.execute(protocol.Step(0, [request], [], [])))
+        finally:  # finished as the scheduler finishes a request, so every per-request state goes
+            self.execute(protocol.Step(1, [], [], [request.request_id]))
+            del self.kv_cache, self.kv_caches
 
     @classmethod
     def from_spec(cls, spec: protocol.LLMWorkerSpec, group: GroupMember) -> LLMRunner:
@@ -256,6 +259,8 @@ class LLMRunner(Runner):
             attention_backend=spec.attention_backend,
             read_artifact=store.get if store is not None else None,
             embedding_cache_bytes=spec.embedding_cache_bytes,
+            profile_tokens=spec.profile_tokens,
+            memory_shares=spec.memory_shares,
         )
         # before the worker reports ready: the paged CPU kernel compiles here, not in a request
         mc = runner.model_config

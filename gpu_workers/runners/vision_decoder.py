@@ -48,17 +48,33 @@ class VisionDecoderRunner(Runner):
     SPEC = protocol.VisionDecoderWorkerSpec
     JOB = protocol.DecodeImages
 
-    def __init__(self, decoder: VisionDecoder, member: GroupMember) -> None:
+    def __init__(self, decoder: VisionDecoder, member: GroupMember, max_batch: tuple[int, int] = (8, 32768)) -> None:
         self.decoder = decoder
         self.member = member
+        self.max_batch_images, self.max_batch_tokens = max_batch
 
     @classmethod
     def from_spec(cls, spec: protocol.VisionDecoderWorkerSpec, group: GroupMember) -> VisionDecoderRunner:
         device = torch.device(spec.device_of(group.rank))
         if device.type == "cuda":
             torch.cuda.set_device(device)  # NCCL's collectives run on the current device
-        decoder = VisionDecoder.from_dir(Path(spec.model_dir), device=device, dtype=getattr(torch, spec.dtype))
-        return cls(decoder, group)
+        decoder = VisionDecoder.from_dir(
+            Path(spec.model_dir), device=device, dtype=getattr(torch, spec.dtype), vae_dtype=getattr(torch, spec.vae_dtype)
+        )
+        return cls(decoder, group, (spec.max_batch_images, spec.max_batch_tokens))
+
+    def largest_batch(self) -> list[protocol.ImageJob]:
+        """The engine's largest batch: its largest size, as many as its bounds allow, one step."""
+        width, height = max(RATIO_SIZES.values(), key=lambda wh: wh[0] * wh[1])
+        tokens = (width // 16) * (height // 16)  # the engine's count (omni/engines/vision_decoder.py)
+        count = min(self.max_batch_images, max(1, self.max_batch_tokens // tokens))
+        codes = [0] * self.decoder.config.num_codes_per_image
+        return [protocol.ImageJob(i, codes, width, height, 1, i) for i in range(count)]
+
+    def profile(self) -> None:
+        if self.member.world_size > 1:
+            return  # a group's ranks would have to draw it together; their peak is the DiT's shard
+        self.decoder.decode(self.largest_batch())
 
     def ready_message(self, spec: protocol.VisionDecoderWorkerSpec) -> protocol.VisionDecoderReady:
         config = self.decoder.config

@@ -34,6 +34,7 @@ from omni.config import (
     VisionDecoderConfig,
     WorkerConfig,
 )
+from omni.engines.worker_specs import DTYPE_COMPONENTS
 from omni.model_layout import ModelLayout
 from omni.shared.media.limits import MediaLimits
 from omni.shared.settings import setting
@@ -229,6 +230,7 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
             audio = replace(audio, device=device_flags.normalise(audio.device, "--audio-decoder-device"))
     except device_flags.DeviceError as exc:
         raise _fail(str(exc)) from None
+    encoder = _auxiliary_gpu(encoder, llm)
     if images.diffusion_steps < 1 or images.max_batch_images < 1:
         raise _fail("--diffusion-steps and --max-batch-images must be at least 1")
     worker: WorkerConfig = read_section(WorkerConfig, args)
@@ -236,6 +238,8 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
     worker = replace(
         worker,
         dtype=("float32" if on_cpu else "bfloat16") if dtype == "auto" else dtype,
+        requested_dtype=None if dtype == "auto" else dtype,
+        component_dtype=_component_dtypes(worker.component_dtype),
         num_threads=_num_threads(worker.num_threads, launch, llm, encoder, images, audio, layouts),
     )
     limits = _media_limits(read_section(MediaLimits, args))
@@ -299,6 +303,18 @@ def _llm_devices(llm: LLMConfig, device: str) -> LLMConfig:
         raise _fail(str(exc)) from None
 
 
+def _auxiliary_gpu(encoder: EncoderConfig, llm: LLMConfig) -> EncoderConfig:
+    """With the LLM on GPUs and a GPU none of its workers use, the encoder (and the decoders,
+    which follow it) get that GPU by default: their long kernels then neither stall an LLM
+    worker's decode steps nor shrink its KV cache (review A7, C10). Otherwise they share the
+    first LLM worker's, as on a one-GPU node."""
+    if encoder.device is not None or "cpu" in llm.worker_devices:
+        return encoder
+    taken = set(llm.worker_devices)
+    free = [f"cuda:{i}" for i in range(device_flags.visible_gpus()) if f"cuda:{i}" not in taken]
+    return replace(encoder, device=free[0]) if free else encoder
+
+
 def check_devices_present(config: ServerConfig, gpus: int | None = None) -> None:
     """Before any worker starts: every GPU a device flag names is one this machine shows
     (gpus: how many; counted from the driver when None). A config is built, and tested,
@@ -344,6 +360,21 @@ def _num_threads(
     if not launch.no_audio_output and (audio.device or encoder.device or llm.device) == "cpu":
         num_cpu_workers += sum(1 for layout in layouts if layout.audio_decoder is not None)
     return max(1, (os.cpu_count() or 1) // num_cpu_workers)
+
+
+def _component_dtypes(entries: Sequence[str]) -> tuple[str, ...]:
+    """--component-dtype's NAME=DTYPE entries, checked and spelt as torch spells the dtype."""
+    out: dict[str, str] = {}
+    for entry in entries:
+        name, _, dtype = entry.partition("=")
+        name, dtype = name.strip().replace("-", "_"), {"half": "float16", "float": "float32"}.get(dtype.strip(), dtype.strip())
+        if name not in DTYPE_COMPONENTS or dtype not in ("float32", "bfloat16", "float16"):
+            raise _fail(
+                f"--component-dtype {entry!r}: want NAME=DTYPE, NAME one of {', '.join(DTYPE_COMPONENTS)} and "
+                "DTYPE float32, bfloat16 or float16"
+            )
+        out[name] = dtype
+    return tuple(f"{name}={dtype}" for name, dtype in out.items())
 
 
 def _media_limits(limits: MediaLimits) -> MediaLimits:

@@ -33,7 +33,7 @@ class EngineError(RuntimeError):
 
 class SupervisedWorker(ABC):
     # A worker that sizes itself from the GPU memory still free once it has loaded (the LLM's
-    # KV cache) starts after the others, so that a runner sharing its GPU already holds its weights.
+    # KV cache) starts after the others, one at a time per GPU (omni/engines/start_order.py).
     sizes_from_free_memory: ClassVar[bool] = False
 
     def __init__(
@@ -57,6 +57,11 @@ class SupervisedWorker(ABC):
     @property
     def ready(self) -> bool:
         return self._ready and self.worker.is_alive
+
+    def use_spec(self, spec: protocol.WorkerSpec) -> None:
+        """The spec the next (re)start sends (the start order's memory shares)."""
+        self.spec = spec
+        self.worker.spec = spec
 
     async def start(self) -> None:
         await self._start_worker()

@@ -77,6 +77,14 @@ class _Pending:
         return self.job.width, self.job.height, self.job.steps
 
 
+# Pixels per DiT token along each side: Flux's VAE halves three times, then 2x2 patches.
+PIXELS_PER_TOKEN_SIDE = 16
+
+
+def dit_tokens(width: int, height: int) -> int:
+    return -(-width // PIXELS_PER_TOKEN_SIDE) * -(-height // PIXELS_PER_TOKEN_SIDE)
+
+
 class VisionDecoderEngine(SupervisedWorker):
     def __init__(
         self,
@@ -92,6 +100,7 @@ class VisionDecoderEngine(SupervisedWorker):
         self.metrics = metrics
         self.model_name = model_name
         self.max_batch_images = config.max_batch_images
+        self.max_batch_tokens = config.max_batch_tokens
         queued = config.max_queued_images
         self.max_queued_images = QUEUED_BATCHES * self.max_batch_images if queued is None else queued
         self.info: protocol.VisionDecoderReady | None = None
@@ -155,12 +164,14 @@ class VisionDecoderEngine(SupervisedWorker):
         )
 
     def _next_batch(self) -> list[_Pending]:
-        """The oldest waiting image and the others of its shape, up to max_batch_images."""
+        """The oldest waiting image and the others of its shape, up to max_batch_images and
+        max_batch_tokens (one image always goes, however large)."""
         self._queue = [p for p in self._queue if not p.future.done()]  # callers gone
         if not self._queue:
             return []
         shape = self._queue[0].shape
-        batch = [p for p in self._queue if p.shape == shape][: self.max_batch_images]
+        by_tokens = max(1, self.max_batch_tokens // dit_tokens(shape[0], shape[1]))
+        batch = [p for p in self._queue if p.shape == shape][: min(self.max_batch_images, by_tokens)]
         taken = {id(p) for p in batch}
         self._queue = [p for p in self._queue if id(p) not in taken]
         self.metrics.set_decoder_queue(self.model_name, len(self._queue))

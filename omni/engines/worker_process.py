@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterator
 from multiprocessing.process import BaseProcess
 from typing import Any
 
-from gpu_workers.worker import worker_main
+from gpu_workers.worker import Rendezvous, worker_main
 from omni.shared import protocol
 
 log = logging.getLogger("omni.engines.worker_process")
@@ -105,7 +105,8 @@ class WorkerProcess:
         ctx = mp.get_context("spawn")
         spec_bytes = protocol.encode(self.spec)
         world_size = self.spec.world_size
-        init_method = f"tcp://127.0.0.1:{_free_port()}" if world_size > 1 else None
+        # rank 0 binds the rendezvous port itself and hands it to the others (review D3)
+        init_method = Rendezvous(ctx.Queue()) if world_size > 1 else None
         loop = asyncio.get_running_loop()
         self._received = bytearray()
         self._dead = False
@@ -285,9 +286,3 @@ class WorkerProcess:
                 sock.close()
         self._sock, self._lifelines = None, []
 
-
-def _free_port() -> int:
-    """A loopback TCP port free right now, for a group's torch.distributed rendezvous."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])

@@ -3,8 +3,40 @@ every kind reads the same settings the same way."""
 
 from __future__ import annotations
 
-from omni.config import ModelConfig, StoreConfig
+from omni.config import ModelConfig, StoreConfig, WorkerConfig
 from omni.shared import protocol
+
+# What --component-dtype may name. The vision decoder's VAE has a dtype of its own.
+DTYPE_COMPONENTS = ("llm", "encoder", "vision_decoder", "vae", "vocoder")
+
+
+def component_dtype(worker: WorkerConfig, component: str, device: str) -> str:
+    """A component's dtype (review B1, B2):
+
+        --component-dtype NAME=...       as given
+        llm                              --dtype (auto: float32 on the CPU, else bfloat16)
+        vocoder                          float32: bfloat16 costs its audio ~36 dB SNR
+                                         (docs/BENCHMARKS.md), and it is a small model
+        --dtype auto (the default)       float32 on the CPU, bfloat16 on a GPU, per component's
+                                         own device (not the LLM's)
+        --dtype given                    that, but a VAE in float16 runs in float32 (Flux's
+                                         VAE overflows in float16: diffusers' force_upcast)
+    """
+    assert component in DTYPE_COMPONENTS, component
+    for entry in worker.component_dtype:
+        name, _, dtype = entry.partition("=")
+        if name == component:
+            return dtype
+    if component == "llm":
+        return worker.dtype  # --dtype, auto resolved for the LLM's devices (omni/cli/options.py)
+    if component == "vocoder":
+        return "float32"
+    requested = worker.requested_dtype
+    if requested is None:
+        return "float32" if device == "cpu" else "bfloat16"
+    if component == "vae" and requested == "float16":
+        return "float32"
+    return requested
 
 
 def store_settings(config: StoreConfig) -> protocol.StoreSettings:
@@ -17,7 +49,7 @@ def llm_worker_spec(config: ModelConfig, worker_id: int, device: str) -> protoco
     return protocol.LLMWorkerSpec(
         worker_id=worker_id,
         device=device,
-        dtype=worker.dtype,
+        dtype=component_dtype(worker, "llm", device),
         num_threads=worker.num_threads,
         seed=worker.seed,
         model_dir=str(config.model_dir),
@@ -25,6 +57,7 @@ def llm_worker_spec(config: ModelConfig, worker_id: int, device: str) -> protoco
         num_kv_blocks=llm.num_kv_blocks,
         kv_cache_memory_bytes=llm.kv_cache_memory_bytes,
         gpu_memory_utilization=llm.gpu_memory_utilization,
+        profile_tokens=llm.max_num_batched_tokens,
         max_model_len=llm.max_model_len,
         attention_backend=llm.attention_backend,
         store=store_settings(config.store) if config.encoder_dir is not None else None,
@@ -36,7 +69,7 @@ def encoder_worker_spec(config: ModelConfig, device: str) -> protocol.EncoderWor
     return protocol.EncoderWorkerSpec(
         worker_id=0,
         device=device,
-        dtype=config.worker.dtype,
+        dtype=component_dtype(config.worker, "encoder", device),
         num_threads=config.worker.num_threads,
         seed=config.worker.seed,
         model_dir=str(config.encoder_dir),
@@ -58,10 +91,11 @@ def vision_decoder_devices(config: ModelConfig) -> tuple[str, ...]:
 def audio_decoder_worker_spec(config: ModelConfig) -> protocol.AudioDecoderWorkerSpec:
     """--audio-decoder-device, else the encoder's device."""
     assert config.audio_decoder_dir is not None, "the model has no audio decoder"
+    device = config.audio_decoder.device or encoder_device(config)
     return protocol.AudioDecoderWorkerSpec(
         worker_id=0,
-        device=config.audio_decoder.device or encoder_device(config),
-        dtype=config.worker.dtype,
+        device=device,
+        dtype=component_dtype(config.worker, "vocoder", device),
         num_threads=config.worker.num_threads,
         seed=config.worker.seed,
         model_dir=str(config.audio_decoder_dir),
@@ -74,7 +108,10 @@ def vision_decoder_worker_spec(config: ModelConfig) -> protocol.VisionDecoderWor
     return protocol.VisionDecoderWorkerSpec(
         worker_id=0,
         device=devices[0],
-        dtype=config.worker.dtype,
+        dtype=component_dtype(config.worker, "vision_decoder", devices[0]),
+        vae_dtype=component_dtype(config.worker, "vae", devices[0]),
+        max_batch_images=config.vision_decoder.max_batch_images,
+        max_batch_tokens=config.vision_decoder.max_batch_tokens,
         num_threads=config.worker.num_threads,
         seed=config.worker.seed,
         world_size=len(devices),

@@ -15,6 +15,7 @@ from omni.config import ModelConfig, ServerConfig
 from omni.engines.audio_decoder import AudioDecoderEngine
 from omni.engines.encoder import EncoderEngine
 from omni.engines.pool import ModelPool
+from omni.engines.start_order import start_in_order
 from omni.engines.vision_decoder import VisionDecoderEngine
 from omni.engines.worker_specs import (
     audio_decoder_worker_spec,
@@ -161,14 +162,9 @@ async def _models_ctx(app: web.Application) -> AsyncIterator[None]:
     workers = [w for m in registry for w in m.workers()]
 
     async def start_all() -> None:
-        # Encoders and decoders first: an LLM worker sizes its KV cache from the GPU memory
-        # still free once it has loaded, so a runner sharing its GPU must already hold its
-        # weights. Hashing the encoders' weights for their store keys overlaps their start.
-        await asyncio.gather(
-            *(w.start() for w in workers if not w.sizes_from_free_memory),
-            *(m.media.load_revisions() for m in registry if m.media is not None),
-        )
-        await asyncio.gather(*(w.start() for w in workers if w.sizes_from_free_memory))
+        # Encoders and decoders first, then the LLM workers one GPU-sharer at a time
+        # (start_order.py). Hashing the encoders' weights for their store keys overlaps their start.
+        await start_in_order(workers, *(m.media.load_revisions() for m in registry if m.media is not None))
 
     # Workers load in the background so /health can answer 503 while they do.
     app[STARTUP] = asyncio.create_task(start_all(), name="start-engines")

@@ -61,6 +61,11 @@ class LLMWorkerSpec(WorkerSpec):
     num_kv_blocks: int | None = None
     kv_cache_memory_bytes: int | None = None
     gpu_memory_utilization: float | None = None  # on GPU, when neither size above is given
+    # On a GPU, before sizing the KV cache: the largest step's tokens, run once to measure its
+    # activations, and how many LLM workers of this device (this one included) are still to
+    # size theirs: each takes an equal share of what the device has left (gpu_workers/memory.py).
+    profile_tokens: int = 0
+    memory_shares: int = 1
     max_model_len: int | None = None
     attention_backend: str = "auto"
     # Where injected embeddings are read from; None for a text-only LLM, which opens none.
@@ -91,6 +96,10 @@ class VisionDecoderWorkerSpec(WorkerSpec):
     LABEL: ClassVar[str] = "vision decoder"
 
     model_dir: str  # the checkpoint's vision_decoder/ directory
+    vae_dtype: str = "float32"  # the VAE's own (rank 0's); `dtype` is the DiT's
+    # The largest batch the engine sends (its profile run on a GPU draws one)
+    max_batch_images: int = 8
+    max_batch_tokens: int = 32768
     # The device of each rank (rank_devices[0] == device); empty: every rank on `device`.
     rank_devices: list[str] = field(default_factory=list)
 

@@ -225,6 +225,46 @@ def test_forward_calls_are_counted_per_component(env: Env, media: Media, monkeyp
     assert sorted(calls) == sorted([(VISION, 3), (AUDIO, 1), (IMAGE_TOK, 2), (AUDIO_TOK, 1)])
 
 
+def test_a_forward_is_bounded_by_its_patches(env: Env, media: Media, mixed: protocol.EncodeResult, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Review A7: the vision tower's items are cut into forwards of at most max_forward_cost
+    patches (the small image 24, the large one and the video 48 each: 4 patches a merged row),
+    in order, an item too large going alone; each item's embeddings are those of the one-forward
+    batch (worst difference 1e-5, as batched against alone)."""
+    monkeypatch.setattr(env.runner.components[VISION], "max_forward_cost", 72)
+    items = [dataclasses.replace(it, key=it.key.replace("mixed-", "bounded-")) for it in mixed_items(media)]
+    result = env.runner.encode(protocol.EncodeBatch(9, items))
+    assert [(f.component, f.num_items) for f in result.forwards][:2] == [(VISION, 2), (VISION, 1)]
+    monkeypatch.setattr(env.runner.components[VISION], "max_forward_cost", 10)
+    items = [dataclasses.replace(it, key=it.key.replace("mixed-", "single-")) for it in mixed_items(media)]
+    result = env.runner.encode(protocol.EncodeBatch(10, items))
+    assert [(f.component, f.num_items) for f in result.forwards][:3] == [(VISION, 1)] * 3
+    by_id = {r.item_id: r for r in mixed.items}
+    for it in items:
+        if it.component == VISION:
+            torch.testing.assert_close(
+                stored_embeddings(env, it.key), stored_embeddings(env, it.key.replace("single-", "mixed-")), rtol=0, atol=1e-5
+            )
+            assert {r.item_id: r.num_rows for r in result.items}[it.item_id] == by_id[it.item_id].num_rows
+
+
+def test_the_profile_run_is_each_components_largest_forward(env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Review A7: on a GPU the worker runs each bounded component's largest forward once before
+    it says ready (here with small bounds, on the CPU): max_forward_cost patches in a square
+    grid of merged rows, max_forward_cost audio samples."""
+    costs: list[tuple[str, int]] = []
+    for name, component in env.runner.components.items():
+        original = component.forward
+        monkeypatch.setattr(component, "max_forward_cost", 64 if name == VISION else 16000)
+
+        def counting(prepared: list[Any], c: Any = component, original: Any = original) -> list[torch.Tensor]:
+            costs.append((c.name, sum(c.cost(p) for p in prepared)))
+            return cast(list[torch.Tensor], original(prepared))
+
+        monkeypatch.setattr(component, "forward", counting)
+    env.runner.profile()
+    assert costs == [(VISION, 64), (AUDIO, 16000), (AUDIO_TOK, 16000)]
+
+
 # ---- d. video chunks ------------------------------------------------------------------------
 
 

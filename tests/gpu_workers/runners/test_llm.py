@@ -116,13 +116,3 @@ def test_prefix_cache_hit_reads_another_requests_blocks(tiny: Path) -> None:
         step = protocol.Step(2 + i, [], [protocol.CachedRequest("b", blocks[i], 11 + i, 1)], [])
         out.append(r.execute(step).sampled[0].token_id)
     assert out == expected
-
-
-def test_gpu_memory_utilization_gives_the_kv_cache_what_the_share_leaves() -> None:
-    from gpu_workers.runners.llm import GPU_ACTIVATION_RESERVE, kv_bytes_for_utilization
-
-    gib = 1024**3
-    # 80 GiB device, 20 GiB taken (weights, an encoder): 90% is 72 GiB, so 52 GiB less the reserve
-    assert kv_bytes_for_utilization(60 * gib, 80 * gib, 0.9) == int(72 * gib) - 20 * gib - int(80 * gib * GPU_ACTIVATION_RESERVE)
-    with pytest.raises(ValueError, match="no room for a KV cache"):
-        kv_bytes_for_utilization(10 * gib, 80 * gib, 0.5)  # 70 GiB in use already

@@ -122,3 +122,23 @@ def test_one_rank_runs_in_process_without_a_group(tmp_path: Path) -> None:
     replies = list(runner.run(protocol.DecodeImages(1, [job])))
     assert [type(r) for r in replies] == [protocol.PartialImage, protocol.DecodeResult]
     assert runner.ready_message(spec).world_size == 1
+
+
+def test_the_profile_run_draws_the_engines_largest_batch(tmp_path: Path) -> None:
+    """Review A7: on a GPU the worker draws its largest batch once before it says ready, so
+    the allocator holds that peak for it. Here on the CPU: the batch is the largest size, as
+    many images as both bounds allow (tokens: 16x16 pixels each), and it draws."""
+    from omni.shared.media.image_sizes import RATIO_SIZES
+
+    checkpoint = make_tiny_vision_decoder(tmp_path / "vision_decoder", seed=2, codebook=torch.randn(64, 16))
+    width, height = max(RATIO_SIZES.values(), key=lambda wh: wh[0] * wh[1])
+    tokens = (width // 16) * (height // 16)
+    spec = protocol.VisionDecoderWorkerSpec(model_dir=str(checkpoint), max_batch_images=8, max_batch_tokens=3 * tokens + 1)
+    runner = VisionDecoderRunner.from_spec(spec, GroupMember())
+    jobs = runner.largest_batch()
+    assert [(j.width, j.height, j.steps) for j in jobs] == [(width, height, 1)] * 3
+    assert all(runner.decoder.job_error(j) is None for j in jobs)
+    spec = protocol.VisionDecoderWorkerSpec(model_dir=str(checkpoint), max_batch_images=1)
+    runner = VisionDecoderRunner.from_spec(spec, GroupMember())
+    assert len(runner.largest_batch()) == 1
+    runner.profile()  # draws it

@@ -335,3 +335,66 @@ def test_data_parallel_on_a_gpu_spreads_over_consecutive_gpus(dirs: tuple[Path, 
     config = server_config(parse_args([str(text), "--device", "cuda", "-dp", "3"]))
     with pytest.raises(SystemExit, match=re.escape("--devices cuda:2: this machine shows 2 GPUs")):
         check_devices_present(config, gpus=2)
+
+
+def test_each_component_takes_its_own_dtype(dirs: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Review B1/B2: the vocoder stays float32 (bf16 costs it ~36 dB SNR, docs/BENCHMARKS.md);
+    with --dtype auto a component on the CPU is float32 and one on a GPU bfloat16, whatever the
+    LLM's device; a float16 VAE runs in float32; --component-dtype overrides any of them."""
+    from omni.engines.worker_specs import (
+        audio_decoder_worker_spec,
+        encoder_worker_spec,
+        llm_worker_spec,
+        vision_decoder_worker_spec,
+    )
+
+    monkeypatch.setattr("omni.cli.devices.visible_gpus", lambda: 0)
+    _, omni = dirs
+
+    def dtypes(*flags: str) -> tuple[str, str, str, str, str]:
+        model = server_config(parse_args([str(omni), *flags])).models[0]
+        images = vision_decoder_worker_spec(model)
+        return (
+            llm_worker_spec(model, 0, model.llm.device).dtype,
+            encoder_worker_spec(model, model.encoder.device or model.llm.device).dtype,
+            images.dtype,
+            images.vae_dtype,
+            audio_decoder_worker_spec(model).dtype,
+        )
+
+    assert dtypes("--device", "cuda:0") == ("bfloat16", "bfloat16", "bfloat16", "bfloat16", "float32")
+    assert dtypes("--device", "cuda:0", "--encoder-device", "cpu") == ("bfloat16",) + ("float32",) * 4
+    assert dtypes("--device", "cpu", "--vision-decoder-devices", "cuda:1") == (
+        "float32", "float32", "bfloat16", "bfloat16", "float32"
+    )  # fmt: skip
+    assert dtypes("--device", "cuda:0", "--dtype", "half") == ("float16", "float16", "float16", "float32", "float32")
+    assert dtypes("--device", "cuda:0", "--component-dtype", "vocoder=bfloat16,vae=float32,llm=half") == (
+        "float16", "bfloat16", "bfloat16", "float32", "bfloat16"
+    )  # fmt: skip
+    with pytest.raises(SystemExit, match="--component-dtype 'dit=float32': want NAME=DTYPE"):
+        dtypes("--component-dtype", "dit=float32")
+    with pytest.raises(SystemExit, match="--component-dtype 'vae=fp8'"):
+        dtypes("--component-dtype", "vae=fp8")
+
+
+def test_the_encoder_and_decoders_get_a_gpu_of_their_own_when_one_is_free(
+    dirs: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review A7/C10: on a node with a GPU no LLM worker uses, the auxiliary components take it
+    by default; with every GPU an LLM worker's (or one GPU), they share the first LLM worker's."""
+    from omni.engines.worker_specs import audio_decoder_worker_spec, encoder_device, vision_decoder_devices
+
+    _, omni = dirs
+
+    def placed(gpus: int, *flags: str) -> tuple[str, tuple[str, ...], str]:
+        monkeypatch.setattr("omni.cli.devices.visible_gpus", lambda: gpus)
+        model = server_config(parse_args([str(omni), *flags])).models[0]
+        return encoder_device(model), vision_decoder_devices(model), audio_decoder_worker_spec(model).device
+
+    assert placed(1, "--device", "cuda:0") == ("cuda:0", ("cuda:0",), "cuda:0")
+    assert placed(4, "--device", "cuda:0") == ("cuda:1", ("cuda:1",), "cuda:1")
+    assert placed(4, "--devices", "cuda:0,cuda:1") == ("cuda:2", ("cuda:2",), "cuda:2")
+    assert placed(2, "-dp", "2", "--device", "cuda:0") == ("cuda:0", ("cuda:0",), "cuda:0")
+    # a flag still wins, and the CPU stays the CPU
+    assert placed(4, "--device", "cuda:0", "--encoder-device", "cuda:0") == ("cuda:0", ("cuda:0",), "cuda:0")
+    assert placed(4, "--device", "cpu") == ("cpu", ("cpu",), "cpu")

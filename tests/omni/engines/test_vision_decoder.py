@@ -121,3 +121,24 @@ async def test_previews_reach_their_image(engine: VisionDecoderEngine) -> None:
     final = await engine.draw(image(3, steps=6, partial_images=2), lambda i, data: got.append((i, data)))
     assert [i for i, _ in got] == [0, 1]
     assert all(data.startswith(b"\x89PNG") and data != final.data for _, data in got)
+
+
+async def test_a_batch_is_bounded_by_its_dit_tokens_too(decoder_dir: Path) -> None:
+    """Review A7: 768x768 is 48 x 48 = 2304 DiT tokens; with 5000 a batch, two such images go
+    together (of 3 allowed), and a 2048x2048 image (16384 tokens) goes alone. No worker runs."""
+    from omni.engines.vision_decoder import _Pending, dit_tokens
+
+    assert (dit_tokens(768, 768), dit_tokens(1024, 576), dit_tokens(770, 768)) == (2304, 2304, 49 * 48)
+    spec = protocol.VisionDecoderWorkerSpec(model_dir=str(decoder_dir))
+    engine = VisionDecoderEngine(spec, Metrics(), MODEL, VisionDecoderConfig(max_batch_images=3, max_batch_tokens=5000))
+    loop = asyncio.get_running_loop()
+
+    def job(i: int, side: int) -> _Pending:
+        request = protocol.ImageJob(i, list(CODES), side, side, 2, i)
+        return _Pending(request, loop.create_future())
+
+    engine._queue = [job(0, 768), job(1, 2048), job(2, 768), job(3, 768), job(4, 2048)]
+    sizes = []
+    while batch := engine._next_batch():
+        sizes.append([p.job.width for p in batch])
+    assert sizes == [[768, 768], [2048], [768], [2048]]

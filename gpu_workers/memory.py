@@ -1,0 +1,154 @@
+"""A worker's share of its device's memory, measured rather than guessed (review A4, A7).
+
+Every worker on a GPU runs its largest batch once before it reports ready (a profile run),
+and keeps that peak reserved in torch's caching allocator (`hold`): it stays its own, and
+shows as used to every worker that starts after it on the device. The LLM workers, which
+size their KV caches from what is left, start last and one after another per device (the
+server's start order, omni/engines/start_order.py), and each is told how many of them are
+still to size on that device (`shares`):
+
+    room   = utilization * total - used + own_static     used: the device's used memory now
+    share  = room / shares                               (every earlier worker's peak, the
+    kv     = share - own_static - activation_peak         others' processes, our weights)
+
+`used` is read after the LLM worker's profile run has been released (its scratch KV cache
+must not count); own_static (this process's weights, counted in `used` too) is added back so
+that every LLM worker of a device pays for its own weights out of an equal share. Once the
+KV cache is allocated the worker holds its activation peak again. A worker restarted later
+is told shares = 1: the others hold theirs already.
+
+The reader is injected: CudaMemory on a GPU; tests give a fake one and run the same
+arithmetic and profile on the CPU.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+# vLLM's default: what a worker may count on of its device when --gpu-memory-utilization is
+# not given (the rest absorbs fragmentation and whatever is not torch's: contexts, NCCL, cuBLAS).
+DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
+GIB = 1024**3
+
+
+class MemoryReader(Protocol):
+    def free_and_total(self) -> tuple[int, int]:
+        """The device's free and total bytes, across every process on it."""
+        ...
+
+    def allocated(self) -> int:
+        """Bytes this process's tensors hold now."""
+        ...
+
+    def reset_peak(self) -> None: ...
+
+    def peak(self) -> int:
+        """The most bytes this process's tensors held since reset_peak."""
+        ...
+
+    def release(self) -> None:
+        """Give the allocator's cached, unused blocks back to the device."""
+        ...
+
+    def hold(self, nbytes: int) -> None:
+        """Keep nbytes more than the tensors need reserved in the allocator's cache."""
+        ...
+
+
+class CudaMemory:
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+
+    def free_and_total(self) -> tuple[int, int]:
+        free, total = torch.cuda.mem_get_info(self.device)
+        return int(free), int(total)
+
+    def allocated(self) -> int:
+        return int(torch.cuda.memory_allocated(self.device))
+
+    def reset_peak(self) -> None:
+        torch.cuda.synchronize(self.device)
+        torch.cuda.reset_peak_memory_stats(self.device)
+
+    def peak(self) -> int:
+        torch.cuda.synchronize(self.device)
+        return int(torch.cuda.max_memory_allocated(self.device))
+
+    def release(self) -> None:
+        torch.cuda.empty_cache()
+
+    def hold(self, nbytes: int) -> None:
+        if nbytes > 0:  # freed at once, the block stays in the cache for this process's batches
+            del_me = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
+            del del_me
+
+
+def reader_for(device: torch.device) -> MemoryReader | None:
+    """CUDA's counters on a GPU; None on the CPU, where a KV cache is sized in bytes (its
+    default or --kv-cache-memory) and nothing else shares a budget."""
+    return CudaMemory(device) if device.type == "cuda" else None
+
+
+def profile_peak(reader: MemoryReader, forward: Callable[[], object]) -> int:
+    """Bytes forward() needed above what was allocated before it (its activations)."""
+    before = reader.allocated()
+    reader.reset_peak()
+    forward()
+    return max(0, reader.peak() - before)
+
+
+@dataclass(frozen=True, slots=True)
+class KVBudget:
+    """The numbers a KV cache's size came from, for the log line and the error."""
+
+    total: int
+    used: int
+    own_static: int
+    activation_peak: int
+    utilization: float
+    shares: int
+
+    @property
+    def share(self) -> int:
+        room = int(self.utilization * self.total) - self.used + self.own_static
+        return room // self.shares
+
+    @property
+    def kv_bytes(self) -> int:
+        return self.share - self.own_static - self.activation_peak
+
+    def describe(self) -> str:
+        return (
+            f"{self.utilization:g} of {self.total / GIB:.1f} GiB, {self.used / GIB:.2f} GiB used "
+            f"(of it {self.own_static / GIB:.2f} GiB this worker's weights), split {self.shares} ways: "
+            f"{self.share / GIB:.2f} GiB for this worker, less {self.activation_peak / GIB:.2f} GiB "
+            f"for its largest batch: {self.kv_bytes / GIB:.2f} GiB of KV cache"
+        )
+
+
+def kv_cache_budget(
+    reader: MemoryReader, activation_peak: int, utilization: float | None, shares: int = 1
+) -> KVBudget:
+    """What this worker's KV cache may take; raises ValueError naming the numbers when nothing
+    is left."""
+    if shares < 1:
+        raise ValueError(f"shares must be at least 1, got {shares}")
+    free, total = reader.free_and_total()
+    budget = KVBudget(
+        total=total,
+        used=total - free,
+        own_static=reader.allocated(),
+        activation_peak=activation_peak,
+        utilization=DEFAULT_GPU_MEMORY_UTILIZATION if utilization is None else utilization,
+        shares=shares,
+    )
+    if budget.kv_bytes <= 0:
+        raise ValueError(
+            f"--gpu-memory-utilization {budget.utilization:g}: no room for a KV cache: "
+            f"{budget.describe()}; raise it, free the device or put fewer workers on it"
+        )
+    return budget
