@@ -16,16 +16,22 @@ function showTab(name) {
 }
 
 // The served models, into the picker; the page's first call, so a wrong key shows here.
+// data-models on <body>: their count, or "error"; only the latest load writes it.
+let loads = 0;
 async function loadModels() {
   const select = $("model");
   const chosen = select.value;
+  const load = ++loads;
+  delete document.body.dataset.models;
   try {
     const list = await api.getJson("v1/models");
+    if (load !== loads) return;
     select.replaceChildren(...list.data.map((m) => new Option(m.id, m.id)));
     if (list.data.some((m) => m.id === chosen)) select.value = chosen;
     document.body.dataset.models = String(list.data.length);
     api.status("");
   } catch (e) {
+    if (load !== loads) return;
     document.body.dataset.models = "error";
     api.status(`Models: ${e.message}`, true);
   }

@@ -136,6 +136,9 @@ async function send() {
   showAttachments();
   const answer = addMessage("assistant", "");
   const out = answer.querySelector(".text");
+  const thought = document.createElement("div"); // reasoning_content, shown apart from the answer
+  thought.className = "reasoning";
+  answer.prepend(thought);
   Object.assign(section.dataset, { state: "streaming", chunks: "0", audioBytes: "0", audioChunks: "0", images: "0" });
   controller = new AbortController();
   setBusy(true);
@@ -158,6 +161,7 @@ async function send() {
           count("images");
         }
       }
+      if (delta.reasoning_content) thought.textContent += delta.reasoning_content;
       if (delta.audio?.transcript) said += delta.audio.transcript;
       if (delta.audio?.data) {
         const pcm = base64ToBytes(delta.audio.data);
