@@ -69,7 +69,8 @@ class Page:
                 return message["result"]
 
     def js(self, expression: str) -> Any:
-        """The value of the expression (awaited), run as if from a user's click (autoplay)."""
+        """The value of the expression (awaited), run as if from a user's click (autoplay). A DOM
+        node comes back as {}: test for one with `!!`."""
         result = self.call("Runtime.evaluate", expression=expression, awaitPromise=True, returnByValue=True,
                            userGesture=True)  # fmt: skip
         assert "exceptionDetails" not in result, result["exceptionDetails"]
@@ -79,8 +80,9 @@ class Page:
         deadline = time.monotonic() + timeout
         while not (value := self.js(expression)):
             if time.monotonic() > deadline:
-                shown = self.js("document.querySelector('main').innerText + ' | ' + document.getElementById('status').textContent")
-                raise AssertionError(f"{what}: not within {timeout:.0f} s; the page shows: {shown[-2000:]}")
+                shown = self.js("[document.querySelector('main').innerText, document.getElementById('status').textContent, "
+                                "[...document.querySelectorAll('#voice-events li')].map(li => li.textContent).join('\\n')].join('\\n')")  # fmt: skip
+                raise AssertionError(f"{what}: not within {timeout:.0f} s; the page shows: {shown[-3000:]}")
             time.sleep(0.25)
         return value
 
@@ -213,14 +215,14 @@ def test_the_voice_tab_shows_the_users_transcript_and_receives_audio(server: str
             f"document.getElementById('voice-extra').value = {json.dumps(json.dumps(extra))}; "
             "document.getElementById('voice-start').click()")  # fmt: skip
     page.wait("document.getElementById('voice').dataset.state === 'live'", 30, "the microphone starts")
-    page.wait("document.querySelector('#voice-log .msg.user[data-transcribed]')", TURN_S, "the user's transcript")
+    page.wait("!!document.querySelector('#voice-log .msg.user[data-transcribed]')", TURN_S, "the user's transcript")
     page.wait("Number(document.getElementById('voice').dataset.responses) >= 1", TURN_S, "the spoken answer")
     voice = dict(page.js("({...document.getElementById('voice').dataset})"))
     user = page.js("document.querySelector('#voice-log .msg.user').dataset.transcribed")
     transcript = page.js("document.querySelector('#voice-log .msg.user .text').textContent")
     assert user == "true" and transcript.strip(), transcript
     assert int(voice["audioChunks"]) >= 1 and int(voice["audioBytes"]) >= 2 * 24000 * 0.16, voice
-    assert page.js("document.querySelector('#voice-log .msg.assistant')") is not None
+    assert page.js("!!document.querySelector('#voice-log .msg.assistant')")
     assert page.js("document.querySelectorAll('#voice-log .note.error').length") == 0, page.js(
         "document.getElementById('voice-log').innerText"
     )

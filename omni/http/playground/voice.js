@@ -16,6 +16,7 @@ const $ = (id) => document.getElementById(id);
 const section = $("voice");
 const player = new PcmPlayer();
 let ws = null;
+let started = 0; // performance.now() at the call's start
 let mic = null; // {ctx, stream, node}
 const lines = new Map(); // item id -> its line in the log
 
@@ -81,7 +82,29 @@ function bargeIn() {
   }
 }
 
+const MAX_EVENTS = 200;
+const STREAMED = /\.delta$/; // one line per run of deltas, not one per delta
+
+// The server's events, newest last, each with the seconds since the call started.
+function logEvent(event) {
+  const list = $("voice-events");
+  const last = list.lastElementChild;
+  if (last && STREAMED.test(event.type) && last.dataset.type === event.type) {
+    last.dataset.count = String(Number(last.dataset.count) + 1);
+    last.lastChild.textContent = ` ×${last.dataset.count}`;
+    return;
+  }
+  const li = document.createElement("li");
+  li.dataset.type = event.type;
+  li.dataset.count = "1";
+  const detail = event.type === "error" ? ` ${event.error.message}` : event.type === "response.done" ? ` ${event.response.status}` : "";
+  li.append(`${((performance.now() - started) / 1000).toFixed(2)} s ${event.type}${detail}`, document.createTextNode(""));
+  list.append(li);
+  while (list.childElementCount > MAX_EVENTS) list.firstElementChild.remove();
+}
+
 function onEvent(event) {
+  logEvent(event);
   switch (event.type) {
     case "session.updated":
       if (!mic) startMic().catch(fail);
@@ -188,6 +211,8 @@ function start() {
   player.ensure(); // inside the click: the context may start
   lines.clear();
   $("voice-log").replaceChildren();
+  $("voice-events").replaceChildren();
+  started = performance.now();
   Object.assign(section.dataset, { state: "connecting", audioBytes: "0", audioChunks: "0", responses: "0" });
   $("voice-start").disabled = true;
   $("voice-stop").disabled = false;
