@@ -67,10 +67,10 @@ export class PcmPlayer {
     return this.sources.size > 0;
   }
 
-  // Stop at once; returns {id, heardMs, queuedMs} of the item that was playing, or null.
+  // Stop at once; returns {id, heardMs, queuedMs} of the last item played (heard in full when
+  // heardMs == queuedMs), or null.
   stop() {
-    const playing = this.playing();
-    const cut = this.item && playing
+    const cut = this.item
       ? { id: this.item.id, heardMs: this.heardMs(), queuedMs: Math.floor(this.item.seconds * 1000) }
       : null;
     for (const source of this.sources) {

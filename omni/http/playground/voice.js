@@ -19,6 +19,8 @@ let ws = null;
 let started = 0; // performance.now() at the call's start
 let mic = null; // {ctx, stream, node}
 const lines = new Map(); // item id -> its line in the log
+const silenced = new Set(); // items cut by barge-in: their late deltas are not played
+let responding = false; // between response.created and response.done
 
 function count(name, by = 1) {
   section.dataset[name] = String(Number(section.dataset[name]) + by);
@@ -74,11 +76,16 @@ function sessionUpdate(extra) {
   return { type: "session.update", session };
 }
 
+// The user speaks: silence the answer now. The server (interrupt_response) cancels a running
+// response itself; the item keeps the audio it had, of which the user heard only part (or, if
+// the response was still running, perhaps more was on its way): truncate it at what was heard.
+// Deltas of the cut item still in flight are not played.
 function bargeIn() {
   const cut = player.stop();
-  if (cut && cut.id && cut.heardMs < cut.queuedMs) {
+  if (cut && cut.id && (cut.heardMs < cut.queuedMs || responding)) {
     send({ type: "conversation.item.truncate", item_id: cut.id, content_index: 0, audio_end_ms: cut.heardMs });
     lines.get(cut.id)?.classList.add("interrupted");
+    silenced.add(cut.id);
   }
 }
 
@@ -137,6 +144,7 @@ function onEvent(event) {
       count("audioBytes", pcm.length);
       count("audioChunks");
       line(event.item_id, "assistant");
+      if (silenced.has(event.item_id)) break;
       try {
         player.play(pcm, event.item_id);
       } catch (e) {
@@ -144,7 +152,11 @@ function onEvent(event) {
       }
       break;
     }
+    case "response.created":
+      responding = true;
+      break;
     case "response.done":
+      responding = false;
       count("responses");
       if (event.response.status === "failed") note(`response failed: ${JSON.stringify(event.response.status_details)}`, true);
       break;
@@ -210,6 +222,8 @@ function start() {
   }
   player.ensure(); // inside the click: the context may start
   lines.clear();
+  silenced.clear();
+  responding = false;
   $("voice-log").replaceChildren();
   $("voice-events").replaceChildren();
   started = performance.now();
