@@ -375,6 +375,14 @@ class ServerConfig:
         help="path prefix a reverse proxy serves the API under (e.g. /omni): requests are "
         "answered with or without it, and generated URLs carry it",
     )
+    # On by default, as a fresh `omni-serve` is most often tried by hand; the page is static
+    # files calling the API with the API's own auth, so it adds no access, only a surface that
+    # a production deployment has no use for (docs/PLAYGROUND.md).
+    ui: bool = setting(
+        True,
+        help="serve the browser playground (chat, images, voice) at /playground, and redirect / to it; "
+        "on by default, --no-ui in production",
+    )
     log_stats_interval: float | None = setting(  # None: no stats line
         10.0,
         type="positive_float",

@@ -33,6 +33,7 @@ from omni.http.handlers import (
     chat,
     completions,
     images,
+    playground,
     realtime,
     responses,
     speech,
@@ -67,6 +68,9 @@ STARTUP = web.AppKey("startup", asyncio.Task)
 
 _OPEN_PATHS = frozenset({"/health", "/ready", "/ping", "/version", "/metrics", "/openapi.json"})  # the API's shape is no secret
 _OPEN_PREFIXES = (artifacts.ARTIFACT_PATH,)
+# The playground's page and files (--ui): a browser's navigation sends no key; the page's calls do.
+_UI_PATHS = frozenset({"/", playground.PLAYGROUND_PATH})
+_UI_PREFIXES = (playground.PLAYGROUND_PATH + "/",)
 
 
 # nginx's status for "the client closed the connection first": nobody reads it, but a
@@ -93,15 +97,17 @@ async def client_gone_middleware(request: web.Request, handler: Handler) -> web.
         return web.Response(status=_CLIENT_GONE)
 
 
-def _auth_middleware(api_key: str, root_path: str) -> Middleware:
+def _auth_middleware(api_key: str, root_path: str, *, ui: bool = False) -> Middleware:
     expected = f"Bearer {api_key}".encode()
+    open_paths = _OPEN_PATHS | _UI_PATHS if ui else _OPEN_PATHS
+    open_prefixes = _OPEN_PREFIXES + _UI_PREFIXES if ui else _OPEN_PREFIXES
 
     @web.middleware
     async def auth(request: web.Request, handler: Handler) -> web.StreamResponse:
         path = request.path
-        if root_path and path.startswith(root_path + "/"):
-            path = path[len(root_path) :]
-        if path not in _OPEN_PATHS and not path.startswith(_OPEN_PREFIXES):
+        if root_path and (path == root_path or path.startswith(root_path + "/")):
+            path = path[len(root_path) :] or "/"
+        if path not in open_paths and not path.startswith(open_prefixes):
             given = request.headers.get("Authorization", "").encode()
             if not hmac.compare_digest(given, expected) and not _subprotocol_key(request, api_key):
                 raise unauthorized("Incorrect API key provided.")
@@ -273,7 +279,7 @@ def create_app(config: ServerConfig) -> web.Application:
         client_gone_middleware,
     ]
     if config.api_key:
-        middlewares.append(_auth_middleware(config.api_key, config.root_path))
+        middlewares.append(_auth_middleware(config.api_key, config.root_path, ui=config.ui))
     app = web.Application(client_max_size=config.max_request_bytes, middlewares=middlewares)
     app.on_response_prepare.append(add_request_id_header)
     if config.cors is not None:
@@ -287,6 +293,8 @@ def create_app(config: ServerConfig) -> web.Application:
     app.cleanup_ctx.append(_responses_ctx)
     app.cleanup_ctx.append(_stats_ctx)
     add_routes(app, config.root_path)
+    if config.ui:
+        add_playground_routes(app, config.root_path)
     return app
 
 
@@ -326,6 +334,18 @@ def _add_routes(app: web.Application, prefix: str) -> None:
     router.add_get(openapi.OPENAPI_PATH, openapi.openapi_handler)
     # Signed URLs of the local store; the signature is the authorization (no bearer key).
     router.add_get(artifacts.ARTIFACT_ROUTE, artifacts.get_artifact)
+
+
+def add_playground_routes(app: web.Application, root_path: str = "") -> None:
+    """The browser playground (--ui), at /playground, with / redirecting to it; under a root
+    path too, as add_routes does (the root path's own URL, "/omni", redirects as well)."""
+    for prefix in ("", root_path) if root_path else ("",):
+        app.router.add_get(prefix + "/", playground.home)
+        app.router.add_get(prefix + playground.PLAYGROUND_PATH, playground.page)
+        app.router.add_get(prefix + playground.PLAYGROUND_PATH + "/", playground.page)
+        app.router.add_get(prefix + playground.ASSET_ROUTE, playground.asset)
+    if root_path:
+        app.router.add_get(root_path, playground.home)
 
 
 class _PrefixedRouter:

@@ -152,6 +152,7 @@ def test_http_flags(dirs: tuple[Path, Path]) -> None:
     assert config.root_path == "/omni" and config.base_url == "https://127.0.0.1:8000/omni"
     plain = server_config(parse_args([str(text)]))
     assert plain.cors is None and plain.base_url == "http://127.0.0.1:8000"
+    assert plain.ui and not server_config(parse_args([str(text), "--no-ui"])).ui  # the playground: on by default
     assert server_config(parse_args([str(text), "--allowed-origins", "*"])).cors == CorsPolicy(("*",))
 
 

@@ -1,0 +1,238 @@
+"""The playground page (issue 25, acceptance 3) in headless Chromium, against one server of the
+embedded omni layout that requires an API key and serves under a root path.
+
+Chromium (Debian's package, which bin/setup's test mode installs) is driven over the DevTools
+protocol (a websocket, the `websockets` package): the test types into the page and clicks as a
+user would, then reads what the page shows (DOM text) and the counters it keeps in data
+attributes (SSE chunks, audio bytes and chunks received, images, responses). Its microphone is
+Chromium's fake device playing a wav that espeak-ng spoke (16-bit PCM, played once).
+
+Every call the page makes goes to a server with --api-key: the answers prove that its fetches
+and its WebSocket (the key as the subprotocol `openai-insecure-api-key.<key>`) carried the key;
+a page given a wrong key gets the 401 instead.
+
+The tiny model is random: a logit bias on <|im_end|> (an extra request field, typed into the
+page's "more fields" box) ends its text soon so its speech follows quickly, and
+one on the image span's opening token makes it draw (as tests/e2e/test_images.py does).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import shutil
+import subprocess
+import time
+import urllib.request
+import wave
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+from websockets.sync.client import ClientConnection, connect
+
+from omni.text.constrained.image_span import START
+from omni.text.tokenizer import TextTokenizer
+from tests.e2e.audio import spoken
+from tests.e2e.conftest import DIFFUSION_STEPS
+from tests.e2e.server import running_server
+
+CHROMIUM = shutil.which("chromium")
+KEY = "sk-playground-test"
+ROOT = "/omni"
+MODEL = "omni"
+TURN_S = 240.0  # a turn on the tiny model takes seconds; the bound only keeps a failure from hanging
+
+pytestmark = pytest.mark.skipif(
+    CHROMIUM is None, reason="chromium is not installed (bin/setup test installs Debian's package where apt-get can)"
+)
+
+
+class Page:
+    """One tab of a running Chromium, over the DevTools protocol: evaluate JavaScript in it."""
+
+    def __init__(self, ws: ClientConnection) -> None:
+        self.ws = ws
+        self.ids = itertools.count(1)
+
+    def call(self, method: str, timeout: float = 30.0, **params: Any) -> dict[str, Any]:
+        n = next(self.ids)
+        self.ws.send(json.dumps({"id": n, "method": method, "params": params}))
+        deadline = time.monotonic() + timeout
+        while True:  # events (none subscribed) and other answers are skipped
+            message = json.loads(self.ws.recv(timeout=max(deadline - time.monotonic(), 0.01)))
+            if message.get("id") == n:
+                assert "error" not in message, message
+                return message["result"]
+
+    def js(self, expression: str) -> Any:
+        """The value of the expression (awaited), run as if from a user's click (autoplay). A DOM
+        node comes back as {}: test for one with `!!`."""
+        result = self.call("Runtime.evaluate", expression=expression, awaitPromise=True, returnByValue=True,
+                           userGesture=True)  # fmt: skip
+        assert "exceptionDetails" not in result, result["exceptionDetails"]
+        return result["result"].get("value")
+
+    def wait(self, expression: str, timeout: float, what: str) -> Any:
+        deadline = time.monotonic() + timeout
+        while not (value := self.js(expression)):
+            if time.monotonic() > deadline:
+                shown = self.js("[document.querySelector('main').innerText, document.getElementById('status').textContent, "
+                                "[...document.querySelectorAll('#voice-events li')].map(li => li.textContent).join('\\n')].join('\\n')")  # fmt: skip
+                raise AssertionError(f"{what}: not within {timeout:.0f} s; the page shows: {shown[-3000:]}")
+            time.sleep(0.25)
+        return value
+
+    def open(self, url: str) -> None:
+        self.call("Page.navigate", url=url)
+        self.wait("document.readyState === 'complete' && !!document.getElementById('model')", 30, "the page loads")
+
+    def use_key(self, key: str) -> None:
+        self.js(f"document.getElementById('api-key').value = {json.dumps(key)}; "
+                "document.querySelector('#key-form button').click()")  # fmt: skip
+        self.wait("document.body.dataset.models", 30, "the model list")
+
+
+@pytest.fixture(scope="module")
+def server(omni_dir: Path) -> Iterator[str]:
+    with running_server(
+        "--model", f"{MODEL}={omni_dir}", "--max-model-len", "2048", "--diffusion-steps", str(DIFFUSION_STEPS),
+        "--api-key", KEY, "--root-path", ROOT,
+    ) as base:  # fmt: skip
+        yield base
+
+
+@pytest.fixture(scope="module")
+def bias(server: str, omni_dir: Path) -> dict[str, int]:
+    """Token ids of <|im_end|> and of the image span's opening token."""
+    tokens = httpx.post(f"{server}{ROOT}/tokenize", headers={"Authorization": f"Bearer {KEY}"},
+                        json={"model": MODEL, "prompt": "<|im_end|>", "add_special_tokens": False}).json()["tokens"]  # fmt: skip
+    assert len(tokens) == 1
+    return {"end": tokens[0], "draw": TextTokenizer.from_dir(omni_dir).token_to_id(START)}
+
+
+@pytest.fixture(scope="module")
+def speech_wav(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    clip = spoken("Hello, what is the weather like in Seoul today?", 48000, silence_s=3.0)
+    if clip is None:
+        pytest.skip("espeak-ng is not installed (bin/setup test installs it)")
+    samples = np.concatenate([np.zeros(24000, dtype=np.float32), clip])  # half a second before the speech
+    path = tmp_path_factory.mktemp("mic") / "speech.wav"
+    with wave.open(str(path), "wb") as out:  # Chromium's fake microphone reads 16-bit PCM
+        out.setnchannels(1)
+        out.setsampwidth(2)
+        out.setframerate(48000)
+        out.writeframes((np.clip(samples, -1, 1) * 32767).astype("<i2").tobytes())
+    return path
+
+
+@pytest.fixture(scope="module")
+def page(speech_wav: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Page]:
+    assert CHROMIUM is not None
+    profile = tmp_path_factory.mktemp("profile")
+    log = (profile.parent / "chromium.log").open("wb")
+    proc = subprocess.Popen(
+        [
+            CHROMIUM,
+            "--headless=new",
+            "--no-sandbox",  # root in a container
+            "--disable-gpu",
+            "--disable-dev-shm-usage",  # a container's /dev/shm is small
+            "--disable-background-networking",
+            "--no-first-run",
+            "--autoplay-policy=no-user-gesture-required",
+            "--use-fake-ui-for-media-stream",  # the microphone is allowed without asking
+            "--use-fake-device-for-media-stream",
+            f"--use-file-for-fake-audio-capture={speech_wav}%noloop",
+            f"--user-data-dir={profile}",
+            "--remote-debugging-port=0",  # Chromium picks one and writes it to DevToolsActivePort
+            "about:blank",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=log,
+    )
+    try:
+        active = profile / "DevToolsActivePort"
+        deadline = time.monotonic() + 60
+        while not (active.exists() and len(active.read_text().split()) == 2):
+            assert proc.poll() is None and time.monotonic() < deadline, "chromium did not open its DevTools port"
+            time.sleep(0.1)
+        port = active.read_text().split()[0]
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list", timeout=10) as r:
+            target = next(t for t in json.load(r) if t["type"] == "page")
+        with connect(target["webSocketDebuggerUrl"], max_size=None, open_timeout=10) as ws:
+            yield Page(ws)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+
+
+def _send_chat(page: Page, text: str, extra: dict[str, Any], *, speak: bool) -> dict[str, str]:
+    page.js(f"document.getElementById('chat-extra').value = {json.dumps(json.dumps(extra))}; "
+            f"document.getElementById('chat-speak').checked = {json.dumps(speak)}; "
+            f"document.getElementById('chat-input').value = {json.dumps(text)}; "
+            "document.getElementById('chat-send').click()")  # fmt: skip
+    page.wait("document.getElementById('chat').dataset.state !== 'streaming'", TURN_S, "the chat answer")
+    return dict(page.js("({...document.getElementById('chat').dataset})"))
+
+
+def test_the_chat_tab_streams_a_spoken_answer_and_shows_a_drawn_image(server: str, page: Page, bias: dict[str, int]) -> None:
+    page.open(f"{server}{ROOT}/playground")
+    page.use_key(KEY)
+    assert page.js("document.getElementById('model').value") == MODEL
+
+    # no reasoning block (the reference template opens one, which a random model rarely closes)
+    quick = {"logit_bias": {str(bias["end"]): 4}, "max_tokens": 200, "seed": 3, "chat_template_kwargs": {"skip_reasoning": True}}
+    said = _send_chat(page, "Say hello.", quick, speak=True)
+    answer = page.js("document.querySelector('#chat-log .msg.assistant:last-child .text').textContent")
+    assert said["state"] == "done", answer
+    assert int(said["chunks"]) > 2  # streamed: the role, then its text and audio in pieces
+    assert int(said["audioChunks"]) >= 1 and int(said["audioBytes"]) >= 2 * 24000 * 0.16  # PCM16, at least a first chunk
+    assert answer.strip(), "the spoken answer's transcript is shown"
+
+    page.js("document.getElementById('chat-clear').click()")
+    span = 1 + 2 + 8 * 9 + 2  # the opening token, then the tiny decoder's 8 x 8 codes with their markup
+    drawn = _send_chat(page, "draw me a boat", {"logit_bias": {str(bias["draw"]): 100}, "max_tokens": span, "seed": 9}, speak=False)
+    assert drawn["state"] == "done" and drawn["images"] == "1", drawn
+    size = page.wait("(i => i && i.complete && i.naturalWidth ? [i.naturalWidth, i.naturalHeight] : null)"
+                     "(document.querySelector('#chat-log .msg.assistant img'))", 30, "the drawn image loads")  # fmt: skip
+    assert min(size) >= 512  # the decoder's size for its ratio token (tests/e2e/test_images.py checks which)
+
+
+def test_the_voice_tab_shows_the_users_transcript_and_receives_audio(server: str, page: Page, bias: dict[str, int]) -> None:
+    page.open(f"{server}{ROOT}/playground")
+    page.use_key(KEY)
+    extra = {"logit_bias": {str(bias["end"]): 8}, "seed": 3, "max_output_tokens": 200}
+    page.js(f"document.querySelector('[data-tab=voice]').click(); "
+            f"document.getElementById('voice-extra').value = {json.dumps(json.dumps(extra))}; "
+            "document.getElementById('voice-start').click()")  # fmt: skip
+    page.wait("document.getElementById('voice').dataset.state === 'live'", 30, "the microphone starts")
+    page.wait("!!document.querySelector('#voice-log .msg.user[data-transcribed]')", TURN_S, "the user's transcript")
+    page.wait("Number(document.getElementById('voice').dataset.responses) >= 1", TURN_S, "the spoken answer")
+    voice = dict(page.js("({...document.getElementById('voice').dataset})"))
+    user = page.js("document.querySelector('#voice-log .msg.user').dataset.transcribed")
+    transcript = page.js("document.querySelector('#voice-log .msg.user .text').textContent")
+    assert user == "true" and transcript.strip(), transcript
+    assert int(voice["audioChunks"]) >= 1 and int(voice["audioBytes"]) >= 2 * 24000 * 0.16, voice
+    assert page.js("!!document.querySelector('#voice-log .msg.assistant')")
+    assert page.js("document.querySelectorAll('#voice-log .note.error').length") == 0, page.js(
+        "document.getElementById('voice-log').innerText"
+    )
+    page.js("document.getElementById('voice-stop').click()")
+
+
+def test_a_wrong_key_is_refused_to_the_page(server: str, page: Page) -> None:
+    page.open(f"{server}{ROOT}/playground")
+    page.use_key("sk-wrong")
+    assert page.js("document.body.dataset.models") == "error"
+    assert "401: Incorrect API key provided." in page.js("document.getElementById('status').textContent")
+    page.js("document.querySelector('[data-tab=voice]').click(); document.getElementById('voice-start').click()")
+    page.wait("document.getElementById('voice').dataset.state === 'error'", 30, "the refused WebSocket")
