@@ -29,6 +29,13 @@ if [[ -x "$BIN" ]]; then
 fi
 
 mkdir -p "$DEST"
+# One build at a time: a second caller waits here, then finds the binary.
+exec 9>"$DEST/.lock"
+flock 9
+if [[ -x "$BIN" ]]; then
+    echo "$BIN"
+    exit 0
+fi
 SDIST="$DEST/llama_cpp_python-$VERSION.tar.gz"
 if [[ ! -f "$SDIST" ]] || ! echo "$SHA256  $SDIST" | sha256sum -c --quiet - >/dev/null 2>&1; then
     log "downloading the llama-cpp-python $VERSION sdist"
