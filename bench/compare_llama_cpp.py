@@ -40,14 +40,13 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
 sys.path.insert(0, str(BENCH))
 
-from run_text_bench import bench_server, free_port, log, omni_cmd, stop_all  # noqa: E402
+from run_text_bench import bench_server, free_port, log, omni_cmd, stop_all
 
 PAIRS = ("fp32", "bf16", "int8", "smollm2-bf16", "smollm2-int8")
 OMNI_ARGS = {
@@ -64,8 +63,11 @@ LLAMA_FILES = {"fp32": ("f32",), "bf16": ("bf16",), "int8": ("q8_0", "bf16"),
 
 def tpot_mean(report: dict) -> float | None:
     """Mean time per output token after the first, per request (vLLM's TPOT), in seconds."""
-    values = [(r["e2e"] - r["ttft"]) / (r["completion_tokens"] - 1) for r in report.get("requests", [])
-              if r.get("ok") and r.get("ttft") is not None and r.get("completion_tokens", 0) > 1]
+    values = [
+        (r["e2e"] - r["ttft"]) / (r["completion_tokens"] - 1)
+        for r in report.get("requests", [])
+        if r.get("ok") and r.get("ttft") is not None and r.get("completion_tokens", 0) > 1
+    ]
     return sum(values) / len(values) if values else None
 
 
@@ -73,13 +75,20 @@ def figures(report: dict) -> dict:
     if "error" in report or "skipped" in report:
         return {}
     s = report["summary"]
-    return {"tok_s": s["output_tok_per_s"], "ttft_p90_s": s["ttft_p90_s"], "tpot_s": tpot_mean(report),
-            "completed": s["completed"], "requests": s["num_requests"], "early_stops": s["num_early_stops"]}
+    return {
+        "tok_s": s["output_tok_per_s"],
+        "ttft_p90_s": s["ttft_p90_s"],
+        "tpot_s": tpot_mean(report),
+        "completed": s["completed"],
+        "requests": s["num_requests"],
+        "early_stops": s["num_early_stops"],
+    }
 
 
 def omni_flag_missing(flag: str) -> bool:
-    h = subprocess.run([str(REPO / "bin" / "omni-serve"), "--help"], capture_output=True, text=True, timeout=120,
-                       cwd=REPO)
+    h = subprocess.run(
+        [str(REPO / "bin" / "omni-serve"), "--help"], capture_output=True, text=True, timeout=120, cwd=REPO, check=False
+    )
     return flag not in h.stdout + h.stderr
 
 
@@ -107,16 +116,36 @@ def run_omni(pair: str, model: str, args, tmp: Path) -> dict:
 def run_llama(pair: str, kind: str, gguf: Path, server: Path, args, tmp: Path) -> dict:
     port = free_port()
     slots = args.concurrency
-    cmd = [str(server), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port), "--alias", f"llama-{kind}",
-           "--threads", str(args.threads), "--threads-batch", str(args.threads), "--parallel", str(slots),
-           "--ctx-size", str(slots * args.ctx_per_slot), *args.llama_args.split()]
+    cmd = [
+        str(server),
+        "-m",
+        str(gguf),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--alias",
+        f"llama-{kind}",
+        "--threads",
+        str(args.threads),
+        "--threads-batch",
+        str(args.threads),
+        "--parallel",
+        str(slots),
+        "--ctx-size",
+        str(slots * args.ctx_per_slot),
+        *args.llama_args.split(),
+    ]
     return bench_server(f"{pair}-llama-{kind}", cmd, f"http://127.0.0.1:{port}/v1", args, tmp, tmp, ["--ignore-eos"])
 
 
 def prepare(pairs: list[str], args) -> tuple[Path, dict[str, Path], Path | None]:
     """llama-server's binary, the GGUF files the pairs need ({kind: path}) and the checkpoint."""
-    server = Path(subprocess.run([str(BENCH / "build_llama_cpp.sh")], check=True, capture_output=True, text=True,
-                                 cwd=REPO).stdout.strip().splitlines()[-1])
+    server = Path(
+        subprocess.run([str(BENCH / "build_llama_cpp.sh")], check=True, capture_output=True, text=True, cwd=REPO)
+        .stdout.strip()
+        .splitlines()[-1]
+    )
     kinds = {k for p in pairs for k in LLAMA_FILES[p]}
     files: dict[str, Path] = {}
     ckpt = None
@@ -127,8 +156,14 @@ def prepare(pairs: list[str], args) -> tuple[Path, dict[str, Path], Path | None]
         ckpt = (args.ckpt or BENCH / ".cache" / f"qwen2-{args.size}").resolve()
         files.update(gguf_files(args.size, tuple(qwen), ckpt))
     if "q4_1" in kinds:
-        out = subprocess.run([sys.executable, "-m", "gpu_workers.tiny.smollm2"], check=True, capture_output=True,
-                             text=True, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+        out = subprocess.run(
+            [sys.executable, "-m", "gpu_workers.tiny.smollm2"],
+            check=True,
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+        )
         files["q4_1"] = Path(out.stdout.strip().splitlines()[-1])
     return server, files, ckpt
 
@@ -138,9 +173,11 @@ def fmt(x: float | None, scale: float = 1.0, nd: int = 1) -> str:
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| pair | omni-serve tok/s | llama-server tok/s (file) | ratio | TTFT p90 omni / llama (s) "
-             "| TPOT omni / llama (ms) | requests ok omni / llama |",
-             "|---|---:|---:|---:|---:|---:|---:|"]
+    head = (
+        "| pair | omni-serve tok/s | llama-server tok/s (file) | ratio | TTFT p90 omni / llama (s) "
+        "| TPOT omni / llama (ms) | requests ok omni / llama |"
+    )
+    lines = [head, "|---|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         o, ll = r["omni"], r["llama"]
         if "skipped" in r:
@@ -157,11 +194,15 @@ def table(rows: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], epilog=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--pairs", default=",".join(PAIRS), help=f"comma list of {', '.join(PAIRS)}")
-    ap.add_argument("--smoke", action="store_true",
-                    help="check it works end to end: tiny checkpoint, 4 requests at 4, 8 tokens (no figures)")
+    ap.add_argument(
+        "--smoke",
+        action="store_true",
+        help="check it works end to end: tiny checkpoint, 4 requests at 4, 8 tokens (no figures)",
+    )
     ap.add_argument("--size", default="100m", choices=["100m", "tiny"])
     ap.add_argument("--ckpt", type=Path, default=None, help="checkpoint dir (default bench/.cache/qwen2-<size>)")
     ap.add_argument("--num-requests", "-n", type=int, default=64)
@@ -231,14 +272,23 @@ def main(argv: list[str] | None = None) -> int:
 
     md = table(rows)
     print()
-    print(f"omni-serve vs llama-server: {args.num_requests} chat requests, concurrency {args.concurrency}, "
-          f"{args.max_tokens} output tokens each, {args.threads} threads each side, {os.cpu_count()} CPU cores"
-          f"{' (SMOKE: no figures)' if args.smoke else ''}")
+    print(
+        f"omni-serve vs llama-server: {args.num_requests} chat requests, concurrency {args.concurrency}, "
+        f"{args.max_tokens} output tokens each, {args.threads} threads each side, {os.cpu_count()} CPU cores"
+        f"{' (SMOKE: no figures)' if args.smoke else ''}"
+    )
     print()
     print(md)
-    report = {"date_utc": stamp, "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
-              "llama_server": str(server), "gguf": {k: str(v) for k, v in files.items()}, "checkpoint": str(ckpt),
-              "table_markdown": md, "rows": rows, "reports": raw}
+    report = {
+        "date_utc": stamp,
+        "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+        "llama_server": str(server),
+        "gguf": {k: str(v) for k, v in files.items()},
+        "checkpoint": str(ckpt),
+        "table_markdown": md,
+        "rows": rows,
+        "reports": raw,
+    }
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=1))
     print(f"\nwrote {out}")

@@ -44,8 +44,11 @@ def log(msg: str) -> None:
 
 def llama_cpp_dir() -> Path:
     """The unpacked llama.cpp tree of bench/build_llama_cpp.sh (which builds it if needed)."""
-    binary = subprocess.run([str(BENCH / "build_llama_cpp.sh")], check=True, capture_output=True, text=True,
-                            cwd=REPO).stdout.strip().splitlines()[-1]
+    binary = (
+        subprocess.run([str(BENCH / "build_llama_cpp.sh")], check=True, capture_output=True, text=True, cwd=REPO)
+        .stdout.strip()
+        .splitlines()[-1]
+    )
     dest = Path(binary).parents[2]  # <cache>/llama.cpp-<v>/build/bin/llama-server
     (src,) = dest.glob("llama_cpp_python-*/vendor/llama.cpp")
     return src
@@ -58,8 +61,12 @@ def gpt2_byte_level(model_dir: Path) -> bool:
     except (OSError, ValueError):
         return False
     pre = tok.get("pre_tokenizer") or {}
-    return (tok.get("normalizer") is None and tok.get("model", {}).get("type") == "BPE"
-            and pre.get("type") == "ByteLevel" and pre.get("use_regex", True))
+    return (
+        tok.get("normalizer") is None
+        and tok.get("model", {}).get("type") == "BPE"
+        and pre.get("type") == "ByteLevel"
+        and pre.get("use_regex", True)
+    )
 
 
 def _convert_in_process(llama_dir: Path, argv: list[str]) -> None:
@@ -91,8 +98,17 @@ def convert(model_dir: Path, outtype: str, out: Path, llama_dir: Path) -> Path:
         return out
     tmp = out.with_suffix(".part")
     # A child per file: the converter keeps module state, and a failure names its outtype.
-    cmd = [sys.executable, __file__, "--_convert", str(llama_dir), str(model_dir), "--outtype", outtype,
-           "--outfile", str(tmp)]
+    cmd = [
+        sys.executable,
+        __file__,
+        "--_convert",
+        str(llama_dir),
+        str(model_dir),
+        "--outtype",
+        outtype,
+        "--outfile",
+        str(tmp),
+    ]
     log(f"{model_dir.name} -> {out.name}")
     subprocess.run(cmd, check=True)
     os.replace(tmp, out)
@@ -114,8 +130,9 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["--_convert"]:
         _convert_in_process(Path(argv[1]), argv[2:])
         return 0
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], epilog=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--size", default="100m", choices=["100m", "tiny"])
     ap.add_argument("--ckpt", type=Path, default=None, help="checkpoint dir (default bench/.cache/qwen2-<size>)")
     ap.add_argument("--outtypes", default=",".join(OUTTYPES), help=f"comma list of {', '.join(OUTTYPES)}")
