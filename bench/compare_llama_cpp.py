@@ -85,6 +85,14 @@ def figures(report: dict) -> dict:
     }
 
 
+def same_text(a: dict, b: dict) -> str:
+    """How many requests' greedy text (first 120 characters) both sides share: informational (a
+    near-tie argmax may flip between kernels), but most differing means different models."""
+    texts = {r["index"]: r["text_preview"] for r in a.get("requests", []) if r.get("ok")}
+    same = sum(1 for r in b.get("requests", []) if r.get("ok") and texts.get(r["index"]) == r["text_preview"])
+    return f"{same}/{len(texts)}"
+
+
 def omni_flag_missing(flag: str) -> bool:
     h = subprocess.run(
         [str(REPO / "bin" / "omni-serve"), "--help"], capture_output=True, text=True, timeout=120, cwd=REPO, check=False
@@ -175,20 +183,21 @@ def fmt(x: float | None, scale: float = 1.0, nd: int = 1) -> str:
 def table(rows: list[dict]) -> str:
     head = (
         "| pair | omni-serve tok/s | llama-server tok/s (file) | ratio | TTFT p90 omni / llama (s) "
-        "| TPOT omni / llama (ms) | requests ok omni / llama |"
+        "| TPOT omni / llama (ms) | requests ok omni / llama | same text |"
     )
-    lines = [head, "|---|---:|---:|---:|---:|---:|---:|"]
+    lines = [head, "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         o, ll = r["omni"], r["llama"]
         if "skipped" in r:
-            lines.append(f"| {r['pair']} | skipped: {r['skipped'][:80]} | | | | | |")
+            lines.append(f"| {r['pair']} | skipped: {r['skipped'][:80]} | | | | | | |")
             continue
         ratio = f"{o['tok_s'] / ll['tok_s']:.2f}x" if o.get("tok_s") and ll.get("tok_s") else "-"
         lines.append(
             f"| {r['pair']} | {fmt(o.get('tok_s'))} | {fmt(ll.get('tok_s'))} ({r.get('llama_file', '-')}) | {ratio} "
             f"| {fmt(o.get('ttft_p90_s'), nd=2)} / {fmt(ll.get('ttft_p90_s'), nd=2)} "
             f"| {fmt(o.get('tpot_s'), 1e3)} / {fmt(ll.get('tpot_s'), 1e3)} "
-            f"| {o.get('completed', '-')}/{o.get('requests', '-')} / {ll.get('completed', '-')}/{ll.get('requests', '-')} |"
+            f"| {o.get('completed', '-')}/{o.get('requests', '-')} / {ll.get('completed', '-')}/{ll.get('requests', '-')} "
+            f"| {r.get('same_text', '-')} |"
         )
     return "\n".join(lines)
 
@@ -263,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
                 raw[f"{pair}/llama-{kind}"] = rep
                 got = figures(rep)
                 if got.get("tok_s") and got["tok_s"] > best.get("tok_s", 0.0):
-                    best, row["llama_file"] = got, kind
+                    best, row["llama_file"], row["same_text"] = got, kind, same_text(omni, rep)
             load.append(os.getloadavg()[0])
             rows.append({**row, "omni": figures(omni), "llama": best, "loadavg_1min": load})
             log(f"{pair}: loadavg (1 min) along the pair {', '.join(f'{x:.2f}' for x in load)}")
