@@ -119,6 +119,10 @@ def gguf_files(size: str, outtypes: tuple[str, ...] = OUTTYPES, ckpt: Path | Non
     """The checkpoint (made if needed) converted to each outtype: {outtype: path}."""
     from make_checkpoint import make_checkpoint
 
+    try:
+        import sentencepiece  # noqa: F401 - the converter imports it on the way
+    except ImportError:
+        sys.exit("convert_to_gguf: llama.cpp's converter needs sentencepiece: .venv/bin/pip install sentencepiece")
     model_dir = (ckpt or BENCH / ".cache" / f"qwen2-{size}").resolve()
     make_checkpoint(model_dir, size)
     llama_dir = llama_cpp_dir()
