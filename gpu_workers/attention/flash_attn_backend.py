@@ -62,6 +62,7 @@ def raise_problems(name: str, problems: list[str]) -> None:
 class _FlashVarlenBackend(AttentionBackend):
     BLOCK_MULTIPLE: ClassVar[int]
     PACKAGE: ClassVar[str]  # what to install, for the error
+    INSTALL: ClassVar[str]  # how to get it, for the error
 
     @classmethod
     def _import(cls) -> Callable[..., torch.Tensor]:
@@ -78,7 +79,7 @@ class _FlashVarlenBackend(AttentionBackend):
         try:
             cls._import()
         except ImportError as e:
-            return f"{cls.PACKAGE} cannot be imported ({e})"
+            return f"{cls.PACKAGE} cannot be imported ({e}); {cls.INSTALL}"
         return None
 
     def __init__(self, block_size: int, device: torch.device) -> None:
@@ -124,6 +125,7 @@ class VllmFlashAttnBackend(_FlashVarlenBackend):
     name = "vllm_flash_attn"
     BLOCK_MULTIPLE = 16
     PACKAGE = "vllm (its vllm.vllm_flash_attn)"
+    INSTALL = "install vLLM into this venv (the vllm extra; it brings its own torch)"
 
     @classmethod
     def _import(cls) -> Callable[..., torch.Tensor]:
@@ -144,6 +146,7 @@ class FlashAttnBackend(_FlashVarlenBackend):
     name = "flash_attn"
     BLOCK_MULTIPLE = 256
     PACKAGE = "flash-attn"
+    INSTALL = "pip install flash-attn --no-build-isolation (after torch); its pages are 256n tokens"
 
     @classmethod
     def _import(cls) -> Callable[..., torch.Tensor]:

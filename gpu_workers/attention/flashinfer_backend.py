@@ -61,7 +61,7 @@ class FlashInferBackend(AttentionBackend):
         try:
             import flashinfer  # noqa: F401
         except ImportError as e:
-            return f"flashinfer-python cannot be imported ({e})"
+            return f"flashinfer-python cannot be imported ({e}); bin/setup gpu installs it"
         return None
 
     def __init__(self, block_size: int, device: torch.device) -> None:
