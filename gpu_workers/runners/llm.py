@@ -25,12 +25,14 @@ import torch
 
 from gpu_workers.artifacts import embeddings_from_bytes
 from gpu_workers.attention.backend import KVCache, SequenceChunk
+from gpu_workers.attention.compiled_decode import DecodeGraphBackend
 from gpu_workers.attention.registry import create_attention_backend
 from gpu_workers.distributed import GroupMember
 from gpu_workers.loader import load_model
 from gpu_workers.models.llama import LlamaFamilyConfig
 from gpu_workers.models.packed_linear import pack_linears
 from gpu_workers.runner import Runner, register_runner
+from gpu_workers.runners.decode_graph import DecodeGraph
 from gpu_workers.sampler import Sampler, validate_options
 from gpu_workers.store_client import LRUBytes, StoreClient
 from omni.shared import protocol
@@ -162,6 +164,9 @@ class LLMRunner(Runner):
         pack_cpu_weights: bool = True,  # oneDNN-packed linears on CPU (models/packed_linear.py)
         read_artifact: ArtifactReader | None = None,  # needed only for requests with media
         embedding_cache_bytes: int = DEFAULT_EMBEDDING_CACHE_BYTES,
+        compile_decode: bool = False,  # decode-only steps through the compiled step (runners/decode_graph.py)
+        max_num_seqs: int = 64,  # the largest decode bucket
+        decode_kernel: str = "gather",  # the compiled step's attention (attention/compiled_decode.py)
     ) -> None:
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
@@ -171,7 +176,9 @@ class LLMRunner(Runner):
         self.attention_backend = create_attention_backend(
             attention_backend, block_size=block_size, device=self.device, dtype=dtype
         )
-        self.model = load_model(Path(model_dir), device=self.device, dtype=dtype, backend=self.attention_backend)
+        # the model's layers see the compiled step's attention first, when there is one
+        model_backend = DecodeGraphBackend(self.attention_backend) if compile_decode else self.attention_backend
+        self.model = load_model(Path(model_dir), device=self.device, dtype=dtype, backend=model_backend)
         if pack_cpu_weights:
             with torch.inference_mode():
                 pack_linears(self.model, device=self.device, dtype=dtype)
@@ -191,12 +198,18 @@ class LLMRunner(Runner):
         self.num_kv_blocks = num_kv_blocks
         # (layers, K|V, blocks, block_size, kv_heads, head_dim). Zeros, not empty: padded
         # decode gathers read unused slots, and masked-out NaN garbage would still poison
-        # softmax(scores) @ V.
+        # softmax(scores) @ V. The compiled decode step's padding rows write into one more
+        # block, past those the scheduler is told of.
         self.kv_cache = torch.zeros(
-            mc.num_layers, 2, num_kv_blocks, block_size, mc.num_kv_heads, mc.head_dim,
+            mc.num_layers, 2, num_kv_blocks + int(compile_decode), block_size, mc.num_kv_heads, mc.head_dim,
             dtype=dtype, device=self.device,
         )  # fmt: skip
         self.kv_caches: list[KVCache] = [(layer[0], layer[1]) for layer in self.kv_cache]
+        self.decode_graph = (
+            DecodeGraph(self.model, self.kv_cache, max_num_seqs=max_num_seqs, kernel=decode_kernel)
+            if compile_decode
+            else None
+        )
         self.sampler = Sampler()
         self.requests: dict[str, RequestState] = {}
         self.read_artifact = read_artifact
@@ -219,10 +232,14 @@ class LLMRunner(Runner):
             attention_backend=spec.attention_backend,
             read_artifact=store.get if store is not None else None,
             embedding_cache_bytes=spec.embedding_cache_bytes,
+            compile_decode=spec.compile_decode,
+            max_num_seqs=spec.max_num_seqs,
         )
         # before the worker reports ready: the paged CPU kernel compiles here, not in a request
         mc = runner.model_config
         runner.attention_backend.warm_up(runner.kv_caches[0], mc.num_heads, mc.attention_scale)
+        if runner.decode_graph is not None:
+            runner.decode_graph.warm_up()
         return runner
 
     def ready_message(self, spec: protocol.LLMWorkerSpec) -> protocol.LLMReady:
@@ -461,15 +478,19 @@ class LLMRunner(Runner):
             if end == len(state.token_ids) and not state.sampling.prefill_only:
                 sample_rows.append(len(input_ids) - 1)
                 sample_ids.append(s.request_id)
-        metadata = self.attention_backend.build_metadata(chunks)
-        ids = torch.tensor(input_ids, device=self.device)
-        hidden = self.model(
-            ids,
-            torch.tensor(positions, device=self.device),
-            self.kv_caches,
-            metadata,
-            inputs_embeds=self._inputs_embeds(scheduled, ids, media),
-        )  # (T, H)
+        if self._compiled_decode(chunks, media):
+            assert self.decode_graph is not None
+            hidden = self.decode_graph.forward(input_ids, positions, [c.block_ids for c in chunks])
+        else:
+            metadata = self.attention_backend.build_metadata(chunks)
+            ids = torch.tensor(input_ids, device=self.device)
+            hidden = self.model(
+                ids,
+                torch.tensor(positions, device=self.device),
+                self.kv_caches,
+                metadata,
+                inputs_embeds=self._inputs_embeds(scheduled, ids, media),
+            )  # (T, H)
         prompt_logprobs = [self._prompt_logprobs(hidden, p) for p in prompt_rows]
         if not sample_rows:
             return [], prompt_logprobs
@@ -486,6 +507,16 @@ class LLMRunner(Runner):
                 top = [protocol.TopLogprob(int(t), float(lp)) for t, lp in out.top_logprobs]
             sampled.append(protocol.SampledToken(request_id, out.token_id, out.logprob, top))
         return sampled, prompt_logprobs
+
+    def _compiled_decode(self, chunks: list[SequenceChunk], media: MediaRows) -> bool:
+        """Whether the step goes through the compiled decode step: every chunk one new token
+        of a running sequence, no media, and a bucket that holds them."""
+        return (
+            self.decode_graph is not None
+            and not any(media.values())
+            and self.decode_graph.bucket(len(chunks)) is not None
+            and all(c.num_query_tokens == 1 and c.num_computed_tokens > 0 for c in chunks)
+        )
 
     def _prompt_logprobs(self, hidden: torch.Tensor, rows: _PromptRows) -> protocol.PromptLogprobs:
         """Log-softmax of the raw logits (as the sampler's logprobs) at the rows predicting
