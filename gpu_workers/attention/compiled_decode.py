@@ -8,8 +8,10 @@ the p tokens already in the paged cache and over its own new K/V. Inside the ste
 - the cached part is read in place: "gather" states the scores as an elementwise product summed
   over the head dim, `(q * k_cache[table]).sum(-1)`, which inductor turns into one reduction
   loop that indexes the cache through the block table (no padded copy of the context exists),
-  and the same for the weighted sum of V; "flex" hands the whole cache to flex_attention with a
-  paged block mask (flex_paged.py's layout), lowered in the same graph (no compile of its own);
+  and the same for the weighted sum of V. (flex_attention with flex_paged.py's paged block mask
+  in the same graph was tried: inductor's CPU lowering of flex_attention refuses return_lse in
+  torch 2.13, which the merge below needs; taking it would mean writing the new K/V inside the
+  graph, a mutation of the cache the layer graph would have to split around.)
 - the cached part and the row's own token are merged by their log-sum-exp, so a row with
   nothing visible in the cache (a padding row of the bucket, context_len 1) sees only itself.
 
@@ -19,6 +21,7 @@ owns, so their K/V land there.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,7 +29,6 @@ import torch
 
 from gpu_workers.attention.backend import AttentionBackend, KVCache, SequenceChunk
 
-DECODE_KERNELS = ("gather", "flex")
 
 
 @dataclass(slots=True)
@@ -84,44 +86,10 @@ def gather_attention(
     return out / denom.clamp(min=1e-30)[..., None], lse
 
 
-def flex_attention_paged(
-    q: torch.Tensor,  # (B, Hkv, G, D)
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    block_table: torch.Tensor,  # (B, M) int64
-    num_cached: torch.Tensor,  # (B,) int64
-    scale: float,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The same through flex_attention over the whole cache with a paged block mask."""
-    from torch.nn.attention.flex_attention import BlockMask, flex_attention
-
-    b, hkv, g, d = q.shape
-    nb, bs = k_cache.shape[:2]
-    m = block_table.shape[1]
-    table = block_table.to(torch.int32)
-    num_full = (num_cached // bs).to(torch.int32)
-    partial = num_cached % bs
-    has_partial = (partial > 0).to(torch.int32)
-    last = table.gather(1, num_full.clamp(max=m - 1).long()[:, None])[:, 0]
-    end = last.long() * bs + partial  # first slot past the row's last visible one
-    flat = torch.cat([table.flatten(), table.new_zeros(nb)])
-    full_idx = flat.as_strided((b, 1, 1, nb), (m, 0, 0, 1))
-    part = torch.cat([torch.where(partial > 0, last, 0).to(torch.int32), table.new_zeros(nb)])
-    part_idx = part.as_strided((b, 1, 1, nb), (1, 0, 0, 1))
-
-    def mask_mod(bi: Any, h: Any, q_idx: Any, kv_idx: Any) -> Any:
-        return kv_idx < end[bi]
-
-    mask = BlockMask.from_kv_blocks(
-        has_partial.view(b, 1, 1), part_idx, num_full.view(b, 1, 1), full_idx,
-        BLOCK_SIZE=(g, bs), mask_mod=mask_mod, seq_lengths=(g, nb * bs), compute_q_blocks=False,
-    )  # fmt: skip
-    kf = k_cache.view(1, nb * bs, hkv, d).transpose(1, 2).expand(b, -1, -1, -1)
-    vf = v_cache.view(1, nb * bs, hkv, d).transpose(1, 2).expand(b, -1, -1, -1)
-    out, lse = flex_attention(q.to(k_cache.dtype), kf, vf, block_mask=mask, scale=scale, return_lse=True)
-    # rows with nothing visible come back with lse -inf (and out 0)
-    lse = torch.where(num_cached[:, None, None] > 0, lse.float(), float("-inf"))
-    return out.float(), lse
+# name -> attention over the cached part: (q, k_cache, v_cache, table, num_cached, scale) -> (out, lse)
+DECODE_KERNELS: dict[str, Callable[..., tuple[torch.Tensor, torch.Tensor]]] = {
+    "gather": gather_attention,
+}
 
 
 def decode_attention(
@@ -135,7 +103,7 @@ def decode_attention(
     v = v.to(v_cache.dtype)
     meta.new_kv.append((k, v))
     qg = q.view(b, hkv, hq // hkv, d)
-    attend = flex_attention_paged if meta.kernel == "flex" else gather_attention
+    attend = DECODE_KERNELS[meta.kernel]
     out_c, lse_c = attend(qg, k_cache, v_cache, meta.block_table, meta.context_lens - 1, scale)
     out = _merge_self(out_c, lse_c, qg.float(), k.float(), v.float(), scale)
     return out.to(q.dtype).reshape(b, hq, d)

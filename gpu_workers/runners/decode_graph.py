@@ -36,7 +36,7 @@ from typing import Any
 
 import torch
 
-from gpu_workers.attention.compiled_decode import DecodeGraphMetadata, write_new_kv
+from gpu_workers.attention.compiled_decode import DECODE_KERNELS, DecodeGraphMetadata, write_new_kv
 
 log = logging.getLogger("omni.llm_runner.decode_graph")
 
@@ -92,6 +92,8 @@ class DecodeGraph:
         kernel: str = "gather",
         pad_to_buckets: bool | None = None,  # default: on CUDA only
     ) -> None:
+        if kernel not in DECODE_KERNELS:
+            raise ValueError(f"unknown decode kernel {kernel!r}; known: {', '.join(DECODE_KERNELS)}")
         self.model = model
         self.kv_cache = kv_cache
         self.block_size = kv_cache.shape[3]

@@ -27,6 +27,8 @@ def llm_worker_spec(config: ModelConfig, worker_id: int, device: str) -> protoco
         gpu_memory_utilization=llm.gpu_memory_utilization,
         max_model_len=llm.max_model_len,
         attention_backend=llm.attention_backend,
+        compile_decode=llm.compile_decode,
+        max_num_seqs=llm.max_num_seqs,
         store=store_settings(config.store) if config.encoder_dir is not None else None,
     )
 
