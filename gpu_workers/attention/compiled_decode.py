@@ -30,7 +30,6 @@ import torch
 from gpu_workers.attention.backend import AttentionBackend, KVCache, SequenceChunk
 
 
-
 @dataclass(slots=True)
 class DecodeGraphMetadata:
     """A bucket's decode batch: B rows (real ones first), each one token."""
@@ -65,7 +64,7 @@ def gather_attention(
     scale: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention over each row's first num_cached tokens; (out (B, Hkv, G, D), lse (B, Hkv, G))."""
-    b, hkv, g, d = q.shape
+    hkv, d = q.shape[1], q.shape[3]
     bs = k_cache.shape[1]
     s = block_table.shape[1] * bs
     pos = torch.arange(s, device=q.device)
