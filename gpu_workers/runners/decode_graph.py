@@ -1,28 +1,30 @@
-"""The compiled decode step: the model's forward for decode-only batches, padded to a few bucket
-sizes and compiled once per bucket by torch.compile (inductor; on CUDA with CUDA graphs).
+"""The compiled decode step: the model's forward for decode-only batches through torch.compile
+(inductor; on CUDA with CUDA graphs), chosen by --compile-decode, off with --enforce-eager.
 
-A step whose every chunk is one new token of a running sequence, at most the largest bucket of
-them and without injected media, takes this path; every other step (prefill chunks, mixed
-batches) runs the model eagerly as before. Inside the compiled graph:
+A step whose every chunk is one new token of a running sequence, at most max_num_seqs of them
+and without injected media, takes this path; every other step (prefill chunks, mixed batches)
+runs the model eagerly as before. Inside the compiled code:
 
 - RMSNorm, RoPE, SiLU*mul, the residual adds and the attention's softmax are plain torch ops
   that inductor fuses into a few loops per layer; multipliers equal to 1.0 are never applied
   (models/llama.py skips them);
 - the oneDNN-packed linears on CPU are one opaque op each (models/packed_linear.py);
 - attention reads the paged cache in place (attention/compiled_decode.py), and each layer's
-  new K/V come out of the graph to be written into the cache by one index_copy after it.
+  new K/V come out of the graph, written into the cache by one index_copy after the forward.
 
-Buckets are the powers of two up to max_num_seqs, and max_num_seqs itself. A batch is padded to
-its bucket with rows whose slot and block table point at a scratch block that no request owns
-(the runner allocates it past the blocks it reports). The block table's width (the longest
-context in blocks) is a dynamic size, so the graph does not compile again as contexts grow; it
-is at least 2 (dynamo specialises sizes 0 and 1), and on CUDA rounded up to a power of two so
-that CUDA graphs are recorded for a few widths only.
+On CPU one decoder layer is compiled, with the batch and the block table's width dynamic: that
+code serves every layer and every batch size (one compile per process; CPU steps are
+compute-bound, so batches are not padded, except 1 to 2, as dynamo specialises size 1). On CUDA
+the whole forward is compiled with mode="reduce-overhead" (CUDA graphs), batches padded to
+buckets (powers of two up to max_num_seqs, and max_num_seqs) and the table's width rounded up
+to a power of two, so graphs are recorded for a few shapes only; a step's inputs go over in
+one pinned host buffer copied non_blocking. Padding rows' slots and block tables point at a
+scratch block no request owns (the runner allocates it past the blocks it reports).
 
-Every bucket is compiled at start (warm_up, before the worker reports ready), each timed in the
-log. inductor's FX graph cache and AOT autograd cache keep the compiled code on disk across
+The compile happens at start (warm_up, before the worker reports ready) and is logged with its
+time. inductor's FX graph and AOT autograd caches keep the compiled code on disk across
 restarts (TORCHINDUCTOR_CACHE_DIR, by default ~/.cache/omni-serve/inductor): a warm start still
-traces each bucket with dynamo but skips inductor's code generation and C++ compiles.
+traces with dynamo but skips inductor's code generation and C++ compiles.
 """
 
 from __future__ import annotations
