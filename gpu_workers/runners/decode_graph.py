@@ -106,6 +106,9 @@ class DecodeGraph:
         self.pad = self.cuda if pad_to_buckets is None else pad_to_buckets
         self.buckets = decode_buckets(max_num_seqs) if self.pad else [max(MIN_ROWS, max_num_seqs)]
         self.cache_dir = use_disk_cache()
+        # Each model shape and kernel in one process is an entry of the compiled layer's cache
+        # (a worker has one; a test process several); fullgraph=True makes the limit an error.
+        torch._dynamo.config.recompile_limit = max(32, torch._dynamo.config.recompile_limit)
         self._whole: Callable[..., tuple[torch.Tensor, torch.Tensor]] = torch.compile(
             self._forward, fullgraph=True, mode="reduce-overhead" if self.cuda else None
         )
