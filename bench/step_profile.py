@@ -21,6 +21,18 @@ The parts are timed with perf_counter hooks around the calls (a few microseconds
     python bench/step_profile.py --model bench/.cache/qwen2-100m --attention-backend torch_sdpa
 
 --json FILE also writes the figures as JSON.
+
+--compare runs decode steps of several variants of the runner, interleaved step by step in one
+process (each its own runner and cache, the same batch), and prints each one's step time
+(median and best) and its ratio to the first: `eager` (the --attention-backend, eager),
+`eager:NAME` (eager with attention backend NAME, e.g. eager:flex_paged), `gather` (the
+compiled decode step), and for the compiled one its attention share, measured by difference
+against the same compiled step with the cached-context attention left out (`none`: wrong
+results, timing only). On a busy machine
+the ratios, not the absolute times, are what to read; --rounds repeats the whole comparison.
+
+    python bench/step_profile.py --model bench/.cache/qwen2-100m --dtype bfloat16 --threads 2 \
+        --compare eager,eager:flex_paged,gather --steps 20 --rounds 3
 """
 
 from __future__ import annotations
@@ -129,6 +141,84 @@ def summarize(label: str, runs: list[tuple[float, dict[str, float]]]) -> dict[st
             "share": {p: v / wall for p, v in parts.items()}}  # fmt: skip
 
 
+def _skip_attention(q: torch.Tensor, *_: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    # timing only: the cached context is left out (each row sees only its own token)
+    return torch.zeros_like(q, dtype=torch.float32), torch.full(q.shape[:3], float("-inf"))
+
+
+def compare(args: argparse.Namespace) -> None:
+    from gpu_workers.attention.compiled_decode import DECODE_KERNELS
+
+    DECODE_KERNELS["none"] = _skip_attention
+    variants = args.compare.split(",")
+    runs = [v for v in variants if v.startswith("eager")]
+    runs += [k for v in variants if not v.startswith("eager") for k in (v, f"{v}-none")]
+    bs = args.block_size
+    max_len = args.context + args.warmup + args.steps * args.rounds + 2
+    num_blocks = args.seqs * (-(-max_len // bs)) + 8
+    greedy = protocol.SamplingOptions(temperature=0.0)
+    runners: dict[str, LLMRunner] = {}
+    for name in runs:
+        t = time.perf_counter()
+        eager = name.startswith("eager")
+        kernel = "none" if name.endswith("-none") else name
+        backend = name.partition(":")[2] or args.attention_backend
+        runner = LLMRunner(args.model, dtype=getattr(torch, args.dtype), block_size=bs, num_kv_blocks=num_blocks,
+                           attention_backend=backend, compile_decode=not eager,
+                           max_num_seqs=args.seqs, decode_kernel="gather" if eager else kernel)  # fmt: skip
+        mc = runner.model_config
+        runner.attention_backend.warm_up(runner.kv_caches[0], mc.num_heads, mc.attention_scale)
+        if runner.decode_graph is not None:
+            runner.decode_graph.warm_up()
+        runners[name] = runner
+        print(f"{name}: ready in {time.perf_counter() - t:.1f} s", flush=True)
+    rng = random.Random(0)
+    vocab = runners[runs[0]].model_config.vocab_size
+    ids = [f"d{i}" for i in range(args.seqs)]
+    per = -(-max_len // bs)
+    tables = {r: list(range(i * per, (i + 1) * per)) for i, r in enumerate(ids)}
+    prompts = {r: [rng.randrange(vocab) for _ in range(args.context)] for r in ids}
+    for runner in runners.values():
+        news = [protocol.NewRequest(r, prompts[r], greedy, tables[r], 0, args.context) for r in ids]
+        runner.execute(protocol.Step(0, news, [], []))
+    timers = {n: Timers() for n in runners if n.startswith("eager")}
+    for n, t in timers.items():
+        backend = runners[n].attention_backend
+        backend.forward = t.wrap("attention", backend.forward)  # type: ignore[method-assign]
+    eager_attention: dict[str, list[float]] = {n: [] for n in timers}
+    computed = {name: dict.fromkeys(ids, args.context) for name in runners}
+    times: dict[str, list[float]] = {name: [] for name in runners}
+    for s in range(args.warmup + args.steps * args.rounds):
+        for name, runner in runners.items():
+            cached = [protocol.CachedRequest(r, [], computed[name][r], 1) for r in ids]
+            if name in timers:
+                timers[name].spent.clear()
+            t = time.perf_counter()
+            runner.execute(protocol.Step(1 + s, [], cached, []))
+            dt = time.perf_counter() - t
+            for r in ids:
+                computed[name][r] += 1
+            if s >= args.warmup:
+                times[name].append(dt)
+                if name in timers:
+                    eager_attention[name].append(timers[name].spent["attention"] / dt)
+    med = {n: sorted(v)[len(v) // 2] for n, v in times.items()}
+    first = variants[0]
+    print(f"\n{args.model} {args.dtype}, {args.seqs} sequences at {args.context}+ tokens, "
+          f"{torch.get_num_threads()} threads, {len(times[first])} steps each, interleaved")  # fmt: skip
+    out = {}
+    for name in variants:
+        share = (sorted(eager_attention[name])[len(eager_attention[name]) // 2] if name in timers
+                 else max(0.0, 1 - med[f"{name}-none"] / med[name]))  # fmt: skip
+        out[name] = {"median_ms": med[name] * 1e3, "best_ms": min(times[name]) * 1e3,
+                     "ratio_to_first": med[name] / med[first], "attention_share": share}  # fmt: skip
+        print(f"  {name:<16} median {med[name] * 1e3:7.1f} ms  best {min(times[name]) * 1e3:7.1f} ms  "
+              f"x{med[name] / med[first]:.2f} of {first}  attention {100 * share:4.1f}%")  # fmt: skip
+    if args.json:
+        args.json.write_text(json.dumps({"model": str(args.model), "dtype": args.dtype, "seqs": args.seqs,
+                                         "context": args.context, "variants": out}, indent=2))  # fmt: skip
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", required=True, help="checkpoint directory (bench/make_checkpoint.py)")
@@ -142,9 +232,14 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--block-size", type=int, default=16)
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--compare", default=None, help="eager,gather,flex: decode steps of each, interleaved")
+    ap.add_argument("--rounds", type=int, default=1, help="with --compare: repeat the timed steps")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.compare:
+        compare(args)
+        return
     bs = args.block_size
     tokens_needed = args.seqs * (args.context + args.warmup + args.steps + 2) + 2 * args.chunk
     num_blocks = 2 * (-(-tokens_needed // bs)) + 4 * args.seqs

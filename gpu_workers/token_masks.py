@@ -9,10 +9,15 @@ row (review C4).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import logging
+from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 import torch
+
+from omni.shared import protocol
+
+log = logging.getLogger(__name__)
 
 
 def pack_masks(masks: Sequence[bytes | None]) -> tuple[np.ndarray, np.ndarray]:
@@ -58,3 +63,44 @@ def apply_token_masks(logits: torch.Tensor, masks: Sequence[bytes | None]) -> No
         apply_bitmask(
             logits, torch.from_numpy(rows).to(logits.device), torch.from_numpy(words).to(logits.device)
         )
+
+
+class StepMaskReader:
+    """A Step's grammar masks, by request id: those it carries, and with masks_follow those of
+    the StepMasks the server sends after it, filled while this step's forward runs (review C5).
+    That message is read once, when sampling first needs it, or by settle() when the step
+    ends without sampling (it failed, or its constrained requests were dropped), so that it is
+    never left on the pipe to be taken for the next job."""
+
+    def __init__(self, step: protocol.Step, receive: Callable[[], object] | None) -> None:
+        self.step = step
+        self._receive = receive
+        self._masks: dict[str, bytes] | None = None if step.masks_follow else self._of(step.token_masks)
+
+    def masks(self) -> dict[str, bytes]:
+        if self._masks is None:
+            self._masks = self._read()
+        return self._masks
+
+    def settle(self) -> None:
+        if self._masks is None:
+            try:
+                self.masks()
+            except Exception as exc:  # noqa: BLE001 - the step's own outcome is what is reported
+                log.error("step %d: its masks: %s", self.step.step_id, exc)
+
+    def _read(self) -> dict[str, bytes]:
+        self._masks = {}  # read at most once, even when what comes is wrong
+        if self._receive is None:
+            raise RuntimeError(f"step {self.step.step_id}: its masks follow, but there is no pipe to read them from")
+        follow = self._receive()
+        if not isinstance(follow, protocol.StepMasks) or follow.step_id != self.step.step_id:
+            got = f"{type(follow).__name__} {getattr(follow, 'step_id', '')}".strip()
+            raise ValueError(f"step {self.step.step_id}: its StepMasks was expected, got {got}")
+        if follow.error is not None:
+            raise ValueError(f"step {self.step.step_id}: the server could not fill its grammar masks: {follow.error}")
+        return self._of([*self.step.token_masks, *follow.token_masks])
+
+    @staticmethod
+    def _of(token_masks: Iterable[protocol.TokenMask]) -> dict[str, bytes]:
+        return {m.request_id: m.bitmask for m in token_masks}

@@ -113,6 +113,13 @@ class LLMConfig:
         "through a flex_attention kernel inductor compiles at each worker's start (6-18 s; faster "
         "in fp32, even in bf16)",
     )
+    compile_decode: bool = setting(
+        False,
+        help="decode-only steps run a compiled step (torch.compile; on CUDA, CUDA graphs per batch "
+        "bucket up to --max-num-seqs) with attention read in place from the paged cache; compiled "
+        "at each worker's start (tens of seconds cold on CPU, cached on disk under "
+        "~/.cache/omni-serve/inductor across restarts). --enforce-eager turns it off",
+    )
     max_logprobs: int = setting(
         20,
         type="positive_int",

@@ -9,7 +9,9 @@ backend does the same with frozen weights; this does it without compiling.
 
 from __future__ import annotations
 
+import itertools
 import logging
+import weakref
 
 import torch
 from torch import nn
@@ -29,6 +31,26 @@ def _ops_available() -> bool:
     )
 
 
+# Packed weights by handle, for the op below: a oneDNN-layout tensor cannot be traced by
+# torch.compile (it has no fake-tensor form), so a compiled graph calls the op with the handle.
+_PACKED: weakref.WeakValueDictionary[int, PackedLinear] = weakref.WeakValueDictionary()
+_handles = itertools.count()
+
+
+@torch.library.custom_op("omni::packed_linear", mutates_args=())
+def packed_linear(x: torch.Tensor, handle: torch.Tensor, out_features: int) -> torch.Tensor:
+    """x (..., in) -> (..., out_features) through the packed weight registered as `handle` (a
+    one-element tensor, so that every layer's linears share one compiled graph; an int would
+    be a constant dynamo specialises on)."""
+    m = _PACKED[int(handle)]
+    return torch.ops.mkldnn._linear_pointwise(x, m.packed, m.bias, "none", [], "")  # type: ignore[no-any-return]
+
+
+@packed_linear.register_fake
+def _packed_linear_shape(x: torch.Tensor, handle: torch.Tensor, out_features: int) -> torch.Tensor:
+    return x.new_empty((*x.shape[:-1], out_features))
+
+
 class PackedLinear(nn.Module):
     def __init__(self, linear: nn.Linear, batch_hint: int = BATCH_HINT) -> None:
         super().__init__()
@@ -37,8 +59,13 @@ class PackedLinear(nn.Module):
         weight = linear.weight.detach()
         self.packed = torch.ops.mkldnn._reorder_linear_weight(weight, batch_hint)
         self.bias = None if linear.bias is None else linear.bias.detach()
+        handle = next(_handles)
+        self.register_buffer("handle", torch.tensor(handle), persistent=False)
+        _PACKED[handle] = self
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if torch.compiler.is_compiling():
+            return packed_linear(x, self.handle, self.out_features)  # type: ignore[no-any-return]
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
 
     def extra_repr(self) -> str:

@@ -25,6 +25,7 @@ import torch
 
 from gpu_workers.artifacts import embeddings_from_bytes
 from gpu_workers.attention.backend import HeadShape, KVCache, SequenceChunk
+from gpu_workers.attention.compiled_decode import DecodeGraphBackend
 from gpu_workers.attention.registry import create_attention_backend
 from gpu_workers.distributed import GroupMember
 from gpu_workers.loader import load_model, read_model_config
@@ -32,9 +33,11 @@ from gpu_workers.memory import MemoryReader, kv_cache_budget, profile_peak, read
 from gpu_workers.models.llama import LlamaFamilyConfig
 from gpu_workers.models.packed_linear import pack_linears
 from gpu_workers.runner import Runner, register_runner
+from gpu_workers.runners.decode_graph import DecodeGraph
 from gpu_workers.sampler import Sampler, validate_options
 from gpu_workers.staging import HostStaging
 from gpu_workers.store_client import LRUBytes, StoreClient
+from gpu_workers.token_masks import StepMaskReader
 from omni.shared import protocol
 
 log = logging.getLogger("omni.llm_runner")
@@ -102,47 +105,6 @@ class _Scheduled:
     num_scheduled_tokens: int
 
 
-class StepMaskReader:
-    """A Step's grammar masks, by request id: those it carries, and with masks_follow those of
-    the StepMasks the server sends after it, filled while this step's forward runs (review C5).
-    That message is read once, when sampling first needs it, or by settle() when the step
-    ends without sampling (it failed, or its constrained requests were dropped), so that it is
-    never left on the pipe to be taken for the next job."""
-
-    def __init__(self, step: protocol.Step, receive: Callable[[], object] | None) -> None:
-        self.step = step
-        self._receive = receive
-        self._masks: dict[str, bytes] | None = None if step.masks_follow else self._of(step.token_masks)
-
-    def masks(self) -> dict[str, bytes]:
-        if self._masks is None:
-            self._masks = self._read()
-        return self._masks
-
-    def settle(self) -> None:
-        if self._masks is None:
-            try:
-                self.masks()
-            except Exception as exc:  # noqa: BLE001 - the step's own outcome is what is reported
-                log.error("step %d: its masks: %s", self.step.step_id, exc)
-
-    def _read(self) -> dict[str, bytes]:
-        self._masks = {}  # read at most once, even when what comes is wrong
-        if self._receive is None:
-            raise RuntimeError(f"step {self.step.step_id}: its masks follow, but there is no pipe to read them from")
-        follow = self._receive()
-        if not isinstance(follow, protocol.StepMasks) or follow.step_id != self.step.step_id:
-            got = f"{type(follow).__name__} {getattr(follow, 'step_id', '')}".strip()
-            raise ValueError(f"step {self.step.step_id}: its StepMasks was expected, got {got}")
-        if follow.error is not None:
-            raise ValueError(f"step {self.step.step_id}: the server could not fill its grammar masks: {follow.error}")
-        return self._of([*self.step.token_masks, *follow.token_masks])
-
-    @staticmethod
-    def _of(token_masks: Iterable[protocol.TokenMask]) -> dict[str, bytes]:
-        return {m.request_id: m.bitmask for m in token_masks}
-
-
 @register_runner
 class LLMRunner(Runner):
     SPEC = protocol.LLMWorkerSpec
@@ -166,6 +128,9 @@ class LLMRunner(Runner):
         profile_tokens: int = 0,  # the largest step's tokens, run once before sizing the KV cache
         memory_shares: int = 1,  # LLM workers of this device still to size theirs, this one included
         memory: MemoryReader | None = None,  # default: CUDA's counters on a GPU, none on the CPU
+        compile_decode: bool = False,  # decode-only steps through the compiled step (runners/decode_graph.py)
+        max_num_seqs: int = 64,  # the largest decode bucket
+        decode_kernel: str = "gather",  # the compiled step's attention (attention/compiled_decode.py)
     ) -> None:
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
@@ -178,7 +143,9 @@ class LLMRunner(Runner):
         self.attention_backend = create_attention_backend(
             attention_backend, block_size=block_size, device=self.device, dtype=dtype, heads=heads
         )
-        self.model = load_model(Path(model_dir), device=self.device, dtype=dtype, backend=self.attention_backend)
+        # the model's layers see the compiled step's attention first, when there is one
+        model_backend = DecodeGraphBackend(self.attention_backend) if compile_decode else self.attention_backend
+        self.model = load_model(Path(model_dir), device=self.device, dtype=dtype, backend=model_backend)
         if pack_cpu_weights:
             with torch.inference_mode():
                 pack_linears(self.model, device=self.device, dtype=dtype)
@@ -198,6 +165,8 @@ class LLMRunner(Runner):
         # Reads under way, by key: started when a request is placed, collected by its step.
         self._fetches: dict[str, concurrent.futures.Future[bytes]] = {}
         self._staging = HostStaging(self.device)  # ids, positions and sample rows: one copy a step
+        self.decode_graph: DecodeGraph | None = None  # made once the KV cache has its size
+        self._scratch_blocks = int(compile_decode)
         memory = memory or reader_for(self.device)
         activations = 0
         if num_kv_blocks is None and kv_cache_memory_bytes is None and memory is not None:
@@ -214,6 +183,8 @@ class LLMRunner(Runner):
             raise ValueError(f"the KV cache must hold at least one block, got {num_kv_blocks}")
         self._allocate_kv_cache(num_kv_blocks)
         self.attention_backend.check_cache(self.kv_caches[0], heads)
+        if compile_decode:
+            self.decode_graph = DecodeGraph(self.model, self.kv_cache, max_num_seqs=max_num_seqs, kernel=decode_kernel)
         if memory is not None:
             memory.hold(activations)
 
@@ -222,9 +193,10 @@ class LLMRunner(Runner):
         self.num_kv_blocks = num_kv_blocks
         # (layers, K|V, blocks, block_size, kv_heads, head_dim). Zeros, not empty: padded
         # decode gathers read unused slots, and masked-out NaN garbage would still poison
-        # softmax(scores) @ V.
+        # softmax(scores) @ V. The compiled decode step's padding rows write into one more
+        # block, past those the scheduler is told of.
         self.kv_cache = torch.zeros(
-            mc.num_layers, 2, num_kv_blocks, self.block_size, mc.num_kv_heads, mc.head_dim,
+            mc.num_layers, 2, num_kv_blocks + self._scratch_blocks, self.block_size, mc.num_kv_heads, mc.head_dim,
             dtype=self.dtype, device=self.device,
         )  # fmt: skip
         self.kv_caches: list[KVCache] = [(layer[0], layer[1]) for layer in self.kv_cache]
@@ -261,11 +233,15 @@ class LLMRunner(Runner):
             embedding_cache_bytes=spec.embedding_cache_bytes,
             profile_tokens=spec.profile_tokens,
             memory_shares=spec.memory_shares,
+            compile_decode=spec.compile_decode,
+            max_num_seqs=spec.max_num_seqs,
         )
         # before the worker reports ready: the paged CPU kernel compiles here, not in a request
         mc = runner.model_config
         log.info("attention backend %s on %s (%s)", type(runner.attention_backend).__name__, runner.device, runner.dtype)
         runner.attention_backend.warm_up(runner.kv_caches[0], mc.num_heads, mc.attention_scale)
+        if runner.decode_graph is not None:
+            runner.decode_graph.warm_up()
         return runner
 
     def ready_message(self, spec: protocol.LLMWorkerSpec) -> protocol.LLMReady:
@@ -514,16 +490,20 @@ class LLMRunner(Runner):
             if end == len(state.token_ids) and not state.sampling.prefill_only:
                 sample_rows.append(len(input_ids) - 1)
                 sample_ids.append(s.request_id)
-        metadata = self.attention_backend.build_metadata(chunks)
         staged = self._stage_inputs(input_ids, positions, sample_rows)
-        ids = staged["ids"]
-        hidden = self.model(
-            ids,
-            staged["positions"],
-            self.kv_caches,
-            metadata,
-            inputs_embeds=self._inputs_embeds(scheduled, ids, media),
-        )  # (T, H)
+        if self._compiled_decode(chunks, media):
+            assert self.decode_graph is not None
+            hidden = self.decode_graph.forward(input_ids, positions, [c.block_ids for c in chunks])
+        else:
+            metadata = self.attention_backend.build_metadata(chunks)
+            ids = staged["ids"]
+            hidden = self.model(
+                ids,
+                staged["positions"],
+                self.kv_caches,
+                metadata,
+                inputs_embeds=self._inputs_embeds(scheduled, ids, media),
+            )  # (T, H)
         prompt_logprobs = [self._prompt_logprobs(hidden, p) for p in prompt_rows]
         if not sample_rows:
             return [], prompt_logprobs
@@ -556,6 +536,16 @@ class LLMRunner(Runner):
                 "positions": np.asarray(positions, dtype=np.int64),
                 "sample_rows": np.asarray(sample_rows, dtype=np.int64),
             }
+        )
+
+    def _compiled_decode(self, chunks: list[SequenceChunk], media: MediaRows) -> bool:
+        """Whether the step goes through the compiled decode step: every chunk one new token
+        of a running sequence, no media, and a bucket that holds them."""
+        return (
+            self.decode_graph is not None
+            and not any(media.values())
+            and self.decode_graph.bucket(len(chunks)) is not None
+            and all(c.num_query_tokens == 1 and c.num_computed_tokens > 0 for c in chunks)
         )
 
     def _prompt_logprobs(self, hidden: torch.Tensor, rows: _PromptRows) -> protocol.PromptLogprobs:

@@ -115,7 +115,7 @@ class VllmCompat:
         help="only 1: each LLM worker holds the whole model (scale with --data-parallel-size)",
     )
     trust_remote_code: bool = setting(False, help="no code from a checkpoint is ever run")
-    enforce_eager: bool = setting(False, help="models always run eagerly")
+    enforce_eager: bool = setting(False, help="models always run eagerly: no compiled decode step (wins over --compile-decode)")
     enable_chunked_prefill: bool = setting(
         True, help="chunked prefill is always on; --no-enable-chunked-prefill is refused"
     )
@@ -245,7 +245,11 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
     )
     limits = _media_limits(read_section(MediaLimits, args))
     _check_encoder_queue(encoder, limits)
-    _check_vllm_only_flags(read_section(VllmCompat, args), args)
+    compat: VllmCompat = read_section(VllmCompat, args)
+    _check_vllm_only_flags(compat, args)
+    if compat.enforce_eager and llm.compile_decode:
+        log.info("--enforce-eager: the decode step runs eagerly (--compile-decode is off)")
+        llm = replace(llm, compile_decode=False)
     if audio.first_chunk_units < MIN_UNITS:
         raise _fail(f"--audio-first-chunk-units must be at least {MIN_UNITS} (an audio span's least)")
     if on_cpu and llm.gpu_memory_utilization is not None:
@@ -413,9 +417,8 @@ def _check_vllm_only_flags(compat: VllmCompat, args: argparse.Namespace) -> None
         raise _fail("--ssl-keyfile and --ssl-certfile go together")
     if args.ssl_cert_reqs and not args.ssl_ca_certs:
         raise _fail("--ssl-cert-reqs needs --ssl-ca-certs to check client certificates against")
-    for flag, on in (("--trust-remote-code", compat.trust_remote_code), ("--enforce-eager", compat.enforce_eager)):
-        if on:
-            log.info("%s changes nothing: omni-serve runs no checkpoint code and has no graph capture", flag)
+    if compat.trust_remote_code:
+        log.info("--trust-remote-code changes nothing: omni-serve runs no checkpoint code")
 
 
 def default_model_dir() -> Path:

@@ -60,6 +60,8 @@ def llm_worker_spec(config: ModelConfig, worker_id: int, device: str) -> protoco
         profile_tokens=llm.max_num_batched_tokens,
         max_model_len=llm.max_model_len,
         attention_backend=llm.attention_backend,
+        compile_decode=llm.compile_decode,
+        max_num_seqs=llm.max_num_seqs,
         store=store_settings(config.store) if config.encoder_dir is not None else None,
     )
 

@@ -68,6 +68,10 @@ class LLMWorkerSpec(WorkerSpec):
     memory_shares: int = 1
     max_model_len: int | None = None
     attention_backend: str = "auto"
+    # decode-only steps through a compiled step padded to buckets up to max_num_seqs
+    # (gpu_workers/runners/decode_graph.py); False: eager (--enforce-eager)
+    compile_decode: bool = False
+    max_num_seqs: int = 64
     # Where injected embeddings are read from; None for a text-only LLM, which opens none.
     store: StoreSettings | None = None
     embedding_cache_bytes: int = 1024**3

@@ -106,6 +106,20 @@ def test_vllm_flags_asking_for_what_omni_serve_always_does_are_accepted(dirs: tu
     assert server_config(parse_args(asked)) == plain  # each asks for the default: nothing changes
 
 
+def test_compile_decode_reaches_the_worker_spec_and_enforce_eager_wins(dirs: tuple[Path, Path]) -> None:
+    from omni.engines.worker_specs import llm_worker_spec
+
+    text, _ = dirs
+
+    def spec(*flags: str) -> tuple[bool, int]:
+        s = llm_worker_spec(server_config(parse_args([str(text), *flags])).models[0], 0, "cpu")
+        return s.compile_decode, s.max_num_seqs
+
+    assert spec() == (False, 64)  # eager by default
+    assert spec("--compile-decode", "--max-num-seqs", "8") == (True, 8)
+    assert spec("--compile-decode", "--enforce-eager") == (False, 64)
+
+
 @pytest.mark.parametrize(
     ("flags", "named"),
     [
