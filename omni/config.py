@@ -101,6 +101,14 @@ class LLMConfig:
         "through a flex_attention kernel inductor compiles at each worker's start (6-18 s; faster "
         "in fp32, even in bf16)",
     )
+    quantization: str | None = setting(
+        None,
+        vllm_alias="-q",
+        metavar="int8",
+        help="int8: the LLM's linear layers hold int8 weights, one scale per output channel, "
+        "quantized from the checkpoint's (or GGUF file's) weights while loading; activations stay in "
+        "--dtype (vLLM's tpu_int8 names the same scheme). A device without an int8 kernel refuses it",
+    )
     max_logprobs: int = setting(
         20,
         type="positive_int",

@@ -27,6 +27,7 @@ def llm_worker_spec(config: ModelConfig, worker_id: int, device: str) -> protoco
         gpu_memory_utilization=llm.gpu_memory_utilization,
         max_model_len=llm.max_model_len,
         attention_backend=llm.attention_backend,
+        quantization=llm.quantization,
         store=store_settings(config.store) if config.encoder_dir is not None else None,
     )
 

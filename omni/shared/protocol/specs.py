@@ -63,6 +63,7 @@ class LLMWorkerSpec(WorkerSpec):
     gpu_memory_utilization: float | None = None  # on GPU, when neither size above is given
     max_model_len: int | None = None
     attention_backend: str = "auto"
+    quantization: str | None = None  # "int8": int8 Linear weights with per-channel scales
     # Where injected embeddings are read from; None for a text-only LLM, which opens none.
     store: StoreSettings | None = None
     embedding_cache_bytes: int = 1024**3
