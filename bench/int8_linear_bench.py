@@ -169,11 +169,11 @@ def main() -> None:
                 continue
             reference = out if reference is None else reference
             err = ((out - reference).norm() / reference.norm()).item()
-            print(f"{name:12s} ready; output vs fp32: relative error {err:.2e}")
+            print(f"{name:12s} ready; output vs fp32: relative error {err:.2e}", flush=True)
             models[name] = (model, x)
+    times: dict[str, list[float]] = {n: [] for n in models}
     with torch.no_grad():
-        times: dict[str, list[float]] = {n: [] for n in models}
-        for _ in range(args.rounds):
+        for round_ in range(1, args.rounds + 1):
             order = list(models)
             random.shuffle(order)
             for name in order:
@@ -182,13 +182,17 @@ def main() -> None:
                 for _ in range(args.iters):
                     model(x)
                 times[name].append((time.perf_counter() - start) / args.iters)
+            report(times, args.rows, round_)  # each round: a run cut short still says something
+
+
+def report(times: dict[str, list[float]], rows: int, rounds: int) -> None:
     base = statistics.median(times["bf16-packed"]) if "bf16-packed" in times else None
-    print(f"\n{args.rows} rows, {LAYERS} layers' linears, {torch.get_num_threads()} threads, {args.rounds} rounds")
+    print(f"\n{rows} rows, {LAYERS} layers' linears, {torch.get_num_threads()} threads, {rounds} rounds")
     print(f"{'candidate':12s} {'median ms':>10s} {'min ms':>8s} {'vs bf16-packed':>15s}")
     for name, ts in times.items():
         med = statistics.median(ts)
         ratio = f"{base / med:.2f}x" if base else "-"
-        print(f"{name:12s} {med * 1e3:10.2f} {min(ts) * 1e3:8.2f} {ratio:>15s}")
+        print(f"{name:12s} {med * 1e3:10.2f} {min(ts) * 1e3:8.2f} {ratio:>15s}", flush=True)
 
 
 if __name__ == "__main__":
