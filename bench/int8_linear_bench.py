@@ -11,6 +11,9 @@ Candidates (those whose package or op is missing are skipped, and say so):
   fp32 / bf16          torch's F.linear (MKL)
   fp32-packed / bf16-packed   oneDNN with the weight reordered once (gpu_workers/models/packed_linear.py)
   woq-bf16 / woq-fp32  torch._weight_int8pack_mm: int8 weight, per-channel scale, float activations
+  onednn-da8-fp32/-bf16  torch.ops.onednn.qlinear_pointwise (what inductor lowers x86 int8 linears
+                       to): activations quantized per call to uint8, one scale for the batch
+  intmm-fp32/-bf16     torch._int_mm, activations quantized per row (symmetric int8)
   dyn-x86 / dyn-onednn torch.ao.nn.quantized.dynamic.Linear: int8 activations quantized per call
                        (per tensor), fbgemm (x86) or oneDNN; fp32 in and out
   ao-woq / ao-da8w8    torchao's Int8WeightOnlyConfig / Int8DynamicActivationInt8WeightConfig,
@@ -83,6 +86,46 @@ class WeightOnlyInt8(nn.Module):
         return torch._weight_int8pack_mm(x, self.qweight, self.scale)
 
 
+class OneDnnDynamicInt8(nn.Module):
+    """oneDNN's int8 linear (the op inductor lowers x86 int8 linears to): activations quantized
+    per call to uint8 with one scale and zero point for the whole batch."""
+
+    def __init__(self, lin: nn.Linear, rows: int) -> None:
+        super().__init__()
+        w = lin.weight.detach().float()
+        scale = w.abs().amax(dim=1).clamp(min=1e-12) / 127
+        q = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8)
+        self.packed = torch.ops.onednn.qlinear_prepack(q, [rows, lin.in_features])
+        self.scale, self.zeros = scale, torch.zeros(len(scale), dtype=torch.int32)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        lo, hi = x.min().clamp(max=0), x.max().clamp(min=0)
+        step = ((hi - lo) / 255).clamp(min=1e-8)
+        zero = torch.round(-lo / step)
+        qx = torch.clamp(torch.round(x / step) + zero, 0, 255).to(torch.uint8)
+        return torch.ops.onednn.qlinear_pointwise.tensor(
+            qx, step.float(), zero.to(torch.int32), self.packed, self.scale, self.zeros, None, 1.0, 0, x.dtype,
+            "none", [], "",
+        )  # fmt: skip
+
+
+class IntMmPerRow(nn.Module):
+    """torch._int_mm (int8 x int8 -> int32): activations quantized per row, symmetric."""
+
+    def __init__(self, lin: nn.Linear) -> None:
+        super().__init__()
+        w = lin.weight.detach().float()
+        scale = w.abs().amax(dim=1).clamp(min=1e-12) / 127
+        self.qweight_t = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8).t()
+        self.scale = scale
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        step = xf.abs().amax(dim=1, keepdim=True).clamp(min=1e-8) / 127  # (T, 1)
+        qx = torch.round(xf / step).to(torch.int8)
+        return (torch._int_mm(qx, self.qweight_t).float() * step * self.scale).to(x.dtype)
+
+
 def dynamic_quantized(lin: nn.Linear, engine: str) -> nn.Module:
     import torch.ao.nn.quantized.dynamic as nnqd
 
@@ -105,7 +148,7 @@ class EngineSwitch(nn.Module):
         return self.inner(x)
 
 
-def build(name: str, weights: list[list[nn.Linear]]) -> tuple[nn.Module, torch.dtype]:
+def build(name: str, weights: list[list[nn.Linear]], rows: int) -> tuple[nn.Module, torch.dtype]:
     def chain(make: Callable[[nn.Linear], nn.Module]) -> nn.Module:
         return nn.Sequential(*(Layer(*(make(lin) for lin in layer)) for layer in weights))
 
@@ -123,6 +166,12 @@ def build(name: str, weights: list[list[nn.Linear]]) -> tuple[nn.Module, torch.d
     if name in ("woq-bf16", "woq-fp32"):
         dtype = torch.bfloat16 if name == "woq-bf16" else torch.float32
         return chain(lambda lin: WeightOnlyInt8(lin, dtype)), dtype
+    if name in ("onednn-da8-fp32", "onednn-da8-bf16"):
+        dtype = torch.float32 if name.endswith("fp32") else torch.bfloat16
+        return chain(lambda lin: OneDnnDynamicInt8(lin, rows)), dtype
+    if name in ("intmm-fp32", "intmm-bf16"):
+        dtype = torch.float32 if name.endswith("fp32") else torch.bfloat16
+        return chain(IntMmPerRow), dtype
     if name in ("dyn-x86", "dyn-onednn"):
         engine = name.split("-")[1]
         if engine not in torch.backends.quantized.supported_engines:
@@ -149,7 +198,8 @@ def main() -> None:
     args = p.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    names = ["fp32", "fp32-packed", "bf16", "bf16-packed", "woq-bf16", "woq-fp32", "dyn-x86", "dyn-onednn"]
+    names = ["fp32", "fp32-packed", "bf16", "bf16-packed", "woq-bf16", "woq-fp32", "dyn-x86", "dyn-onednn",
+             "onednn-da8-fp32", "onednn-da8-bf16", "intmm-fp32", "intmm-bf16"]  # fmt: skip
     if args.torchao:
         names += ["ao-woq", "ao-da8w8"]
     if args.only:
@@ -161,7 +211,7 @@ def main() -> None:
     with torch.no_grad():
         for name in names:
             try:
-                model, dtype = build(name, weights)
+                model, dtype = build(name, weights, args.rows)
                 x = x32.to(dtype)
                 out = model(x).float()  # warm-up (and, compiled, the compile)
             except Exception as exc:  # noqa: BLE001 - a bench reports what it could not run

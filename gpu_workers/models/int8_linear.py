@@ -2,17 +2,23 @@
 
 The scheme is vLLM's tpu_int8 and torchao's Int8WeightOnlyConfig: each weight row w_n is kept
 as q_n = round(w_n / s_n) with s_n = max|w_n| / 127, so q is in [-127, 127] (symmetric, no zero
-point), and the activations stay in the serving dtype:
+point), and the activations stay in floating point:
 
     y = (x @ q.T) * s + b        x (T, K) float, q (N, K) int8, s (N,), b (N,) or none
 
 The kernel is torch's own `aten._weight_int8pack_mm`, which has CPU, CUDA, MPS and XPU kernels
 in the torch we pin; a device whose torch build registers none is refused at load with the
-reason. On CPU it beat oneDNN's dynamic int8 linear, fbgemm's and torchao's compiled configs on
-a decode batch (bench/int8_linear_bench.py; docs/BENCHMARKS.md), and needs no package.
+reason. Its CPU kernel is fast in bfloat16 only (float32 activations took 60x longer on a
+768 -> 5888 decode batch), so on CPU float32 activations enter it rounded to bfloat16 and the
+result comes back in float32.
 
-Only the decoder layers' Linears are quantized. The embedding table, and with it a tied output
-projection, stays in the serving dtype (see `quantize_linears`).
+Why weight-only (bench/int8_linear_bench.py, bench/int8_quality.py; docs/BENCHMARKS.md): the
+int8 x int8 kernels (oneDNN's qlinear, fbgemm, torch._int_mm) ran a decode batch's linears up to
+1.37x faster than bf16, but quantizing SmolLM2's activations, per batch or per row, dropped its
+top-1 agreement with bf16 to 67% or 90%; weights alone keep it near bf16's own noise.
+
+Only nn.Linear layers are quantized. The embedding table, and with it a tied output projection,
+stays in the serving dtype (see `quantize_linears`).
 """
 
 from __future__ import annotations
@@ -28,14 +34,18 @@ OP = "aten::_weight_int8pack_mm"
 _DISPATCH_KEYS = {"cpu": "CPU", "cuda": "CUDA", "mps": "MPS", "xpu": "XPU"}
 
 
-def quantize_per_channel(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_per_channel(
+    weight: torch.Tensor, scale_dtype: torch.dtype = torch.float32
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(N, K) float weight -> (N, K) int8 values and (N,) float32 scales, one per output row.
 
-    Computed in float32 whatever the weight's dtype; an all-zero row gets scale 1 (its values
-    are 0 either way), so no scale is 0 and nothing divides by it."""
+    scale_dtype: the dtype the kernel will read the scales in. They are rounded to it first and
+    the values quantized against the rounded scales, so q * scale is within half a step of w
+    (quantizing against float32 scales and rounding them to bf16 after would scale each row by
+    up to 2^-9 more). Computed in float32; an all-zero row gets scale 1 (its values are 0)."""
     w = weight.detach().float()
     amax = w.abs().amax(dim=1)  # (N,)
-    scale = torch.where(amax > 0, amax / INT8_MAX, torch.ones_like(amax))
+    scale = torch.where(amax > 0, amax / INT8_MAX, torch.ones_like(amax)).to(scale_dtype).float()
     q = torch.round(w / scale[:, None]).clamp_(-INT8_MAX, INT8_MAX).to(torch.int8)
     return q, scale
 
@@ -62,15 +72,23 @@ def int8_unavailable(device: torch.device, has_kernel: Callable[[str], bool] | N
 class Int8Linear(nn.Module):
     """An nn.Linear's forward on int8 weights: y = (x @ qweight.T) * scale + bias."""
 
-    def __init__(self, linear: nn.Linear) -> None:
+    qweight: torch.Tensor  # (N, K) int8
+    scale: torch.Tensor  # (N,) in compute_dtype
+    bias: torch.Tensor | None  # (N,)
+
+    def __init__(self, linear: nn.Linear, compute_dtype: torch.dtype | None = None) -> None:
+        """compute_dtype: the kernel's (default: the weight's, bf16 for float32 on CPU)."""
         super().__init__()
         self.in_features = linear.in_features
         self.out_features = linear.out_features
         dtype = linear.weight.dtype
-        qweight, scale = quantize_per_channel(linear.weight)
+        # the dtype the kernel runs in: see the module's docstring for float32 on CPU
+        on_cpu = linear.weight.device.type == "cpu"
+        self.compute_dtype = compute_dtype or (torch.bfloat16 if on_cpu and dtype == torch.float32 else dtype)
+        qweight, scale = quantize_per_channel(linear.weight, self.compute_dtype)
         # Buffers, not parameters: nothing trains them, and model.to(device) still moves them.
         self.register_buffer("qweight", qweight.to(linear.weight.device))
-        self.register_buffer("scale", scale.to(linear.weight.device, dtype))  # the kernel wants x's dtype
+        self.register_buffer("scale", scale.to(linear.weight.device, self.compute_dtype))  # as the kernel's x
         bias = None if linear.bias is None else linear.bias.detach()
         self.register_buffer("bias", bias)
 
@@ -79,8 +97,8 @@ class Int8Linear(nn.Module):
         return self.qweight.float() * self.scale.float()[:, None]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.reshape(-1, self.in_features)  # (T, K): the kernel takes 2-D activations
-        y = torch._weight_int8pack_mm(rows.contiguous(), self.qweight, self.scale)  # (T, N)
+        rows = x.reshape(-1, self.in_features).to(self.compute_dtype)  # (T, K): the kernel takes 2-D
+        y = torch._weight_int8pack_mm(rows.contiguous(), self.qweight, self.scale).to(x.dtype)  # (T, N)
         if self.bias is not None:
             y = y + self.bias
         return y.view(*x.shape[:-1], self.out_features)
@@ -89,12 +107,13 @@ class Int8Linear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, int8 per-channel"
 
 
-def quantize_linears(model: nn.Module) -> int:
+def quantize_linears(model: nn.Module, compute_dtype: torch.dtype | None = None) -> int:
     """Swap every nn.Linear of a loaded model for an Int8Linear; return how many.
 
     An nn.Linear only: the embedding table is an nn.Embedding and is not touched, and a tied
     output projection reads it (the model's compute_logits), so the logits are computed in the
-    serving dtype. An untied lm_head is an nn.Linear and is quantized with the rest."""
+    serving dtype. An untied lm_head is an nn.Linear and is quantized with the rest.
+    compute_dtype: as Int8Linear's (tests pass float32 to check the arithmetic exactly)."""
     targets = [
         (parent, name, child)
         for parent in model.modules()
@@ -102,5 +121,5 @@ def quantize_linears(model: nn.Module) -> int:
         if isinstance(child, nn.Linear)
     ]
     for parent, name, child in targets:
-        setattr(parent, name, Int8Linear(child))
+        setattr(parent, name, Int8Linear(child, compute_dtype))
     return len(targets)

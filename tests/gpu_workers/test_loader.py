@@ -12,7 +12,7 @@ from safetensors.torch import load_file, save_file
 from gpu_workers.attention.backend import SequenceChunk
 from gpu_workers.attention.torch_sdpa import TorchSDPABackend
 from gpu_workers.loader import _hf_name, load_model
-from gpu_workers.models.int8_linear import Int8Linear
+from gpu_workers.models.int8_linear import Int8Linear, quantize_linears
 from gpu_workers.models.llama import LlamaForCausalLM, MergedLinear
 from gpu_workers.tiny.checkpoints import make_tiny_checkpoint
 from tests.gpu_workers.conftest import VOCAB
@@ -85,11 +85,14 @@ def test_pickle_weights_are_refused(tmp_path: Path, checkpoint: Path) -> None:
 @pytest.mark.parametrize("model_type", ["llama", "qwen2", "granite"])
 def test_int8_model_equals_transformers_on_its_dequantized_weights(model_type: str, hf_checkpoint: Any) -> None:
     """--quantization int8: every Linear of the decoder in int8 (per-channel scales), and the
-    same model in transformers with each of those weights replaced by int8 * scale. float32;
+    same model in transformers with each of those weights replaced by int8 * scale. The kernel
+    runs in float32 here (serving on CPU rounds float32 activations to bf16 for it, which
+    would hide a wrong weight behind bf16's noise; the SmolLM2 test measures that path);
     worst logit difference measured 2.1e-6 (llama: tied head, llama3 RoPE; qwen2: q/k/v biases;
     granite: every bias, muP), against 8e-3 to 5.6e-2 from the unquantized weights."""
     path, hf = hf_checkpoint(model_type)
-    ours = load_model(path, device=CPU, dtype=torch.float32, backend=TorchSDPABackend(4, CPU), quantization="int8")
+    ours = load(path)
+    quantize_linears(ours, compute_dtype=torch.float32)
     reference = copy.deepcopy(hf)
     hf_params = dict(reference.named_parameters())
     quantized = [(n, m) for n, m in ours.named_modules() if isinstance(m, Int8Linear)]
@@ -132,3 +135,5 @@ def test_int8_on_a_device_without_its_kernel_is_refused_before_loading(
     with pytest.raises(ValueError, match="unknown quantization 'int4'"):
         load_model(checkpoint, device=CPU, dtype=torch.float32, backend=backend, quantization="int4")
     assert not any(isinstance(m, Int8Linear) for m in load(checkpoint).modules())  # without: float Linears
+    served = load_model(checkpoint, device=CPU, dtype=torch.float32, backend=backend, quantization="int8")
+    assert sum(isinstance(m, Int8Linear) for m in served.modules()) == 4 * served.config.num_layers + 1  # untied head
