@@ -9,6 +9,9 @@ HF names map onto ours by dropping the "model." prefix and stacking q/k/v and ga
 the fused MergedLinear rows (LlamaForCausalLM.STACKED_PARAMS). Every parameter row range
 must be written exactly once; anything missing, unexpected or misshapen is a ValueError.
 A GGUF file's tensors arrive under the same HF names, dequantized (gpu_workers/gguf_weights.py).
+With quantization "int8" the loaded Linears are then requantized per output channel
+(gpu_workers/models/int8_linear.py): a GGUF file's Q8_0 or Q4_1 blocks go through the serving
+dtype on their way to int8.
 """
 
 from __future__ import annotations
@@ -24,11 +27,13 @@ from safetensors import safe_open
 
 from gpu_workers.attention.backend import AttentionBackend
 from gpu_workers.gguf_weights import GgufWeights
+from gpu_workers.models.int8_linear import int8_unavailable, quantize_linears
 from gpu_workers.models.llama import LlamaFamilyConfig, LlamaForCausalLM, MergedLinear
 from omni.shared.gguf_file import is_gguf
 from omni.shared.safetensors_index import PUBLISHED_PREFIXES, SafetensorsIndex, is_published
 
 SINGLE_FILE = "model.safetensors"
+QUANTIZATIONS = ("int8",)
 INDEX_FILE = "model.safetensors.index.json"
 
 
@@ -90,9 +95,24 @@ def read_model_config(model_dir: Path) -> LlamaFamilyConfig:
 
 
 def load_model(
-    model_dir: Path, *, device: torch.device, dtype: torch.dtype, backend: AttentionBackend
+    model_dir: Path,
+    *,
+    device: torch.device,
+    dtype: torch.dtype,
+    backend: AttentionBackend,
+    quantization: str | None = None,
 ) -> LlamaForCausalLM:
-    """model_dir: a checkpoint directory, or a GGUF file (its weights dequantized to dtype)."""
+    """model_dir: a checkpoint directory, or a GGUF file (its weights dequantized to dtype).
+    quantization: None, or "int8" for int8 Linear weights with per-channel scales; refused
+    (ValueError) before any weight is read where the device has no kernel for it."""
+    if quantization is not None:
+        problem = (
+            f"unknown quantization {quantization!r} (known: {', '.join(QUANTIZATIONS)})"
+            if quantization not in QUANTIZATIONS
+            else int8_unavailable(device)
+        )
+        if problem is not None:
+            raise ValueError(problem)
     gguf = GgufWeights(model_dir) if is_gguf(model_dir) else None
     config = gguf.config if gguf is not None else read_config(model_dir)
     # Built on meta, so no memory is spent on a random init that the weights overwrite.
@@ -107,6 +127,9 @@ def load_model(
         load_weights(model, files, prefix=PUBLISHED_PREFIXES["llm"][0])
     else:
         load_weights(model, checkpoint_files(model_dir))
+    if quantization == "int8":
+        with torch.no_grad():
+            quantize_linears(model)
     return model.eval()
 
 

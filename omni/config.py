@@ -120,6 +120,14 @@ class LLMConfig:
         "at each worker's start (tens of seconds cold on CPU, cached on disk under "
         "~/.cache/omni-serve/inductor across restarts). --enforce-eager turns it off",
     )
+    quantization: str | None = setting(
+        None,
+        vllm_alias="-q",
+        metavar="int8",
+        help="int8: the LLM's linear layers hold int8 weights, one scale per output channel, "
+        "quantized from the checkpoint's (or GGUF file's) weights while loading; activations stay in "
+        "--dtype (vLLM's tpu_int8 names the same scheme). A device without an int8 kernel refuses it",
+    )
     max_logprobs: int = setting(
         20,
         type="positive_int",

@@ -123,6 +123,7 @@ class LLMRunner(Runner):
         max_model_len: int | None = None,  # default: the model's max_position_embeddings
         attention_backend: str = "auto",  # a name in attention.registry, or "auto"
         pack_cpu_weights: bool = True,  # oneDNN-packed linears on CPU (models/packed_linear.py)
+        quantization: str | None = None,  # "int8": int8 Linear weights (models/int8_linear.py)
         read_artifact: ArtifactReader | None = None,  # needed only for requests with media
         embedding_cache_bytes: int = DEFAULT_EMBEDDING_CACHE_BYTES,
         profile_tokens: int = 0,  # the largest step's tokens, run once before sizing the KV cache
@@ -145,7 +146,9 @@ class LLMRunner(Runner):
         )
         # the model's layers see the compiled step's attention first, when there is one
         model_backend = DecodeGraphBackend(self.attention_backend) if compile_decode else self.attention_backend
-        self.model = load_model(Path(model_dir), device=self.device, dtype=dtype, backend=model_backend)
+        self.model = load_model(
+            Path(model_dir), device=self.device, dtype=dtype, backend=model_backend, quantization=quantization
+        )
         if pack_cpu_weights:
             with torch.inference_mode():
                 pack_linears(self.model, device=self.device, dtype=dtype)
@@ -229,6 +232,7 @@ class LLMRunner(Runner):
             gpu_memory_utilization=spec.gpu_memory_utilization,
             max_model_len=spec.max_model_len,
             attention_backend=spec.attention_backend,
+            quantization=spec.quantization,
             read_artifact=store.get if store is not None else None,
             embedding_cache_bytes=spec.embedding_cache_bytes,
             profile_tokens=spec.profile_tokens,

@@ -20,7 +20,7 @@ from pathlib import Path
 from omni.cli import devices as device_flags
 from omni.cli.config_file import ConfigFileError, apply_config_file
 from omni.cli.flags import add_section, read_section
-from omni.cli.vllm_flags import unsupported_flag_message
+from omni.cli.vllm_flags import quantization_method, unsupported_flag_message
 from omni.config import (
     AdmissionConfig,
     AudioDecoderConfig,
@@ -204,6 +204,8 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
     )
     try:
         parse_weights(llm.placement_weights)
+        if llm.quantization is not None:
+            llm = replace(llm, quantization=quantization_method(llm.quantization))
     except ValueError as exc:
         raise _fail(str(exc)) from None
     store: StoreConfig = read_section(StoreConfig, args)

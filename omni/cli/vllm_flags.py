@@ -9,8 +9,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 UNSUPPORTED_VLLM_FLAGS: dict[str, str] = {
-    "--quantization": "checkpoints are served in the dtype given by --dtype; quantized weights are not read",
-    "-q": "checkpoints are served in the dtype given by --dtype; quantized weights are not read",
     "--kv-cache-dtype": "the KV cache is kept in the model's --dtype",
     "--tokenizer": "the tokenizer is read from the checkpoint directory",
     "--tokenizer-mode": "the tokenizer is read from the checkpoint directory",
@@ -40,6 +38,36 @@ UNSUPPORTED_VLLM_FLAGS: dict[str, str] = {
     "--max-num-partial-prefills": "chunked prefill has no partial-prefill limits",
     "--worker-extension-cls": "workers run omni-serve's own runners",
 }
+
+
+# --quantization: vLLM's names for the one scheme served here (int8 weights, a scale per output
+# channel, quantized while loading; vLLM's tpu_int8 is that scheme), and why others are refused.
+INT8_QUANTIZATION_NAMES = ("int8", "tpu_int8")
+_PREQUANTIZED = (
+    "reads a checkpoint quantized beforehand; omni-serve reads float (or GGUF) weights and "
+    "quantizes them itself with --quantization int8"
+)
+_REFUSED_QUANTIZATIONS: dict[str, str] = {
+    **dict.fromkeys(("fp8", "fbgemm_fp8", "ptpc_fp8", "mxfp4", "modelopt", "modelopt_fp4", "fp_quant"),
+                    "fp8 and fp4 weights are not served; int8 weights are (--quantization int8)"),
+    **dict.fromkeys(("awq", "awq_marlin", "gptq", "gptq_marlin", "gptq_marlin_24", "marlin", "compressed-tensors",
+                     "bitsandbytes", "hqq", "quark", "auto-round", "inc", "ipex", "torchao", "gptq_bitblas",
+                     "bitblas", "awq_triton"), _PREQUANTIZED),
+    "gguf": "a GGUF file is read without it (--model FILE.gguf), dequantized to --dtype; add "
+    "--quantization int8 to keep its linear weights in int8",
+    "experts_int8": "it quantizes mixture-of-experts layers, and the models served here have none; "
+    "--quantization int8 quantizes every linear layer",
+}  # fmt: skip
+
+
+def quantization_method(name: str) -> str:
+    """--quantization's value as the workers take it ("int8"); ValueError saying why for any
+    other of vLLM's names."""
+    value = name.strip().lower()
+    if value in INT8_QUANTIZATION_NAMES:
+        return "int8"
+    reason = _REFUSED_QUANTIZATIONS.get(value, "not a quantization omni-serve knows")
+    raise ValueError(f"--quantization {name}: {reason} (served: {', '.join(INT8_QUANTIZATION_NAMES)})")
 
 
 def unsupported_flag_message(extra: Sequence[str]) -> str | None:

@@ -62,6 +62,7 @@ def llm_worker_spec(config: ModelConfig, worker_id: int, device: str) -> protoco
         attention_backend=llm.attention_backend,
         compile_decode=llm.compile_decode,
         max_num_seqs=llm.max_num_seqs,
+        quantization=llm.quantization,
         store=store_settings(config.store) if config.encoder_dir is not None else None,
     )
 

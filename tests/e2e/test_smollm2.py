@@ -46,3 +46,22 @@ def test_smollm2_answers_the_capital_of_france(server: str) -> None:
         model="omni-tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=4, temperature=0
     )
     assert other.model == "omni-tiny" and other.usage is not None and other.usage.completion_tokens >= 1
+
+
+def test_smollm2_in_int8_answers_the_capital_of_france(smollm2_gguf: Path) -> None:
+    """--quantization int8: the file's Q4_1/Q8_0 blocks dequantized, then each linear layer
+    requantized to int8 per output channel; the answer stays the same."""
+    with running_server(
+        "--model", f"smollm2={smollm2_gguf}", "--quantization", "int8", "--dtype", "bfloat16",
+        "--max-model-len", "2048", "--kv-cache-memory", str(32 << 20),
+    ) as base:  # fmt: skip
+        client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused")
+        reply = client.chat.completions.create(
+            model="smollm2",
+            messages=[{"role": "user", "content": "What is the capital of France?"}],
+            max_tokens=32,
+            temperature=0,
+        )
+    content = reply.choices[0].message.content or ""
+    assert "Paris" in content, content
+    assert reply.choices[0].finish_reason == "stop"

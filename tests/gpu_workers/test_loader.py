@@ -1,16 +1,21 @@
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from gpu_workers.attention.backend import SequenceChunk
 from gpu_workers.attention.torch_sdpa import TorchSDPABackend
-from gpu_workers.loader import load_model
+from gpu_workers.loader import _hf_name, load_model
+from gpu_workers.models.int8_linear import Int8Linear, quantize_linears
 from gpu_workers.models.llama import LlamaForCausalLM, MergedLinear
 from gpu_workers.tiny.checkpoints import make_tiny_checkpoint
+from tests.gpu_workers.conftest import VOCAB
 
 CPU = torch.device("cpu")
 
@@ -75,3 +80,60 @@ def test_pickle_weights_are_refused(tmp_path: Path, checkpoint: Path) -> None:
         load(checkpoint)
     with pytest.raises(ValueError, match="no config.json"):
         load(tmp_path)
+
+
+@pytest.mark.parametrize("model_type", ["llama", "qwen2", "granite"])
+def test_int8_model_equals_transformers_on_its_dequantized_weights(model_type: str, hf_checkpoint: Any) -> None:
+    """--quantization int8: every Linear of the decoder in int8 (per-channel scales), and the
+    same model in transformers with each of those weights replaced by int8 * scale. The kernel
+    runs in float32 here (serving on CPU rounds float32 activations to bf16 for it, which
+    would hide a wrong weight behind bf16's noise; the SmolLM2 test measures that path);
+    worst logit difference measured 2.1e-6 (llama: tied head, llama3 RoPE; qwen2: q/k/v biases;
+    granite: every bias, muP), against 8e-3 to 5.6e-2 from the unquantized weights."""
+    path, hf = hf_checkpoint(model_type)
+    ours = load(path)
+    quantize_linears(ours, compute_dtype=torch.float32)
+    reference = copy.deepcopy(hf)
+    hf_params = dict(reference.named_parameters())
+    quantized = [(n, m) for n, m in ours.named_modules() if isinstance(m, Int8Linear)]
+    assert len(quantized) == 4 * ours.config.num_layers + (0 if ours.config.tie_word_embeddings else 1)
+    with torch.no_grad():
+        for name, module in quantized:
+            weight = module.dequantized_weight()
+            sizes = module_shard_sizes(hf, name)
+            for shard, rows in enumerate(weight.split(sizes)):
+                hf_name = _hf_name(f"{name}.weight", shard if len(sizes) > 1 else None)
+                hf_params[hf_name].copy_(rows)
+    ids = torch.arange(3, 40) % VOCAB
+    with torch.inference_mode():
+        metadata = ours.layers[0].self_attn.backend.build_metadata([SequenceChunk(0, len(ids), 0, [])])
+        got = ours.compute_logits(ours(ids, torch.arange(len(ids)), None, metadata))
+        want = reference(ids[None]).logits[0].float()
+        unquantized = hf(ids[None]).logits[0].float()
+    worst = (got - want).abs().max().item()
+    print(f"{model_type}: worst |int8 - dequantized float| {worst:.1e}, from the float weights {(got - unquantized).abs().max().item():.1e}")
+    assert worst < 2e-5
+    assert (got - unquantized).abs().max().item() > 100 * worst  # the weights really were quantized
+
+
+def module_shard_sizes(hf: Any, name: str) -> tuple[int, ...]:
+    """How many rows each checkpoint tensor fills of our module `name` (q|k|v, gate|up, or one)."""
+    parent, _, fused = name.rpartition(".")
+    parts = [k for k, v in sorted(LlamaForCausalLM.STACKED_PARAMS.items(), key=lambda kv: kv[1][1]) if v[0] == fused]
+    if not parts:
+        return (hf.get_parameter(_hf_name(f"{name}.weight", None)).shape[0],)
+    return tuple(hf.get_parameter(f"model.{parent}.{part}.weight").shape[0] for part in parts)
+
+
+def test_int8_on_a_device_without_its_kernel_is_refused_before_loading(
+    checkpoint: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("gpu_workers.models.int8_linear._has_kernel", lambda key: key == "CPU")  # a CPU-only torch
+    backend = TorchSDPABackend(4, CPU)
+    with pytest.raises(ValueError, match="no cuda kernel for aten::_weight_int8pack_mm"):
+        load_model(checkpoint, device=torch.device("cuda:0"), dtype=torch.bfloat16, backend=backend, quantization="int8")
+    with pytest.raises(ValueError, match="unknown quantization 'int4'"):
+        load_model(checkpoint, device=CPU, dtype=torch.float32, backend=backend, quantization="int4")
+    assert not any(isinstance(m, Int8Linear) for m in load(checkpoint).modules())  # without: float Linears
+    served = load_model(checkpoint, device=CPU, dtype=torch.float32, backend=backend, quantization="int8")
+    assert sum(isinstance(m, Int8Linear) for m in served.modules()) == 4 * served.config.num_layers + 1  # untied head

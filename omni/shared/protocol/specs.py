@@ -72,6 +72,7 @@ class LLMWorkerSpec(WorkerSpec):
     # (gpu_workers/runners/decode_graph.py); False: eager (--enforce-eager)
     compile_decode: bool = False
     max_num_seqs: int = 64
+    quantization: str | None = None  # "int8": int8 Linear weights with per-channel scales
     # Where injected embeddings are read from; None for a text-only LLM, which opens none.
     store: StoreSettings | None = None
     embedding_cache_bytes: int = 1024**3

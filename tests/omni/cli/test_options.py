@@ -120,10 +120,35 @@ def test_compile_decode_reaches_the_worker_spec_and_enforce_eager_wins(dirs: tup
     assert spec("--compile-decode", "--enforce-eager") == (False, 64)
 
 
+def test_quantization_int8_under_its_name_or_vllms_reaches_the_llm_workers(dirs: tuple[Path, Path]) -> None:
+    from omni.engines.worker_specs import llm_worker_spec
+
+    text, _ = dirs
+    assert server_config(parse_args([str(text)])).models[0].llm.quantization is None
+    for flags in (["--quantization", "int8"], ["-q", "tpu_int8"], ["--quantization=INT8"]):
+        engine = server_config(parse_args([str(text), *flags])).models[0]
+        assert engine.llm.quantization == "int8", flags
+        assert llm_worker_spec(engine, 0, "cpu").quantization == "int8"
+
+
+@pytest.mark.parametrize(
+    ("name", "says"),
+    [
+        ("awq", "reads a checkpoint quantized beforehand"),
+        ("fp8", "fp8 and fp4 weights are not served"),
+        ("gguf", "a GGUF file is read without it"),
+        ("int4", "not a quantization omni-serve knows"),
+    ],
+)
+def test_other_quantizations_exit_with_why(dirs: tuple[Path, Path], name: str, says: str) -> None:
+    with pytest.raises(SystemExit, match=re.escape(f"--quantization {name}: {says}")):
+        server_config(parse_args([str(dirs[0]), "--quantization", name]))
+
+
 @pytest.mark.parametrize(
     ("flags", "named"),
     [
-        (["--quantization", "awq"], "--quantization is a vLLM flag omni-serve does not support"),
+        (["--speculative-config", "{}"], "--speculative-config is a vLLM flag omni-serve does not support"),
         (["--enable-lora"], "--enable-lora is a vLLM flag"),
         (["--kv-cache-dtype=fp8"], "--kv-cache-dtype is a vLLM flag"),
         (["--no-such-flag", "3"], "unknown flag --no-such-flag"),
