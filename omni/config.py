@@ -115,10 +115,12 @@ class LLMConfig:
     )
     compile_decode: bool = setting(
         False,
+        unset=None,
         help="decode-only steps run a compiled step (torch.compile; on CUDA, CUDA graphs per batch "
-        "bucket up to --max-num-seqs) with attention read in place from the paged cache; compiled "
-        "at each worker's start (tens of seconds cold on CPU, cached on disk under "
-        "~/.cache/omni-serve/inductor across restarts). --enforce-eager turns it off",
+        "bucket up to --max-num-seqs) with attention read in place from the paged cache. Default: on "
+        "for a GPU (as vLLM captures graphs), off on the CPU, where the compile costs each worker tens "
+        "of seconds cold (cached on disk under ~/.cache/omni-serve/inductor across restarts). "
+        "--enforce-eager turns it off",
     )
     quantization: str | None = setting(
         None,

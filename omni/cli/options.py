@@ -251,7 +251,9 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
     _check_vllm_only_flags(compat, args)
     if compat.enforce_eager and llm.compile_decode:
         log.info("--enforce-eager: the decode step runs eagerly (--compile-decode is off)")
-        llm = replace(llm, compile_decode=False)
+    # unset: compiled (CUDA graphs) on a GPU, eager on the CPU; --enforce-eager always eager
+    compiled = (not on_cpu if llm.compile_decode is None else llm.compile_decode) and not compat.enforce_eager
+    llm = replace(llm, compile_decode=compiled)
     if audio.first_chunk_units < MIN_UNITS:
         raise _fail(f"--audio-first-chunk-units must be at least {MIN_UNITS} (an audio span's least)")
     if on_cpu and llm.gpu_memory_utilization is not None:
