@@ -15,7 +15,6 @@ from __future__ import annotations
 import html
 import json
 import re
-import shutil
 import subprocess
 import threading
 from collections.abc import Iterator
@@ -25,10 +24,10 @@ from urllib.parse import urlencode
 
 import pytest
 
+from tests.e2e.chromium import CHROMIUM, HEADLESS
 from tests.e2e.conftest import CORS_PAGE_ORIGIN, CORS_PAGE_PORT
 
 KEY = "sk-browser-test"
-CHROMIUM = shutil.which("chromium")
 
 pytestmark = pytest.mark.skipif(
     CHROMIUM is None, reason="chromium is not installed (bin/setup test installs Debian's package where apt-get can)"
@@ -95,12 +94,7 @@ def _load(url: str, profile: Path) -> tuple[str, str]:
     done = subprocess.run(
         [
             CHROMIUM,
-            "--headless=new",
-            "--no-sandbox",  # root in a container
-            "--disable-gpu",
-            "--disable-dev-shm-usage",  # a container's /dev/shm is small
-            "--disable-background-networking",
-            "--no-first-run",
+            *HEADLESS,
             "--enable-logging=stderr",  # with --v=0: console messages, as INFO:CONSOLE lines
             "--v=0",
             f"--user-data-dir={profile}",

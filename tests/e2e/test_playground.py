@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import shutil
 import subprocess
 import time
 import urllib.request
@@ -37,10 +36,10 @@ from websockets.sync.client import ClientConnection, connect
 from omni.text.constrained.image_span import START
 from omni.text.tokenizer import TextTokenizer
 from tests.e2e.audio import spoken
+from tests.e2e.chromium import CHROMIUM, HEADLESS
 from tests.e2e.conftest import DIFFUSION_STEPS
 from tests.e2e.server import running_server
 
-CHROMIUM = shutil.which("chromium")
 KEY = "sk-playground-test"
 ROOT = "/omni"
 MODEL = "omni"
@@ -137,12 +136,7 @@ def page(speech_wav: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator
     proc = subprocess.Popen(
         [
             CHROMIUM,
-            "--headless=new",
-            "--no-sandbox",  # root in a container
-            "--disable-gpu",
-            "--disable-dev-shm-usage",  # a container's /dev/shm is small
-            "--disable-background-networking",
-            "--no-first-run",
+            *HEADLESS,
             "--autoplay-policy=no-user-gesture-required",
             "--use-fake-ui-for-media-stream",  # the microphone is allowed without asking
             "--use-fake-device-for-media-stream",
