@@ -31,7 +31,6 @@ import argparse
 import asyncio
 import json
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +39,6 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from realtime_load import (
     MODEL,
-    ROOT,
     TEXT,
     Turn,
     clip_pcm16,
@@ -52,6 +50,7 @@ from realtime_load import (
     read_turn,
     send_audio,
     speak,
+    started_server,
 )
 
 FIRST_AUDIO_SUM = "omni_realtime_first_audio_seconds_sum"
@@ -179,22 +178,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.base_url:
         rows = asyncio.run(run(args.base_url.rstrip("/"), args))
     else:
-        from media_bench import Server, free_port
-
-        port = free_port()
-        base = f"http://127.0.0.1:{port}"
-        store = tempfile.mkdtemp(prefix="realtime-bench-store-")
-        log = Path(tempfile.mkdtemp(prefix="realtime-latency-")) / "server.log"
-        cmd = [str(ROOT / "bin" / "omni-serve"), "--port", str(port), "--store", f"local:{store}",
-               "--no-image-output", *args.server_arg]  # fmt: skip
-        print(f"[realtime-latency] {' '.join(cmd)} (log {log})", flush=True)
-        server = Server(cmd, log, stop_timeout=60)
-        server.start()
-        try:
-            server.wait_healthy(base, 600)
+        with started_server("realtime-latency", args.server_arg) as (base, _):
             rows = asyncio.run(run(base, args))
-        finally:
-            server.stop()
     print(report(rows))
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2))

@@ -33,12 +33,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import contextlib
 import json
 import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -296,6 +297,30 @@ def table(r: dict[str, Any]) -> str:
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
 
 
+
+@contextlib.contextmanager
+def started_server(label: str, server_args: list[str]) -> Iterator[tuple[str, int]]:
+    """The embedded default on a free port with its own local store (image output off): its base
+    URL and process id, stopped on the way out."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from media_bench import Server, free_port
+
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    store = tempfile.mkdtemp(prefix="realtime-bench-store-")
+    log = Path(tempfile.mkdtemp(prefix=f"{label}-")) / "server.log"
+    cmd = [str(ROOT / "bin" / "omni-serve"), "--port", str(port), "--store", f"local:{store}",
+           "--no-image-output", *server_args]  # fmt: skip
+    print(f"[{label}] {' '.join(cmd)} (log {log})", flush=True)
+    server = Server(cmd, log, stop_timeout=60)
+    server.start()
+    try:
+        server.wait_healthy(base, 600)
+        assert server.proc is not None
+        yield base, server.proc.pid
+    finally:
+        server.stop()
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--sessions", type=int, default=50)
@@ -312,24 +337,8 @@ def main(argv: list[str] | None = None) -> None:
             p.error("--base-url needs --pid (the server's process, for its RSS)")
         result = asyncio.run(run(args.base_url.rstrip("/"), args.pid, args))
     else:
-        sys.path.insert(0, str(Path(__file__).resolve().parent))
-        from media_bench import Server, free_port
-
-        port = free_port()
-        base = f"http://127.0.0.1:{port}"
-        store = tempfile.mkdtemp(prefix="realtime-bench-store-")
-        log = Path(tempfile.mkdtemp(prefix="realtime-bench-")) / "server.log"
-        cmd = [str(ROOT / "bin" / "omni-serve"), "--port", str(port), "--store", f"local:{store}",
-               "--no-image-output", *args.server_arg]  # fmt: skip
-        print(f"[realtime-load] {' '.join(cmd)} (log {log})", flush=True)
-        server = Server(cmd, log, stop_timeout=60)
-        server.start()
-        try:
-            server.wait_healthy(base, 600)
-            assert server.proc is not None
-            result = asyncio.run(run(base, server.proc.pid, args))
-        finally:
-            server.stop()
+        with started_server("realtime-load", args.server_arg) as (base, pid):
+            result = asyncio.run(run(base, pid, args))
     print(table(result))
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))
