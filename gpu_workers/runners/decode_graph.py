@@ -36,9 +36,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from gpu_workers.attention.compiled_decode import DECODE_KERNELS, DecodeGraphMetadata, write_new_kv
+from gpu_workers.staging import HostStaging
 
 log = logging.getLogger("omni.llm_runner.decode_graph")
 
@@ -103,6 +105,7 @@ class DecodeGraph:
         self.device = kv_cache.device
         self.kernel = kernel
         self.cuda = self.device.type == "cuda"
+        self._staging = HostStaging(self.device)  # the step's inputs: one (pinned, on CUDA) copy
         self.pad = self.cuda if pad_to_buckets is None else pad_to_buckets
         self.buckets = decode_buckets(max_num_seqs) if self.pad else [max(MIN_ROWS, max_num_seqs)]
         self.cache_dir = use_disk_cache()
@@ -183,14 +186,12 @@ class DecodeGraph:
         table = [t[:k] + [scratch] * (width - k) for t, k in zip(block_tables, needed)]
         table += [[scratch] * width] * pad
         slots = [t[p // bs] * bs + p % bs for t, p in zip(block_tables, positions)] + [scratch * bs] * pad
-        host = torch.tensor(
+        host = np.array(
             [*ids, *[0] * pad, *positions, *[0] * pad, *[p + 1 for p in positions], *[1] * pad, *slots,
              *(x for row in table for x in row)],
-            dtype=torch.int64,
+            dtype=np.int64,
         )  # fmt: skip
-        if self.cuda:
-            host = host.pin_memory()
-        dev = host.to(self.device, non_blocking=True)
+        dev = self._staging.stage({"inputs": host})["inputs"]
         ids_t, pos_t, lens_t, slots_t = dev[: 4 * b].view(4, b)
         table_t = dev[4 * b :].view(b, width)
         if self.cuda:

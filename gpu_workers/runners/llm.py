@@ -494,11 +494,12 @@ class LLMRunner(Runner):
             if end == len(state.token_ids) and not state.sampling.prefill_only:
                 sample_rows.append(len(input_ids) - 1)
                 sample_ids.append(s.request_id)
-        staged = self._stage_inputs(input_ids, positions, sample_rows)
         if self._compiled_decode(chunks, media):
-            assert self.decode_graph is not None
+            assert self.decode_graph is not None  # it stages its own (padded) inputs
+            staged = self._staging.stage({"sample_rows": np.asarray(sample_rows, dtype=np.int64)})
             hidden = self.decode_graph.forward(input_ids, positions, [c.block_ids for c in chunks])
         else:
+            staged = self._stage_inputs(input_ids, positions, sample_rows)
             metadata = self.attention_backend.build_metadata(chunks)
             ids = staged["ids"]
             hidden = self.model(
