@@ -59,7 +59,21 @@ def raise_problems(name: str, problems: list[str]) -> None:
         raise CacheContractError(f"attention backend {name!r} cannot take this KV cache: {'; '.join(problems)}")
 
 
-class _FlashVarlenBackend(AttentionBackend):
+class PagedKernelBackend(AttentionBackend):
+    """A CUDA paged kernel: its warm-up (before the worker reports ready) and its one call."""
+
+    def warm_up(self, kv_cache: KVCache, num_heads: int, scale: float) -> None:
+        """One call on two rows reading block 0 (nothing is written): loads or compiles the kernel."""
+        k_cache = kv_cache[0]
+        m = self.build_metadata([SequenceChunk(0, 1, 1, [0]), SequenceChunk(1, 1, 0, [0])])
+        q = torch.zeros(2, num_heads, k_cache.shape[-1], dtype=k_cache.dtype, device=k_cache.device)
+        self._paged(q, kv_cache, m, scale)
+
+    def _paged(self, q: torch.Tensor, kv_cache: KVCache, m: Any, scale: float) -> torch.Tensor:
+        raise NotImplementedError
+
+
+class _FlashVarlenBackend(PagedKernelBackend):
     BLOCK_MULTIPLE: ClassVar[int]
     PACKAGE: ClassVar[str]  # what to install, for the error
     INSTALL: ClassVar[str]  # how to get it, for the error
@@ -88,16 +102,6 @@ class _FlashVarlenBackend(AttentionBackend):
 
     def build_metadata(self, chunks: list[SequenceChunk]) -> PagedVarlenMetadata:
         return build_paged_varlen(chunks, self.block_size, self.device)
-
-    def warm_up(self, kv_cache: KVCache, num_heads: int, scale: float) -> None:
-        """One call on two rows reading block 0 (nothing is written): loads the kernel."""
-        k_cache = kv_cache[0]
-        m = self.build_metadata([SequenceChunk(0, 1, 1, [0]), SequenceChunk(1, 1, 0, [0])])
-        q = torch.zeros(2, num_heads, k_cache.shape[-1], dtype=k_cache.dtype, device=k_cache.device)
-        self._paged(q, kv_cache, m, scale)
-
-    def _paged(self, q: torch.Tensor, kv_cache: KVCache, m: PagedVarlenMetadata, scale: float) -> torch.Tensor:
-        raise NotImplementedError
 
     def forward(
         self,

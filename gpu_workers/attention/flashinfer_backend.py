@@ -20,13 +20,12 @@ from typing import Any
 import torch
 
 from gpu_workers.attention.backend import (
-    AttentionBackend,
     HeadShape,
     KVCache,
     SequenceChunk,
     write_kv,
 )
-from gpu_workers.attention.flash_attn_backend import contract_problems, raise_problems
+from gpu_workers.attention.flash_attn_backend import PagedKernelBackend, contract_problems, raise_problems
 from gpu_workers.attention.paged_varlen import PagedVarlenMetadata, build_paged_varlen, flashinfer_pages
 from gpu_workers.attention.torch_sdpa import PrefillChunk, TorchSDPABackend
 
@@ -46,7 +45,7 @@ class FlashInferMetadata:
     planned: bool = False  # set by the first layer's forward
 
 
-class FlashInferBackend(AttentionBackend):
+class FlashInferBackend(PagedKernelBackend):
     name = "flashinfer"
 
     @classmethod
@@ -78,13 +77,6 @@ class FlashInferBackend(AttentionBackend):
         indptr, indices, last = flashinfer_pages(varlen, self.block_size)
         slots = None if varlen.slots is None else varlen.slots.to(self.device)
         return FlashInferMetadata(varlen, slots, indptr, indices, last)
-
-    def warm_up(self, kv_cache: KVCache, num_heads: int, scale: float) -> None:
-        """One call on two rows reading block 0 (nothing is written): loads or compiles the kernel."""
-        k_cache = kv_cache[0]
-        m = self.build_metadata([SequenceChunk(0, 1, 1, [0]), SequenceChunk(1, 1, 0, [0])])
-        q = torch.zeros(2, num_heads, k_cache.shape[-1], dtype=k_cache.dtype, device=k_cache.device)
-        self._paged(q, kv_cache, m, scale)
 
     def forward(
         self,
