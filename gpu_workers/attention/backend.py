@@ -41,6 +41,11 @@ class SequenceChunk:
     def context_len(self) -> int:
         return self.num_computed_tokens + self.num_query_tokens
 
+    @property
+    def is_decode(self) -> bool:
+        """One new token of a sequence that already has some in the cache."""
+        return self.num_query_tokens == 1 and self.num_computed_tokens > 0
+
 
 def slot_mapping(chunks: list[SequenceChunk], block_size: int) -> list[int] | None:
     """Cache slot of every packed row, in row order (chunks sorted by query_start); None

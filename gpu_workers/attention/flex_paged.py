@@ -166,13 +166,9 @@ class FlexPagedMetadata:
 _MIN_ROWS = 2
 
 
-def is_decode(c: SequenceChunk) -> bool:
-    return c.num_query_tokens == 1 and c.num_computed_tokens > 0
-
-
 def paged_rows(chunks: list[SequenceChunk], block_size: int, device: torch.device) -> PagedRows | None:
     """Per-row block lists of the decode rows (None when there is none)."""
-    cont = [c for c in chunks if is_decode(c)]
+    cont = [c for c in chunks if c.is_decode]
     if not cont:
         return None
     if not all(c.block_ids for c in cont):
@@ -283,7 +279,7 @@ class FlexPagedBackend(AttentionBackend):
         bs, dev = self.block_size, self.device
         prefills = []
         for c in chunks:
-            if is_decode(c):
+            if c.is_decode:
                 continue
             block_ids = mask = None
             if c.num_computed_tokens > 0:

@@ -76,7 +76,7 @@ class TorchSDPABackend(AttentionBackend):
     def build_metadata(self, chunks: list[SequenceChunk]) -> SDPAMetadata:
         bs, dev = self.block_size, self.device
         num_tokens = sum(c.num_query_tokens for c in chunks)
-        decodes = [c for c in chunks if c.num_query_tokens == 1 and c.num_computed_tokens > 0]
+        decodes = [c for c in chunks if c.is_decode]
         decode = None
         if decodes:
             max_blocks = -(-max(c.context_len for c in decodes) // bs)
@@ -91,7 +91,7 @@ class TorchSDPABackend(AttentionBackend):
             )
         prefills = []
         for c in chunks:
-            if c.num_query_tokens == 1 and c.num_computed_tokens > 0:
+            if c.is_decode:
                 continue
             block_ids: torch.Tensor | None = None
             mask: torch.Tensor | None = None

@@ -550,7 +550,7 @@ class LLMRunner(Runner):
             self.decode_graph is not None
             and not any(media.values())
             and self.decode_graph.bucket(len(chunks)) is not None
-            and all(c.num_query_tokens == 1 and c.num_computed_tokens > 0 for c in chunks)
+            and all(c.is_decode for c in chunks)
         )
 
     def _prompt_logprobs(self, hidden: torch.Tensor, rows: _PromptRows) -> protocol.PromptLogprobs:
