@@ -114,13 +114,12 @@ class LLMConfig:
         "in fp32, even in bf16)",
     )
     compile_decode: bool = setting(
-        False,
-        unset=None,
-        help="decode-only steps run a compiled step (torch.compile; on CUDA, CUDA graphs per batch "
-        "bucket up to --max-num-seqs) with attention read in place from the paged cache. Default: on "
-        "for a GPU (as vLLM captures graphs), off on the CPU, where the compile costs each worker tens "
-        "of seconds cold (cached on disk under ~/.cache/omni-serve/inductor across restarts). "
-        "--enforce-eager turns it off",
+        True,
+        help="decode-only steps run a compiled step (torch.compile: on CUDA, CUDA graphs per batch "
+        "bucket up to --max-num-seqs; on the CPU, one decoder layer compiled by inductor) with "
+        "attention read in place from the paged cache. On by default, as vLLM compiles; the first "
+        "start compiles for tens of seconds on a CPU, later starts read ~/.cache/omni-serve/inductor. "
+        "--no-compile-decode or --enforce-eager turns it off",
     )
     quantization: str | None = setting(
         None,

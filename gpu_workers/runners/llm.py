@@ -245,7 +245,11 @@ class LLMRunner(Runner):
         log.info("attention backend %s on %s (%s)", type(runner.attention_backend).__name__, runner.device, runner.dtype)
         runner.attention_backend.warm_up(runner.kv_caches[0], mc.num_heads, mc.attention_scale)
         if runner.decode_graph is not None:
-            runner.decode_graph.warm_up()
+            try:
+                runner.decode_graph.warm_up()
+            except Exception as exc:  # no C++ compiler, an op inductor cannot lower: serve eagerly
+                log.warning("the compiled decode step is unavailable, decode runs eagerly: %s", exc)
+                runner.decode_graph = None
         return runner
 
     def ready_message(self, spec: protocol.LLMWorkerSpec) -> protocol.LLMReady:

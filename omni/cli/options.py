@@ -251,9 +251,8 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
     _check_vllm_only_flags(compat, args)
     if compat.enforce_eager and llm.compile_decode:
         log.info("--enforce-eager: the decode step runs eagerly (--compile-decode is off)")
-    # unset: compiled (CUDA graphs) on a GPU, eager on the CPU; --enforce-eager always eager
-    asked = getattr(args, "compile_decode", None)  # None: the flag was not given
-    compiled = (not on_cpu if asked is None else bool(asked)) and not compat.enforce_eager
+    # compiled unless --enforce-eager (CUDA graphs on a GPU, inductor's C++ on the CPU)
+    compiled = llm.compile_decode and not compat.enforce_eager
     llm = replace(llm, compile_decode=compiled)
     if audio.first_chunk_units < MIN_UNITS:
         raise _fail(f"--audio-first-chunk-units must be at least {MIN_UNITS} (an audio span's least)")

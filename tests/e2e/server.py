@@ -17,6 +17,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
+EAGER = ("--enforce-eager",)  # what the suite's servers run unless a test asks for the compiled step
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -55,17 +58,24 @@ PROCESSES: dict[str, subprocess.Popen[bytes]] = {}
 
 @contextlib.contextmanager
 def running_server(
-    *args: str, timeout: float = 180.0, env: dict[str, str] | None = None, log: Path | None = None
+    *args: str,
+    timeout: float = 180.0,
+    env: dict[str, str] | None = None,
+    log: Path | None = None,
+    compiled: bool = False,
 ) -> Iterator[str]:
     """Yield the server's base URL (http://127.0.0.1:PORT) once /health answers 200.
     env: extra environment variables for the server (and so its workers); log: a file the
-    server's output goes to (the test reads it), instead of the test's own output."""
+    server's output goes to (the test reads it), instead of the test's own output; compiled:
+    keep the default compiled decode step (else --enforce-eager: a cold inductor compile per
+    server would cost the suite minutes; the tests that pass compiled=True prove that path)."""
     port = free_port()
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMNI_LOG_LEVEL": "WARNING", **(env or {})}
     with contextlib.ExitStack() as files:
         out = files.enter_context(log.open("wb")) if log is not None else None
         proc = subprocess.Popen(
-            [sys.executable, "-m", "omni.cli.main", "--port", str(port), "--num-threads", "1", *args],
+            [sys.executable, "-m", "omni.cli.main", "--port", str(port), "--num-threads", "1",
+             *([] if compiled else EAGER), *args],  # fmt: skip
             cwd=ROOT,
             env=env,
             stdout=out,

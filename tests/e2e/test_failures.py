@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.e2e.server import PROCESSES, ROOT, free_port, running_server, wait_healthy, worker_pids
+from tests.e2e.server import EAGER, PROCESSES, ROOT, free_port, running_server, wait_healthy, worker_pids
 
 
 def _start(model_dir: Path) -> subprocess.CompletedProcess[str]:
@@ -146,7 +146,7 @@ def test_sigterm_to_the_process_group_drains_in_flight_requests(tiny_model_dir: 
     port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "omni.cli.main", "--model", f"m={tiny_model_dir}", "--port", str(port),
-         "--num-threads", "1", "--num-kv-blocks", "256"],
+         "--num-threads", "1", "--num-kv-blocks", "256", *EAGER],
         cwd=ROOT,
         env=dict(os.environ, PYTHONPATH=str(ROOT), OMNI_LOG_LEVEL="WARNING"),
         start_new_session=True,

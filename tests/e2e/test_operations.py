@@ -55,7 +55,7 @@ def test_vllm_launch_line_https_root_path_and_json_logs(tiny_model_dir: Path, tm
     log_path = tmp_path / "server.log"
     line = [str(tiny_model_dir), "--served-model-name", "x", "--max-model-len", "4096",
             "--gpu-memory-utilization", "0.9", "--enable-prefix-caching", "--seed", "0", "--port", str(port),
-            "--num-threads", "1",
+            "--num-threads", "1", "--enforce-eager",
             "--ssl-keyfile", str(key), "--ssl-certfile", str(cert), "--root-path", "/omni",
             "--log-format", "json", "--log-level", "INFO"]  # fmt: skip
     with log_path.open("wb") as out:

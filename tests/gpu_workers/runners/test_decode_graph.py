@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import torch
 
+from gpu_workers.distributed import GroupMember
 from gpu_workers.runners.decode_graph import DecodeGraph, decode_buckets
 from gpu_workers.runners.llm import LLMRunner
 from omni.shared import protocol
@@ -79,3 +80,25 @@ def test_compiled_decode_matches_eager(hf_checkpoint: Any, kernel: str) -> None:
     assert compiled.kv_cache.shape[2] == NUM_BLOCKS + 1
     torch.testing.assert_close(compiled.kv_cache[:, :, :NUM_BLOCKS], eager.kv_cache, rtol=1e-5, atol=1e-5)
     assert compiled.decode_graph is not None and compiled.decode_graph.scratch_block == NUM_BLOCKS
+
+
+def test_a_compile_that_fails_at_start_leaves_the_worker_serving_eagerly(
+    hf_checkpoint: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The compiled step is the default: a machine without a C++ compiler (inductor's CPU
+    backend needs one) or an op inductor cannot lower must not stop the worker."""
+    model_dir = hf_checkpoint("qwen2")[0]
+
+    def broken(self: DecodeGraph) -> None:
+        raise RuntimeError("no working C++ compiler found")
+
+    monkeypatch.setattr(DecodeGraph, "warm_up", broken)
+    spec = protocol.LLMWorkerSpec(model_dir=str(model_dir), device="cpu", num_kv_blocks=NUM_BLOCKS, compile_decode=True)
+    with caplog.at_level("WARNING", logger="omni.llm_runner"):
+        runner = LLMRunner.from_spec(spec, GroupMember(0, 1, None))
+    assert runner.decode_graph is None
+    assert "decode runs eagerly: no working C++ compiler found" in caplog.text
+    prompts, tables = {"a": [5, 6, 7], "b": [9, 8]}, {"a": [3, 7], "b": [4, 1]}
+    got = _decode(runner, prompts, tables, 3)
+    assert len(got) == 3
+    torch.testing.assert_close(torch.cat(got), torch.cat(_decode(_runner(model_dir, False), prompts, tables, 3)))
