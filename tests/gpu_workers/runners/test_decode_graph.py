@@ -28,15 +28,20 @@ def test_buckets() -> None:
         decode_buckets(0)
 
 
-def _runner(model_dir: Any, compiled: bool, kernel: str = "gather") -> LLMRunner:
-    r = LLMRunner(model_dir, block_size=4, num_kv_blocks=NUM_BLOCKS, compile_decode=compiled, decode_kernel=kernel)
+def _runner(model_dir: Any, compiled: bool, kernel: str = "gather", quantization: str | None = None) -> LLMRunner:
+    r = LLMRunner(
+        model_dir, block_size=4, num_kv_blocks=NUM_BLOCKS, compile_decode=compiled, decode_kernel=kernel,
+        quantization=quantization,
+    )  # fmt: skip
     if compiled:
         # the CUDA layout on CPU: buckets of 1, 2, 4, 8, each batch padded to its bucket
         r.decode_graph = DecodeGraph(r.model, r.kv_cache, max_num_seqs=8, kernel=kernel, pad_to_buckets=True)
     return r
 
 
-def _decode(runner: LLMRunner, prompts: dict[str, list[int]], tables: dict[str, list[int]], steps: int) -> list[torch.Tensor]:
+def _decode(
+    runner: LLMRunner, prompts: dict[str, list[int]], tables: dict[str, list[int]], steps: int
+) -> list[torch.Tensor]:
     logits: list[torch.Tensor] = []
     compute = runner.model.compute_logits
 
@@ -59,8 +64,13 @@ def _decode(runner: LLMRunner, prompts: dict[str, list[int]], tables: dict[str, 
     return logits[1:]  # the decode steps'
 
 
-@pytest.mark.parametrize("kernel", ["gather"])
-def test_compiled_decode_matches_eager(hf_checkpoint: Any, kernel: str) -> None:
+@pytest.mark.parametrize(("kernel", "quantization"), [("gather", None), ("gather", "int8")])
+def test_compiled_decode_matches_eager(hf_checkpoint: Any, kernel: str, quantization: str | None) -> None:
+    """int8: the Linears int8 (models/int8_linear.py) in both runners; on a VNNI CPU the compiled
+    layer traces the activations' split and calls oneDNN's GEMM as one opaque op. The split
+    (about 16 bits a row) is inductor's fused loop there and eager ops here, and a value on a
+    rounding boundary lands one low step (a row's max / 32258) apart: worst measured 1.7e-4
+    (logits), 1.1e-4 (K/V)."""
     model_dir = hf_checkpoint("qwen2")[0]
     rng = random.Random(0)
     # contexts of 3 to 14 tokens: tables from 1 to 5 blocks of 4, scattered
@@ -69,13 +79,17 @@ def test_compiled_decode_matches_eager(hf_checkpoint: Any, kernel: str) -> None:
     free = list(range(NUM_BLOCKS))
     rng.shuffle(free)
     tables = {r: [free.pop() for _ in range(5)] for r in prompts}
-    eager, compiled = _runner(model_dir, False), _runner(model_dir, True, kernel)
+    eager, compiled = (
+        _runner(model_dir, False, quantization=quantization),
+        _runner(model_dir, True, kernel, quantization),
+    )
     want = _decode(eager, prompts, tables, 5)
     got = _decode(compiled, prompts, tables, 5)
     assert [g.shape for g in got] == [w.shape for w in want]
     worst = max((g - w).abs().max().item() for g, w in zip(got, want))
-    assert worst < 1e-4, worst
+    tol = 1e-4 if quantization is None else 1e-3
+    assert worst < tol, worst
     # every real block holds the same K/V; the scratch block (index NUM_BLOCKS) only in the compiled cache
     assert compiled.kv_cache.shape[2] == NUM_BLOCKS + 1
-    torch.testing.assert_close(compiled.kv_cache[:, :, :NUM_BLOCKS], eager.kv_cache, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(compiled.kv_cache[:, :, :NUM_BLOCKS], eager.kv_cache, rtol=tol / 10, atol=tol / 10)
     assert compiled.decode_graph is not None and compiled.decode_graph.scratch_block == NUM_BLOCKS
