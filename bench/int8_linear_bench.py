@@ -24,6 +24,7 @@ Candidates (those whose package or op is missing are skipped, and say so):
                        compiled by inductor (--torchao; needs torchao importable)
 
     python bench/int8_linear_bench.py --threads 2 --rounds 15
+    python bench/int8_linear_bench.py --threads 1 --rounds 15 --only bf16-packed woq-bf16 split-bf16 split-bf16-compiled
     PYTHONPATH=/path/to/torchao python bench/int8_linear_bench.py --torchao   # adds torchao's two
 """
 
