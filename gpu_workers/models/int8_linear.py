@@ -14,7 +14,7 @@ Two kernels compute it (`Int8Linear.kernel`):
   67-90 % agreement with bf16 on SmolLM2), so each row x_t is split in two int8 parts, high and
   low (`split_rows`):
 
-      x_t = a_t * hi_t + (a_t / 254) * lo_t + e_t,   a_t = max|x_t| / 127,   |e_t| <= a_t / 508
+      x_t = a_t * (hi_t + lo_t / 254) + e_t,   a_t = max|x_t| / 127,   |e_t| <= a_t / 508
 
   and both parts go through the one GEMM as 2T rows. The activations so keep about 16 bits per
   row (bf16 keeps 8 of mantissa), the result is the weight-only one, and at a decode batch's
@@ -27,15 +27,18 @@ Two kernels compute it (`Int8Linear.kernel`):
   where u8 x s8 products can saturate).
 
 Only nn.Linear layers are quantized, and not all of them (`quantize_linears`, `KEEP`): the
-embedding table, and with it a tied output projection, and the MLPs' down projections stay in
-the serving dtype. A down projection reads SiLU(gate) * up, the block's most heavy-tailed
-activation, whose few large channels write the residual stream's "massive activations" (Sun et
-al. 2024; the "super weights" of Yu et al. 2024 sit in down_proj), so the same per-channel
-error moves its output most; llama.cpp's k-quant mixes give ffn_down more bits for that reason.
-Measured on SmolLM2 (bench/int8_quality.py, 64 x 128, top-1 == the bf16 greedy token): every
-Linear int8 96.6 %; down_proj alone int8 97.5 %, q|k|v alone 97.5 %, gate|up 97.9 %, o 98.0 %;
-all but down_proj 97.3 %, for a quarter of the Linear weights kept in bf16 (SmolLM2: 26.5 M of
-106 M; the weights' bytes are 62.5 % of bf16's instead of 50 %).
+embedding table (and with it a tied output projection), the attention's fused q|k|v projection
+and the MLP's down projection stay in the serving dtype, as llama.cpp's k-quant mixes give
+attn_qkv / attn_v and ffn_down more bits than the rest, by the same data-free rule. A down
+projection reads SiLU(gate) * up, the block's most heavy-tailed activation, whose few large
+channels write the residual stream's "massive activations" (Sun et al. 2024; the "super
+weights" of Yu et al. 2024 sit in down_proj); q|k errors pass through softmax's exponential.
+Measured on SmolLM2 (bench/int8_quality.py, 64 x 128, top-1 == the bf16 greedy token, bf16
+itself 98.2 %): every Linear int8 96.6 %; one kind int8, the rest bf16: q|k|v 97.5 %, down
+97.5 %, gate|up 97.9 %, o 98.0 %; all but down 97.1 %; all but down and q|k|v (served) 97.6 %.
+Kept in bf16: 41 % of SmolLM2's Linear weights (43 M of 106 M), so its Linear weights take 70 %
+of bf16's bytes instead of 50 %; on a VNNI CPU the kept layers run oneDNN's bf16 kernel at the
+same speed as the int8 ones.
 """
 
 from __future__ import annotations
@@ -91,9 +94,10 @@ def int8_unavailable(device: torch.device, has_kernel: Callable[[str], bool] | N
 # The row count oneDNN tunes its packed layout for: a decode batch's 32 rows, split in two.
 ONEDNN_BATCH_HINT = 64
 _ZERO_POINT = 128  # the split parts enter the u8 x s8 GEMM as q + 128
+LOW_STEPS = 2 * INT8_MAX  # the low part's steps per high step
 KERNELS = ("onednn", "aten")
 # Linears left in the serving dtype, by the last part of their name (see the module's doc)
-KEEP = ("down_proj",)
+KEEP = ("qkv_proj", "down_proj")
 
 # Layers by handle, for the op below: a packed oneDNN weight has no fake-tensor form, so a graph
 # compiled by torch.compile calls the op with the handle (as models/packed_linear.py does).
@@ -115,16 +119,17 @@ def onednn_available() -> bool:
 
 def split_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(T, K) float -> (2T, K) uint8 (each row's high part, then each row's low part, both + 128)
-    and (2T, 1) float32 scales: x[t] == scales[t] * (q[t] - 128) + scales[T + t] * (q[T + t] - 128)
-    to within scales[T + t] / 2 (a row's max|x| / 64516)."""
+    and (T, 1) float32 high scales a: x[t] == a[t] * ((q[t] - 128) + (q[T + t] - 128) / 254) to
+    within a[t] / 508 (a row's max|x| / 64516)."""
     xf = x.float()
     amax = xf.abs().amax(dim=1, keepdim=True)  # (T, 1)
-    high_scale = torch.where(amax > 0, amax / INT8_MAX, 1.0)
-    high = torch.round(xf / high_scale)  # [-127, 127]
-    low_scale = high_scale / (2 * INT8_MAX)  # the high part's rounding error is within 127 steps
-    low = torch.round((xf - high * high_scale) / low_scale).clamp_(-INT8_MAX, INT8_MAX)
-    q = (torch.cat([high, low]) + _ZERO_POINT).to(torch.uint8)
-    return q, torch.cat([high_scale, low_scale])
+    scale = torch.where(amax > 0, amax / INT8_MAX, 1.0)
+    steps = xf / scale  # in [-127, 127]
+    high = torch.round(steps)
+    # steps - high is exact and within 1/2: in 1/254ths it is within 127
+    low = torch.round((steps - high) * LOW_STEPS)
+    q = torch.cat([high, low]).add_(_ZERO_POINT).to(torch.uint8)
+    return q, scale
 
 
 @torch.library.custom_op("omni::int8_linear", mutates_args=())
@@ -203,13 +208,13 @@ class Int8Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features)  # (T, K): the kernels take 2-D
         if self.kernel == "onednn":
-            q, scales = split_rows(rows)  # (2T, K), (2T, 1)
+            q, scale = split_rows(rows)  # (2T, K), (T, 1)
             if torch.compiler.is_compiling():
-                acc = onednn_int8_mm(q, self.handle, self.out_features) * scales  # (2T, N)
+                acc = onednn_int8_mm(q, self.handle, self.out_features)  # (2T, N)
             else:
-                acc = self.onednn_mm(q) * scales
+                acc = self.onednn_mm(q)
             t = rows.shape[0]
-            y = (acc[:t] + acc[t:]).to(x.dtype)  # (T, N)
+            y = torch.add(acc[:t], acc[t:], alpha=1 / LOW_STEPS).mul_(scale).to(x.dtype)  # (T, N)
         else:
             rows = rows.to(self.compute_dtype).contiguous()
             y = torch._weight_int8pack_mm(rows, self.qweight, self.scale).to(x.dtype)  # (T, N)
