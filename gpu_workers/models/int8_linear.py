@@ -44,11 +44,15 @@ same speed as the int8 ones.
 from __future__ import annotations
 
 import itertools
+import logging
 import weakref
 from collections.abc import Callable
 
 import torch
+import torch.nn.functional as F
 from torch import nn
+
+log = logging.getLogger("omni.worker.int8_linear")
 
 INT8_MAX = 127
 OP = "aten::_weight_int8pack_mm"
@@ -243,6 +247,25 @@ def quantize_linears(
         for name, child in parent.named_children()
         if isinstance(child, nn.Linear) and name not in keep
     ]
+    if targets and kernel is None and compute_dtype is None and _onednn_disagrees(targets[0][2]):
+        kernel = "aten"
     for parent, name, child in targets:
         setattr(parent, name, Int8Linear(child, compute_dtype, kernel))
     return len(targets)
+
+
+def _onednn_disagrees(linear: nn.Linear) -> bool:
+    """Whether the default kernel is oneDNN and, on one layer, it strays from a float linear on
+    the same int8 weights by more than the split and a bf16 output can (a broken build): then
+    aten's kernel serves, as models/packed_linear.py falls back for its op."""
+    layer = Int8Linear(linear)
+    if layer.kernel != "onednn":
+        return False
+    x = torch.randn(3, linear.in_features, generator=torch.Generator().manual_seed(0)).to(linear.weight.dtype)
+    with torch.inference_mode():
+        got = layer(x).float()
+        want = F.linear(x.float(), layer.dequantized_weight(), None if linear.bias is None else linear.bias.float())
+    if torch.allclose(got, want, rtol=2**-6, atol=2**-6 * float(want.abs().max())):
+        return False
+    log.warning("oneDNN's int8 linear disagrees with a float linear on its weights; using aten's int8 kernel")
+    return True

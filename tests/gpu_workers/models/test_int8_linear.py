@@ -120,6 +120,15 @@ def test_the_split_reconstructs_each_row_within_its_low_step() -> None:
     assert torch.equal(q[4], torch.full((200,), 128, dtype=torch.uint8)) and torch.equal(q[13], q[4])
 
 
+@needs_onednn
+def test_a_wrong_onednn_kernel_falls_back_to_atens(monkeypatch: pytest.MonkeyPatch) -> None:
+    model = nn.Sequential(nn.Linear(32, 16), nn.Linear(16, 8))
+    assert quantize_linears(model) == 2 and model[0].kernel == model[1].kernel == "onednn"
+    broken = nn.Sequential(nn.Linear(32, 16), nn.Linear(16, 8))
+    monkeypatch.setattr(Int8Linear, "onednn_mm", lambda self, q: torch.zeros(q.shape[0], self.out_features))
+    assert quantize_linears(broken) == 2 and broken[0].kernel == broken[1].kernel == "aten"
+
+
 def _linear_with(weight: torch.Tensor) -> nn.Linear:
     linear = nn.Linear(weight.shape[1], weight.shape[0], bias=False)
     linear.weight.data = weight.clone()
