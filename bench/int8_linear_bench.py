@@ -11,6 +11,10 @@ Candidates (those whose package or op is missing are skipped, and say so):
   fp32 / bf16          torch's F.linear (MKL)
   fp32-packed / bf16-packed   oneDNN with the weight reordered once (gpu_workers/models/packed_linear.py)
   woq-bf16 / woq-fp32  torch._weight_int8pack_mm: int8 weight, per-channel scale, float activations
+  split-bf16 / split-fp32  what `--quantization int8` serves on a VNNI CPU (models/int8_linear.py):
+                       oneDNN's u8 x s8 GEMM, each activation row split in a high and a low int8
+                       part (2x the rows); split-bf16-compiled: the chain through inductor, as
+                       the compiled decode step runs it (the split fused, the GEMM opaque)
   onednn-da8-fp32/-bf16  torch.ops.onednn.qlinear_pointwise (what inductor lowers x86 int8 linears
                        to): activations quantized per call to uint8, one scale for the batch
   intmm-fp32/-bf16     torch._int_mm, activations quantized per row (symmetric int8)
@@ -20,6 +24,7 @@ Candidates (those whose package or op is missing are skipped, and say so):
                        compiled by inductor (--torchao; needs torchao importable)
 
     python bench/int8_linear_bench.py --threads 2 --rounds 15
+    python bench/int8_linear_bench.py --threads 1 --rounds 15 --only bf16-packed woq-bf16 split-bf16 split-bf16-compiled
     PYTHONPATH=/path/to/torchao python bench/int8_linear_bench.py --torchao   # adds torchao's two
 """
 
@@ -40,6 +45,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from gpu_workers.models.int8_linear import Int8Linear
 from gpu_workers.models.packed_linear import PackedLinear
 
 HIDDEN, LAYERS, QKV, MLP = 768, 12, 1280, 2944
@@ -166,6 +172,10 @@ def build(name: str, weights: list[list[nn.Linear]], rows: int) -> tuple[nn.Modu
     if name in ("woq-bf16", "woq-fp32"):
         dtype = torch.bfloat16 if name == "woq-bf16" else torch.float32
         return chain(lambda lin: WeightOnlyInt8(lin, dtype)), dtype
+    if name in ("split-bf16", "split-fp32", "split-bf16-compiled"):
+        dtype = torch.float32 if name == "split-fp32" else torch.bfloat16
+        model = chain(lambda lin: Int8Linear(cast(lin, dtype), kernel="onednn"))
+        return (torch.compile(model, dynamic=True) if name.endswith("compiled") else model), dtype
     if name in ("onednn-da8-fp32", "onednn-da8-bf16"):
         dtype = torch.float32 if name.endswith("fp32") else torch.bfloat16
         return chain(lambda lin: OneDnnDynamicInt8(lin, rows)), dtype
@@ -198,7 +208,8 @@ def main() -> None:
     args = p.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    names = ["fp32", "fp32-packed", "bf16", "bf16-packed", "woq-bf16", "woq-fp32", "dyn-x86", "dyn-onednn",
+    names = ["fp32", "fp32-packed", "bf16", "bf16-packed", "woq-bf16", "woq-fp32", "split-bf16", "split-fp32",
+             "split-bf16-compiled", "dyn-x86", "dyn-onednn",
              "onednn-da8-fp32", "onednn-da8-bf16", "intmm-fp32", "intmm-bf16"]  # fmt: skip
     if args.torchao:
         names += ["ao-woq", "ao-da8w8"]

@@ -9,9 +9,9 @@ HF names map onto ours by dropping the "model." prefix and stacking q/k/v and ga
 the fused MergedLinear rows (LlamaForCausalLM.STACKED_PARAMS). Every parameter row range
 must be written exactly once; anything missing, unexpected or misshapen is a ValueError.
 A GGUF file's tensors arrive under the same HF names, dequantized (gpu_workers/gguf_weights.py).
-With quantization "int8" the loaded Linears are then requantized per output channel
-(gpu_workers/models/int8_linear.py): a GGUF file's Q8_0 or Q4_1 blocks go through the serving
-dtype on their way to int8.
+With quantization "int8" the loaded Linears (but those int8_linear.KEEP names) are then
+requantized per output channel (gpu_workers/models/int8_linear.py): a GGUF file's Q8_0 or Q4_1
+blocks go through the serving dtype on their way to int8.
 """
 
 from __future__ import annotations

@@ -49,8 +49,9 @@ def test_smollm2_answers_the_capital_of_france(server: str) -> None:
 
 
 def test_smollm2_in_int8_answers_the_capital_of_france(smollm2_gguf: Path) -> None:
-    """--quantization int8: the file's Q4_1/Q8_0 blocks dequantized, then each linear layer
-    requantized to int8 per output channel; the answer stays the same."""
+    """--quantization int8: the file's Q4_1/Q8_0 blocks dequantized, then its linear layers (but
+    q|k|v and the down projections, int8_linear.KEEP) requantized to int8 per output channel;
+    the answer stays the same."""
     with running_server(
         "--model", f"smollm2={smollm2_gguf}", "--quantization", "int8", "--dtype", "bfloat16",
         "--max-model-len", "2048", "--kv-cache-memory", str(32 << 20),

@@ -12,7 +12,7 @@ from safetensors.torch import load_file, save_file
 from gpu_workers.attention.backend import SequenceChunk
 from gpu_workers.attention.torch_sdpa import TorchSDPABackend
 from gpu_workers.loader import _hf_name, load_model
-from gpu_workers.models.int8_linear import Int8Linear, quantize_linears
+from gpu_workers.models.int8_linear import Int8Linear, onednn_available, quantize_linears
 from gpu_workers.models.llama import LlamaForCausalLM, MergedLinear
 from gpu_workers.tiny.checkpoints import make_tiny_checkpoint
 from tests.gpu_workers.conftest import VOCAB
@@ -82,21 +82,30 @@ def test_pickle_weights_are_refused(tmp_path: Path, checkpoint: Path) -> None:
         load(tmp_path)
 
 
+@pytest.mark.parametrize("kernel", ["aten", "onednn"])
 @pytest.mark.parametrize("model_type", ["llama", "qwen2", "granite"])
-def test_int8_model_equals_transformers_on_its_dequantized_weights(model_type: str, hf_checkpoint: Any) -> None:
+def test_int8_model_equals_transformers_on_its_dequantized_weights(
+    model_type: str, kernel: str, hf_checkpoint: Any
+) -> None:
     """--quantization int8: every Linear of the decoder in int8 (per-channel scales), and the
     same model in transformers with each of those weights replaced by int8 * scale. The kernel
     runs in float32 here (serving on CPU rounds float32 activations to bf16 for it, which
     would hide a wrong weight behind bf16's noise; the SmolLM2 test measures that path);
-    worst logit difference measured 2.1e-6 (llama: tied head, llama3 RoPE; qwen2: q/k/v biases;
-    granite: every bias, muP), against 8e-3 to 5.6e-2 from the unquantized weights."""
+    worst logit difference measured 1.7e-6 (llama: tied head, llama3 RoPE; qwen2: q/k/v biases;
+    granite: every bias, muP), against 7e-3 to 5.4e-2 from the unquantized weights. oneDNN's
+    kernel (what a VNNI CPU serves) takes the float32 activations split in two int8 parts,
+    about 16 bits a row: worst measured 1.7e-4 (granite 4.0e-5). q|k|v and the down projections stay float
+    in both (int8_linear.KEEP)."""
+    if kernel == "onednn" and not onednn_available():
+        pytest.skip("oneDNN's int8 GEMM needs an x86 CPU with VNNI")
     path, hf = hf_checkpoint(model_type)
     ours = load(path)
-    quantize_linears(ours, compute_dtype=torch.float32)
+    quantize_linears(ours, compute_dtype=torch.float32 if kernel == "aten" else None, kernel=kernel)
     reference = copy.deepcopy(hf)
     hf_params = dict(reference.named_parameters())
     quantized = [(n, m) for n, m in ours.named_modules() if isinstance(m, Int8Linear)]
-    assert len(quantized) == 4 * ours.config.num_layers + (0 if ours.config.tie_word_embeddings else 1)
+    assert len(quantized) == 2 * ours.config.num_layers + (0 if ours.config.tie_word_embeddings else 1)
+    assert all(m.kernel == kernel for _, m in quantized)
     with torch.no_grad():
         for name, module in quantized:
             weight = module.dequantized_weight()
@@ -111,8 +120,10 @@ def test_int8_model_equals_transformers_on_its_dequantized_weights(model_type: s
         want = reference(ids[None]).logits[0].float()
         unquantized = hf(ids[None]).logits[0].float()
     worst = (got - want).abs().max().item()
-    print(f"{model_type}: worst |int8 - dequantized float| {worst:.1e}, from the float weights {(got - unquantized).abs().max().item():.1e}")
-    assert worst < 2e-5
+    print(
+        f"{model_type}: worst |int8 - dequantized float| {worst:.1e}, from the float weights {(got - unquantized).abs().max().item():.1e}"
+    )
+    assert worst < (2e-5 if kernel == "aten" else 1e-3)
     assert (got - unquantized).abs().max().item() > 100 * worst  # the weights really were quantized
 
 
@@ -131,9 +142,13 @@ def test_int8_on_a_device_without_its_kernel_is_refused_before_loading(
     monkeypatch.setattr("gpu_workers.models.int8_linear._has_kernel", lambda key: key == "CPU")  # a CPU-only torch
     backend = TorchSDPABackend(4, CPU)
     with pytest.raises(ValueError, match="no cuda kernel for aten::_weight_int8pack_mm"):
-        load_model(checkpoint, device=torch.device("cuda:0"), dtype=torch.bfloat16, backend=backend, quantization="int8")
+        load_model(
+            checkpoint, device=torch.device("cuda:0"), dtype=torch.bfloat16, backend=backend, quantization="int8"
+        )
     with pytest.raises(ValueError, match="unknown quantization 'int4'"):
         load_model(checkpoint, device=CPU, dtype=torch.float32, backend=backend, quantization="int4")
     assert not any(isinstance(m, Int8Linear) for m in load(checkpoint).modules())  # without: float Linears
     served = load_model(checkpoint, device=CPU, dtype=torch.float32, backend=backend, quantization="int8")
-    assert sum(isinstance(m, Int8Linear) for m in served.modules()) == 4 * served.config.num_layers + 1  # untied head
+    assert (
+        sum(isinstance(m, Int8Linear) for m in served.modules()) == 2 * served.config.num_layers + 1
+    )  # o, gate|up, untied head
