@@ -126,8 +126,10 @@ class LLMConfig:
         vllm_alias="-q",
         metavar="int8",
         help="int8: the LLM's linear layers hold int8 weights, one scale per output channel, "
-        "quantized from the checkpoint's (or GGUF file's) weights while loading; activations stay in "
-        "--dtype (vLLM's tpu_int8 names the same scheme). A device without an int8 kernel refuses it",
+        "quantized from the checkpoint's (or GGUF file's) weights while loading; activations keep "
+        "about --dtype's precision (vLLM's tpu_int8 names the same scheme). The fused q|k|v and "
+        "the MLP's down projections stay in --dtype, as llama.cpp's k-quant mixes keep them wider. "
+        "A device without an int8 kernel refuses it",
     )
     max_logprobs: int = setting(
         20,
