@@ -28,7 +28,7 @@ def test_buckets() -> None:
         decode_buckets(0)
 
 
-def _runner(model_dir: Any, compiled: bool, kernel: str = "gather") -> LLMRunner:
+def _runner(model_dir: Any, compiled: bool, kernel: str | None = None) -> LLMRunner:
     r = LLMRunner(model_dir, block_size=4, num_kv_blocks=NUM_BLOCKS, compile_decode=compiled, decode_kernel=kernel)
     if compiled:
         # the CUDA layout on CPU: buckets of 1, 2, 4, 8, each batch padded to its bucket
@@ -59,7 +59,7 @@ def _decode(runner: LLMRunner, prompts: dict[str, list[int]], tables: dict[str, 
     return logits[1:]  # the decode steps'
 
 
-@pytest.mark.parametrize("kernel", ["gather"])
+@pytest.mark.parametrize("kernel", ["gather", "paged"])
 def test_compiled_decode_matches_eager(hf_checkpoint: Any, kernel: str) -> None:
     model_dir = hf_checkpoint("qwen2")[0]
     rng = random.Random(0)
