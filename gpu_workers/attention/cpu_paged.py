@@ -13,9 +13,11 @@ Why our own kernel: no maintained one fits torch 2.13 on the CPU. intel-extensio
 paged attention (its last release, 2.8, pins torch 2.8); vLLM's CPU paged-attention ops and
 sgl-kernel's CPU ops (no CPU wheels: a source build of the whole project); torch's
 flex_attention with a paged block mask (slower than SDPA over the padded copy in bf16 eager, and
-refused by inductor's CPU lowering inside the compiled step with return_lse). Rephrasing the
-compiled step's inductor expression (compiled_decode.py's "gather") was measured too (see
-bench/paged_attention_bench.py).
+refused by inductor's CPU lowering inside the compiled step with return_lse). Inside our own
+code, the scores as a matmul over the gathered blocks is the padded copy plus SDPA that
+torch_sdpa.py did (`bench/step_profile.py --compare eager-padded,...`), and compiled_decode.py's
+inductor reduction ("gather") reads the cache in place but 1.2-1.6x slower than this kernel
+(bench/paged_attention_bench.py); other phrasings of it were not tried.
 
 Build: the C source below is compiled at first use with the system C compiler (`cc`, or $CC)
 as `-O3 -march=native -fopenmp`, linked against torch's own libgomp so one OpenMP runtime is
@@ -58,6 +60,9 @@ SOURCE = r"""
 typedef float v8 __attribute__((vector_size(32)));
 typedef uint16_t v8h __attribute__((vector_size(16)));
 typedef uint32_t v8u __attribute__((vector_size(32)));
+typedef float v16 __attribute__((vector_size(64)));
+typedef uint16_t v16h __attribute__((vector_size(32)));
+typedef uint32_t v16u __attribute__((vector_size(64)));
 #define INLINE static inline __attribute__((always_inline))
 #define MAX_CHUNKS 32 /* head dims up to 256 */
 
@@ -67,6 +72,18 @@ INLINE v8 load_bf16(const uint16_t *p) {
     v8h h;
     memcpy(&h, p, sizeof h);
     return (v8)(__builtin_convertvector(h, v8u) << 16);
+}
+
+/* n (a multiple of 8) bf16 values to fp32: 16 at a time where n allows */
+INLINE void widen(float *dst, const uint16_t *src, int64_t n) {
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        v16h h;
+        memcpy(&h, src + i, sizeof h);
+        v16 f = (v16)(__builtin_convertvector(h, v16u) << 16);
+        memcpy(dst + i, &f, sizeof f);
+    }
+    for (; i < n; i += 8) store(dst + i, load_bf16(src + i));
 }
 
 /* Lane i of the result: the sum of p[i]'s lanes (a transpose-and-add tree). */
@@ -143,11 +160,11 @@ INLINE void attend(State st, const float *q, const void *k_cache, const void *v_
     for (int64_t start = 0; start < n; start += bs) {
         int64_t first = (row_table[start / bs] * bs * h_count + h) * d, cnt = n - start < bs ? n - start : bs;
         if (bf16) { /* widen the block's rows of head h once */
-            for (int64_t t = 0; t < cnt; t++)
-                for (int64_t c = 0; c < d / 8; c++) {
-                    store(kbuf + t * d + 8 * c, load_bf16((const uint16_t *)k_cache + first + t * h_count * d + 8 * c));
-                    store(vbuf + t * d + 8 * c, load_bf16((const uint16_t *)v_cache + first + t * h_count * d + 8 * c));
-                }
+            const uint16_t *k = (const uint16_t *)k_cache + first, *v = (const uint16_t *)v_cache + first;
+            for (int64_t t = 0; t < cnt; t++) {
+                widen(kbuf + t * d, k + t * h_count * d, d);
+                widen(vbuf + t * d, v + t * h_count * d, d);
+            }
             attend_rows(st, q, kbuf, d, vbuf, d, cnt, g_count, d, scale);
         } else {
             const float *k = (const float *)k_cache + first, *v = (const float *)v_cache + first;
