@@ -5,8 +5,11 @@ table: each key is dotted with the G query heads of its KV group, an online soft
 running max and sum per query head, and V is accumulated on the fly. A row's own new token
 (k_new, v_new, not yet written to the cache in the compiled step) is merged as one more key, so
 the kernel returns the final output. fp32 and bf16 caches (bf16 widened to fp32; scores and
-sums in fp32), any head dim, block size and G; tasks run in parallel over (sequence x KV head)
-on torch.get_num_threads() OpenMP threads. Only the visible tokens are read: a padding row of
+sums in fp32; a bf16 q against a bf16 cache takes the CPU's bf16 dot product where it has one,
+AVX512_BF16, which keeps the keys as stored: exact products, fp32 sums), head dims that are
+multiples of 8 up to 256 (unrolled for 16, 32, 64, 128), any block size and G; tasks run in
+parallel over (sequence x KV head) on torch.get_num_threads() OpenMP threads, and the next
+block's rows are prefetched (the blocks are scattered). Only the visible tokens are read: a padding row of
 a bucket (nothing cached, its table full of the scratch block) reads no block at all.
 
 Why our own kernel: no maintained one fits torch 2.13 on the CPU. intel-extension-for-pytorch's
@@ -114,77 +117,129 @@ INLINE float exp_neg(float x) {
 /* Per-task state: scores s (G x stride), running max m and sum l, accumulators acc (G x D). */
 typedef struct { float *s, *m, *l, *acc; int64_t stride; } State;
 
-/* cnt keys and values (rows k + t * ks, v + t * vs, fp32) into the online softmax of q (G x D). */
-INLINE void attend_rows(State st, const float *q, const float *k, int64_t ks, const float *v, int64_t vs,
-                        int64_t cnt, int64_t g_count, int64_t d, float scale) {
-    const int64_t nc = d / 8;
+/* The scaled scores of cnt fp32 keys (rows k + t * ks) against q (G x D), into st.s. */
+INLINE void score_rows(State st, const float *q, const float *k, int64_t ks, int64_t cnt, int64_t g_count,
+                       int64_t d, float scale) {
     for (int64_t g = 0; g < g_count; g++) {
-        v8 qv[MAX_CHUNKS], a[MAX_CHUNKS], part[8];
-        float *s = st.s + g * st.stride;
-        for (int64_t c = 0; c < nc; c++) qv[c] = load(q + g * d + 8 * c);
+        v8 qv[MAX_CHUNKS], part[8];
+        for (int64_t c = 0; c < d / 8; c++) qv[c] = load(q + g * d + 8 * c);
         for (int64_t t0 = 0; t0 < cnt; t0 += 8) { /* 8 keys' dot products, summed together */
             for (int64_t j = 0; j < 8; j++) {
                 part[j] = (v8){0};
                 if (t0 + j < cnt)
-                    for (int64_t c = 0; c < nc; c++) part[j] += qv[c] * load(k + (t0 + j) * ks + 8 * c);
+                    for (int64_t c = 0; c < d / 8; c++) part[j] += qv[c] * load(k + (t0 + j) * ks + 8 * c);
             }
-            store(s + t0, hsum8(part) * scale);
+            store(st.s + g * st.stride + t0, hsum8(part) * scale);
         }
-        float peak = st.m[g];
+    }
+}
+
+#ifdef __AVX512BF16__
+#include <immintrin.h>
+#define HAVE_DPBF16 1
+/* The same for bf16 keys and bf16 queries qh, by the CPU's bf16 dot product (exact products,
+   fp32 sums), without widening the keys; d a multiple of 16. */
+INLINE void score_rows_bf16(State st, const uint16_t *qh, const uint16_t *k, int64_t ks, int64_t cnt,
+                            int64_t g_count, int64_t d, float scale) {
+    for (int64_t g = 0; g < g_count; g++) {
+        __m256bh qv[MAX_CHUNKS / 2];
+        v8 part[8];
+        for (int64_t c = 0; c < d / 16; c++) qv[c] = (__m256bh)_mm256_loadu_si256((const __m256i *)(qh + g * d + 16 * c));
+        for (int64_t t0 = 0; t0 < cnt; t0 += 8) {
+            for (int64_t j = 0; j < 8; j++) {
+                __m256 a = _mm256_setzero_ps();
+                if (t0 + j < cnt)
+                    for (int64_t c = 0; c < d / 16; c++)
+                        a = _mm256_dpbf16_ps(a, qv[c], (__m256bh)_mm256_loadu_si256((const __m256i *)(k + (t0 + j) * ks + 16 * c)));
+                part[j] = (v8)a;
+            }
+            store(st.s + g * st.stride + t0, hsum8(part) * scale);
+        }
+    }
+}
+#else
+#define HAVE_DPBF16 0
+#define score_rows_bf16(...) abort()
+#endif
+
+/* Fold the cnt scores in st.s and their fp32 values (rows v + t * vs) into the online softmax. */
+INLINE void accumulate(State st, const float *v, int64_t vs, int64_t cnt, int64_t g_count, int64_t d) {
+    for (int64_t g = 0; g < g_count; g++) {
+        v8 a[MAX_CHUNKS];
+        float *s = st.s + g * st.stride, peak = st.m[g], sum = 0.0f;
         for (int64_t t = 0; t < cnt; t++) peak = s[t] > peak ? s[t] : peak;
         float corr = exp_neg(st.m[g] - peak); /* 0 while nothing was seen (m = -inf) */
         st.m[g] = peak;
-        float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
         for (int64_t t = 0; t < cnt; t++) {
             s[t] = exp_neg(s[t] - peak);
             sum += s[t];
         }
         st.l[g] = st.l[g] * corr + sum;
-        for (int64_t c = 0; c < nc; c++) a[c] = load(st.acc + g * d + 8 * c) * corr;
+        for (int64_t c = 0; c < d / 8; c++) a[c] = load(st.acc + g * d + 8 * c) * corr;
         for (int64_t t = 0; t < cnt; t++) {
             v8 p = (v8){0} + s[t];
-            for (int64_t c = 0; c < nc; c++) a[c] += p * load(v + t * vs + 8 * c);
+            for (int64_t c = 0; c < d / 8; c++) a[c] += p * load(v + t * vs + 8 * c);
         }
-        for (int64_t c = 0; c < nc; c++) store(st.acc + g * d + 8 * c, a[c]);
+        for (int64_t c = 0; c < d / 8; c++) store(st.acc + g * d + 8 * c, a[c]);
     }
 }
 
+/* Ask for rows [0, cnt) of a block (stride bytes apart, row_bytes each) ahead of their use. */
+INLINE void prefetch_rows(const char *p, int64_t cnt, int64_t stride, int64_t row_bytes) {
+    for (int64_t t = 0; t < cnt; t++)
+        for (int64_t i = 0; i < row_bytes; i += 64) __builtin_prefetch(p + t * stride + i);
+}
+
 /* One (row, KV head h) task over its first n cached tokens and its own token (when k_new). */
-INLINE void attend(State st, const float *q, const void *k_cache, const void *v_cache, int bf16,
-                   const int64_t *row_table, int64_t n, const float *k_new, const float *v_new, float *out,
-                   float *kbuf, float *vbuf, int64_t h, int64_t h_count, int64_t g_count, int64_t d, int64_t bs,
-                   float scale) {
+INLINE void attend(State st, const float *q, const uint16_t *qh, const void *k_cache, const void *v_cache,
+                   int bf16, const int64_t *row_table, int64_t n, const float *k_new, const float *v_new,
+                   float *out, float *kbuf, float *vbuf, int64_t h, int64_t h_count, int64_t g_count, int64_t d,
+                   int64_t bs, float scale) {
+    const int64_t elem = bf16 ? 2 : 4, row_stride = h_count * d; /* tokens of one head: row_stride apart */
     for (int64_t g = 0; g < g_count; g++) st.m[g] = -INFINITY, st.l[g] = 0.0f;
     memset(st.acc, 0, sizeof(float) * g_count * d);
     for (int64_t start = 0; start < n; start += bs) {
         int64_t first = (row_table[start / bs] * bs * h_count + h) * d, cnt = n - start < bs ? n - start : bs;
-        if (bf16) { /* widen the block's rows of head h once */
+        if (start + bs < n) { /* the next block's rows: the blocks are scattered, no prefetcher guesses them */
+            int64_t next = (row_table[start / bs + 1] * bs * h_count + h) * d * elem;
+            prefetch_rows((const char *)k_cache + next, bs, row_stride * elem, d * elem);
+            prefetch_rows((const char *)v_cache + next, bs, row_stride * elem, d * elem);
+        }
+        if (bf16) {
             const uint16_t *k = (const uint16_t *)k_cache + first, *v = (const uint16_t *)v_cache + first;
-            for (int64_t t = 0; t < cnt; t++) {
-                widen(kbuf + t * d, k + t * h_count * d, d);
-                widen(vbuf + t * d, v + t * h_count * d, d);
+            if (qh) {
+                score_rows_bf16(st, qh, k, row_stride, cnt, g_count, d, scale);
+            } else {
+                for (int64_t t = 0; t < cnt; t++) widen(kbuf + t * d, k + t * row_stride, d);
+                score_rows(st, q, kbuf, d, cnt, g_count, d, scale);
             }
-            attend_rows(st, q, kbuf, d, vbuf, d, cnt, g_count, d, scale);
+            for (int64_t t = 0; t < cnt; t++) widen(vbuf + t * d, v + t * row_stride, d);
+            accumulate(st, vbuf, d, cnt, g_count, d);
         } else {
             const float *k = (const float *)k_cache + first, *v = (const float *)v_cache + first;
-            attend_rows(st, q, k, h_count * d, v, h_count * d, cnt, g_count, d, scale);
+            score_rows(st, q, k, row_stride, cnt, g_count, d, scale);
+            accumulate(st, v, row_stride, cnt, g_count, d);
         }
     }
-    if (k_new) attend_rows(st, q, k_new, d, v_new, d, 1, g_count, d, scale);
+    if (k_new) {
+        score_rows(st, q, k_new, d, 1, g_count, d, scale);
+        accumulate(st, v_new, d, 1, g_count, d);
+    }
     for (int64_t g = 0; g < g_count; g++) {
         float inv = st.l[g] > 0.0f ? 1.0f / st.l[g] : 0.0f; /* nothing visible: zeros */
         for (int64_t i = 0; i < d; i++) out[g * d + i] = st.acc[g * d + i] * inv;
     }
 }
 
-/* q, out: (B, H, G, D) fp32; k_cache, v_cache: (blocks, bs, H, D) fp32 or bf16; table (B, width);
-   num_cached (B,): visible cached tokens of each row; k_new, v_new (B, H, D) fp32 or NULL.
-   D a multiple of 8, at most 256. */
-void paged_decode(const float *q, const void *k_cache, const void *v_cache, int bf16, const int64_t *table,
-                  int64_t width, const int64_t *num_cached, const float *k_new, const float *v_new, float *out,
-                  int64_t b_count, int64_t h_count, int64_t g_count, int64_t d, int64_t bs, float scale,
-                  int threads) {
+/* q, out: (B, H, G, D) fp32; q_bf16: q in bf16 when it is exactly that (or NULL); k_cache,
+   v_cache: (blocks, bs, H, D) fp32 or bf16; table (B, width); num_cached (B,): visible cached
+   tokens of each row; k_new, v_new (B, H, D) fp32 or NULL. D a multiple of 8, at most 256. */
+void paged_decode(const float *q, const uint16_t *q_bf16, const void *k_cache, const void *v_cache, int bf16,
+                  const int64_t *table, int64_t width, const int64_t *num_cached, const float *k_new,
+                  const float *v_new, float *out, int64_t b_count, int64_t h_count, int64_t g_count, int64_t d,
+                  int64_t bs, float scale, int threads) {
+    if (!(HAVE_DPBF16 && bf16 && d % 16 == 0)) q_bf16 = NULL;
 #pragma omp parallel num_threads(threads)
     {
         int64_t stride = (bs + 7) / 8 * 8;
@@ -195,8 +250,9 @@ void paged_decode(const float *q, const void *k_cache, const void *v_cache, int 
         for (int64_t task = 0; task < b_count * h_count; task++) {
             int64_t b = task / h_count, h = task % h_count;
             const float *kn = k_new ? k_new + task * d : NULL, *vn = v_new ? v_new + task * d : NULL;
-#define ATTEND(D) attend(st, q + task * g_count * d, k_cache, v_cache, bf16, table + b * width, num_cached[b], kn, \
-                         vn, out + task * g_count * d, kbuf, vbuf, h, h_count, g_count, D, bs, scale)
+            const uint16_t *qh = q_bf16 ? q_bf16 + task * g_count * d : NULL;
+#define ATTEND(D) attend(st, q + task * g_count * d, qh, k_cache, v_cache, bf16, table + b * width, num_cached[b], \
+                         kn, vn, out + task * g_count * d, kbuf, vbuf, h, h_count, g_count, D, bs, scale)
             switch (d) { /* the head dims models use, unrolled; any other one generic */
             case 64: ATTEND(64); break;
             case 128: ATTEND(128); break;
@@ -260,7 +316,7 @@ def _load(compiler: str | None = None) -> ctypes.CDLL:
     lib = ctypes.CDLL(str(build(compiler)))
     fn = lib.paged_decode
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
-    fn.argtypes = [ptr, ptr, ptr, ctypes.c_int, ptr, i64, ptr, ptr, ptr, ptr, i64, i64, i64, i64, i64,
+    fn.argtypes = [ptr, ptr, ptr, ptr, ctypes.c_int, ptr, i64, ptr, ptr, ptr, ptr, i64, i64, i64, i64, i64,
                    ctypes.c_float, ctypes.c_int]  # fmt: skip
     fn.restype = None
     return lib
@@ -311,6 +367,8 @@ def _run(
     if not (k_cache.is_contiguous() and v_cache.is_contiguous() and k_cache.dtype == v_cache.dtype):
         raise ValueError("the paged kernel reads contiguous K/V caches of one dtype")
     b, h, g, d = q.shape
+    # a bf16 q is exact in bf16: the kernel may dot it with bf16 keys as they are stored
+    qh = q.contiguous() if q.dtype == torch.bfloat16 else None
     q = q.float().contiguous()
     table = block_table.to(torch.int64).contiguous()
     lens = num_cached.to(torch.int64).contiguous()
@@ -318,7 +376,7 @@ def _run(
     vn = None if v_new is None else v_new.float().contiguous()
     out = torch.empty(b, h, g, d, dtype=torch.float32)
     _lib.paged_decode(
-        q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), int(k_cache.dtype == torch.bfloat16),
+        q.data_ptr(), None if qh is None else qh.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), int(k_cache.dtype == torch.bfloat16),
         table.data_ptr(), table.shape[1], lens.data_ptr(), None if kn is None else kn.data_ptr(),
         None if vn is None else vn.data_ptr(), out.data_ptr(), b, h, g, d, k_cache.shape[1], scale,
         torch.get_num_threads(),

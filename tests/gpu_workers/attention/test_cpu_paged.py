@@ -1,8 +1,9 @@
 """The paged CPU decode kernel against a dense softmax in plain torch over each row's context
 gathered out of the cache (shuffled block tables, fp32 and bf16 caches, G 1-4, head dims 16/64/128,
 blocks of 4 and 16, contexts of 1 and on block boundaries, padding rows on a scratch block).
-Measured worst differences: 4.8e-7 fp32, 7.2e-7 bf16 (the reference reads the same bf16 values
-widened); asserted under 3e-6. Then the op inside torch.compile, the eager SDPA backend's decode
+Measured worst differences: 4.8e-7 fp32, 7.2e-7 bf16 cache with an fp32 q, 4.8e-7 bf16 cache with
+a bf16 q (the bf16 dot product path; the reference reads the same bf16 values widened); asserted
+under 3e-6. Then the op inside torch.compile, the eager SDPA backend's decode
 rows, and the fallback when the kernel cannot be built."""
 
 from __future__ import annotations
@@ -75,6 +76,11 @@ def test_kernel_matches_dense_softmax(dtype: torch.dtype, g: int, d: int, bs: in
     got = cpu_paged.paged_decode_attention(*args, c["k_new"], c["v_new"], scale)
     want = _reference(*args, c["k_new"], c["v_new"], scale)
     assert (got - want).abs().max().item() < 3e-6
+    if dtype == torch.bfloat16:  # a bf16 model's q: the kernel dots it with the bf16 keys as stored
+        qh = c["q"].to(dtype)
+        got = cpu_paged.paged_decode_attention(qh, *args[1:], c["k_new"], c["v_new"], scale)
+        want = _reference(qh.float(), *args[1:], c["k_new"], c["v_new"], scale)
+        assert (got - want).abs().max().item() < 3e-6
     # without the own token (the eager path: it is in the cache already); rows with nothing: zeros
     got = cpu_paged.paged_decode_attention(*args, None, None, scale)
     want = _reference(*args, None, None, scale)
