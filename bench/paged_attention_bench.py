@@ -4,7 +4,8 @@ compiled step's inductor "gather" kernel (attention/compiled_decode.py), interle
 The shape is issue 23's acceptance one, the 100M qwen2 benchmark checkpoint's: 32 sequences at
 200-215 tokens of context, 4 KV heads of 3 query heads each, head dim 64, blocks of 16 scattered
 over the cache. Each variant gets the same q, own k/v and cache; medians and best of --calls
-calls per round, and the K+V bytes read per call over the median time.
+calls per round, and the K+V bytes read per call over the median time. Each call reads the next
+of --layers caches in turn, as a step's layers do, so that they are not all in the CPU's cache.
 
     python bench/paged_attention_bench.py --dtype bfloat16 --threads 1
     python bench/paged_attention_bench.py --dtype float32 --threads 2 --rounds 5
@@ -40,6 +41,7 @@ def main() -> None:
     ap.add_argument("--block-size", type=int, default=16)
     ap.add_argument("--calls", type=int, default=30)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--layers", type=int, default=12, help="caches read in turn (the model's layers)")
     ap.add_argument("--variants", default="gather,paged")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -51,32 +53,31 @@ def main() -> None:
     blocks = list(range(b * per + 1))
     rng.shuffle(blocks)
     table = torch.tensor([blocks[i * per : (i + 1) * per] for i in range(b)])
-    k_cache = torch.randn(len(blocks), bs, h, d).to(dtype)
-    v_cache = torch.randn(len(blocks), bs, h, d).to(dtype)
-    q = torch.randn(b, h, g, d)
+    caches = [torch.randn(2, len(blocks), bs, h, d).to(dtype).unbind(0) for _ in range(args.layers)]
+    q = torch.randn(b, h, g, d).to(dtype)  # the model's dtype, as the compiled step passes it
     k_new = torch.randn(b, h, d).to(dtype)
     v_new = torch.randn(b, h, d).to(dtype)
     cached = torch.tensor(lens) - 1
     scale = d**-0.5
     if not cpu_paged.available():
         raise SystemExit("the paged kernel is unavailable here (see the log line above)")
-    calls: dict[str, Callable[[], torch.Tensor]] = {}
+    calls: dict[str, Callable[[int], torch.Tensor]] = {}
     for name in args.variants.split(","):
         fn = torch.compile(DECODE_KERNELS[name], fullgraph=True, dynamic=False)
-        calls[name] = lambda fn=fn: fn(q, k_cache, v_cache, table, cached, k_new, v_new, scale)
+        calls[name] = lambda i, fn=fn: fn(q, *caches[i % len(caches)], table, cached, k_new, v_new, scale)
     with torch.inference_mode():
-        ref = next(iter(calls.values()))()
-        for name, call in calls.items():
-            print(f"{name}: worst difference to the first {(call() - ref).abs().max().item():.2e}")
+        outs = {name: call(0) for name, call in calls.items()}
+        first = next(iter(calls))
+        for name, out in outs.items():
+            print(f"{name}: worst difference to {first} {(out - outs[first]).abs().max().item():.2e}")
         times: dict[str, list[float]] = {n: [] for n in calls}
-        for _ in range(args.rounds):
-            for _ in range(args.calls):
-                for name, call in calls.items():
-                    t = time.perf_counter()
-                    call()
-                    times[name].append(time.perf_counter() - t)
-    nbytes = 2 * sum(lens) * h * d * k_cache.element_size()
-    first = next(iter(times))
+        offset = len(caches) // len(calls)  # each variant a layer the previous one did not just read
+        for i in range(args.rounds * args.calls):
+            for j, (name, call) in enumerate(calls.items()):
+                t = time.perf_counter()
+                call(i + j * offset)
+                times[name].append(time.perf_counter() - t)
+    nbytes = 2 * sum(lens) * h * d * caches[0][0].element_size()
     med = {n: sorted(v)[len(v) // 2] for n, v in times.items()}
     print(f"\n{args.dtype}, {b} rows at {min(lens)}-{max(lens)} tokens, Hkv {h} x G {g}, D {d}, blocks of {bs}, "
           f"{args.threads} threads, {len(times[first])} calls each, interleaved; K+V {nbytes / 1e6:.1f} MB a call")  # fmt: skip
