@@ -24,7 +24,8 @@ inductor reduction ("gather") reads the cache in place but 1.2-1.6x slower than 
 
 Build: the C source below is compiled at first use with the system C compiler (`cc`, or $CC)
 as `-O3 -march=native -fopenmp`, linked against torch's own libgomp so one OpenMP runtime is
-loaded, and loaded with ctypes (~1 s; no torch headers). The shared object is cached under
+loaded, and loaded with ctypes (no torch headers: 3-7 s on the shared 2-core EPYC, once per
+machine; at a worker's warm-up, before it reports ready). The shared object is cached under
 ~/.cache/omni-serve/kernels (XDG_CACHE_HOME) keyed by a hash of the source, compiler, flags and
 the CPU's flags; it is written to a temporary name and renamed, so workers building at once do
 not see each other's half-written files. No compiler, a failed or slow (> BUILD_TIMEOUT_S) build,
@@ -359,7 +360,7 @@ def supports(k_cache: torch.Tensor) -> bool:
     )
 
 
-def _run(
+def attend(
     q: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
@@ -369,6 +370,7 @@ def _run(
     v_new: torch.Tensor | None,
     scale: float,
 ) -> torch.Tensor:
+    """The kernel called directly (eager code; the op below wraps it for compiled graphs): see the op."""
     assert _lib is not None, "the paged CPU attention kernel is not loaded (check available() first)"
     if not (k_cache.is_contiguous() and v_cache.is_contiguous() and k_cache.dtype == v_cache.dtype):
         raise ValueError("the paged kernel reads contiguous K/V caches of one dtype")
@@ -404,7 +406,7 @@ def paged_decode_attention(
     """Attention of q (B, Hkv, G, D) over each row's first num_cached[b] tokens of the paged
     cache (blocks through block_table (B, M)) and, when given, its own k_new, v_new (B, Hkv, D);
     (B, Hkv, G, D) float32. A row with nothing visible gets zeros."""
-    return _run(q, k_cache, v_cache, block_table, num_cached, k_new, v_new, scale)
+    return attend(q, k_cache, v_cache, block_table, num_cached, k_new, v_new, scale)
 
 
 @paged_decode_attention.register_fake
@@ -428,7 +430,7 @@ def _self_check() -> None:
     q = torch.randn(2, 2, 2, 8, generator=gen)
     kn, vn = torch.randn(2, 2, 2, 8, generator=gen).unbind(0)
     table = torch.tensor([[4, 1, 5], [0, 5, 5]])
-    got = _run(q, kc, vc, table, torch.tensor([7, 2]), kn, vn, 0.5)
+    got = attend(q, kc, vc, table, torch.tensor([7, 2]), kn, vn, 0.5)
     for row, n in ((0, 7), (1, 2)):
         keys = torch.cat([kc[table[row]].flatten(0, 1)[:n], kn[row, None]])  # (n + 1, H, D)
         values = torch.cat([vc[table[row]].flatten(0, 1)[:n], vn[row, None]])

@@ -83,6 +83,9 @@ class TorchSDPABackend(AttentionBackend):
     def _use_paged(self) -> bool:
         return self.paged_decode and self.device.type == "cpu" and cpu_paged.available()
 
+    def warm_up(self, kv_cache: KVCache, num_heads: int, scale: float) -> None:
+        self._use_paged()  # builds the kernel (seconds, once per machine) before the worker is ready
+
     def build_metadata(self, chunks: list[SequenceChunk]) -> SDPAMetadata:
         bs, dev = self.block_size, self.device
         num_tokens = sum(c.num_query_tokens for c in chunks)
@@ -152,7 +155,7 @@ class TorchSDPABackend(AttentionBackend):
         if d.mask is None:
             if cpu_paged.supports(k_cache):
                 # in place; the rows' own K/V are in the cache already (written by forward)
-                od = cpu_paged.paged_decode_attention(qd, k_cache, v_cache, d.block_table, d.context_lens, None, None, scale)
+                od = cpu_paged.attend(qd, k_cache, v_cache, d.block_table, d.context_lens, None, None, scale)
                 return od.to(q.dtype).reshape(b, hq, dim)
             # a cache the kernel cannot read (its dtype or head dim): the mask after all, once a step
             valid = torch.arange(d.block_table.shape[1] * bs, device=q.device)[None, :] < d.context_lens[:, None]

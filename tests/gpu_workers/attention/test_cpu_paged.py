@@ -11,6 +11,7 @@ from __future__ import annotations
 import random
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -162,3 +163,33 @@ def test_concurrent_builds_share_one_file(monkeypatch: pytest.MonkeyPatch, tmp_p
         t.join()
     assert len(paths) == 2 and paths[0] == paths[1]
     assert [p.name for p in paths[0].parent.iterdir()] == [paths[0].name]  # no temporary left behind
+
+
+def test_runner_serves_with_and_without_the_kernel(hf_checkpoint: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The eager LLM runner decodes the same greedy tokens (logits within 1e-4) when the kernel
+    reads its cache and when it could not be built (a missing compiler: the padded gather)."""
+    from gpu_workers.runners.llm import LLMRunner
+    from omni.shared import protocol
+
+    model_dir = hf_checkpoint("qwen2")[0]
+    greedy = protocol.SamplingOptions(temperature=0.0)
+
+    def run() -> tuple[list[int], torch.Tensor]:
+        runner = LLMRunner(model_dir, block_size=4, num_kv_blocks=16)
+        runner.attention_backend.warm_up(runner.kv_caches[0], 4, 0.125)
+        out = runner.execute(protocol.Step(0, [protocol.NewRequest("a", [3, 1, 4, 1, 5], greedy, [7, 2, 9], 0, 5)], [], []))
+        tokens = [out.sampled[0].token_id]
+        for s in range(4):
+            out = runner.execute(protocol.Step(1 + s, [], [protocol.CachedRequest("a", [], 5 + s, 1)], []))
+            tokens.append(out.sampled[0].token_id)
+        return tokens, runner.kv_cache.clone()
+
+    with_kernel = run()
+    monkeypatch.setenv("CC", "no-such-compiler-omni")
+    monkeypatch.setenv("XDG_CACHE_HOME", "/nonexistent-omni")
+    monkeypatch.setattr(cpu_paged, "_lib", None)
+    monkeypatch.setattr(cpu_paged, "_tried", False)
+    without = run()
+    assert not cpu_paged.available()
+    assert with_kernel[0] == without[0]
+    torch.testing.assert_close(with_kernel[1], without[1], rtol=1e-4, atol=1e-4)
