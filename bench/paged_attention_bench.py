@@ -63,7 +63,7 @@ def main() -> None:
         raise SystemExit("the paged kernel is unavailable here (see the log line above)")
     calls: dict[str, Callable[[int], torch.Tensor]] = {}
     for name in args.variants.split(","):
-        fn = torch.compile(DECODE_KERNELS[name], fullgraph=True, dynamic=False)
+        fn = torch.compile(DECODE_KERNELS[name], fullgraph=True, dynamic=True)  # as the step compiles it
         calls[name] = lambda i, fn=fn: fn(q, *caches[i % len(caches)], table, cached, k_new, v_new, scale)
     with torch.inference_mode():
         outs = {name: call(0) for name, call in calls.items()}

@@ -16,11 +16,11 @@ Why our own kernel: no maintained one fits torch 2.13 on the CPU. intel-extensio
 paged attention (its last release, 2.8, pins torch 2.8); vLLM's CPU paged-attention ops and
 sgl-kernel's CPU ops (no CPU wheels: a source build of the whole project); torch's
 flex_attention with a paged block mask (slower than SDPA over the padded copy in bf16 eager, and
-refused by inductor's CPU lowering inside the compiled step with return_lse). Inside our own
-code, the scores as a matmul over the gathered blocks is the padded copy plus SDPA that
-torch_sdpa.py did (`bench/step_profile.py --compare eager-padded,...`), and compiled_decode.py's
-inductor reduction ("gather") reads the cache in place but 1.2-1.6x slower than this kernel
-(bench/paged_attention_bench.py); other phrasings of it were not tried.
+refused by inductor's CPU lowering inside the compiled step with return_lse). Nor does inductor
+on its own: compiled_decode.py's reduction ("gather") reads the cache in place but takes 2.3-2.9x
+this kernel's time (bench/paged_attention_bench.py: one layer at issue 23's shape, 1-2 threads,
+fp32 and bf16), and the scores as a matmul over the gathered blocks inside the same graph took
+2.5x gather's (bf16, 1 thread; inductor copies the blocks out, then calls the matmul).
 
 Build: the C source below is compiled at first use with the system C compiler (`cc`, or $CC)
 as `-O3 -march=native -fopenmp`, linked against torch's own libgomp so one OpenMP runtime is
@@ -371,7 +371,9 @@ def attend(
     scale: float,
 ) -> torch.Tensor:
     """The kernel called directly (eager code; the op below wraps it for compiled graphs): see the op."""
-    assert _lib is not None, "the paged CPU attention kernel is not loaded (check available() first)"
+    if _lib is None and not available():
+        raise RuntimeError("the paged CPU attention kernel could not be built (see the log); check available() first")
+    assert _lib is not None
     if not (k_cache.is_contiguous() and v_cache.is_contiguous() and k_cache.dtype == v_cache.dtype):
         raise ValueError("the paged kernel reads contiguous K/V caches of one dtype")
     b, h, g, d = q.shape
