@@ -5,14 +5,16 @@ the p tokens already in the paged cache and over its own new K/V. Inside the ste
 
 - nothing is written to the cache: each layer's new K/V join the step's outputs (`DecodeGraphMetadata
   .new_kv`), and the runner writes all layers' at once after the forward (one index_put);
-- the cached part is read in place: "gather" states the scores as an elementwise product summed
+- the cached part is read in place, by one of two kernels. "paged" (the default on the CPU where
+  it builds) is attention/cpu_paged.py's C kernel, one opaque op that also merges the row's own
+  token. "gather" (CUDA, and the CPU's fallback) states the scores as an elementwise product summed
   over the head dim, `(q * k_cache[table]).sum(-1)`, which inductor turns into one reduction
   loop that indexes the cache through the block table (no padded copy of the context exists),
   and the same for the weighted sum of V. (flex_attention with flex_paged.py's paged block mask
   in the same graph was tried: inductor's CPU lowering of flex_attention refuses return_lse in
   torch 2.13, which the merge below needs; taking it would mean writing the new K/V inside the
   graph, a mutation of the cache the layer graph would have to split around.)
-- the cached part and the row's own token are merged by their log-sum-exp, so a row with
+- gather's cached part and the row's own token are merged by their log-sum-exp, so a row with
   nothing visible in the cache (a padding row of the bucket, context_len 1) sees only itself.
 
 Padding rows of a bucket point their block table and their slot at a scratch block no request
