@@ -25,14 +25,17 @@ The parts are timed with perf_counter hooks around the calls (a few microseconds
 --compare runs decode steps of several variants of the runner, interleaved step by step in one
 process (each its own runner and cache, the same batch), and prints each one's step time
 (median and best) and its ratio to the first: `eager` (the --attention-backend, eager),
-`eager:NAME` (eager with attention backend NAME, e.g. eager:flex_paged), `gather` (the
-compiled decode step), and for the compiled one its attention share, measured by difference
-against the same compiled step with the cached-context attention left out (`none`: wrong
-results, timing only). On a busy machine
-the ratios, not the absolute times, are what to read; --rounds repeats the whole comparison.
+`eager-padded` (torch_sdpa's decode rows through the padded gather and masked SDPA instead of
+the paged CPU kernel), `eager:NAME` (eager with attention backend NAME, e.g. eager:flex_paged),
+and the compiled decode step with each of its kernels: `gather` (inductor's reduction over the
+cache) and `paged` (attention/cpu_paged.py); for the compiled ones their attention share,
+measured by difference against the same compiled step with the cached-context attention left
+out (`none`: wrong results, timing only). On a busy machine the ratios, not the absolute times, are what to read; --rounds repeats the whole comparison.
 
     python bench/step_profile.py --model bench/.cache/qwen2-100m --dtype bfloat16 --threads 2 \
         --compare eager,eager:flex_paged,gather --steps 20 --rounds 3
+    python bench/step_profile.py --model bench/.cache/qwen2-100m --dtype bfloat16 --threads 2 \
+        --compare eager-padded,eager,gather,paged --steps 20 --rounds 3
 """
 
 from __future__ import annotations
@@ -141,9 +144,10 @@ def summarize(label: str, runs: list[tuple[float, dict[str, float]]]) -> dict[st
             "share": {p: v / wall for p, v in parts.items()}}  # fmt: skip
 
 
-def _skip_attention(q: torch.Tensor, *_: Any) -> tuple[torch.Tensor, torch.Tensor]:
+def _skip_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, table: torch.Tensor,
+                    num_cached: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
     # timing only: the cached context is left out (each row sees only its own token)
-    return torch.zeros_like(q, dtype=torch.float32), torch.full(q.shape[:3], float("-inf"))
+    return v.float()[:, :, None, :].expand(q.shape).contiguous()
 
 
 def compare(args: argparse.Namespace) -> None:
@@ -166,6 +170,8 @@ def compare(args: argparse.Namespace) -> None:
         runner = LLMRunner(args.model, dtype=getattr(torch, args.dtype), block_size=bs, num_kv_blocks=num_blocks,
                            attention_backend=backend, compile_decode=not eager,
                            max_num_seqs=args.seqs, decode_kernel="gather" if eager else kernel)  # fmt: skip
+        if name == "eager-padded":  # decode rows through the padded gather, not the paged kernel
+            runner.attention_backend.paged_decode = False  # type: ignore[attr-defined]
         mc = runner.model_config
         runner.attention_backend.warm_up(runner.kv_caches[0], mc.num_heads, mc.attention_scale)
         if runner.decode_graph is not None:

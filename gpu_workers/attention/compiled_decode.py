@@ -5,14 +5,16 @@ the p tokens already in the paged cache and over its own new K/V. Inside the ste
 
 - nothing is written to the cache: each layer's new K/V join the step's outputs (`DecodeGraphMetadata
   .new_kv`), and the runner writes all layers' at once after the forward (one index_put);
-- the cached part is read in place: "gather" states the scores as an elementwise product summed
+- the cached part is read in place, by one of two kernels. "paged" (the default on the CPU where
+  it builds) is attention/cpu_paged.py's C kernel, one opaque op that also merges the row's own
+  token. "gather" (CUDA, and the CPU's fallback) states the scores as an elementwise product summed
   over the head dim, `(q * k_cache[table]).sum(-1)`, which inductor turns into one reduction
   loop that indexes the cache through the block table (no padded copy of the context exists),
   and the same for the weighted sum of V. (flex_attention with flex_paged.py's paged block mask
   in the same graph was tried: inductor's CPU lowering of flex_attention refuses return_lse in
   torch 2.13, which the merge below needs; taking it would mean writing the new K/V inside the
   graph, a mutation of the cache the layer graph would have to split around.)
-- the cached part and the row's own token are merged by their log-sum-exp, so a row with
+- gather's cached part and the row's own token are merged by their log-sum-exp, so a row with
   nothing visible in the cache (a padding row of the bucket, context_len 1) sees only itself.
 
 Padding rows of a bucket point their block table and their slot at a scratch block no request
@@ -27,6 +29,7 @@ from typing import Any
 
 import torch
 
+from gpu_workers.attention import cpu_paged
 from gpu_workers.attention.backend import AttentionBackend, KVCache, SequenceChunk
 
 
@@ -85,10 +88,46 @@ def gather_attention(
     return out / denom.clamp(min=1e-30)[..., None], lse
 
 
-# name -> attention over the cached part: (q, k_cache, v_cache, table, num_cached, scale) -> (out, lse)
-DECODE_KERNELS: dict[str, Callable[..., tuple[torch.Tensor, torch.Tensor]]] = {
-    "gather": gather_attention,
+def gather_decode(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    num_cached: torch.Tensor,
+    k_new: torch.Tensor,
+    v_new: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """gather_attention over the cache, merged with the rows' own k_new, v_new (B, Hkv, D)."""
+    out_c, lse_c = gather_attention(q, k_cache, v_cache, block_table, num_cached, scale)
+    return _merge_self(out_c, lse_c, q.float(), k_new.float(), v_new.float(), scale)
+
+
+def paged_decode(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    num_cached: torch.Tensor,
+    k_new: torch.Tensor,
+    v_new: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """The CPU kernel (attention/cpu_paged.py): one opaque op in the graph, own token included."""
+    return cpu_paged.paged_decode_attention(q, k_cache, v_cache, block_table, num_cached, k_new, v_new, scale)
+
+
+# name -> (q (B, Hkv, G, D), k_cache, v_cache, table, num_cached, k_new, v_new, scale) -> the
+# attention over each row's cached tokens and its own, (B, Hkv, G, D) float32
+DECODE_KERNELS: dict[str, Callable[..., torch.Tensor]] = {
+    "gather": gather_decode,
+    "paged": paged_decode,
 }
+
+
+def default_kernel(k_cache: torch.Tensor) -> str:
+    """"paged" where the CPU kernel is built and reads this (one layer's) cache, else "gather"."""
+    return "paged" if cpu_paged.supports(k_cache) else "gather"
 
 
 def decode_attention(
@@ -103,8 +142,7 @@ def decode_attention(
     meta.new_kv.append((k, v))
     qg = q.view(b, hkv, hq // hkv, d)
     attend = DECODE_KERNELS[meta.kernel]
-    out_c, lse_c = attend(qg, k_cache, v_cache, meta.block_table, meta.context_lens - 1, scale)
-    out = _merge_self(out_c, lse_c, qg.float(), k.float(), v.float(), scale)
+    out = attend(qg, k_cache, v_cache, meta.block_table, meta.context_lens - 1, k, v, scale)
     return out.to(q.dtype).reshape(b, hq, d)
 
 

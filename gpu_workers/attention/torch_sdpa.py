@@ -1,7 +1,9 @@
 """Attention with torch's scaled_dot_product_attention over the paged cache (CPU and GPU).
 
-All single-token chunks of a step (decodes) go through ONE padded gather and ONE SDPA call
-per layer; longer chunks (prefills) run one SDPA call each, causal with an offset.
+All single-token chunks of a step (decodes) go through ONE call per layer: on the CPU the paged
+kernel (attention/cpu_paged.py), which reads each row's blocks in place through its block table;
+elsewhere (or where that kernel did not build) one padded gather of the rows' contexts and one
+masked SDPA call. Longer chunks (prefills) run one SDPA call each, causal with an offset.
 
 No call needs SDPA's math kernel (finding A5): a chunk that continues a sequence (a later chunk
 of a long prompt, or a prefix-cache hit) folds its G = Hq / Hkv query heads into G query rows
@@ -19,6 +21,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from gpu_workers.attention import cpu_paged
 from gpu_workers.attention.backend import (
     AttentionBackend,
     KVCache,
@@ -46,7 +49,9 @@ def _sdpa_gqa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kwargs: objec
 class DecodeBatch:
     rows: torch.Tensor  # (B,) packed-batch rows of the single-token chunks
     block_table: torch.Tensor  # (B, max_blocks) int64, padded with block 0 (masked out)
-    mask: torch.Tensor  # (B, 1, 1, max_blocks * block_size) bool: key position < context_len
+    context_lens: torch.Tensor  # (B,) int64
+    # (B, 1, 1, max_blocks * block_size) bool: key position < context_len; None: the paged kernel
+    mask: torch.Tensor | None
 
 
 @dataclass(slots=True)
@@ -72,6 +77,14 @@ class SDPAMetadata:
 
 class TorchSDPABackend(AttentionBackend):
     name = "torch_sdpa"
+    # decode rows through the paged CPU kernel where it is built (False: the padded gather)
+    paged_decode = True
+
+    def _use_paged(self) -> bool:
+        return self.paged_decode and self.device.type == "cpu" and cpu_paged.available()
+
+    def warm_up(self, kv_cache: KVCache, num_heads: int, scale: float) -> None:
+        self._use_paged()  # builds the kernel (seconds, once per machine) before the worker is ready
 
     def build_metadata(self, chunks: list[SequenceChunk]) -> SDPAMetadata:
         bs, dev = self.block_size, self.device
@@ -83,11 +96,15 @@ class TorchSDPABackend(AttentionBackend):
             table = [c.block_ids[: -(-c.context_len // bs)] for c in decodes]
             table = [t + [0] * (max_blocks - len(t)) for t in table]
             lens = torch.tensor([c.context_len for c in decodes])
-            valid = torch.arange(max_blocks * bs)[None, :] < lens[:, None]  # (B, S)
+            decode_mask = None
+            if not self._use_paged():
+                valid = torch.arange(max_blocks * bs)[None, :] < lens[:, None]  # (B, S)
+                decode_mask = valid[:, None, None, :].to(dev)
             decode = DecodeBatch(
                 rows=torch.tensor([c.query_start for c in decodes], device=dev),
                 block_table=torch.tensor(table, device=dev),
-                mask=valid[:, None, None, :].to(dev),
+                context_lens=lens.to(dev),
+                mask=decode_mask,
             )
         prefills = []
         for c in chunks:
@@ -135,6 +152,14 @@ class TorchSDPABackend(AttentionBackend):
         # The G = Hq / Hkv query heads sharing a KV head become G query rows against it: one
         # position each, so no causal mask between them and no repeated K/V.
         qd = q.index_select(0, d.rows).view(b, hkv, hq // hkv, dim)  # (B, Hkv, G, D)
+        if d.mask is None:
+            if cpu_paged.supports(k_cache):
+                # in place; the rows' own K/V are in the cache already (written by forward)
+                od = cpu_paged.attend(qd, k_cache, v_cache, d.block_table, d.context_lens, None, None, scale)
+                return od.to(q.dtype).reshape(b, hq, dim)
+            # a cache the kernel cannot read (its dtype or head dim): the mask after all, once a step
+            valid = torch.arange(d.block_table.shape[1] * bs, device=q.device)[None, :] < d.context_lens[:, None]
+            d.mask = valid[:, None, None, :]
         s = d.block_table.shape[1] * bs
         kd = k_cache[d.block_table].view(b, s, hkv, dim).transpose(1, 2)  # (B, Hkv, S, D)
         vd = v_cache[d.block_table].view(b, s, hkv, dim).transpose(1, 2)  # (B, Hkv, S, D)

@@ -9,7 +9,8 @@ runs the model eagerly as before. Inside the compiled code:
   that inductor fuses into a few loops per layer; multipliers equal to 1.0 are never applied
   (models/llama.py skips them);
 - the oneDNN-packed linears on CPU are one opaque op each (models/packed_linear.py);
-- attention reads the paged cache in place (attention/compiled_decode.py), and each layer's
+- attention reads the paged cache in place (attention/compiled_decode.py; on the CPU by default
+  the paged kernel of attention/cpu_paged.py, one opaque op), and each layer's
   new K/V come out of the graph, written into the cache by one index_copy after the forward.
 
 On CPU one decoder layer is compiled, with the batch and the block table's width dynamic: that
@@ -39,7 +40,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from gpu_workers.attention.compiled_decode import DECODE_KERNELS, DecodeGraphMetadata, write_new_kv
+from gpu_workers.attention import cpu_paged
+from gpu_workers.attention.compiled_decode import DECODE_KERNELS, DecodeGraphMetadata, default_kernel, write_new_kv
 from gpu_workers.staging import HostStaging
 
 log = logging.getLogger("omni.llm_runner.decode_graph")
@@ -93,17 +95,21 @@ class DecodeGraph:
         kv_cache: torch.Tensor,  # (L, 2, num_blocks, block_size, Hkv, D); the last block is scratch
         *,
         max_num_seqs: int,
-        kernel: str = "gather",
+        kernel: str | None = None,  # default: "paged" on the CPU where it builds, else "gather"
         pad_to_buckets: bool | None = None,  # default: on CUDA only
     ) -> None:
-        if kernel not in DECODE_KERNELS:
+        if kernel is not None and kernel not in DECODE_KERNELS:
             raise ValueError(f"unknown decode kernel {kernel!r}; known: {', '.join(DECODE_KERNELS)}")
+        layer_cache = kv_cache[0, 0]
+        if kernel == "paged" and not cpu_paged.supports(layer_cache):
+            log.warning("the paged decode kernel cannot read this cache here; using gather")
+            kernel = "gather"
         self.model = model
         self.kv_cache = kv_cache
         self.block_size = kv_cache.shape[3]
         self.scratch_block = kv_cache.shape[2] - 1
         self.device = kv_cache.device
-        self.kernel = kernel
+        self.kernel = kernel or default_kernel(layer_cache)
         self.cuda = self.device.type == "cuda"
         self._staging = HostStaging(self.device)  # the step's inputs: one (pinned, on CUDA) copy
         self.pad = self.cuda if pad_to_buckets is None else pad_to_buckets

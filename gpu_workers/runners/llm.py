@@ -131,7 +131,7 @@ class LLMRunner(Runner):
         memory: MemoryReader | None = None,  # default: CUDA's counters on a GPU, none on the CPU
         compile_decode: bool = False,  # decode-only steps through the compiled step (runners/decode_graph.py)
         max_num_seqs: int = 64,  # the largest decode bucket
-        decode_kernel: str = "gather",  # the compiled step's attention (attention/compiled_decode.py)
+        decode_kernel: str | None = None,  # the compiled step's attention; None: compiled_decode's default
     ) -> None:
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")

@@ -57,11 +57,12 @@ def mixed_batch(block_size: int, num_blocks: int = 64, seed: int = 3) -> list[Se
 
 def sdpa_visible_slots(chunks: list[SequenceChunk], block_size: int) -> list[list[int]]:
     """The slots the torch SDPA path lets each continuing row see, from ITS metadata: the
-    decode batch's padded block table and mask, the prefill chunks' block ids and masks."""
+    decode batch's padded block table and context lengths, the prefill chunks' block ids and masks."""
     meta = TorchSDPABackend(block_size, CPU).build_metadata(chunks)
     seen: dict[int, list[int]] = {}
     if meta.decode is not None:
-        table, mask = meta.decode.block_table, meta.decode.mask[:, 0, 0]
+        table, lens = meta.decode.block_table, meta.decode.context_lens
+        mask = torch.arange(table.shape[1] * block_size)[None, :] < lens[:, None]  # (the paged kernel's bound)
         for i, row in enumerate(meta.decode.rows.tolist()):
             slots = (table[i][:, None] * block_size + torch.arange(block_size)).flatten()
             seen[row] = slots[mask[i]].tolist()

@@ -69,7 +69,7 @@ def test_metadata_matches_the_sdpa_paths_indices(block_size: int) -> None:
     assert sorted(spans) == list(zip(cu, cu[1:]))
     lens = dict(zip(cu, m.seqused_k.tolist()))
     assert all(lens[p.start] == p.context_len for p in sdpa.prefills)
-    assert [lens[r] for r in sdpa.decode.rows.tolist()] == sdpa.decode.mask.sum((1, 2, 3)).tolist()
+    assert [lens[r] for r in sdpa.decode.rows.tolist()] == sdpa.decode.context_lens.tolist()
     assert m.cu_seqlens_k.tolist() == [0, *torch.tensor(m.seqused_k.tolist()).cumsum(0).tolist()]
     assert (m.max_seqlen_q, m.max_seqlen_k) == (max(c.num_query_tokens for c in chunks), max(lens.values()))
     # every continuing row sees the slots the SDPA path lets it see; the new prompt's rows their own

@@ -29,7 +29,7 @@ def test_buckets() -> None:
         decode_buckets(0)
 
 
-def _runner(model_dir: Any, compiled: bool, kernel: str = "gather", quantization: str | None = None) -> LLMRunner:
+def _runner(model_dir: Any, compiled: bool, kernel: str | None = None, quantization: str | None = None) -> LLMRunner:
     r = LLMRunner(
         model_dir, block_size=4, num_kv_blocks=NUM_BLOCKS, compile_decode=compiled, decode_kernel=kernel,
         quantization=quantization,
@@ -66,7 +66,8 @@ def _decode(
 
 
 @pytest.mark.parametrize(
-    ("kernel", "quantization", "model_type"), [("gather", None, "qwen2"), ("gather", "int8", "llama")]
+    ("kernel", "quantization", "model_type"),
+    [("gather", None, "qwen2"), ("paged", None, "qwen2"), ("paged", "int8", "llama")],
 )
 def test_compiled_decode_matches_eager(
     hf_checkpoint: Any, kernel: str, quantization: str | None, model_type: str

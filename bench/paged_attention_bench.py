@@ -1,0 +1,90 @@
+"""Decode attention alone, one layer: the paged CPU kernel (attention/cpu_paged.py) against the
+compiled step's inductor "gather" kernel (attention/compiled_decode.py), interleaved call by call.
+
+The shape is issue 23's acceptance one, the 100M qwen2 benchmark checkpoint's: 32 sequences at
+200-215 tokens of context, 4 KV heads of 3 query heads each, head dim 64, blocks of 16 scattered
+over the cache. Each variant gets the same q, own k/v and cache; medians and best of --calls
+calls per round, and the K+V bytes read per call over the median time. Each call reads the next
+of --layers caches in turn, as a step's layers do, so that they are not all in the CPU's cache.
+
+    python bench/paged_attention_bench.py --dtype bfloat16 --threads 1
+    python bench/paged_attention_bench.py --dtype float32 --threads 2 --rounds 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+import torch
+
+from gpu_workers.attention import cpu_paged
+from gpu_workers.attention.compiled_decode import DECODE_KERNELS
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--seqs", type=int, default=32)
+    ap.add_argument("--context", type=int, default=200, help="the shortest row's context; rows go up to +15")
+    ap.add_argument("--kv-heads", type=int, default=4)
+    ap.add_argument("--group", type=int, default=3)
+    ap.add_argument("--head-dim", type=int, default=64)
+    ap.add_argument("--block-size", type=int, default=16)
+    ap.add_argument("--calls", type=int, default=30)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--layers", type=int, default=12, help="caches read in turn (the model's layers)")
+    ap.add_argument("--variants", default="gather,paged")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    dtype = getattr(torch, args.dtype)
+    b, h, g, d, bs = args.seqs, args.kv_heads, args.group, args.head_dim, args.block_size
+    rng = random.Random(0)
+    lens = [args.context + rng.randrange(16) for _ in range(b)]
+    per = -(-(max(lens) + 1) // bs)
+    blocks = list(range(b * per + 1))
+    rng.shuffle(blocks)
+    table = torch.tensor([blocks[i * per : (i + 1) * per] for i in range(b)])
+    caches = [torch.randn(2, len(blocks), bs, h, d).to(dtype).unbind(0) for _ in range(args.layers)]
+    q = torch.randn(b, h, g, d).to(dtype)  # the model's dtype, as the compiled step passes it
+    k_new = torch.randn(b, h, d).to(dtype)
+    v_new = torch.randn(b, h, d).to(dtype)
+    cached = torch.tensor(lens) - 1
+    scale = d**-0.5
+    if not cpu_paged.available():
+        raise SystemExit("the paged kernel is unavailable here (see the log line above)")
+    calls: dict[str, Callable[[int], torch.Tensor]] = {}
+    for name in args.variants.split(","):
+        fn = torch.compile(DECODE_KERNELS[name], fullgraph=True, dynamic=True)  # as the step compiles it
+        calls[name] = lambda i, fn=fn: fn(q, *caches[i % len(caches)], table, cached, k_new, v_new, scale)
+    with torch.inference_mode():
+        outs = {name: call(0) for name, call in calls.items()}
+        first = next(iter(calls))
+        for name, out in outs.items():
+            print(f"{name}: worst difference to {first} {(out - outs[first]).abs().max().item():.2e}")
+        times: dict[str, list[float]] = {n: [] for n in calls}
+        offset = len(caches) // len(calls)  # each variant a layer the previous one did not just read
+        for i in range(args.rounds * args.calls):
+            for j, (name, call) in enumerate(calls.items()):
+                t = time.perf_counter()
+                call(i + j * offset)
+                times[name].append(time.perf_counter() - t)
+    nbytes = 2 * sum(lens) * h * d * caches[0][0].element_size()
+    med = {n: sorted(v)[len(v) // 2] for n, v in times.items()}
+    print(f"\n{args.dtype}, {b} rows at {min(lens)}-{max(lens)} tokens, Hkv {h} x G {g}, D {d}, blocks of {bs}, "
+          f"{args.threads} threads, {len(times[first])} calls each, interleaved; K+V {nbytes / 1e6:.1f} MB a call")  # fmt: skip
+    for n, m in med.items():
+        print(f"  {n:<8} median {m * 1e3:7.3f} ms  best {min(times[n]) * 1e3:7.3f} ms  x{m / med[first]:.2f} of {first}"
+              f"  {nbytes / m / 1e9:5.1f} GB/s")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

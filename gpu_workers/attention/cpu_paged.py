@@ -1,0 +1,442 @@
+"""Decode attention on the CPU that reads the paged KV cache in place: a small C kernel.
+
+Per (sequence, KV head) the kernel streams the sequence's cache blocks once through its block
+table: each key is dotted with the G query heads of its KV group, an online softmax keeps a
+running max and sum per query head, and V is accumulated on the fly. A row's own new token
+(k_new, v_new, not yet written to the cache in the compiled step) is merged as one more key, so
+the kernel returns the final output. fp32 and bf16 caches (bf16 widened to fp32; scores and
+sums in fp32; a bf16 q against a bf16 cache takes the CPU's bf16 dot product where it has one,
+AVX512_BF16, which keeps the keys as stored: exact products, fp32 sums), head dims that are
+multiples of 8 up to 256 (unrolled for 16, 32, 64, 128), any block size and G; tasks run in
+parallel over (sequence x KV head) on torch.get_num_threads() OpenMP threads, and the next
+block's rows are prefetched (the blocks are scattered; 1.6x on this CPU). Only the visible tokens are read: a padding row of
+a bucket (nothing cached, its table full of the scratch block) reads no block at all.
+
+Why our own kernel: no maintained one fits torch 2.13 on the CPU. intel-extension-for-pytorch's
+paged attention (its last release, 2.8, pins torch 2.8); vLLM's CPU paged-attention ops and
+sgl-kernel's CPU ops (no CPU wheels: a source build of the whole project); torch's
+flex_attention with a paged block mask (slower than SDPA over the padded copy in bf16 eager, and
+refused by inductor's CPU lowering inside the compiled step with return_lse). Nor does inductor
+on its own: compiled_decode.py's reduction ("gather") reads the cache in place but takes 2.3-2.9x
+this kernel's time (bench/paged_attention_bench.py: one layer at issue 23's shape, 1-2 threads,
+fp32 and bf16), and the scores as a matmul over the gathered blocks inside the same graph took
+2.5x gather's (bf16, 1 thread; inductor copies the blocks out, then calls the matmul).
+
+Build: the C source below is compiled at first use with the system C compiler (`cc`, or $CC)
+as `-O3 -march=native -fopenmp`, linked against torch's own libgomp so one OpenMP runtime is
+loaded, and loaded with ctypes (no torch headers: 3-7 s on the shared 2-core EPYC, once per
+machine; at a worker's warm-up, before it reports ready). The shared object is cached under
+~/.cache/omni-serve/kernels (XDG_CACHE_HOME) keyed by a hash of the source, compiler, flags and
+the CPU's flags; it is written to a temporary name and renamed, so workers building at once do
+not see each other's half-written files. No compiler, a failed or slow (> BUILD_TIMEOUT_S) build,
+or a result that disagrees with the plain-torch one: `available()` is False, with one log line,
+and callers keep the gather kernel (compiled step) or the padded gather (eager).
+
+The op `omni::paged_decode_attention` is a torch custom op, so the compiled decode step calls it
+as one opaque op inside its inductor graph.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger("omni.worker.cpu_paged")
+
+BUILD_TIMEOUT_S = 60
+FLAGS = ["-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-std=gnu11"]
+
+SOURCE = r"""
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Eight floats: one AVX register, as GCC / clang vector extensions (no intrinsics). */
+typedef float v8 __attribute__((vector_size(32)));
+typedef uint16_t v8h __attribute__((vector_size(16)));
+typedef uint32_t v8u __attribute__((vector_size(32)));
+typedef float v16 __attribute__((vector_size(64)));
+typedef uint16_t v16h __attribute__((vector_size(32)));
+typedef uint32_t v16u __attribute__((vector_size(64)));
+#define INLINE static inline __attribute__((always_inline))
+#define MAX_CHUNKS 32 /* head dims up to 256 */
+
+INLINE v8 load(const float *p) { v8 x; memcpy(&x, p, sizeof x); return x; }
+INLINE void store(float *p, v8 x) { memcpy(p, &x, sizeof x); }
+INLINE v8 load_bf16(const uint16_t *p) {
+    v8h h;
+    memcpy(&h, p, sizeof h);
+    return (v8)(__builtin_convertvector(h, v8u) << 16);
+}
+
+/* n (a multiple of 8) bf16 values to fp32: 16 at a time where n allows */
+INLINE void widen(float *dst, const uint16_t *src, int64_t n) {
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        v16h h;
+        memcpy(&h, src + i, sizeof h);
+        v16 f = (v16)(__builtin_convertvector(h, v16u) << 16);
+        memcpy(dst + i, &f, sizeof f);
+    }
+    for (; i < n; i += 8) store(dst + i, load_bf16(src + i));
+}
+
+/* Lane i of the result: the sum of p[i]'s lanes (a transpose-and-add tree). */
+INLINE v8 hsum8(const v8 *p) {
+    v8 a[4], b[2];
+    for (int i = 0; i < 4; i++)
+        a[i] = __builtin_shufflevector(p[2 * i], p[2 * i + 1], 0, 8, 2, 10, 4, 12, 6, 14)
+             + __builtin_shufflevector(p[2 * i], p[2 * i + 1], 1, 9, 3, 11, 5, 13, 7, 15);
+    for (int i = 0; i < 2; i++)
+        b[i] = __builtin_shufflevector(a[2 * i], a[2 * i + 1], 0, 1, 8, 9, 4, 5, 12, 13)
+             + __builtin_shufflevector(a[2 * i], a[2 * i + 1], 2, 3, 10, 11, 6, 7, 14, 15);
+    return __builtin_shufflevector(b[0], b[1], 0, 1, 2, 3, 8, 9, 10, 11)
+         + __builtin_shufflevector(b[0], b[1], 4, 5, 6, 7, 12, 13, 14, 15);
+}
+
+/* exp(x) for x <= 0 (a score minus its running max): Cody-Waite reduction, degree-6 Taylor
+   (relative error ~2e-7), 0 below -87; written so that `omp simd` vectorizes it. */
+INLINE float exp_neg(float x) {
+    float y = x < -87.0f ? -87.0f : x;
+    float n = rintf(y * 1.44269504088896341f);
+    float r = y - n * 0.693145751953125f - n * 1.428606765330187045e-06f;
+    float p = 1.0f + r * (1.0f + r * (0.5f + r * (1.0f / 6 + r * (1.0f / 24 + r * (1.0f / 120 + r * (1.0f / 720))))));
+    union { uint32_t u; float f; } c;
+    c.u = (uint32_t)((int32_t)n + 127) << 23;
+    return x < -87.0f ? 0.0f : p * c.f;
+}
+
+/* Per-task state: scores s (G x stride), running max m and sum l, accumulators acc (G x D). */
+typedef struct { float *s, *m, *l, *acc; int64_t stride; } State;
+
+/* The scaled scores of cnt fp32 keys (rows k + t * ks) against q (G x D), into st.s. */
+INLINE void score_rows(State st, const float *q, const float *k, int64_t ks, int64_t cnt, int64_t g_count,
+                       int64_t d, float scale) {
+    for (int64_t g = 0; g < g_count; g++) {
+        v8 qv[MAX_CHUNKS], part[8];
+        for (int64_t c = 0; c < d / 8; c++) qv[c] = load(q + g * d + 8 * c);
+        for (int64_t t0 = 0; t0 < cnt; t0 += 8) { /* 8 keys' dot products, summed together */
+            for (int64_t j = 0; j < 8; j++) {
+                part[j] = (v8){0};
+                if (t0 + j < cnt)
+                    for (int64_t c = 0; c < d / 8; c++) part[j] += qv[c] * load(k + (t0 + j) * ks + 8 * c);
+            }
+            store(st.s + g * st.stride + t0, hsum8(part) * scale);
+        }
+    }
+}
+
+#ifdef __AVX512BF16__
+#include <immintrin.h>
+#define HAVE_DPBF16 1
+/* The same for bf16 keys and bf16 queries qh, by the CPU's bf16 dot product (exact products,
+   fp32 sums), without widening the keys; d a multiple of 16. */
+INLINE void score_rows_bf16(State st, const uint16_t *qh, const uint16_t *k, int64_t ks, int64_t cnt,
+                            int64_t g_count, int64_t d, float scale) {
+    for (int64_t g = 0; g < g_count; g++) {
+        __m256bh qv[MAX_CHUNKS / 2];
+        v8 part[8];
+        for (int64_t c = 0; c < d / 16; c++) qv[c] = (__m256bh)_mm256_loadu_si256((const __m256i *)(qh + g * d + 16 * c));
+        for (int64_t t0 = 0; t0 < cnt; t0 += 8) {
+            for (int64_t j = 0; j < 8; j++) {
+                __m256 a = _mm256_setzero_ps();
+                if (t0 + j < cnt)
+                    for (int64_t c = 0; c < d / 16; c++)
+                        a = _mm256_dpbf16_ps(a, qv[c], (__m256bh)_mm256_loadu_si256((const __m256i *)(k + (t0 + j) * ks + 16 * c)));
+                part[j] = (v8)a;
+            }
+            store(st.s + g * st.stride + t0, hsum8(part) * scale);
+        }
+    }
+}
+#else
+#define HAVE_DPBF16 0
+#define score_rows_bf16(...) abort()
+#endif
+
+/* Fold the cnt scores in st.s and their fp32 values (rows v + t * vs) into the online softmax. */
+INLINE void accumulate(State st, const float *v, int64_t vs, int64_t cnt, int64_t g_count, int64_t d) {
+    for (int64_t g = 0; g < g_count; g++) {
+        v8 a[MAX_CHUNKS];
+        float *s = st.s + g * st.stride, peak = st.m[g], sum = 0.0f;
+        for (int64_t t = 0; t < cnt; t++) peak = s[t] > peak ? s[t] : peak;
+        float corr = exp_neg(st.m[g] - peak); /* 0 while nothing was seen (m = -inf) */
+        st.m[g] = peak;
+#pragma omp simd reduction(+ : sum)
+        for (int64_t t = 0; t < cnt; t++) {
+            s[t] = exp_neg(s[t] - peak);
+            sum += s[t];
+        }
+        st.l[g] = st.l[g] * corr + sum;
+        for (int64_t c = 0; c < d / 8; c++) a[c] = load(st.acc + g * d + 8 * c) * corr;
+        for (int64_t t = 0; t < cnt; t++) {
+            v8 p = (v8){0} + s[t];
+            for (int64_t c = 0; c < d / 8; c++) a[c] += p * load(v + t * vs + 8 * c);
+        }
+        for (int64_t c = 0; c < d / 8; c++) store(st.acc + g * d + 8 * c, a[c]);
+    }
+}
+
+/* Ask for rows [0, cnt) of a block (stride bytes apart, row_bytes each) ahead of their use. */
+INLINE void prefetch_rows(const char *p, int64_t cnt, int64_t stride, int64_t row_bytes) {
+    for (int64_t t = 0; t < cnt; t++)
+        for (int64_t i = 0; i < row_bytes; i += 64) __builtin_prefetch(p + t * stride + i);
+}
+
+/* One (row, KV head h) task over its first n cached tokens and its own token (when k_new). */
+INLINE void attend(State st, const float *q, const uint16_t *qh, const void *k_cache, const void *v_cache,
+                   int bf16, const int64_t *row_table, int64_t n, const float *k_new, const float *v_new,
+                   float *out, float *kbuf, float *vbuf, int64_t h, int64_t h_count, int64_t g_count, int64_t d,
+                   int64_t bs, float scale) {
+    const int64_t elem = bf16 ? 2 : 4, row_stride = h_count * d; /* tokens of one head: row_stride apart */
+    for (int64_t g = 0; g < g_count; g++) st.m[g] = -INFINITY, st.l[g] = 0.0f;
+    memset(st.acc, 0, sizeof(float) * g_count * d);
+    for (int64_t start = 0; start < n; start += bs) {
+        int64_t first = (row_table[start / bs] * bs * h_count + h) * d, cnt = n - start < bs ? n - start : bs;
+        /* The next block's rows of head h are asked for ahead (the blocks are scattered: no hardware
+           prefetcher guesses them), its keys now and its values after this block's scores, so
+           that not all of them wait at once for the few misses a core keeps in flight. */
+        const char *next_k = NULL, *next_v = NULL;
+        if (start + bs < n) {
+            int64_t next = (row_table[start / bs + 1] * bs * h_count + h) * d * elem;
+            next_k = (const char *)k_cache + next, next_v = (const char *)v_cache + next;
+            prefetch_rows(next_k, bs, row_stride * elem, d * elem);
+        }
+        if (bf16) {
+            const uint16_t *k = (const uint16_t *)k_cache + first, *v = (const uint16_t *)v_cache + first;
+            if (qh) {
+                score_rows_bf16(st, qh, k, row_stride, cnt, g_count, d, scale);
+            } else {
+                for (int64_t t = 0; t < cnt; t++) widen(kbuf + t * d, k + t * row_stride, d);
+                score_rows(st, q, kbuf, d, cnt, g_count, d, scale);
+            }
+            if (next_v) prefetch_rows(next_v, bs, row_stride * elem, d * elem);
+            for (int64_t t = 0; t < cnt; t++) widen(vbuf + t * d, v + t * row_stride, d);
+            accumulate(st, vbuf, d, cnt, g_count, d);
+        } else {
+            const float *k = (const float *)k_cache + first, *v = (const float *)v_cache + first;
+            score_rows(st, q, k, row_stride, cnt, g_count, d, scale);
+            if (next_v) prefetch_rows(next_v, bs, row_stride * elem, d * elem);
+            accumulate(st, v, row_stride, cnt, g_count, d);
+        }
+    }
+    if (k_new) {
+        score_rows(st, q, k_new, d, 1, g_count, d, scale);
+        accumulate(st, v_new, d, 1, g_count, d);
+    }
+    for (int64_t g = 0; g < g_count; g++) {
+        float inv = st.l[g] > 0.0f ? 1.0f / st.l[g] : 0.0f; /* nothing visible: zeros */
+        for (int64_t i = 0; i < d; i++) out[g * d + i] = st.acc[g * d + i] * inv;
+    }
+}
+
+/* q, out: (B, H, G, D) fp32; q_bf16: q in bf16 when it is exactly that (or NULL); k_cache,
+   v_cache: (blocks, bs, H, D) fp32 or bf16; table (B, width); num_cached (B,): visible cached
+   tokens of each row; k_new, v_new (B, H, D) fp32 or NULL. D a multiple of 8, at most 256. */
+void paged_decode(const float *q, const uint16_t *q_bf16, const void *k_cache, const void *v_cache, int bf16,
+                  const int64_t *table, int64_t width, const int64_t *num_cached, const float *k_new,
+                  const float *v_new, float *out, int64_t b_count, int64_t h_count, int64_t g_count, int64_t d,
+                  int64_t bs, float scale, int threads) {
+    if (!(HAVE_DPBF16 && bf16 && d % 16 == 0)) q_bf16 = NULL;
+#pragma omp parallel num_threads(threads)
+    {
+        int64_t stride = (bs + 7) / 8 * 8;
+        float *s = malloc(sizeof(float) * (g_count * (stride + d + 2) + 2 * bs * d));
+        State st = {s, s + g_count * stride, s + g_count * (stride + 1), s + g_count * (stride + 2), stride};
+        float *kbuf = st.acc + g_count * d, *vbuf = kbuf + bs * d;
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t task = 0; task < b_count * h_count; task++) {
+            int64_t b = task / h_count, h = task % h_count;
+            const float *kn = k_new ? k_new + task * d : NULL, *vn = v_new ? v_new + task * d : NULL;
+            const uint16_t *qh = q_bf16 ? q_bf16 + task * g_count * d : NULL;
+#define ATTEND(D) attend(st, q + task * g_count * d, qh, k_cache, v_cache, bf16, table + b * width, num_cached[b], \
+                         kn, vn, out + task * g_count * d, kbuf, vbuf, h, h_count, g_count, D, bs, scale)
+            switch (d) { /* the head dims models use, unrolled; any other one generic */
+            case 64: ATTEND(64); break;
+            case 128: ATTEND(128); break;
+            case 32: ATTEND(32); break;
+            case 16: ATTEND(16); break;
+            default: ATTEND(d);
+            }
+        }
+        free(s);
+    }
+}
+"""
+
+_lib: ctypes.CDLL | None = None
+_tried = False
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "omni-serve" / "kernels"
+
+
+def _cpu_flags() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return line
+    except OSError:
+        pass
+    return ""
+
+
+def build(compiler: str | None = None) -> Path:
+    """The kernel's shared object, compiled now unless the cache has it; raises on failure."""
+    cc = compiler or os.environ.get("CC") or "cc"
+    version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=10, check=True).stdout
+    torch_lib = Path(torch.__file__).parent / "lib"
+    flags = [*FLAGS, f"-L{torch_lib}", f"-Wl,-rpath,{torch_lib}"]
+    key = hashlib.sha256("\0".join([SOURCE, cc, version, *flags, _cpu_flags()]).encode()).hexdigest()[:20]
+    out = cache_dir() / f"paged_decode_{key}.so"
+    if out.exists():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(dir=out.parent, prefix=".build-", suffix=".so")
+    os.close(fd)
+    tmp = Path(tmp_name)
+    src = tmp.with_suffix(".c")
+    try:
+        src.write_text(SOURCE)
+        t = time.perf_counter()
+        subprocess.run([cc, *flags, str(src), "-o", str(tmp), "-lm"], capture_output=True, text=True,
+                       timeout=BUILD_TIMEOUT_S, check=True)  # fmt: skip
+        os.replace(tmp, out)  # atomic: a concurrent builder's rename lands the same bytes
+        log.info("built the paged CPU attention kernel in %.1f s: %s", time.perf_counter() - t, out)
+    finally:
+        src.unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
+    return out
+
+
+def _load(compiler: str | None = None) -> ctypes.CDLL:
+    lib = ctypes.CDLL(str(build(compiler)))
+    fn = lib.paged_decode
+    i64, ptr = ctypes.c_int64, ctypes.c_void_p
+    fn.argtypes = [ptr, ptr, ptr, ptr, ctypes.c_int, ptr, i64, ptr, ptr, ptr, ptr, i64, i64, i64, i64, i64,
+                   ctypes.c_float, ctypes.c_int]  # fmt: skip
+    fn.restype = None
+    return lib
+
+
+def available() -> bool:
+    """Whether the kernel is built, loaded and agrees with plain torch (built on the first call);
+    False, with one log line, otherwise."""
+    global _lib, _tried
+    if not _tried:
+        _tried = True
+        try:
+            _lib = _load()
+            _self_check()
+        except (OSError, subprocess.SubprocessError, AssertionError, RuntimeError) as exc:
+            detail = getattr(exc, "stderr", None) or exc
+            log.warning("paged CPU attention kernel unavailable (%s); decode attention gathers the context instead",
+                        str(detail).strip().splitlines()[-1] if str(detail).strip() else type(exc).__name__)  # fmt: skip
+            _lib = None
+    return _lib is not None
+
+
+def supports(k_cache: torch.Tensor) -> bool:
+    """Whether the kernel is there and reads this cache: on the CPU, fp32 or bf16, contiguous,
+    a head dim that is a multiple of 8 up to 256."""
+    d = k_cache.shape[-1]
+    return (
+        k_cache.device.type == "cpu"
+        and k_cache.dtype in (torch.float32, torch.bfloat16)
+        and k_cache.is_contiguous()
+        and d % 8 == 0
+        and d <= 256
+        and available()
+    )
+
+
+def attend(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    num_cached: torch.Tensor,
+    k_new: torch.Tensor | None,
+    v_new: torch.Tensor | None,
+    scale: float,
+) -> torch.Tensor:
+    """The kernel called directly (eager code; the op below wraps it for compiled graphs): see the op."""
+    if _lib is None and not available():
+        raise RuntimeError("the paged CPU attention kernel could not be built (see the log); check available() first")
+    assert _lib is not None
+    if not (k_cache.is_contiguous() and v_cache.is_contiguous() and k_cache.dtype == v_cache.dtype):
+        raise ValueError("the paged kernel reads contiguous K/V caches of one dtype")
+    b, h, g, d = q.shape
+    # a bf16 q is exact in bf16: the kernel may dot it with bf16 keys as they are stored
+    qh = q.contiguous() if q.dtype == torch.bfloat16 else None
+    q = q.float().contiguous()
+    table = block_table.to(torch.int64).contiguous()
+    lens = num_cached.to(torch.int64).contiguous()
+    kn = None if k_new is None else k_new.float().contiguous()
+    vn = None if v_new is None else v_new.float().contiguous()
+    out = torch.empty(b, h, g, d, dtype=torch.float32)
+    _lib.paged_decode(
+        q.data_ptr(), None if qh is None else qh.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), int(k_cache.dtype == torch.bfloat16),
+        table.data_ptr(), table.shape[1], lens.data_ptr(), None if kn is None else kn.data_ptr(),
+        None if vn is None else vn.data_ptr(), out.data_ptr(), b, h, g, d, k_cache.shape[1], scale,
+        torch.get_num_threads(),
+    )  # fmt: skip
+    return out
+
+
+@torch.library.custom_op("omni::paged_decode_attention", mutates_args=())
+def paged_decode_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    num_cached: torch.Tensor,
+    k_new: torch.Tensor | None,
+    v_new: torch.Tensor | None,
+    scale: float,
+) -> torch.Tensor:
+    """Attention of q (B, Hkv, G, D) over each row's first num_cached[b] tokens of the paged
+    cache (blocks through block_table (B, M)) and, when given, its own k_new, v_new (B, Hkv, D);
+    (B, Hkv, G, D) float32. A row with nothing visible gets zeros."""
+    return attend(q, k_cache, v_cache, block_table, num_cached, k_new, v_new, scale)
+
+
+@paged_decode_attention.register_fake
+def _paged_decode_attention_shape(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    num_cached: torch.Tensor,
+    k_new: torch.Tensor | None,
+    v_new: torch.Tensor | None,
+    scale: float,
+) -> torch.Tensor:
+    return q.new_empty(q.shape, dtype=torch.float32)
+
+
+def _self_check() -> None:
+    """The kernel against a dense softmax on a small random cache, once after loading."""
+    gen = torch.Generator().manual_seed(0)
+    kc, vc = torch.randn(2, 6, 3, 2, 8, generator=gen).unbind(0)  # 6 blocks of 3, 2 KV heads, D 8
+    q = torch.randn(2, 2, 2, 8, generator=gen)
+    kn, vn = torch.randn(2, 2, 2, 8, generator=gen).unbind(0)
+    table = torch.tensor([[4, 1, 5], [0, 5, 5]])
+    got = attend(q, kc, vc, table, torch.tensor([7, 2]), kn, vn, 0.5)
+    for row, n in ((0, 7), (1, 2)):
+        keys = torch.cat([kc[table[row]].flatten(0, 1)[:n], kn[row, None]])  # (n + 1, H, D)
+        values = torch.cat([vc[table[row]].flatten(0, 1)[:n], vn[row, None]])
+        p = torch.softmax(torch.einsum("hgd,thd->hgt", q[row], keys) * 0.5, -1)
+        want = torch.einsum("hgt,thd->hgd", p, values)
+        if not torch.allclose(got[row], want, atol=1e-4):
+            raise RuntimeError(f"the kernel disagrees with torch by {(got[row] - want).abs().max().item():.3g}")
