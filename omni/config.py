@@ -114,12 +114,14 @@ class LLMConfig:
         "in fp32, even in bf16)",
     )
     compile_decode: bool = setting(
-        True,
+        False,
+        unset=None,
         help="decode-only steps run a compiled step (torch.compile: on CUDA, CUDA graphs per batch "
-        "bucket up to --max-num-seqs; on the CPU, one decoder layer compiled by inductor) with "
-        "attention read in place from the paged cache. On by default, as vLLM compiles; the first "
-        "start compiles for tens of seconds on a CPU, later starts read ~/.cache/omni-serve/inductor. "
-        "--no-compile-decode or --enforce-eager turns it off",
+        "bucket up to --max-num-seqs; on the CPU, one decoder layer compiled by inductor). Default: "
+        "on where it is faster: on a GPU, and on the CPU with --quantization int8; otherwise off on "
+        "the CPU, where eager decode reads the paged cache with the same kernel and the compiled step "
+        "gains nothing (docs/BENCHMARKS.md). The first compile takes tens of seconds on a CPU, later "
+        "starts read ~/.cache/omni-serve/inductor. --enforce-eager turns it off",
     )
     quantization: str | None = setting(
         None,

@@ -251,8 +251,11 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
     _check_vllm_only_flags(compat, args)
     if compat.enforce_eager and llm.compile_decode:
         log.info("--enforce-eager: the decode step runs eagerly (--compile-decode is off)")
-    # compiled unless --enforce-eager (CUDA graphs on a GPU, inductor's C++ on the CPU)
-    compiled = llm.compile_decode and not compat.enforce_eager
+    # unset: compiled where it is faster (docs/BENCHMARKS.md): on a GPU (CUDA graphs), and on
+    # the CPU for int8, whose activations' split inductor fuses; --enforce-eager always eager
+    asked = getattr(args, "compile_decode", None)  # None: the flag was not given
+    by_default = not on_cpu or llm.quantization is not None
+    compiled = (by_default if asked is None else bool(asked)) and not compat.enforce_eager
     llm = replace(llm, compile_decode=compiled)
     if audio.first_chunk_units < MIN_UNITS:
         raise _fail(f"--audio-first-chunk-units must be at least {MIN_UNITS} (an audio span's least)")

@@ -18,6 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 EAGER = ("--enforce-eager",)  # what the suite's servers run unless a test asks for the compiled step
+COMPILED = ("--compile-decode",)
 
 
 def free_port() -> int:
@@ -67,15 +68,16 @@ def running_server(
     """Yield the server's base URL (http://127.0.0.1:PORT) once /health answers 200.
     env: extra environment variables for the server (and so its workers); log: a file the
     server's output goes to (the test reads it), instead of the test's own output; compiled:
-    keep the default compiled decode step (else --enforce-eager: a cold inductor compile per
-    server would cost the suite minutes; the tests that pass compiled=True prove that path)."""
+    the compiled decode step (else --enforce-eager, even where compiling is the default, as with
+    int8: a cold inductor compile per server would cost the suite minutes; the tests that pass
+    compiled=True prove that path)."""
     port = free_port()
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMNI_LOG_LEVEL": "WARNING", **(env or {})}
     with contextlib.ExitStack() as files:
         out = files.enter_context(log.open("wb")) if log is not None else None
         proc = subprocess.Popen(
             [sys.executable, "-m", "omni.cli.main", "--port", str(port), "--num-threads", "1",
-             *([] if compiled else EAGER), *args],  # fmt: skip
+             *(COMPILED if compiled else EAGER), *args],  # fmt: skip
             cwd=ROOT,
             env=env,
             stdout=out,

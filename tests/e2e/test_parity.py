@@ -123,8 +123,8 @@ def test_greedy_matches_transformers(tmp_path: Path, model_type: str) -> None:
     prompts = [tok.apply_chat_template(m) for m in CONVERSATIONS]
     expected = reference_greedy(model_dir, prompts, tok.eos_token_ids)
     assert sum(len(e) for e in expected) > MAX_TOKENS * len(CONVERSATIONS) // 2
-    # qwen2 runs the default compiled decode step (its attention reads the paged cache in place);
-    # the others eager, so both paths meet transformers over HTTP
+    # qwen2 runs the compiled decode step (--compile-decode), the others eager: both paths meet
+    # transformers over HTTP, each reading the paged cache in place with the CPU kernel
     with running_server(
         "--model", f"m={model_dir}", "--block-size", "4", "--num-kv-blocks", "256",
         "--max-num-batched-tokens", "24", "--max-model-len", "256", compiled=model_type == "qwen2",

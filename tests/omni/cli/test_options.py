@@ -115,10 +115,11 @@ def test_compile_decode_reaches_the_worker_spec_and_enforce_eager_wins(dirs: tup
         s = llm_worker_spec(server_config(parse_args([str(text), *flags])).models[0], 0, "cpu")
         return s.compile_decode, s.max_num_seqs
 
-    # compiled by default on the CPU and on a GPU (CUDA graphs) unless turned off, as vLLM does
-    assert spec() == (True, 64)
+    # by default compiled where it is faster: on a GPU (CUDA graphs), on the CPU only for int8
+    assert spec() == (False, 64)
+    assert spec("--quantization", "int8") == (True, 64)
+    assert spec("--quantization", "int8", "--enforce-eager") == (False, 64)
     assert spec("--compile-decode", "--max-num-seqs", "8") == (True, 8)
-    assert spec("--no-compile-decode") == (False, 64)
     assert spec("--enforce-eager") == (False, 64)
     assert spec("--compile-decode", "--enforce-eager") == (False, 64)
     assert spec("--device", "cuda:0") == (True, 64)
