@@ -52,6 +52,7 @@ class DecodeBatch:
     context_lens: torch.Tensor  # (B,) int64
     # (B, 1, 1, max_blocks * block_size) bool: key position < context_len; None: the paged kernel
     mask: torch.Tensor | None
+    every_row: bool = False  # the step is these rows alone, in order (rows == arange(B))
 
 
 @dataclass(slots=True)
@@ -105,6 +106,7 @@ class TorchSDPABackend(AttentionBackend):
                 block_table=torch.tensor(table, device=dev),
                 context_lens=lens.to(dev),
                 mask=decode_mask,
+                every_row=len(decodes) == len(chunks),
             )
         prefills = []
         for c in chunks:
@@ -136,6 +138,11 @@ class TorchSDPABackend(AttentionBackend):
             write_kv(k, v, kv_cache, metadata.slots)
         if metadata.decode is None and len(metadata.prefills) == 1:
             return self._prefill(q, k, v, kv_cache, metadata.prefills[0], scale)
+        if metadata.decode is not None and metadata.decode.every_row:
+            # a decode-only step: its rows are the batch, in order (no gather, no scatter)
+            if kv_cache is None:
+                raise ValueError("decode chunks need a KV cache")
+            return self._decode(q, kv_cache, metadata.decode, scale)
         out = torch.empty_like(q)  # (T, Hq, D)
         if metadata.decode is not None:
             if kv_cache is None:
@@ -151,7 +158,7 @@ class TorchSDPABackend(AttentionBackend):
         b, hq = d.rows.shape[0], q.shape[1]
         # The G = Hq / Hkv query heads sharing a KV head become G query rows against it: one
         # position each, so no causal mask between them and no repeated K/V.
-        qd = q.index_select(0, d.rows).view(b, hkv, hq // hkv, dim)  # (B, Hkv, G, D)
+        qd = (q if d.every_row else q.index_select(0, d.rows)).view(b, hkv, hq // hkv, dim)  # (B, Hkv, G, D)
         if d.mask is None:
             if cpu_paged.supports(k_cache):
                 # in place; the rows' own K/V are in the cache already (written by forward)
