@@ -51,7 +51,10 @@ def test_smollm2_answers_the_capital_of_france(server: str) -> None:
 def test_smollm2_in_int8_answers_the_capital_of_france(smollm2_gguf: Path) -> None:
     """--quantization int8: the file's Q4_1/Q8_0 blocks dequantized, then its linear layers (but
     q|k|v and the down projections, int8_linear.KEEP) requantized to int8 per output channel;
-    the answer stays the same."""
+    the answer stays the same. It asks with a system message: the README's bare "What is the
+    capital of France?" is a near-tie in bf16 itself (first token "The" 25.75
+    against "L" 25.5, one bf16 step apart at that size), which int8's rounding flips into a
+    French ramble; int8's agreement with bf16 over many prompts is bench/int8_quality.py's (97.6 %)."""
     with running_server(
         "--model", f"smollm2={smollm2_gguf}", "--quantization", "int8", "--dtype", "bfloat16",
         "--max-model-len", "2048", "--kv-cache-memory", str(32 << 20),
@@ -59,7 +62,10 @@ def test_smollm2_in_int8_answers_the_capital_of_france(smollm2_gguf: Path) -> No
         client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused")
         reply = client.chat.completions.create(
             model="smollm2",
-            messages=[{"role": "user", "content": "What is the capital of France?"}],
+            messages=[
+                {"role": "system", "content": "You are a helpful assistant."},
+                {"role": "user", "content": "What is the capital of France?"},
+            ],
             max_tokens=32,
             temperature=0,
         )
