@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 import threading
+import time
 
 import pytest
 
@@ -94,8 +95,9 @@ def test_the_copy_leaves_the_gil_to_other_threads() -> None:
     pieces = [_piece("a", 1 << 20) for _ in range(48)]
     held = min(_spins_during("".join, pieces) for _ in range(2))
     released = 0
-    for _ in range(6):
+    for _ in range(16):  # a loaded CI machine starved the spinner through 6 tries once
         released = max(released, _spins_during(join_str, pieces))
         if released > 2 * held:
             break
+        time.sleep(0.05)  # let the neighbours' time slices pass
     assert released > 2 * held
