@@ -29,7 +29,7 @@ from gpu_workers.attention.compiled_decode import DecodeGraphBackend
 from gpu_workers.attention.registry import create_attention_backend
 from gpu_workers.distributed import GroupMember
 from gpu_workers.loader import load_model, read_model_config
-from gpu_workers.memory import MemoryReader, kv_cache_budget, profile_peak, reader_for
+from gpu_workers.memory import MemoryReader, kv_cache_budget, kv_cache_zeros, profile_peak, reader_for
 from gpu_workers.models.llama import LlamaFamilyConfig
 from gpu_workers.models.packed_linear import pack_linears
 from gpu_workers.runner import Runner, register_runner
@@ -198,9 +198,9 @@ class LLMRunner(Runner):
         # decode gathers read unused slots, and masked-out NaN garbage would still poison
         # softmax(scores) @ V. The compiled decode step's padding rows write into one more
         # block, past those the scheduler is told of.
-        self.kv_cache = torch.zeros(
-            mc.num_layers, 2, num_kv_blocks + self._scratch_blocks, self.block_size, mc.num_kv_heads, mc.head_dim,
-            dtype=self.dtype, device=self.device,
+        self.kv_cache = kv_cache_zeros(
+            (mc.num_layers, 2, num_kv_blocks + self._scratch_blocks, self.block_size, mc.num_kv_heads, mc.head_dim),
+            self.dtype, self.device,
         )  # fmt: skip
         self.kv_caches: list[KVCache] = [(layer[0], layer[1]) for layer in self.kv_cache]
 

@@ -4,9 +4,11 @@ The arithmetic is checked against sums the test does itself, not against the mod
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
 
 import pytest
+import torch
 
 from gpu_workers.memory import DEFAULT_GPU_MEMORY_UTILIZATION, kv_cache_budget, profile_peak
 
@@ -149,3 +151,26 @@ def test_the_llm_runner_profiles_its_largest_step_then_sizes_its_share(
     # and it serves a request over that cache
     request = protocol.NewRequest("a", [1, 2, 3], protocol.SamplingOptions(temperature=0.0), [0], 0, 3)
     assert len(execute(runner, protocol.Step(1, [request], [], [])).sampled) == 1
+
+
+def test_the_cpu_kv_cache_is_zeroed_and_asks_for_huge_pages(monkeypatch: pytest.MonkeyPatch) -> None:
+    """kv_cache_zeros: the shape and dtype asked, all zeros, and on Linux madvise(MADV_HUGEPAGE)
+    over exactly the whole 2 MiB pages inside the tensor's memory, before the zeroing touches it."""
+    from gpu_workers import memory
+
+    advised: list[tuple[int, int]] = []
+    real = memory._advise_huge_pages
+
+    def spy(address: int, size: int) -> bool:
+        advised.append((address, size))
+        return real(address, size)
+
+    monkeypatch.setattr(memory, "_advise_huge_pages", spy)
+    cache = memory.kv_cache_zeros((4, 2, 256, 16, 4, 64), torch.bfloat16, torch.device("cpu"))
+    assert cache.shape == (4, 2, 256, 16, 4, 64) and cache.dtype == torch.bfloat16
+    assert not cache.any()
+    assert advised == [(cache.data_ptr(), cache.numel() * 2)]
+    # 16 MiB of cache: whole huge pages inside it exist, and a Linux kernel takes the advice
+    if sys.platform.startswith("linux"):
+        assert real(cache.data_ptr(), cache.numel() * 2)
+    assert not real(cache.data_ptr(), 4096)  # no whole 2 MiB page inside: nothing to advise
