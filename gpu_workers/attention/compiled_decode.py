@@ -103,25 +103,11 @@ def gather_decode(
     return _merge_self(out_c, lse_c, q.float(), k_new.float(), v_new.float(), scale)
 
 
-def paged_decode(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    block_table: torch.Tensor,
-    num_cached: torch.Tensor,
-    k_new: torch.Tensor,
-    v_new: torch.Tensor,
-    scale: float,
-) -> torch.Tensor:
-    """The CPU kernel (attention/cpu_paged.py): one opaque op in the graph, own token included."""
-    return cpu_paged.paged_decode_attention(q, k_cache, v_cache, block_table, num_cached, k_new, v_new, scale)
-
-
 # name -> (q (B, Hkv, G, D), k_cache, v_cache, table, num_cached, k_new, v_new, scale) -> the
 # attention over each row's cached tokens and its own, (B, Hkv, G, D) float32
 DECODE_KERNELS: dict[str, Callable[..., torch.Tensor]] = {
     "gather": gather_decode,
-    "paged": paged_decode,
+    "paged": cpu_paged.paged_decode_attention,  # the CPU kernel: one opaque op, own token included
 }
 
 

@@ -138,16 +138,16 @@ class TorchSDPABackend(AttentionBackend):
             write_kv(k, v, kv_cache, metadata.slots)
         if metadata.decode is None and len(metadata.prefills) == 1:
             return self._prefill(q, k, v, kv_cache, metadata.prefills[0], scale)
-        if metadata.decode is not None and metadata.decode.every_row:
-            # a decode-only step: its rows are the batch, in order (no gather, no scatter)
-            if kv_cache is None:
-                raise ValueError("decode chunks need a KV cache")
-            return self._decode(q, kv_cache, metadata.decode, scale)
+        decode = metadata.decode
+        if decode is not None and kv_cache is None:
+            raise ValueError("decode chunks need a KV cache")
+        if decode is not None and decode.every_row:  # a decode-only step: its rows, in order
+            assert kv_cache is not None
+            return self._decode(q, kv_cache, decode, scale)
         out = torch.empty_like(q)  # (T, Hq, D)
-        if metadata.decode is not None:
-            if kv_cache is None:
-                raise ValueError("decode chunks need a KV cache")
-            out.index_copy_(0, metadata.decode.rows, self._decode(q, kv_cache, metadata.decode, scale))
+        if decode is not None:
+            assert kv_cache is not None
+            out.index_copy_(0, decode.rows, self._decode(q, kv_cache, decode, scale))
         for p in metadata.prefills:
             out[p.start : p.end] = self._prefill(q, k, v, kv_cache, p, scale)
         return out
