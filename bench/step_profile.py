@@ -171,7 +171,7 @@ def compare(args: argparse.Namespace) -> None:
                            attention_backend=backend, compile_decode=not eager,
                            max_num_seqs=args.seqs, decode_kernel="gather" if eager else kernel)  # fmt: skip
         if name == "eager-padded":  # decode rows through the padded gather, not the paged kernel
-            runner.attention_backend.paged_decode = False  # type: ignore[attr-defined]
+            runner.attention_backend.paged_kernel = False  # type: ignore[attr-defined]
         mc = runner.model_config
         runner.attention_backend.warm_up(runner.kv_caches[0], mc.num_heads, mc.attention_scale)
         if runner.decode_graph is not None:

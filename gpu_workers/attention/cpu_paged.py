@@ -118,71 +118,106 @@ INLINE float exp_neg(float x) {
 /* Per-task state: scores s (G x stride), running max m and sum l, accumulators acc (G x D). */
 typedef struct { float *s, *m, *l, *acc; int64_t stride; } State;
 
-/* The scaled scores of cnt fp32 keys (rows k + t * ks) against q (G x D), into st.s. */
-INLINE void score_rows(State st, const float *q, const float *k, int64_t ks, int64_t cnt, int64_t g_count,
-                       int64_t d, float scale) {
-    for (int64_t g = 0; g < g_count; g++) {
-        v8 qv[MAX_CHUNKS], part[8];
-        for (int64_t c = 0; c < d / 8; c++) qv[c] = load(q + g * d + 8 * c);
-        for (int64_t t0 = 0; t0 < cnt; t0 += 8) { /* 8 keys' dot products, summed together */
-            for (int64_t j = 0; j < 8; j++) {
-                part[j] = (v8){0};
-                if (t0 + j < cnt)
-                    for (int64_t c = 0; c < d / 8; c++) part[j] += qv[c] * load(k + (t0 + j) * ks + 8 * c);
-            }
-            store(st.s + g * st.stride + t0, hsum8(part) * scale);
-        }
+/* The scaled scores of cnt keys (rows k + t * ks) against the g_count rows of q (each D), into
+   st.s. Two rows at a time share each key's loads; per group of 8 keys the 16 dot products are
+   16 independent FMA chains over D (enough to hide the FMA latency), each group's 8 sums of a row
+   then added together (a transpose-and-add tree). DOT(acc, q, k) is acc + q . k over one load: 8
+   floats (fp32), or 16 bf16 pairs by the CPU's bf16 dot product (exact products, fp32 sums). */
+#define SCORE_ROWS(NAME, T, STEP, LOADQ, LOADK, DOT)                                                            \
+    INLINE void NAME(State st, const T *q, const T *k, int64_t ks, int64_t cnt, int64_t g_count, int64_t d,     \
+                     float scale) {                                                                             \
+        for (int64_t g0 = 0; g0 < g_count; g0 += 2) {                                                           \
+            const int two = g0 + 1 < g_count;                                                                   \
+            const T *q0 = q + g0 * d, *q1 = two ? q0 + d : q0;                                                  \
+            for (int64_t t0 = 0; t0 < cnt; t0 += 8) {                                                           \
+                v8 p0[8], p1[8];                                                                                \
+                for (int j = 0; j < 8; j++) p0[j] = (v8){0}, p1[j] = (v8){0};                                   \
+                const int64_t n = cnt - t0 < 8 ? cnt - t0 : 8;                                                  \
+                if (n == 8) {                                                                                   \
+                    for (int64_t c = 0; c < d / STEP; c++) {                                                    \
+                        LOADQ(a, q0 + STEP * c);                                                                \
+                        LOADQ(b, q1 + STEP * c);                                                                \
+                        for (int j = 0; j < 8; j++) {                                                           \
+                            LOADK(x, k + (t0 + j) * ks + STEP * c);                                             \
+                            p0[j] = DOT(p0[j], a, x), p1[j] = DOT(p1[j], b, x);                                 \
+                        }                                                                                       \
+                    }                                                                                           \
+                } else {                                                                                        \
+                    for (int64_t j = 0; j < n; j++)                                                             \
+                        for (int64_t c = 0; c < d / STEP; c++) {                                                \
+                            LOADQ(a, q0 + STEP * c);                                                            \
+                            LOADQ(b, q1 + STEP * c);                                                            \
+                            LOADK(x, k + (t0 + j) * ks + STEP * c);                                             \
+                            p0[j] = DOT(p0[j], a, x), p1[j] = DOT(p1[j], b, x);                                 \
+                        }                                                                                       \
+                }                                                                                               \
+                store(st.s + g0 * st.stride + t0, hsum8(p0) * scale);                                           \
+                if (two) store(st.s + (g0 + 1) * st.stride + t0, hsum8(p1) * scale);                            \
+            }                                                                                                   \
+        }                                                                                                       \
     }
-}
+
+#define LOAD_F32(name, p) v8 name = load(p)
+#define DOT_F32(acc, a, x) ((acc) + (a) * (x))
+SCORE_ROWS(score_rows, float, 8, LOAD_F32, LOAD_F32, DOT_F32)
 
 #ifdef __AVX512BF16__
 #include <immintrin.h>
 #define HAVE_DPBF16 1
-/* The same for bf16 keys and bf16 queries qh, by the CPU's bf16 dot product (exact products,
-   fp32 sums), without widening the keys; d a multiple of 16. */
-INLINE void score_rows_bf16(State st, const uint16_t *qh, const uint16_t *k, int64_t ks, int64_t cnt,
-                            int64_t g_count, int64_t d, float scale) {
-    for (int64_t g = 0; g < g_count; g++) {
-        __m256bh qv[MAX_CHUNKS / 2];
-        v8 part[8];
-        for (int64_t c = 0; c < d / 16; c++) qv[c] = (__m256bh)_mm256_loadu_si256((const __m256i *)(qh + g * d + 16 * c));
-        for (int64_t t0 = 0; t0 < cnt; t0 += 8) {
-            for (int64_t j = 0; j < 8; j++) {
-                __m256 a = _mm256_setzero_ps();
-                if (t0 + j < cnt)
-                    for (int64_t c = 0; c < d / 16; c++)
-                        a = _mm256_dpbf16_ps(a, qv[c], (__m256bh)_mm256_loadu_si256((const __m256i *)(k + (t0 + j) * ks + 16 * c)));
-                part[j] = (v8)a;
-            }
-            store(st.s + g * st.stride + t0, hsum8(part) * scale);
-        }
-    }
-}
+#define LOAD_BF16(name, p) __m256bh name = (__m256bh)_mm256_loadu_si256((const __m256i *)(p))
+#define DOT_BF16(acc, a, x) ((v8)_mm256_dpbf16_ps((__m256)(acc), a, x))
+/* bf16 keys against bf16 queries, without widening the keys; d a multiple of 16 */
+SCORE_ROWS(score_rows_bf16, uint16_t, 16, LOAD_BF16, LOAD_BF16, DOT_BF16)
 #else
 #define HAVE_DPBF16 0
 #define score_rows_bf16(...) abort()
 #endif
 
-/* Fold the cnt scores in st.s and their fp32 values (rows v + t * vs) into the online softmax. */
+/* Fold the cnt scores in st.s and their fp32 values (rows v + t * vs) into the online softmax.
+   A prefill tile's many rows go two at a time, sharing each value's loads; a decode row's few
+   (G) one at a time, which measured faster there (memory bound: pairs only cost registers). */
 INLINE void accumulate(State st, const float *v, int64_t vs, int64_t cnt, int64_t g_count, int64_t d) {
-    for (int64_t g = 0; g < g_count; g++) {
-        v8 a[MAX_CHUNKS];
-        float *s = st.s + g * st.stride, peak = st.m[g], sum = 0.0f;
-        for (int64_t t = 0; t < cnt; t++) peak = s[t] > peak ? s[t] : peak;
-        float corr = exp_neg(st.m[g] - peak); /* 0 while nothing was seen (m = -inf) */
-        st.m[g] = peak;
+    float corr[2];
+    for (int64_t g0 = 0; g0 < g_count; g0 += 2) {
+        const int64_t gn = g_count - g0 < 2 ? g_count - g0 : 2;
+        for (int64_t r = 0; r < gn; r++) {
+            int64_t g = g0 + r;
+            float *s = st.s + g * st.stride, peak = st.m[g], sum = 0.0f;
+            for (int64_t t = 0; t < cnt; t++) peak = s[t] > peak ? s[t] : peak;
+            corr[r] = exp_neg(st.m[g] - peak); /* 0 while nothing was seen (m = -inf) */
+            st.m[g] = peak;
 #pragma omp simd reduction(+ : sum)
-        for (int64_t t = 0; t < cnt; t++) {
-            s[t] = exp_neg(s[t] - peak);
-            sum += s[t];
+            for (int64_t t = 0; t < cnt; t++) {
+                s[t] = exp_neg(s[t] - peak);
+                sum += s[t];
+            }
+            st.l[g] = st.l[g] * corr[r] + sum;
         }
-        st.l[g] = st.l[g] * corr + sum;
-        for (int64_t c = 0; c < d / 8; c++) a[c] = load(st.acc + g * d + 8 * c) * corr;
-        for (int64_t t = 0; t < cnt; t++) {
-            v8 p = (v8){0} + s[t];
-            for (int64_t c = 0; c < d / 8; c++) a[c] += p * load(v + t * vs + 8 * c);
+        float *acc0 = st.acc + g0 * d, *s0 = st.s + g0 * st.stride;
+        if (gn == 2 && g_count > 4) {
+            float *acc1 = acc0 + d, *s1 = s0 + st.stride;
+            v8 a0[MAX_CHUNKS], a1[MAX_CHUNKS];
+            for (int64_t c = 0; c < d / 8; c++) a0[c] = load(acc0 + 8 * c) * corr[0], a1[c] = load(acc1 + 8 * c) * corr[1];
+            for (int64_t t = 0; t < cnt; t++) {
+                v8 p0 = (v8){0} + s0[t], p1 = (v8){0} + s1[t];
+                for (int64_t c = 0; c < d / 8; c++) {
+                    v8 x = load(v + t * vs + 8 * c);
+                    a0[c] += p0 * x, a1[c] += p1 * x;
+                }
+            }
+            for (int64_t c = 0; c < d / 8; c++) store(acc0 + 8 * c, a0[c]), store(acc1 + 8 * c, a1[c]);
+        } else {
+            for (int64_t r = 0; r < gn; r++) {
+                float *acc = acc0 + r * d, *sr = s0 + r * st.stride;
+                v8 a[MAX_CHUNKS];
+                for (int64_t c = 0; c < d / 8; c++) a[c] = load(acc + 8 * c) * corr[r];
+                for (int64_t t = 0; t < cnt; t++) {
+                    v8 p = (v8){0} + sr[t];
+                    for (int64_t c = 0; c < d / 8; c++) a[c] += p * load(v + t * vs + 8 * c);
+                }
+                for (int64_t c = 0; c < d / 8; c++) store(acc + 8 * c, a[c]);
+            }
         }
-        for (int64_t c = 0; c < d / 8; c++) store(st.acc + g * d + 8 * c, a[c]);
     }
 }
 
@@ -192,56 +227,89 @@ INLINE void prefetch_rows(const char *p, int64_t cnt, int64_t stride, int64_t ro
         for (int64_t i = 0; i < row_bytes; i += 64) __builtin_prefetch(p + t * stride + i);
 }
 
-/* One (row, KV head h) task over its first n cached tokens and its own token (when k_new). */
-INLINE void attend(State st, const float *q, const uint16_t *qh, const void *k_cache, const void *v_cache,
-                   int bf16, const int64_t *row_table, int64_t n, const float *k_new, const float *v_new,
-                   float *out, float *kbuf, float *vbuf, int64_t h, int64_t h_count, int64_t g_count, int64_t d,
-                   int64_t bs, float scale) {
+/* Stream the cached blocks of KV head h through row_table for n_tok query tokens of one
+   sequence, each with G query heads: rows r = j * G + g of st and q (q: rows x D fp32, qh the same
+   in bf16 or NULL). Token j sees the first base + j + 1 cached tokens, so a decode row is n_tok 1,
+   base n - 1, and a continuing chunk's tile of tokens is causal within itself. Each block is read
+   once for all the rows, which score it while it sits in L1; rows a block is not visible to skip
+   it (a suffix of the rows sees it), and the keys past a row's end are masked out of its scores. */
+INLINE void stream_blocks(State st, const float *q, const uint16_t *qh, const void *k_cache,
+                          const void *v_cache, int bf16, const int64_t *row_table, int64_t base, int64_t n_tok,
+                          float *kbuf, float *vbuf, int64_t h, int64_t h_count, int64_t g_count, int64_t d,
+                          int64_t bs, float scale) {
     const int64_t elem = bf16 ? 2 : 4, row_stride = h_count * d; /* tokens of one head: row_stride apart */
-    for (int64_t g = 0; g < g_count; g++) st.m[g] = -INFINITY, st.l[g] = 0.0f;
-    memset(st.acc, 0, sizeof(float) * g_count * d);
-    for (int64_t start = 0; start < n; start += bs) {
-        int64_t first = (row_table[start / bs] * bs * h_count + h) * d, cnt = n - start < bs ? n - start : bs;
+    const int64_t end = base + n_tok, rows = n_tok * g_count;
+    for (int64_t r = 0; r < rows; r++) st.m[r] = -INFINITY, st.l[r] = 0.0f;
+    memset(st.acc, 0, sizeof(float) * rows * d);
+    for (int64_t start = 0; start < end; start += bs) {
+        int64_t first = (row_table[start / bs] * bs * h_count + h) * d, cnt = end - start < bs ? end - start : bs;
         /* The next block's rows of head h are asked for ahead (the blocks are scattered: no hardware
            prefetcher guesses them), its keys now and its values after this block's scores, so
            that not all of them wait at once for the few misses a core keeps in flight. */
         const char *next_k = NULL, *next_v = NULL;
-        if (start + bs < n) {
+        if (start + bs < end) {
             int64_t next = (row_table[start / bs + 1] * bs * h_count + h) * d * elem;
             next_k = (const char *)k_cache + next, next_v = (const char *)v_cache + next;
             prefetch_rows(next_k, bs, row_stride * elem, d * elem);
         }
+        /* the rows that see this block: tokens j >= start - base */
+        int64_t j0 = start - base > 0 ? start - base : 0, r0 = j0 * g_count, live = rows - r0;
+        State sub = {st.s + r0 * st.stride, st.m + r0, st.l + r0, st.acc + r0 * d, st.stride};
+        const float *qr = q + r0 * d;
+        const uint16_t *qhr = qh ? qh + r0 * d : NULL;
+        const float *v32 = NULL;
+        int64_t vs = d;
         if (bf16) {
             const uint16_t *k = (const uint16_t *)k_cache + first, *v = (const uint16_t *)v_cache + first;
-            if (qh) {
-                score_rows_bf16(st, qh, k, row_stride, cnt, g_count, d, scale);
+            if (qhr) {
+                score_rows_bf16(sub, qhr, k, row_stride, cnt, live, d, scale);
             } else {
                 for (int64_t t = 0; t < cnt; t++) widen(kbuf + t * d, k + t * row_stride, d);
-                score_rows(st, q, kbuf, d, cnt, g_count, d, scale);
+                score_rows(sub, qr, kbuf, d, cnt, live, d, scale);
             }
             if (next_v) prefetch_rows(next_v, bs, row_stride * elem, d * elem);
             for (int64_t t = 0; t < cnt; t++) widen(vbuf + t * d, v + t * row_stride, d);
-            accumulate(st, vbuf, d, cnt, g_count, d);
+            v32 = vbuf;
         } else {
-            const float *k = (const float *)k_cache + first, *v = (const float *)v_cache + first;
-            score_rows(st, q, k, row_stride, cnt, g_count, d, scale);
+            score_rows(sub, qr, (const float *)k_cache + first, row_stride, cnt, live, d, scale);
             if (next_v) prefetch_rows(next_v, bs, row_stride * elem, d * elem);
-            accumulate(st, v, row_stride, cnt, g_count, d);
+            v32 = (const float *)v_cache + first, vs = row_stride;
         }
+        for (int64_t j = j0; j < n_tok; j++) { /* causal within the tile: token j sees keys < base + j + 1 */
+            int64_t seen = base + j + 1 - start;
+            if (seen >= cnt) break;
+            for (int64_t g = 0; g < g_count; g++)
+                for (int64_t t = seen; t < cnt; t++) st.s[(j * g_count + g) * st.stride + t] = -INFINITY;
+        }
+        accumulate(sub, v32, vs, cnt, live, d);
     }
-    if (k_new) {
-        score_rows(st, q, k_new, d, 1, g_count, d, scale);
-        accumulate(st, v_new, d, 1, g_count, d);
+}
+
+/* out = acc / l for rows rows (zeros where nothing was visible) */
+INLINE void finish(State st, float *out, int64_t rows, int64_t d) {
+    for (int64_t r = 0; r < rows; r++) {
+        float inv = st.l[r] > 0.0f ? 1.0f / st.l[r] : 0.0f;
+        for (int64_t i = 0; i < d; i++) out[r * d + i] = st.acc[r * d + i] * inv;
     }
-    for (int64_t g = 0; g < g_count; g++) {
-        float inv = st.l[g] > 0.0f ? 1.0f / st.l[g] : 0.0f; /* nothing visible: zeros */
-        for (int64_t i = 0; i < d; i++) out[g * d + i] = st.acc[g * d + i] * inv;
-    }
+}
+
+/* Per-thread scratch for tasks of up to `rows` query rows: State, and two widened blocks. */
+typedef struct { State st; float *kbuf, *vbuf, *qbuf; uint16_t *qhbuf; } Scratch;
+
+static Scratch scratch(int64_t rows, int64_t d, int64_t bs) {
+    int64_t stride = (bs + 7) / 8 * 8;
+    float *s = malloc(sizeof(float) * (rows * (stride + 2 * d + 2) + 2 * bs * d) + sizeof(uint16_t) * rows * d);
+    Scratch x;
+    x.st = (State){s, s + rows * stride, s + rows * (stride + 1), s + rows * (stride + 2), stride};
+    x.kbuf = x.st.acc + rows * d, x.vbuf = x.kbuf + bs * d, x.qbuf = x.vbuf + bs * d;
+    x.qhbuf = (uint16_t *)(x.qbuf + rows * d);
+    return x;
 }
 
 /* q, out: (B, H, G, D) fp32; q_bf16: q in bf16 when it is exactly that (or NULL); k_cache,
    v_cache: (blocks, bs, H, D) fp32 or bf16; table (B, width); num_cached (B,): visible cached
-   tokens of each row; k_new, v_new (B, H, D) fp32 or NULL. D a multiple of 8, at most 256. */
+   tokens of each row; k_new, v_new (B, H, D) fp32 or NULL: each row's own token, merged as one
+   more key. D a multiple of 8, at most 256. Tasks: (row, KV head). */
 void paged_decode(const float *q, const uint16_t *q_bf16, const void *k_cache, const void *v_cache, int bf16,
                   const int64_t *table, int64_t width, const int64_t *num_cached, const float *k_new,
                   const float *v_new, float *out, int64_t b_count, int64_t h_count, int64_t g_count, int64_t d,
@@ -249,27 +317,80 @@ void paged_decode(const float *q, const uint16_t *q_bf16, const void *k_cache, c
     if (!(HAVE_DPBF16 && bf16 && d % 16 == 0)) q_bf16 = NULL;
 #pragma omp parallel num_threads(threads)
     {
-        int64_t stride = (bs + 7) / 8 * 8;
-        float *s = malloc(sizeof(float) * (g_count * (stride + d + 2) + 2 * bs * d));
-        State st = {s, s + g_count * stride, s + g_count * (stride + 1), s + g_count * (stride + 2), stride};
-        float *kbuf = st.acc + g_count * d, *vbuf = kbuf + bs * d;
+        Scratch x = scratch(g_count, d, bs);
 #pragma omp for schedule(dynamic, 1)
         for (int64_t task = 0; task < b_count * h_count; task++) {
             int64_t b = task / h_count, h = task % h_count;
-            const float *kn = k_new ? k_new + task * d : NULL, *vn = v_new ? v_new + task * d : NULL;
+            const float *qt = q + task * g_count * d;
             const uint16_t *qh = q_bf16 ? q_bf16 + task * g_count * d : NULL;
-#define ATTEND(D) attend(st, q + task * g_count * d, qh, k_cache, v_cache, bf16, table + b * width, num_cached[b], \
-                         kn, vn, out + task * g_count * d, kbuf, vbuf, h, h_count, g_count, D, bs, scale)
+#define STREAM(D) stream_blocks(x.st, qt, qh, k_cache, v_cache, bf16, table + b * width, num_cached[b] - 1, 1, \
+                                x.kbuf, x.vbuf, h, h_count, g_count, D, bs, scale)
             switch (d) { /* the head dims models use, unrolled; any other one generic */
-            case 64: ATTEND(64); break;
-            case 128: ATTEND(128); break;
-            case 32: ATTEND(32); break;
-            case 16: ATTEND(16); break;
-            default: ATTEND(d);
+            case 64: STREAM(64); break;
+            case 128: STREAM(128); break;
+            case 32: STREAM(32); break;
+            case 16: STREAM(16); break;
+            default: STREAM(d);
             }
+#undef STREAM
+            if (k_new) {
+                score_rows(x.st, qt, k_new + task * d, d, 1, g_count, d, scale);
+                accumulate(x.st, v_new + task * d, d, 1, g_count, d);
+            }
+            finish(x.st, out + task * g_count * d, g_count, d);
         }
-        free(s);
+        free(x.st.s);
     }
+}
+
+/* Continuing prefill chunks, which read the cache in place as decode rows do. Chunk c's q_len[c]
+   tokens are the packed rows [q_start[c], q_start[c] + q_len[c]) of q and out (T, H, G, D) fp32
+   (q_bf16: q in bf16 when exact, or NULL), at positions [ctx_len[c] - q_len[c], ctx_len[c]): token
+   i sees the first ctx_len[c] - q_len[c] + i + 1 cached tokens (its own K/V are written already),
+   through table row c (C, width). Tasks: (chunk, KV head, tile of up to TILE_ROWS / G tokens),
+   the latest tiles (the most keys) first; a tile reads each block once for all its rows. */
+#define TILE_ROWS 32
+void paged_prefill(const float *q, const uint16_t *q_bf16, const void *k_cache, const void *v_cache, int bf16,
+                   const int64_t *table, int64_t width, const int64_t *q_start, const int64_t *q_len,
+                   const int64_t *ctx_len, float *out, int64_t c_count, int64_t h_count, int64_t g_count,
+                   int64_t d, int64_t bs, float scale, int threads) {
+    if (!(HAVE_DPBF16 && bf16 && d % 16 == 0)) q_bf16 = NULL;
+    const int64_t tile = TILE_ROWS / g_count > 0 ? TILE_ROWS / g_count : 1, hgd = h_count * g_count * d;
+    int64_t *first_task = malloc(sizeof(int64_t) * (c_count + 1));
+    first_task[0] = 0;
+    for (int64_t c = 0; c < c_count; c++) first_task[c + 1] = first_task[c] + h_count * ((q_len[c] + tile - 1) / tile);
+#pragma omp parallel num_threads(threads)
+    {
+        Scratch x = scratch(tile * g_count, d, bs);
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t task = 0; task < first_task[c_count]; task++) {
+            int64_t c = 0;
+            while (first_task[c + 1] <= task) c++;
+            int64_t tiles = (q_len[c] + tile - 1) / tile, local = task - first_task[c];
+            int64_t h = local % h_count, i0 = (tiles - 1 - local / h_count) * tile;
+            int64_t n_tok = q_len[c] - i0 < tile ? q_len[c] - i0 : tile, gd = g_count * d;
+            for (int64_t j = 0; j < n_tok; j++) { /* the tile's rows of head h, gathered */
+                int64_t at = (q_start[c] + i0 + j) * hgd + h * gd;
+                memcpy(x.qbuf + j * gd, q + at, sizeof(float) * gd);
+                if (q_bf16) memcpy(x.qhbuf + j * gd, q_bf16 + at, sizeof(uint16_t) * gd);
+            }
+            int64_t base = ctx_len[c] - q_len[c] + i0;
+            const uint16_t *qh = q_bf16 ? x.qhbuf : NULL;
+#define STREAM(D) stream_blocks(x.st, x.qbuf, qh, k_cache, v_cache, bf16, table + c * width, base, n_tok, \
+                                x.kbuf, x.vbuf, h, h_count, g_count, D, bs, scale)
+            switch (d) {
+            case 64: STREAM(64); break;
+            case 128: STREAM(128); break;
+            default: STREAM(d);
+            }
+#undef STREAM
+            for (int64_t j = 0; j < n_tok; j++) /* scattered back: row j of the tile is token i0 + j */
+                finish((State){x.st.s, x.st.m + j * g_count, x.st.l + j * g_count, x.st.acc + j * gd, x.st.stride},
+                       out + (q_start[c] + i0 + j) * hgd + h * gd, g_count, d);
+        }
+        free(x.st.s);
+    }
+    free(first_task);
 }
 """
 
@@ -323,6 +444,10 @@ def _load(compiler: str | None = None) -> ctypes.CDLL:
     lib = ctypes.CDLL(str(build(compiler)))
     fn = lib.paged_decode
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
+    fn.argtypes = [ptr, ptr, ptr, ptr, ctypes.c_int, ptr, i64, ptr, ptr, ptr, ptr, i64, i64, i64, i64, i64,
+                   ctypes.c_float, ctypes.c_int]  # fmt: skip
+    fn.restype = None
+    fn = lib.paged_prefill
     fn.argtypes = [ptr, ptr, ptr, ptr, ctypes.c_int, ptr, i64, ptr, ptr, ptr, ptr, i64, i64, i64, i64, i64,
                    ctypes.c_float, ctypes.c_int]  # fmt: skip
     fn.restype = None
@@ -394,6 +519,40 @@ def attend(
     return out
 
 
+def attend_chunks(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    q_start: torch.Tensor,
+    q_len: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """Continuing prefill chunks read in place: q (T, Hkv, G, D) holds packed rows of a step;
+    chunk c is rows [q_start[c], q_start[c] + q_len[c]) at positions [context_lens[c] - q_len[c],
+    context_lens[c]), causal over the first context_lens[c] tokens of the cache through
+    block_table[c] (the chunk's own K/V written already). (T, Hkv, G, D) float32, with only the
+    chunks' rows written."""
+    if _lib is None and not available():
+        raise RuntimeError("the paged CPU attention kernel could not be built (see the log); check available() first")
+    assert _lib is not None
+    if not (k_cache.is_contiguous() and v_cache.is_contiguous() and k_cache.dtype == v_cache.dtype):
+        raise ValueError("the paged kernel reads contiguous K/V caches of one dtype")
+    t, h, g, d = q.shape
+    qh = q.contiguous() if q.dtype == torch.bfloat16 else None
+    q = q.float().contiguous()
+    table = block_table.to(torch.int64).contiguous()
+    starts, lens, ctx = (x.to(torch.int64).contiguous() for x in (q_start, q_len, context_lens))
+    out = torch.empty(t, h, g, d, dtype=torch.float32)
+    _lib.paged_prefill(
+        q.data_ptr(), None if qh is None else qh.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
+        int(k_cache.dtype == torch.bfloat16), table.data_ptr(), table.shape[1], starts.data_ptr(), lens.data_ptr(),
+        ctx.data_ptr(), out.data_ptr(), table.shape[0], h, g, d, k_cache.shape[1], scale, torch.get_num_threads(),
+    )  # fmt: skip
+    return out
+
+
 @torch.library.custom_op("omni::paged_decode_attention", mutates_args=())
 def paged_decode_attention(
     q: torch.Tensor,
@@ -440,3 +599,12 @@ def _self_check() -> None:
         want = torch.einsum("hgt,thd->hgd", p, values)
         if not torch.allclose(got[row], want, atol=1e-4):
             raise RuntimeError(f"the kernel disagrees with torch by {(got[row] - want).abs().max().item():.3g}")
+    # continuing chunks: rows 1-3 (3 tokens after 4 cached) and row 5 (1 token after 1 cached)
+    qc = torch.randn(6, 2, 2, 8, generator=gen)
+    got = attend_chunks(qc, kc, vc, table, torch.tensor([1, 5]), torch.tensor([3, 1]), torch.tensor([7, 2]), 0.5)
+    for row, (chunk, i, visible) in {1: (0, 0, 5), 2: (0, 1, 6), 3: (0, 2, 7), 5: (1, 0, 2)}.items():
+        keys = kc[table[chunk]].flatten(0, 1)[:visible]
+        values = vc[table[chunk]].flatten(0, 1)[:visible]
+        want = torch.einsum("hgt,thd->hgd", torch.softmax(torch.einsum("hgd,thd->hgt", qc[row], keys) * 0.5, -1), values)
+        if not torch.allclose(got[row], want, atol=1e-4):
+            raise RuntimeError(f"the chunk kernel disagrees with torch by {(got[row] - want).abs().max().item():.3g}")

@@ -1,17 +1,21 @@
 """Attention with torch's scaled_dot_product_attention over the paged cache (CPU and GPU).
 
-All single-token chunks of a step (decodes) go through ONE call per layer: on the CPU the paged
-kernel (attention/cpu_paged.py), which reads each row's blocks in place through its block table;
-elsewhere (or where that kernel did not build) one padded gather of the rows' contexts and one
-masked SDPA call. Longer chunks (prefills) run one SDPA call each, causal with an offset.
+On the CPU every chunk that reads cached K/V reads it in place, through the paged kernel of
+attention/cpu_paged.py: all single-token chunks of a step (decodes) in ONE call per layer, and
+all chunks that continue a sequence (a later chunk of a long prompt, or a prefix-cache hit) in
+one more, causal within each chunk. No context is copied out of the cache and no mask is built.
+A chunk that starts a sequence (the whole context so far is its own tokens) runs SDPA's causal
+kernel over its own K/V, on every device.
 
-No call needs SDPA's math kernel (finding A5): a chunk that continues a sequence (a later chunk
-of a long prompt, or a prefix-cache hit) folds its G = Hq / Hkv query heads into G query rows
-against their shared KV head, as decodes do, so K/V are never repeated and no GQA flag is set;
-its causal mask is an additive float mask over the folded rows, built once per step on the
-device and shared by every layer. That is what the flash (CPU) and memory-efficient (CUDA)
-kernels take; GQA together with a mask is what CUDA sends to the math kernel, which
-materialises fp32 scores for every query head.
+Elsewhere (CUDA, or a CPU where the kernel did not build, or a cache it cannot read), decodes go
+through one padded gather of the rows' contexts and one masked SDPA call, and each continuing
+chunk through one SDPA call over its own blocks, copied out. No call needs SDPA's math kernel
+(finding A5): a continuing chunk folds its G = Hq / Hkv query heads into G query rows against
+their shared KV head, as decodes do, so K/V are never repeated and no GQA flag is set; its causal
+mask is an additive float mask over the folded rows, built once per step on the device and shared
+by every layer. That is what the flash (CPU) and memory-efficient (CUDA) kernels take; GQA
+together with a mask is what CUDA sends to the math kernel, which materialises fp32 scores for
+every query head.
 """
 
 from __future__ import annotations
@@ -62,10 +66,30 @@ class PrefillChunk:
     context_len: int
     # Set only when the chunk continues a sequence (num_computed_tokens > 0):
     block_ids: torch.Tensor | None  # (ceil(context_len / block_size),) blocks holding [0, context_len)
-    mask: torch.Tensor | None  # (n, context_len) bool: query i (position start_pos + i) sees keys [0, start_pos + i]
+    # (n, context_len) bool: query i (position start_pos + i) sees keys [0, start_pos + i]; None
+    # until a path needs it (causal_mask())
+    mask: torch.Tensor | None
     # mask with each query row repeated G times (row i * G + g), additive (0 or -inf) in the
     # queries' dtype: made by the first layer's call, then shared by the step's other layers
     folded_mask: torch.Tensor | None = None
+
+    def causal_mask(self, device: torch.device) -> torch.Tensor:
+        if self.mask is None:
+            n = self.end - self.start
+            q_pos = torch.arange(self.context_len - n, self.context_len, device=device)
+            self.mask = torch.arange(self.context_len, device=device)[None, :] <= q_pos[:, None]
+        return self.mask
+
+
+@dataclass(slots=True)
+class ContinuingBatch:
+    """The step's continuing chunks for the paged CPU kernel: chunk c is packed rows
+    [q_start[c], q_start[c] + q_len[c]), causal over the first context_lens[c] cached tokens."""
+
+    block_table: torch.Tensor  # (C, max_blocks) int64, padded with block 0 (never read)
+    q_start: torch.Tensor  # (C,) int64
+    q_len: torch.Tensor  # (C,) int64
+    context_lens: torch.Tensor  # (C,) int64
 
 
 @dataclass(slots=True)
@@ -73,16 +97,18 @@ class SDPAMetadata:
     num_tokens: int
     slots: torch.Tensor | None  # (T,) int64 cache slot of each packed row; None: stateless
     decode: DecodeBatch | None
-    prefills: list[PrefillChunk]
+    prefills: list[PrefillChunk]  # every multi-token chunk, in order
+    continuing: ContinuingBatch | None = None  # the continuing ones, where the paged kernel reads them
 
 
 class TorchSDPABackend(AttentionBackend):
     name = "torch_sdpa"
-    # decode rows through the paged CPU kernel where it is built (False: the padded gather)
-    paged_decode = True
+    # decode rows and continuing chunks through the paged CPU kernel where it is built (False:
+    # the padded gather and masked SDPA, as on CUDA)
+    paged_kernel = True
 
     def _use_paged(self) -> bool:
-        return self.paged_decode and self.device.type == "cpu" and cpu_paged.available()
+        return self.paged_kernel and self.device.type == "cpu" and cpu_paged.available()
 
     def warm_up(self, kv_cache: KVCache, num_heads: int, scale: float) -> None:
         self._use_paged()  # builds the kernel (seconds, once per machine) before the worker is ready
@@ -112,18 +138,23 @@ class TorchSDPABackend(AttentionBackend):
         for c in chunks:
             if c.is_decode:
                 continue
-            block_ids: torch.Tensor | None = None
-            mask: torch.Tensor | None = None
+            block_ids = None
             if c.num_computed_tokens > 0:
-                num_blocks = -(-c.context_len // bs)
-                block_ids = torch.tensor(c.block_ids[:num_blocks], device=dev)
-                q_pos = torch.arange(c.num_computed_tokens, c.context_len, device=dev)
-                mask = torch.arange(c.context_len, device=dev)[None, :] <= q_pos[:, None]
-            prefills.append(
-                PrefillChunk(c.query_start, c.query_start + c.num_query_tokens, c.context_len, block_ids, mask)
+                block_ids = torch.tensor(c.block_ids[: -(-c.context_len // bs)], device=dev)
+            prefills.append(PrefillChunk(c.query_start, c.query_start + c.num_query_tokens, c.context_len, block_ids, None))
+        continuing = None
+        later = [c for c in chunks if not c.is_decode and c.num_computed_tokens > 0]
+        if later and self._use_paged():
+            width = -(-max(c.context_len for c in later) // bs)
+            table = [c.block_ids[: -(-c.context_len // bs)] for c in later]
+            continuing = ContinuingBatch(
+                block_table=torch.tensor([t + [0] * (width - len(t)) for t in table]),
+                q_start=torch.tensor([c.query_start for c in later]),
+                q_len=torch.tensor([c.num_query_tokens for c in later]),
+                context_lens=torch.tensor([c.context_len for c in later]),
             )
         slots = slots_tensor(chunks, bs, dev)
-        return SDPAMetadata(num_tokens, slots, decode, prefills)
+        return SDPAMetadata(num_tokens, slots, decode, prefills, continuing)
 
     def forward(
         self,
@@ -136,20 +167,33 @@ class TorchSDPABackend(AttentionBackend):
     ) -> torch.Tensor:
         if kv_cache is not None:
             write_kv(k, v, kv_cache, metadata.slots)
-        if metadata.decode is None and len(metadata.prefills) == 1:
+        decode, later = metadata.decode, metadata.continuing
+        if decode is None and len(metadata.prefills) == 1 and later is None:
             return self._prefill(q, k, v, kv_cache, metadata.prefills[0], scale)
-        decode = metadata.decode
-        if decode is not None and kv_cache is None:
+        if (decode is not None or later is not None) and kv_cache is None:
             raise ValueError("decode chunks need a KV cache")
         if decode is not None and decode.every_row:  # a decode-only step: its rows, in order
             assert kv_cache is not None
             return self._decode(q, kv_cache, decode, scale)
+        in_place = None  # the continuing chunks' rows, read by the paged kernel (fp32)
+        if later is not None:
+            assert kv_cache is not None
+            if cpu_paged.supports(kv_cache[0]):
+                t, hq, dim = q.shape
+                hkv = kv_cache[0].shape[2]
+                folded = q.view(t, hkv, hq // hkv, dim)  # (T, Hkv, G, D): the G heads of a KV head together
+                in_place = cpu_paged.attend_chunks(
+                    folded, *kv_cache, later.block_table, later.q_start, later.q_len, later.context_lens, scale
+                ).view(t, hq, dim)
         out = torch.empty_like(q)  # (T, Hq, D)
         if decode is not None:
             assert kv_cache is not None
             out.index_copy_(0, decode.rows, self._decode(q, kv_cache, decode, scale))
         for p in metadata.prefills:
-            out[p.start : p.end] = self._prefill(q, k, v, kv_cache, p, scale)
+            if in_place is not None and p.block_ids is not None:
+                out[p.start : p.end] = in_place[p.start : p.end]
+            else:
+                out[p.start : p.end] = self._prefill(q, k, v, kv_cache, p, scale)
         return out
 
     def _decode(self, q: torch.Tensor, kv_cache: KVCache, d: DecodeBatch, scale: float) -> torch.Tensor:
@@ -209,8 +253,7 @@ def _continuing(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: PrefillChu
     hkv = k.shape[1]
     group = hq // hkv
     if p.folded_mask is None or p.folded_mask.dtype != q.dtype:
-        assert p.mask is not None
-        hidden = ~p.mask.repeat_interleave(group, 0)  # (n * G, ctx)
+        hidden = ~p.causal_mask(q.device).repeat_interleave(group, 0)  # (n * G, ctx)
         p.folded_mask = torch.zeros(hidden.shape, dtype=q.dtype, device=q.device).masked_fill_(hidden, float("-inf"))
     qf = q.view(n, hkv, group, dim).transpose(0, 1).reshape(1, hkv, n * group, dim)  # row i * G + g
     of = F.scaled_dot_product_attention(qf, k, v, attn_mask=p.folded_mask, scale=scale)  # (1, Hkv, n * G, D)

@@ -1,10 +1,12 @@
-"""The paged CPU decode kernel against a dense softmax in plain torch over each row's context
-gathered out of the cache (shuffled block tables, fp32 and bf16 caches, G 1-4, head dims 16/64/128,
-blocks of 4 and 16, contexts of 1 and on block boundaries, padding rows on a scratch block).
-Measured worst differences: 4.8e-7 fp32, 7.2e-7 bf16 cache with an fp32 q, 4.8e-7 bf16 cache with
-a bf16 q (the bf16 dot product path; the reference reads the same bf16 values widened); asserted
-under 3e-6. Then the op inside torch.compile, the eager SDPA backend's decode
-rows, and the fallback when the kernel cannot be built."""
+"""The paged CPU kernel against a dense softmax in plain torch over each row's context gathered
+out of the cache (shuffled block tables, fp32 and bf16 caches, G 1-4, head dims 16/64/128, blocks
+of 4 and 16, contexts of 1 and on block boundaries, padding rows on a scratch block). Decode rows:
+worst differences 4.8e-7 fp32, 7.2e-7 bf16 cache with an fp32 q, 4.8e-7 bf16 cache with a bf16 q
+(the bf16 dot product path; the reference reads the same bf16 values widened). Continuing chunks
+(causal within the chunk, tiles of tokens crossing blocks): 7.2e-7 fp32, 8.3e-7 bf16. Asserted
+under 3e-6. Then the op inside torch.compile, the eager SDPA backend's decode rows and continuing
+chunks against its padded-gather and copied-context paths, and the fallback when the kernel
+cannot be built."""
 
 from __future__ import annotations
 
@@ -89,6 +91,77 @@ def test_kernel_matches_dense_softmax(dtype: torch.dtype, g: int, d: int, bs: in
     assert not got[c["num_cached"] == 0].any()
 
 
+def _chunks_reference(q, k_cache, v_cache, table, q_start, q_len, context_lens, scale):  # type: ignore[no-untyped-def]
+    """(T, H, G, D): token i of chunk c (position context_lens[c] - q_len[c] + i) over the cache's
+    first context_lens[c] - q_len[c] + i + 1 tokens; zeros on the other rows."""
+    out = torch.zeros(q.shape)
+    for c in range(len(q_start)):
+        start, n, ctx = int(q_start[c]), int(q_len[c]), int(context_lens[c])
+        keys = k_cache[table[c]].flatten(0, 1)[:ctx].double()  # (ctx, H, D)
+        values = v_cache[table[c]].flatten(0, 1)[:ctx].double()
+        for i in range(n):
+            seen = ctx - n + i + 1
+            p = torch.softmax(torch.einsum("hgd,thd->hgt", q[start + i].double(), keys[:seen]) * scale, -1)
+            out[start + i] = torch.einsum("hgt,thd->hgd", p, values[:seen]).float()
+    return out
+
+
+def _chunks_case(dtype: torch.dtype, g: int, d: int, bs: int, seed: int = 0) -> dict[str, Any]:
+    gen = torch.Generator().manual_seed(seed)
+    rng = random.Random(seed)
+    h = 2
+    # (tokens, context): one token after none or a few, a block's worth, a chunk longer than a
+    # tile (32 // G tokens) crossing blocks, and longer contexts behind shorter chunks
+    specs = [(1, 1), (1, 5), (bs, bs + 3), (33, 40), (20, 23 + 3 * bs), (70, 70 + 2 * bs)]
+    width = max(-(-ctx // bs) for _, ctx in specs)
+    num_blocks = len(specs) * width
+    free = list(range(num_blocks))
+    rng.shuffle(free)
+    table = [[free.pop() for _ in range(-(-ctx // bs))] for _, ctx in specs]
+    starts, row = [], 2  # the chunks sit between other rows of the step (decodes, new prompts)
+    for n, _ in specs:
+        starts.append(row)
+        row += n + 1
+    return {
+        "q": torch.randn(row, h, g, d, generator=gen),
+        "k_cache": torch.randn(num_blocks, bs, h, d, generator=gen).to(dtype),
+        "v_cache": torch.randn(num_blocks, bs, h, d, generator=gen).to(dtype),
+        "table": torch.tensor([t + [0] * (width - len(t)) for t in table]),
+        "q_start": torch.tensor(starts),
+        "q_len": torch.tensor([n for n, _ in specs]),
+        "context_lens": torch.tensor([ctx for _, ctx in specs]),
+        "rows": torch.cat([torch.arange(s, s + n) for s, (n, _) in zip(starts, specs)]),
+    }
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("g", [1, 2, 3, 4])
+@pytest.mark.parametrize("d", [16, 64, 128])
+@pytest.mark.parametrize("bs", [4, 16])
+def test_continuing_chunks_match_dense_causal_softmax(dtype: torch.dtype, g: int, d: int, bs: int) -> None:
+    c = _chunks_case(dtype, g, d, bs)
+    args = (c["k_cache"], c["v_cache"], c["table"], c["q_start"], c["q_len"], c["context_lens"], d**-0.5)
+    rows = c["rows"]
+    for q in (c["q"], c["q"].to(dtype)):  # an fp32 q, and a bf16 model's (the bf16 dot product)
+        got = cpu_paged.attend_chunks(q, *args)
+        want = _chunks_reference(q.float(), *args)
+        assert (got[rows] - want[rows]).abs().max().item() < 3e-6
+
+
+def test_continuing_chunks_threads_agree() -> None:
+    c = _chunks_case(torch.float32, 3, 64, 16, seed=4)
+    args = (c["q"], c["k_cache"], c["v_cache"], c["table"], c["q_start"], c["q_len"], c["context_lens"], 0.125)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = cpu_paged.attend_chunks(*args)[c["rows"]]
+        torch.set_num_threads(2)
+        two = cpu_paged.attend_chunks(*args)[c["rows"]]
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(one, two)  # each (chunk, head, tile) is one task: the same arithmetic
+
+
 def test_threads_agree() -> None:
     c = _case(torch.float32, 3, 64, 16, seed=1)
     args = (c["q"], c["k_cache"], c["v_cache"], c["table"], c["num_cached"], c["k_new"], c["v_new"], 0.125)
@@ -127,11 +200,36 @@ def test_sdpa_backend_decode_rows_read_the_cache_in_place() -> None:
     results = []
     for paged in (True, False):
         backend = TorchSDPABackend(bs, torch.device("cpu"))
-        backend.paged_decode = paged
+        backend.paged_kernel = paged
         meta = backend.build_metadata(chunks)
         assert (meta.decode.mask is None) == paged
         results.append(backend.forward(q, k, v, (k_cache.clone(), v_cache.clone()), meta, 0.25))
     assert (results[0] - results[1]).abs().max().item() < 1e-5
+
+
+@pytest.mark.parametrize(("dtype", "tol"), [(torch.float32, 2e-6), (torch.bfloat16, 1.6e-2)])
+def test_sdpa_backend_mixed_step_reads_the_cache_in_place(dtype: torch.dtype, tol: float) -> None:
+    """A step of decodes, a new prompt, a later chunk of a long prompt and prefix-cache hits:
+    through the kernel (decodes and continuing chunks in place, no mask) it equals the padded
+    gather and copied-context SDPA path, and writes the same cache."""
+    from tests.gpu_workers.attention.test_flex_paged import filled_cache, mixed_batch
+
+    bs = 16
+    chunks = mixed_batch(bs)
+    (kc, vc), q, k, v = filled_cache(chunks, bs, dtype)
+    results = []
+    for paged in (True, False):
+        backend = TorchSDPABackend(bs, torch.device("cpu"))
+        backend.paged_kernel = paged
+        meta = backend.build_metadata(chunks)
+        assert (meta.continuing is not None) == paged and (meta.decode is not None and meta.decode.mask is None) == paged
+        cache = (kc.clone(), vc.clone())
+        results.append((backend.forward(q, k, v, cache, meta, 0.125), cache))
+        if paged:  # nothing built for the SDPA path's continuing chunks
+            assert all(p.mask is None for p in meta.prefills)
+    (got, got_cache), (want, want_cache) = results
+    assert (got.float() - want.float()).abs().max().item() < tol
+    assert torch.equal(got_cache[0], want_cache[0]) and torch.equal(got_cache[1], want_cache[1])
 
 
 def test_unbuildable_kernel_falls_back(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -166,25 +264,42 @@ def test_concurrent_builds_share_one_file(monkeypatch: pytest.MonkeyPatch, tmp_p
 
 
 def test_runner_serves_with_and_without_the_kernel(hf_checkpoint: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The eager LLM runner decodes the same greedy tokens (logits within 1e-4) when the kernel
-    reads its cache and when it could not be built (a missing compiler: the padded gather)."""
+    """The eager LLM runner samples the same greedy tokens and writes the same cache (within
+    1e-4) when the kernel reads its cache and when it could not be built (a missing compiler: the
+    padded gather and copied contexts). Request a's prompt comes in two chunks (the second one
+    continues it); b is a prefix-cache hit on a's first two blocks, prefilled beside a's decodes."""
     from gpu_workers.runners.llm import LLMRunner
     from omni.shared import protocol
 
     model_dir = hf_checkpoint("qwen2")[0]
     greedy = protocol.SamplingOptions(temperature=0.0)
 
+    prompt = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5]
+
+    def runner_layers(path: Any) -> int:
+        import json
+
+        return int(json.loads((Path(path) / "config.json").read_text())["num_hidden_layers"])
+
     def run() -> tuple[list[int], torch.Tensor]:
         runner = LLMRunner(model_dir, block_size=4, num_kv_blocks=16)
         runner.attention_backend.warm_up(runner.kv_caches[0], 4, 0.125)
-        out = runner.execute(protocol.Step(0, [protocol.NewRequest("a", [3, 1, 4, 1, 5], greedy, [7, 2, 9], 0, 5)], [], []))
+        runner.execute(protocol.Step(0, [protocol.NewRequest("a", prompt, greedy, [7, 2, 9, 11], 0, 6)], [], []))
+        out = runner.execute(protocol.Step(1, [], [protocol.CachedRequest("a", [], 6, 5)], []))
         tokens = [out.sampled[0].token_id]
-        for s in range(4):
-            out = runner.execute(protocol.Step(1 + s, [], [protocol.CachedRequest("a", [], 5 + s, 1)], []))
+        b = protocol.NewRequest("b", prompt[:8] + [8, 8, 4], greedy, [7, 2, 5, 6], 8, 3)
+        out = runner.execute(protocol.Step(2, [b], [protocol.CachedRequest("a", [], 11, 1)], []))
+        tokens += [r.token_id for r in out.sampled]
+        for s in range(3):
+            out = runner.execute(protocol.Step(3 + s, [], [protocol.CachedRequest("a", [], 12 + s, 1)], []))
             tokens.append(out.sampled[0].token_id)
         return tokens, runner.kv_cache.clone()
 
+    calls: list[int] = []
+    real = cpu_paged.attend_chunks
+    monkeypatch.setattr(cpu_paged, "attend_chunks", lambda *a: calls.append(1) or real(*a))
     with_kernel = run()
+    assert len(calls) == 2 * runner_layers(model_dir)  # a's second chunk and b's: every layer
     monkeypatch.setenv("CC", "no-such-compiler-omni")
     monkeypatch.setenv("XDG_CACHE_HOME", "/nonexistent-omni")
     monkeypatch.setattr(cpu_paged, "_lib", None)

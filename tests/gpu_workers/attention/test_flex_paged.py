@@ -70,9 +70,9 @@ def sdpa_visible_slots(chunks: list[SequenceChunk], block_size: int) -> list[lis
         if p.block_ids is None:
             continue
         slots = (p.block_ids[:, None] * block_size + torch.arange(block_size)).flatten()[: p.context_len]
-        assert p.mask is not None
+        mask = p.causal_mask(CPU)
         for i in range(p.end - p.start):
-            seen[p.start + i] = slots[p.mask[i]].tolist()
+            seen[p.start + i] = slots[mask[i]].tolist()
     return [seen[r] for r in sorted(seen)]
 
 
@@ -93,8 +93,10 @@ def test_metadata_matches_the_sdpa_paths_indices(block_size: int) -> None:
     assert len(meta.prefills) == len(old.prefills)
     for new_p, old_p in zip(meta.prefills, old.prefills):
         assert (new_p.start, new_p.end, new_p.context_len) == (old_p.start, old_p.end, old_p.context_len)
-        for a, b in ((new_p.block_ids, old_p.block_ids), (new_p.mask, old_p.mask)):
-            assert (a is None and b is None) or (a is not None and b is not None and torch.equal(a, b))
+        a, b = new_p.block_ids, old_p.block_ids
+        assert (a is None and b is None) or (a is not None and b is not None and torch.equal(a, b))
+        if b is not None:  # a continuing chunk: the same causal mask (the SDPA path builds it when asked)
+            assert new_p.mask is not None and torch.equal(new_p.mask, old_p.causal_mask(CPU))
     assert meta.slots is not None and meta.slots.tolist() == slot_mapping(chunks, block_size)
 
 
