@@ -9,6 +9,13 @@ of --layers caches in turn, as a step's layers do, so that they are not all in t
 
     python bench/paged_attention_bench.py --dtype bfloat16 --threads 1
     python bench/paged_attention_bench.py --dtype float32 --threads 2 --rounds 5
+
+--chunks times continuing prefill chunks instead: a chunk of N tokens after C cached ones
+(N:C, comma-separated), read in place by the kernel (cpu_paged.attend_chunks) against what the
+SDPA backend does without it, its own blocks copied out and one SDPA call under the folded causal
+mask (torch_sdpa._continuing; the mask built once per step, so outside the timing).
+
+    python bench/paged_attention_bench.py --dtype float32 --threads 2 --chunks 256:256,20:200,64:960,512:1536
 """
 
 from __future__ import annotations
@@ -43,9 +50,12 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--layers", type=int, default=12, help="caches read in turn (the model's layers)")
     ap.add_argument("--variants", default="gather,paged")
+    ap.add_argument("--chunks", default="", help="N:C,... continuing chunks of N tokens after C cached ones")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     dtype = getattr(torch, args.dtype)
+    if args.chunks:
+        return chunks(args, dtype)
     b, h, g, d, bs = args.seqs, args.kv_heads, args.group, args.head_dim, args.block_size
     rng = random.Random(0)
     lens = [args.context + rng.randrange(16) for _ in range(b)]
@@ -84,6 +94,57 @@ def main() -> None:
     for n, m in med.items():
         print(f"  {n:<8} median {m * 1e3:7.3f} ms  best {min(times[n]) * 1e3:7.3f} ms  x{m / med[first]:.2f} of {first}"
               f"  {nbytes / m / 1e9:5.1f} GB/s")  # fmt: skip
+
+
+def chunks(args: argparse.Namespace, dtype: torch.dtype) -> None:
+    from gpu_workers.attention.torch_sdpa import PrefillChunk, _continuing
+    from gpu_workers.memory import kv_cache_zeros
+
+    h, g, d, bs = args.kv_heads, args.group, args.head_dim, args.block_size
+    rng = random.Random(0)
+    print(f"{args.dtype}, Hkv {h} x G {g}, D {d}, blocks of {bs}, {args.threads} threads, "
+          f"{args.rounds * args.calls} calls each, interleaved")  # fmt: skip
+    for spec in args.chunks.split(","):
+        n, cached = (int(x) for x in spec.split(":"))
+        ctx = n + cached
+        num_blocks = 4 * -(-ctx // bs)
+        caches = []
+        for _ in range(args.layers):
+            kv = [kv_cache_zeros((num_blocks, bs, h, d), dtype, torch.device("cpu")) for _ in range(2)]
+            for x in kv:
+                x.copy_(torch.randn(x.shape))
+            caches.append(kv)
+        ids = rng.sample(range(num_blocks), -(-ctx // bs))
+        table, block_ids = torch.tensor([ids]), torch.tensor(ids)
+        q = torch.randn(n, h * g, d).to(dtype)
+        scale = d**-0.5
+        chunk = PrefillChunk(0, n, ctx, block_ids, None)
+
+        def kernel(i: int) -> torch.Tensor:
+            kc, vc = caches[i % len(caches)]
+            out = cpu_paged.attend_chunks(q.view(n, h, g, d), kc, vc, table, torch.tensor([0]), torch.tensor([n]),
+                                          torch.tensor([ctx]), scale)  # fmt: skip
+            return out.to(dtype).view(n, h * g, d)
+
+        def copied(i: int) -> torch.Tensor:
+            kc, vc = caches[i % len(caches)]
+            kp = kc.index_select(0, block_ids).view(-1, h, d)[:ctx].transpose(0, 1)[None]
+            vp = vc.index_select(0, block_ids).view(-1, h, d)[:ctx].transpose(0, 1)[None]
+            return _continuing(q, kp, vp, chunk, scale)
+
+        calls = {"in place": kernel, "copied": copied}
+        with torch.inference_mode():
+            diff = (kernel(0).float() - copied(0).float()).abs().max().item()
+            times: dict[str, list[float]] = {name: [] for name in calls}
+            for i in range(args.rounds * args.calls):
+                for j, (name, call) in enumerate(calls.items()):
+                    t = time.perf_counter()
+                    call(i + j * (len(caches) // 2))
+                    times[name].append(time.perf_counter() - t)
+        med = {name: sorted(v)[len(v) // 2] for name, v in times.items()}
+        print(f"  chunk {n:4d} after {cached:5d}: in place {med['in place'] * 1e3:7.3f} ms, copied + SDPA "
+              f"{med['copied'] * 1e3:7.3f} ms, x{med['copied'] / med['in place']:.2f} faster in place; "
+              f"worst difference {diff:.1e}")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -1,8 +1,14 @@
-"""Decode attention on the CPU that reads the paged KV cache in place: a small C kernel.
+"""Attention on the CPU that reads the paged KV cache in place, for decode rows and for prefill
+chunks that continue a sequence: a small C kernel.
 
 Per (sequence, KV head) the kernel streams the sequence's cache blocks once through its block
 table: each key is dotted with the G query heads of its KV group, an online softmax keeps a
-running max and sum per query head, and V is accumulated on the fly. A row's own new token
+running max and sum per query head, and V is accumulated on the fly. A continuing chunk (a later
+chunk of a long prompt, or the rest of a prompt after a prefix-cache hit) is split into tiles of
+its tokens; a tile's G x tokens rows score each block together while it sits in L1, each token
+causal over the cache up to its own position (attend_chunks; no copy of the context and no mask,
+1.0-1.5x the copied-context SDPA it replaces on contexts up to 1k, 0.93-0.99x at 2k where SDPA's
+GEMMs pull ahead: docs/BENCHMARKS.md, session 12). A decode row's own new token
 (k_new, v_new, not yet written to the cache in the compiled step) is merged as one more key, so
 the kernel returns the final output. fp32 and bf16 caches (bf16 widened to fp32; scores and
 sums in fp32; a bf16 q against a bf16 cache takes the CPU's bf16 dot product where it has one,
@@ -173,31 +179,34 @@ SCORE_ROWS(score_rows_bf16, uint16_t, 16, LOAD_BF16, LOAD_BF16, DOT_BF16)
 #define score_rows_bf16(...) abort()
 #endif
 
-/* Fold the cnt scores in st.s and their fp32 values (rows v + t * vs) into the online softmax.
-   A prefill tile's many rows go two at a time, sharing each value's loads; a decode row's few
-   (G) one at a time, which measured faster there (memory bound: pairs only cost registers). */
-INLINE void accumulate(State st, const float *v, int64_t vs, int64_t cnt, int64_t g_count, int64_t d) {
-    float corr[2];
-    for (int64_t g0 = 0; g0 < g_count; g0 += 2) {
-        const int64_t gn = g_count - g0 < 2 ? g_count - g0 : 2;
-        for (int64_t r = 0; r < gn; r++) {
-            int64_t g = g0 + r;
-            float *s = st.s + g * st.stride, peak = st.m[g], sum = 0.0f;
-            for (int64_t t = 0; t < cnt; t++) peak = s[t] > peak ? s[t] : peak;
-            corr[r] = exp_neg(st.m[g] - peak); /* 0 while nothing was seen (m = -inf) */
-            st.m[g] = peak;
+/* Row g's online-softmax step over the cnt scores in st.s: they become their exponentials (less
+   the new running max), its max and sum are updated; returns the factor its accumulator takes. */
+INLINE float softmax_step(State st, int64_t g, int64_t cnt) {
+    float *s = st.s + g * st.stride, peak = st.m[g], sum = 0.0f;
+    for (int64_t t = 0; t < cnt; t++) peak = s[t] > peak ? s[t] : peak;
+    float corr = exp_neg(st.m[g] - peak); /* 0 while nothing was seen (m = -inf) */
+    st.m[g] = peak;
 #pragma omp simd reduction(+ : sum)
-            for (int64_t t = 0; t < cnt; t++) {
-                s[t] = exp_neg(s[t] - peak);
-                sum += s[t];
-            }
-            st.l[g] = st.l[g] * corr[r] + sum;
-        }
-        float *acc0 = st.acc + g0 * d, *s0 = st.s + g0 * st.stride;
-        if (gn == 2 && g_count > 4) {
-            float *acc1 = acc0 + d, *s1 = s0 + st.stride;
+    for (int64_t t = 0; t < cnt; t++) {
+        s[t] = exp_neg(s[t] - peak);
+        sum += s[t];
+    }
+    st.l[g] = st.l[g] * corr + sum;
+    return corr;
+}
+
+/* Fold the cnt scores in st.s and their fp32 values (rows v + t * vs) into the online softmax.
+   With pairs (a prefill tile's many rows) two rows at a time share each value's loads; without
+   (a decode row's G), one at a time, which measured 3-9 % faster there (bound by memory, not by
+   loads). pairs is a constant at each call, so the decode kernel is compiled without that path. */
+INLINE void accumulate(State st, const float *v, int64_t vs, int64_t cnt, int64_t g_count, int64_t d, int pairs) {
+    int64_t g = 0;
+    if (pairs)
+        for (; g + 1 < g_count; g += 2) {
+            float c0 = softmax_step(st, g, cnt), c1 = softmax_step(st, g + 1, cnt);
+            float *acc0 = st.acc + g * d, *acc1 = acc0 + d, *s0 = st.s + g * st.stride, *s1 = s0 + st.stride;
             v8 a0[MAX_CHUNKS], a1[MAX_CHUNKS];
-            for (int64_t c = 0; c < d / 8; c++) a0[c] = load(acc0 + 8 * c) * corr[0], a1[c] = load(acc1 + 8 * c) * corr[1];
+            for (int64_t c = 0; c < d / 8; c++) a0[c] = load(acc0 + 8 * c) * c0, a1[c] = load(acc1 + 8 * c) * c1;
             for (int64_t t = 0; t < cnt; t++) {
                 v8 p0 = (v8){0} + s0[t], p1 = (v8){0} + s1[t];
                 for (int64_t c = 0; c < d / 8; c++) {
@@ -206,18 +215,16 @@ INLINE void accumulate(State st, const float *v, int64_t vs, int64_t cnt, int64_
                 }
             }
             for (int64_t c = 0; c < d / 8; c++) store(acc0 + 8 * c, a0[c]), store(acc1 + 8 * c, a1[c]);
-        } else {
-            for (int64_t r = 0; r < gn; r++) {
-                float *acc = acc0 + r * d, *sr = s0 + r * st.stride;
-                v8 a[MAX_CHUNKS];
-                for (int64_t c = 0; c < d / 8; c++) a[c] = load(acc + 8 * c) * corr[r];
-                for (int64_t t = 0; t < cnt; t++) {
-                    v8 p = (v8){0} + sr[t];
-                    for (int64_t c = 0; c < d / 8; c++) a[c] += p * load(v + t * vs + 8 * c);
-                }
-                for (int64_t c = 0; c < d / 8; c++) store(acc + 8 * c, a[c]);
-            }
         }
+    for (; g < g_count; g++) {
+        float corr = softmax_step(st, g, cnt), *s = st.s + g * st.stride;
+        v8 a[MAX_CHUNKS];
+        for (int64_t c = 0; c < d / 8; c++) a[c] = load(st.acc + g * d + 8 * c) * corr;
+        for (int64_t t = 0; t < cnt; t++) {
+            v8 p = (v8){0} + s[t];
+            for (int64_t c = 0; c < d / 8; c++) a[c] += p * load(v + t * vs + 8 * c);
+        }
+        for (int64_t c = 0; c < d / 8; c++) store(st.acc + g * d + 8 * c, a[c]);
     }
 }
 
@@ -236,7 +243,7 @@ INLINE void prefetch_rows(const char *p, int64_t cnt, int64_t stride, int64_t ro
 INLINE void stream_blocks(State st, const float *q, const uint16_t *qh, const void *k_cache,
                           const void *v_cache, int bf16, const int64_t *row_table, int64_t base, int64_t n_tok,
                           float *kbuf, float *vbuf, int64_t h, int64_t h_count, int64_t g_count, int64_t d,
-                          int64_t bs, float scale) {
+                          int64_t bs, float scale, int pairs) {
     const int64_t elem = bf16 ? 2 : 4, row_stride = h_count * d; /* tokens of one head: row_stride apart */
     const int64_t end = base + n_tok, rows = n_tok * g_count;
     for (int64_t r = 0; r < rows; r++) st.m[r] = -INFINITY, st.l[r] = 0.0f;
@@ -281,7 +288,7 @@ INLINE void stream_blocks(State st, const float *q, const uint16_t *qh, const vo
             for (int64_t g = 0; g < g_count; g++)
                 for (int64_t t = seen; t < cnt; t++) st.s[(j * g_count + g) * st.stride + t] = -INFINITY;
         }
-        accumulate(sub, v32, vs, cnt, live, d);
+        accumulate(sub, v32, vs, cnt, live, d, pairs);
     }
 }
 
@@ -324,7 +331,7 @@ void paged_decode(const float *q, const uint16_t *q_bf16, const void *k_cache, c
             const float *qt = q + task * g_count * d;
             const uint16_t *qh = q_bf16 ? q_bf16 + task * g_count * d : NULL;
 #define STREAM(D) stream_blocks(x.st, qt, qh, k_cache, v_cache, bf16, table + b * width, num_cached[b] - 1, 1, \
-                                x.kbuf, x.vbuf, h, h_count, g_count, D, bs, scale)
+                                x.kbuf, x.vbuf, h, h_count, g_count, D, bs, scale, 0)
             switch (d) { /* the head dims models use, unrolled; any other one generic */
             case 64: STREAM(64); break;
             case 128: STREAM(128); break;
@@ -335,7 +342,7 @@ void paged_decode(const float *q, const uint16_t *q_bf16, const void *k_cache, c
 #undef STREAM
             if (k_new) {
                 score_rows(x.st, qt, k_new + task * d, d, 1, g_count, d, scale);
-                accumulate(x.st, v_new + task * d, d, 1, g_count, d);
+                accumulate(x.st, v_new + task * d, d, 1, g_count, d, 0);
             }
             finish(x.st, out + task * g_count * d, g_count, d);
         }
@@ -348,8 +355,11 @@ void paged_decode(const float *q, const uint16_t *q_bf16, const void *k_cache, c
    (q_bf16: q in bf16 when exact, or NULL), at positions [ctx_len[c] - q_len[c], ctx_len[c]): token
    i sees the first ctx_len[c] - q_len[c] + i + 1 cached tokens (its own K/V are written already),
    through table row c (C, width). Tasks: (chunk, KV head, tile of up to TILE_ROWS / G tokens),
-   the latest tiles (the most keys) first; a tile reads each block once for all its rows. */
-#define TILE_ROWS 32
+   the latest tiles (the most keys) first; a tile reads each block once for all its rows. Each
+   tile reads its head's context again, so tiles are large: 128 rows (32 KB of accumulators)
+   measured 1.0-1.2x faster than 32 on contexts of 512-2048 (bench/paged_attention_bench.py
+   --chunks), and 256 no better. */
+#define TILE_ROWS 128
 void paged_prefill(const float *q, const uint16_t *q_bf16, const void *k_cache, const void *v_cache, int bf16,
                    const int64_t *table, int64_t width, const int64_t *q_start, const int64_t *q_len,
                    const int64_t *ctx_len, float *out, int64_t c_count, int64_t h_count, int64_t g_count,
@@ -377,7 +387,7 @@ void paged_prefill(const float *q, const uint16_t *q_bf16, const void *k_cache, 
             int64_t base = ctx_len[c] - q_len[c] + i0;
             const uint16_t *qh = q_bf16 ? x.qhbuf : NULL;
 #define STREAM(D) stream_blocks(x.st, x.qbuf, qh, k_cache, v_cache, bf16, table + c * width, base, n_tok, \
-                                x.kbuf, x.vbuf, h, h_count, g_count, D, bs, scale)
+                                x.kbuf, x.vbuf, h, h_count, g_count, D, bs, scale, 1)
             switch (d) {
             case 64: STREAM(64); break;
             case 128: STREAM(128); break;

@@ -110,9 +110,10 @@ def _chunks_case(dtype: torch.dtype, g: int, d: int, bs: int, seed: int = 0) -> 
     gen = torch.Generator().manual_seed(seed)
     rng = random.Random(seed)
     h = 2
-    # (tokens, context): one token after none or a few, a block's worth, a chunk longer than a
-    # tile (32 // G tokens) crossing blocks, and longer contexts behind shorter chunks
-    specs = [(1, 1), (1, 5), (bs, bs + 3), (33, 40), (20, 23 + 3 * bs), (70, 70 + 2 * bs)]
+    # (tokens, context): one token after none or a few, a block's worth, chunks longer than a
+    # tile (128 // G tokens: 140 for G 1, 70 for G 2-4) crossing blocks, and longer contexts
+    # behind shorter chunks
+    specs = [(1, 1), (1, 5), (bs, bs + 3), (33, 40), (20, 23 + 3 * bs), (70, 70 + 2 * bs), (140, 141)]
     width = max(-(-ctx // bs) for _, ctx in specs)
     num_blocks = len(specs) * width
     free = list(range(num_blocks))
