@@ -316,12 +316,23 @@ static Scratch scratch(int64_t rows, int64_t d, int64_t bs) {
 /* q, out: (B, H, G, D) fp32; q_bf16: q in bf16 when it is exactly that (or NULL); k_cache,
    v_cache: (blocks, bs, H, D) fp32 or bf16; table (B, width); num_cached (B,): visible cached
    tokens of each row; k_new, v_new (B, H, D) fp32 or NULL: each row's own token, merged as one
-   more key. D a multiple of 8, at most 256. Tasks: (row, KV head). */
-void paged_decode(const float *q, const uint16_t *q_bf16, const void *k_cache, const void *v_cache, int bf16,
+   more key. k_rows, v_rows (or NULL): the rows' own K/V in the cache's dtype, each H x D
+   contiguous, rows k_stride / v_stride bytes apart, written first to cache slots `slots` (the
+   eager step's cache write, without two more torch ops a layer). D a multiple of 8, at most
+   256. Tasks: (row, KV head). */
+void paged_decode(const float *q, const uint16_t *q_bf16, void *k_cache, void *v_cache, int bf16,
                   const int64_t *table, int64_t width, const int64_t *num_cached, const float *k_new,
                   const float *v_new, float *out, int64_t b_count, int64_t h_count, int64_t g_count, int64_t d,
-                  int64_t bs, float scale, int threads) {
+                  int64_t bs, float scale, int threads, const char *k_rows, const char *v_rows, int64_t k_stride,
+                  int64_t v_stride, const int64_t *slots) {
     if (!(HAVE_DPBF16 && bf16 && d % 16 == 0)) q_bf16 = NULL;
+    if (k_rows) {
+        const int64_t row_bytes = h_count * d * (bf16 ? 2 : 4);
+        for (int64_t b = 0; b < b_count; b++) {
+            memcpy((char *)k_cache + slots[b] * row_bytes, k_rows + b * k_stride, row_bytes);
+            memcpy((char *)v_cache + slots[b] * row_bytes, v_rows + b * v_stride, row_bytes);
+        }
+    }
 #pragma omp parallel num_threads(threads)
     {
         Scratch x = scratch(g_count, d, bs);
@@ -455,7 +466,7 @@ def _load(compiler: str | None = None) -> ctypes.CDLL:
     fn = lib.paged_decode
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
     fn.argtypes = [ptr, ptr, ptr, ptr, ctypes.c_int, ptr, i64, ptr, ptr, ptr, ptr, i64, i64, i64, i64, i64,
-                   ctypes.c_float, ctypes.c_int]  # fmt: skip
+                   ctypes.c_float, ctypes.c_int, ptr, ptr, i64, i64, ptr]  # fmt: skip
     fn.restype = None
     fn = lib.paged_prefill
     fn.argtypes = [ptr, ptr, ptr, ptr, ctypes.c_int, ptr, i64, ptr, ptr, ptr, ptr, i64, i64, i64, i64, i64,
@@ -504,8 +515,11 @@ def attend(
     k_new: torch.Tensor | None,
     v_new: torch.Tensor | None,
     scale: float,
+    write: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
-    """The kernel called directly (eager code; the op below wraps it for compiled graphs): see the op."""
+    """The kernel called directly (eager code; the op below wraps it for compiled graphs): see the
+    op. write = (k, v, slots): the rows' own K/V (B, Hkv, D) in the cache's dtype, written to the
+    cache at slots (B,) int64 first, in the same call (the eager step's write_kv)."""
     if _lib is None and not available():
         raise RuntimeError("the paged CPU attention kernel could not be built (see the log); check available() first")
     assert _lib is not None
@@ -520,11 +534,21 @@ def attend(
     kn = None if k_new is None else k_new.float().contiguous()
     vn = None if v_new is None else v_new.float().contiguous()
     out = torch.empty(b, h, g, d, dtype=torch.float32)
+    rows: tuple[int | None, int | None, int, int, int | None] = (None, None, 0, 0, None)
+    if write is not None:
+        k_rows, v_rows, slots = write
+        for x in (k_rows, v_rows):
+            if x.dtype != k_cache.dtype or x.shape != (b, h, d) or x.stride()[1:] != (d, 1):
+                raise ValueError("the rows to write are (B, Hkv, D) in the cache's dtype, each row contiguous")
+        if slots.dtype != torch.int64 or not slots.is_contiguous() or slots.shape != (b,):
+            raise ValueError("slots: (B,) contiguous int64")
+        size = k_cache.element_size()
+        rows = (k_rows.data_ptr(), v_rows.data_ptr(), k_rows.stride(0) * size, v_rows.stride(0) * size, slots.data_ptr())
     _lib.paged_decode(
         q.data_ptr(), None if qh is None else qh.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), int(k_cache.dtype == torch.bfloat16),
         table.data_ptr(), table.shape[1], lens.data_ptr(), None if kn is None else kn.data_ptr(),
         None if vn is None else vn.data_ptr(), out.data_ptr(), b, h, g, d, k_cache.shape[1], scale,
-        torch.get_num_threads(),
+        torch.get_num_threads(), *rows,
     )  # fmt: skip
     return out
 

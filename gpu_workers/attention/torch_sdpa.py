@@ -165,9 +165,14 @@ class TorchSDPABackend(AttentionBackend):
         metadata: SDPAMetadata,
         scale: float,
     ) -> torch.Tensor:
-        if kv_cache is not None:
-            write_kv(k, v, kv_cache, metadata.slots)
         decode, later = metadata.decode, metadata.continuing
+        if kv_cache is not None:
+            slots = metadata.slots
+            if decode is not None and decode.every_row and decode.mask is None and slots is not None \
+                    and _kernel_writes(k, v, kv_cache):  # fmt: skip
+                # a decode-only step: the kernel writes the rows' K/V and reads the cache in one call
+                return self._decode(q, kv_cache, decode, scale, (k, v, slots))
+            write_kv(k, v, kv_cache, metadata.slots)
         if decode is None and len(metadata.prefills) == 1 and later is None:
             return self._prefill(q, k, v, kv_cache, metadata.prefills[0], scale)
         if (decode is not None or later is not None) and kv_cache is None:
@@ -196,7 +201,14 @@ class TorchSDPABackend(AttentionBackend):
                 out[p.start : p.end] = self._prefill(q, k, v, kv_cache, p, scale)
         return out
 
-    def _decode(self, q: torch.Tensor, kv_cache: KVCache, d: DecodeBatch, scale: float) -> torch.Tensor:
+    def _decode(
+        self,
+        q: torch.Tensor,
+        kv_cache: KVCache,
+        d: DecodeBatch,
+        scale: float,
+        write: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+    ) -> torch.Tensor:
         k_cache, v_cache = kv_cache
         _, bs, hkv, dim = k_cache.shape
         b, hq = d.rows.shape[0], q.shape[1]
@@ -205,8 +217,9 @@ class TorchSDPABackend(AttentionBackend):
         qd = (q if d.every_row else q.index_select(0, d.rows)).view(b, hkv, hq // hkv, dim)  # (B, Hkv, G, D)
         if d.mask is None:
             if cpu_paged.supports(k_cache):
-                # in place; the rows' own K/V are in the cache already (written by forward)
-                od = cpu_paged.attend(qd, k_cache, v_cache, d.block_table, d.context_lens, None, None, scale)
+                # in place; the rows' own K/V are in the cache already (written by forward), or
+                # written by this call first
+                od = cpu_paged.attend(qd, k_cache, v_cache, d.block_table, d.context_lens, None, None, scale, write)
                 return od.to(q.dtype).reshape(b, hq, dim)
             # a cache the kernel cannot read (its dtype or head dim): the mask after all, once a step
             valid = torch.arange(d.block_table.shape[1] * bs, device=q.device)[None, :] < d.context_lens[:, None]
@@ -244,6 +257,17 @@ class TorchSDPABackend(AttentionBackend):
             vp = vp.transpose(0, 1)[None].to(q.dtype)
             return _continuing(q[p.start : p.end], kp, vp, p, scale)
         return op[0].transpose(0, 1)  # (n, Hq, D)
+
+
+def _kernel_writes(k: torch.Tensor, v: torch.Tensor, kv_cache: KVCache) -> bool:
+    """Whether the paged kernel can write these rows (T, Hkv, D) into the cache itself: it reads
+    the cache, and each row is contiguous in the cache's dtype."""
+    k_cache = kv_cache[0]
+    return (
+        cpu_paged.supports(k_cache)
+        and k.dtype == v.dtype == k_cache.dtype
+        and k.stride()[1:] == v.stride()[1:] == (k.shape[2], 1)
+    )
 
 
 def _continuing(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: PrefillChunk, scale: float) -> torch.Tensor:

@@ -190,22 +190,30 @@ def test_op_inside_torch_compile_equals_eager() -> None:
     torch.testing.assert_close(compiled(c["q"], c["k_new"]), step(c["q"], c["k_new"]), rtol=0, atol=1e-6)
 
 
-def test_sdpa_backend_decode_rows_read_the_cache_in_place() -> None:
-    """torch_sdpa's decode rows through the kernel equal its padded gather + masked SDPA."""
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_sdpa_backend_decode_rows_read_the_cache_in_place(dtype: torch.dtype) -> None:
+    """torch_sdpa's decode rows through the kernel (which also writes their K/V, in the same call)
+    equal its padded gather + masked SDPA after write_kv, and leave the same cache; k and v are
+    views into one fused projection, as the models pass them."""
     gen = torch.Generator().manual_seed(3)
     bs, hq, hkv, d = 4, 6, 2, 16
-    k_cache, v_cache = torch.randn(2, 20, bs, hkv, d, generator=gen).unbind(0)
+    k_cache, v_cache = torch.randn(2, 20, bs, hkv, d, generator=gen).to(dtype).unbind(0)
     chunks = [SequenceChunk(0, 1, 6, [3, 9]), SequenceChunk(1, 1, 8, [1, 4, 7]), SequenceChunk(2, 1, 2, [12])]
-    q, k, v = torch.randn(3, 3, hq, d, generator=gen).unbind(0)
-    k, v = k[:, :hkv], v[:, :hkv]
+    qkv = torch.randn(3, (hq + 2 * hkv) * d, generator=gen).to(dtype)
+    q, k, v = qkv.split([hq * d, hkv * d, hkv * d], dim=1)
+    q, k, v = q.reshape(3, hq, d), k.view(3, hkv, d), v.view(3, hkv, d)
     results = []
     for paged in (True, False):
         backend = TorchSDPABackend(bs, torch.device("cpu"))
         backend.paged_kernel = paged
         meta = backend.build_metadata(chunks)
         assert (meta.decode.mask is None) == paged
-        results.append(backend.forward(q, k, v, (k_cache.clone(), v_cache.clone()), meta, 0.25))
-    assert (results[0] - results[1]).abs().max().item() < 1e-5
+        cache = (k_cache.clone(), v_cache.clone())
+        results.append((backend.forward(q, k, v, cache, meta, 0.25), cache))
+    (got, got_cache), (want, want_cache) = results
+    assert (got.float() - want.float()).abs().max().item() < (1e-5 if dtype == torch.float32 else 1.6e-2)
+    assert torch.equal(got_cache[0], want_cache[0]) and torch.equal(got_cache[1], want_cache[1])
+    assert not torch.equal(got_cache[0], k_cache)  # the rows were written
 
 
 @pytest.mark.parametrize(("dtype", "tol"), [(torch.float32, 2e-6), (torch.bfloat16, 1.6e-2)])
