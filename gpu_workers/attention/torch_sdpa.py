@@ -176,7 +176,7 @@ class TorchSDPABackend(AttentionBackend):
         if decode is None and len(metadata.prefills) == 1 and later is None:
             return self._prefill(q, k, v, kv_cache, metadata.prefills[0], scale)
         if (decode is not None or later is not None) and kv_cache is None:
-            raise ValueError("decode chunks need a KV cache")
+            raise ValueError("chunks that read cached tokens need a KV cache")
         if decode is not None and decode.every_row:  # a decode-only step: its rows, in order
             assert kv_cache is not None
             return self._decode(q, kv_cache, decode, scale)
