@@ -10,6 +10,14 @@ of --layers caches in turn, as a step's layers do, so that they are not all in t
     python bench/paged_attention_bench.py --dtype bfloat16 --threads 1
     python bench/paged_attention_bench.py --dtype float32 --threads 2 --rounds 5
 
+Variants: `gather` and `paged` (the compiled step's kernels, compiled as the step compiles
+them), `eager` (the kernel called directly, as eager decode calls it), and `eager@REV` (the
+kernel's source as of git revision REV, built and loaded beside today's: a change to the kernel
+measured against its predecessor in one run). The caches are allocated as the server's are
+(gpu_workers/memory.py: huge pages where the host gives them).
+
+    python bench/paged_attention_bench.py --dtype float32 --threads 2 --variants eager@6609b90,eager
+
 --chunks times continuing prefill chunks instead: a chunk of N tokens after C cached ones
 (N:C, comma-separated), read in place by the kernel (cpu_paged.attend_chunks) against what the
 SDPA backend does without it, its own blocks copied out and one SDPA call under the folded causal
@@ -22,8 +30,10 @@ from __future__ import annotations
 
 import argparse
 import random
+import subprocess
 import sys
 import time
+import types
 from collections.abc import Callable
 from pathlib import Path
 
@@ -34,6 +44,24 @@ import torch
 
 from gpu_workers.attention import cpu_paged
 from gpu_workers.attention.compiled_decode import DECODE_KERNELS
+from gpu_workers.memory import kv_cache_zeros
+
+
+def kernel_at(rev: str) -> types.ModuleType:
+    """attention/cpu_paged.py as of git revision rev, loaded beside today's (its ops renamed)."""
+    path = "gpu_workers/attention/cpu_paged.py"
+    src = subprocess.run(["git", "-C", str(REPO), "show", f"{rev}:{path}"], capture_output=True, text=True,
+                         check=True).stdout  # fmt: skip
+    module = types.ModuleType(f"cpu_paged_at_{rev}")
+    exec(compile(src.replace('"omni::', '"omni_at_rev::'), f"{path}@{rev}", "exec"), module.__dict__)
+    return module
+
+
+def cache(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """A random cache allocated as the server allocates its own."""
+    out = kv_cache_zeros(shape, dtype, torch.device("cpu"))
+    out.copy_(torch.randn(shape))
+    return out
 
 
 def main() -> None:
@@ -63,7 +91,7 @@ def main() -> None:
     blocks = list(range(b * per + 1))
     rng.shuffle(blocks)
     table = torch.tensor([blocks[i * per : (i + 1) * per] for i in range(b)])
-    caches = [torch.randn(2, len(blocks), bs, h, d).to(dtype).unbind(0) for _ in range(args.layers)]
+    caches = [(cache((len(blocks), bs, h, d), dtype), cache((len(blocks), bs, h, d), dtype)) for _ in range(args.layers)]
     q = torch.randn(b, h, g, d).to(dtype)  # the model's dtype, as the compiled step passes it
     k_new = torch.randn(b, h, d).to(dtype)
     v_new = torch.randn(b, h, d).to(dtype)
@@ -73,7 +101,14 @@ def main() -> None:
         raise SystemExit("the paged kernel is unavailable here (see the log line above)")
     calls: dict[str, Callable[[int], torch.Tensor]] = {}
     for name in args.variants.split(","):
-        fn = torch.compile(DECODE_KERNELS[name], fullgraph=True, dynamic=True)  # as the step compiles it
+        if name.startswith("eager"):
+            rev = name.partition("@")[2]
+            module = kernel_at(rev) if rev else cpu_paged
+            if not module.available():
+                raise SystemExit(f"{name}: the kernel did not build")
+            fn = module.attend
+        else:
+            fn = torch.compile(DECODE_KERNELS[name], fullgraph=True, dynamic=True)  # as the step compiles it
         calls[name] = lambda i, fn=fn: fn(q, *caches[i % len(caches)], table, cached, k_new, v_new, scale)
     with torch.inference_mode():
         outs = {name: call(0) for name, call in calls.items()}
@@ -98,7 +133,6 @@ def main() -> None:
 
 def chunks(args: argparse.Namespace, dtype: torch.dtype) -> None:
     from gpu_workers.attention.torch_sdpa import PrefillChunk, _continuing
-    from gpu_workers.memory import kv_cache_zeros
 
     h, g, d, bs = args.kv_heads, args.group, args.head_dim, args.block_size
     rng = random.Random(0)
@@ -110,10 +144,7 @@ def chunks(args: argparse.Namespace, dtype: torch.dtype) -> None:
         num_blocks = 4 * -(-ctx // bs)
         caches = []
         for _ in range(args.layers):
-            kv = [kv_cache_zeros((num_blocks, bs, h, d), dtype, torch.device("cpu")) for _ in range(2)]
-            for x in kv:
-                x.copy_(torch.randn(x.shape))
-            caches.append(kv)
+            caches.append([cache((num_blocks, bs, h, d), dtype) for _ in range(2)])
         ids = rng.sample(range(num_blocks), -(-ctx // bs))
         table, block_ids = torch.tensor([ids]), torch.tensor(ids)
         q = torch.randn(n, h * g, d).to(dtype)
