@@ -506,6 +506,20 @@ def supports(k_cache: torch.Tensor) -> bool:
     )
 
 
+def _inputs(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
+) -> tuple[ctypes.CDLL, torch.Tensor, torch.Tensor | None]:
+    """The loaded kernel, q in fp32, and q in bf16 where it is exactly that (the kernel may then
+    dot it with bf16 keys as they are stored); raises where the kernel cannot serve the caches."""
+    if _lib is None and not available():
+        raise RuntimeError("the paged CPU attention kernel could not be built (see the log); check available() first")
+    assert _lib is not None
+    if not (k_cache.is_contiguous() and v_cache.is_contiguous() and k_cache.dtype == v_cache.dtype):
+        raise ValueError("the paged kernel reads contiguous K/V caches of one dtype")
+    qh = q.contiguous() if q.dtype == torch.bfloat16 else None
+    return _lib, q.float().contiguous(), qh
+
+
 def attend(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -520,15 +534,8 @@ def attend(
     """The kernel called directly (eager code; the op below wraps it for compiled graphs): see the
     op. write = (k, v, slots): the rows' own K/V (B, Hkv, D) in the cache's dtype, written to the
     cache at slots (B,) int64 first, in the same call (the eager step's write_kv)."""
-    if _lib is None and not available():
-        raise RuntimeError("the paged CPU attention kernel could not be built (see the log); check available() first")
-    assert _lib is not None
-    if not (k_cache.is_contiguous() and v_cache.is_contiguous() and k_cache.dtype == v_cache.dtype):
-        raise ValueError("the paged kernel reads contiguous K/V caches of one dtype")
+    lib, q, qh = _inputs(q, k_cache, v_cache)
     b, h, g, d = q.shape
-    # a bf16 q is exact in bf16: the kernel may dot it with bf16 keys as they are stored
-    qh = q.contiguous() if q.dtype == torch.bfloat16 else None
-    q = q.float().contiguous()
     table = block_table.to(torch.int64).contiguous()
     lens = num_cached.to(torch.int64).contiguous()
     kn = None if k_new is None else k_new.float().contiguous()
@@ -544,7 +551,7 @@ def attend(
             raise ValueError("slots: (B,) contiguous int64")
         size = k_cache.element_size()
         rows = (k_rows.data_ptr(), v_rows.data_ptr(), k_rows.stride(0) * size, v_rows.stride(0) * size, slots.data_ptr())
-    _lib.paged_decode(
+    lib.paged_decode(
         q.data_ptr(), None if qh is None else qh.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), int(k_cache.dtype == torch.bfloat16),
         table.data_ptr(), table.shape[1], lens.data_ptr(), None if kn is None else kn.data_ptr(),
         None if vn is None else vn.data_ptr(), out.data_ptr(), b, h, g, d, k_cache.shape[1], scale,
@@ -568,18 +575,12 @@ def attend_chunks(
     context_lens[c]), causal over the first context_lens[c] tokens of the cache through
     block_table[c] (the chunk's own K/V written already). (T, Hkv, G, D) float32, with only the
     chunks' rows written."""
-    if _lib is None and not available():
-        raise RuntimeError("the paged CPU attention kernel could not be built (see the log); check available() first")
-    assert _lib is not None
-    if not (k_cache.is_contiguous() and v_cache.is_contiguous() and k_cache.dtype == v_cache.dtype):
-        raise ValueError("the paged kernel reads contiguous K/V caches of one dtype")
+    lib, q, qh = _inputs(q, k_cache, v_cache)
     t, h, g, d = q.shape
-    qh = q.contiguous() if q.dtype == torch.bfloat16 else None
-    q = q.float().contiguous()
     table = block_table.to(torch.int64).contiguous()
     starts, lens, ctx = (x.to(torch.int64).contiguous() for x in (q_start, q_len, context_lens))
     out = torch.empty(t, h, g, d, dtype=torch.float32)
-    _lib.paged_prefill(
+    lib.paged_prefill(
         q.data_ptr(), None if qh is None else qh.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
         int(k_cache.dtype == torch.bfloat16), table.data_ptr(), table.shape[1], starts.data_ptr(), lens.data_ptr(),
         ctx.data_ptr(), out.data_ptr(), table.shape[0], h, g, d, k_cache.shape[1], scale, torch.get_num_threads(),
