@@ -32,6 +32,7 @@ import argparse
 import random
 import subprocess
 import sys
+import tempfile
 import time
 import types
 from collections.abc import Callable
@@ -48,12 +49,18 @@ from gpu_workers.memory import kv_cache_zeros
 
 
 def kernel_at(rev: str) -> types.ModuleType:
-    """attention/cpu_paged.py as of git revision rev, loaded beside today's (its ops renamed)."""
-    path = "gpu_workers/attention/cpu_paged.py"
-    src = subprocess.run(["git", "-C", str(REPO), "show", f"{rev}:{path}"], capture_output=True, text=True,
-                         check=True).stdout  # fmt: skip
+    """attention/cpu_paged.py (and its cpu_paged.c, where that revision has one) as of git
+    revision rev, loaded beside today's (its ops renamed)."""
+    folder = Path(tempfile.mkdtemp(prefix=f"cpu_paged_at_{rev}_"))
+    for name in ("cpu_paged.py", "cpu_paged.c"):
+        shown = subprocess.run(["git", "-C", str(REPO), "show", f"{rev}:gpu_workers/attention/{name}"],
+                               capture_output=True, text=True)  # fmt: skip
+        if shown.returncode == 0:
+            (folder / name).write_text(shown.stdout)
     module = types.ModuleType(f"cpu_paged_at_{rev}")
-    exec(compile(src.replace('"omni::', '"omni_at_rev::'), f"{path}@{rev}", "exec"), module.__dict__)
+    module.__file__ = str(folder / "cpu_paged.py")
+    src = (folder / "cpu_paged.py").read_text().replace('"omni::', '"omni_at_rev::')
+    exec(compile(src, f"cpu_paged.py@{rev}", "exec"), module.__dict__)
     return module
 
 
