@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import sys
 import threading
-import time
 
 import pytest
 
@@ -64,40 +63,37 @@ def test_join_bytes_equals_the_plain_join() -> None:
     assert join_bytes([b"a", bytearray(b"b")]) == b"ab"  # not all bytes: the plain join
 
 
-def _spins_during(join: object, pieces: list[str]) -> int:
-    """How far a spinning thread counts while join(pieces) runs in this one."""
-    count = 0
-    running = True
+def _ran_during(join: object, pieces: list[str]) -> bool:
+    """Whether another thread, waiting for the GIL all along, ran while join(pieces) ran here.
 
-    def spin() -> None:
-        nonlocal count
-        while running:
-            count += 1
+    The switch interval is made longer than any copy, so a thread holding the GIL is never asked
+    to hand it over: the other thread can run during the join only if the join lets go of the
+    GIL itself. The plain join never does; the other thread then runs once it has returned."""
+    go = threading.Event()
+    state = {"joining": True, "ran_during": False}
 
-    spinner = threading.Thread(target=spin)
-    spinner.start()
-    while count == 0:
-        pass
-    before = count
-    join(pieces)  # type: ignore[operator]
-    during = count - before
-    running = False
-    spinner.join()
-    return during
+    def other() -> None:
+        go.wait()
+        state["ran_during"] = state["joining"]
+
+    thread = threading.Thread(target=other)
+    thread.start()
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(5.0)
+    try:
+        go.set()  # the other thread now wants the GIL, which this one holds
+        join(pieces)  # type: ignore[operator]
+        state["joining"] = False
+    finally:
+        sys.setswitchinterval(interval)
+    thread.join()
+    return state["ran_during"]
 
 
 def test_the_copy_leaves_the_gil_to_other_threads() -> None:
-    # Held throughout (the plain join), the spinner counts only in the switch intervals around
-    # the copy; released, it counts through the whole copy. The same pieces, a fresh result
-    # each time (its pages are faulted in during the copy: the slow part).
-    # Another process busy on the same two cores can starve the spinner through a whole copy:
-    # a few tries, and the first that shows the GIL left (what the test is about) settles it.
+    # The same pieces each time, a fresh result (its pages are faulted in during the copy). Held
+    # throughout (the plain join), the waiting thread never runs during it; released, it runs as
+    # soon as the OS gives it a core: a loaded machine may not within one copy, so a few tries.
     pieces = [_piece("a", 1 << 20) for _ in range(48)]
-    held = min(_spins_during("".join, pieces) for _ in range(2))
-    released = 0
-    for _ in range(16):  # a loaded CI machine starved the spinner through 6 tries once
-        released = max(released, _spins_during(join_str, pieces))
-        if released > 2 * held:
-            break
-        time.sleep(0.05)  # let the neighbours' time slices pass
-    assert released > 2 * held
+    assert not any(_ran_during("".join, pieces) for _ in range(2))
+    assert any(_ran_during(join_str, pieces) for _ in range(5))
