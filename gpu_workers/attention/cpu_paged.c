@@ -202,7 +202,7 @@ INLINE void stream_blocks(State st, const float *q, const uint16_t *qh, const vo
         /* the rows that see this block: tokens j >= start - base */
         int64_t j0 = start - base > 0 ? start - base : 0, r0 = j0 * g_count, live = rows - r0;
         State sub = {st.s + r0 * st.stride, st.m + r0, st.l + r0, st.acc + r0 * d, st.stride};
-        const float *qr = q + r0 * d;
+        const float *qr = q ? q + r0 * d : NULL;
         const uint16_t *qhr = qh ? qh + r0 * d : NULL;
         const float *v32 = NULL;
         int64_t vs = d;
@@ -240,6 +240,21 @@ INLINE void finish(State st, float *out, int64_t rows, int64_t d) {
     }
 }
 
+/* The same into bf16, rounded to nearest even (what torch's conversion does) */
+INLINE void finish_bf16(State st, uint16_t *out, int64_t rows, int64_t d) {
+    for (int64_t r = 0; r < rows; r++) {
+        float inv = st.l[r] > 0.0f ? 1.0f / st.l[r] : 0.0f;
+        for (int64_t i = 0; i < d; i++) {
+            union { float f; uint32_t u; } x = {st.acc[r * d + i] * inv};
+            out[r * d + i] = (uint16_t)((x.u + 0x7fffu + ((x.u >> 16) & 1u)) >> 16);
+        }
+    }
+}
+
+/* Whether a bf16 q of head dim d is dotted with bf16 keys as stored (then the fp32 q is not read
+   unless an own token is merged) */
+int paged_bf16_dot(int64_t d) { return HAVE_DPBF16 && d % 16 == 0; }
+
 /* Per-thread scratch for tasks of up to `rows` query rows: State, and two widened blocks. */
 typedef struct { State st; float *kbuf, *vbuf, *qbuf; uint16_t *qhbuf; } Scratch;
 
@@ -253,7 +268,8 @@ static Scratch scratch(int64_t rows, int64_t d, int64_t bs) {
     return x;
 }
 
-/* q, out: (B, H, G, D) fp32; q_bf16: q in bf16 when it is exactly that (or NULL); k_cache,
+/* q, out: (B, H, G, D) fp32 (q NULL where q_bf16 serves alone: paged_bf16_dot and no k_new; out
+   bf16 with out_bf16); q_bf16: q in bf16 when it is exactly that (or NULL); k_cache,
    v_cache: (blocks, bs, H, D) fp32 or bf16; table (B, width); num_cached (B,): visible cached
    tokens of each row; k_new, v_new (B, H, D) fp32 or NULL: each row's own token, merged as one
    more key. k_rows, v_rows (or NULL): the rows' own K/V in the cache's dtype, each H x D
@@ -262,9 +278,9 @@ static Scratch scratch(int64_t rows, int64_t d, int64_t bs) {
    256. Tasks: (row, KV head). */
 void paged_decode(const float *q, const uint16_t *q_bf16, void *k_cache, void *v_cache, int bf16,
                   const int64_t *table, int64_t width, const int64_t *num_cached, const float *k_new,
-                  const float *v_new, float *out, int64_t b_count, int64_t h_count, int64_t g_count, int64_t d,
+                  const float *v_new, void *out, int64_t b_count, int64_t h_count, int64_t g_count, int64_t d,
                   int64_t bs, float scale, int threads, const char *k_rows, const char *v_rows, int64_t k_stride,
-                  int64_t v_stride, const int64_t *slots) {
+                  int64_t v_stride, const int64_t *slots, int out_bf16) {
     if (!(HAVE_DPBF16 && bf16 && d % 16 == 0)) q_bf16 = NULL;
     if (k_rows) {
         const int64_t row_bytes = h_count * d * (bf16 ? 2 : 4);
@@ -279,7 +295,7 @@ void paged_decode(const float *q, const uint16_t *q_bf16, void *k_cache, void *v
 #pragma omp for schedule(dynamic, 1)
         for (int64_t task = 0; task < b_count * h_count; task++) {
             int64_t b = task / h_count, h = task % h_count;
-            const float *qt = q + task * g_count * d;
+            const float *qt = q ? q + task * g_count * d : NULL;
             const uint16_t *qh = q_bf16 ? q_bf16 + task * g_count * d : NULL;
 #define STREAM(D) stream_blocks(x.st, qt, qh, k_cache, v_cache, bf16, table + b * width, num_cached[b] - 1, 1, \
                                 x.kbuf, x.vbuf, h, h_count, g_count, D, bs, scale, 0)
@@ -295,7 +311,10 @@ void paged_decode(const float *q, const uint16_t *q_bf16, void *k_cache, void *v
                 score_rows(x.st, qt, k_new + task * d, d, 1, g_count, d, scale);
                 accumulate(x.st, v_new + task * d, d, 1, g_count, d, 0);
             }
-            finish(x.st, out + task * g_count * d, g_count, d);
+            if (out_bf16)
+                finish_bf16(x.st, (uint16_t *)out + task * g_count * d, g_count, d);
+            else
+                finish(x.st, (float *)out + task * g_count * d, g_count, d);
         }
         free(x.st.s);
     }

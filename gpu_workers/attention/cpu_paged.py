@@ -46,6 +46,7 @@ as one opaque op inside its inductor graph.
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import logging
 import os
@@ -114,7 +115,8 @@ def _load(compiler: str | None = None) -> ctypes.CDLL:
     fn = lib.paged_decode
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
     fn.argtypes = [ptr, ptr, ptr, ptr, ctypes.c_int, ptr, i64, ptr, ptr, ptr, ptr, i64, i64, i64, i64, i64,
-                   ctypes.c_float, ctypes.c_int, ptr, ptr, i64, i64, ptr]  # fmt: skip
+                   ctypes.c_float, ctypes.c_int, ptr, ptr, i64, i64, ptr, ctypes.c_int]  # fmt: skip
+    lib.paged_bf16_dot.argtypes = [i64]
     fn.restype = None
     fn = lib.paged_prefill
     fn.argtypes = [ptr, ptr, ptr, ptr, ctypes.c_int, ptr, i64, ptr, ptr, ptr, ptr, i64, i64, i64, i64, i64,
@@ -155,17 +157,27 @@ def supports(k_cache: torch.Tensor) -> bool:
 
 
 def _inputs(
-    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
-) -> tuple[ctypes.CDLL, torch.Tensor, torch.Tensor | None]:
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, fp32_q: bool
+) -> tuple[ctypes.CDLL, torch.Tensor | None, torch.Tensor | None]:
     """The loaded kernel, q in fp32, and q in bf16 where it is exactly that (the kernel may then
-    dot it with bf16 keys as they are stored); raises where the kernel cannot serve the caches."""
+    dot it with bf16 keys as they are stored). fp32_q False: the caller reads the fp32 q only
+    where the bf16 one is not dotted as stored (a decode without an own token to merge), so
+    none is made where it would be; raises where the kernel cannot serve the caches."""
     if _lib is None and not available():
         raise RuntimeError("the paged CPU attention kernel could not be built (see the log); check available() first")
     assert _lib is not None
     if not (k_cache.is_contiguous() and v_cache.is_contiguous() and k_cache.dtype == v_cache.dtype):
         raise ValueError("the paged kernel reads contiguous K/V caches of one dtype")
-    qh = q.contiguous() if q.dtype == torch.bfloat16 else None
-    return _lib, q.float().contiguous(), qh
+    if q.dtype != torch.bfloat16:
+        return _lib, q.float().contiguous(), None
+    dot_only = k_cache.dtype == torch.bfloat16 and not fp32_q and _bf16_dot(q.shape[-1])
+    return _lib, None if dot_only else q.float().contiguous(), q.contiguous()
+
+
+@functools.cache
+def _bf16_dot(head_dim: int) -> bool:
+    assert _lib is not None
+    return bool(_lib.paged_bf16_dot(head_dim))
 
 
 def attend(
@@ -178,17 +190,21 @@ def attend(
     v_new: torch.Tensor | None,
     scale: float,
     write: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+    out_dtype: torch.dtype = torch.float32,
 ) -> torch.Tensor:
     """The kernel called directly (eager code; the op below wraps it for compiled graphs): see the
     op. write = (k, v, slots): the rows' own K/V (B, Hkv, D) in the cache's dtype, written to the
-    cache at slots (B,) int64 first, in the same call (the eager step's write_kv)."""
-    lib, q, qh = _inputs(q, k_cache, v_cache)
+    cache at slots (B,) int64 first, in the same call (the eager step's write_kv). out_dtype
+    torch.bfloat16: the output rounded to bf16 by the kernel (as torch's conversion rounds)."""
     b, h, g, d = q.shape
+    lib, q32, qh = _inputs(q, k_cache, v_cache, fp32_q=k_new is not None)
     table = block_table.to(torch.int64).contiguous()
     lens = num_cached.to(torch.int64).contiguous()
     kn = None if k_new is None else k_new.float().contiguous()
     vn = None if v_new is None else v_new.float().contiguous()
-    out = torch.empty(b, h, g, d, dtype=torch.float32)
+    if out_dtype not in (torch.float32, torch.bfloat16):
+        raise ValueError(f"the kernel writes float32 or bfloat16, not {out_dtype}")
+    out = torch.empty(b, h, g, d, dtype=out_dtype)
     rows: tuple[int | None, int | None, int, int, int | None] = (None, None, 0, 0, None)
     if write is not None:
         k_rows, v_rows, slots = write
@@ -200,10 +216,10 @@ def attend(
         size = k_cache.element_size()
         rows = (k_rows.data_ptr(), v_rows.data_ptr(), k_rows.stride(0) * size, v_rows.stride(0) * size, slots.data_ptr())
     lib.paged_decode(
-        q.data_ptr(), None if qh is None else qh.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), int(k_cache.dtype == torch.bfloat16),
-        table.data_ptr(), table.shape[1], lens.data_ptr(), None if kn is None else kn.data_ptr(),
-        None if vn is None else vn.data_ptr(), out.data_ptr(), b, h, g, d, k_cache.shape[1], scale,
-        torch.get_num_threads(), *rows,
+        None if q32 is None else q32.data_ptr(), None if qh is None else qh.data_ptr(), k_cache.data_ptr(),
+        v_cache.data_ptr(), int(k_cache.dtype == torch.bfloat16), table.data_ptr(), table.shape[1], lens.data_ptr(),
+        None if kn is None else kn.data_ptr(), None if vn is None else vn.data_ptr(), out.data_ptr(), b, h, g, d,
+        k_cache.shape[1], scale, torch.get_num_threads(), *rows, int(out_dtype == torch.bfloat16),
     )  # fmt: skip
     return out
 
@@ -223,13 +239,14 @@ def attend_chunks(
     context_lens[c]), causal over the first context_lens[c] tokens of the cache through
     block_table[c] (the chunk's own K/V written already). (T, Hkv, G, D) float32, with only the
     chunks' rows written."""
-    lib, q, qh = _inputs(q, k_cache, v_cache)
     t, h, g, d = q.shape
+    lib, q32, qh = _inputs(q, k_cache, v_cache, fp32_q=True)  # the chunk kernel copies the fp32 q
+    assert q32 is not None
     table = block_table.to(torch.int64).contiguous()
     starts, lens, ctx = (x.to(torch.int64).contiguous() for x in (q_start, q_len, context_lens))
     out = torch.empty(t, h, g, d, dtype=torch.float32)
     lib.paged_prefill(
-        q.data_ptr(), None if qh is None else qh.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
+        q32.data_ptr(), None if qh is None else qh.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
         int(k_cache.dtype == torch.bfloat16), table.data_ptr(), table.shape[1], starts.data_ptr(), lens.data_ptr(),
         ctx.data_ptr(), out.data_ptr(), table.shape[0], h, g, d, k_cache.shape[1], scale, torch.get_num_threads(),
     )  # fmt: skip

@@ -219,7 +219,10 @@ class TorchSDPABackend(AttentionBackend):
             if cpu_paged.supports(k_cache):
                 # in place; the rows' own K/V are in the cache already (written by forward), or
                 # written by this call first
-                od = cpu_paged.attend(qd, k_cache, v_cache, d.block_table, d.context_lens, None, None, scale, write)
+                out_dtype = torch.bfloat16 if q.dtype == torch.bfloat16 else torch.float32
+                od = cpu_paged.attend(
+                    qd, k_cache, v_cache, d.block_table, d.context_lens, None, None, scale, write, out_dtype
+                )
                 return od.to(q.dtype).reshape(b, hq, dim)
             # a cache the kernel cannot read (its dtype or head dim): the mask after all, once a step
             valid = torch.arange(d.block_table.shape[1] * bs, device=q.device)[None, :] < d.context_lens[:, None]

@@ -89,6 +89,10 @@ def test_kernel_matches_dense_softmax(dtype: torch.dtype, g: int, d: int, bs: in
     want = _reference(*args, None, None, scale)
     assert (got - want).abs().max().item() < 3e-6
     assert not got[c["num_cached"] == 0].any()
+    if dtype == torch.bfloat16:  # the eager bf16 path: no fp32 copy of q, the output rounded by the kernel
+        fp32_out = cpu_paged.attend(qh, *args[1:], None, None, scale)
+        bf16_out = cpu_paged.attend(qh, *args[1:], None, None, scale, out_dtype=torch.bfloat16)
+        assert bf16_out.dtype == torch.bfloat16 and torch.equal(bf16_out, fp32_out.to(torch.bfloat16))
 
 
 def _chunks_reference(q, k_cache, v_cache, table, q_start, q_len, context_lens, scale):  # type: ignore[no-untyped-def]
