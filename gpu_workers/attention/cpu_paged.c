@@ -246,7 +246,8 @@ INLINE void finish_bf16(State st, uint16_t *out, int64_t rows, int64_t d) {
         float inv = st.l[r] > 0.0f ? 1.0f / st.l[r] : 0.0f;
         for (int64_t i = 0; i < d; i++) {
             union { float f; uint32_t u; } x = {st.acc[r * d + i] * inv};
-            out[r * d + i] = (uint16_t)((x.u + 0x7fffu + ((x.u >> 16) & 1u)) >> 16);
+            int nan = (x.u & 0x7fffffffu) > 0x7f800000u; /* stays a (quiet) NaN, as in torch */
+            out[r * d + i] = (uint16_t)(nan ? (x.u >> 16) | 0x40u : (x.u + 0x7fffu + ((x.u >> 16) & 1u)) >> 16);
         }
     }
 }

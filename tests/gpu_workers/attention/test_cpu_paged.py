@@ -167,6 +167,21 @@ def test_continuing_chunks_threads_agree() -> None:
     assert torch.equal(one, two)  # each (chunk, head, tile) is one task: the same arithmetic
 
 
+def test_bf16_output_keeps_nans_as_torch_does() -> None:
+    """A NaN in the cache reaches the output: rounded to bf16 by the kernel it stays a NaN (not
+    an infinity, as plain round-to-nearest of its bits would make it)."""
+    gen = torch.Generator().manual_seed(5)
+    k_cache, v_cache = torch.randn(2, 4, 4, 1, 16, generator=gen).to(torch.bfloat16).unbind(0)
+    v_cache[0, 0, 0, 0] = float("nan")
+    q = torch.randn(2, 1, 1, 16, generator=gen).to(torch.bfloat16)
+    args = (q, k_cache, v_cache, torch.tensor([[0], [1]]), torch.tensor([3, 3]), None, None, 0.25)
+    fp32_out = cpu_paged.attend(*args)
+    bf16_out = cpu_paged.attend(*args, out_dtype=torch.bfloat16)
+    assert fp32_out[0, 0, 0, 0].isnan() and bf16_out[0, 0, 0, 0].isnan()
+    assert torch.equal(bf16_out.isnan(), fp32_out.isnan())
+    assert torch.equal(bf16_out.nan_to_num(), fp32_out.to(torch.bfloat16).nan_to_num())
+
+
 def test_threads_agree() -> None:
     c = _case(torch.float32, 3, 64, 16, seed=1)
     args = (c["q"], c["k_cache"], c["v_cache"], c["table"], c["num_cached"], c["k_new"], c["v_new"], 0.125)
