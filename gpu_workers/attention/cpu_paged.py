@@ -6,17 +6,19 @@ table: each key is dotted with the G query heads of its KV group, an online soft
 running max and sum per query head, and V is accumulated on the fly. A continuing chunk (a later
 chunk of a long prompt, or the rest of a prompt after a prefix-cache hit) is split into tiles of
 its tokens; a tile's G x tokens rows score each block together while it sits in L1, each token
-causal over the cache up to its own position (attend_chunks; no copy of the context and no mask,
-1.0-1.5x the copied-context SDPA it replaces on contexts up to 1k, 0.93-0.99x at 2k where SDPA's
-GEMMs pull ahead: docs/BENCHMARKS.md, session 12). A decode row's own new token
-(k_new, v_new, not yet written to the cache in the compiled step) is merged as one more key, so
-the kernel returns the final output. fp32 and bf16 caches (bf16 widened to fp32; scores and
+causal over the cache up to its own position (attend_chunks; no copy of the context and no mask:
+1.1-1.4x the copied-context SDPA it replaces up to 512 tokens of context, 1.08-1.16x in bf16 at
+1-2k, and 0.91-0.97x in fp32 at 1-2k, where SDPA's GEMMs pull ahead of our dot products:
+docs/BENCHMARKS.md, session 12). A decode row's own new token (k_new, v_new, not yet written to
+the cache in the compiled step) is merged as one more key, so the kernel returns the final
+output; in the eager step the kernel's call also writes the rows' own K/V first. fp32 and bf16 caches (bf16 widened to fp32; scores and
 sums in fp32; a bf16 q against a bf16 cache takes the CPU's bf16 dot product where it has one,
 AVX512_BF16, which keeps the keys as stored: exact products, fp32 sums), head dims that are
 multiples of 8 up to 256 (unrolled for 16, 32, 64, 128), any block size and G; tasks run in
 parallel over (sequence x KV head) on torch.get_num_threads() OpenMP threads, and the next
-block's rows are prefetched (the blocks are scattered; 1.6x on this CPU). Only the visible tokens are read: a padding row of
-a bucket (nothing cached, its table full of the scratch block) reads no block at all.
+block's rows are prefetched (the blocks are scattered; 1.6x on this CPU). Only the visible
+tokens are read: a padding row of a bucket (nothing cached, its table full of the scratch block)
+reads no block at all.
 
 Why our own kernel: no maintained one fits torch 2.13 on the CPU. intel-extension-for-pytorch's
 paged attention (its last release, 2.8, pins torch 2.8); vLLM's CPU paged-attention ops and
