@@ -11,10 +11,12 @@ causal over the cache up to its own position (attend_chunks; no copy of the cont
 1-2k, and 0.91-0.97x in fp32 at 1-2k, where SDPA's GEMMs pull ahead of our dot products:
 docs/BENCHMARKS.md, session 12). A decode row's own new token (k_new, v_new, not yet written to
 the cache in the compiled step) is merged as one more key, so the kernel returns the final
-output; in the eager step the kernel's call also writes the rows' own K/V first. fp32 and bf16 caches (bf16 widened to fp32; scores and
-sums in fp32; a bf16 q against a bf16 cache takes the CPU's bf16 dot product where it has one,
-AVX512_BF16, which keeps the keys as stored: exact products, fp32 sums), head dims that are
-multiples of 8 up to 256 (unrolled for 16, 32, 64, 128), any block size and G; tasks run in
+output; in the eager step the kernel's call also writes the rows' own K/V first.
+
+fp32 and bf16 caches (bf16 widened to fp32; scores and sums in fp32; a bf16 q against a bf16
+cache takes the CPU's bf16 dot product where it has one, AVX512_BF16, which keeps the keys as
+stored: exact products, fp32 sums), head dims that are multiples of 8 up to 256 (unrolled for
+16, 32, 64, 128), any block size and G; tasks run in
 parallel over (sequence x KV head) on torch.get_num_threads() OpenMP threads, and the next
 block's rows are prefetched (the blocks are scattered; 1.6x on this CPU). Only the visible
 tokens are read: a padding row of a bucket (nothing cached, its table full of the scratch block)
