@@ -16,11 +16,10 @@ output; in the eager step the kernel's call also writes the rows' own K/V first.
 fp32 and bf16 caches (bf16 widened to fp32; scores and sums in fp32; a bf16 q against a bf16
 cache takes the CPU's bf16 dot product where it has one, AVX512_BF16, which keeps the keys as
 stored: exact products, fp32 sums), head dims that are multiples of 8 up to 256 (unrolled for
-16, 32, 64, 128), any block size and G; tasks run in
-parallel over (sequence x KV head) on torch.get_num_threads() OpenMP threads, and the next
-block's rows are prefetched (the blocks are scattered; 1.6x on this CPU). Only the visible
-tokens are read: a padding row of a bucket (nothing cached, its table full of the scratch block)
-reads no block at all.
+16, 32, 64, 128), any block size and G. Tasks run in parallel over (sequence x KV head), or
+(chunk x KV head x tile), on torch.get_num_threads() OpenMP threads, and the next block's rows
+are prefetched (the blocks are scattered; 1.6x on this CPU). Only the visible tokens are read: a
+padding row of a bucket (nothing cached, its table full of the scratch block) reads no block.
 
 Why our own kernel: no maintained one fits torch 2.13 on the CPU. intel-extension-for-pytorch's
 paged attention (its last release, 2.8, pins torch 2.8); vLLM's CPU paged-attention ops and
