@@ -1,5 +1,4 @@
 import asyncio
-import time
 
 import aiohttp
 import pytest
@@ -35,13 +34,11 @@ async def test_unreachable_endpoint_is_a_quick_store_error(
     store = make_s3_store(
         f"http://127.0.0.1:{closed_port}", connect_timeout_s=0.5, read_timeout_s=0.5, max_attempts=1
     )
-    start = time.monotonic()
     async with store:
         for op in (store.put("k", b"x"), store.get("k"), store.exists("k"), store.delete("k")):
             with pytest.raises(StoreError, match=f"s3://{BUCKET}/") as info:
-                await asyncio.wait_for(op, timeout=10)
+                await asyncio.wait_for(op, timeout=10)  # a hang fails here (TimeoutError), not a slow host
             assert "Traceback" not in str(info.value)
-    assert time.monotonic() - start < 10
 
 
 async def test_missing_bucket_is_a_store_error(moto_endpoint: str, aws_env: None) -> None:
