@@ -30,7 +30,8 @@ the paged CPU kernel), `eager:NAME` (eager with attention backend NAME, e.g. eag
 and the compiled decode step with each of its kernels: `gather` (inductor's reduction over the
 cache) and `paged` (attention/cpu_paged.py); for the compiled ones their attention share,
 measured by difference against the same compiled step with the cached-context attention left
-out (`none`: wrong results, timing only). On a busy machine the ratios, not the absolute times, are what to read; --rounds repeats the whole comparison.
+out (`none`: wrong results, timing only). On a busy machine the ratios, not the absolute times,
+are what to read; --rounds repeats the whole comparison.
 
     python bench/step_profile.py --model bench/.cache/qwen2-100m --dtype bfloat16 --threads 2 \
         --compare eager,eager:flex_paged,gather --steps 20 --rounds 3

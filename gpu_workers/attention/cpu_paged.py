@@ -274,17 +274,8 @@ def paged_decode_attention(
 
 
 @paged_decode_attention.register_fake
-def _paged_decode_attention_shape(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    block_table: torch.Tensor,
-    num_cached: torch.Tensor,
-    k_new: torch.Tensor | None,
-    v_new: torch.Tensor | None,
-    scale: float,
-) -> torch.Tensor:
-    return q.new_empty(q.shape, dtype=torch.float32)
+def _paged_decode_attention_shape(q: torch.Tensor, *_: object) -> torch.Tensor:
+    return q.new_empty(q.shape, dtype=torch.float32)  # the shape and dtype are q's alone
 
 
 def _self_check() -> None:

@@ -119,13 +119,11 @@ class TorchSDPABackend(AttentionBackend):
         decodes = [c for c in chunks if c.is_decode]
         decode = None
         if decodes:
-            max_blocks = -(-max(c.context_len for c in decodes) // bs)
-            table = [c.block_ids[: -(-c.context_len // bs)] for c in decodes]
-            table = [t + [0] * (max_blocks - len(t)) for t in table]
+            table = _padded_table(decodes, bs)
             lens = torch.tensor([c.context_len for c in decodes])
             decode_mask = None
             if not self._use_paged():
-                valid = torch.arange(max_blocks * bs)[None, :] < lens[:, None]  # (B, S)
+                valid = torch.arange(len(table[0]) * bs)[None, :] < lens[:, None]  # (B, S)
                 decode_mask = valid[:, None, None, :].to(dev)
             decode = DecodeBatch(
                 rows=torch.tensor([c.query_start for c in decodes], device=dev),
@@ -145,10 +143,8 @@ class TorchSDPABackend(AttentionBackend):
         continuing = None
         later = [c for c in chunks if not c.is_decode and c.num_computed_tokens > 0]
         if later and self._use_paged():
-            width = -(-max(c.context_len for c in later) // bs)
-            table = [c.block_ids[: -(-c.context_len // bs)] for c in later]
             continuing = ContinuingBatch(
-                block_table=torch.tensor([t + [0] * (width - len(t)) for t in table]),
+                block_table=torch.tensor(_padded_table(later, bs)),
                 q_start=torch.tensor([c.query_start for c in later]),
                 q_len=torch.tensor([c.num_query_tokens for c in later]),
                 context_lens=torch.tensor([c.context_len for c in later]),
@@ -260,6 +256,13 @@ class TorchSDPABackend(AttentionBackend):
             vp = vp.transpose(0, 1)[None].to(q.dtype)
             return _continuing(q[p.start : p.end], kp, vp, p, scale)
         return op[0].transpose(0, 1)  # (n, Hq, D)
+
+
+def _padded_table(chunks: list[SequenceChunk], bs: int) -> list[list[int]]:
+    """Each chunk's blocks holding its context, padded with block 0 to the longest's count."""
+    tables = [c.block_ids[: -(-c.context_len // bs)] for c in chunks]
+    width = max(len(t) for t in tables)
+    return [t + [0] * (width - len(t)) for t in tables]
 
 
 def _kernel_writes(k: torch.Tensor, v: torch.Tensor, kv_cache: KVCache) -> bool:
