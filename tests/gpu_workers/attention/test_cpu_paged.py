@@ -25,6 +25,14 @@ from gpu_workers.attention.torch_sdpa import TorchSDPABackend
 pytestmark = pytest.mark.skipif(not cpu_paged.available(), reason="no C compiler to build the kernel")
 
 
+def EVERY_SHAPE(test: Any) -> Any:
+    """Both cache dtypes, G 1-4, head dims 16/64/128, blocks of 4 and 16."""
+    for name, values in (("dtype", [torch.float32, torch.bfloat16]), ("g", [1, 2, 3, 4]), ("d", [16, 64, 128]),
+                         ("bs", [4, 16])):  # fmt: skip
+        test = pytest.mark.parametrize(name, values)(test)
+    return test
+
+
 def _reference(q, k_cache, v_cache, table, num_cached, k_new, v_new, scale):  # type: ignore[no-untyped-def]
     """(B, H, G, D): softmax over [the row's first num_cached cached tokens, its own token]."""
     out = torch.zeros(q.shape)
@@ -68,10 +76,7 @@ def _case(dtype: torch.dtype, g: int, d: int, bs: int, seed: int = 0) -> dict[st
     }
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("g", [1, 2, 3, 4])
-@pytest.mark.parametrize("d", [16, 64, 128])
-@pytest.mark.parametrize("bs", [4, 16])
+@EVERY_SHAPE
 def test_kernel_matches_dense_softmax(dtype: torch.dtype, g: int, d: int, bs: int) -> None:
     c = _case(dtype, g, d, bs)
     args = (c["q"], c["k_cache"], c["v_cache"], c["table"], c["num_cached"])
@@ -139,10 +144,7 @@ def _chunks_case(dtype: torch.dtype, g: int, d: int, bs: int, seed: int = 0) -> 
     }
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("g", [1, 2, 3, 4])
-@pytest.mark.parametrize("d", [16, 64, 128])
-@pytest.mark.parametrize("bs", [4, 16])
+@EVERY_SHAPE
 def test_continuing_chunks_match_dense_causal_softmax(dtype: torch.dtype, g: int, d: int, bs: int) -> None:
     c = _chunks_case(dtype, g, d, bs)
     args = (c["k_cache"], c["v_cache"], c["table"], c["q_start"], c["q_len"], c["context_lens"], d**-0.5)
