@@ -259,9 +259,9 @@ class TorchSDPABackend(AttentionBackend):
 
 
 def _padded_table(chunks: list[SequenceChunk], bs: int) -> list[list[int]]:
-    """Each chunk's blocks holding its context, padded with block 0 to the longest's count."""
+    """Each chunk's blocks holding its context, padded with block 0 to the longest context's count."""
+    width = -(-max(c.context_len for c in chunks) // bs)
     tables = [c.block_ids[: -(-c.context_len // bs)] for c in chunks]
-    width = max(len(t) for t in tables)
     return [t + [0] * (width - len(t)) for t in tables]
 
 
