@@ -224,8 +224,13 @@ def test_a_realtime_response_refused_by_admission_control_fails_and_the_session_
         async with httpx.AsyncClient(base_url=small_server, timeout=HANG_GUARD_S) as client:
             streams = [asyncio.create_task(client.post("/v1/chat/completions", json=chat(i, 1000))) for i in range(full)]
             try:
-                while read_metric(small_server, "vllm:num_requests_waiting", model_name=MODEL) < MAX_QUEUED_REQUESTS:
-                    await asyncio.sleep(0.05)
+                # polled off the event loop, so the posts keep moving while it reads the metrics
+                # (a synchronous read held them still; twice under the full suite this loop never
+                # saw four waiting, until its 120 s guard)
+                while await asyncio.to_thread(read_metric, small_server, "vllm:num_requests_waiting",
+                                              model_name=MODEL) < MAX_QUEUED_REQUESTS:  # fmt: skip
+                    assert not all(s.done() for s in streams), "the requests ended before the queue filled"
+                    await asyncio.sleep(0.02)
                 return await _realtime_answer(small_server)
             finally:
                 for s in streams:
