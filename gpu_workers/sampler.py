@@ -18,7 +18,6 @@ arrays) and a device half that reads those arrays after one staged copy.
 from __future__ import annotations
 
 import itertools
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -29,6 +28,7 @@ from gpu_workers.penalties import PenaltyCounts, TokenHistory
 from gpu_workers.staging import HostStaging
 from gpu_workers.token_masks import apply_bitmask, pack_masks
 from omni.shared.protocol import SamplingOptions
+from omni.shared.sampling_bounds import SAMPLING_BOUNDS
 
 __all__ = ["SampleOutput", "Sampler", "TokenHistory", "process_logits", "validate_options", "warp_logits"]
 
@@ -53,32 +53,21 @@ def validate_options(options: SamplingOptions, vocab_size: int | None = None) ->
     """A ValueError for options the sampler cannot apply; vocab_size bounds every token id (the
     server refuses such ids with a 400 first: an id past the logits would index out of range,
     a sticky device-side assert on a GPU)."""
-    if options.temperature < 0.0:
-        raise ValueError(f"temperature must be >= 0, got {options.temperature}")
-    if not 0.0 < options.top_p <= 1.0:
-        raise ValueError(f"top_p must be in (0, 1], got {options.top_p}")
+    for name, bound in SAMPLING_BOUNDS.items():  # the bounds the server's 400s hold too
+        value = getattr(options, name)  # None: not asked for; a list (logit_bias_values): each
+        for v in [] if value is None else value if isinstance(value, list) else [value]:
+            if not bound.admits(v):
+                raise ValueError(f"{name} must be in {bound}, got {v}")
     if options.top_k is not None and options.top_k < 1:
         raise ValueError(f"top_k must be >= 1 or None, got {options.top_k}")
     if options.logprobs is not None and options.logprobs < 0:
         raise ValueError(f"logprobs must be >= 0 or None, got {options.logprobs}")
-    if not (math.isfinite(options.presence_penalty) and math.isfinite(options.frequency_penalty)):
-        raise ValueError("presence_penalty and frequency_penalty must be finite")
-    if not (math.isfinite(options.repetition_penalty) and options.repetition_penalty > 0.0):
-        raise ValueError(f"repetition_penalty must be > 0, got {options.repetition_penalty}")
     if len(options.logit_bias_token_ids) != len(options.logit_bias_values):
         raise ValueError("logit_bias_token_ids and logit_bias_values must have the same length")
-    if not all(math.isfinite(b) for b in options.logit_bias_values):
-        raise ValueError("logit biases must be finite")
-    if not 0.0 <= options.min_p <= 1.0:
-        raise ValueError(f"min_p must be in [0, 1], got {options.min_p}")
     if options.allowed_token_ids is not None and not options.allowed_token_ids:
         raise ValueError("allowed_token_ids must not be empty (None allows every token)")
     if any(not word for word in options.bad_words_token_ids):
         raise ValueError("a bad word must have at least one token")
-    if options.min_tokens < 0:
-        raise ValueError(f"min_tokens must be >= 0, got {options.min_tokens}")
-    if options.prompt_logprobs is not None and options.prompt_logprobs < 0:
-        raise ValueError(f"prompt_logprobs must be >= 0 or None, got {options.prompt_logprobs}")
     ids = itertools.chain(
         options.logit_bias_token_ids,
         options.allowed_token_ids or (),

@@ -9,7 +9,8 @@ from typing import Any
 
 from omni.errors import bad_request
 from omni.serving.requests.common import GenerationFields
-from omni.serving.requests.fields import MAX_PROMPT_LOGPROBS, value_error
+from omni.serving.requests.fields import value_error
+from omni.shared.sampling_bounds import MAX_PROMPT_LOGPROBS
 from omni.text.tokenizer import TextTokenizer
 from scheduler.request import MediaSpan, SamplingParams
 

@@ -16,6 +16,7 @@ from msgspec import UNSET, Meta, Struct, UnsetType
 
 from omni.errors import APIError, bad_request
 from omni.serving.requests.fields import convert
+from omni.shared.sampling_bounds import sampling_bound
 
 FormatType = Literal["audio/pcm", "audio/pcmu", "audio/pcma"]
 
@@ -83,6 +84,9 @@ class ToolChoiceFunction(Struct, forbid_unknown_fields=True):
 ToolChoice = Literal["auto", "none", "required"] | ToolChoiceFunction
 Modalities = Annotated[list[Literal["text", "audio"]], Meta(min_length=1, max_length=1)]
 MaxTokens = Annotated[int, Meta(ge=1, le=1 << 20)] | Literal["inf"]
+# chat's fields, bounded as chat bounds them (a response is a chat request)
+Temperature = Annotated[float, Meta(**sampling_bound("temperature"))]
+LogitBias = dict[str, Annotated[float, Meta(**sampling_bound("logit_bias_values"))]]
 
 
 class SessionFields(Struct, forbid_unknown_fields=True):
@@ -95,7 +99,7 @@ class SessionFields(Struct, forbid_unknown_fields=True):
     audio: SessionAudio | UnsetType = UNSET
     tools: list[FunctionTool] | UnsetType = UNSET
     tool_choice: ToolChoice | UnsetType = UNSET
-    temperature: Annotated[float, Meta(ge=0.0, le=2.0)] | UnsetType = UNSET  # ours (beta's); GA has none
+    temperature: Temperature | UnsetType = UNSET  # ours (beta's); GA has none
     max_output_tokens: MaxTokens | UnsetType = UNSET
     parallel_tool_calls: bool | UnsetType = UNSET
     truncation: Literal["auto", "disabled"] | UnsetType = UNSET  # informational: the context is the model's
@@ -103,7 +107,7 @@ class SessionFields(Struct, forbid_unknown_fields=True):
     include: list[Literal["item.input_audio_transcription.logprobs"]] | UnsetType = UNSET  # informational
     # ours, as chat's (vLLM's) fields: reproducible answers, and a bias a test steers a random model with
     seed: int | UnsetType = UNSET
-    logit_bias: dict[str, Annotated[float, Meta(ge=-100.0, le=100.0)]] | UnsetType = UNSET
+    logit_bias: LogitBias | UnsetType = UNSET
 
 
 class ResponseAudioOutput(Struct, forbid_unknown_fields=True):
@@ -123,7 +127,7 @@ class ResponseFields(Struct, forbid_unknown_fields=True):
     audio: ResponseAudio | UnsetType = UNSET
     tools: list[FunctionTool] | UnsetType = UNSET
     tool_choice: ToolChoice | UnsetType = UNSET
-    temperature: Annotated[float, Meta(ge=0.0, le=2.0)] | UnsetType = UNSET
+    temperature: Temperature | UnsetType = UNSET
     max_output_tokens: MaxTokens | UnsetType = UNSET
     conversation: Literal["auto", "none"] | UnsetType = UNSET  # none: out of band, the answer not kept
     input: list[Any] | UnsetType = UNSET  # with conversation none: the items the prompt holds instead
@@ -131,7 +135,7 @@ class ResponseFields(Struct, forbid_unknown_fields=True):
     parallel_tool_calls: bool | UnsetType = UNSET
     # ours, as chat's (vLLM's) fields: reproducible answers, and a bias a test steers a random model with
     seed: int | UnsetType = UNSET
-    logit_bias: dict[str, Annotated[float, Meta(ge=-100.0, le=100.0)]] | UnsetType = UNSET
+    logit_bias: LogitBias | UnsetType = UNSET
 
 
 # -------------------------------------------------------------------- conversation items

@@ -27,20 +27,17 @@ from msgspec import Meta, Struct, field
 
 from omni.errors import bad_request
 from omni.serving.requests.fields import (
-    MAX_LOGIT_BIAS,
     MAX_N,
-    MAX_PROMPT_LOGPROBS,
-    MAX_REPETITION_PENALTY,
     MAX_REQUEST_ID_LENGTH,
     MAX_SEED,
     MAX_STOP_STRINGS,
-    MIN_REPETITION_PENALTY,
     MIN_SEED,
     Json,
     type_error,
     unsupported,
     value_error,
 )
+from omni.shared.sampling_bounds import sampling_bound
 
 # ----------------------------------------------------------------------------- dispositions
 
@@ -257,16 +254,16 @@ class GenerationFields(Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     # OpenAI's fields of both endpoints
     model: Annotated[str, honoured("the served model that answers")]
     frequency_penalty: Annotated[
-        float, honoured("a logit penalty for each earlier occurrence of a token", ge=-2.0, le=2.0)
+        float, honoured("a logit penalty for each earlier occurrence of a token", **sampling_bound("frequency_penalty"))
     ] = 0.0
     logit_bias_sent: Annotated[
-        dict[Annotated[str, Meta(pattern="^[0-9]+$")], Annotated[float, Meta(ge=-MAX_LOGIT_BIAS, le=MAX_LOGIT_BIAS)]],
+        dict[Annotated[str, Meta(pattern="^[0-9]+$")], Annotated[float, Meta(**sampling_bound("logit_bias_values"))]],
         honoured("added to the logits of the given token ids (token id as a decimal string, each id once)"),
     ] = field(name="logit_bias", default_factory=dict)
     # None: as many as the context allows.
     max_tokens: Annotated[int, honoured("the most tokens to generate", ge=1)] | None = None
     n: Annotated[int, honoured("how many independent choices to generate", ge=1, le=MAX_N)] = 1
-    presence_penalty: Annotated[float, honoured("a logit penalty for tokens that have occurred", ge=-2.0, le=2.0)] = 0.0
+    presence_penalty: Annotated[float, honoured("a logit penalty for tokens that have occurred", **sampling_bound("presence_penalty"))] = 0.0
     # le: msgspec's bounds are int64; MAX_SEED is checked in check_generation
     seed: Annotated[
         int, honoured("seeds each choice's sampling", ge=MIN_SEED, extra_json_schema={"maximum": MAX_SEED})
@@ -279,8 +276,8 @@ class GenerationFields(Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     stream_options: Annotated[
         StreamOptions, honoured("include_usage and continuous_usage_stats; only with stream")
     ] | None = None
-    temperature: Annotated[float, honoured("the sampling temperature; 0 is greedy", ge=0.0, le=2.0)] = 1.0
-    top_p: Annotated[float, honoured("nucleus sampling", gt=0.0, le=1.0)] = 1.0
+    temperature: Annotated[float, honoured("the sampling temperature; 0 is greedy", **sampling_bound("temperature"))] = 1.0
+    top_p: Annotated[float, honoured("nucleus sampling", **sampling_bound("top_p"))] = 1.0
     user: Annotated[str | None, informational("an end-user id for abuse monitoring; it changes no output", STRING)] = None
 
     # vLLM's sampling parameters and extra fields of both endpoints
@@ -297,14 +294,13 @@ class GenerationFields(Struct, frozen=True, kw_only=True, forbid_unknown_fields=
         int, honoured("samples from the k most likely tokens; -1 and 0 mean all", ge=-1)
     ] | None = field(name="top_k", default=None)
     min_p: Annotated[
-        float, honoured("drops tokens less likely than min_p times the most likely one", ge=0.0, le=1.0)
+        float, honoured("drops tokens less likely than min_p times the most likely one", **sampling_bound("min_p"))
     ] = 0.0
     repetition_penalty: Annotated[
         float,
         honoured(
             "divides (or multiplies) the logits of tokens seen in prompt or output",
-            ge=MIN_REPETITION_PENALTY,
-            le=MAX_REPETITION_PENALTY,
+            **sampling_bound("repetition_penalty"),
         ),
     ] = 1.0
     stop_token_ids_sent: Annotated[TokenIds, honoured("token ids that end generation")] = field(
@@ -312,7 +308,7 @@ class GenerationFields(Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     )
     include_stop_str_in_output: Annotated[bool, honoured("keeps the matched stop string in the text")] = False
     ignore_eos: Annotated[bool, honoured("generation goes on past the end-of-sequence token")] = False
-    min_tokens: Annotated[int, honoured("no end of generation before this many tokens", ge=0)] = 0
+    min_tokens: Annotated[int, honoured("no end of generation before this many tokens", **sampling_bound("min_tokens"))] = 0
     skip_special_tokens: Annotated[bool, honoured("special tokens left out of the text")] = True
     spaces_between_special_tokens: Annotated[
         Refused,
@@ -336,7 +332,7 @@ class GenerationFields(Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     # vLLM's prompt_logprobs: None, or the alternatives listed per prompt position. Never
     # with stream beyond 0 (refused) and never streamed, as in vLLM.
     prompt_logprobs: Annotated[
-        int, honoured("log probabilities of the prompt's tokens", ge=0, le=MAX_PROMPT_LOGPROBS)
+        int, honoured("log probabilities of the prompt's tokens", **sampling_bound("prompt_logprobs"))
     ] | None = None
     logprob_token_ids: Annotated[
         Refused, rejected("log probabilities of chosen token ids are not implemented; use top logprobs")

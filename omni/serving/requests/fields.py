@@ -19,12 +19,6 @@ MAX_N = 128  # OpenAI's bound; admission bounds the work (all n choices are admi
 MAX_STOP_STRINGS = 4
 # torch.Generator.manual_seed accepts exactly this range.
 MIN_SEED, MAX_SEED = -(2**63), 2**64 - 1
-MAX_LOGIT_BIAS = 100.0  # OpenAI's bound, either sign
-# Any positive value is a penalty, but float32 logits divided by a tiny one overflow to inf:
-# these bounds are far past any useful setting and keep the arithmetic finite.
-MIN_REPETITION_PENALTY, MAX_REPETITION_PENALTY = 1e-3, 1e3
-# vLLM's default max_logprobs: the alternatives a prompt position may list.
-MAX_PROMPT_LOGPROBS = 20
 MAX_REQUEST_ID_LENGTH = 256
 
 Json: TypeAlias = Any

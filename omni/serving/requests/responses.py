@@ -30,6 +30,7 @@ from omni.serving.requests.fields import MAX_SEED, MIN_SEED, Body, Json, convert
 from omni.serving.requests.images import MAX_PARTIAL_IMAGES, Compression, OutputFormat, Size
 from omni.serving.requests.tools import MAX_TOOLS, NAME_PATTERN
 from omni.shared.media.image_sizes import parse_size
+from omni.shared.sampling_bounds import sampling_bound
 
 RESPONSES_PATH = "/v1/responses"
 MAX_INPUT_ITEMS = 16_384  # as chat's messages and parts (MAX_CHAT_ITEMS)
@@ -245,8 +246,8 @@ class ResponseRequest(Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
         ReasoningConfig, honoured("effort none or minimal skips reasoning; the summary is the model's reasoning text")
     ] | None = None
     max_output_tokens: Annotated[int, honoured("the most tokens to generate, reasoning included", ge=1)] | None = None
-    temperature: Annotated[float, honoured("the sampling temperature; 0 is greedy", ge=0.0, le=2.0)] = 1.0
-    top_p: Annotated[float, honoured("nucleus sampling", gt=0.0, le=1.0)] = 1.0
+    temperature: Annotated[float, honoured("the sampling temperature; 0 is greedy", **sampling_bound("temperature"))] = 1.0
+    top_p: Annotated[float, honoured("nucleus sampling", **sampling_bound("top_p"))] = 1.0
     metadata: Annotated[dict[str, str], honoured("up to 16 tags, kept with the response")] | None = None
     previous_response_id: Annotated[
         str, honoured("continues a stored response: its turns are rendered before the input")

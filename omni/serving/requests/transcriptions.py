@@ -41,6 +41,7 @@ from omni.serving.requests.fields import (
     unsupported,
     value_error,
 )
+from omni.shared.sampling_bounds import sampling_bound
 
 TRANSCRIPTIONS_PATH = "/v1/audio/transcriptions"
 ResponseFormat: TypeAlias = Literal["json", "text", "verbose_json"]
@@ -66,7 +67,7 @@ class TranscriptionFields(Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     response_format: Annotated[ResponseFormat, honoured("json, text or verbose_json (with duration and language)")] = (
         "json"
     )
-    temperature: Annotated[float, honoured("the sampling temperature; 0 is greedy", ge=0.0, le=MAX_TEMPERATURE)] = 0.0
+    temperature: Annotated[float, honoured("the sampling temperature; 0 is greedy", **sampling_bound("temperature", le=MAX_TEMPERATURE))] = 0.0
     stream: Annotated[bool, honoured("server-sent events as the text comes; not with verbose_json")] = False
     include: Annotated[list[Include], honoured("logprobs: each token's log probability (with json only)")] = []
     seed: Annotated[
