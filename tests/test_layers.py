@@ -562,7 +562,6 @@ UNMIRRORED: dict[str, str] = {
     "omni/serving/requests/completions.py": "tests/omni/serving/requests/test_fields.py and test_output_fields.py",
     "omni/serving/requests/speech.py": "tests/e2e/test_speech.py and tests/omni/http/test_openapi.py",
     "omni/serving/requests/tools.py": "tests/omni/serving/requests/test_chat.py and tests/e2e/test_tools.py",
-    "omni/serving/spoken.py": "tests/e2e/test_chat_audio.py",
     "omni/shared/media/errors.py": "MediaError only; raised and checked in every tests/omni/shared/media test",
     "omni/shared/media/tempo.py": "tests/e2e/test_speech.py (speed stretches the audio)",
     "omni/shared/protocol/specs.py": "tests/omni/shared/protocol/test_messages.py",

@@ -18,7 +18,10 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any
 
 import msgspec
 import orjson
@@ -85,6 +88,30 @@ def ban_audio(model: ServedModel, req: ChatCompletionRequest, params: SamplingPa
     return dataclasses.replace(params, bad_words_token_ids=params.bad_words_token_ids + start)
 
 
+# What a spoken continuation does not take from its text's params: the text's token rules are
+# about text, and the span grammar decides which tokens the span may hold and where it ends (a
+# list of allowed text ids would leave the grammar nothing; the text's stops and min_tokens
+# would cut or hold the span); its prompt logprobs are not reported, and asking for them would
+# keep the continuation from the prefix cache that holds its prompt.
+SPAN_OWN: Mapping[str, Any] = MappingProxyType(
+    {
+        "stop_token_ids": (),
+        "ignore_eos": False,
+        "min_tokens": 0,
+        "allowed_token_ids": None,
+        "bad_words_token_ids": (),
+        "prompt_logprobs": None,
+    }
+)
+
+
+def continuation_params(params: SamplingParams, max_tokens: int) -> SamplingParams:
+    """The text's params, less SPAN_OWN, for max_tokens of span: everything that shapes the
+    sampling (temperature, top_p, top_k, min_p, the penalties, logit_bias, seed, logprobs, and a
+    field added later) carries over, so the speech is sampled as the text was."""
+    return dataclasses.replace(params, max_tokens=max_tokens, **SPAN_OWN)
+
+
 def speak_text(model: ServedModel, audio: ModelAudio, text: Generation) -> Generation | None:
     """The continuation that speaks a finished text: prompt + text (without the token that
     ended it) + the span's opening token, held to the span grammar; None when the context or
@@ -98,20 +125,11 @@ def speak_text(model: ServedModel, audio: ModelAudio, text: Generation) -> Gener
     room = min(params.max_tokens - len(out), model.pool.max_model_len - len(prompt))
     if room < MIN_UNITS + 1 or audio.grammar is None:
         return None
-    speech = SamplingParams(
-        max_tokens=min(room, MAX_UNITS + 1),  # the units, then the span's end
-        temperature=params.temperature,
-        top_p=params.top_p,
-        top_k=params.top_k,
-        min_p=params.min_p,
-        seed=params.seed,
-        logprobs=params.logprobs,
-    )
     return Generation(
         text.pool,
         text.tokenizer,
         prompt,
-        speech,
+        continuation_params(params, min(room, MAX_UNITS + 1)),  # the units, then the span's end
         f"{request.request_id}-speech",
         output=OutputOptions(skip_special_tokens=text.output.skip_special_tokens),
         media=request.media,
