@@ -530,7 +530,6 @@ def test_the_size_checker_sees_a_violation(tmp_path: Path) -> None:
 UNMIRRORED: dict[str, str] = {
     "omni/serving/speech_lifecycle.py": "tests/omni/serving/test_lifecycle.py (speech) and tests/e2e/test_speech.py",
     "omni/serving/realtime/response.py": "tests/e2e/test_realtime.py (every event checked against the openai package's types)",
-    "omni/serving/realtime/session.py": "tests/e2e/test_realtime.py; its parts in tests/omni/serving/realtime/",
     "gpu_workers/models/unit_bigvgan_archive.py": "tests/gpu_workers/models/test_unit_bigvgan.py (archives, folding, loading)",
     "omni/serving/requests/common.py": "the shared generation fields; tests/omni/serving/requests/test_fields.py",
     "omni/serving/requests/parse.py": "every parse_* goes through it; tests/omni/serving/requests/test_fields.py and test_chat.py",

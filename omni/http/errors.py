@@ -1,10 +1,10 @@
 """OpenAI-style errors: {"error": {"message", "type", "param", "code"}} with the right status.
 
-Handlers and the layers below raise APIError (omni/errors.py); error_middleware turns it, the
-media layer's MediaError (a 400 naming the part), admission's Overloaded (a 429 with
-Retry-After), an engine's EngineError (503; 504 for a passed deadline), any aiohttp HTTP error
-(unknown route, wrong method, body too large) and any unexpected exception into that JSON
-shape, so a client never sees an HTML error page.
+Handlers and the layers below raise APIError (omni/errors.py); error_middleware turns it, and
+whatever else omni/serving/errors.py:api_error maps (the media layer's errors, admission's
+refusals, an engine's failures), any aiohttp HTTP error (unknown route, wrong method, body too
+large) and any unexpected exception into that JSON shape, so a client never sees an HTML
+error page.
 """
 
 from __future__ import annotations
@@ -15,10 +15,8 @@ import msgspec
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
-from omni.engines.admission import Overloaded
-from omni.engines.llm import DeadlineExceeded, EngineError, RefusedAtSubmit
-from omni.errors import APIError, bad_request, internal_error, service_unavailable
-from omni.shared.media.errors import MediaError
+from omni.errors import APIError, internal_error
+from omni.serving.errors import api_error
 
 logger = logging.getLogger(__name__)
 
@@ -33,29 +31,6 @@ def error_response(error: APIError) -> web.Response:
         content_type="application/json",
         headers=error.headers,
     )
-
-
-def too_many_requests(exc: Overloaded) -> APIError:
-    """OpenAI's answer to a rate limit: 429, code rate_limit_exceeded, the type naming the
-    limit ("requests", "tokens"), and when to retry; the OpenAI clients retry it themselves."""
-    return APIError(
-        429,
-        exc.message,
-        type=exc.limit.value,
-        code="rate_limit_exceeded",
-        headers={"Retry-After": str(exc.retry_after_s)},
-    )
-
-
-def engine_error(exc: EngineError) -> APIError:
-    """A request its engine could not complete: a passed deadline is a 504 (gRPC's
-    DEADLINE_EXCEEDED maps to it, and the server gave up on its own clock, not the client's),
-    a refusal at submission a 429, a failed worker a 503."""
-    if isinstance(exc, DeadlineExceeded):
-        return APIError(504, str(exc), code="deadline_exceeded")
-    if isinstance(exc, RefusedAtSubmit):
-        return too_many_requests(exc.overloaded)
-    return service_unavailable(str(exc))
 
 
 def from_http_exception(request: web.Request, exc: web.HTTPException) -> APIError:
@@ -82,22 +57,13 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
     # errors in the stream: a new response cannot replace one whose headers were sent.
     try:
         return await handler(request)
-    except APIError as e:
-        # An API error raised from an engine error (assembly's 503 for any of them) answers
-        # as that engine error does: a passed deadline is a 504, a refusal a 429.
-        if isinstance(e.__cause__, EngineError):
-            return error_response(engine_error(e.__cause__))
-        return error_response(e)
-    except MediaError as e:  # the media layer knows nothing of HTTP: its errors are the client's
-        return error_response(bad_request(e.message, param=e.param))
-    except Overloaded as e:
-        return error_response(too_many_requests(e))
-    except EngineError as e:
-        return error_response(engine_error(e))
     except web.HTTPException as e:
         if e.status < 400:
             raise  # redirects and other non-errors pass through unchanged
         return error_response(from_http_exception(request, e))
-    except Exception:
-        logger.exception("unhandled error in %s %s", request.method, request.path)
-        return error_response(internal_error())
+    except Exception as e:
+        error = api_error(e)  # the one mapping, a realtime response's too
+        if error is None:
+            logger.exception("unhandled error in %s %s", request.method, request.path)
+            error = internal_error()
+        return error_response(error)

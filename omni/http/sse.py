@@ -14,8 +14,8 @@ from aiohttp import web
 
 from omni.engines.generation import AudioPiece, Delta, GeneratedImage, TokenLogprob, Usage
 from omni.engines.llm import EngineError
-from omni.http.errors import engine_error
 from omni.modalities.outputs.router import OutputRouter
+from omni.serving.errors import engine_error
 from omni.serving.responses import ChunkUsage, usage_body
 
 # One encoder for every body and event: msgspec encodes the response Structs (and the plain

@@ -25,10 +25,10 @@ from omni.errors import APIError, bad_request
 from omni.http import sse
 from omni.http.access_log import note_generation
 from omni.http.body import body_timeout, read_parsed, request_timeout
-from omni.http.errors import engine_error
 from omni.http.response_events import Event, ResponseEvents, new_id
 from omni.http.state import MODELS, RESPONSES, STORE
 from omni.serving import lifecycle
+from omni.serving.errors import engine_error
 from omni.serving.lifecycle import ImagePreview
 from omni.serving.requests.responses import ResponseRequest, parse_response_request
 from omni.serving.response_store import ResponseStore

@@ -26,9 +26,9 @@ from aiohttp import web
 from omni.engines.llm import EngineError
 from omni.http.access_log import note_generation
 from omni.http.body import body_timeout, read_parsed, request_timeout
-from omni.http.errors import engine_error
 from omni.http.state import MODELS
 from omni.serving import speech_lifecycle
+from omni.serving.errors import engine_error
 from omni.serving.requests.speech import SpeechRequest, parse_speech_request
 from omni.serving.responses import SpeechAudioDeltaEvent, SpeechAudioDoneEvent, SpeechUsage
 from omni.serving.speech_lifecycle import Speech

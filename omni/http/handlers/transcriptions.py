@@ -30,10 +30,10 @@ from omni.engines.llm import EngineError
 from omni.http import sse
 from omni.http.access_log import note_generation
 from omni.http.body import body_timeout, read_transcription_form, request_timeout
-from omni.http.errors import engine_error
 from omni.http.logprobs import logprob_entry
 from omni.http.state import MODELS
 from omni.serving import lifecycle
+from omni.serving.errors import engine_error
 from omni.serving.lifecycle import Transcription
 from omni.serving.requests.transcriptions import TranscriptionRequest, parse_transcription_request
 from omni.serving.responses import (

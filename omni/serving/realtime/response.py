@@ -12,7 +12,8 @@ conversation "none", it is not). Cancelled (the client's response.cancel, or the
 speech under server VAD), the open items end incomplete and response.done says cancelled;
 closing the deltas aborts the LLM request (its KV blocks freed) and the vocoder stream.
 A response that fails (refused by admission control, past its deadline, an engine's failure)
-ends `failed`, after an `error` event as the HTTP API would have answered (as_api_error).
+ends `failed`, after an `error` event as the HTTP API would have answered
+(omni/serving/errors.py:api_error, the one mapping).
 """
 
 from __future__ import annotations
@@ -28,16 +29,12 @@ from typing import Any
 import numpy as np
 from msgspec import UNSET
 
-from omni.engines.admission import Overloaded
 from omni.engines.generation import Delta, Usage
-from omni.engines.llm import DeadlineExceeded, EngineError, RefusedAtSubmit
-from omni.errors import APIError, bad_request, internal_error, service_unavailable
 from omni.serving.realtime import client_events as ev
 from omni.serving.realtime.conversation import Conversation, Item, new_item_id
 from omni.shared.media import g711
 from omni.shared.media.audio_encoding import float_to_pcm16
 from omni.shared.media.decimator import Decimator
-from omni.shared.media.errors import MediaError
 from omni.text.parsers.tool_calls import ToolCallDelta
 from omni.text.reply_parser import ChoiceParser
 
@@ -87,28 +84,6 @@ def _function(tool: ev.FunctionTool) -> dict[str, Any]:
     if tool.description is not UNSET:
         fn["description"] = tool.description
     return fn
-
-
-def as_api_error(exc: Exception) -> APIError:
-    """What ended a response, as the HTTP API answers it (omni/http/errors.py's middleware):
-    admission control's refusal a 429 (rate_limit_exceeded, typed by the bound), a passed
-    deadline a 504 (deadline_exceeded), a failed worker a 503, anything else a 500."""
-    if isinstance(exc, APIError) and isinstance(exc.__cause__, EngineError):
-        exc = exc.__cause__  # assembly's 503 for an engine's error: the engine's error says more
-    if isinstance(exc, RefusedAtSubmit):
-        exc = exc.overloaded
-    if isinstance(exc, APIError):
-        return exc
-    if isinstance(exc, MediaError):
-        return bad_request(exc.message, param=exc.param)
-    if isinstance(exc, Overloaded):
-        return APIError(429, exc.message, type=exc.limit.value, code="rate_limit_exceeded")
-    if isinstance(exc, DeadlineExceeded):
-        return APIError(504, str(exc), code="deadline_exceeded")
-    if isinstance(exc, EngineError):
-        return service_unavailable(str(exc))
-    log.warning("realtime: a response failed: %r", exc)
-    return internal_error()
 
 
 @dataclass(slots=True)

@@ -38,14 +38,15 @@ import msgspec
 import numpy as np
 from msgspec import UNSET
 
-from omni.errors import APIError, bad_request
+from omni.errors import APIError, bad_request, internal_error
 from omni.metrics import Metrics
 from omni.modalities.inputs.voice_activity import WINDOW_MS, VoiceActivity, VoiceActivityModel
 from omni.serving import lifecycle
+from omni.serving.errors import api_error
 from omni.serving.model import ModelRegistry, ServedModel
 from omni.serving.realtime import client_events as ev
 from omni.serving.realtime.conversation import Conversation, Item, new_item_id, not_found, wav_bytes
-from omni.serving.realtime.response import Event, ResponseEvents, as_api_error, chat_body, new_response_id
+from omni.serving.realtime.response import Event, ResponseEvents, chat_body, new_response_id
 from omni.serving.realtime.turn_detection import SpeechStarted, TurnDetector
 from omni.serving.requests import parse_chat_completion_request
 from omni.serving.requests.transcriptions import TranscriptionRequest
@@ -55,6 +56,19 @@ from omni.shared.media.errors import MediaError
 
 log = logging.getLogger("omni.serving.realtime")
 MIN_COMMIT_MS = 100  # OpenAI's least: a shorter buffer is an error
+
+
+def overlay(settings: dict[str, Any], fields: ev.SessionFields | ev.ResponseFields) -> dict[str, Any]:
+    """The settings with each field the event gives that is a setting of the same name replacing
+    it: session.update's for the session, response.create's for one response (a field added to
+    the event and to the settings needs no line here). Fields of other names (audio's parts,
+    model, conversation, input) are read apart."""
+    s = dict(settings)
+    for f in msgspec.structs.fields(fields):
+        value = getattr(fields, f.name)
+        if f.name in s and value is not UNSET:
+            s[f.name] = value
+    return s
 
 
 class RealtimeSession:
@@ -115,12 +129,11 @@ class RealtimeSession:
     def emit(self, event: Event) -> None:
         self._emit({"event_id": f"event_{uuid.uuid4().hex[:20]}", **event})
 
-    def error(self, exc: APIError | MediaError, event_type: str | None, event_id: str | None) -> None:
+    def error(self, exc: APIError, event_type: str | None, event_id: str | None) -> None:
         message = exc.message
         if event_type is not None:
             message = f"{event_type}: {message}"
-        error = {"type": getattr(exc, "type", "invalid_request_error"), "code": exc.code if isinstance(exc, APIError) else "invalid_media",
-                 "message": message, "param": exc.param, "event_id": event_id}  # fmt: skip
+        error = {"type": exc.type, "code": exc.code, "message": message, "param": exc.param, "event_id": event_id}
         self.emit({"type": "error", "error": error})
 
     def start(self) -> None:
@@ -152,7 +165,7 @@ class RealtimeSession:
         try:
             await self._dispatch(event)
         except (APIError, MediaError) as exc:
-            self.error(exc, event.type, event.event_id)
+            self.error(api_error(exc) or internal_error(), event.type, event.event_id)
 
     async def _dispatch(self, event: Any) -> None:
         if isinstance(event, ev.SessionUpdate):
@@ -189,14 +202,9 @@ class RealtimeSession:
     # ------------------------------------------------------------------ settings
 
     def _update(self, f: ev.SessionFields) -> None:
-        s = dict(self.settings)
         if f.model is not UNSET and f.model != self.model.name:
             raise bad_request(f"The session's model is '{self.model.name}'; it cannot change.", param="session.model")
-        for name in ("instructions", "output_modalities", "tools", "tool_choice", "temperature", "max_output_tokens",
-                     "parallel_tool_calls", "truncation", "seed", "logit_bias"):  # fmt: skip
-            value = getattr(f, name)
-            if value is not UNSET:
-                s[name] = value
+        s = overlay(self.settings, f)
         if f.audio is not UNSET:
             if f.audio.input is not UNSET:
                 a = f.audio.input
@@ -451,12 +459,7 @@ class RealtimeSession:
                 f"Conversation already has an active response in progress: {self._response[0].id}. Wait until the "
                 "response is finished before creating a new one.", code="conversation_already_has_active_response",
             )  # fmt: skip
-        s = dict(self.settings)
-        for name in ("instructions", "output_modalities", "tools", "tool_choice", "temperature", "max_output_tokens",
-                     "parallel_tool_calls", "seed", "logit_bias"):  # fmt: skip
-            value = getattr(fields, name)
-            if value is not UNSET:
-                s[name] = value
+        s = overlay(self.settings, fields)
         if fields.audio is not UNSET and fields.audio.output is not UNSET:
             if fields.audio.output.voice is not UNSET:
                 self._check_voice(fields.audio.output.voice, "response.audio.output.voice")
@@ -549,7 +552,10 @@ class RealtimeSession:
                 raise
             events.done("cancelled", usage, {"type": "cancelled", "reason": self._cancel_reason})
         except Exception as exc:  # noqa: BLE001 - a refusal or an engine's failure ends this response only
-            error = as_api_error(exc)
+            error = api_error(exc)
+            if error is None:
+                log.exception("realtime: a response failed")
+                error = internal_error()
             self.error(error, "response.create", event_id)
             events.done("failed", usage, {"type": "failed", "error": {"type": error.type, "code": error.code}})
         else:

@@ -23,8 +23,9 @@ from omni.engines.encoder import EncoderEngine
 from omni.engines.llm import DeadlineExceeded, EngineError, LLMEngine, RefusedAtSubmit
 from omni.engines.pool import ModelPool
 from omni.errors import service_unavailable
-from omni.http.errors import engine_error, error_middleware, error_response, too_many_requests
+from omni.http.errors import error_middleware, error_response
 from omni.metrics import Metrics
+from omni.serving.errors import engine_error, too_many_requests
 from omni.shared import protocol
 from scheduler.request import Request, RequestId, SamplingParams
 

@@ -1,3 +1,4 @@
+import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
@@ -5,7 +6,9 @@ from omni import errors
 from omni.errors import APIError
 from omni.http.body import read_json
 from omni.http.errors import error_middleware
+from omni.serving.errors import api_error
 from omni.shared.media.errors import MediaError
+from tests.omni.serving.test_errors import CASES, IDS
 
 
 async def _raise_api_error(request: web.Request) -> web.Response:
@@ -140,3 +143,23 @@ async def test_media_error_is_a_400_naming_the_part() -> None:
                 "code": None,
             }
         }
+
+
+@pytest.mark.parametrize("exc", [c[0] for c in CASES], ids=IDS)
+async def test_the_middleware_answers_as_the_one_mapping_does(exc: BaseException) -> None:
+    """What a realtime response's error event says too (omni/serving/errors.py)."""
+
+    async def _raise(request: web.Request) -> web.Response:
+        raise exc
+
+    app = web.Application(middlewares=[error_middleware])
+    app.router.add_get("/raise", _raise)
+    expected = api_error(exc)
+    assert expected is not None
+    async with TestClient(TestServer(app)) as client:
+        r = await client.get("/raise")
+        assert r.status == expected.status
+        assert (await r.json())["error"] == {
+            "message": expected.message, "type": expected.type, "param": expected.param, "code": expected.code
+        }
+        assert all(r.headers[k] == v for k, v in expected.headers.items())
