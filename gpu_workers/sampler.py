@@ -53,11 +53,11 @@ def validate_options(options: SamplingOptions, vocab_size: int | None = None) ->
     """A ValueError for options the sampler cannot apply; vocab_size bounds every token id (the
     server refuses such ids with a 400 first: an id past the logits would index out of range,
     a sticky device-side assert on a GPU)."""
-    for name, bound in SAMPLING_BOUNDS.items():  # the bounds the server's 400s hold too
+    for name, interval in SAMPLING_BOUNDS.items():  # the bounds the server's 400s hold too
         value = getattr(options, name)  # None: not asked for; a list (logit_bias_values): each
         for v in [] if value is None else value if isinstance(value, list) else [value]:
-            if not bound.admits(v):
-                raise ValueError(f"{name} must be in {bound}, got {v}")
+            if not interval.admits(v):
+                raise ValueError(f"{name} must be in {interval}, got {v}")
     if options.top_k is not None and options.top_k < 1:
         raise ValueError(f"top_k must be >= 1 or None, got {options.top_k}")
     if options.logprobs is not None and options.logprobs < 0:
