@@ -45,6 +45,11 @@ class OutputSpans:
     opened: bool = False
 
 
+def span_openers(model: ServedModel) -> list[int]:
+    """The tokens that open each media span the model makes."""
+    return [o.format.start_token_id for o in (model.images, model.audio) if o is not None]
+
+
 class ChoiceConstraints:
     """Makes each choice's TokenConstraint (None when the choice needs none)."""
 
@@ -77,11 +82,17 @@ class ChoiceConstraints:
         self._trigger = own_trigger
         if own_trigger is None and self._in_reasoning and grammar is not None:
             self._trigger = self._end
-        # Image spans: alone when the request has no grammar, beside one that waits for its
-        # trigger ("auto" tools, or an answer after reasoning); a grammar holding the whole
-        # output leaves no room for them.
+        # Media spans: alone when the request has no grammar, beside an "auto" tool grammar
+        # that waits for its call; a grammar holding the whole output leaves no room for them,
+        # nor does one holding the answer after reasoning (a span drawn in the reasoning would
+        # be neither the reasoning nor the answer).
         kinds = [k for k in (images, audio) if k is not None]
-        self._spans = kinds if grammar is None or self._trigger is not None else []
+        self._spans = kinds if grammar is None or own_trigger is not None else []
+        # An answer format after reasoning: the answer must come, so until the reasoning ends
+        # the model may neither end its turn nor open a media span.
+        self._held: frozenset[int] = frozenset()
+        if grammar is not None and own_trigger is None and self._trigger is not None:
+            self._held = frozenset(model.tokenizer.eos_token_ids) | frozenset(span_openers(model))
 
     @staticmethod
     def _reasoning_tokens(model: ServedModel, req: ChatCompletionRequest | CompletionRequest) -> tuple[int | None, int | None]:
@@ -111,7 +122,9 @@ class ChoiceConstraints:
             assert self._start is not None and self._end is not None
             budget = ReasoningBudget(self._start, self._end, self._budget, open=self._in_reasoning)
         if self._grammar is not None:
-            constraint = self._grammar.new_constraint(self._trigger, budget, max_tokens=self._max_tokens)
+            constraint = self._grammar.new_constraint(
+                self._trigger, budget, max_tokens=self._max_tokens, held=self._held
+            )
             if not self._spans:
                 return constraint
             return WithSpans(constraint, self._span_set())

@@ -134,11 +134,18 @@ async def chat(
     )
     params = ban_audio(model, req, ban_images(model, req, ban_tool_markup(model, req, params)))
     images = chat_images(model, req)
+    speaking = chat_audio(model, req)
+    if req.grammar is not None:
+        # An answer format: the content is the format's text alone, so no media span is drawn
+        # in it or in the reasoning before it (choice_constraints holds their openers back),
+        # and audio comes only when modalities asks for it, spoken after the text.
+        images = None
+        if speaking is not None:
+            speaking = dataclasses.replace(speaking, dialect=False) if speaking.requested else None
     if images is not None and previews is not None and partial_images:
         settings = dataclasses.replace(images.settings, partial_images=partial_images)
         on_preview = functools.partial(_choice_previews, previews)
         images = dataclasses.replace(images, settings=settings, on_preview=on_preview)
-    speaking = chat_audio(model, req)
     fmt = output_format(model, req, token_ids)
     grammar = await _grammar(model, req) if req.grammar is not None else await tool_grammar(model, req, params.max_tokens)
     spans = images.spans() if images is not None else None

@@ -8,7 +8,8 @@ Two ways audio comes out of a chat turn, as the reference model makes it:
   request on prompt + text + <|discrete_audio_start|>: the prefix cache holds the rest), held
   to the span grammar, within what is left of max_tokens. The text is the audio's transcript.
 - on its own (modalities not given): a span the model opens mid-turn is spoken in the default
-  voice (or `audio.voice` when the request names one), and the turn keeps its text.
+  voice (or `audio.voice` when the request names one), and the turn keeps its text. Not with an
+  answer format (response_format, structured outputs): its content is the format's text alone.
 modalities given without "audio" bans the span's opening token.
 In the reference's dialect (ChatFormat.spoken_markup) the model writes its units bare after its
 speaker info, which picks the voice when the request names none (omni/modalities/outputs/audio.py).
