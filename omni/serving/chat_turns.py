@@ -9,8 +9,9 @@ generation, and how its text is read back.
   same grammar switches on when the model opens a call, so a call it starts is well formed.
 - ban_tool_markup: tool_choice "none" with tools given: the model cannot open a call.
 - output_format: the reasoning and tool-call parsers each choice's text goes through.
-- chat_images / ban_images: whether and how the images a model draws come out (seeded per
+- chat_images: whether and how the images a model draws come out (seeded per
   choice: choice i's first image has seed + i * SEEDS_PER_CHOICE, its next ones count up).
+- ban_spans: the span openers of the kinds modalities leaves out are banned.
 (Each choice's token constraint, its grammar and reasoning budget, is omni/serving/choice_constraints.py.)
 """
 
@@ -21,7 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from omni.errors import bad_request
-from omni.modalities.outputs.image import ImageRoute, ImageSettings, ModelImages, SizedPreviewCallback
+from omni.modalities.outputs.image import IMAGE, ImageRoute, ImageSettings, ModelImages, SizedPreviewCallback
 from omni.serving.choice_constraints import OutputSpans, TriggeredGrammar, prompt_opens_reasoning
 from omni.serving.model import ServedModel
 from omni.serving.requests import ChatCompletionRequest
@@ -75,7 +76,7 @@ async def tool_grammar(model: ServedModel, req: ChatCompletionRequest, max_token
         trigger = model.tokenizer.token_to_id(markup[0])
         if trigger is None:
             return None  # the tokenizer cannot open a call with one token: parse what comes
-    images = model.images if req.images_allowed else None
+    images = model.output(IMAGE) if req.images_allowed else None
     source = tool_call_grammar(
         parser,
         forced or tools.functions,
@@ -113,7 +114,7 @@ class ChatImages:
         grammar = self.images.grammar
         return None if grammar is None else OutputSpans(grammar, self.images.format.start_token_id)
 
-    def route(self, choice_index: int) -> ImageRoute:
+    def route(self, model: ServedModel, choice_index: int) -> ImageRoute:
         seed = self.settings.seed
         first = None if seed is None else seed + choice_index * SEEDS_PER_CHOICE
         on_preview = None if self.on_preview is None else self.on_preview(choice_index)
@@ -123,7 +124,8 @@ class ChatImages:
 def chat_images(model: ServedModel, req: ChatCompletionRequest) -> ChatImages | None:
     """None when no image can come out: the model has no vision decoder (then asking for images
     is a 400), or modalities leaves image out."""
-    if model.images is None:  # (`image` alone is accepted: it says how images are drawn, if any are)
+    images = model.output(IMAGE)
+    if images is None:  # (`image` alone is accepted: it says how images are drawn, if any are)
         if "image" in req.modalities:
             raise bad_request("This model has no image decoder: it cannot produce images.", param="modalities")
         return None
@@ -145,15 +147,16 @@ def chat_images(model: ServedModel, req: ChatCompletionRequest) -> ChatImages | 
         and tools.choice != "none"
         and any(f.name == T2I_TOOL for f in tools.functions)
     )
-    return ChatImages(model.images, settings, inline)
+    return ChatImages(images, settings, inline)
 
 
-def ban_images(model: ServedModel, req: ChatCompletionRequest, params: SamplingParams) -> SamplingParams:
-    """modalities without "image" on a model that draws: the model cannot open an image span."""
-    if model.images is None or req.images_allowed:
+def ban_spans(model: ServedModel, req: ChatCompletionRequest, params: SamplingParams) -> SamplingParams:
+    """modalities leaving out a kind the model makes (an image, audio): the model cannot open
+    its span (each kind's ban rule)."""
+    banned = tuple((kind.opener(made),) for kind, made in model.kinds if not kind.allowed(req.modalities_sent))
+    if not banned:
         return params
-    start = ((model.images.format.start_token_id,),)
-    return dataclasses.replace(params, bad_words_token_ids=params.bad_words_token_ids + start)
+    return dataclasses.replace(params, bad_words_token_ids=params.bad_words_token_ids + banned)
 
 
 def ban_tool_markup(model: ServedModel, req: ChatCompletionRequest, params: SamplingParams) -> SamplingParams:

@@ -36,7 +36,7 @@ def prompt_opens_reasoning(model: ServedModel, parser: str, prompt_token_ids: Se
 
 @dataclass(frozen=True, slots=True)
 class OutputSpans:
-    """A span grammar (image or audio spans) a choice's output is held to wherever the model
+    """A span grammar (one output kind's spans) a choice's output is held to wherever the model
     opens such a span (from its opening token on), or, opened, from the first token: the
     prompt opened it."""
 
@@ -47,7 +47,7 @@ class OutputSpans:
 
 def span_openers(model: ServedModel) -> list[int]:
     """The tokens that open each media span the model makes."""
-    return [o.format.start_token_id for o in (model.images, model.audio) if o is not None]
+    return [kind.opener(made) for kind, made in model.kinds]
 
 
 class ChoiceConstraints:
@@ -60,9 +60,7 @@ class ChoiceConstraints:
         grammar: CompiledGrammar | TriggeredGrammar | None,
         prompt_token_ids: Sequence[int],
         max_tokens: int,
-        *,
-        images: OutputSpans | None = None,
-        audio: OutputSpans | None = None,
+        spans: Sequence[OutputSpans | None] = (),
     ) -> None:
         own_trigger = None
         if isinstance(grammar, TriggeredGrammar):
@@ -86,7 +84,7 @@ class ChoiceConstraints:
         # that waits for its call; a grammar holding the whole output leaves no room for them,
         # nor does one holding the answer after reasoning (a span drawn in the reasoning would
         # be neither the reasoning nor the answer).
-        kinds = [k for k in (images, audio) if k is not None]
+        kinds = [k for k in spans if k is not None]
         self._spans = kinds if grammar is None or own_trigger is not None else []
         # An answer format after reasoning: the answer must come, so until the reasoning ends
         # the model may neither end its turn nor open a media span.
