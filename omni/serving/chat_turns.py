@@ -20,13 +20,16 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from omni.errors import bad_request
 from omni.modalities.outputs.image import IMAGE, ImageRoute, ImageSettings, ModelImages, SizedPreviewCallback
+from omni.modalities.outputs.router import SpanRoute
 from omni.serving.choice_constraints import OutputSpans, TriggeredGrammar, prompt_opens_reasoning
 from omni.serving.model import ServedModel
 from omni.serving.requests import ChatCompletionRequest
 from omni.serving.requests.images import ChatImageOptions
+from omni.serving.spoken import chat_audio
 from omni.text.constrained.spec import GrammarKind, GrammarSpec
 from omni.text.parsers.tool_calls import tool_parser_class
 from omni.text.parsers.tool_grammar import JSON_ARGUMENTS, JSON_CALLS, MAX_FREE_CHARS, T2I_TOOL, tool_call_grammar
@@ -114,11 +117,45 @@ class ChatImages:
         grammar = self.images.grammar
         return None if grammar is None else OutputSpans(grammar, self.images.format.start_token_id)
 
+    def answer_format(self) -> ChatImages | None:
+        """Under an answer format (response_format, structured outputs) the content is the
+        format's text alone: nothing is drawn."""
+        return None
+
+    def with_previews(self, partial_images: int, on_preview: Callable[[int], SizedPreviewCallback]) -> ChatImages:
+        """Each drawn image's partial_images previews go to on_preview(choice index)."""
+        settings = dataclasses.replace(self.settings, partial_images=partial_images)
+        return dataclasses.replace(self, settings=settings, on_preview=on_preview)
+
     def route(self, model: ServedModel, choice_index: int) -> ImageRoute:
         seed = self.settings.seed
         first = None if seed is None else seed + choice_index * SEEDS_PER_CHOICE
         on_preview = None if self.on_preview is None else self.on_preview(choice_index)
         return self.images.route(self.settings, first_seed=first, inline=self.inline, on_preview=on_preview)
+
+
+class ChatOutput(Protocol):
+    """One output kind as a chat request gets it (ChatImages here, ChatAudio in spoken.py): the
+    spans its choices are held to, and each choice's route."""
+
+    def spans(self) -> OutputSpans | None: ...
+
+    def answer_format(self) -> ChatOutput | None:
+        """What is left of it under an answer format (None: nothing)."""
+        ...
+
+    def route(self, model: ServedModel, choice_index: int) -> SpanRoute: ...
+
+
+def chat_outputs(model: ServedModel, req: ChatCompletionRequest) -> list[ChatOutput]:
+    """Each output kind a chat request's choices may make, in OUTPUT_KINDS' order. Under an
+    answer format, only what it leaves: the content is the format's text alone, so no media
+    span is drawn in it or in the reasoning before it (choice_constraints holds their openers
+    back), and audio comes only when modalities asks for it, spoken after the text."""
+    made: list[ChatOutput | None] = [chat_images(model, req), chat_audio(model, req)]
+    if req.grammar is not None:
+        made = [k.answer_format() if k is not None else None for k in made]
+    return [k for k in made if k is not None]
 
 
 def chat_images(model: ServedModel, req: ChatCompletionRequest) -> ChatImages | None:

@@ -36,12 +36,13 @@ from omni.modalities.inputs.items import MediaItem, decode_params
 from omni.modalities.inputs.pipeline import PromptInputs
 from omni.modalities.inputs.placeholders import placeholder_ids
 from omni.modalities.outputs.image import IMAGE, ImageSettings
+from omni.modalities.outputs.kinds import OUTPUT_KINDS
 from omni.modalities.outputs.router import OutputRouter
 from omni.serving.chat_turns import (
     ChatImages,
     ban_spans,
     ban_tool_markup,
-    chat_images,
+    chat_outputs,
     check_tool_choice,
     output_format,
     tool_grammar,
@@ -60,13 +61,12 @@ from omni.serving.requests.transcriptions import TranscriptionRequest
 from omni.serving.response_store import ResponseStore
 from omni.serving.response_turns import ResponseTurn, response_turn
 from omni.serving.sampling import sampling_params, truncate_prompt, truncated_media
-from omni.serving.spoken import ChatAudio, chat_audio, recall_spoken
+from omni.serving.spoken import ChatAudio, recall_spoken
 from omni.shared.media import MediaLimits
 from omni.shared.media.compositing import EditCanvas
 from omni.shared.media.errors import MediaError
 from omni.shared.store.base import ArtifactStore
 from omni.shared.store.keys import content_hash
-from omni.text.constrained import audio_span, image_span
 from omni.text.constrained.compiler import CompiledGrammar
 from omni.text.reply_parser import OutputFormat
 from scheduler.request import SamplingParams
@@ -134,23 +134,12 @@ async def chat(
         max_logprobs=model.pool.config.llm.max_logprobs,
     )
     params = ban_spans(model, req, ban_tool_markup(model, req, params))
-    images = chat_images(model, req)
-    speaking = chat_audio(model, req)
-    if req.grammar is not None:
-        # An answer format: the content is the format's text alone, so no media span is drawn
-        # in it or in the reasoning before it (choice_constraints holds their openers back),
-        # and audio comes only when modalities asks for it, spoken after the text.
-        images = None
-        if speaking is not None:
-            speaking = dataclasses.replace(speaking, dialect=False) if speaking.requested else None
-    if images is not None and previews is not None and partial_images:
-        settings = dataclasses.replace(images.settings, partial_images=partial_images)
+    kinds = chat_outputs(model, req)  # each output kind the choices may make: its spans and its routes
+    if previews is not None and partial_images:
         on_preview = functools.partial(_choice_previews, previews)
-        images = dataclasses.replace(images, settings=settings, on_preview=on_preview)
+        kinds = [k.with_previews(partial_images, on_preview) if isinstance(k, ChatImages) else k for k in kinds]
     fmt = output_format(model, req, token_ids)
     grammar = await _grammar(model, req) if req.grammar is not None else await tool_grammar(model, req, params.max_tokens)
-    # Each output kind the choices may make (ChatImages, ChatAudio): its spans and its routes.
-    kinds: list[ChatImages | ChatAudio] = [k for k in (images, speaking) if k is not None]
     constraints = ChoiceConstraints(model, req, grammar, token_ids, params.max_tokens, [k.spans() for k in kinds])
     keep_special = model.tokenizer.special_ids(*fmt.markup_tokens)
     completion_id = new_request_id("chatcmpl")
@@ -173,7 +162,8 @@ async def chat(
     outputs = [OutputRouter(g, *(k.route(model, i) for k in kinds)) for i, g in enumerate(generations)]
     return Completion(
         id=response_id("chatcmpl", client_request_id or req.request_id, completion_id), model=model, outputs=outputs, timeout=timeout,
-        output_format=fmt, inline_images=images is not None and images.inline, audio=speaking,
+        output_format=fmt, inline_images=any(isinstance(k, ChatImages) and k.inline for k in kinds),
+        audio=next((k for k in kinds if isinstance(k, ChatAudio)), None),
     )  # fmt: skip
 
 
@@ -499,8 +489,9 @@ def answer_template(model: ServedModel, messages: list[dict[str, Any]]) -> list[
 
 
 def _span_openers(model: ServedModel) -> tuple[tuple[int, ...], ...]:
-    """Bad words: the opening tokens of image and audio spans, so that the answer is text."""
-    ids = (model.tokenizer.token_to_id(t) for t in (image_span.START, audio_span.START))
+    """Bad words: the opening tokens of every kind's spans the vocabulary has (decoder or not),
+    so that the answer is text."""
+    ids = (model.tokenizer.token_to_id(kind.start_token) for kind in OUTPUT_KINDS)
     return tuple((i,) for i in ids if i is not None)
 
 

@@ -51,6 +51,11 @@ class ChatAudio:
         grammar = self.audio.grammar
         return None if grammar is None else OutputSpans(grammar, self.audio.format.start_token_id)
 
+    def answer_format(self) -> ChatAudio | None:
+        """Under an answer format: spoken only when modalities asks, after the text (the
+        dialect's bare units in the reasoning are not spoken)."""
+        return dataclasses.replace(self, dialect=False) if self.requested else None
+
     def route(self, model: ServedModel, choice_index: int) -> AudioRoute:
         """(Every choice speaks in the same voice.)"""
         route = self.audio.route(self.voice, dialect=self.dialect, voice_named=self.voice_named)

@@ -48,7 +48,7 @@ from omni.modalities.outputs.kind import OutputKind
 from omni.shared.media.audio_encoding import MEDIA_TYPES, encode_audio
 from omni.shared.store.base import ArtifactStore
 from omni.shared.store.keys import validate_key
-from omni.text.constrained.audio_span import AudioSpanFormat
+from omni.text.constrained.audio_span import START, AudioSpanFormat
 from omni.text.constrained.compiler import CompiledGrammar, GrammarCompiler
 from omni.text.constrained.spec import GrammarKind, GrammarSpec
 from omni.text.tokenizer import TextTokenizer
@@ -387,4 +387,4 @@ def build(config: ModelConfig, tokenizer: TextTokenizer, store: ArtifactStore, m
     )
 
 
-AUDIO: OutputKind[ModelAudio, AudioPiece] = OutputKind("audio", ModelAudio, AudioPiece, AudioRoute, build)
+AUDIO: OutputKind[ModelAudio, AudioPiece] = OutputKind("audio", ModelAudio, AudioPiece, AudioRoute, build, START)

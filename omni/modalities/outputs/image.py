@@ -42,7 +42,7 @@ from omni.shared.media.image_sizes import nearest_size
 from omni.shared.store.base import ArtifactStore
 from omni.shared.store.keys import output_key
 from omni.text.constrained.compiler import CompiledGrammar, GrammarCompiler
-from omni.text.constrained.image_span import ImageSpanFormat
+from omni.text.constrained.image_span import START, ImageSpanFormat
 from omni.text.constrained.spec import GrammarKind, GrammarSpec
 from omni.text.tokenizer import TextTokenizer
 
@@ -93,7 +93,6 @@ class GeneratedImage:
     data: bytes = b""  # the encoded image (b64_json answers send it)
     key: str | None = None  # its artifact-store key, when it was stored
     seed: int | None = None
-
 
 
 @dataclass(frozen=True, slots=True)
@@ -302,8 +301,15 @@ def build(config: ModelConfig, tokenizer: TextTokenizer, store: ArtifactStore, m
         start_timeout=config.worker.worker_start_timeout,
     )
     return ModelImages.for_model(
-        engine, config.vision_decoder_dir, tokenizer, store, metrics, default_steps=config.vision_decoder.diffusion_steps
+        engine,
+        config.vision_decoder_dir,
+        tokenizer,
+        store,
+        metrics,
+        default_steps=config.vision_decoder.diffusion_steps,
     )
 
 
-IMAGE: OutputKind[ModelImages, GeneratedImage] = OutputKind("image", ModelImages, GeneratedImage, ImageRoute, build)
+IMAGE: OutputKind[ModelImages, GeneratedImage] = OutputKind(
+    "image", ModelImages, GeneratedImage, ImageRoute, build, START
+)

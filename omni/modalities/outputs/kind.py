@@ -5,7 +5,8 @@ layers above iterate over a model's kinds instead of naming one:
     build       the model-side object (a ModelOutput) for a served model, or None: it has no
                 decoder for the kind (app start-up builds each kind this way)
     span format the ModelOutput's `format`, whose start_token_id opens a span (the choice
-                constraints hold a span to its grammar from that token on)
+                constraints hold a span to its grammar from that token on); start_token
+                spells it, for a model that has the token but no decoder
     ban rule    `allowed(modalities)`: a chat request may get the kind; else its opener is banned
     route       `route_type`, the SpanRoute one choice's spans go through (omni/modalities/outputs/router.py)
     piece type  what a span makes, carried on the Delta that completed it, in Delta.pieces
@@ -71,6 +72,7 @@ class OutputKind(Generic[M, P]):
     piece_type: type[P]  # what a span makes
     route_type: type  # one choice's spans (a SpanRoute)
     build: Build  # -> M | None
+    start_token: str  # the token that opens its spans (its span format's), as the vocabulary spells it
 
     def of(self, outputs: tuple[ModelOutput, ...]) -> M | None:
         """This kind's object among a model's outputs, None: the model does not make it."""
