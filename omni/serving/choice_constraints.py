@@ -1,8 +1,10 @@
 """Each choice's token constraint: the request's grammar (held off until reasoning ends when
 the prompt leaves the model inside <think>, or until the model opens a tool call for an "auto"
-tool grammar), its thinking_token_budget, and, on a model that draws images and a request with
-no grammar of its own, the image span grammar. Both endpoints (and the images API) make theirs
-here."""
+tool grammar), its thinking_token_budget, and, on a model that makes an output kind and a
+request with no grammar of its own (or an "auto" tool grammar), each kind's span grammar. A
+grammar held off until reasoning ends also holds back, until then, the end of the turn and
+every span's opener: the answer comes, and no media is drawn in the reasoning. Both endpoints
+(and the images API) make theirs here."""
 
 from __future__ import annotations
 
