@@ -83,11 +83,18 @@ class TokenConstraint:
         self.violated = False  # a token the grammar refused got through (never expected)
         # Tokens refused while the trigger is awaited (the grammar then decides alone).
         self.held = held
+        self._held_mask: bytes | None = None  # made once, at the first step that needs it
 
     @property
     def holding(self) -> bool:
         """The trigger is awaited and some tokens are refused until it comes."""
         return bool(self.held) and not self.grammar_on
+
+    def held_mask(self) -> bytes:
+        """The mask while holding: every token but the held ones (the same at every step)."""
+        if self._held_mask is None:
+            self._held_mask = all_but_mask(self.held, self.vocab_size)
+        return self._held_mask
 
     @property
     def forced_token_id(self) -> int | None:
@@ -269,7 +276,7 @@ def fill_masks(constraints: Sequence[TokenConstraint]) -> list[bytes]:
             masks.append(single_token_mask(forced, c.vocab_size))
             continue
         if c.holding:
-            masks.append(all_but_mask(c.held, c.vocab_size))
+            masks.append(c.held_mask())
             continue
         assert c.matcher is not None, "an active constraint has a grammar or a forced token"
         words = llg_np.allocate_token_bitmask(1, c.vocab_size)
@@ -327,7 +334,7 @@ class MaskFiller:
             if forced is not None:
                 masks[i] = single_token_mask(forced, vocab)
             elif c.holding:
-                masks[i] = all_but_mask(c.held, vocab)
+                masks[i] = c.held_mask()
         return masks
 
 
