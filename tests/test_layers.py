@@ -28,6 +28,9 @@ fresh interpreter importing what a worker process imports.
 6. Tests mirror the tree: every package module but an __init__ has tests/<same dirs>/test_<module>.py
    (test_<module>_<aspect>.py may sit beside it), or an UNMIRRORED entry naming where it is tested.
 7. A fixed top: omni/ holds exactly TOP's modules, and its subpackages are the layers'.
+8. Output kinds as data: no module outside omni/modalities/outputs/ names a concrete output kind
+   (its OutputKind object, model-side class, piece type or route) but those KNOWN_KIND_NAMERS
+   lists, each with its reason.
 
 Known violations sit in KNOWN_* sets and the allowlists. A test fails on a violation that is not
 listed and on a listed one that no longer exists, so the lists only shrink. Each rule has a
@@ -639,3 +642,90 @@ def test_the_top_checker_sees_a_violation(tmp_path: Path) -> None:
         (tmp_path / name).touch()
     (tmp_path / "data").mkdir()  # no Python in it: not a subpackage
     assert _top(tmp_path) == ({"__init__", "config", "utils"}, {"text"})
+
+
+# --- 8. Output kinds as data ----------------------------------------------------------------
+
+OUTPUTS = "omni.modalities.outputs"
+
+# A module outside omni/modalities/outputs/ that names a concrete output kind, and why. "Names":
+# it imports a kind's module (omni/modalities/outputs/<kind>.py, in any form) and uses one of
+# that kind's names, imported or read as an attribute: the OutputKind object (IMAGE) or the
+# classes it is made of, its model-side object, piece type and route (ModelImages,
+# GeneratedImage, ImageRoute). Generic paths (the router, Delta, the served model, choice
+# constraints, the ban chain, SSE collection, app start-up, the watchdog) iterate the kinds
+# instead. Those left are endpoints that exist for one kind, and chat's per-kind request options
+# and body, which OpenAI's API shapes per kind.
+KNOWN_KIND_NAMERS: dict[str, str] = {
+    "omni.http.handlers.images": "the images API (/v1/images/*): its body is the drawn images",
+    "omni.http.handlers.speech": "the speech API (/v1/audio/speech): its body is the spoken audio",
+    "omni.serving.speech_lifecycle": "the speech API's lifecycle",
+    "omni.serving.lifecycle": "the images API's lifecycle (image_generation), beside chat's until serving/ is split by endpoint",
+    "omni.serving.realtime.response": "the Realtime API speaks: its events carry audio",
+    "omni.serving.realtime.session": "the Realtime API's voices",
+    "omni.serving.response_turns": "the Responses API's image_generation tool",
+    "omni.http.response_events": "the Responses API's image_generation_call items",
+    "omni.serving.chat_turns": "chat's image options (ChatImages: size, steps, seed per choice, the dialect's inline URL)",
+    "omni.serving.spoken": "chat's audio options (ChatAudio: voice, format, the spoken continuation)",
+    "omni.http.handlers.chat": "chat's body: image content parts and message.audio, OpenAI's shape for each kind",
+}
+
+
+def _concrete_kinds(root: Path = ROOT) -> dict[str, set[str]]:
+    """Each module of omni/modalities/outputs/ that makes an OutputKind -> the kind's names: the
+    object it is bound to and the classes it is made of (model-side object, piece type, route)."""
+    kinds: dict[str, set[str]] = {}
+    for module, path in _modules(OUTPUTS, root):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if not isinstance(node, (ast.Assign, ast.AnnAssign)):
+                continue
+            call = node.value
+            if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id == "OutputKind"):
+                continue
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names = {t.id for t in targets if isinstance(t, ast.Name)}
+            kinds.setdefault(module, set()).update(names | {a.id for a in call.args[1:4] if isinstance(a, ast.Name)})
+    return kinds
+
+
+def _kind_namers(root: Path = ROOT, packages: Iterable[str] = PACKAGES) -> set[str]:
+    """The modules outside omni/modalities/outputs/ that name a concrete kind (KNOWN_KIND_NAMERS)."""
+    kinds = _concrete_kinds(root)
+    found = set()
+    for module, path in _module_paths(root, packages).items():
+        if _under(module, (OUTPUTS,)):
+            continue
+        imported = _imports(path)
+        tree = ast.parse(path.read_text(), str(path))
+        used = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+        used |= {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+        used |= {a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names}
+        if any(kind_module in imported and used & names for kind_module, names in kinds.items()):
+            found.add(module)
+    return found
+
+
+def test_only_the_listed_modules_name_a_concrete_output_kind() -> None:
+    assert _concrete_kinds().keys() == {f"{OUTPUTS}.image", f"{OUTPUTS}.audio"}
+    _check_known(_kind_namers(), KNOWN_KIND_NAMERS, "modules naming a concrete output kind")
+    assert all(KNOWN_KIND_NAMERS.values())
+
+
+def test_the_kind_checker_sees_a_violation(tmp_path: Path) -> None:
+    outputs = "omni/modalities/outputs"
+    files = {
+        f"{outputs}/thing.py": (
+            "class ModelThing: ...\nclass ThingPiece: ...\nclass ThingRoute: ...\ndef helper(): ...\n"
+            'THING: OutputKind[ModelThing, ThingPiece] = OutputKind("thing", ModelThing, ThingPiece, ThingRoute, b)\n'
+        ),
+        f"{outputs}/router.py": "from omni.modalities.outputs.thing import ThingPiece\n",  # inside outputs/: fine
+        "omni/serving/imports_a_class.py": "from omni.modalities.outputs.thing import ThingPiece\n",
+        "omni/serving/reads_the_kind.py": "from omni.modalities.outputs import thing\nx = thing.THING\n",
+        "omni/serving/imports_a_helper.py": "from omni.modalities.outputs.thing import helper\n",  # no kind's name
+        "omni/serving/same_name_elsewhere.py": "ThingPiece = 1\n",  # never imports the kind's module
+    }
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    assert _concrete_kinds(tmp_path) == {f"{OUTPUTS}.thing": {"THING", "ModelThing", "ThingPiece", "ThingRoute"}}
+    assert _kind_namers(tmp_path, ("omni",)) == {"omni.serving.imports_a_class", "omni.serving.reads_the_kind"}

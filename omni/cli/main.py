@@ -60,8 +60,7 @@ class ServingCheck:
         if models and all(
             m.pool.serving
             and (m.media is None or m.media.ready)
-            and (m.images is None or m.images.ready)
-            and (m.audio is None or m.audio.ready)
+            and all(o.ready for o in m.outputs)
             for m in models
         ):
             self.last_ok = now

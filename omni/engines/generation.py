@@ -12,6 +12,7 @@ import time
 import uuid
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
+from typing import Any
 
 from omni.engines.llm import PrefillDone
 from omni.engines.pool import ModelPool
@@ -53,38 +54,12 @@ class Delta:
     # Where each token's text starts in the choice's whole text (its characters up to here
     # and beyond): text[text_offsets[i]:text_offsets[i + 1]] is what token i added.
     text_offsets: list[int] = field(default_factory=list)
-    # Output spans decoded on this Delta (omni/modalities/outputs/router.py): the images it completed, and
-    # the audio chunks its unit tokens completed.
-    images: list[GeneratedImage] = field(default_factory=list)
-    audio: list[AudioPiece] = field(default_factory=list)
+    # What the output spans completed on this Delta (omni/modalities/outputs/router.py), by output
+    # kind's name: the images drawn, the audio chunks spoken (OutputKind.pieces reads them typed).
+    pieces: dict[str, list[Any]] = field(default_factory=dict)
     # On the last delta, what stopped it (vLLM's stop_reason): the stop string it hit, or the
     # client's stop token id it sampled; None for EOS, the length or anything else.
     stop_reason: str | int | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class AudioPiece:
-    """Audio decoded on a Delta: the next chunk of one audio span, float32 mono samples (little
-    endian). A span's pieces, concatenated, are its whole audio; `last` ends the span."""
-
-    samples: bytes
-    sample_rate: int
-    span: int  # which audio span of the choice, from 0
-    last: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class GeneratedImage:
-    """A decoded image as assembly hands it out: where it can be fetched (a signed URL, or a
-    data URL), and what it is."""
-
-    url: str
-    width: int
-    height: int
-    media_type: str = "image/png"
-    data: bytes = b""  # the encoded image (b64_json answers send it)
-    key: str | None = None  # its artifact-store key, when it was stored
-    seed: int | None = None
 
 
 @dataclass(slots=True)

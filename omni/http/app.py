@@ -12,17 +12,10 @@ from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
 from omni.config import ModelConfig, ServerConfig
-from omni.engines.audio_decoder import AudioDecoderEngine
 from omni.engines.encoder import EncoderEngine
 from omni.engines.pool import ModelPool
 from omni.engines.start_order import start_in_order
-from omni.engines.vision_decoder import VisionDecoderEngine
-from omni.engines.worker_specs import (
-    audio_decoder_worker_spec,
-    encoder_device,
-    encoder_worker_spec,
-    vision_decoder_worker_spec,
-)
+from omni.engines.worker_specs import encoder_device, encoder_worker_spec
 from omni.errors import unauthorized
 from omni.http import openapi
 from omni.http.access_log import add_request_id_header, request_id_middleware
@@ -47,8 +40,7 @@ from omni.http.stats_line import log_stats_forever
 from omni.metrics import Metrics
 from omni.modalities.inputs.pipeline import MediaPipeline
 from omni.modalities.inputs.voice_activity import LazyVoiceActivityModel
-from omni.modalities.outputs.audio import ModelAudio
-from omni.modalities.outputs.image import ModelImages
+from omni.modalities.outputs.kinds import OUTPUT_KINDS
 from omni.model_layout import ModelLayout
 from omni.serving.model import ModelRegistry, ServedModel
 from omni.serving.requests.image_edits import IMAGE_EDITS_PATH
@@ -137,12 +129,7 @@ async def _models_ctx(app: web.Application) -> AsyncIterator[None]:
         media = None
         if engine_config.encoder_dir is not None:
             media = await _media_pipeline(engine_config, tokenizer, app[STORE], metrics)
-        drawing = None
-        if engine_config.vision_decoder_dir is not None:
-            drawing = _model_images(engine_config, tokenizer, app[STORE], metrics)
-        speaking = None
-        if engine_config.audio_decoder_dir is not None:
-            speaking = _model_audio(engine_config, tokenizer, app[STORE], metrics)
+        built = (kind.build(engine_config, tokenizer, app[STORE], metrics) for kind in OUTPUT_KINDS)
         chat = engine_config.chat_format
         chat_format = ChatFormat.resolve(
             tokenizer,
@@ -158,7 +145,7 @@ async def _models_ctx(app: web.Application) -> AsyncIterator[None]:
             pool,
             created=int(time.time()),
             media=media,
-            outputs=tuple(o for o in (drawing, speaking) if o is not None),
+            outputs=tuple(o for o in built if o is not None),
             chat_format=chat_format,
         )
         for output in served.outputs:
@@ -198,34 +185,6 @@ async def _media_pipeline(
     )
     pipeline.check_vocabulary(layout.codebook_sizes())
     return pipeline
-
-
-def _model_images(config: ModelConfig, tokenizer: TextTokenizer, store: ArtifactStore, metrics: Metrics) -> ModelImages:
-    assert config.vision_decoder_dir is not None
-    engine = VisionDecoderEngine(
-        vision_decoder_worker_spec(config),
-        metrics,
-        config.name,
-        config.vision_decoder,
-        start_timeout=config.worker.worker_start_timeout,
-    )
-    return ModelImages.for_model(
-        engine, config.vision_decoder_dir, tokenizer, store, metrics, default_steps=config.vision_decoder.diffusion_steps
-    )
-
-
-def _model_audio(config: ModelConfig, tokenizer: TextTokenizer, store: ArtifactStore, metrics: Metrics) -> ModelAudio:
-    engine = AudioDecoderEngine(
-        audio_decoder_worker_spec(config),
-        metrics,
-        config.name,
-        config.audio_decoder,
-        start_timeout=config.worker.worker_start_timeout,
-    )
-    audio = config.audio_decoder
-    return ModelAudio.for_model(
-        engine, tokenizer, store, first_chunk_units=audio.first_chunk_units, chunk_units=audio.chunk_units
-    )
 
 
 async def _stats_ctx(app: web.Application) -> AsyncIterator[None]:

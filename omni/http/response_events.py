@@ -18,7 +18,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from omni.engines.generation import Delta, GeneratedImage, Usage
+from omni.engines.generation import Delta, Usage
+from omni.modalities.outputs.image import IMAGE, GeneratedImage
 from omni.serving.lifecycle import ImagePreview
 from omni.serving.response_turns import assistant_message
 from omni.text.parsers.tool_calls import ToolCallDelta
@@ -89,7 +90,7 @@ class ResponseEvents:
             events += self._text(parsed.content)
         for call in parsed.tool_calls:
             events += self._call(call)
-        for image in delta.images:
+        for image in IMAGE.pieces(delta):
             events += self._image(image)
         return events
 

@@ -7,12 +7,12 @@ import asyncio
 from collections.abc import AsyncGenerator, Callable, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass, field
-from typing import Generic, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 import msgspec
 from aiohttp import web
 
-from omni.engines.generation import AudioPiece, Delta, GeneratedImage, TokenLogprob, Usage
+from omni.engines.generation import Delta, TokenLogprob, Usage
 from omni.engines.llm import EngineError
 from omni.modalities.outputs.router import OutputRouter
 from omni.serving.errors import engine_error
@@ -148,8 +148,8 @@ class Choice:
     finish_reason: str | None = None
     stop_reason: str | int | None = None  # the stop string or client stop token id that ended it
     text_offsets: list[int] = field(default_factory=list)  # each token's, in text (Delta's)
-    images: list[GeneratedImage] = field(default_factory=list)  # drawn from its image spans
-    audio: list[AudioPiece] = field(default_factory=list)  # spoken from its audio spans, in order
+    # What its output spans made, by kind (as Delta.pieces; OutputKind.pieces reads them), in order
+    pieces: dict[str, list[Any]] = field(default_factory=dict)
 
 
 async def collect(outputs: Sequence[OutputRouter]) -> list[Choice]:
@@ -163,8 +163,8 @@ async def collect(outputs: Sequence[OutputRouter]) -> list[Choice]:
                 parts[index].append(delta.text)
                 choices[index].logprobs.extend(delta.logprobs)
                 choices[index].text_offsets.extend(delta.text_offsets)
-                choices[index].images.extend(delta.images)
-                choices[index].audio.extend(delta.audio)
+                for kind, made in delta.pieces.items():
+                    choices[index].pieces.setdefault(kind, []).extend(made)
                 if delta.finish_reason is not None:
                     choices[index].finish_reason = delta.finish_reason
                     choices[index].stop_reason = delta.stop_reason

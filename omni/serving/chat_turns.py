@@ -9,8 +9,9 @@ generation, and how its text is read back.
   same grammar switches on when the model opens a call, so a call it starts is well formed.
 - ban_tool_markup: tool_choice "none" with tools given: the model cannot open a call.
 - output_format: the reasoning and tool-call parsers each choice's text goes through.
-- chat_images / ban_images: whether and how the images a model draws come out (seeded per
+- chat_images: whether and how the images a model draws come out (seeded per
   choice: choice i's first image has seed + i * SEEDS_PER_CHOICE, its next ones count up).
+- ban_spans: the span openers of the kinds modalities leaves out are banned.
 (Each choice's token constraint, its grammar and reasoning budget, is omni/serving/choice_constraints.py.)
 """
 
@@ -19,13 +20,16 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from omni.errors import bad_request
-from omni.modalities.outputs.image import ImageRoute, ImageSettings, ModelImages, SizedPreviewCallback
+from omni.modalities.outputs.image import IMAGE, ImageRoute, ImageSettings, ModelImages, SizedPreviewCallback
+from omni.modalities.outputs.router import SpanRoute
 from omni.serving.choice_constraints import OutputSpans, TriggeredGrammar, prompt_opens_reasoning
 from omni.serving.model import ServedModel
 from omni.serving.requests import ChatCompletionRequest
 from omni.serving.requests.images import ChatImageOptions
+from omni.serving.spoken import chat_audio
 from omni.text.constrained.spec import GrammarKind, GrammarSpec
 from omni.text.parsers.tool_calls import tool_parser_class
 from omni.text.parsers.tool_grammar import JSON_ARGUMENTS, JSON_CALLS, MAX_FREE_CHARS, T2I_TOOL, tool_call_grammar
@@ -75,7 +79,7 @@ async def tool_grammar(model: ServedModel, req: ChatCompletionRequest, max_token
         trigger = model.tokenizer.token_to_id(markup[0])
         if trigger is None:
             return None  # the tokenizer cannot open a call with one token: parse what comes
-    images = model.images if req.images_allowed else None
+    images = model.output(IMAGE) if req.images_allowed else None
     source = tool_call_grammar(
         parser,
         forced or tools.functions,
@@ -113,17 +117,52 @@ class ChatImages:
         grammar = self.images.grammar
         return None if grammar is None else OutputSpans(grammar, self.images.format.start_token_id)
 
-    def route(self, choice_index: int) -> ImageRoute:
+    def answer_format(self) -> ChatImages | None:
+        """Under an answer format (response_format, structured outputs) the content is the
+        format's text alone: nothing is drawn."""
+        return None
+
+    def with_previews(self, partial_images: int, on_preview: Callable[[int], SizedPreviewCallback]) -> ChatImages:
+        """Each drawn image's partial_images previews go to on_preview(choice index)."""
+        settings = dataclasses.replace(self.settings, partial_images=partial_images)
+        return dataclasses.replace(self, settings=settings, on_preview=on_preview)
+
+    def route(self, model: ServedModel, choice_index: int) -> ImageRoute:
         seed = self.settings.seed
         first = None if seed is None else seed + choice_index * SEEDS_PER_CHOICE
         on_preview = None if self.on_preview is None else self.on_preview(choice_index)
         return self.images.route(self.settings, first_seed=first, inline=self.inline, on_preview=on_preview)
 
 
+class ChatOutput(Protocol):
+    """One output kind as a chat request gets it (ChatImages here, ChatAudio in spoken.py): the
+    spans its choices are held to, and each choice's route."""
+
+    def spans(self) -> OutputSpans | None: ...
+
+    def answer_format(self) -> ChatOutput | None:
+        """What is left of it under an answer format (None: nothing)."""
+        ...
+
+    def route(self, model: ServedModel, choice_index: int) -> SpanRoute: ...
+
+
+def chat_outputs(model: ServedModel, req: ChatCompletionRequest) -> list[ChatOutput]:
+    """Each output kind a chat request's choices may make, in OUTPUT_KINDS' order. Under an
+    answer format, only what it leaves: the content is the format's text alone, so no media
+    span is drawn in it or in the reasoning before it (choice_constraints holds their openers
+    back), and audio comes only when modalities asks for it, spoken after the text."""
+    made: list[ChatOutput | None] = [chat_images(model, req), chat_audio(model, req)]
+    if req.grammar is not None:
+        made = [k.answer_format() if k is not None else None for k in made]
+    return [k for k in made if k is not None]
+
+
 def chat_images(model: ServedModel, req: ChatCompletionRequest) -> ChatImages | None:
     """None when no image can come out: the model has no vision decoder (then asking for images
     is a 400), or modalities leaves image out."""
-    if model.images is None:  # (`image` alone is accepted: it says how images are drawn, if any are)
+    images = model.output(IMAGE)
+    if images is None:  # (`image` alone is accepted: it says how images are drawn, if any are)
         if "image" in req.modalities:
             raise bad_request("This model has no image decoder: it cannot produce images.", param="modalities")
         return None
@@ -145,15 +184,16 @@ def chat_images(model: ServedModel, req: ChatCompletionRequest) -> ChatImages | 
         and tools.choice != "none"
         and any(f.name == T2I_TOOL for f in tools.functions)
     )
-    return ChatImages(model.images, settings, inline)
+    return ChatImages(images, settings, inline)
 
 
-def ban_images(model: ServedModel, req: ChatCompletionRequest, params: SamplingParams) -> SamplingParams:
-    """modalities without "image" on a model that draws: the model cannot open an image span."""
-    if model.images is None or req.images_allowed:
+def ban_spans(model: ServedModel, req: ChatCompletionRequest, params: SamplingParams) -> SamplingParams:
+    """modalities leaving out a kind the model makes (an image, audio): the model cannot open
+    its span (each kind's ban rule)."""
+    banned = tuple((kind.opener(made),) for kind, made in model.kinds if not kind.allowed(req.modalities_sent))
+    if not banned:
         return params
-    start = ((model.images.format.start_token_id,),)
-    return dataclasses.replace(params, bad_words_token_ids=params.bad_words_token_ids + start)
+    return dataclasses.replace(params, bad_words_token_ids=params.bad_words_token_ids + banned)
 
 
 def ban_tool_markup(model: ServedModel, req: ChatCompletionRequest, params: SamplingParams) -> SamplingParams:

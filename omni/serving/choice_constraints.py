@@ -1,8 +1,10 @@
 """Each choice's token constraint: the request's grammar (held off until reasoning ends when
 the prompt leaves the model inside <think>, or until the model opens a tool call for an "auto"
-tool grammar), its thinking_token_budget, and, on a model that draws images and a request with
-no grammar of its own, the image span grammar. Both endpoints (and the images API) make theirs
-here."""
+tool grammar), its thinking_token_budget, and, on a model that makes an output kind and a
+request with no grammar of its own (or an "auto" tool grammar), each kind's span grammar. A
+grammar held off until reasoning ends also holds back, until then, the end of the turn and
+every span's opener: the answer comes, and no media is drawn in the reasoning. Both endpoints
+(and the images API) make theirs here."""
 
 from __future__ import annotations
 
@@ -36,13 +38,18 @@ def prompt_opens_reasoning(model: ServedModel, parser: str, prompt_token_ids: Se
 
 @dataclass(frozen=True, slots=True)
 class OutputSpans:
-    """A span grammar (image or audio spans) a choice's output is held to wherever the model
+    """A span grammar (one output kind's spans) a choice's output is held to wherever the model
     opens such a span (from its opening token on), or, opened, from the first token: the
     prompt opened it."""
 
     grammar: CompiledGrammar
     start_token_id: int
     opened: bool = False
+
+
+def span_openers(model: ServedModel) -> list[int]:
+    """The tokens that open each media span the model makes."""
+    return [kind.opener(made) for kind, made in model.kinds]
 
 
 class ChoiceConstraints:
@@ -55,9 +62,7 @@ class ChoiceConstraints:
         grammar: CompiledGrammar | TriggeredGrammar | None,
         prompt_token_ids: Sequence[int],
         max_tokens: int,
-        *,
-        images: OutputSpans | None = None,
-        audio: OutputSpans | None = None,
+        spans: Sequence[OutputSpans | None] = (),
     ) -> None:
         own_trigger = None
         if isinstance(grammar, TriggeredGrammar):
@@ -77,11 +82,17 @@ class ChoiceConstraints:
         self._trigger = own_trigger
         if own_trigger is None and self._in_reasoning and grammar is not None:
             self._trigger = self._end
-        # Image spans: alone when the request has no grammar, beside one that waits for its
-        # trigger ("auto" tools, or an answer after reasoning); a grammar holding the whole
-        # output leaves no room for them.
-        kinds = [k for k in (images, audio) if k is not None]
-        self._spans = kinds if grammar is None or self._trigger is not None else []
+        # Media spans: alone when the request has no grammar, beside an "auto" tool grammar
+        # that waits for its call; a grammar holding the whole output leaves no room for them,
+        # nor does one holding the answer after reasoning (a span drawn in the reasoning would
+        # be neither the reasoning nor the answer).
+        kinds = [k for k in spans if k is not None]
+        self._spans = kinds if grammar is None or own_trigger is not None else []
+        # An answer format after reasoning: the answer must come, so until the reasoning ends
+        # the model may neither end its turn nor open a media span.
+        self._held: frozenset[int] = frozenset()
+        if grammar is not None and own_trigger is None and self._trigger is not None:
+            self._held = frozenset(model.tokenizer.eos_token_ids) | frozenset(span_openers(model))
 
     @staticmethod
     def _reasoning_tokens(model: ServedModel, req: ChatCompletionRequest | CompletionRequest) -> tuple[int | None, int | None]:
@@ -111,7 +122,9 @@ class ChoiceConstraints:
             assert self._start is not None and self._end is not None
             budget = ReasoningBudget(self._start, self._end, self._budget, open=self._in_reasoning)
         if self._grammar is not None:
-            constraint = self._grammar.new_constraint(self._trigger, budget, max_tokens=self._max_tokens)
+            constraint = self._grammar.new_constraint(
+                self._trigger, budget, max_tokens=self._max_tokens, held=self._held
+            )
             if not self._spans:
                 return constraint
             return WithSpans(constraint, self._span_set())

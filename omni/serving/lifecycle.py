@@ -35,12 +35,14 @@ from omni.errors import APIError, bad_request, service_unavailable
 from omni.modalities.inputs.items import MediaItem, decode_params
 from omni.modalities.inputs.pipeline import PromptInputs
 from omni.modalities.inputs.placeholders import placeholder_ids
-from omni.modalities.outputs.image import ImageSettings
+from omni.modalities.outputs.image import IMAGE, ImageSettings
+from omni.modalities.outputs.kinds import OUTPUT_KINDS
 from omni.modalities.outputs.router import OutputRouter
 from omni.serving.chat_turns import (
-    ban_images,
+    ChatImages,
+    ban_spans,
     ban_tool_markup,
-    chat_images,
+    chat_outputs,
     check_tool_choice,
     output_format,
     tool_grammar,
@@ -59,13 +61,12 @@ from omni.serving.requests.transcriptions import TranscriptionRequest
 from omni.serving.response_store import ResponseStore
 from omni.serving.response_turns import ResponseTurn, response_turn
 from omni.serving.sampling import sampling_params, truncate_prompt, truncated_media
-from omni.serving.spoken import ChatAudio, ban_audio, chat_audio, recall_spoken
+from omni.serving.spoken import ChatAudio, recall_spoken
 from omni.shared.media import MediaLimits
 from omni.shared.media.compositing import EditCanvas
 from omni.shared.media.errors import MediaError
 from omni.shared.store.base import ArtifactStore
 from omni.shared.store.keys import content_hash
-from omni.text.constrained import audio_span, image_span
 from omni.text.constrained.compiler import CompiledGrammar
 from omni.text.reply_parser import OutputFormat
 from scheduler.request import SamplingParams
@@ -132,20 +133,14 @@ async def chat(
         tokenizer=model.tokenizer,
         max_logprobs=model.pool.config.llm.max_logprobs,
     )
-    params = ban_audio(model, req, ban_images(model, req, ban_tool_markup(model, req, params)))
-    images = chat_images(model, req)
-    if images is not None and previews is not None and partial_images:
-        settings = dataclasses.replace(images.settings, partial_images=partial_images)
+    params = ban_spans(model, req, ban_tool_markup(model, req, params))
+    kinds = chat_outputs(model, req)  # each output kind the choices may make: its spans and its routes
+    if previews is not None and partial_images:
         on_preview = functools.partial(_choice_previews, previews)
-        images = dataclasses.replace(images, settings=settings, on_preview=on_preview)
-    speaking = chat_audio(model, req)
+        kinds = [k.with_previews(partial_images, on_preview) if isinstance(k, ChatImages) else k for k in kinds]
     fmt = output_format(model, req, token_ids)
     grammar = await _grammar(model, req) if req.grammar is not None else await tool_grammar(model, req, params.max_tokens)
-    spans = images.spans() if images is not None else None
-    constraints = ChoiceConstraints(
-        model, req, grammar, token_ids, params.max_tokens, images=spans,
-        audio=speaking.spans() if speaking is not None else None,
-    )  # fmt: skip
+    constraints = ChoiceConstraints(model, req, grammar, token_ids, params.max_tokens, [k.spans() for k in kinds])
     keep_special = model.tokenizer.special_ids(*fmt.markup_tokens)
     completion_id = new_request_id("chatcmpl")
     generations = [
@@ -164,17 +159,11 @@ async def chat(
         )
         for i in range(req.n)
     ]
-    outputs = [
-        OutputRouter(
-            g,
-            images.route(i) if images is not None else None,
-            speaking.route(model) if speaking is not None else None,
-        )
-        for i, g in enumerate(generations)
-    ]
+    outputs = [OutputRouter(g, *(k.route(model, i) for k in kinds)) for i, g in enumerate(generations)]
     return Completion(
         id=response_id("chatcmpl", client_request_id or req.request_id, completion_id), model=model, outputs=outputs, timeout=timeout,
-        output_format=fmt, inline_images=images is not None and images.inline, audio=speaking,
+        output_format=fmt, inline_images=any(isinstance(k, ChatImages) and k.inline for k in kinds),
+        audio=next((k for k in kinds if isinstance(k, ChatAudio)), None),
     )  # fmt: skip
 
 
@@ -315,7 +304,7 @@ def image_turn(model: ServedModel, text: str) -> ChatCompletionRequest:
 
 def check_drawing(model: ServedModel) -> None:
     """The model's engines are up and its queue has room (503, 429), before any prompt work."""
-    images = model.images
+    images = model.output(IMAGE)
     assert images is not None  # image_model
     check_serving(model)
     if not images.ready:
@@ -334,7 +323,7 @@ def image_choices(
 ) -> ImageGeneration:
     """n choices of the prompt followed by an image span's opening token, each held to the span
     grammar and drawn with settings.seed + i."""
-    images = model.images
+    images = model.output(IMAGE)
     assert images is not None and images.grammar is not None  # compiled at start-up
     token_ids = [*prompt.token_ids, images.format.start_token_id]
     if len(token_ids) + images.format.span_tokens > model.pool.max_model_len:
@@ -344,10 +333,8 @@ def image_choices(
             param="prompt",
             code="context_length_exceeded",
         )
-    constraints = ChoiceConstraints(
-        model, turn, None, token_ids, images.format.span_tokens,
-        images=OutputSpans(images.grammar, images.format.start_token_id, opened=True),
-    )  # fmt: skip
+    spans = OutputSpans(images.grammar, images.format.start_token_id, opened=True)
+    constraints = ChoiceConstraints(model, turn, None, token_ids, images.format.span_tokens, [spans])
     previews: asyncio.Queue[Any] = asyncio.Queue()
     request_id = new_request_id("img")
     outputs = []
@@ -374,7 +361,7 @@ def _queue_preview(queue: asyncio.Queue[Any], image: int, index: int, data: byte
 def image_model(models: ModelRegistry, name: str | None) -> ServedModel:
     """The named model, which must draw images, or the only served model that does."""
     return models.capable(
-        name, lambda m: m.images is not None, lacks="has no image decoder: it cannot draw images",
+        name, lambda m: m.output(IMAGE) is not None, lacks="has no image decoder: it cannot draw images",
         does=("draws images", "draw images"),
     )  # fmt: skip
 
@@ -502,8 +489,9 @@ def answer_template(model: ServedModel, messages: list[dict[str, Any]]) -> list[
 
 
 def _span_openers(model: ServedModel) -> tuple[tuple[int, ...], ...]:
-    """Bad words: the opening tokens of image and audio spans, so that the answer is text."""
-    ids = (model.tokenizer.token_to_id(t) for t in (image_span.START, audio_span.START))
+    """Bad words: the opening tokens of every kind's spans the vocabulary has (decoder or not),
+    so that the answer is text."""
+    ids = (model.tokenizer.token_to_id(kind.start_token) for kind in OUTPUT_KINDS)
     return tuple((i,) for i in ids if i is not None)
 
 

@@ -4,30 +4,19 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, TypeVar
 
 from omni.engines.pool import ModelPool
 from omni.engines.supervisor import SupervisedWorker
 from omni.errors import bad_request, model_not_found
 from omni.modalities.inputs.pipeline import MediaPipeline
-from omni.modalities.outputs.audio import ModelAudio
-from omni.modalities.outputs.image import ModelImages
+from omni.modalities.outputs.kind import ModelOutput, OutputKind
+from omni.modalities.outputs.kinds import OUTPUT_KINDS
 from omni.text.chat_format import ChatFormat
 from omni.text.constrained.compiler import GrammarCompiler
 from omni.text.tokenizer import TextTokenizer
 
-
-class ModelOutput(Protocol):
-    """An output modality of a model (ModelImages, ModelAudio): its worker, and its span grammar
-    compiled once at start-up."""
-
-    @property
-    def engine(self) -> SupervisedWorker: ...
-
-    @property
-    def ready(self) -> bool: ...
-
-    async def prepare(self, compiler: GrammarCompiler) -> None: ...
+M = TypeVar("M", bound=ModelOutput)
 
 
 @dataclass(slots=True)
@@ -37,7 +26,7 @@ class ServedModel:
     pool: ModelPool
     created: int
     media: MediaPipeline | None = None  # None: a text-only model, media parts are refused
-    outputs: tuple[ModelOutput, ...] = ()  # what it makes besides text (images, audio), each with its worker
+    outputs: tuple[ModelOutput, ...] = ()  # what it makes besides text (one per output kind), each with its worker
     # The chat template and the tool-call and reasoning parsers (omni/text/chat_format.py).
     chat_format: ChatFormat = field(default_factory=ChatFormat)
     # Output constraints for this model's tokenizer, compiled once per spec.
@@ -46,15 +35,14 @@ class ServedModel:
     def __post_init__(self) -> None:
         self.grammars = GrammarCompiler(self.tokenizer)
 
-    @property
-    def images(self) -> ModelImages | None:
-        """None: no vision decoder, the model cannot draw."""
-        return next((o for o in self.outputs if isinstance(o, ModelImages)), None)
+    def output(self, kind: OutputKind[M, Any]) -> M | None:
+        """What the model makes of an output kind; None: it has no decoder for it."""
+        return kind.of(self.outputs)
 
     @property
-    def audio(self) -> ModelAudio | None:
-        """None: no audio decoder, the model cannot speak."""
-        return next((o for o in self.outputs if isinstance(o, ModelAudio)), None)
+    def kinds(self) -> list[tuple[OutputKind, ModelOutput]]:  # type: ignore[type-arg]
+        """The output kinds the model makes, each with its object, in OUTPUT_KINDS' order."""
+        return [(k, o) for k in OUTPUT_KINDS if (o := k.of(self.outputs)) is not None]
 
     @property
     def ready(self) -> bool:

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from omni.errors import APIError, bad_request
+from omni.modalities.outputs.image import IMAGE
 from omni.serving.model import ServedModel
 from omni.serving.requests import ChatCompletionRequest, parse_chat_completion_request
 from omni.serving.requests.fields import Json, value_error
@@ -137,8 +138,9 @@ def response_turn(model: ServedModel, req: ResponseRequest, history: list[dict[s
     choice: Json = req.tool_choice if isinstance(req.tool_choice, str) else None
     if isinstance(req.tool_choice, FunctionChoice):
         choice = {"type": "function", "function": {"name": req.tool_choice.name}}
+    images = model.output(IMAGE)
     if image_tool is not None:
-        if model.images is None:
+        if images is None:
             raise value_error(
                 f"tools[{req.tools.index(image_tool)}]", f"the model '{model.name}' has no image decoder: it cannot draw."
             )
@@ -151,11 +153,11 @@ def response_turn(model: ServedModel, req: ResponseRequest, history: list[dict[s
             if forced:
                 choice = {"type": "function", "function": {"name": T2I_TOOL}}
         elif forced:  # open the span at once; the turn is the image
-            span = model.images.format.span_tokens
-            body["logit_bias"] = {str(model.images.format.start_token_id): 100}
+            span = images.format.span_tokens
+            body["logit_bias"] = {str(images.format.start_token_id): 100}
             body["max_completion_tokens"] = 1 + span
             choice = "none" if tools else None
-    elif model.images is not None:
+    elif images is not None:
         body["modalities"] = ["text"]  # no image_generation tool: nothing is drawn
     if tools:
         body["tools"] = tools

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from omni.engines.audio_decoder import AudioDecodeError
 from omni.engines.generation import Generation, OutputOptions, new_request_id
 from omni.errors import bad_request
-from omni.modalities.outputs.audio import ModelAudio
+from omni.modalities.outputs.audio import AUDIO, ModelAudio
 from omni.modalities.outputs.router import OutputRouter
 from omni.serving.lifecycle import Prepared, check_serving
 from omni.serving.model import ModelRegistry, ServedModel
@@ -41,7 +41,7 @@ async def speech(models: ModelRegistry, req: SpeechRequest, *, timeout: float | 
     grammar (3 to max_units units, then the end), whose router sends its units to the vocoder
     in chunks as they are sampled."""
     model = _speaking_model(models, req.model)
-    audio = model.audio
+    audio = model.output(AUDIO)
     assert audio is not None
     check_serving(model)
     audio.check_ready()
@@ -117,5 +117,5 @@ async def _speech_choice(
 def _speaking_model(models: ModelRegistry, name: str | None) -> ServedModel:
     """The named model, which must speak, or the only served model that does."""
     return models.capable(
-        name, lambda m: m.audio is not None, lacks="has no audio decoder: it cannot speak", does=("speaks", "speak")
+        name, lambda m: m.output(AUDIO) is not None, lacks="has no audio decoder: it cannot speak", does=("speaks", "speak")
     )

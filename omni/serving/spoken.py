@@ -8,7 +8,8 @@ Two ways audio comes out of a chat turn, as the reference model makes it:
   request on prompt + text + <|discrete_audio_start|>: the prefix cache holds the rest), held
   to the span grammar, within what is left of max_tokens. The text is the audio's transcript.
 - on its own (modalities not given): a span the model opens mid-turn is spoken in the default
-  voice (or `audio.voice` when the request names one), and the turn keeps its text.
+  voice (or `audio.voice` when the request names one), and the turn keeps its text. Not with an
+  answer format (response_format, structured outputs): its content is the format's text alone.
 modalities given without "audio" bans the span's opening token.
 In the reference's dialect (ChatFormat.spoken_markup) the model writes its units bare after its
 speaker info, which picks the voice when the request names none (omni/modalities/outputs/audio.py).
@@ -28,7 +29,7 @@ import orjson
 
 from omni.engines.generation import Generation, OutputOptions
 from omni.errors import bad_request
-from omni.modalities.outputs.audio import AudioRoute, ModelAudio
+from omni.modalities.outputs.audio import AUDIO, AudioRoute, ModelAudio
 from omni.serving.choice_constraints import OutputSpans
 from omni.serving.model import ServedModel
 from omni.serving.requests import ChatCompletionRequest
@@ -53,7 +54,13 @@ class ChatAudio:
         grammar = self.audio.grammar
         return None if grammar is None else OutputSpans(grammar, self.audio.format.start_token_id)
 
-    def route(self, model: ServedModel) -> AudioRoute:
+    def answer_format(self) -> ChatAudio | None:
+        """Under an answer format: spoken only when modalities asks, after the text (the
+        dialect's bare units in the reasoning are not spoken)."""
+        return dataclasses.replace(self, dialect=False) if self.requested else None
+
+    def route(self, model: ServedModel, choice_index: int) -> AudioRoute:
+        """(Every choice speaks in the same voice.)"""
         route = self.audio.route(self.voice, dialect=self.dialect, voice_named=self.voice_named)
         if not self.requested:
             return route
@@ -64,13 +71,13 @@ def chat_audio(model: ServedModel, req: ChatCompletionRequest) -> ChatAudio | No
     """None when no audio can come out: the model has no audio decoder (then asking for audio
     is a 400), or modalities leaves audio out."""
     requested = "audio" in req.modalities
-    if model.audio is None:
+    audio = model.output(AUDIO)
+    if audio is None:
         if requested:
             raise bad_request("This model has no audio decoder: it cannot speak.", param="modalities")
         return None
     if not req.audio_allowed:
         return None
-    audio = model.audio
     if requested or req.audio is not None:
         audio.check_ready()  # the voices are the ready decoder's
     if requested:
@@ -78,14 +85,6 @@ def chat_audio(model: ServedModel, req: ChatCompletionRequest) -> ChatAudio | No
     voice = audio.voice_index(req.audio.voice, "audio.voice") if req.audio is not None else 0
     fmt = req.audio.format if req.audio is not None else SPONTANEOUS_FORMAT
     return ChatAudio(audio, voice, fmt, requested, model.chat_format.spoken_markup, req.audio is not None)
-
-
-def ban_audio(model: ServedModel, req: ChatCompletionRequest, params: SamplingParams) -> SamplingParams:
-    """modalities without "audio" on a model that speaks: the model cannot open an audio span."""
-    if model.audio is None or req.audio_allowed:
-        return params
-    start = ((model.audio.format.start_token_id,),)
-    return dataclasses.replace(params, bad_words_token_ids=params.bad_words_token_ids + start)
 
 
 # What a spoken continuation does not take from its text's params: the text's token rules are

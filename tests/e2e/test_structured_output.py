@@ -139,3 +139,102 @@ async def test_fifty_json_object_requests_all_parse(server: str) -> None:
         assert isinstance(json.loads(text), dict), text
         finishes.append(finish)
     assert set(finishes) <= {"stop", "length"} and len({t for t, _ in results}) > 25
+
+
+
+# The published layout (bin/omni-serve's default, the speaking_server fixture): its dialect opens
+# <think> unless told otherwise, so an answer format holds from the end of the reasoning, and
+# the model draws and speaks. Random weights: at temperature 1 and 600 tokens, seeds 9 to 16
+# drew an image (9, 11, 13) or spoke (10, 13, 15) inside the reasoning, or ended the turn there
+# (14, 16), before the answer format held the reasoning to none of it.
+PUBLISHED = "omni"
+ANSWER_SEEDS = range(9, 17)
+DIGIT = {
+    "type": "object",
+    "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 9}},
+    "required": ["a"],
+    "additionalProperties": False,
+}
+ANSWER_FORMATS = {
+    "json_schema": {"type": "json_schema", "json_schema": {"name": "digit", "schema": DIGIT}},
+    "json_object": {"type": "json_object"},
+}
+
+
+def _answer(content: str, kind: str) -> None:
+    if kind == "json_schema":
+        jsonschema.validate(json.loads(content), DIGIT)
+    else:
+        assert isinstance(json.loads(content), dict), content
+
+
+@pytest.fixture(scope="module", params=list(ANSWER_FORMATS))
+def formatted_turns(request: pytest.FixtureRequest, speaking_server: str) -> tuple[str, list[dict[str, Any]]]:
+    """Each seed's choice of a turn with an answer format and no modalities, on the published
+    layout: (the format, the choices)."""
+    kind = request.param
+    choices = []
+    for seed in ANSWER_SEEDS:
+        body = {
+            "model": PUBLISHED, "messages": [{"role": "user", "content": "Answer in JSON."}],
+            "response_format": ANSWER_FORMATS[kind], "seed": seed, "temperature": 1.0, "max_tokens": 600,
+        }  # fmt: skip
+        out = httpx.post(f"{speaking_server}/v1/chat/completions", json=body, timeout=300).json()
+        choices.append(out["choices"][0] | {"seed": seed})
+    return kind, choices
+
+
+def test_an_answer_format_draws_no_image_in_the_reasoning(formatted_turns: tuple[str, list[dict[str, Any]]]) -> None:
+    """content is the format's text, never parts with an image drawn before the answer."""
+    _, choices = formatted_turns
+    for c in choices:
+        assert c["message"]["reasoning_content"], c["seed"]  # the template opened the reasoning
+        assert isinstance(c["message"]["content"], str), (c["seed"], c["message"]["content"])
+
+
+def test_an_answer_format_turn_ends_with_its_answer(formatted_turns: tuple[str, list[dict[str, Any]]]) -> None:
+    """The reasoning may not end the turn: a "stop" turn's content is the whole answer; a turn
+    whose reasoning never ends runs to its length."""
+    kind, choices = formatted_turns
+    for c in choices:
+        if c["finish_reason"] == "stop":
+            _answer(c["message"]["content"], kind)
+        else:
+            assert c["finish_reason"] == "length", c["seed"]
+    assert any(c["finish_reason"] == "stop" for c in choices)
+
+
+def test_an_answer_format_speaks_only_when_modalities_asks(formatted_turns: tuple[str, list[dict[str, Any]]]) -> None:
+    """No modalities given: no audio, as OpenAI answers (the reference dialect's bare units in
+    the reasoning are not spoken)."""
+    _, choices = formatted_turns
+    assert [c["seed"] for c in choices if c["message"].get("audio") is not None] == []
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_an_answer_format_comes_once_the_reasoning_ends(speaking_server: str, stream: bool) -> None:
+    """With a thinking budget the reasoning ends in time, and every turn's content is the JSON
+    alone, streamed or not: no image part, no audio, no empty answer."""
+    client = openai.OpenAI(base_url=f"{speaking_server}/v1", api_key="none", max_retries=0, timeout=300)
+    for seed in range(9, 13):
+        kw: dict[str, Any] = dict(
+            model=PUBLISHED, messages=[{"role": "user", "content": "Answer in JSON."}], seed=seed, temperature=1.0,
+            max_tokens=300, response_format=ANSWER_FORMATS["json_schema"], extra_body={"thinking_token_budget": 40},
+        )  # fmt: skip
+        if not stream:
+            out = client.chat.completions.create(**kw)
+            message = out.choices[0].message
+            assert message.audio is None and isinstance(message.content, str), (seed, message)
+            assert out.choices[0].finish_reason == "stop", seed
+            _answer(message.content, "json_schema")
+            continue
+        text, finish = "", None
+        for chunk in client.chat.completions.create(stream=True, **kw):
+            for c in chunk.choices:
+                delta = c.delta.model_dump()
+                assert delta.get("audio") is None, seed
+                assert delta.get("content") is None or isinstance(delta["content"], str), (seed, delta)
+                text += delta.get("content") or ""
+                finish = c.finish_reason or finish
+        assert finish == "stop", seed
+        _answer(text, "json_schema")

@@ -10,13 +10,14 @@ import numpy as np
 from aiohttp import web
 from msgspec import UNSET
 
-from omni.engines.generation import AudioPiece, Delta, GeneratedImage, TokenLogprob, Usage
+from omni.engines.generation import Delta, TokenLogprob, Usage
 from omni.http import sse
 from omni.http.access_log import client_request_id, note_generation
 from omni.http.body import body_timeout, read_parsed, request_timeout
 from omni.http.logprobs import chat_logprob_entries, prompt_logprobs_json
 from omni.http.state import MODELS, STORE
-from omni.modalities.outputs.audio import AUDIO_EXPIRES_S, new_audio_id, store_spoken
+from omni.modalities.outputs.audio import AUDIO, AUDIO_EXPIRES_S, AudioPiece, new_audio_id, store_spoken
+from omni.modalities.outputs.image import IMAGE, GeneratedImage
 from omni.modalities.outputs.router import OutputRouter
 from omni.serving import lifecycle
 from omni.serving.lifecycle import Completion
@@ -78,10 +79,11 @@ async def _complete(request: web.Request, req: ChatCompletionRequest, completion
     choices = []
     for i, c in enumerate(collected):
         parser = fmt.new_parser()
-        reply = parser.parse(c.text, cut=c.finish_reason == "length", spoke=bool(c.audio))
+        drawn, spoken = IMAGE.pieces(c), AUDIO.pieces(c)
+        reply = parser.parse(c.text, cut=c.finish_reason == "length", spoke=bool(spoken))
         message = ChatCompletionMessage(role="assistant", content=echo + reply.content)
-        if c.images and not completion.inline_images:
-            message.content = _content_parts(echo + reply.content, c.images)
+        if drawn and not completion.inline_images:
+            message.content = _content_parts(echo + reply.content, drawn)
         if reply.tool_calls:
             message.tool_calls = [
                 OutputToolCall(t.id, "function", OutputFunction(t.name, t.arguments)) for t in reply.tool_calls
@@ -90,8 +92,8 @@ async def _complete(request: web.Request, req: ChatCompletionRequest, completion
                 message.content = None  # as OpenAI answers a turn that only calls tools
         if fmt.reasoning_parser is not None:
             message.reasoning_content = message.reasoning = reply.reasoning
-        if c.audio and completion.audio is not None:
-            message.audio = await _spoken(request, completion.audio, c.audio, reply.content or "")
+        if spoken and completion.audio is not None:
+            message.audio = await _spoken(request, completion.audio, spoken, reply.content or "")
             if completion.audio.requested:
                 message.content = None  # a spoken turn's text is its transcript, as OpenAI answers
         logprobs = _logprobs(req, tokenizer, c.logprobs)
@@ -162,7 +164,7 @@ async def _stream(
         parser = parsers[index]
         parsed = parser.push(delta.text)
         if delta.finish_reason is not None:
-            parsed += parser.finish(cut=delta.finish_reason == "length", spoke=bool(spoken[index] or delta.audio))
+            parsed += parser.finish(cut=delta.finish_reason == "length", spoke=bool(spoken[index] or AUDIO.pieces(delta)))
         body = ChunkDelta()
         empty = not (parsed.reasoning or parsed.content or parsed.tool_calls)
         if parsed.reasoning:
@@ -179,9 +181,10 @@ async def _stream(
                     body.content = UNSET  # a spoken turn's text is its transcript
                 body.audio = audio
                 empty = False
-            spoken[index].extend(delta.audio)
-        if delta.images and not completion.inline_images:
-            images.append((index, delta.images))
+            spoken[index].extend(AUDIO.pieces(delta))
+        drawn = IMAGE.pieces(delta)
+        if drawn and not completion.inline_images:
+            images.append((index, drawn))
         if empty and delta.finish_reason is None and not req.logprobs:
             return None  # a token that completes no character yet, or markup held back
         logprobs = _logprobs(req, tokenizer, delta.logprobs)
@@ -214,8 +217,9 @@ def _audio_delta(audio_id: str, delta: Delta, requested: bool, content: str) -> 
     this delta completed, the transcript (a spoken turn's text, which then leaves content),
     and expires_at on the last; None when it has none of them."""
     audio = AudioDelta(id=audio_id)
-    if delta.audio:
-        pcm = float_to_pcm16(_samples(delta.audio))
+    pieces = AUDIO.pieces(delta)
+    if pieces:
+        pcm = float_to_pcm16(_samples(pieces))
         audio.data = base64.b64encode(pcm).decode()
     if requested and content:
         audio.transcript = content

@@ -20,13 +20,13 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from omni.engines.generation import GeneratedImage
 from omni.engines.llm import EngineError
 from omni.errors import internal_error
 from omni.http import sse
 from omni.http.access_log import note_generation
 from omni.http.body import body_timeout, read_image_edit_form, read_parsed, request_timeout
 from omni.http.state import MODELS
+from omni.modalities.outputs.image import IMAGE, GeneratedImage
 from omni.modalities.outputs.router import OutputRouter
 from omni.serving import image_edits, lifecycle
 from omni.serving.lifecycle import ImageGeneration, ImagePreview
@@ -82,7 +82,7 @@ async def respond(
     if req.stream:
         return await _stream(request, req, generation, events)
     choices = await sse.collect(generation.outputs)
-    images = [_the_image(c.images) for c in choices]
+    images = [_the_image(IMAGE.pieces(c)) for c in choices]
     data = [
         ImageData(b64_json=_b64(image.data)) if req.response_format == "b64_json" else ImageData(url=image.url)
         for image in images
@@ -136,7 +136,7 @@ async def _stream(
     async def draw(output: OutputRouter) -> None:
         try:
             choices = await sse.collect([output])
-            events.put_nowait(_Drawn(_the_image(choices[0].images)))
+            events.put_nowait(_Drawn(_the_image(IMAGE.pieces(choices[0]))))
         except Exception as exc:  # handed to the loop below, which ends the stream with it
             events.put_nowait(_Drawn(exc))
 

@@ -27,6 +27,7 @@ from omni.engines.llm import EngineError
 from omni.http.access_log import note_generation
 from omni.http.body import body_timeout, read_parsed, request_timeout
 from omni.http.state import MODELS
+from omni.modalities.outputs.audio import AUDIO
 from omni.serving import speech_lifecycle
 from omni.serving.errors import engine_error
 from omni.serving.requests.speech import SpeechRequest, parse_speech_request
@@ -57,7 +58,7 @@ async def _encoded(req: SpeechRequest, speech: Speech) -> AsyncGenerator[bytes, 
     try:
         async with aclosing(speech.output.deltas()) as deltas:
             async for delta in deltas:
-                for piece in delta.audio:
+                for piece in AUDIO.pieces(delta):
                     samples = np.frombuffer(piece.samples, dtype="<f4")
                     if stretch is not None:
                         samples = stretch.feed(samples)

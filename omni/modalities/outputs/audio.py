@@ -5,6 +5,7 @@ how one request's spans become audio.
                    the span grammar, the chunking, the voice table, the store spoken answers go to
     AudioRoute     one choice's audio spans for the output router (ModelAudio.route(), the
                    request's voice bound in): units -> vocoder chunks
+    AUDIO          the kind (omni/modalities/outputs/kind.py): AudioPiece pieces
 
 Voices. The checkpoint names its voices (audio_decoder/speakers.json); a request may name one
 of those, or one of OpenAI's voice names, which map onto the checkpoint's in this fixed order,
@@ -37,13 +38,17 @@ from typing import Any, Protocol
 import numpy as np
 import orjson
 
+from omni.config import ModelConfig
 from omni.engines.audio_decoder import AudioDecoderEngine
-from omni.engines.generation import AudioPiece, Delta, Generation
+from omni.engines.generation import Delta, Generation
+from omni.engines.worker_specs import audio_decoder_worker_spec
 from omni.errors import bad_request, service_unavailable
+from omni.metrics import Metrics
+from omni.modalities.outputs.kind import OutputKind
 from omni.shared.media.audio_encoding import MEDIA_TYPES, encode_audio
 from omni.shared.store.base import ArtifactStore
 from omni.shared.store.keys import validate_key
-from omni.text.constrained.audio_span import AudioSpanFormat
+from omni.text.constrained.audio_span import START, AudioSpanFormat
 from omni.text.constrained.compiler import CompiledGrammar, GrammarCompiler
 from omni.text.constrained.spec import GrammarKind, GrammarSpec
 from omni.text.tokenizer import TextTokenizer
@@ -94,6 +99,17 @@ def speaker_voice(info: Mapping[str, Any], voices: Sequence[str]) -> int | None:
             return voices.index(named)
     voice = _GENDER_VOICES.get(str(info.get("gender", "")).lower())
     return voices.index(voice) if voice in voices else None
+
+
+@dataclass(frozen=True, slots=True)
+class AudioPiece:
+    """Audio decoded on a Delta: the next chunk of one audio span, float32 mono samples (little
+    endian). A span's pieces, concatenated, are its whole audio; `last` ends the span."""
+
+    samples: bytes
+    sample_rate: int
+    span: int  # which audio span of the choice, from 0
+    last: bool = False
 
 
 class AudioSink(Protocol):
@@ -240,7 +256,7 @@ class AudioRoute:
         samples = await self._sink.decode(units, last=last)
         self._sent += len(units)
         self._last_chunk = len(units)
-        delta.audio.append(AudioPiece(samples, self.sample_rate, self._spans, last))
+        AUDIO.add(delta, AudioPiece(samples, self.sample_rate, self._spans, last))
 
 
 class ModelAudio:
@@ -352,3 +368,23 @@ async def store_spoken(store: ArtifactStore, audio_id: str, samples: np.ndarray,
     meta = orjson.dumps({"id": audio_id, "format": fmt, "transcript": transcript})
     await store.put(validate_key(f"out/audio/{audio_id}.json"), meta, "application/json")
     return data
+
+
+def build(config: ModelConfig, tokenizer: TextTokenizer, store: ArtifactStore, metrics: Metrics) -> ModelAudio | None:
+    """A served model's ModelAudio, None when it has no audio decoder."""
+    if config.audio_decoder_dir is None:
+        return None
+    engine = AudioDecoderEngine(
+        audio_decoder_worker_spec(config),
+        metrics,
+        config.name,
+        config.audio_decoder,
+        start_timeout=config.worker.worker_start_timeout,
+    )
+    audio = config.audio_decoder
+    return ModelAudio.for_model(
+        engine, tokenizer, store, first_chunk_units=audio.first_chunk_units, chunk_units=audio.chunk_units
+    )
+
+
+AUDIO: OutputKind[ModelAudio, AudioPiece] = OutputKind("audio", ModelAudio, AudioPiece, AudioRoute, build, START)

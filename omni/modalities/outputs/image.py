@@ -6,6 +6,7 @@ images are drawn, stored and handed out.
     ImageSettings      one request's choices: size, steps, guidance, seed, format, URL or bytes
     ImageRoute         one choice's image spans for the output router: withheld tokens -> codes
     ImageDrawer        the route's ImageDecoder for one choice: span -> GeneratedImage
+    IMAGE              the kind (omni/modalities/outputs/kind.py): GeneratedImage pieces
 
 An image's size is the request's, else the one the size table gives the span's ratio token (a
 ratio the table lacks is drawn at the table's nearest aspect). Its seed is the request's seed
@@ -30,15 +31,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from omni.engines.generation import Delta, GeneratedImage, Generation
+from omni.config import ModelConfig
+from omni.engines.generation import Delta, Generation
 from omni.engines.vision_decoder import ImageRequest, VisionDecoderEngine
+from omni.engines.worker_specs import vision_decoder_worker_spec
 from omni.metrics import Metrics
+from omni.modalities.outputs.kind import OutputKind
 from omni.shared.media.compositing import EditCanvas
 from omni.shared.media.image_sizes import nearest_size
 from omni.shared.store.base import ArtifactStore
 from omni.shared.store.keys import output_key
 from omni.text.constrained.compiler import CompiledGrammar, GrammarCompiler
-from omni.text.constrained.image_span import ImageSpanFormat
+from omni.text.constrained.image_span import START, ImageSpanFormat
 from omni.text.constrained.spec import GrammarKind, GrammarSpec
 from omni.text.tokenizer import TextTokenizer
 
@@ -75,6 +79,20 @@ def read_code_grid(decoder_dir: Path) -> tuple[int, int]:
     if rows <= 0 or cols <= 0:
         raise ValueError(f"{source}: code grid {rows}x{cols} is not positive")
     return rows, cols
+
+
+@dataclass(frozen=True, slots=True)
+class GeneratedImage:
+    """A decoded image as assembly hands it out: where it can be fetched (a signed URL, or a
+    data URL), and what it is."""
+
+    url: str
+    width: int
+    height: int
+    media_type: str = "image/png"
+    data: bytes = b""  # the encoded image (b64_json answers send it)
+    key: str | None = None  # its artifact-store key, when it was stored
+    seed: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,7 +141,7 @@ class ImageRoute:
         span = self._read(self._tokens)
         if span is not None:
             image = await self.decoder.decode(span, str(self._generation.request.request_id))
-            delta.images.append(image)
+            IMAGE.add(delta, image)
             if self.inline:
                 delta.text += image.url
         return True
@@ -269,3 +287,29 @@ class ImageDrawer:
             url = f"data:{media_type};base64,{base64.b64encode(data).decode()}"
         log.debug("%s: image %dx%d seed %d in %.2f s", request_id, width, height, seed, time.monotonic() - started)
         return GeneratedImage(url, out_width, out_height, media_type, data=data, key=key, seed=seed)
+
+
+def build(config: ModelConfig, tokenizer: TextTokenizer, store: ArtifactStore, metrics: Metrics) -> ModelImages | None:
+    """A served model's ModelImages, None when it has no vision decoder."""
+    if config.vision_decoder_dir is None:
+        return None
+    engine = VisionDecoderEngine(
+        vision_decoder_worker_spec(config),
+        metrics,
+        config.name,
+        config.vision_decoder,
+        start_timeout=config.worker.worker_start_timeout,
+    )
+    return ModelImages.for_model(
+        engine,
+        config.vision_decoder_dir,
+        tokenizer,
+        store,
+        metrics,
+        default_steps=config.vision_decoder.diffusion_steps,
+    )
+
+
+IMAGE: OutputKind[ModelImages, GeneratedImage] = OutputKind(
+    "image", ModelImages, GeneratedImage, ImageRoute, build, START
+)

@@ -9,10 +9,11 @@ choice's routes: a token opens the span of the first route that claims it, goes 
 span, or is text. A span's tokens are withheld from the text; what the span makes rides on the
 Delta of the token that completed it. The kinds:
 
-    ImageRoute   omni/modalities/outputs/image.py   an image span's codes -> the image decoder (Delta.images)
-    AudioRoute   omni/modalities/outputs/audio.py   an audio span's units -> the vocoder, in chunks (Delta.audio)
+    ImageRoute   omni/modalities/outputs/image.py   an image span's codes -> the image decoder (IMAGE's pieces)
+    AudioRoute   omni/modalities/outputs/audio.py   an audio span's units -> the vocoder, in chunks (AUDIO's pieces)
 
-A new output modality is a route class beside its model output; this loop does not change.
+A new output modality is a route class beside its model output, named by its OutputKind
+(omni/modalities/outputs/kind.py); this loop does not change.
 
 The contract assembly relies on, which every span kind keeps: one Delta out per Delta in, in
 order; a Delta's token_ids, logprobs and finish_reason unchanged (usage counts every generated

@@ -30,6 +30,7 @@ import numpy as np
 from msgspec import UNSET
 
 from omni.engines.generation import Delta, Usage
+from omni.modalities.outputs.audio import AUDIO
 from omni.serving.realtime import client_events as ev
 from omni.serving.realtime.conversation import Conversation, Item, new_item_id
 from omni.shared.media import g711
@@ -141,12 +142,12 @@ class ResponseEvents:
         assert self.parser is not None
         parsed = self.parser.push(delta.text)
         if delta.finish_reason is not None:
-            parsed += self.parser.finish(cut=delta.finish_reason == "length", spoke=bool(delta.audio) or self.audio_samples > 0)
+            parsed += self.parser.finish(cut=delta.finish_reason == "length", spoke=bool(AUDIO.pieces(delta)) or self.audio_samples > 0)
         if parsed.content:
             self._text(parsed.content)
         for call in parsed.tool_calls:
             self._call(call)
-        for piece in delta.audio:
+        for piece in AUDIO.pieces(delta):
             self._audio(np.frombuffer(piece.samples, dtype="<f4"))
 
     def done(self, status: str, usage: Usage | None, details: dict[str, Any] | None = None) -> None:

@@ -41,6 +41,7 @@ from msgspec import UNSET
 from omni.errors import APIError, bad_request, internal_error
 from omni.metrics import Metrics
 from omni.modalities.inputs.voice_activity import WINDOW_MS, VoiceActivity, VoiceActivityModel
+from omni.modalities.outputs.audio import AUDIO
 from omni.serving import lifecycle
 from omni.serving.errors import api_error
 from omni.serving.model import ModelRegistry, ServedModel
@@ -86,7 +87,7 @@ class RealtimeSession:
         self.vad_model = vad_model
         self.timeout = timeout
         self.id = f"sess_{uuid.uuid4().hex[:24]}"
-        speaks = model.audio is not None
+        speaks = model.output(AUDIO) is not None
         self.settings: dict[str, Any] = {
             "instructions": "",
             "output_modalities": ["audio"] if speaks else ["text"],
@@ -227,15 +228,16 @@ class RealtimeSession:
                 if o.voice is not UNSET:
                     self._check_voice(o.voice, "session.audio.output.voice")
                     s["voice"] = o.voice
-        if "audio" in s["output_modalities"] and self.model.audio is None:
+        if "audio" in s["output_modalities"] and self.model.output(AUDIO) is None:
             raise bad_request(f"The model '{self.model.name}' cannot speak.", param="session.output_modalities")
         if s["turn_detection"] != self.settings["turn_detection"] or s["input_format"] != self.settings["input_format"]:
             self._vad = None  # a fresh detector for the new settings, on the next append
         self.settings = s
 
     def _check_voice(self, voice: str, param: str) -> None:
-        if self.model.audio is not None:
-            self.model.audio.voice_index(voice, param)  # a 400 naming both tables
+        audio = self.model.output(AUDIO)
+        if audio is not None:
+            audio.voice_index(voice, param)  # a 400 naming both tables
 
     def session_json(self) -> dict[str, Any]:
         s = self.settings
@@ -467,7 +469,7 @@ class RealtimeSession:
             if fields.audio.output.format is not UNSET:
                 s["output_format"] = fields.audio.output.format
         speaks = "audio" in s["output_modalities"]
-        if speaks and self.model.audio is None:
+        if speaks and self.model.output(AUDIO) is None:
             raise bad_request(f"The model '{self.model.name}' cannot speak.", param="response.output_modalities")
         out_of_band = fields.conversation == "none"
         if fields.input is not UNSET and not out_of_band:
@@ -475,7 +477,7 @@ class RealtimeSession:
         items = self.conversation.items
         if fields.input is not UNSET:
             items = [self._reference(x, i) for i, x in enumerate(fields.input)]
-        body = chat_body(self.model.name, self.model.audio is not None, s, self.conversation.messages(items))
+        body = chat_body(self.model.name, self.model.output(AUDIO) is not None, s, self.conversation.messages(items))
         req = parse_chat_completion_request(body)
         response = {
             "id": new_response_id(), "object": "realtime.response", "status": "in_progress", "status_details": None,

@@ -8,6 +8,9 @@ answer is held to its grammar from the </think> that ends its reasoning.
 A constraint may also carry a reasoning budget (the request's thinking_token_budget): once
 that many tokens of reasoning are out, the next token is forced to be the end of reasoning.
 A budget alone, with no grammar, is a constraint too: it masks only that one step.
+
+A constraint waiting for its trigger may hold some tokens back until then (held): a JSON answer
+after reasoning must come, so the reasoning may neither end the turn (EOS) nor open a media span.
 """
 
 from __future__ import annotations
@@ -54,6 +57,8 @@ class ReasoningBudget:
 
 
 class TokenConstraint:
+    held: frozenset[int] = frozenset()  # (WithSpans and SpanSet hold none)
+
     def __init__(
         self,
         matcher: llguidance.LLMatcher | None,
@@ -62,6 +67,7 @@ class TokenConstraint:
         budget: ReasoningBudget | None = None,
         closer: JsonCloser | None = None,
         spans: bool = False,
+        held: frozenset[int] = frozenset(),
     ) -> None:
         self.matcher = matcher  # None: a reasoning budget only
         self.vocab_size = vocab_size  # the tokenizer's: a mask has ceil(vocab_size / 32) words
@@ -75,6 +81,20 @@ class TokenConstraint:
         self.spans = spans
         self.num_spans = 0  # spans completed
         self.violated = False  # a token the grammar refused got through (never expected)
+        # Tokens refused while the trigger is awaited (the grammar then decides alone).
+        self.held = held
+        self._held_mask: bytes | None = None  # made once, at the first step that needs it
+
+    @property
+    def holding(self) -> bool:
+        """The trigger is awaited and some tokens are refused until it comes."""
+        return bool(self.held) and not self.grammar_on
+
+    def held_mask(self) -> bytes:
+        """The mask while holding: every token but the held ones (the same at every step)."""
+        if self._held_mask is None:
+            self._held_mask = all_but_mask(self.held, self.vocab_size)
+        return self._held_mask
 
     @property
     def forced_token_id(self) -> int | None:
@@ -88,7 +108,7 @@ class TokenConstraint:
     @property
     def active(self) -> bool:
         """The next sampled token needs a mask."""
-        return self.grammar_on or self.forced_token_id is not None
+        return self.grammar_on or self.forced_token_id is not None or self.holding
 
     @property
     def complete(self) -> bool:
@@ -255,11 +275,23 @@ def fill_masks(constraints: Sequence[TokenConstraint]) -> list[bytes]:
         if forced is not None:
             masks.append(single_token_mask(forced, c.vocab_size))
             continue
+        if c.holding:
+            masks.append(c.held_mask())
+            continue
         assert c.matcher is not None, "an active constraint has a grammar or a forced token"
         words = llg_np.allocate_token_bitmask(1, c.vocab_size)
         llg_np.fill_next_token_bitmask(c.matcher, words)
         masks.append(words[0].astype("<i4", copy=False).tobytes())
     return masks
+
+
+def all_but_mask(token_ids: frozenset[int], vocab_size: int) -> bytes:
+    """Every token of the vocabulary but token_ids."""
+    bits = np.ones(vocab_size, dtype=np.uint8)
+    bits[[t for t in token_ids if t < vocab_size]] = 0
+    words = np.packbits(bits, bitorder="little")
+    words = np.pad(words, (0, (-len(words)) % 4))
+    return words.view("<i4").tobytes()
 
 
 def single_token_mask(token_id: int, vocab_size: int) -> bytes:
@@ -289,7 +321,11 @@ class MaskFiller:
         vocab = constraints[0].vocab_size
         assert all(c.vocab_size == vocab for c in constraints), "one model, one tokenizer"
         words = llg_np.allocate_token_bitmask(len(constraints), vocab)
-        grammar_rows = [(c.matcher, i) for i, c in enumerate(constraints) if c.forced_token_id is None and c.matcher is not None]
+        grammar_rows = [
+            (c.matcher, i)
+            for i, c in enumerate(constraints)
+            if c.forced_token_id is None and not c.holding and c.matcher is not None
+        ]
         if grammar_rows:
             llg_np.fill_next_token_bitmask_par(self._executor, grammar_rows, words)
         masks = [row.astype("<i4", copy=False).tobytes() for row in words]
@@ -297,6 +333,8 @@ class MaskFiller:
             forced = c.forced_token_id
             if forced is not None:
                 masks[i] = single_token_mask(forced, vocab)
+            elif c.holding:
+                masks[i] = c.held_mask()
         return masks
 
 

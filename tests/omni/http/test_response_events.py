@@ -11,8 +11,9 @@ import pytest
 from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
 
-from omni.engines.generation import Delta, GeneratedImage, Usage
+from omni.engines.generation import Delta, Usage
 from omni.http.response_events import ResponseEvents
+from omni.modalities.outputs.image import IMAGE, GeneratedImage
 from omni.serving.lifecycle import ImagePreview
 from omni.text.parsers.tool_calls import ToolFunction
 from omni.text.reply_parser import OutputFormat
@@ -32,7 +33,7 @@ def _response() -> dict[str, Any]:
 def _run(events: ResponseEvents, deltas: list[Delta], finish: str = "stop", previews: tuple[ImagePreview, ...] = ()) -> list[Any]:
     out = events.start()
     for delta in deltas:
-        if delta.images:
+        if IMAGE.pieces(delta):
             for preview in previews:
                 out += events.preview(preview)
         out += events.push(delta)
@@ -91,7 +92,7 @@ def test_a_drawing_call_is_an_image_generation_call(image_first: bool) -> None:
     image = GeneratedImage("data:image/png;base64,x", 768, 768, data=png)
     head = '<tool_call>{"name": "t2i_model_generation", "arguments": {"discrete_image_token": "'
     deltas = [Delta(head, [1]), Delta('data:..."}}</tool_call>', [2], finish_reason="stop")]
-    deltas[0 if image_first else 1].images.append(image)
+    IMAGE.add(deltas[0 if image_first else 1], image)
     preview = ImagePreview(0, 0, b"preview", "768x768")
     parsed = _run(events, deltas, previews=(preview,))
     kinds = [e.type for e in parsed if e.type.startswith("response.image_generation_call")]

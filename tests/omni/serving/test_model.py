@@ -15,8 +15,8 @@ from omni.engines.supervisor import SupervisedWorker
 from omni.engines.vision_decoder import VisionDecoderEngine
 from omni.metrics import Metrics
 from omni.modalities.inputs.pipeline import MediaPipeline
-from omni.modalities.outputs.audio import ModelAudio
-from omni.modalities.outputs.image import ModelImages
+from omni.modalities.outputs.audio import AUDIO, ModelAudio
+from omni.modalities.outputs.image import IMAGE, ModelImages
 from omni.serving.model import ServedModel
 from omni.shared.store.base import ArtifactStore
 from omni.text.constrained.audio_span import AudioSpanFormat
@@ -38,11 +38,12 @@ def test_workers_are_the_encoder_the_output_decoders_then_the_llm_workers(tiny_t
         media=cast(MediaPipeline, SimpleNamespace(encoder=encoder)), outputs=(images, audio),
     )  # fmt: skip
     assert model.workers() == cast(tuple[SupervisedWorker, ...], ("encoder", "drawer", "voice", "llm 0", "llm 1"))
-    assert model.images is images and model.audio is audio
+    assert model.output(IMAGE) is images and model.output(AUDIO) is audio
+    assert model.kinds == [(IMAGE, images), (AUDIO, audio)]
 
     text_only = ServedModel("t", tokenizer, cast(ModelPool, SimpleNamespace(engines=llms[:1])), created=0)
     assert text_only.workers() == cast(tuple[SupervisedWorker, ...], ("llm 0",))
-    assert text_only.images is None and text_only.audio is None
+    assert text_only.output(IMAGE) is None and text_only.output(AUDIO) is None and text_only.kinds == []
 
 
 def test_only_the_llm_worker_sizes_itself_from_free_memory() -> None:

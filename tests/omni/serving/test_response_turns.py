@@ -21,7 +21,7 @@ IMAGE = "data:image/png;base64,iVBORw0KGgo="
 def _model(*, images: bool = False, tool_parser: str | None = None) -> ServedModel:
     fmt = SimpleNamespace(span_tokens=76, start_token_id=500)
     return cast(ServedModel, SimpleNamespace(
-        name="m", images=SimpleNamespace(format=fmt) if images else None,
+        name="m", output=lambda kind: SimpleNamespace(format=fmt) if images else None,
         chat_format=SimpleNamespace(tool_parser=tool_parser),
     ))  # fmt: skip
 

@@ -29,7 +29,7 @@ async def client() -> AsyncIterator[TestClient[Any, Any]]:
     engine until a response or transcription runs)."""
     app = create_app(ServerConfig(api_key=KEY))
     async with TestClient(TestServer(app)) as c:
-        app[MODELS].add(cast(Any, SimpleNamespace(name="m", audio=None)))
+        app[MODELS].add(cast(Any, SimpleNamespace(name="m", output=lambda kind: None)))
         yield c
 
 

@@ -24,7 +24,7 @@ import pytest
 
 from omni.engines.generation import Delta, Generation, OutputOptions
 from omni.engines.pool import ModelPool
-from omni.modalities.outputs.audio import AudioRoute, speaker_info, speaker_voice
+from omni.modalities.outputs.audio import AUDIO, AudioRoute, speaker_info, speaker_voice
 from omni.modalities.outputs.router import OutputRouter
 from omni.text.constrained.audio_span import AudioSpanFormat
 from omni.text.reply_parser import OutputFormat
@@ -108,11 +108,11 @@ async def test_each_part_goes_where_it_belongs(tokenizer: TextTokenizer, text: s
     # request's own, index 0 here, when it named one), and no unit in any text
     assert [u for _, chunk in log for u in chunk] == units
     assert {v for v, _ in log} == {0 if voice_named else voice}
-    assert np.concatenate([np.frombuffer(p.samples, "<f4") for d in deltas for p in d.audio]).tolist() == units
+    assert np.concatenate([np.frombuffer(p.samples, "<f4") for d in deltas for p in AUDIO.pieces(d)]).tolist() == units
     assert "<|audio" not in "".join(d.text for d in deltas)
 
     # the text: only the answer, streamed and whole alike; no markup in any streamed piece
-    spoke = any(d.audio for d in deltas)
+    spoke = any(AUDIO.pieces(d) for d in deltas)
     stream = OUTPUT.new_parser()
     pieces = [stream.push(d.text).content for d in deltas] + [stream.finish(spoke=spoke).content]
     whole = OUTPUT.new_parser().parse("".join(d.text for d in deltas), spoke=spoke).content
@@ -133,4 +133,4 @@ def test_speaker_info_forms_and_voices() -> None:
 async def test_a_bare_span_of_fewer_than_three_units_gives_no_audio(tokenizer: TextTokenizer) -> None:
     """As the reference refuses fewer than 3 units; the stream is freed."""
     deltas, log, sinks = await run(tokenizer, TAGGED, [4, 5], voice_named=True)
-    assert log == [] and not any(d.audio for d in deltas) and sinks[0].closed
+    assert log == [] and not any(AUDIO.pieces(d) for d in deltas) and sinks[0].closed

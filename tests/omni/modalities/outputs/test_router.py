@@ -14,10 +14,10 @@ from typing import cast
 import numpy as np
 import pytest
 
-from omni.engines.generation import Delta, GeneratedImage, Generation, OutputOptions
+from omni.engines.generation import Delta, Generation, OutputOptions
 from omni.engines.pool import ModelPool
-from omni.modalities.outputs.audio import AudioRoute
-from omni.modalities.outputs.image import ImageRoute, ImageSpan
+from omni.modalities.outputs.audio import AUDIO, AudioRoute
+from omni.modalities.outputs.image import IMAGE, GeneratedImage, ImageRoute, ImageSpan
 from omni.modalities.outputs.router import OutputRouter
 from omni.text.constrained.audio_span import AudioSpanFormat
 from omni.text.constrained.image_span import END, EOF, EOL, VISION_TOKEN, ImageSpanFormat
@@ -142,9 +142,9 @@ async def test_image_spans_go_to_the_decoder_and_never_into_the_text(tokenizer: 
     assert "".join(d.text for d in out) == "Here: done"
     assert [s.ratio for s in decoder.spans] == [(16, 9), (1, 1)]
     assert [s.codes for s in decoder.spans] == [(1, 2, 3, 4, 5, 6), (0, 0, 63, 63, 7, 8)]
-    with_images = [i for i, d in enumerate(out) if d.images]
+    with_images = [i for i, d in enumerate(out) if IMAGE.pieces(d)]
     assert with_images == [len(before) + len(first) - 1, len(pool.tokens) - 1]  # on each span's last token
-    assert out[-1].finish_reason == "stop" and [i.url for d in out for i in d.images] == ["https://img/1", "https://img/2"]
+    assert out[-1].finish_reason == "stop" and [i.url for d in out for i in IMAGE.pieces(d)] == ["https://img/1", "https://img/2"]
 
 
 async def test_a_span_cut_short_gives_no_image(tokenizer: TextTokenizer) -> None:
@@ -155,7 +155,7 @@ async def test_a_span_cut_short_gives_no_image(tokenizer: TextTokenizer) -> None
     decoder = FakeDecoder()
     g = Generation(cast(ModelPool, pool), tokenizer, PROMPT, SamplingParams(max_tokens=64), "req-0", output=OutputOptions())
     out = [d async for d in OutputRouter(g, ImageRoute(fmt, decoder)).deltas()]
-    assert decoder.spans == [] and not any(d.images for d in out)
+    assert decoder.spans == [] and not any(IMAGE.pieces(d) for d in out)
     assert out[-1].finish_reason == "length" and "".join(d.text for d in out) == ""
 
 
@@ -200,12 +200,12 @@ async def test_audio_units_go_to_the_vocoder_in_chunks_and_never_into_the_text(t
     # the first chunk waits for the span's least units (3, though 1 was asked), the next is twice
     # that (up to 8), the rest at the end; a second span starts over
     assert log == [([0, 1, 2], False), ([3, 4, 5, 6, 7, 8], False), ([9, 10, 11], True), ([0, 1, 2], False), ([3], True)]
-    pieces = [p for d in out for p in d.audio]
+    pieces = [p for d in out for p in AUDIO.pieces(d)]
     assert [(p.span, p.last) for p in pieces] == [(0, False), (0, False), (0, True), (1, False), (1, True)]
     first = np.concatenate([np.frombuffer(p.samples, dtype="<f4") for p in pieces if p.span == 0])
     assert first.tolist() == np.repeat(np.arange(12, dtype="<f4"), 2).tolist()
     # a piece rides on the Delta whose token completed its chunk
-    carrying = [i for i, d in enumerate(out) if d.audio]
+    carrying = [i for i, d in enumerate(out) if AUDIO.pieces(d)]
     assert carrying[0] == len(said) + 3 and len(sinks) == 2 and not any(s.closed for s in sinks)
 
 
@@ -221,7 +221,7 @@ async def test_a_span_cut_by_max_tokens_keeps_its_audio_when_it_has_three_units(
     g.params = SamplingParams(max_tokens=units)
     out = [delta async for delta in OutputRouter(g, route).deltas()]
     assert out[-1].finish_reason == "length"
-    pieces = [p for d in out for p in d.audio]
+    pieces = [p for d in out for p in AUDIO.pieces(d)]
     if audio:
         assert log[-1][1] and sum(len(u) for u, _ in log) == units and pieces[-1].last
     else:
@@ -237,7 +237,7 @@ async def test_leaving_mid_span_closes_the_vocoder_stream(tokenizer: TextTokeniz
     g = generation(tokenizer, FakePool(tokens))
     async with aclosing(OutputRouter(g, route).deltas()) as deltas:
         async for delta in deltas:
-            if delta.audio:
+            if AUDIO.pieces(delta):
                 break
     assert sinks[0].closed
 
@@ -263,7 +263,7 @@ class Bracket:
         if token_id != self.close_id:
             self.inside.append(token_id)
             return False
-        delta.images.append(GeneratedImage(f"bracket:{self.inside}", 0, 0))
+        IMAGE.add(delta, GeneratedImage(f"bracket:{self.inside}", 0, 0))
         return True
 
     async def end(self, delta: Delta, *, cut: bool) -> None:
@@ -282,5 +282,5 @@ async def test_a_new_span_kind_is_a_route_class_and_the_router_is_unchanged(toke
     g = generation(tokenizer, FakePool(tokens))
     out = [d async for d in OutputRouter(g, None, bracket).deltas()]
     assert len(out) == len(tokens)
-    assert [(i, img.url) for i, d in enumerate(out) for img in d.images] == [(4, f"bracket:{tokens[2:4]}")]
+    assert [(i, img.url) for i, d in enumerate(out) for img in IMAGE.pieces(d)] == [(4, f"bracket:{tokens[2:4]}")]
     assert bracket.spans == []  # ended by its own token: neither cut nor closed

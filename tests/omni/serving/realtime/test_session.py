@@ -20,7 +20,7 @@ from tests.omni.serving.test_errors import CASES, IDS
 
 
 def _session(events: list[dict[str, Any]]) -> RealtimeSession:
-    model = SimpleNamespace(name="m", audio=None)  # a text model: nothing else is read before the chat
+    model = SimpleNamespace(name="m", output=lambda kind: None)  # a text model: it serves no output kind
     return RealtimeSession(cast(Any, None), cast(Any, model), events.append, vad_model=None, max_buffer_seconds=10.0)
 
 

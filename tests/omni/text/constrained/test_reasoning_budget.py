@@ -64,3 +64,25 @@ async def test_budget_then_grammar_from_the_end_of_reasoning(compiler: GrammarCo
     assert c.active and c.forced_token_id is None
     allowed = set(allowed_tokens(fill_masks([c])[0], tokenizer.vocab_size).tolist())
     assert tokenizer.encode("yes", add_special_tokens=False)[0] in allowed and end not in allowed
+
+
+async def test_held_tokens_are_refused_until_the_grammar_holds(compiler: GrammarCompiler, tokenizer: TextTokenizer) -> None:
+    """An answer format after reasoning: the reasoning may not end the turn (EOS) nor open a
+    span; once </think> comes, the grammar alone decides (a budget still forces its end)."""
+    start, end = tokenizer.token_to_id("<think>"), tokenizer.token_to_id("</think>")
+    assert start is not None and end is not None
+    eos = min(tokenizer.eos_token_ids)
+    held = frozenset({eos, OTHER})
+    grammar = await compiler.compile(GrammarSpec(GrammarKind.CHOICE, json.dumps(["yes", "no"])))
+    c = grammar.new_constraint(trigger_token_id=end, held=held)
+    plain = grammar.new_constraint(trigger_token_id=end)
+    assert c.active and not plain.active  # a held constraint masks while it waits
+    for masks in (fill_masks([c]), await MaskFiller().fill([c, grammar.new_constraint()])):
+        allowed = set(allowed_tokens(masks[0], tokenizer.vocab_size).tolist())
+        assert allowed == set(range(tokenizer.vocab_size)) - held
+    budget = grammar.new_constraint(trigger_token_id=end, budget=ReasoningBudget(start, end, 0, open=True), held=held)
+    assert allowed_tokens(fill_masks([budget])[0], tokenizer.vocab_size).tolist() == [end]
+    c.advance(end)
+    assert c.active and not c.holding
+    allowed = set(allowed_tokens(fill_masks([c])[0], tokenizer.vocab_size).tolist())
+    assert tokenizer.encode("yes", add_special_tokens=False)[0] in allowed and OTHER not in allowed
