@@ -32,9 +32,9 @@ import torch
 
 from gpu_workers.attention.backend import SequenceChunk
 from gpu_workers.attention.torch_sdpa import TorchSDPABackend
-from gpu_workers.loader import load_model
+from gpu_workers.llm.loader import load_model
+from gpu_workers.llm.runner import LLMRunner
 from gpu_workers.models.llama import LlamaForCausalLM
-from gpu_workers.runners.llm import LLMRunner
 
 SUBJECTS = ["the moon", "a bicycle", "coffee", "the ocean", "volcanoes", "honey bees", "the internet", "chess"]
 ASKS = [

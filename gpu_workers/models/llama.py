@@ -22,7 +22,7 @@ head_dim ** -0.5 for attention_multiplier. A multiplier of exactly 1.0 costs not
 also multiplies by a `logit_scale` field that transformers ignores: only 1.0 is accepted.
 
 Parameter names follow the HF layout without the "model." prefix, except that q/k/v and
-gate/up are fused at load time (`STACKED_PARAMS` says how; gpu_workers/loader.py does it).
+gate/up are fused at load time (`STACKED_PARAMS` says how; gpu_workers/llm/loader.py does it).
 """
 
 from __future__ import annotations

@@ -239,7 +239,7 @@ TINY_AUDIO_LEVELS = (3, 3, 3, 3)
 TINY_IMAGE_CODEBOOK = 64
 
 
-# ---- the vision decoder (gpu_workers/vision_decoder.py's layout) ----------------------------
+# ---- the vision decoder (gpu_workers/vision_decoder/decoder.py's layout) ----------------------------
 # The tiny LLM has 64 image code tokens and short contexts: an 8 x 8 code grid.
 TINY_CODE_GRID = (8, 8)
 # A Flux DiT of patch 2 (2,304 tokens at 768 x 768), small enough for a CPU; the weak
@@ -327,7 +327,7 @@ def make_tiny_vision_decoder(
     an image has visibly varied pixels."""
     from gpu_workers.models.flux_dit import FluxDiT, FluxDiTConfig
     from gpu_workers.models.flux_vae import FluxVAEConfig, FluxVAEDecoder
-    from gpu_workers.vision_decoder_layout import CODEBOOK_FILE, UNCOND_FILE, VisionDecoderConfig
+    from gpu_workers.vision_decoder.layout import CODEBOOK_FILE, UNCOND_FILE, VisionDecoderConfig
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

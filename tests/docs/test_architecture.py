@@ -93,7 +93,7 @@ def test_a_wrong_path_or_name_is_caught() -> None:
     text = (
         "See omni/errors.py:APIError and omni/http/errors.py:error_middleware, "
         "omni/serving/model.py:ModelRegistry.get, omni/modalities/outputs/{image,audio}.py, "
-        "omni/http/handlers/chat (the handler) and gpu_workers/runners/.\n"
+        "omni/http/handlers/chat (the handler) and gpu_workers/llm/.\n"
         "Gone: omni/orchestrator.py, omni/api/, omni/errors.py:no_such_helper, "
         "omni/serving/model.py:ModelRegistry.nothing, omni/modalities/outputs/{image,video}.py, "
         "and a route, /v1/omni/chat, which is no path."

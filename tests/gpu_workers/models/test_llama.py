@@ -10,8 +10,8 @@ import torch
 
 from gpu_workers.attention.backend import SequenceChunk
 from gpu_workers.attention.torch_sdpa import TorchSDPABackend
-from gpu_workers.loader import load_model
-from gpu_workers.runners.llm import LLMRunner
+from gpu_workers.llm.loader import load_model
+from gpu_workers.llm.runner import LLMRunner
 from tests.gpu_workers.conftest import StepDriver, hf_greedy
 
 MODEL_TYPES = ["llama", "qwen2", "granite", "hyperclovax"]
