@@ -14,7 +14,8 @@ fresh interpreter importing what a worker process imports.
    A module of a layer imports only modules of its own layer or lower ones.
 2. Who may import the workers. gpu_workers imports nothing of ours but itself and omni.shared;
    of gpu_workers the server imports only gpu_workers.worker (the spawn target), and only from
-   omni.engines; the scheduler imports nothing of ours.
+   omni.engines; the scheduler imports nothing of ours. Model code (gpu_workers/models/)
+   imports no loader, no runner and no module of a worker kind's folder (llm/, encoder/, ...).
 3. No cycle: no strongly connected component of more than one module. A `TYPE_CHECKING` guard
    does not hide one.
 4. aiohttp. omni/http and omni/cli use any of it. Anywhere else a module uses only the aiohttp
@@ -338,6 +339,48 @@ def test_the_crossing_checker_sees_a_violation() -> None:
         ("omni.engines.llm", "gpu_workers.runner"),
         ("omni.http.app", "gpu_workers.worker"),
         ("scheduler.scheduler", "omni.shared.protocol"),
+    }
+
+
+# --- 2b. Model code loads nothing ----------------------------------------------------------
+
+# gpu_workers/models/ holds model code: modules a loader builds and a runner drives. It reads its
+# checkpoints through models/checkpoint_io.py, so it imports no loader, no runner and nothing of
+# a worker kind's folder, where those live (a model that did could not be reused by another kind).
+WORKER_KINDS = ("gpu_workers.llm", "gpu_workers.sample", "gpu_workers.encoder", "gpu_workers.vision_decoder",
+                "gpu_workers.audio_decoder")  # fmt: skip
+KNOWN_MODEL_IMPORTS: set[tuple[str, str]] = set()
+
+
+def _model_imports(graph: Mapping[str, Collection[str]]) -> set[tuple[str, str]]:
+    """Imports by gpu_workers.models of a loader, a runner, the worker or a worker kind's module."""
+    return {
+        (module, target)
+        for module, targets in graph.items()
+        if _under(module, ("gpu_workers.models",))
+        for target in targets
+        if _under(target, (*WORKER_KINDS, "gpu_workers.runner", "gpu_workers.worker"))
+        or target.rpartition(".")[2] in ("loader", "runner")
+    }
+
+
+def test_models_import_no_loader_and_no_runner() -> None:
+    assert {m for m in GRAPH if _under(m, WORKER_KINDS)}, "the worker kinds' folders are where this list says"
+    _check_known(_model_imports(GRAPH), KNOWN_MODEL_IMPORTS, "model modules importing a loader or a runner")
+
+
+def test_the_model_import_checker_sees_a_violation() -> None:
+    graph = {
+        "gpu_workers.models.a": {"gpu_workers.models.checkpoint_io", "gpu_workers.attention.backend",
+                                 "gpu_workers.llm.loader", "gpu_workers.sample.sampler"},
+        "gpu_workers.models.b": {"gpu_workers.runner", "gpu_workers.tiny.loader", "gpu_workers.preprocess.image"},
+        "gpu_workers.llm.loader": {"gpu_workers.models.a", "gpu_workers.llm.runner"},
+    }  # fmt: skip
+    assert _model_imports(graph) == {
+        ("gpu_workers.models.a", "gpu_workers.llm.loader"),
+        ("gpu_workers.models.a", "gpu_workers.sample.sampler"),
+        ("gpu_workers.models.b", "gpu_workers.runner"),
+        ("gpu_workers.models.b", "gpu_workers.tiny.loader"),
     }
 
 

@@ -24,8 +24,8 @@ from typing import Any
 import torch
 from safetensors import safe_open
 
-from gpu_workers.llm.loader import load_safetensors, read_json
 from gpu_workers.models import ta_tok
+from gpu_workers.models.checkpoint_io import load_safetensors, read_json
 from omni.shared.safetensors_index import PUBLISHED_PREFIXES, SafetensorsIndex
 
 

@@ -16,7 +16,6 @@ blocks go through the serving dtype on their way to int8.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterable, Iterator
 from functools import partial
 from pathlib import Path
@@ -27,27 +26,13 @@ from safetensors import safe_open
 
 from gpu_workers.attention.backend import AttentionBackend
 from gpu_workers.llm.gguf_weights import GgufWeights
+from gpu_workers.models.checkpoint_io import checkpoint_files, read_json
 from gpu_workers.models.int8_linear import int8_unavailable, quantize_linears
 from gpu_workers.models.llama import LlamaFamilyConfig, LlamaForCausalLM, MergedLinear
 from omni.shared.gguf_file import is_gguf
 from omni.shared.safetensors_index import PUBLISHED_PREFIXES, SafetensorsIndex, is_published
 
-SINGLE_FILE = "model.safetensors"
 QUANTIZATIONS = ("int8",)
-INDEX_FILE = "model.safetensors.index.json"
-
-
-def read_json(path: Path) -> dict[str, Any]:
-    """A JSON object file; ValueError naming the file when it is missing or malformed."""
-    if not path.is_file():
-        raise ValueError(f"{path.parent}: no {path.name}")
-    try:
-        raw = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{path}: not valid JSON ({e})") from None
-    if not isinstance(raw, dict):
-        raise ValueError(f"{path}: want a JSON object")
-    return raw
 
 
 def read_config(model_dir: Path) -> LlamaFamilyConfig:
@@ -59,34 +44,6 @@ def read_config(model_dir: Path) -> LlamaFamilyConfig:
         return LlamaFamilyConfig.from_hf(config)
     except ValueError as e:
         raise ValueError(f"{path}{' text_config' if published else ''}: {e}") from None
-
-
-def checkpoint_files(model_dir: Path) -> list[Path]:
-    if (model_dir / SINGLE_FILE).is_file():
-        return [model_dir / SINGLE_FILE]
-    index = model_dir / INDEX_FILE
-    if index.is_file():
-        weight_map = json.loads(index.read_text()).get("weight_map")
-        if not isinstance(weight_map, dict) or not weight_map:
-            raise ValueError(f"{index}: no weight_map")
-        names = sorted(set(weight_map.values()))
-        missing = [n for n in names if not (model_dir / n).is_file()]
-        if missing:
-            raise ValueError(f"{index}: shard files not found: {', '.join(missing)}")
-        return [model_dir / n for n in names]
-    if any(model_dir.glob("*.bin")) or any(model_dir.glob("*.pt")):
-        raise ValueError(f"{model_dir}: only pickle weights (.bin/.pt) found; convert them to safetensors")
-    raise ValueError(f"{model_dir}: neither {SINGLE_FILE} nor {INDEX_FILE} found")
-
-
-def load_safetensors(model_dir: Path, device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
-    """Every tensor of a (possibly sharded) safetensors checkpoint, by its stored name."""
-    tensors: dict[str, torch.Tensor] = {}
-    for path in checkpoint_files(model_dir):
-        with safe_open(str(path), framework="pt", device=str(device)) as f:
-            for name in f.keys():  # noqa: SIM118 - safe_open is not a dict
-                tensors[name] = f.get_tensor(name)
-    return tensors
 
 
 def read_model_config(model_dir: Path) -> LlamaFamilyConfig:

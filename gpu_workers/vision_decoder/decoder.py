@@ -66,7 +66,7 @@ import torch.distributed as dist
 from safetensors.torch import load_file
 
 from gpu_workers.attention.ulysses import UlyssesAttention, gather_sequence, shard_sequence
-from gpu_workers.llm.loader import read_json
+from gpu_workers.models.checkpoint_io import read_json
 from gpu_workers.models.flow_match import FlowMatchSchedule, autoguidance, cfg, euler_step, initial_noise
 from gpu_workers.models.flux_dit import FluxDiT, FluxDiTConfig, condition_from_codes, patchify, position_ids, unpatchify
 from gpu_workers.models.flux_vae import IMAGE_FORMATS, FluxVAEConfig, FluxVAEDecoder, to_image_bytes

@@ -51,7 +51,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-from gpu_workers.llm.loader import read_json
+from gpu_workers.models.checkpoint_io import read_json
 from gpu_workers.models.flow_match import FlowMatchSchedule
 from omni.shared.settings import json_key, read_json_config, to_json_config
 
