@@ -3,7 +3,7 @@
 SmolLM2-135M-Instruct (its Q4_1 GGUF, gpu_workers/tiny/smollm2.py) answers --prompts chat
 prompts greedily in bf16 through the LLM runner (paged KV cache, batched decode, EOS ignored so
 every continuation is --tokens long). Then the bf16 model and the int8 one (as served: int8
-Linear weights but those int8_linear.KEEP names) each read prompt + continuation in one forward (teacher forcing: the bf16
+Linear weights but those the model class's INT8_KEEP names) each read prompt + continuation in one forward (teacher forcing: the bf16
 continuation fed back), and at each of the continuation's positions we compare:
 
 - agreement: int8's top-1 token equals the bf16 greedy token (the acceptance's figure), and

@@ -8,6 +8,8 @@ runs the model eagerly as before. Inside the compiled code:
 - RMSNorm, RoPE, SiLU*mul, the residual adds and the attention's softmax are plain torch ops
   that inductor fuses into a few loops per layer; multipliers equal to 1.0 are never applied
   (models/llama.py skips them);
+- on CPU the layers run as the model's own forward runs them (models/registry.py:CausalLM):
+  `layer_inputs`, then each of `layers` through the compiled layer, then `finish`;
 - the oneDNN-packed linears on CPU are one opaque op each (models/packed_linear.py);
 - attention reads the paged cache in place (attention/compiled_decode.py; on the CPU by default
   the paged kernel of attention/cpu_paged.py, one opaque op), and each layer's
@@ -42,6 +44,7 @@ import torch
 
 from gpu_workers.attention import cpu_paged
 from gpu_workers.attention.compiled_decode import DECODE_KERNELS, DecodeGraphMetadata, default_kernel, write_new_kv
+from gpu_workers.models.registry import CausalLM
 from gpu_workers.staging import HostStaging
 
 log = logging.getLogger("omni.llm_runner.decode_graph")
@@ -91,7 +94,7 @@ class DecodeGraph:
 
     def __init__(
         self,
-        model: torch.nn.Module,
+        model: CausalLM,
         kv_cache: torch.Tensor,  # (L, 2, num_blocks, block_size, Hkv, D); the last block is scratch
         *,
         max_num_seqs: int,
@@ -139,35 +142,32 @@ class DecodeGraph:
         self,
         layer: torch.nn.Module,
         h: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
+        shared: tuple[torch.Tensor, ...],
         k_cache: torch.Tensor,
         v_cache: torch.Tensor,
         table: torch.Tensor,
         lens: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         meta = DecodeGraphMetadata(table, lens, self.block_size, self.kernel)
-        h = layer(h, cos, sin, (k_cache, v_cache), meta)
+        h = layer(h, *shared, (k_cache, v_cache), meta)
         k, v = meta.new_kv[0]
         return h, k, v
 
     def _by_layer(
         self, ids: torch.Tensor, positions: torch.Tensor, table: torch.Tensor, lens: torch.Tensor, kv: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The model's forward (models/llama.py) with each layer through the compiled layer."""
-        m: Any = self.model
-        h = m.embed(ids)
-        if m.config.embedding_multiplier != 1.0:
-            h = h * m.config.embedding_multiplier
-        cos, sin = m.rotary(positions, h.dtype)
-        for x in (h, cos, sin, table, lens):
+        """The model's own forward (CausalLM.forward: layer_inputs, the layers, finish), each
+        layer through the compiled layer."""
+        m = self.model
+        h, shared = m.layer_inputs(m.embed(ids), positions)  # (B, H), what every layer reads
+        for x in (h, *shared, table, lens):
             torch._dynamo.mark_dynamic(x, 0)
         torch._dynamo.mark_dynamic(table, 1)
         new = []
         for i, layer in enumerate(m.layers):
-            h, k, v = self._layer_step(layer, h, cos, sin, kv[i, 0], kv[i, 1], table, lens)
+            h, k, v = self._layer_step(layer, h, shared, kv[i, 0], kv[i, 1], table, lens)
             new.append(torch.stack((k, v)))
-        return m.norm(h), torch.stack(new)
+        return m.finish(h), torch.stack(new)
 
     def bucket(self, rows: int) -> int | None:
         if not self.pad:

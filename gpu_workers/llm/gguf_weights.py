@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from gpu_workers.models.llama import LlamaFamilyConfig
+from gpu_workers.models.registry import read_config
 from omni.shared.gguf_file import GgufFile
 
 
@@ -31,7 +31,7 @@ class GgufWeights:
         self.file = GgufFile(path)
         self.hf_config = self.file.hf_config()
         try:
-            self.config = LlamaFamilyConfig.from_hf(self.hf_config)
+            self.config = read_config(self.hf_config)
         except ValueError as e:
             raise ValueError(f"{path} (GGUF): {e}") from None
 

@@ -31,8 +31,8 @@ from gpu_workers.distributed import GroupMember
 from gpu_workers.llm.decode_graph import DecodeGraph
 from gpu_workers.llm.loader import load_model, read_model_config
 from gpu_workers.llm.memory import MemoryReader, kv_cache_budget, kv_cache_zeros, profile_peak, reader_for
-from gpu_workers.models.llama import LlamaFamilyConfig
 from gpu_workers.models.packed_linear import pack_linears
+from gpu_workers.models.registry import CausalLMConfig
 from gpu_workers.runner import Runner, register_runner
 from gpu_workers.sample.sampler import Sampler, validate_options
 from gpu_workers.sample.token_masks import StepMaskReader
@@ -55,7 +55,7 @@ MediaRows = dict[str, list[tuple[int, torch.Tensor]]]
 MAX_PENDING_FETCHES = 256
 
 
-def kv_bytes_per_block(model: LlamaFamilyConfig, block_size: int, dtype: torch.dtype) -> int:
+def kv_bytes_per_block(model: CausalLMConfig, block_size: int, dtype: torch.dtype) -> int:
     # K and V, every layer
     elem = torch.empty((), dtype=dtype).element_size()
     return 2 * model.num_layers * block_size * model.num_kv_heads * model.head_dim * elem
@@ -268,7 +268,7 @@ class LLMRunner(Runner):
         self._readers.shutdown(wait=False)
 
     @property
-    def model_config(self) -> LlamaFamilyConfig:
+    def model_config(self) -> CausalLMConfig:
         return self.model.config
 
     def execute(self, step: protocol.Step) -> protocol.StepResult:

@@ -24,7 +24,7 @@ from safetensors.torch import load_file
 from gpu_workers.attention.torch_sdpa import TorchSDPABackend
 from gpu_workers.llm.loader import _our_name, load_model
 from gpu_workers.llm.runner import LLMRunner
-from gpu_workers.models.llama import MergedLinear
+from gpu_workers.models.llama import LlamaForCausalLM, MergedLinear
 from gpu_workers.tiny.checkpoints import make_tiny_checkpoint
 from omni.shared import protocol
 from omni.text.tokenizer import TextTokenizer
@@ -76,7 +76,7 @@ def test_weights_equal_transformers_dequantized_ones_cast_to_the_serving_dtype(s
     for hf_name, want in theirs.items():
         if hf_name == "lm_head.weight":
             continue  # tied: embed_tokens
-        target = _our_name(hf_name)
+        target = _our_name(hf_name, LlamaForCausalLM.STACKED_PARAMS)
         assert target is not None, hf_name
         name, shard = target
         got = params[name].data

@@ -95,12 +95,14 @@ def test_int8_model_equals_transformers_on_its_dequantized_weights(
     granite: every bias, muP), against 7e-3 to 5.4e-2 from the unquantized weights. oneDNN's
     kernel (what a VNNI CPU serves) takes the float32 activations split in two int8 parts,
     about 16 bits a row: worst measured 1.7e-4 (granite 4.0e-5). q|k|v and the down projections stay float
-    in both (int8_linear.KEEP)."""
+    in both (the model's INT8_KEEP)."""
     if kernel == "onednn" and not onednn_available():
         pytest.skip("oneDNN's int8 GEMM needs an x86 CPU with VNNI")
     path, hf = hf_checkpoint(model_type)
     ours = load(path)
-    quantize_linears(ours, compute_dtype=torch.float32 if kernel == "aten" else None, kernel=kernel)
+    quantize_linears(
+        ours, compute_dtype=torch.float32 if kernel == "aten" else None, kernel=kernel, keep=ours.INT8_KEEP
+    )
     reference = copy.deepcopy(hf)
     hf_params = dict(reference.named_parameters())
     quantized = [(n, m) for n, m in ours.named_modules() if isinstance(m, Int8Linear)]
@@ -111,7 +113,7 @@ def test_int8_model_equals_transformers_on_its_dequantized_weights(
             weight = module.dequantized_weight()
             sizes = module_shard_sizes(hf, name)
             for shard, rows in enumerate(weight.split(sizes)):
-                hf_name = _hf_name(f"{name}.weight", shard if len(sizes) > 1 else None)
+                hf_name = _hf_name(f"{name}.weight", shard if len(sizes) > 1 else None, LlamaForCausalLM.STACKED_PARAMS)
                 hf_params[hf_name].copy_(rows)
     ids = torch.arange(3, 40) % VOCAB
     with torch.inference_mode():
@@ -132,7 +134,7 @@ def module_shard_sizes(hf: Any, name: str) -> tuple[int, ...]:
     parent, _, fused = name.rpartition(".")
     parts = [k for k, v in sorted(LlamaForCausalLM.STACKED_PARAMS.items(), key=lambda kv: kv[1][1]) if v[0] == fused]
     if not parts:
-        return (hf.get_parameter(_hf_name(f"{name}.weight", None)).shape[0],)
+        return (hf.get_parameter(_hf_name(f"{name}.weight", None, LlamaForCausalLM.STACKED_PARAMS)).shape[0],)
     return tuple(hf.get_parameter(f"model.{parent}.{part}.weight").shape[0] for part in parts)
 
 

@@ -48,7 +48,10 @@ def test_a_sharded_checkpoint_reads_each_shard_once(tmp_path: Path) -> None:
     ("files", "error"),
     [
         ({INDEX_FILE: "{}"}, "no weight_map"),
-        ({INDEX_FILE: json.dumps({"weight_map": {"a": "gone.safetensors"}})}, "shard files not found: gone.safetensors"),
+        (
+            {INDEX_FILE: json.dumps({"weight_map": {"a": "gone.safetensors"}})},
+            "shard files not found: gone.safetensors",
+        ),
         ({"pytorch_model.bin": ""}, r"only pickle weights \(.bin/.pt\) found"),
         ({"notes.txt": ""}, f"neither {SINGLE_FILE} nor {INDEX_FILE} found"),
     ],
