@@ -28,8 +28,7 @@ from gpu_workers.attention.backend import AttentionBackend
 from gpu_workers.llm.gguf_weights import GgufWeights
 from gpu_workers.models.checkpoint_io import checkpoint_files, read_json
 from gpu_workers.models.int8_linear import int8_unavailable, quantize_linears
-from gpu_workers.models.llama import MergedLinear
-from gpu_workers.models.registry import CausalLM, CausalLMConfig, model_class
+from gpu_workers.models.registry import CausalLM, CausalLMConfig, MergedLinear, model_class
 from gpu_workers.models.registry import read_config as config_from_hf
 from omni.shared.gguf_file import is_gguf
 from omni.shared.safetensors_index import PUBLISHED_PREFIXES, SafetensorsIndex, is_published

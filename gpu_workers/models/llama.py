@@ -36,7 +36,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from gpu_workers.attention.backend import AttentionBackend, KVCache
-from gpu_workers.models.registry import CausalLM, register_architecture
+from gpu_workers.models.registry import CausalLM, MergedLinear, register_architecture
 
 # model_type -> the class name config.json's `architectures` gives it (the registry's keys)
 ARCHITECTURES = {
@@ -285,14 +285,6 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     half = x.shape[-1] // 2
     rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
     return x * cos[:, None, :] + rotated * sin[:, None, :]
-
-
-class MergedLinear(nn.Linear):
-    """A Linear whose output rows are several checkpoint tensors stacked (q|k|v, gate|up)."""
-
-    def __init__(self, in_features: int, shard_sizes: tuple[int, ...], bias: bool) -> None:
-        super().__init__(in_features, sum(shard_sizes), bias=bias)
-        self.shard_sizes = shard_sizes
 
 
 class Attention(nn.Module):

@@ -60,10 +60,19 @@ class CausalLMConfig(Protocol):
     def tie_word_embeddings(self) -> bool: ...
 
 
+class MergedLinear(nn.Linear):
+    """A Linear whose output rows are several checkpoint tensors stacked (q|k|v, gate|up)."""
+
+    def __init__(self, in_features: int, shard_sizes: tuple[int, ...], bias: bool) -> None:
+        super().__init__(in_features, sum(shard_sizes), bias=bias)
+        self.shard_sizes = shard_sizes
+
+
 class CausalLM(nn.Module):
     """A causal LM over a packed batch (input_ids (T,), positions (T,)); see the module's doc."""
 
-    # checkpoint module name -> (our fused module, shard index)
+    # checkpoint module name -> (our fused MergedLinear, shard index): the loader writes each
+    # checkpoint tensor into its rows of the fused module
     STACKED_PARAMS: ClassVar[dict[str, tuple[str, int]]] = {}
     # Linears left in the serving dtype under int8, by the last part of their name
     # (gpu_workers/models/int8_linear.py says which roles, and why)

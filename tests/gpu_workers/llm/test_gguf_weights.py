@@ -24,7 +24,8 @@ from safetensors.torch import load_file
 from gpu_workers.attention.torch_sdpa import TorchSDPABackend
 from gpu_workers.llm.loader import _our_name, load_model
 from gpu_workers.llm.runner import LLMRunner
-from gpu_workers.models.llama import LlamaForCausalLM, MergedLinear
+from gpu_workers.models.llama import LlamaForCausalLM
+from gpu_workers.models.registry import MergedLinear
 from gpu_workers.tiny.checkpoints import make_tiny_checkpoint
 from omni.shared import protocol
 from omni.text.tokenizer import TextTokenizer

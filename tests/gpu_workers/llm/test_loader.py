@@ -13,7 +13,8 @@ from gpu_workers.attention.backend import SequenceChunk
 from gpu_workers.attention.torch_sdpa import TorchSDPABackend
 from gpu_workers.llm.loader import _hf_name, load_model
 from gpu_workers.models.int8_linear import Int8Linear, onednn_available, quantize_linears
-from gpu_workers.models.llama import LlamaForCausalLM, MergedLinear
+from gpu_workers.models.llama import LlamaForCausalLM
+from gpu_workers.models.registry import MergedLinear
 from gpu_workers.tiny.checkpoints import make_tiny_checkpoint
 from tests.gpu_workers.conftest import VOCAB
 
