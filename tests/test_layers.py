@@ -617,17 +617,10 @@ UNMIRRORED: dict[str, str] = {
     "omni/text/reply_parser.py": "tests/omni/http/handlers/test_chat.py and tests/e2e/test_reasoning.py",
     "scheduler/output.py": "tests/scheduler/test_scheduler.py",
     "scheduler/request.py": "tests/scheduler/test_scheduler.py",
-    "gpu_workers/artifacts.py": "tests/gpu_workers/encoder/test_runner.py and test_llm_media.py",
-    "gpu_workers/attention/backend.py": "tests/gpu_workers/attention/test_backends.py",
-    "gpu_workers/attention/flash_attn_backend.py": "tests/gpu_workers/attention/test_backends.py, given flash-attn",
-    "gpu_workers/attention/registry.py": "tests/gpu_workers/attention/test_backends.py",
-    "gpu_workers/attention/torch_sdpa.py": "tests/gpu_workers/attention/test_backends.py",
     "gpu_workers/encoder/components.py": "tests/gpu_workers/encoder/test_runner.py",
-    "gpu_workers/models/hf_weights.py": "every model's loader; tests/gpu_workers/llm/test_loader.py",
     "gpu_workers/models/siglip_vision.py": "tests/gpu_workers/models/test_ta_tok.py",
     "gpu_workers/preprocess/audio.py": "tests/gpu_workers/models/test_qwen2_audio_encoder.py",
     "gpu_workers/preprocess/image.py": "tests/gpu_workers/models/test_qwen2_5_vl_vision.py",
-    "gpu_workers/runner.py": "the runner registry; tests/gpu_workers/{llm,encoder,vision_decoder,audio_decoder}/test_runner.py and this file's worker check",
 }
 
 
