@@ -619,8 +619,6 @@ UNMIRRORED: dict[str, str] = {
     "scheduler/request.py": "tests/scheduler/test_scheduler.py",
     "gpu_workers/encoder/components.py": "tests/gpu_workers/encoder/test_runner.py",
     "gpu_workers/models/siglip_vision.py": "tests/gpu_workers/models/test_ta_tok.py",
-    "gpu_workers/preprocess/audio.py": "tests/gpu_workers/models/test_qwen2_audio_encoder.py",
-    "gpu_workers/preprocess/image.py": "tests/gpu_workers/models/test_qwen2_5_vl_vision.py",
 }
 
 

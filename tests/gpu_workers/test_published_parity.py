@@ -38,7 +38,8 @@ from gpu_workers.tiny.checkpoints import TINY_VISION_PREPROCESSOR
 from gpu_workers.tiny.published import TINY_TA_TOK, make_tiny_published_checkpoint
 from omni.shared import protocol
 from tests.gpu_workers.conftest import StepDriver, hf_greedy
-from tests.gpu_workers.models.test_qwen2_audio_encoder import hf_encode, noise
+from tests.gpu_workers.models.test_qwen2_audio_encoder import hf_encode
+from tests.gpu_workers.preprocess.test_audio import noise
 
 CPU = torch.device("cpu")
 INDEX = "model.safetensors.index.json"
