@@ -618,7 +618,6 @@ UNMIRRORED: dict[str, str] = {
     "scheduler/output.py": "tests/scheduler/test_scheduler.py",
     "scheduler/request.py": "tests/scheduler/test_scheduler.py",
     "gpu_workers/encoder/components.py": "tests/gpu_workers/encoder/test_runner.py",
-    "gpu_workers/models/siglip_vision.py": "tests/gpu_workers/models/test_ta_tok.py",
 }
 
 
