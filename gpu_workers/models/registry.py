@@ -1,8 +1,8 @@
 """The LLM architectures the LLM worker serves, found from a checkpoint's config.json.
 
     config.json  {"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], ...}
-        -> the Architecture registered for that model_type (or, where the model_type is not
-           one of ours, for a name in `architectures`)
+        -> the Architecture registered for that model_type (or, for a config that gives no
+           model_type, for a name in its `architectures`)
         -> its config class (`from_hf` reads and checks the dict) and its model class
 
 A model class is a CausalLM: its parameters are named as the HF checkpoint's, but for the
@@ -148,9 +148,8 @@ def register_architecture(
 
 
 def _tables() -> tuple[dict[str, Architecture], dict[str, Architecture]]:
-    if not _BY_MODEL_TYPE:
-        for module in _BUILTIN_MODULES:
-            importlib.import_module(module)
+    for module in _BUILTIN_MODULES:  # registered on first import; later a sys.modules lookup
+        importlib.import_module(module)
     return _BY_MODEL_TYPE, _BY_NAME
 
 

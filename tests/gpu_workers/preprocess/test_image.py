@@ -74,7 +74,7 @@ def test_to_rgb_composites_transparency_onto_white() -> None:
     rgba = Image.new("RGBA", (2, 1))
     rgba.putpixel((0, 0), (10, 20, 30, 255))
     rgba.putpixel((1, 0), (10, 20, 30, 0))  # fully transparent: white
-    assert list(to_rgb(rgba).getdata()) == [(10, 20, 30), (255, 255, 255)]
+    assert [to_rgb(rgba).getpixel((x, 0)) for x in range(2)] == [(10, 20, 30), (255, 255, 255)]
     gray = Image.new("L", (1, 1), 7)
     assert (to_rgb(gray).mode, to_rgb(gray).getpixel((0, 0))) == ("RGB", (7, 7, 7))
     rgb = Image.new("RGB", (1, 1))
