@@ -102,7 +102,8 @@ if "$PY" -c "import pytest" 2>/dev/null; then
     timeout 150 "$PY" -m pytest -q -rs -p no:cacheprovider -m cuda tests/gpu_workers tests/omni > "$OUT/pytest_cuda.log" 2>&1
     rc=$?
     timeout 90 "$PY" -m pytest -q -rs -p no:cacheprovider -k "cuda or gpu" \
-        tests/gpu_workers/attention/test_backends.py tests/gpu_workers/models/test_flow_match.py >> "$OUT/pytest_cuda.log" 2>&1
+        tests/gpu_workers/attention/test_backends.py tests/gpu_workers/attention/test_torch_sdpa.py \
+        tests/gpu_workers/attention/test_flash_attn_backend.py tests/gpu_workers/models/test_flow_match.py >> "$OUT/pytest_cuda.log" 2>&1
     rc2=$?
     summary=$(grep -E "passed|failed|error" "$OUT/pytest_cuda.log" | tail -2 | tr '\n' ';')
     status=ok; { [ $rc -ne 0 ] && [ $rc -ne 5 ]; } && status=FAIL; { [ $rc2 -ne 0 ] && [ $rc2 -ne 5 ]; } && status=FAIL

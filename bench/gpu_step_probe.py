@@ -28,7 +28,7 @@ sys.path.insert(0, str(REPO))
 import numpy as np
 import torch
 
-from gpu_workers.runners.llm import LLMRunner
+from gpu_workers.llm.runner import LLMRunner
 from omni.shared import protocol
 
 

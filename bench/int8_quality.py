@@ -3,7 +3,7 @@
 SmolLM2-135M-Instruct (its Q4_1 GGUF, gpu_workers/tiny/smollm2.py) answers --prompts chat
 prompts greedily in bf16 through the LLM runner (paged KV cache, batched decode, EOS ignored so
 every continuation is --tokens long). Then the bf16 model and the int8 one (as served: int8
-Linear weights but those int8_linear.KEEP names) each read prompt + continuation in one forward (teacher forcing: the bf16
+Linear weights but those the model class's INT8_KEEP names) each read prompt + continuation in one forward (teacher forcing: the bf16
 continuation fed back), and at each of the continuation's positions we compare:
 
 - agreement: int8's top-1 token equals the bf16 greedy token (the acceptance's figure), and
@@ -32,9 +32,9 @@ import torch
 
 from gpu_workers.attention.backend import SequenceChunk
 from gpu_workers.attention.torch_sdpa import TorchSDPABackend
-from gpu_workers.loader import load_model
+from gpu_workers.llm.loader import load_model
+from gpu_workers.llm.runner import LLMRunner
 from gpu_workers.models.llama import LlamaForCausalLM
-from gpu_workers.runners.llm import LLMRunner
 
 SUBJECTS = ["the moon", "a bicycle", "coffee", "the ocean", "volcanoes", "honey bees", "the internet", "chess"]
 ASKS = [

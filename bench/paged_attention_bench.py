@@ -14,7 +14,7 @@ Variants: `gather` and `paged` (the compiled step's kernels, compiled as the ste
 them), `eager` (the kernel called directly, as eager decode calls it), and `eager@REV` (the
 kernel's source as of git revision REV, built and loaded beside today's: a change to the kernel
 measured against its predecessor in one run). The caches are allocated as the server's are
-(gpu_workers/memory.py: huge pages where the host gives them).
+(gpu_workers/llm/memory.py: huge pages where the host gives them).
 
     python bench/paged_attention_bench.py --dtype float32 --threads 2 --variants eager@6609b90,eager
 
@@ -45,7 +45,7 @@ import torch
 
 from gpu_workers.attention import cpu_paged
 from gpu_workers.attention.compiled_decode import DECODE_KERNELS
-from gpu_workers.memory import kv_cache_zeros
+from gpu_workers.llm.memory import kv_cache_zeros
 
 
 def kernel_at(rev: str) -> types.ModuleType:

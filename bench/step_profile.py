@@ -58,7 +58,7 @@ sys.path.insert(0, str(REPO))
 import torch
 from torch import nn
 
-from gpu_workers.runners.llm import LLMRunner
+from gpu_workers.llm.runner import LLMRunner
 from omni.shared import protocol
 
 PARTS = ("attention", "linear", "logits", "sampling", "pipe")

@@ -23,10 +23,10 @@ from omni.shared.protocol import WorkerSpec
 # Where the built-in runners are defined: imported in the worker process only (they import
 # torch), the first time a runner is looked up.
 _BUILTIN_RUNNER_MODULES = (
-    "gpu_workers.runners.llm",
-    "gpu_workers.runners.encoder",
-    "gpu_workers.runners.vision_decoder",
-    "gpu_workers.runners.audio_decoder",
+    "gpu_workers.llm.runner",
+    "gpu_workers.encoder.runner",
+    "gpu_workers.vision_decoder.runner",
+    "gpu_workers.audio_decoder.runner",
 )
 
 
@@ -60,7 +60,7 @@ class Runner(ABC):
     def profile(self) -> None:
         """Run the largest job this worker may be given, once, before it says ready: on a GPU
         the caching allocator then holds that peak for it, and the LLM workers that size their
-        KV caches after it see it as used (gpu_workers/memory.py, review A7). Default: nothing."""
+        KV caches after it see it as used (gpu_workers/llm/memory.py, review A7). Default: nothing."""
 
     def close(self) -> None:
         """Release what the runner holds (threads, store connections) before the process exits."""

@@ -14,7 +14,8 @@ fresh interpreter importing what a worker process imports.
    A module of a layer imports only modules of its own layer or lower ones.
 2. Who may import the workers. gpu_workers imports nothing of ours but itself and omni.shared;
    of gpu_workers the server imports only gpu_workers.worker (the spawn target), and only from
-   omni.engines; the scheduler imports nothing of ours.
+   omni.engines; the scheduler imports nothing of ours. Model code (gpu_workers/models/)
+   imports no loader, no runner and no module of a worker kind's folder (llm/, encoder/, ...).
 3. No cycle: no strongly connected component of more than one module. A `TYPE_CHECKING` guard
    does not hide one.
 4. aiohttp. omni/http and omni/cli use any of it. Anywhere else a module uses only the aiohttp
@@ -330,7 +331,7 @@ def test_workers_and_server_meet_only_at_the_shared_layers_and_the_spawn_target(
 
 def test_the_crossing_checker_sees_a_violation() -> None:
     graph = {
-        "gpu_workers.runner": {"omni.shared.protocol", "omni.errors", "scheduler.request", "gpu_workers.loader"},
+        "gpu_workers.runner": {"omni.shared.protocol", "omni.errors", "scheduler.request", "gpu_workers.llm.loader"},
         "omni.engines.llm": {"gpu_workers.worker", "gpu_workers.runner"},
         "omni.http.app": {"gpu_workers.worker"},
         "scheduler.scheduler": {"omni.shared.protocol", "scheduler.request"},
@@ -341,6 +342,48 @@ def test_the_crossing_checker_sees_a_violation() -> None:
         ("omni.engines.llm", "gpu_workers.runner"),
         ("omni.http.app", "gpu_workers.worker"),
         ("scheduler.scheduler", "omni.shared.protocol"),
+    }
+
+
+# --- 2b. Model code loads nothing ----------------------------------------------------------
+
+# gpu_workers/models/ holds model code: modules a loader builds and a runner drives. It reads its
+# checkpoints through models/checkpoint_io.py, so it imports no loader, no runner and nothing of
+# a worker kind's folder, where those live (a model that did could not be reused by another kind).
+WORKER_KINDS = ("gpu_workers.llm", "gpu_workers.sample", "gpu_workers.encoder", "gpu_workers.vision_decoder",
+                "gpu_workers.audio_decoder")  # fmt: skip
+KNOWN_MODEL_IMPORTS: set[tuple[str, str]] = set()
+
+
+def _model_imports(graph: Mapping[str, Collection[str]]) -> set[tuple[str, str]]:
+    """Imports by gpu_workers.models of a loader, a runner, the worker or a worker kind's module."""
+    return {
+        (module, target)
+        for module, targets in graph.items()
+        if _under(module, ("gpu_workers.models",))
+        for target in targets
+        if _under(target, (*WORKER_KINDS, "gpu_workers.runner", "gpu_workers.worker"))
+        or target.rpartition(".")[2] in ("loader", "runner")
+    }
+
+
+def test_models_import_no_loader_and_no_runner() -> None:
+    assert {m for m in GRAPH if _under(m, WORKER_KINDS)}, "the worker kinds' folders are where this list says"
+    _check_known(_model_imports(GRAPH), KNOWN_MODEL_IMPORTS, "model modules importing a loader or a runner")
+
+
+def test_the_model_import_checker_sees_a_violation() -> None:
+    graph = {
+        "gpu_workers.models.a": {"gpu_workers.models.checkpoint_io", "gpu_workers.attention.backend",
+                                 "gpu_workers.llm.loader", "gpu_workers.sample.sampler"},
+        "gpu_workers.models.b": {"gpu_workers.runner", "gpu_workers.tiny.loader", "gpu_workers.preprocess.image"},
+        "gpu_workers.llm.loader": {"gpu_workers.models.a", "gpu_workers.llm.runner"},
+    }  # fmt: skip
+    assert _model_imports(graph) == {
+        ("gpu_workers.models.a", "gpu_workers.llm.loader"),
+        ("gpu_workers.models.a", "gpu_workers.sample.sampler"),
+        ("gpu_workers.models.b", "gpu_workers.runner"),
+        ("gpu_workers.models.b", "gpu_workers.tiny.loader"),
     }
 
 
@@ -528,12 +571,10 @@ def test_the_size_checker_sees_a_violation(tmp_path: Path) -> None:
 # --- 6. Tests mirror the tree ---------------------------------------------------------------
 
 # A module without tests/<same dirs>/test_<module>.py, and where it is tested instead. Every
-# tests/ path named here must exist. The gpu_workers tests that predate the folders they test
-# (models/, preprocess/, attention/) would leave this list by moving into them.
+# tests/ path named here must exist. Every gpu_workers module has its own test file.
 UNMIRRORED: dict[str, str] = {
     "omni/serving/speech_lifecycle.py": "tests/omni/serving/test_lifecycle.py (speech) and tests/e2e/test_speech.py",
     "omni/serving/realtime/response.py": "tests/e2e/test_realtime.py (every event checked against the openai package's types)",
-    "gpu_workers/models/unit_bigvgan_archive.py": "tests/gpu_workers/models/test_unit_bigvgan.py (archives, folding, loading)",
     "omni/serving/requests/common.py": "the shared generation fields; tests/omni/serving/requests/test_fields.py",
     "omni/serving/requests/parse.py": "every parse_* goes through it; tests/omni/serving/requests/test_fields.py and test_chat.py",
     "omni/__main__.py": "two lines calling omni.cli.main.main (see omni/cli/main.py's entry)",
@@ -575,17 +616,6 @@ UNMIRRORED: dict[str, str] = {
     "omni/text/reply_parser.py": "tests/omni/http/handlers/test_chat.py and tests/e2e/test_reasoning.py",
     "scheduler/output.py": "tests/scheduler/test_scheduler.py",
     "scheduler/request.py": "tests/scheduler/test_scheduler.py",
-    "gpu_workers/artifacts.py": "tests/gpu_workers/runners/test_encoder.py and test_llm_media.py",
-    "gpu_workers/attention/backend.py": "tests/gpu_workers/attention/test_backends.py",
-    "gpu_workers/attention/flash_attn_backend.py": "tests/gpu_workers/attention/test_backends.py, given flash-attn",
-    "gpu_workers/attention/registry.py": "tests/gpu_workers/attention/test_backends.py",
-    "gpu_workers/attention/torch_sdpa.py": "tests/gpu_workers/attention/test_backends.py",
-    "gpu_workers/encoder_components.py": "tests/gpu_workers/runners/test_encoder.py",
-    "gpu_workers/models/hf_weights.py": "every model's loader; tests/gpu_workers/test_loader.py",
-    "gpu_workers/models/siglip_vision.py": "tests/gpu_workers/models/test_ta_tok.py",
-    "gpu_workers/preprocess/audio.py": "tests/gpu_workers/models/test_qwen2_audio_encoder.py",
-    "gpu_workers/preprocess/image.py": "tests/gpu_workers/models/test_qwen2_5_vl_vision.py",
-    "gpu_workers/runner.py": "the runner registry; tests/gpu_workers/runners/ and this file's worker check",
 }
 
 

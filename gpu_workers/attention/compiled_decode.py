@@ -1,4 +1,4 @@
-"""Decode attention traced into the compiled decode step (gpu_workers/runners/decode_graph.py).
+"""Decode attention traced into the compiled decode step (gpu_workers/llm/decode_graph.py).
 
 A decode row (one new token of a running sequence at position p = context_len - 1) attends over
 the p tokens already in the paged cache and over its own new K/V. Inside the step's graph:

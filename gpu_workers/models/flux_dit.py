@@ -71,7 +71,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from gpu_workers.loader import read_json
+from gpu_workers.models.checkpoint_io import read_json
 from gpu_workers.models.flux_dit_formats import (
     REFERENCE_CLASS,
     diffusers_config,

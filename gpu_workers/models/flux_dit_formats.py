@@ -47,7 +47,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file
 
-from gpu_workers.loader import INDEX_FILE, SINGLE_FILE, load_safetensors, read_json
+from gpu_workers.models.checkpoint_io import INDEX_FILE, SINGLE_FILE, load_safetensors, read_json
 
 # the weights file of a folder saved by diffusers' save_pretrained, and its index when sharded
 _DIFFUSERS_FILE = "diffusion_pytorch_model.safetensors"

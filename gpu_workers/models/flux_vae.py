@@ -31,7 +31,7 @@ from PIL import Image
 from safetensors import safe_open
 from torch import nn
 
-from gpu_workers.loader import read_json
+from gpu_workers.models.checkpoint_io import read_json
 from gpu_workers.models.hf_weights import load_exact
 
 # diffusers' AutoencoderKL __init__ defaults: what a config.json that leaves a key out means

@@ -39,7 +39,7 @@ import torch.nn.functional as F
 from safetensors.torch import save_file
 from torch import nn
 
-from gpu_workers.loader import load_safetensors, read_json
+from gpu_workers.models.checkpoint_io import load_safetensors, read_json
 from gpu_workers.models.hf_weights import load_exact
 from gpu_workers.models.qwen2_audio_encoder import AudioEncoderConfig, Qwen2AudioEncoder
 from gpu_workers.preprocess.audio import AudioFeatureConfig, LogMelExtractor

@@ -26,9 +26,9 @@ Two kernels compute it (`Int8Linear.kernel`):
   rounded to bfloat16. It serves where oneDNN's int8 GEMM does not (GPUs, CPUs without VNNI,
   where u8 x s8 products can saturate).
 
-Only nn.Linear layers are quantized, and not all of them (`quantize_linears`, `KEEP`): the
-embedding table (and with it a tied output projection), the attention's fused q|k|v projection
-and the MLP's down projection stay in the serving dtype, as llama.cpp's k-quant mixes give
+Only nn.Linear layers are quantized, and not all of them (`quantize_linears`' keep, which a model
+class gives as its INT8_KEEP names): the embedding table (and with it a tied output projection),
+the attention's fused q|k|v projection and the MLP's down projection stay in the serving dtype, as llama.cpp's k-quant mixes give
 attn_qkv / attn_v and ffn_down more bits than the rest, by the same data-free rule. A down
 projection reads SiLU(gate) * up, the block's most heavy-tailed activation, whose few large
 channels write the residual stream's "massive activations" (Sun et al. 2024; the "super
@@ -100,9 +100,6 @@ ONEDNN_BATCH_HINT = 64
 _ZERO_POINT = 128  # the split parts enter the u8 x s8 GEMM as q + 128
 LOW_STEPS = 2 * INT8_MAX  # the low part's steps per high step
 KERNELS = ("onednn", "aten")
-# Linears left in the serving dtype, by the last part of their name (see the module's doc)
-KEEP = ("qkv_proj", "down_proj")
-
 # Layers by handle, for the op below: a packed oneDNN weight has no fake-tensor form, so a graph
 # compiled by torch.compile calls the op with the handle (as models/packed_linear.py does).
 _LAYERS: weakref.WeakValueDictionary[int, Int8Linear] = weakref.WeakValueDictionary()
@@ -231,7 +228,7 @@ class Int8Linear(nn.Module):
 
 
 def quantize_linears(
-    model: nn.Module, compute_dtype: torch.dtype | None = None, kernel: str | None = None, keep: tuple[str, ...] = KEEP
+    model: nn.Module, compute_dtype: torch.dtype | None = None, kernel: str | None = None, *, keep: tuple[str, ...]
 ) -> int:
     """Swap every nn.Linear of a loaded model for an Int8Linear, except those named in `keep`
     (the last part of the module's name); return how many were swapped.

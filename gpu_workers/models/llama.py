@@ -22,7 +22,7 @@ head_dim ** -0.5 for attention_multiplier. A multiplier of exactly 1.0 costs not
 also multiplies by a `logit_scale` field that transformers ignores: only 1.0 is accepted.
 
 Parameter names follow the HF layout without the "model." prefix, except that q/k/v and
-gate/up are fused at load time (`STACKED_PARAMS` says how; gpu_workers/loader.py does it).
+gate/up are fused at load time (`STACKED_PARAMS` says how; gpu_workers/llm/loader.py does it).
 """
 
 from __future__ import annotations
@@ -36,8 +36,16 @@ import torch.nn.functional as F
 from torch import nn
 
 from gpu_workers.attention.backend import AttentionBackend, KVCache
+from gpu_workers.models.registry import CausalLM, MergedLinear, register_architecture
 
-SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "granite", "hyperclovax")
+# model_type -> the class name config.json's `architectures` gives it (the registry's keys)
+ARCHITECTURES = {
+    "llama": "LlamaForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "granite": "GraniteForCausalLM",
+    "hyperclovax": "HyperCLOVAXForCausalLM",
+}
+SUPPORTED_MODEL_TYPES = tuple(ARCHITECTURES)
 _ROPE_TYPES = ("default", "llama3")
 
 
@@ -279,14 +287,6 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return x * cos[:, None, :] + rotated * sin[:, None, :]
 
 
-class MergedLinear(nn.Linear):
-    """A Linear whose output rows are several checkpoint tensors stacked (q|k|v, gate|up)."""
-
-    def __init__(self, in_features: int, shard_sizes: tuple[int, ...], bias: bool) -> None:
-        super().__init__(in_features, sum(shard_sizes), bias=bias)
-        self.shard_sizes = shard_sizes
-
-
 class Attention(nn.Module):
     def __init__(self, config: LlamaFamilyConfig, backend: AttentionBackend) -> None:
         super().__init__()
@@ -361,7 +361,8 @@ class DecoderLayer(nn.Module):
         return h + m
 
 
-class LlamaForCausalLM(nn.Module):
+@register_architecture(ARCHITECTURES, LlamaFamilyConfig.from_hf)
+class LlamaForCausalLM(CausalLM):
     # checkpoint module name -> (our fused module, shard index); see MergedLinear
     STACKED_PARAMS: ClassVar[dict[str, tuple[str, int]]] = {
         "q_proj": ("qkv_proj", 0),
@@ -370,10 +371,12 @@ class LlamaForCausalLM(nn.Module):
         "gate_proj": ("gate_up_proj", 0),
         "up_proj": ("gate_up_proj", 1),
     }
+    # under int8, the fused q|k|v and the MLP's down projection stay in the serving dtype
+    INT8_KEEP: ClassVar[tuple[str, ...]] = ("qkv_proj", "down_proj")
 
     def __init__(self, config: LlamaFamilyConfig, backend: AttentionBackend) -> None:
         super().__init__()
-        self.config = config
+        self.config: LlamaFamilyConfig = config
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.rotary = RotaryEmbedding(config)
         self.layers = nn.ModuleList(DecoderLayer(config, backend) for _ in range(config.num_layers))
@@ -386,31 +389,18 @@ class LlamaForCausalLM(nn.Module):
         )
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """Raw embedding rows (T, H); forward applies embedding_multiplier to these and to
+        """Raw embedding rows (T, H); layer_inputs applies embedding_multiplier to these and to
         any injected inputs_embeds alike, as the reference model does."""
         return self.embed_tokens(input_ids)
 
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        positions: torch.Tensor,
-        kv_caches: list[KVCache] | None,
-        attn_metadata: Any,
-        inputs_embeds: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """Final-normed hidden states (T, H) for the packed tokens.
-
-        input_ids, positions: (T,). inputs_embeds (T, H), when given, replaces embed(input_ids)
-        (callers splice encoder outputs into the rows they want). kv_caches: one per layer,
-        or None for a stateless prefill of whole sequences.
-        """
-        h = self.embed(input_ids) if inputs_embeds is None else inputs_embeds  # (T, H)
+    def layer_inputs(self, h: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        # h (T, H) -> the first layer's input, and RoPE's (cos, sin), (T, D) each, for every layer
         if self.config.embedding_multiplier != 1.0:
             h = h * self.config.embedding_multiplier
-        cos, sin = self.rotary(positions, h.dtype)  # (T, D) each
-        for i, layer in enumerate(self.layers):
-            h = layer(h, cos, sin, None if kv_caches is None else kv_caches[i], attn_metadata)
-        return self.norm(h)
+        return h, self.rotary(positions, h.dtype)
+
+    def finish(self, h: torch.Tensor) -> torch.Tensor:
+        return self.norm(h)  # (T, H)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         # hidden (N, H) -> float32 logits (N, V)

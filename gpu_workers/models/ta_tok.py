@@ -36,7 +36,7 @@ from PIL import Image
 from safetensors.torch import save_file
 from torch import nn
 
-from gpu_workers.loader import load_safetensors, read_json
+from gpu_workers.models.checkpoint_io import load_safetensors, read_json
 from gpu_workers.models.hf_weights import load_exact
 from gpu_workers.models.siglip_vision import SiglipVisionConfig, SiglipVisionTower, num_layers_for
 from gpu_workers.preprocess.image import to_rgb

@@ -89,7 +89,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 from torch import nn
 
-from gpu_workers.loader import read_json
+from gpu_workers.models.checkpoint_io import read_json
 from gpu_workers.models.hf_weights import load_exact
 from gpu_workers.preprocess.audio import AudioFeatureConfig, LogMelExtractor
 from omni.shared.settings import json_key, read_json_config, to_json_config

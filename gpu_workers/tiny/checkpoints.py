@@ -19,17 +19,11 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
-from gpu_workers.models.llama import SUPPORTED_MODEL_TYPES, LlamaFamilyConfig
+from gpu_workers.models.llama import ARCHITECTURES, LlamaFamilyConfig
 
 DEFAULT_VOCAB_SIZE = 512  # used when no tokenizer is written
 _VOCAB_MULTIPLE = 64
 
-_ARCHITECTURES = {
-    "llama": "LlamaForCausalLM",
-    "qwen2": "Qwen2ForCausalLM",
-    "granite": "GraniteForCausalLM",
-    "hyperclovax": "HyperCLOVAXForCausalLM",
-}
 _BASE: dict[str, Any] = {
     "hidden_size": 64,
     "intermediate_size": 128,
@@ -103,14 +97,14 @@ def make_tiny_checkpoint(
     **overrides: Any,
 ) -> Path:
     """Write a tiny random checkpoint into out_dir; overrides are HF config.json keys."""
-    if model_type not in SUPPORTED_MODEL_TYPES:
-        raise ValueError(f"unknown model_type {model_type!r}; supported: {', '.join(SUPPORTED_MODEL_TYPES)}")
+    if model_type not in ARCHITECTURES:
+        raise ValueError(f"unknown model_type {model_type!r}; supported: {', '.join(ARCHITECTURES)}")
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     special_ids: dict[str, int] = {}
     tokenizer_len = _write_tokenizer(out_dir, special_ids, num_audio_codes)
 
-    raw: dict[str, Any] = {"model_type": model_type, "architectures": [_ARCHITECTURES[model_type]]}
+    raw: dict[str, Any] = {"model_type": model_type, "architectures": [ARCHITECTURES[model_type]]}
     raw |= _BASE | _PER_TYPE[model_type]
     rounded = -(-tokenizer_len // _VOCAB_MULTIPLE) * _VOCAB_MULTIPLE
     raw["vocab_size"] = rounded if tokenizer_len else DEFAULT_VOCAB_SIZE
@@ -239,7 +233,7 @@ TINY_AUDIO_LEVELS = (3, 3, 3, 3)
 TINY_IMAGE_CODEBOOK = 64
 
 
-# ---- the vision decoder (gpu_workers/vision_decoder.py's layout) ----------------------------
+# ---- the vision decoder (gpu_workers/vision_decoder/decoder.py's layout) ----------------------------
 # The tiny LLM has 64 image code tokens and short contexts: an 8 x 8 code grid.
 TINY_CODE_GRID = (8, 8)
 # A Flux DiT of patch 2 (2,304 tokens at 768 x 768), small enough for a CPU; the weak
@@ -327,7 +321,7 @@ def make_tiny_vision_decoder(
     an image has visibly varied pixels."""
     from gpu_workers.models.flux_dit import FluxDiT, FluxDiTConfig
     from gpu_workers.models.flux_vae import FluxVAEConfig, FluxVAEDecoder
-    from gpu_workers.vision_decoder_layout import CODEBOOK_FILE, UNCOND_FILE, VisionDecoderConfig
+    from gpu_workers.vision_decoder.layout import CODEBOOK_FILE, UNCOND_FILE, VisionDecoderConfig
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -4,7 +4,7 @@
        each runs its largest batch before it says ready and keeps that peak reserved
     2. the LLM workers, one after another on each GPU (GPUs side by side): each sizes its KV
        cache from what is left, told how many of that GPU's LLM workers (itself included) are
-       still to size theirs, so that each takes an equal share (gpu_workers/memory.py)
+       still to size theirs, so that each takes an equal share (gpu_workers/llm/memory.py)
 
 Two workers sizing at once would each count the device's free memory before the other took
 any. On the CPU nothing is sized from free memory: CPU workers start together.

@@ -7,7 +7,7 @@ names (`blk.0.attn_q.weight`), most of them quantized in blocks.
 
 The HF config is rebuilt from the metadata as transformers' GGUF loader rebuilds it
 (modeling_gguf_pytorch_utils.load_gguf_checkpoint, on transformers' own key map): the server
-reads the tokenizer from here and the worker the config and tensors (gpu_workers/gguf_weights.py).
+reads the tokenizer from here and the worker the config and tensors (gpu_workers/llm/gguf_weights.py).
 Nothing here imports torch.
 """
 

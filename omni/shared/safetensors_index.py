@@ -2,7 +2,7 @@
 
 The published omni checkpoint (omni/model_layout.py) is one sharded safetensors set whose keys
 carry one prefix per component; the server sizes and fingerprints components from the headers,
-and each worker opens only the shards that hold its own prefix (gpu_workers/component_files.py).
+and each worker opens only the shards that hold its own prefix (gpu_workers/encoder/component_files.py).
 """
 
 from __future__ import annotations

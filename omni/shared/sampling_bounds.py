@@ -1,7 +1,7 @@
 """The sampling values' bounds, written once.
 
 The request Structs' msgspec Meta (omni/serving/requests/common.py and every endpoint that has
-one of these fields) and the worker's validate_options (gpu_workers/sampler.py) both read this
+one of these fields) and the worker's validate_options (gpu_workers/sample/sampler.py) both read this
 table, so the 400 and the worker's refusal draw the line at the same value. A bound is the
 API's: OpenAI's range where OpenAI has the field (temperature 0 to 2, the penalties -2 to 2),
 vLLM's or ours where it does not.

@@ -53,7 +53,8 @@ def _resolve(path: str) -> Path | None:
 
 @cache
 def _defined(path: Path) -> frozenset[str]:
-    """Every function and class of a module by its qualified name: f, C, C.m, C.Inner.m."""
+    """Every function and class of a module by its qualified name (f, C, C.m, C.Inner.m), and its
+    top-level constants (SAMPLING_BOUNDS)."""
     names: set[str] = set()
 
     def walk(body: list[ast.stmt], prefix: str) -> None:
@@ -62,6 +63,9 @@ def _defined(path: Path) -> frozenset[str]:
                 names.add(prefix + node.name)
                 if isinstance(node, ast.ClassDef):
                     walk(node.body, f"{prefix}{node.name}.")
+            elif not prefix and isinstance(node, (ast.Assign, ast.AnnAssign)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                names.update(t.id for t in targets if isinstance(t, ast.Name))  # a module's constants
 
     walk(ast.parse(path.read_text(), str(path)).body, "")
     return frozenset(names)
@@ -93,7 +97,7 @@ def test_a_wrong_path_or_name_is_caught() -> None:
     text = (
         "See omni/errors.py:APIError and omni/http/errors.py:error_middleware, "
         "omni/serving/model.py:ModelRegistry.get, omni/modalities/outputs/{image,audio}.py, "
-        "omni/http/handlers/chat (the handler) and gpu_workers/runners/.\n"
+        "omni/http/handlers/chat (the handler) and gpu_workers/llm/.\n"
         "Gone: omni/orchestrator.py, omni/api/, omni/errors.py:no_such_helper, "
         "omni/serving/model.py:ModelRegistry.nothing, omni/modalities/outputs/{image,video}.py, "
         "and a route, /v1/omni/chat, which is no path."
@@ -111,3 +115,49 @@ def test_the_history_index_lists_every_log() -> None:
     index = (HISTORY / "README.md").read_text()
     logs = sorted(p.name for p in HISTORY.glob("*.md") if p.name != "README.md")
     assert logs and [name for name in logs if f"]({name})" not in index] == []
+
+
+def _recipes() -> dict[str, str]:
+    """Each recipe of the page's Recipes section by its bold title (`**Add a worker kind:**`)."""
+    section = DESIGN.read_text().split("\n## Recipes\n", 1)[1].split("\n## ", 1)[0]
+    parts = re.split(r"^\*\*(Add [^*(:]+?)[:]?\*\*", section, flags=re.M)
+    return {title.strip(): body for title, body in zip(parts[1::2], parts[2::2], strict=True)}
+
+
+def _module_names(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(), str(path))
+    names = {t.id for n in tree.body if isinstance(n, (ast.Assign, ast.AnnAssign))
+             for t in (n.targets if isinstance(n, ast.Assign) else [n.target]) if isinstance(t, ast.Name)}  # fmt: skip
+    return names | {name.split(".")[0] for name in _defined(path)}
+
+
+def test_every_path_a_recipe_names_exists() -> None:
+    recipes = _recipes()
+    assert {"Add a sampling field", "Add a worker kind", "Add an LLM", "Add an output modality"} <= set(recipes)
+    for title, body in recipes.items():
+        assert named_paths(body), title
+        assert missing(body) == [], title
+
+
+def test_the_llm_recipe_states_its_file_counts_and_the_names_it_gives_exist() -> None:
+    """A Llama-family variant touches two files, a new family four (issue 32): the recipe says so,
+    names exactly those files, and each code name it quotes is defined where it says."""
+    body = " ".join(_recipes()["Add an LLM"].split())
+    variant, family = body.split("A new family, four:")
+    assert "a Llama-family variant, two files:" in variant
+    assert {p for p, _ in named_paths(variant)} == {"gpu_workers/models/llama.py", "gpu_workers/tiny/checkpoints.py"}
+    assert {p for p, _ in named_paths(family)} == {
+        "gpu_workers/models/",  # <family>.py
+        "gpu_workers/models/registry.py",
+        "gpu_workers/tiny/checkpoints.py",
+        "tests/gpu_workers/models/",
+    }
+    quoted = {
+        "gpu_workers/models/llama.py": {"ARCHITECTURES", "LlamaFamilyConfig"},
+        "gpu_workers/tiny/checkpoints.py": {"_PER_TYPE"},
+        "gpu_workers/models/registry.py": {"_BUILTIN_MODULES", "register_architecture", "CausalLM"},
+    }
+    for path, names in quoted.items():
+        assert names <= _module_names(ROOT / path), path
+        assert all(re.search(rf"[`:@]{n}\b", body) for n in names), names
+    assert "LlamaFamilyConfig.from_hf" in _defined(ROOT / "gpu_workers/models/llama.py")

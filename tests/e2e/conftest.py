@@ -73,7 +73,7 @@ def speaking_server(omni_dir: Path) -> Iterator[str]:
     """The tiny omni checkpoint with all it has, served as "omni": it draws (images, its decoder
     a 2-rank Ulysses group), speaks (speech, chat audio) and hears (transcription). One start
     for those test modules. (That two ranks draw what one process draws, byte for byte, is
-    tests/gpu_workers/runners/test_vision_decoder.py's.)"""
+    tests/gpu_workers/vision_decoder/test_runner.py's.)"""
     with running_server(
         "--model", f"omni={omni_dir}", "--max-model-len", "2048", "--diffusion-steps", str(DIFFUSION_STEPS),
         "--vision-decoder-devices", "cpu,cpu",

@@ -50,7 +50,7 @@ def test_smollm2_answers_the_capital_of_france(server: str) -> None:
 
 def test_smollm2_in_int8_answers_the_capital_of_france(smollm2_gguf: Path) -> None:
     """--quantization int8: the file's Q4_1/Q8_0 blocks dequantized, then its linear layers (but
-    q|k|v and the down projections, int8_linear.KEEP) requantized to int8 per output channel;
+    q|k|v and the down projections, the model class's INT8_KEEP) requantized to int8 per output channel;
     the answer stays the same. It asks with a system message: the README's bare "What is the
     capital of France?" is a near-tie in bf16 itself (first token "The" 25.75
     against "L" 25.5, one bf16 step apart at that size), which int8's rounding flips into a

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import torch
 
-from gpu_workers.runners.llm import LLMRunner
+from gpu_workers.llm.runner import LLMRunner
 from omni.engines.step import step_message
 from omni.shared import protocol
 from scheduler.block_manager import BlockManager

@@ -1,6 +1,6 @@
 """Parity on random weights in the PUBLISHED layout (issue 20, acceptance 2): each component is
-loaded the way a server loads the download (gpu_workers/loader.load_model and
-gpu_workers/component_files.ComponentFiles on the root folder) and compared with an independent
+loaded the way a server loads the download (gpu_workers/llm/loader.load_model and
+gpu_workers/encoder/component_files.ComponentFiles on the root folder) and compared with an independent
 implementation in transformers, which reads the same tensors straight from the shards with only
 the component prefix stripped.
 
@@ -31,14 +31,15 @@ from PIL import Image
 from safetensors import safe_open
 from torch import nn
 
-from gpu_workers.component_files import ComponentFiles
-from gpu_workers.encoder_components import Component
-from gpu_workers.runners.llm import LLMRunner
+from gpu_workers.encoder.component_files import ComponentFiles
+from gpu_workers.encoder.components import Component
+from gpu_workers.llm.runner import LLMRunner
 from gpu_workers.tiny.checkpoints import TINY_VISION_PREPROCESSOR
 from gpu_workers.tiny.published import TINY_TA_TOK, make_tiny_published_checkpoint
 from omni.shared import protocol
 from tests.gpu_workers.conftest import StepDriver, hf_greedy
-from tests.gpu_workers.models.test_qwen2_audio_encoder import hf_encode, noise
+from tests.gpu_workers.models.test_qwen2_audio_encoder import hf_encode
+from tests.gpu_workers.preprocess.test_audio import noise
 
 CPU = torch.device("cpu")
 INDEX = "model.safetensors.index.json"
@@ -283,7 +284,7 @@ def test_a_text_config_without_use_post_norm_is_refused_at_load(checkpoint: Path
     """transformers' HyperCLOVAXConfig defaults use_post_norm to true, NAVER's vLLM plugin to
     false: the loader names the field and where it is missing rather than pick one."""
     from gpu_workers.attention.torch_sdpa import TorchSDPABackend
-    from gpu_workers.loader import load_model
+    from gpu_workers.llm.loader import load_model
 
     for path in checkpoint.iterdir():
         if path.name != "config.json":

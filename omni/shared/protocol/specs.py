@@ -63,13 +63,13 @@ class LLMWorkerSpec(WorkerSpec):
     gpu_memory_utilization: float | None = None  # on GPU, when neither size above is given
     # On a GPU, before sizing the KV cache: the largest step's tokens, run once to measure its
     # activations, and how many LLM workers of this device (this one included) are still to
-    # size theirs: each takes an equal share of what the device has left (gpu_workers/memory.py).
+    # size theirs: each takes an equal share of what the device has left (gpu_workers/llm/memory.py).
     profile_tokens: int = 0
     memory_shares: int = 1
     max_model_len: int | None = None
     attention_backend: str = "auto"
     # decode-only steps through a compiled step padded to buckets up to max_num_seqs
-    # (gpu_workers/runners/decode_graph.py); False: eager (--enforce-eager)
+    # (gpu_workers/llm/decode_graph.py); False: eager (--enforce-eager)
     compile_decode: bool = False
     max_num_seqs: int = 64
     quantization: str | None = None  # "int8": int8 Linear weights with per-channel scales

@@ -298,7 +298,7 @@ def test_runner_serves_with_and_without_the_kernel(hf_checkpoint: Any, monkeypat
     1e-4) when the kernel reads its cache and when it could not be built (a missing compiler: the
     padded gather and copied contexts). Request a's prompt comes in two chunks (the second one
     continues it); b is a prefix-cache hit on a's first two blocks, prefilled beside a's decodes."""
-    from gpu_workers.runners.llm import LLMRunner
+    from gpu_workers.llm.runner import LLMRunner
     from omni.shared import protocol
 
     model_dir = hf_checkpoint("qwen2")[0]

@@ -120,7 +120,7 @@ def test_the_runner_through_a_paged_kernel_matches_generate(
     prompts prefilled in 5-token chunks next to decodes, token for token as transformers."""
     from gpu_workers.attention.flash_attn_backend import VllmFlashAttnBackend
     from gpu_workers.attention.flashinfer_backend import FlashInferBackend
-    from gpu_workers.runners.llm import LLMRunner
+    from gpu_workers.llm.runner import LLMRunner
     from tests.gpu_workers.attention.test_backends import FakeVarlen
     from tests.gpu_workers.attention.test_flashinfer_backend import StubPrefillWrapper
     from tests.gpu_workers.conftest import StepDriver, hf_greedy

@@ -28,6 +28,7 @@ from gpu_workers.models.int8_linear import (
     quantize_per_channel,
     split_rows,
 )
+from gpu_workers.models.llama import LlamaForCausalLM
 
 needs_onednn = pytest.mark.skipif(not onednn_available(), reason="oneDNN's int8 GEMM needs an x86 CPU with VNNI")
 
@@ -123,10 +124,10 @@ def test_the_split_reconstructs_each_row_within_its_low_step() -> None:
 @needs_onednn
 def test_a_wrong_onednn_kernel_falls_back_to_atens(monkeypatch: pytest.MonkeyPatch) -> None:
     model = nn.Sequential(nn.Linear(32, 16), nn.Linear(16, 8))
-    assert quantize_linears(model) == 2 and model[0].kernel == model[1].kernel == "onednn"
+    assert quantize_linears(model, keep=()) == 2 and model[0].kernel == model[1].kernel == "onednn"
     broken = nn.Sequential(nn.Linear(32, 16), nn.Linear(16, 8))
     monkeypatch.setattr(Int8Linear, "onednn_mm", lambda self, q: torch.zeros(q.shape[0], self.out_features))
-    assert quantize_linears(broken) == 2 and broken[0].kernel == broken[1].kernel == "aten"
+    assert quantize_linears(broken, keep=()) == 2 and broken[0].kernel == broken[1].kernel == "aten"
 
 
 def _linear_with(weight: torch.Tensor) -> nn.Linear:
@@ -145,10 +146,10 @@ def test_quantize_linears_swaps_every_linear_but_the_kept_and_nothing_else() -> 
             "qkv_proj": nn.Linear(8, 8),
         }
     )
-    assert quantize_linears(model) == 2
+    assert quantize_linears(model, keep=LlamaForCausalLM.INT8_KEEP) == 2
     assert isinstance(model["a"], Int8Linear) and isinstance(model["b"][0], Int8Linear)
     assert isinstance(model["embed"], nn.Embedding)
-    assert type(model["down_proj"]) is type(model["qkv_proj"]) is nn.Linear  # int8_linear.KEEP
+    assert type(model["down_proj"]) is type(model["qkv_proj"]) is nn.Linear  # llama's INT8_KEEP
 
 
 def test_the_kernel_is_chosen_by_device_or_refused_with_why() -> None:

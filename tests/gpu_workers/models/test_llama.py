@@ -10,11 +10,12 @@ import torch
 
 from gpu_workers.attention.backend import SequenceChunk
 from gpu_workers.attention.torch_sdpa import TorchSDPABackend
-from gpu_workers.loader import load_model
-from gpu_workers.runners.llm import LLMRunner
+from gpu_workers.llm.loader import load_model
+from gpu_workers.llm.runner import LLMRunner
+from gpu_workers.models.llama import ARCHITECTURES
 from tests.gpu_workers.conftest import StepDriver, hf_greedy
 
-MODEL_TYPES = ["llama", "qwen2", "granite", "hyperclovax"]
+MODEL_TYPES = list(ARCHITECTURES)  # every registered variant, checked against transformers
 PROMPTS = [
     [5, 17, 99, 3, 250, 41, 7],
     [200, 13],

@@ -39,8 +39,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from gpu_workers.component_files import DirFiles
-from gpu_workers.encoder_components import Component
+from gpu_workers.encoder.component_files import DirFiles
+from gpu_workers.encoder.components import Component
 from gpu_workers.models.s3_tokenizer import (
     MIN_PIECE_SAMPLES,
     PIECE_SAMPLES,

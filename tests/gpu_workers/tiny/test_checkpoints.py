@@ -16,7 +16,7 @@ from gpu_workers.tiny.checkpoints import (
     make_tiny_component_checkpoint,
 )
 from gpu_workers.tiny.published import TINY_CHECKPOINT_VERSION, default_checkpoint_dir
-from gpu_workers.vision_decoder import AutoGuidance, VisionDecoder
+from gpu_workers.vision_decoder.decoder import AutoGuidance, VisionDecoder
 from omni.model_layout import ENCODER_COMPONENTS, ModelLayout, component_revision
 from omni.shared import protocol
 from tests.gpu_workers.models.test_llama import our_logits

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from gpu_workers.attention.torch_sdpa import TorchSDPABackend
-from gpu_workers.component_files import ComponentFiles
-from gpu_workers.encoder_components import Component
-from gpu_workers.loader import load_model
+from gpu_workers.encoder.component_files import ComponentFiles
+from gpu_workers.encoder.components import Component
+from gpu_workers.llm.loader import load_model
 from gpu_workers.tiny.published import TINY_S3_FSQ_DIMS, TINY_TA_TOK, make_tiny_published_checkpoint
 from omni.model_layout import ModelLayout
 from omni.shared.safetensors_index import INDEX_FILE, PUBLISHED_PREFIXES, UNSERVED_PREFIXES

@@ -341,7 +341,7 @@ def test_a_gguf_file_is_a_text_model_served_under_its_stem(
     dirs: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Only the magic is read here; the tokenizer and weights are read by the server and worker
-    (tests/omni/text/test_tokenizer_gguf.py, tests/gpu_workers/test_gguf_weights.py)."""
+    (tests/omni/text/test_tokenizer_gguf.py, tests/gpu_workers/llm/test_gguf_weights.py)."""
     gguf = tmp_path / "SmolLM2-135M-Instruct.Q4_1.gguf"
     gguf.write_bytes(b"GGUF\x03\x00\x00\x00")
     config = server_config(build_parser().parse_args([str(gguf)]))

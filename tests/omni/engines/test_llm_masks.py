@@ -23,7 +23,7 @@ from typing import Any, cast
 import pytest
 
 from gpu_workers import worker
-from gpu_workers.runners.llm import LLMRunner
+from gpu_workers.llm.runner import LLMRunner
 from gpu_workers.tiny.checkpoints import make_tiny_checkpoint
 from omni.config import AdmissionConfig, LLMConfig
 from omni.engines.llm import EngineError, LLMEngine, TokenEvent

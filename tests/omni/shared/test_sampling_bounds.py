@@ -16,7 +16,7 @@ import msgspec
 import pytest
 
 import omni.serving.requests
-from gpu_workers.sampler import validate_options
+from gpu_workers.sample.sampler import validate_options
 from omni.engines.step import sampling_options
 from omni.errors import APIError
 from omni.serving.requests import parse_chat_completion_request, parse_completion_request

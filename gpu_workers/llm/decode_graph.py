@@ -1,0 +1,233 @@
+"""The compiled decode step: the model's forward for decode-only batches through torch.compile
+(inductor; on CUDA with CUDA graphs), chosen by --compile-decode, off with --enforce-eager.
+
+A step whose every chunk is one new token of a running sequence, at most max_num_seqs of them
+and without injected media, takes this path; every other step (prefill chunks, mixed batches)
+runs the model eagerly as before. Inside the compiled code:
+
+- RMSNorm, RoPE, SiLU*mul, the residual adds and the attention's softmax are plain torch ops
+  that inductor fuses into a few loops per layer; multipliers equal to 1.0 are never applied
+  (models/llama.py skips them);
+- on CPU the layers run as the model's own forward runs them (models/registry.py:CausalLM):
+  `layer_inputs`, then each of `layers` through the compiled layer, then `finish`;
+- the oneDNN-packed linears on CPU are one opaque op each (models/packed_linear.py);
+- attention reads the paged cache in place (attention/compiled_decode.py; on the CPU by default
+  the paged kernel of attention/cpu_paged.py, one opaque op), and each layer's
+  new K/V come out of the graph, written into the cache by one index_copy after the forward.
+
+On CPU one decoder layer is compiled, with the batch and the block table's width dynamic: that
+code serves every layer and every batch size (one compile per process; CPU steps are
+compute-bound, so batches are not padded, except 1 to 2, as dynamo specialises size 1). On CUDA
+the whole forward is compiled with mode="reduce-overhead" (CUDA graphs), batches padded to
+buckets (powers of two up to max_num_seqs, and max_num_seqs) and the table's width rounded up
+to a power of two, so graphs are recorded for a few shapes only; a step's inputs go over in
+one pinned host buffer copied non_blocking. Padding rows' slots and block tables point at a
+scratch block no request owns (the runner allocates it past the blocks it reports).
+
+The compile happens at start (warm_up, before the worker reports ready) and is logged with its
+time. inductor's FX graph and AOT autograd caches keep the compiled code on disk across
+restarts (TORCHINDUCTOR_CACHE_DIR, by default ~/.cache/omni-serve/inductor): a warm start still
+traces with dynamo but skips inductor's code generation and C++ compiles.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from gpu_workers.attention import cpu_paged
+from gpu_workers.attention.compiled_decode import DECODE_KERNELS, DecodeGraphMetadata, default_kernel, write_new_kv
+from gpu_workers.models.registry import CausalLM
+from gpu_workers.staging import HostStaging
+
+log = logging.getLogger("omni.llm_runner.decode_graph")
+
+MIN_TABLE_WIDTH = 2
+MIN_ROWS = 2
+CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
+
+
+def default_cache_dir() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "omni-serve" / "inductor"
+
+
+def use_disk_cache() -> str:
+    """Point inductor's on-disk caches at omni-serve's cache directory unless the environment
+    names another; the directory in use. (inductor writes its default, a directory under /tmp,
+    into the environment the first time it looks, so that one counts as unset.)"""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir as inductor_default
+
+    current = os.environ.get(CACHE_ENV)
+    if not current or os.path.abspath(current) == os.path.abspath(inductor_default()):
+        os.environ[CACHE_ENV] = str(default_cache_dir())
+    return os.environ[CACHE_ENV]
+
+
+def decode_buckets(max_num_seqs: int) -> list[int]:
+    """1, 2, 4, ... below max_num_seqs, then max_num_seqs."""
+    if max_num_seqs < 1:
+        raise ValueError(f"max_num_seqs must be >= 1, got {max_num_seqs}")
+    out = []
+    b = 1
+    while b < max_num_seqs:
+        out.append(b)
+        b *= 2
+    return [*out, max_num_seqs]
+
+
+class DecodeGraph:
+    """Runs decode-only batches of `model` through compiled code.
+
+    On CPU one decoder layer is compiled with a dynamic batch and table width, and that code
+    serves every layer and every batch size (inductor's compile time is the cost that matters
+    there, and CPU steps are compute-bound: padding a batch would only add work; a batch of 1
+    is padded to 2, as dynamo specialises size 1). On CUDA the whole forward is captured as
+    CUDA graphs per bucket (mode="reduce-overhead"), batches padded to their bucket.
+    """
+
+    def __init__(
+        self,
+        model: CausalLM,
+        kv_cache: torch.Tensor,  # (L, 2, num_blocks, block_size, Hkv, D); the last block is scratch
+        *,
+        max_num_seqs: int,
+        kernel: str | None = None,  # default: "paged" on the CPU where it builds, else "gather"
+        pad_to_buckets: bool | None = None,  # default: on CUDA only
+    ) -> None:
+        if kernel is not None and kernel not in DECODE_KERNELS:
+            raise ValueError(f"unknown decode kernel {kernel!r}; known: {', '.join(DECODE_KERNELS)}")
+        layer_cache = kv_cache[0, 0]
+        if kernel == "paged" and not cpu_paged.supports(layer_cache):
+            log.warning("the paged decode kernel cannot read this cache here; using gather")
+            kernel = "gather"
+        self.model = model
+        self.kv_cache = kv_cache
+        self.block_size = kv_cache.shape[3]
+        self.scratch_block = kv_cache.shape[2] - 1
+        self.device = kv_cache.device
+        self.kernel = kernel or default_kernel(layer_cache)
+        self.cuda = self.device.type == "cuda"
+        self._staging = HostStaging(self.device)  # the step's inputs: one (pinned, on CUDA) copy
+        self.pad = self.cuda if pad_to_buckets is None else pad_to_buckets
+        self.buckets = decode_buckets(max_num_seqs) if self.pad else [max(MIN_ROWS, max_num_seqs)]
+        self.cache_dir = use_disk_cache()
+        # Each model shape and kernel in one process is an entry of the compiled layer's cache
+        # (a worker has one; a test process several); fullgraph=True makes the limit an error.
+        torch._dynamo.config.recompile_limit = max(32, torch._dynamo.config.recompile_limit)
+        self._whole: Callable[..., tuple[torch.Tensor, torch.Tensor]] = torch.compile(
+            self._forward, fullgraph=True, mode="reduce-overhead" if self.cuda else None
+        )
+        self._layer_step: Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = torch.compile(
+            self._layer, fullgraph=True
+        )
+        self.compile_seconds: dict[str, float] = {}
+
+    def _forward(
+        self, ids: torch.Tensor, positions: torch.Tensor, table: torch.Tensor, lens: torch.Tensor, kv: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        meta = DecodeGraphMetadata(table, lens, self.block_size, self.kernel)
+        caches = [(kv[i, 0], kv[i, 1]) for i in range(kv.shape[0])]
+        hidden = self.model(ids, positions, caches, meta)  # (B, H)
+        new_kv = torch.stack([torch.stack(pair) for pair in meta.new_kv])  # (L, 2, B, Hkv, D)
+        return hidden, new_kv
+
+    def _layer(
+        self,
+        layer: torch.nn.Module,
+        h: torch.Tensor,
+        shared: tuple[torch.Tensor, ...],
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        table: torch.Tensor,
+        lens: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        meta = DecodeGraphMetadata(table, lens, self.block_size, self.kernel)
+        h = layer(h, *shared, (k_cache, v_cache), meta)
+        k, v = meta.new_kv[0]
+        return h, k, v
+
+    def _by_layer(
+        self, ids: torch.Tensor, positions: torch.Tensor, table: torch.Tensor, lens: torch.Tensor, kv: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The model's own forward (CausalLM.forward: layer_inputs, the layers, finish), each
+        layer through the compiled layer."""
+        m = self.model
+        h, shared = m.layer_inputs(m.embed(ids), positions)  # (B, H), what every layer reads
+        for x in (h, *shared, table, lens):
+            torch._dynamo.mark_dynamic(x, 0)
+        torch._dynamo.mark_dynamic(table, 1)
+        new = []
+        for i, layer in enumerate(m.layers):
+            h, k, v = self._layer_step(layer, h, shared, kv[i, 0], kv[i, 1], table, lens)
+            new.append(torch.stack((k, v)))
+        return m.finish(h), torch.stack(new)
+
+    def bucket(self, rows: int) -> int | None:
+        if not self.pad:
+            return max(MIN_ROWS, rows) if rows <= self.buckets[-1] else None
+        return next((b for b in self.buckets if b >= rows), None)
+
+    def _width(self, blocks: int) -> int:
+        w = max(MIN_TABLE_WIDTH, blocks)
+        return 1 << (w - 1).bit_length() if self.cuda else w
+
+    def forward(self, ids: list[int], positions: list[int], block_tables: list[list[int]]) -> torch.Tensor:
+        """Final-normed hidden states (n, H) of n decode rows: token ids, positions (each row's
+        context is positions + 1 tokens, the last its own) and block tables."""
+        n = len(ids)
+        b = self.bucket(n)
+        if b is None:
+            raise ValueError(f"{n} decode rows exceed the largest bucket {self.buckets[-1]}")
+        bs, scratch = self.block_size, self.scratch_block
+        needed = [p // bs + 1 for p in positions]
+        width = self._width(max(needed))
+        pad = b - n
+        table = [t[:k] + [scratch] * (width - k) for t, k in zip(block_tables, needed)]
+        table += [[scratch] * width] * pad
+        slots = [t[p // bs] * bs + p % bs for t, p in zip(block_tables, positions)] + [scratch * bs] * pad
+        host = np.array(
+            [*ids, *[0] * pad, *positions, *[0] * pad, *[p + 1 for p in positions], *[1] * pad, *slots,
+             *(x for row in table for x in row)],
+            dtype=np.int64,
+        )  # fmt: skip
+        dev = self._staging.stage({"inputs": host})["inputs"]
+        ids_t, pos_t, lens_t, slots_t = dev[: 4 * b].view(4, b)
+        table_t = dev[4 * b :].view(b, width)
+        if self.cuda:
+            torch._dynamo.mark_dynamic(table_t, 1)
+            hidden, new_kv = self._whole(ids_t, pos_t, table_t, lens_t, self.kv_cache)
+        else:
+            hidden, new_kv = self._by_layer(ids_t, pos_t, table_t, lens_t, self.kv_cache)
+        write_new_kv(self.kv_cache, new_kv, slots_t)
+        return hidden[:n]
+
+    def warm_up(self) -> None:
+        """Compile now, before the worker reports ready: every bucket (on CPU, the one dynamic
+        graph), at two table widths, with padding rows only, so only the scratch block is
+        written. Sizes differ from each other when traced (no two dynamic sizes share a symbol)."""
+        scratch = self.scratch_block
+        total = time.perf_counter()
+        for b in self.buckets:
+            t = time.perf_counter()
+            for width in (MIN_TABLE_WIDTH + 1, MIN_TABLE_WIDTH + 2):
+                rows = b if self.pad else MIN_ROWS
+                pos = (width - 1) * self.block_size
+                with torch.inference_mode():
+                    self.forward([0] * rows, [pos] * rows, [[scratch] * width] * rows)
+            label = f"bucket {b}" if self.pad else "every batch size"
+            self.compile_seconds[label] = time.perf_counter() - t
+            log.info("compiled decode step, %s: %.1f s", label, self.compile_seconds[label])
+        log.info(
+            "compiled decode step ready in %.1f s (kernel %s, cache %s)",
+            time.perf_counter() - total, self.kernel, self.cache_dir,
+        )  # fmt: skip
+
+    def stats(self) -> dict[str, Any]:
+        return {"buckets": self.buckets, "compile_seconds": dict(self.compile_seconds), "kernel": self.kernel}
