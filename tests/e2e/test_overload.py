@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import openai
 import pytest
 
 from tests.e2e.conftest import read_metric
@@ -198,8 +199,6 @@ def test_a_burst_beyond_the_limits_is_refused_at_once_and_the_rest_finish(small_
 
 
 def test_the_openai_client_retries_refusals_by_itself(small_server: str) -> None:
-    openai = pytest.importorskip("openai")
-
     async def burst() -> list[str | None]:
         client = openai.AsyncOpenAI(base_url=f"{small_server}/v1", api_key="none", max_retries=10, timeout=HANG_GUARD_S)
         async with client:
@@ -284,7 +283,6 @@ def test_a_realtime_response_refused_by_admission_control_fails_and_the_session_
     """With the queue full (MAX_NUM_SEQS running, MAX_QUEUED_REQUESTS waiting, the workers
     held so none of them can move), a realtime response is refused as a chat request is: an `error` naming its response.create (the 429's
     type and code), then response.done failed; the socket stays usable."""
-    pytest.importorskip("openai")
 
     async def scenario() -> list[dict[str, object]]:
         limits = httpx.Limits(max_connections=MAX_NUM_SEQS + MAX_QUEUED_REQUESTS + 1)
@@ -319,7 +317,6 @@ def test_a_realtime_response_past_its_deadline_fails_and_frees_its_blocks(deadli
     """--request-timeout applies to each realtime response as to a chat request: the answer is
     aborted at the deadline (an `error` deadline_exceeded naming its response.create, then
     response.done failed), its KV blocks freed, and the session goes on."""
-    pytest.importorskip("openai")
     # held, the answer cannot end (sampled, the random model once drew its end token before the
     # deadline) nor run to its length before the 0.5 s deadline, however fast the device
     with workers_held(PROCESSES[deadline_server].pid):

@@ -73,7 +73,6 @@ def test_ready_watchdog_and_stopping(tiny_model_dir: Path, tmp_path: Path, monke
     env = {"NOTIFY_SOCKET": str(tmp_path / "notify"), "WATCHDOG_USEC": str(WATCHDOG_USEC)}
     try:
         with e2e_server.running_server("--model", f"omni-tiny={tiny_model_dir}", env=env) as base:
-            pid = e2e_server.PROCESSES[base].pid
             deadline = time.monotonic() + 30
             while "READY=1" not in fake.lines() and time.monotonic() < deadline:
                 time.sleep(0.05)
