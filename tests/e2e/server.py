@@ -76,6 +76,20 @@ def workers_held(server_pid: int) -> Iterator[None]:
                 os.kill(pid, signal.SIGCONT)
 
 
+def wait_exited(pid: int, timeout: float = 60.0) -> None:
+    """Until a killed child has exited (a zombie, or reaped): its pipes are closed by then, and
+    its parent's Process.is_alive() answers False, so the server cannot place work on it."""
+    deadline = time.monotonic() + timeout  # a hang guard, not a timing
+    while True:
+        try:
+            if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X"):
+                return
+        except FileNotFoundError:
+            return
+        assert time.monotonic() < deadline, f"process {pid} did not exit"
+        time.sleep(0.001)
+
+
 # base URL -> the server's process, for tests that need to reach its workers
 PROCESSES: dict[str, subprocess.Popen[bytes]] = {}
 
