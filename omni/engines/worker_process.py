@@ -81,6 +81,8 @@ class WorkerProcess:
         self._send_lock = asyncio.Lock()
         self._inbox: asyncio.Queue[Any | None] | None = None
         self._dead = False
+        # Set by stop(): the ranks' exits that follow are the stop's doing, not a fault.
+        self._stopping = False
 
     @property
     def worker_id(self) -> int:
@@ -110,6 +112,7 @@ class WorkerProcess:
         loop = asyncio.get_running_loop()
         self._received = bytearray()
         self._dead = False
+        self._stopping = False
         self._inbox = asyncio.Queue()
         self._processes, self._lifelines = [], []
         for rank in range(world_size):
@@ -191,7 +194,10 @@ class WorkerProcess:
             return
         except OSError:
             pass
-        log.error("%s: a rank of its group exited", self.label)
+        if self._stopping:  # asked to exit: a follower may well go before its leader
+            log.info("%s: a rank of its group exited while it stops", self.label)
+        else:
+            log.error("%s: a rank of its group exited", self.label)
         self._mark_dead()
 
     def _on_readable(self) -> None:
@@ -261,6 +267,7 @@ class WorkerProcess:
         """Ask the worker to exit; kill it if it does not within the timeout."""
         if not self._processes:
             return
+        self._stopping = True
         if not self._dead:
             try:
                 await self.send(protocol.Shutdown())

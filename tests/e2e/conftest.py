@@ -3,7 +3,9 @@ from __future__ import annotations
 import re
 import urllib.request
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -79,6 +81,32 @@ def speaking_server(omni_dir: Path) -> Iterator[str]:
         "--vision-decoder-devices", "cpu,cpu",
     ) as base:  # fmt: skip
         yield base
+
+
+@dataclass(frozen=True)
+class Dialect:
+    """A served chat dialect for the tests that run on both: the bare LLM checkpoint with its
+    own template ("bare", the session's `server`), and the published-layout default that
+    bin/omni-serve serves ("published", `speaking_server`: the reference template, which opens
+    a reasoning block unless told otherwise)."""
+
+    name: str
+    base: str
+    model: str
+    # what every chat request adds on it: random weights never close the reference template's
+    # reasoning block, so the tests that read `content` ask it skipped, as a client would
+    chat: dict[str, Any] = field(default_factory=dict)
+
+
+SKIP_REASONING: dict[str, Any] = {"chat_template_kwargs": {"skip_reasoning": True}}
+
+
+@pytest.fixture(params=["bare", "published"])
+def dialect(request: pytest.FixtureRequest) -> Dialect:
+    """Both served dialects, one per test; no server of its own (each is a session server)."""
+    if request.param == "bare":
+        return Dialect("bare", request.getfixturevalue("server"), "omni-tiny")
+    return Dialect("published", request.getfixturevalue("speaking_server"), "omni", SKIP_REASONING)
 
 
 def read_metric(base: str, name: str, **labels: str) -> float:

@@ -53,6 +53,43 @@ def worker_pids(server_pid: int) -> list[int]:
     return pids
 
 
+@contextlib.contextmanager
+def workers_held(server_pid: int) -> Iterator[None]:
+    """Hold the server's workers (SIGSTOP) until the block ends (SIGCONT), whatever happens in
+    it: a gate, not a timing. While held, no step completes, so no request in flight finishes or
+    leaves its queue, while the server process itself (admission, the API, /metrics) still
+    answers. Only the workers stop; the test's own process never waits on them."""
+    pids = worker_pids(server_pid)
+    assert pids, "the server has no worker to hold"
+    stopped: list[int] = []
+    try:
+        for pid in pids:
+            os.kill(pid, signal.SIGSTOP)
+            stopped.append(pid)
+        for pid in stopped:  # a signal is delivered asynchronously: held once each shows "T"
+            while Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "T":
+                time.sleep(0.001)
+        yield
+    finally:
+        for pid in stopped:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+
+
+def wait_exited(pid: int, timeout: float = 60.0) -> None:
+    """Until a killed child has exited (a zombie, or reaped): its pipes are closed by then, and
+    its parent's Process.is_alive() answers False, so the server cannot place work on it."""
+    deadline = time.monotonic() + timeout  # a hang guard, not a timing
+    while True:
+        try:
+            if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X"):
+                return
+        except FileNotFoundError:
+            return
+        assert time.monotonic() < deadline, f"process {pid} did not exit"
+        time.sleep(0.001)
+
+
 # base URL -> the server's process, for tests that need to reach its workers
 PROCESSES: dict[str, subprocess.Popen[bytes]] = {}
 

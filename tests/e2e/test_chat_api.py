@@ -1,4 +1,5 @@
-"""The OpenAI surface of the real server: shapes, streaming, stop, n, logprobs, errors."""
+"""The OpenAI surface of the real server: shapes, streaming, stop, n, logprobs, errors. The tests
+of what a chat template shapes run on both served dialects (conftest.Dialect)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import openai
 import pytest
 
 from omni.text.tokenizer import TextTokenizer
-from tests.e2e.conftest import BLOCK_SIZE, read_metric
+from tests.e2e.conftest import BLOCK_SIZE, Dialect, read_metric
 
 MODEL = "omni-tiny"
 HELLO = [{"role": "user", "content": "Hello there, how are you today?"}]
@@ -39,10 +40,10 @@ def test_every_response_carries_the_request_id(server: str) -> None:
     assert len(fresh) == 32
 
 
-def test_openai_client_chat_and_stream_agree(server: str) -> None:
-    client = openai.OpenAI(base_url=f"{server}/v1", api_key="unused")
+def test_openai_client_chat_and_stream_agree(dialect: Dialect) -> None:
+    client = openai.OpenAI(base_url=f"{dialect.base}/v1", api_key="unused")
     full = client.chat.completions.create(
-        model=MODEL, messages=HELLO, max_tokens=24, temperature=0
+        model=dialect.model, messages=HELLO, max_tokens=24, temperature=0, extra_body=dialect.chat
     )
     assert full.object == "chat.completion"
     assert full.choices[0].message.role == "assistant"
@@ -51,12 +52,13 @@ def test_openai_client_chat_and_stream_agree(server: str) -> None:
     assert full.choices[0].finish_reason == "length"
     chunks = list(
         client.chat.completions.create(
-            model=MODEL,
+            model=dialect.model,
             messages=HELLO,
             max_tokens=24,
             temperature=0,
             stream=True,
             stream_options={"include_usage": True},
+            extra_body=dialect.chat,
         )
     )
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
@@ -67,10 +69,11 @@ def test_openai_client_chat_and_stream_agree(server: str) -> None:
     assert finish == [full.choices[0].finish_reason]
 
 
-def test_streamed_deltas_equal_full_decode(server: str) -> None:
+def test_streamed_deltas_equal_full_decode(dialect: Dialect) -> None:
     """Streamed deltas join to exactly the non-streamed text, partial characters included."""
-    body = {
-        "model": MODEL,
+    server = dialect.base
+    body = dialect.chat | {
+        "model": dialect.model,
         "messages": [{"role": "user", "content": "Write café 東京 😀 please"}],
         "max_tokens": 40,
         "temperature": 1.0,
@@ -97,9 +100,10 @@ def test_seeded_sampling_repeats(server: str) -> None:
     assert a["choices"][0]["message"]["content"] == b["choices"][0]["message"]["content"]
 
 
-def test_n_choices_and_logprobs(server: str) -> None:
-    body = {
-        "model": MODEL,
+def test_n_choices_and_logprobs(dialect: Dialect) -> None:
+    server = dialect.base
+    body = dialect.chat | {
+        "model": dialect.model,
         "messages": HELLO,
         "max_tokens": 8,
         "temperature": 1.0,
@@ -138,8 +142,9 @@ def test_greedy_logprob_is_the_top_one(server: str) -> None:
         assert e["logprob"] == pytest.approx(e["top_logprobs"][0]["logprob"])
 
 
-def test_stop_string_is_never_emitted(server: str) -> None:
-    base = {"model": MODEL, "messages": HELLO, "max_tokens": 32, "temperature": 0}
+def test_stop_string_is_never_emitted(dialect: Dialect) -> None:
+    server = dialect.base
+    base = dialect.chat | {"model": dialect.model, "messages": HELLO, "max_tokens": 32, "temperature": 0}
     full = post(server, "/v1/chat/completions", base).json()["choices"][0]["message"]["content"]
     assert len(full) >= 6
     stop = full[3:5]

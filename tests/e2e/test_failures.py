@@ -185,3 +185,21 @@ def test_sigterm_to_the_process_group_drains_in_flight_requests(tiny_model_dir: 
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+
+
+
+def test_a_clean_stop_with_a_decoder_group_logs_no_error(omni_dir: Path, tmp_path: Path) -> None:
+    """SIGTERM to a server with an image decoder group of two ranks: the server stops them,
+    their lifelines close, and none of that is a fault. It logged "ERROR ... a rank of its group
+    exited" when a follower went before its leader; which goes first is the processes' race, so
+    tests/omni/engines/test_supervisor.py forces that order; this is the whole server's check."""
+    log = tmp_path / "server.log"
+    args = ("--model", f"omni={omni_dir}", "--max-model-len", "2048", "--vision-decoder-devices", "cpu,cpu",
+            "--no-audio-output")  # fmt: skip
+    with running_server(*args, log=log, env={"OMNI_LOG_LEVEL": "INFO"}) as base:
+        proc = PROCESSES[base]
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+    text = log.read_text(errors="replace")
+    assert "shutting down" in text
+    assert [line for line in text.splitlines() if " ERROR " in line or "Traceback" in line] == []

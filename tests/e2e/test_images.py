@@ -276,8 +276,13 @@ def test_a_killed_decoder_rank_fails_its_image_with_503_and_the_next_succeeds(se
     while read_metric(two_ranks, "omni_decoder_images_running", model_name=MODEL) == 0:
         assert time.monotonic() < deadline and thread.is_alive(), "the image never reached the decoder"
         time.sleep(0.02)
-    time.sleep(0.2)  # well inside its 100 steps
-    os.kill(ranks["omni-vision0.1"], signal.SIGKILL)
+    # The leader is held while the follower is killed: it cannot finish the image meanwhile,
+    # however fast its 100 steps run (no bet on a sleep being "well inside" them).
+    os.kill(ranks["omni-vision0.0"], signal.SIGSTOP)
+    try:
+        os.kill(ranks["omni-vision0.1"], signal.SIGKILL)
+    finally:
+        os.kill(ranks["omni-vision0.0"], signal.SIGCONT)
     thread.join(120)
     assert outcome.get("status") == 503, outcome
     assert "vision decoder" in outcome["message"]

@@ -2,6 +2,10 @@
 429 and Retry-After while every admitted request finishes, the OpenAI client retries such
 refusals by itself, and a request past its deadline is aborted with its KV blocks freed.
 
+The queue is filled with a gate, not with timing: two requests start running, the server's
+workers are held (SIGSTOP, tests.e2e.server.workers_held), and what comes next queues behind
+them and cannot move until the test releases the workers. So the counts asserted are exact.
+
 The burst's figures (admitted, refused, the server's peak resident memory, the time) are
 printed (run with -s to see them), never asserted: no timing or memory thresholds here, only
 generous hang guards."""
@@ -9,6 +13,7 @@ generous hang guards."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import threading
 import time
@@ -16,10 +21,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import openai
 import pytest
 
 from tests.e2e.conftest import read_metric
-from tests.e2e.server import PROCESSES, running_server, worker_pids
+from tests.e2e.server import PROCESSES, running_server, worker_pids, workers_held
 
 MODEL = "m"
 MAX_NUM_SEQS = 2
@@ -101,23 +107,76 @@ class RssSampler:
         self._thread.join()
 
 
-async def _burst(base: str) -> list[httpx.Response]:
-    limits = httpx.Limits(max_connections=BURST)
+# Each running request is this long: it cannot finish in the moment between its first token
+# and the workers being held, and after the release it ends soon.
+RUNNING_TOKENS = 256
+
+
+async def _running(client: httpx.AsyncClient, i: int, started: asyncio.Event, max_tokens: int) -> str | None:
+    """A streamed chat request that sets started once its first token is out (so it is in
+    the running batch); its finish_reason, once it ends."""
+    body = {**chat(i, max_tokens, stream=True), "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+    finish = None
+    async with client.stream("POST", "/v1/chat/completions", json=body) as r:
+        assert r.status_code == 200
+        async for line in r.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            if (chunk.get("usage") or {}).get("completion_tokens", 0) >= 1:
+                started.set()
+            for choice in chunk.get("choices", []):
+                finish = choice.get("finish_reason") or finish
+    return finish
+
+
+async def _start_running(client: httpx.AsyncClient, max_tokens: int) -> list[asyncio.Task[str | None]]:
+    """MAX_NUM_SEQS streams, returned once each has its first token: the running batch is full."""
+    started = [asyncio.Event() for _ in range(MAX_NUM_SEQS)]
+    tasks = [asyncio.create_task(_running(client, 100 + i, e, max_tokens)) for i, e in enumerate(started)]
+    for event, task in zip(started, tasks):
+        await asyncio.wait({asyncio.create_task(event.wait()), task}, return_when=asyncio.FIRST_COMPLETED)
+        assert event.is_set(), f"a running request ended before its first token: {task.result()}"
+    return tasks
+
+
+async def _fill_queue(client: httpx.AsyncClient, n: int) -> list[asyncio.Task[httpx.Response]]:
+    """With the running batch full and the workers held, n > MAX_QUEUED_REQUESTS requests
+    posted at once: the queue takes MAX_QUEUED_REQUESTS of them and refuses the rest. Returns
+    once every refusal is answered, so the queue is surely full (a refusal sees it full, and
+    while the workers are held nothing leaves it); the admitted ones are still pending."""
+    posts = [asyncio.create_task(client.post("/v1/chat/completions", json=chat(i, 64))) for i in range(n)]
+    while sum(p.done() for p in posts) < n - MAX_QUEUED_REQUESTS:
+        await asyncio.wait([p for p in posts if not p.done()], return_when=asyncio.FIRST_COMPLETED)
+    assert all(p.result().status_code == 429 for p in posts if p.done())
+    return posts
+
+
+async def _burst(base: str) -> tuple[list[str | None], list[httpx.Response]]:
+    """With the running batch full and the workers held, BURST requests: the queue takes
+    MAX_QUEUED_REQUESTS of them, the rest are refused while it is full. The refusals are all
+    answered before the workers are released; then everything admitted runs to its end."""
+    limits = httpx.Limits(max_connections=BURST + MAX_NUM_SEQS)
     async with httpx.AsyncClient(base_url=base, timeout=HANG_GUARD_S, limits=limits) as client:
-        return await asyncio.gather(*(client.post("/v1/chat/completions", json=chat(i, 64)) for i in range(BURST)))
+        running = await _start_running(client, RUNNING_TOKENS)
+        with workers_held(PROCESSES[base].pid):
+            posts = await _fill_queue(client, BURST)
+            assert not any(r.done() for r in running), "a running request ended while the workers were held"
+        return await asyncio.gather(*running), await asyncio.gather(*posts)
 
 
 def test_a_burst_beyond_the_limits_is_refused_at_once_and_the_rest_finish(small_server: str) -> None:
     before = read_metric(small_server, "omni_requests_rejected_total", model_name=MODEL, reason="requests")
     with RssSampler(PROCESSES[small_server].pid) as rss:
         start = time.monotonic()
-        responses = asyncio.run(asyncio.wait_for(_burst(small_server), HANG_GUARD_S))
+        finishes, responses = asyncio.run(asyncio.wait_for(_burst(small_server), HANG_GUARD_S))
         elapsed = time.monotonic() - start
+    assert finishes == ["length"] * MAX_NUM_SEQS
     admitted = [r for r in responses if r.status_code == 200]
     refused = [r for r in responses if r.status_code == 429]
     assert len(admitted) + len(refused) == BURST, sorted({r.status_code for r in responses})
-    assert refused, "a burst 4x the limits was all admitted"
-    assert len(admitted) >= MAX_QUEUED_REQUESTS  # the queue fills before anything is refused
+    # exactly what the queue holds is admitted; the rest are refused while it is full
+    assert (len(admitted), len(refused)) == (MAX_QUEUED_REQUESTS, BURST - MAX_QUEUED_REQUESTS)
     for r in refused:
         assert int(r.headers["Retry-After"]) >= 1
         error = r.json()["error"]
@@ -140,8 +199,6 @@ def test_a_burst_beyond_the_limits_is_refused_at_once_and_the_rest_finish(small_
 
 
 def test_the_openai_client_retries_refusals_by_itself(small_server: str) -> None:
-    openai = pytest.importorskip("openai")
-
     async def burst() -> list[str | None]:
         client = openai.AsyncOpenAI(base_url=f"{small_server}/v1", api_key="none", max_retries=10, timeout=HANG_GUARD_S)
         async with client:
@@ -162,13 +219,21 @@ def test_the_openai_client_retries_refusals_by_itself(small_server: str) -> None
 
 
 def test_a_stream_past_its_deadline_ends_with_an_error_and_frees_its_blocks(deadline_server: str) -> None:
+    """Once the stream has its first token the workers are held, so it surely outlives its
+    0.5 s deadline (no bet on how fast the device decodes)."""
     events: list[str] = []
-    body = chat(0, 1000, stream=True)  # about 1000 steps: far past half a second on any device
-    with httpx.stream("POST", f"{deadline_server}/v1/chat/completions", json=body, timeout=HANG_GUARD_S) as r:
-        assert r.status_code == 200
-        for line in r.iter_lines():
-            if line.startswith("data: "):
-                events.append(line[6:])
+    body = {**chat(0, 1000, stream=True), "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+    holding = False
+    with contextlib.ExitStack() as held:
+        with httpx.stream("POST", f"{deadline_server}/v1/chat/completions", json=body, timeout=HANG_GUARD_S) as r:
+            assert r.status_code == 200
+            for line in r.iter_lines():
+                if line.startswith("data: "):
+                    events.append(line[6:])
+                    usage = json.loads(line[6:]).get("usage") if line != "data: [DONE]" else None
+                    if usage and usage["completion_tokens"] >= 1 and not holding:
+                        held.enter_context(workers_held(PROCESSES[deadline_server].pid))
+                        holding = True
     assert events[-1] == "[DONE]"
     error = json.loads(events[-2])["error"]
     assert "0.5 s deadline" in error["message"]
@@ -179,7 +244,8 @@ def test_a_stream_past_its_deadline_ends_with_an_error_and_frees_its_blocks(dead
 
 
 def test_a_request_past_its_deadline_is_a_504(deadline_server: str) -> None:
-    r = httpx.post(f"{deadline_server}/v1/chat/completions", json=chat(1, 1000), timeout=HANG_GUARD_S)
+    with workers_held(PROCESSES[deadline_server].pid):  # it cannot finish before its deadline
+        r = httpx.post(f"{deadline_server}/v1/chat/completions", json=chat(1, 1000), timeout=HANG_GUARD_S)
     assert r.status_code == 504
     error = r.json()["error"]
     assert error["code"] == "deadline_exceeded"
@@ -214,28 +280,24 @@ async def _realtime_answer(base: str, **response: object) -> list[dict[str, obje
 
 
 def test_a_realtime_response_refused_by_admission_control_fails_and_the_session_goes_on(small_server: str) -> None:
-    """With the queue full (MAX_NUM_SEQS running, MAX_QUEUED_REQUESTS waiting), a realtime
-    response is refused as a chat request is: an `error` naming its response.create (the 429's
+    """With the queue full (MAX_NUM_SEQS running, MAX_QUEUED_REQUESTS waiting, the workers
+    held so none of them can move), a realtime response is refused as a chat request is: an `error` naming its response.create (the 429's
     type and code), then response.done failed; the socket stays usable."""
-    pytest.importorskip("openai")
-    full = MAX_NUM_SEQS + MAX_QUEUED_REQUESTS
 
     async def scenario() -> list[dict[str, object]]:
-        async with httpx.AsyncClient(base_url=small_server, timeout=HANG_GUARD_S) as client:
-            streams = [asyncio.create_task(client.post("/v1/chat/completions", json=chat(i, 1000))) for i in range(full)]
+        limits = httpx.Limits(max_connections=MAX_NUM_SEQS + MAX_QUEUED_REQUESTS + 1)
+        async with httpx.AsyncClient(base_url=small_server, timeout=HANG_GUARD_S, limits=limits) as client:
+            running = await _start_running(client, 1000)
+            waiting: list[asyncio.Task[httpx.Response]] = []
             try:
-                # polled off the event loop, so the posts keep moving while it reads the metrics
-                # (a synchronous read held them still; twice under the full suite this loop never
-                # saw four waiting, until its 120 s guard)
-                while await asyncio.to_thread(read_metric, small_server, "vllm:num_requests_waiting",
-                                              model_name=MODEL) < MAX_QUEUED_REQUESTS:  # fmt: skip
-                    assert not all(s.done() for s in streams), "the requests ended before the queue filled"
-                    await asyncio.sleep(0.02)
-                return await _realtime_answer(small_server)
+                with workers_held(PROCESSES[small_server].pid):
+                    waiting = await _fill_queue(client, MAX_QUEUED_REQUESTS + 1)
+                    assert not any(t.done() for t in running), "a running request ended while the workers were held"
+                    return await _realtime_answer(small_server)
             finally:
-                for s in streams:
-                    s.cancel()
-                await asyncio.gather(*streams, return_exceptions=True)
+                for t in running + waiting:
+                    t.cancel()
+                await asyncio.gather(*running, *waiting, return_exceptions=True)
 
     refused_before = read_metric(small_server, "omni_realtime_responses_total", model_name=MODEL, status="failed")
     events = asyncio.run(asyncio.wait_for(scenario(), HANG_GUARD_S))
@@ -255,12 +317,10 @@ def test_a_realtime_response_past_its_deadline_fails_and_frees_its_blocks(deadli
     """--request-timeout applies to each realtime response as to a chat request: the answer is
     aborted at the deadline (an `error` deadline_exceeded naming its response.create, then
     response.done failed), its KV blocks freed, and the session goes on."""
-    pytest.importorskip("openai")
-    # greedy: sampled, the random model may draw its end token before the 0.5 s deadline (it
-    # did once, the faster paged decode making more tokens in that time); greedy, it never does
-    events = asyncio.run(
-        asyncio.wait_for(_realtime_answer(deadline_server, max_output_tokens=1000, temperature=0.0), HANG_GUARD_S)
-    )
+    # held, the answer cannot end (sampled, the random model once drew its end token before the
+    # deadline) nor run to its length before the 0.5 s deadline, however fast the device
+    with workers_held(PROCESSES[deadline_server].pid):
+        events = asyncio.run(asyncio.wait_for(_realtime_answer(deadline_server, max_output_tokens=1000), HANG_GUARD_S))
     error = next(e for e in events if e["type"] == "error")["error"]
     assert isinstance(error, dict)
     assert (error["code"], error["event_id"]) == ("deadline_exceeded", "the_create") and "0.5 s deadline" in error["message"]

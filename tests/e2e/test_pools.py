@@ -12,7 +12,7 @@ import pytest
 
 from gpu_workers.tiny.checkpoints import make_tiny_checkpoint
 from tests.e2e.conftest import read_metric
-from tests.e2e.server import PROCESSES, running_server, worker_pids
+from tests.e2e.server import PROCESSES, running_server, wait_exited, worker_pids
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +69,7 @@ def test_requests_avoid_a_dead_worker(pool_server: str) -> None:
     pids = worker_pids(PROCESSES[pool_server].pid)
     assert len(pids) == 4  # two models x two workers
     os.kill(pids[0], signal.SIGKILL)
-    time.sleep(0.5)
+    wait_exited(pids[0])  # gone for the server too: it is placed no more work
     # Whichever pool lost a worker keeps serving on the other one while it restarts.
     for i in range(6):
         for model in ("alpha", "beta"):

@@ -17,21 +17,43 @@ import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
 from omni.text.tokenizer import TextTokenizer
+from tests.e2e.conftest import SKIP_REASONING
 
 MODEL = "omni-tiny"
 HELLO: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Hello there, how are you today?"}]
 PROMPT = "The quick brown fox"
 
 
+class Client(openai.OpenAI):
+    """The official client, with the served model it asks and what every chat request adds."""
+
+    def __init__(self, base: str, model: str, chat: dict[str, Any]) -> None:
+        super().__init__(base_url=f"{base}/v1", api_key="unused")
+        self.model, self.chat_fields = model, chat
+
+
 @pytest.fixture(scope="module")
-def client(server: str) -> Iterator[openai.OpenAI]:
-    with openai.OpenAI(base_url=f"{server}/v1", api_key="unused") as c:
+def client(server: str) -> Iterator[Client]:
+    with Client(server, MODEL, {}) as c:
         yield c
 
 
 @pytest.fixture(scope="module")
 def tok(tiny_model_dir: Path) -> TextTokenizer:
     return TextTokenizer.from_dir(tiny_model_dir)
+
+
+@pytest.fixture(scope="module", params=["bare", "published"])
+def dialect_client(request: pytest.FixtureRequest) -> Iterator[tuple[Client, TextTokenizer]]:
+    """The tests whose chat half goes through a template run on both served dialects
+    (conftest.Dialect): the bare checkpoint's server, and the published-layout default."""
+    if request.param == "bare":
+        base, model, chat, model_dir = request.getfixturevalue("server"), MODEL, {}, request.getfixturevalue("tiny_model_dir")
+    else:
+        base, model, chat = request.getfixturevalue("speaking_server"), "omni", SKIP_REASONING
+        model_dir = request.getfixturevalue("omni_dir")
+    with Client(base, model, chat) as c:
+        yield c, TextTokenizer.from_dir(model_dir)
 
 
 def token(tok: TextTokenizer, text: str) -> int:
@@ -48,22 +70,23 @@ def _split(fields: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     return known, {k: v for k, v in fields.items() if k not in known}
 
 
-def chat(client: openai.OpenAI, **fields: Any) -> Any:
+def chat(client: Client, **fields: Any) -> Any:
     known, extra = _split(fields)
-    return client.chat.completions.create(model=MODEL, messages=HELLO, extra_body=extra, **known)
+    return client.chat.completions.create(model=client.model, messages=HELLO, extra_body=client.chat_fields | extra, **known)
 
 
-def complete(client: openai.OpenAI, **fields: Any) -> Any:
+def complete(client: Client, **fields: Any) -> Any:
     known, extra = _split(fields)
-    return client.completions.create(model=MODEL, prompt=PROMPT, extra_body=extra, **known)
+    return client.completions.create(model=client.model, prompt=PROMPT, extra_body=extra, **known)
 
 
-def tokens(client: openai.OpenAI, **fields: Any) -> list[str]:
+def tokens(client: Client, **fields: Any) -> list[str]:
     """A completion's tokens, as the strings its logprobs name them by."""
     return list(complete(client, logprobs=0, **fields).choices[0].logprobs.tokens)
 
 
-def test_logit_bias_of_100_makes_every_token_that_token(client: openai.OpenAI, tok: TextTokenizer) -> None:
+def test_logit_bias_of_100_makes_every_token_that_token(dialect_client: tuple[Client, TextTokenizer]) -> None:
+    client, tok = dialect_client
     y = token(tok, "y")
     bias = {str(y): 100}
     out = chat(client, max_tokens=12, temperature=1.0, seed=5, logit_bias=bias, logprobs=True)
@@ -73,12 +96,13 @@ def test_logit_bias_of_100_makes_every_token_that_token(client: openai.OpenAI, t
     assert (choice.finish_reason, out.usage.completion_tokens) == ("length", 12)
     assert tokens(client, max_tokens=12, temperature=1.0, logit_bias=bias) == ["y"] * 12
     streamed = client.completions.create(
-        model=MODEL, prompt=PROMPT, max_tokens=12, temperature=1.0, logit_bias=bias, stream=True
+        model=client.model, prompt=PROMPT, max_tokens=12, temperature=1.0, logit_bias=bias, stream=True
     )
     assert "".join(c.choices[0].text for c in streamed) == "y" * 12
 
 
-def test_allowed_token_ids_restrict_the_output(client: openai.OpenAI, tok: TextTokenizer) -> None:
+def test_allowed_token_ids_restrict_the_output(dialect_client: tuple[Client, TextTokenizer]) -> None:
+    client, tok = dialect_client
     ab = [token(tok, "a"), token(tok, "b")]
     chat_text = chat(client, max_tokens=16, temperature=1.0, seed=1, allowed_token_ids=ab).choices[0].message.content
     assert len(chat_text) == 16 and set(chat_text) == {"a", "b"}
@@ -87,7 +111,8 @@ def test_allowed_token_ids_restrict_the_output(client: openai.OpenAI, tok: TextT
     assert tokens(client, max_tokens=4, temperature=0, allowed_token_ids=ab[1:]) == ["b"] * 4
 
 
-def test_min_tokens_holds_back_eos(client: openai.OpenAI, tok: TextTokenizer) -> None:
+def test_min_tokens_holds_back_eos(dialect_client: tuple[Client, TextTokenizer]) -> None:
+    client, tok = dialect_client
     (eos,) = tok.eos_token_ids
     pushed = {str(eos): 100}  # the model now wants to stop at once
     now = chat(client, max_tokens=20, temperature=1.0, seed=2, logit_bias=pushed)
@@ -100,7 +125,7 @@ def test_min_tokens_holds_back_eos(client: openai.OpenAI, tok: TextTokenizer) ->
         assert (out.choices[0].finish_reason, out.usage.completion_tokens) == ("stop", 6)
 
 
-def test_min_tokens_holds_back_stop_token_ids(client: openai.OpenAI, tok: TextTokenizer) -> None:
+def test_min_tokens_holds_back_stop_token_ids(client: Client, tok: TextTokenizer) -> None:
     y = token(tok, "y")
     out = complete(
         client, max_tokens=20, temperature=0, logit_bias={str(y): 100}, stop_token_ids=[y], min_tokens=3, logprobs=0
@@ -110,7 +135,8 @@ def test_min_tokens_holds_back_stop_token_ids(client: openai.OpenAI, tok: TextTo
     assert "y" not in names[:3] and names[3] == "y"
 
 
-def test_bad_words_never_come_out(client: openai.OpenAI, tok: TextTokenizer) -> None:
+def test_bad_words_never_come_out(dialect_client: tuple[Client, TextTokenizer]) -> None:
+    client, tok = dialect_client
     y = token(tok, "y")
     pushed = {"max_tokens": 12, "temperature": 1.0, "seed": 4, "logit_bias": {str(y): 100}}
     # a one-token bad word is always banned: the +100 bias has nothing left to push
@@ -124,7 +150,7 @@ def test_bad_words_never_come_out(client: openai.OpenAI, tok: TextTokenizer) -> 
     assert len(chat_text) > 0 and "y" not in chat_text
 
 
-def test_frequency_and_presence_penalties_spread_greedy_choices(client: openai.OpenAI, tok: TextTokenizer) -> None:
+def test_frequency_and_presence_penalties_spread_greedy_choices(client: Client, tok: TextTokenizer) -> None:
     a, b = token(tok, "a"), token(tok, "b")
     greedy = {"max_tokens": 8, "temperature": 0}
     plain = tokens(client, allowed_token_ids=[a, b], **greedy)
@@ -146,7 +172,7 @@ def test_frequency_and_presence_penalties_spread_greedy_choices(client: openai.O
     assert sorted(spread) == list("abcdefgh")
 
 
-def test_repetition_penalty_and_min_p_are_accepted(client: openai.OpenAI) -> None:
+def test_repetition_penalty_and_min_p_are_accepted(client: Client) -> None:
     fields = {"presence_penalty": 1.5, "frequency_penalty": -0.5, "repetition_penalty": 1.3, "min_p": 0.1}
     for out in (
         chat(client, max_tokens=8, temperature=0.8, seed=3, **fields),

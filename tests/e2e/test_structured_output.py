@@ -1,5 +1,6 @@
 """Structured output through the real server: the tiny model has random weights, so only the
-grammar can make its output valid. Requests run concurrently, so masks are batched in steps."""
+grammar can make its output valid. Requests run concurrently, so masks are batched in steps.
+The chat tests run on both served dialects (conftest.Dialect)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ import httpx
 import jsonschema
 import openai
 import pytest
+
+from tests.e2e.conftest import Dialect
 
 MODEL = "omni-tiny"
 ASK = [{"role": "user", "content": "Answer in the format asked for."}]
@@ -75,12 +78,13 @@ def _client(server: str) -> openai.AsyncOpenAI:
     return openai.AsyncOpenAI(base_url=f"{server}/v1", api_key="none", max_retries=0, timeout=120)
 
 
-async def test_fifty_json_schema_requests_all_validate(server: str) -> None:
-    client = _client(server)
+async def test_fifty_json_schema_requests_all_validate(dialect: Dialect) -> None:
+    client = _client(dialect.base)
+    on = {"model": dialect.model, "extra_body": dialect.chat}
     jobs = []
     for s, (name, schema) in enumerate(SCHEMAS.items()):
         fmt = {"type": "json_schema", "json_schema": {"name": name, "schema": schema, "strict": True}}
-        jobs += [(name, _chat(client, stream=i % 2 == 1, seed=100 * s + i, response_format=fmt)) for i in range(10)]
+        jobs += [(name, _chat(client, stream=i % 2 == 1, seed=100 * s + i, response_format=fmt, **on)) for i in range(10)]
     results = await asyncio.gather(*(job for _, job in jobs))
     assert len(results) == 50
     for (name, _), (text, finish) in zip(jobs, results):
@@ -90,12 +94,13 @@ async def test_fifty_json_schema_requests_all_validate(server: str) -> None:
     assert len({text for text, _ in results}) > 25
 
 
-async def test_regex_and_choice_and_vllm_field_names(server: str) -> None:
-    client = _client(server)
+async def test_regex_and_choice_and_vllm_field_names(dialect: Dialect) -> None:
+    client = _client(dialect.base)
     regex = r"[0-9]{3}-[a-z]{2,4}"
     choices = ["yes", "no", "maybe later"]
-    jobs = [_chat(client, stream=i % 2 == 1, seed=i, extra_body={"structured_outputs": {"regex": regex}}) for i in range(10)]
-    jobs += [_chat(client, stream=i % 2 == 1, seed=i, extra_body={"guided_choice": choices}) for i in range(10)]
+    regexed, chosen = dialect.chat | {"structured_outputs": {"regex": regex}}, dialect.chat | {"guided_choice": choices}
+    jobs = [_chat(client, stream=i % 2 == 1, seed=i, model=dialect.model, extra_body=regexed) for i in range(10)]
+    jobs += [_chat(client, stream=i % 2 == 1, seed=i, model=dialect.model, extra_body=chosen) for i in range(10)]
     results = await asyncio.gather(*jobs)
     for text, finish in results[:10]:
         assert re.fullmatch(regex, text) and finish == "stop", text
@@ -127,12 +132,13 @@ def test_a_schema_that_does_not_compile_is_a_400_and_the_server_goes_on(server: 
     assert ok.choices[0].finish_reason == "length"
 
 
-async def test_fifty_json_object_requests_all_parse(server: str) -> None:
+async def test_fifty_json_object_requests_all_parse(dialect: Dialect) -> None:
     """Any JSON object has no length bound: what keeps a random model's answer parseable is the
     closer, which ends the object within max_tokens (finish_reason "length" when it had to)."""
-    client = _client(server)
+    client = _client(dialect.base)
     fmt = {"type": "json_object"}
-    jobs = [_chat(client, stream=i % 2 == 1, seed=i, response_format=fmt, max_tokens=40 + i) for i in range(50)]
+    on = {"model": dialect.model, "extra_body": dialect.chat}
+    jobs = [_chat(client, stream=i % 2 == 1, seed=i, response_format=fmt, max_tokens=40 + i, **on) for i in range(50)]
     results = await asyncio.gather(*jobs)
     finishes = []
     for text, finish in results:

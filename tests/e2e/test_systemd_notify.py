@@ -1,9 +1,8 @@
-"""The server under a fake systemd: a unix datagram socket as NOTIFY_SOCKET, a 1 s watchdog."""
+"""The server under a fake systemd: a unix datagram socket as NOTIFY_SOCKET, a 1 s watchdog.
+What it sends and in which order; the ping interval is a unit test's (tests/omni/cli/test_sd_notify.py)."""
 
 from __future__ import annotations
 
-import os
-import signal
 import socket
 import threading
 import time
@@ -74,7 +73,6 @@ def test_ready_watchdog_and_stopping(tiny_model_dir: Path, tmp_path: Path, monke
     env = {"NOTIFY_SOCKET": str(tmp_path / "notify"), "WATCHDOG_USEC": str(WATCHDOG_USEC)}
     try:
         with e2e_server.running_server("--model", f"omni-tiny={tiny_model_dir}", env=env) as base:
-            pid = e2e_server.PROCESSES[base].pid
             deadline = time.monotonic() + 30
             while "READY=1" not in fake.lines() and time.monotonic() < deadline:
                 time.sleep(0.05)
@@ -83,27 +81,12 @@ def test_ready_watchdog_and_stopping(tiny_model_dir: Path, tmp_path: Path, monke
             assert fake.health_at_ready == 200  # READY=1 only once /health is 200
             assert "STATUS=serving 1 model" in lines
 
-            time.sleep(2.0)
-            now = time.monotonic()
-            steady = fake.pings(now - 2.0, now)
-            assert 2 <= len(steady) <= 5, steady  # every 0.5 s
-            gaps = [b - a for a, b in zip(steady, steady[1:])]
-            assert all(0.3 < g < 1.0 for g in gaps), gaps  # under WATCHDOG_USEC
-
-            # A stopped process runs no event loop: no pings until it continues.
-            os.kill(pid, signal.SIGSTOP)
-            stopped_at = time.monotonic()
-            time.sleep(2.0)
-            os.kill(pid, signal.SIGCONT)
-            resumed_at = time.monotonic()
-            time.sleep(1.5)
-            assert fake.pings(stopped_at + 0.05, resumed_at) == []
-            after = fake.pings(resumed_at)
-            assert len(after) >= 2, after
-            assert after[0] - resumed_at < 0.6
-            print(f"ping gaps {[round(g, 3) for g in gaps]}; block {resumed_at - stopped_at:.2f} s, "
-                  f"last ping before {stopped_at - fake.pings(0, stopped_at)[-1]:.2f} s, "
-                  f"first after {after[0] - resumed_at:.3f} s")
+            # The pings come, from the served process's loop, at WATCHDOG_USEC's half: how
+            # often is tests/omni/cli/test_sd_notify.py's (no wall clock here, only a hang guard).
+            deadline = time.monotonic() + 30
+            while len(fake.pings()) < 2 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert len(fake.pings()) >= 2, fake.lines()
             assert _health(base) == 200
         # running_server sent SIGTERM and waited for the exit.
         lines = fake.lines()

@@ -10,7 +10,7 @@ import asyncio
 import json
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import httpx
 import jsonschema
@@ -18,6 +18,7 @@ import openai
 import pytest
 
 from omni.text.tokenizer import TextTokenizer
+from tests.e2e.conftest import SKIP_REASONING
 from tests.e2e.server import running_server
 
 MODEL = "omni-tiny"
@@ -93,12 +94,28 @@ def plain_server(tiny_model_dir: Path) -> Iterator[str]:
         yield base
 
 
-@pytest.fixture(params=["hyperclovax", "hermes"])
-def fmt(request: pytest.FixtureRequest, server: str) -> tuple[str, str]:
-    """(parser name, base URL) of a server per tool-call format."""
+class Fmt(NamedTuple):
+    """A server per tool-call format: its parser, base URL and model; its checkpoint (for the
+    tokenizer the tests render with), and what every chat request adds on it."""
+
+    parser: str
+    base: str
+    model_dir: Path
+    model: str = MODEL
+    chat: dict[str, Any] = {}
+
+
+@pytest.fixture(params=["hyperclovax", "hermes", "published"])
+def fmt(request: pytest.FixtureRequest, server: str, tiny_model_dir: Path) -> Fmt:
+    """The bare checkpoint on its own template (the reference format) and on Hermes', and the
+    published-layout default bin/omni-serve serves (the reference format under the reference
+    template; its reasoning skipped, which random weights would never close)."""
     if request.param == "hermes":
-        return "hermes", request.getfixturevalue("hermes_server")
-    return "hyperclovax", server
+        return Fmt("hermes", request.getfixturevalue("hermes_server"), tiny_model_dir)
+    if request.param == "published":
+        published = request.getfixturevalue("speaking_server"), request.getfixturevalue("omni_dir")
+        return Fmt("hyperclovax", *published, "omni", SKIP_REASONING)
+    return Fmt("hyperclovax", server, tiny_model_dir)
 
 
 # Room for a few parallel calls: "required" lets the model make as many as it likes, and the
@@ -110,9 +127,11 @@ def _client(base: str) -> openai.AsyncOpenAI:
     return openai.AsyncOpenAI(base_url=f"{base}/v1", api_key="none", max_retries=0, timeout=120)
 
 
-async def _call(client: openai.AsyncOpenAI, stream: bool, **fields: Any) -> dict[str, Any]:
+async def _call(client: openai.AsyncOpenAI, stream: bool, on: Fmt | None = None, **fields: Any) -> dict[str, Any]:
     """The reply as one dict: content, finish_reason, and the tool calls (streamed deltas joined)."""
     kw: dict[str, Any] = dict(model=MODEL, messages=ASK, tools=TOOLS, temperature=1.0) | {"max_tokens": 200, **fields}
+    if on is not None:
+        kw |= {"model": on.model, "extra_body": on.chat | kw.get("extra_body", {})}
     if not stream:
         out = await client.chat.completions.create(**kw)
         choice = out.choices[0]
@@ -148,13 +167,13 @@ def _check_calls(reply: dict[str, Any], names: set[str]) -> None:
     assert not any(m in (reply["content"] or "") for m in MARKUP), reply
 
 
-async def test_required_and_named_calls_always_validate(fmt: tuple[str, str]) -> None:
-    parser, base = fmt
+async def test_required_and_named_calls_always_validate(fmt: Fmt) -> None:
+    parser, base = fmt.parser, fmt.base
     client = _client(base)
     named = {"type": "function", "function": {"name": "get_time"}}
     limit = MAX_TOKENS[parser]
-    jobs = [_call(client, stream=i % 2 == 1, seed=i, tool_choice="required", max_tokens=limit) for i in range(20)]
-    jobs += [_call(client, stream=i % 2 == 1, seed=100 + i, tool_choice=named, max_tokens=limit) for i in range(20)]
+    jobs = [_call(client, on=fmt, stream=i % 2 == 1, seed=i, tool_choice="required", max_tokens=limit) for i in range(20)]
+    jobs += [_call(client, on=fmt, stream=i % 2 == 1, seed=100 + i, tool_choice=named, max_tokens=limit) for i in range(20)]
     replies = await asyncio.gather(*jobs)
     for reply in replies[:20]:
         _check_calls(reply, {"get_weather", "get_time"})
@@ -166,17 +185,17 @@ async def test_required_and_named_calls_always_validate(fmt: tuple[str, str]) ->
 
 
 
-async def test_a_call_cut_by_max_tokens_is_a_call_with_what_it_wrote(fmt: tuple[str, str]) -> None:
+async def test_a_call_cut_by_max_tokens_is_a_call_with_what_it_wrote(fmt: Fmt) -> None:
     """A forced call the length limit cuts comes back as a tool call with its arguments as far
     as written and finish_reason length, streamed or not, with no markup in the content."""
-    parser, base = fmt
+    parser, base = fmt.parser, fmt.base
     client = _client(base)
     named = {"type": "function", "function": {"name": "get_weather"}}
     sizes = (3, 6, 12) if parser == "hyperclovax" else (4, 12, 24)  # the last one writes the name whole
     for choice in ("required", named):
         for max_tokens in sizes:
             whole, streamed = await asyncio.gather(
-                *(_call(client, stream, seed=1, tool_choice=choice, max_tokens=max_tokens) for stream in (False, True))
+                *(_call(client, stream, on=fmt, seed=1, tool_choice=choice, max_tokens=max_tokens) for stream in (False, True))
             )
             for reply in (whole, streamed):
                 assert reply["finish"] == "length", reply
@@ -188,40 +207,40 @@ async def test_a_call_cut_by_max_tokens_is_a_call_with_what_it_wrote(fmt: tuple[
             if max_tokens == sizes[-1] and choice is named:
                 assert whole["calls"] and whole["calls"][0]["name"] == "get_weather", whole
 
-async def test_one_call_only_without_parallel_tool_calls(fmt: tuple[str, str]) -> None:
-    client = _client(fmt[1])
+async def test_one_call_only_without_parallel_tool_calls(fmt: Fmt) -> None:
+    client = _client(fmt.base)
     replies = await asyncio.gather(
-        *(_call(client, stream=i % 2 == 1, seed=i, tool_choice="required", parallel_tool_calls=False) for i in range(6))
+        *(_call(client, on=fmt, stream=i % 2 == 1, seed=i, tool_choice="required", parallel_tool_calls=False) for i in range(6))
     )
     for reply in replies:
         _check_calls(reply, {"get_weather", "get_time"})
         assert len(reply["calls"]) == 1
 
 
-async def test_streamed_and_whole_replies_are_equal(fmt: tuple[str, str]) -> None:
-    client = _client(fmt[1])
+async def test_streamed_and_whole_replies_are_equal(fmt: Fmt) -> None:
+    client = _client(fmt.base)
     for seed in range(3):
         whole, streamed = await asyncio.gather(
-            _call(client, stream=False, seed=seed, tool_choice="required", max_tokens=MAX_TOKENS[fmt[0]]),
-            _call(client, stream=True, seed=seed, tool_choice="required", max_tokens=MAX_TOKENS[fmt[0]]),
+            _call(client, on=fmt, stream=False, seed=seed, tool_choice="required", max_tokens=MAX_TOKENS[fmt.parser]),
+            _call(client, on=fmt, stream=True, seed=seed, tool_choice="required", max_tokens=MAX_TOKENS[fmt.parser]),
         )
         strip = lambda r: [(c["name"], c["arguments"]) for c in r["calls"]]  # noqa: E731  # ids differ
         assert strip(whole) == strip(streamed) and whole["content"] == streamed["content"]
 
 
-async def test_tool_choice_none_makes_no_call(fmt: tuple[str, str], tiny_model_dir: Path) -> None:
+async def test_tool_choice_none_makes_no_call(fmt: Fmt) -> None:
     """A bias that makes the model open a call at once: with "auto" it does (and the call grammar,
     switched on by that token, makes it well formed); with "none" it cannot."""
-    tok = TextTokenizer.from_dir(tiny_model_dir)
+    tok = TextTokenizer.from_dir(fmt.model_dir)
     bias = {str(tok.token_to_id("<tool_call>")): 100}
-    client = _client(fmt[1])
+    client = _client(fmt.base)
     autos = await asyncio.gather(
-        *(_call(client, stream=i % 2 == 1, seed=i, tool_choice="auto", logit_bias=bias, max_tokens=MAX_TOKENS[fmt[0]]) for i in range(4))
+        *(_call(client, on=fmt, stream=i % 2 == 1, seed=i, tool_choice="auto", logit_bias=bias, max_tokens=MAX_TOKENS[fmt.parser]) for i in range(4))
     )
     for auto in autos:
         _check_calls(auto, {"get_weather", "get_time"})
     replies = await asyncio.gather(
-        *(_call(client, stream=i % 2 == 1, seed=i, tool_choice="none", logit_bias=bias, max_tokens=8) for i in range(6))
+        *(_call(client, on=fmt, stream=i % 2 == 1, seed=i, tool_choice="none", logit_bias=bias, max_tokens=8) for i in range(6))
     )
     for reply in replies:
         assert reply["calls"] == [] and reply["finish"] != "tool_calls"
@@ -232,12 +251,12 @@ def _render(tok: TextTokenizer, template: str | None, messages: list[dict[str, A
     return len(tok.apply_chat_template(messages, tools=TOOLS, chat_template=template))
 
 
-async def test_the_call_and_its_result_render_into_the_next_prompt(fmt: tuple[str, str], tiny_model_dir: Path) -> None:
-    parser, base = fmt
-    tok = TextTokenizer.from_dir(tiny_model_dir)
+async def test_the_call_and_its_result_render_into_the_next_prompt(fmt: Fmt) -> None:
+    parser, base = fmt.parser, fmt.base
+    tok = TextTokenizer.from_dir(fmt.model_dir)
     template = (TEMPLATES / "hermes.jinja").read_text() if parser == "hermes" else None
     client = _client(base)
-    first = await _call(client, stream=False, seed=7, tool_choice="required", parallel_tool_calls=False)
+    first = await _call(client, on=fmt, stream=False, seed=7, tool_choice="required", parallel_tool_calls=False)
     call = first["calls"][0]
     turn = {
         "role": "assistant",
@@ -245,7 +264,7 @@ async def test_the_call_and_its_result_render_into_the_next_prompt(fmt: tuple[st
         "tool_calls": [{"id": call["id"], "type": "function", "function": {"name": call["name"], "arguments": call["arguments"]}}],
     }
     result = {"role": "tool", "tool_call_id": call["id"], "content": '{"ok": true}'}
-    out = await client.chat.completions.create(model=MODEL, messages=[*ASK, turn, result], tools=TOOLS, max_tokens=1)
+    out = await client.chat.completions.create(model=fmt.model, messages=[*ASK, turn, result], tools=TOOLS, max_tokens=1)
     # The template renders the call with its arguments as an object, as Hugging Face templates expect.
     parsed_turn = turn | {"tool_calls": [{**turn["tool_calls"][0], "function": {"name": call["name"], "arguments": json.loads(call["arguments"])}}]}
     expected = _render(tok, template, [*ASK, parsed_turn, result])

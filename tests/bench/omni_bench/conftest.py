@@ -1,7 +1,7 @@
 """A small fake OpenAI server for omni-bench's end-to-end tests.
 
-Every reply streams max_tokens content chunks ("r<serial>t<i> "), delay_s apart, after a
-role-only opening chunk, then a finish chunk and a usage chunk where prompt_tokens is
+Every reply streams max_tokens content chunks ("r<serial>t<i> "), delay_s apart (held after
+hold_after of them, if set, until the test ends), after a role-only opening chunk, then a finish chunk and a usage chunk where prompt_tokens is
 the number of words in the prompt and cached_tokens half of it (rounded down).
 """
 
@@ -25,6 +25,10 @@ class FakeServer:
     delay_s: float = 0.002
     fail_every: int | None = None  # every k-th request (1-based) gets HTTP 429
     stream_error_every: int | None = None  # every k-th request breaks off with an error event
+    # A gate: each reply stops after this many content chunks until `release` is set (the
+    # fixture sets it at the end), so a run can only end by its own timeout.
+    hold_after: int | None = None
+    release: asyncio.Event = field(default_factory=asyncio.Event)
     bodies: list[dict[str, Any]] = field(default_factory=list)
     replies: dict[bytes, str] = field(default_factory=dict)  # orjson(messages or prompt) -> reply
     headers: list[dict[str, str]] = field(default_factory=list)
@@ -78,6 +82,8 @@ class FakeServer:
         await send({"id": f"c{serial}", "choices": [choice(None)]})
         pieces = [f"r{serial}t{i} " for i in range(body["max_tokens"])]
         for i, piece in enumerate(pieces):
+            if i == self.hold_after:
+                await self.release.wait()
             await asyncio.sleep(self.delay_s)
             if self.stream_error_every and serial % self.stream_error_every == 0 and i == 1:
                 await send({"error": {"message": "engine died", "type": "internal_error", "code": 500}})
@@ -103,4 +109,5 @@ async def fake_server() -> AsyncIterator[FakeServer]:
     try:
         yield fake
     finally:
+        fake.release.set()
         await server.close()

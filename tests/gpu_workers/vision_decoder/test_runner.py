@@ -6,7 +6,6 @@ spells longer than its collective timeout (review A1)."""
 from __future__ import annotations
 
 import asyncio
-import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -81,17 +80,18 @@ async def test_a_two_rank_worker_streams_previews_then_the_images(tmp_path: Path
     assert isinstance(again[-1], protocol.DecodeResult) and again[-1].images[0].data == drawn.data
 
 
-def _cpu_seconds(pid: int | None) -> float:
+def _state(pid: int | None) -> str:
+    """The process's main thread's scheduler state: R running, S sleeping in a wait, ..."""
     with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+        return f.read().rsplit(")", 1)[1].split()[0]
 
 
 async def test_an_idle_group_outlives_its_collective_timeout(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Review A1: the follower used to wait for its next batch inside a broadcast of the
     collective group, whose timeout (300 s; 5 s here) ended the idle rank and with it the
     group. Now it waits on the hand-off group: three timeouts' worth of idleness later the
-    same processes draw the image, and the follower spent the wait blocked, not spinning."""
+    same processes draw the image, and the follower spends the wait blocked in the kernel (its
+    main thread sleeping, S), not spinning (R): a state, not a CPU share of a busy host."""
     timeout_s = 5.0
     monkeypatch.setenv(TIMEOUT_ENV, str(timeout_s))  # the ranks inherit it (spawn)
     checkpoint = make_tiny_vision_decoder(tmp_path / "vision_decoder", seed=2, codebook=torch.randn(64, 16))
@@ -100,12 +100,9 @@ async def test_an_idle_group_outlives_its_collective_timeout(tmp_path: Path, mon
     await worker.start(timeout=120)
     try:
         pids = worker.pids
-        follower_cpu = _cpu_seconds(pids[1])
-        idle_s = 3 * timeout_s + 1
-        await asyncio.sleep(idle_s)
+        await asyncio.sleep(3 * timeout_s + 1)  # the idle spell itself: what is tested, not a sync
         assert worker.is_alive and worker.pids == pids  # no rank left the group
-        spent = _cpu_seconds(pids[1]) - follower_cpu
-        assert spent < 0.2 * idle_s, f"the idle follower used {spent:.1f} s of CPU in {idle_s:.0f} s"
+        assert _state(pids[1]) == "S", "the idle follower is not blocked in a wait"
         await worker.send(protocol.DecodeImages(1, [protocol.ImageJob(1, CODES, 144, 80, 2, seed=3)]))
         replies = await _until_result(worker)
     finally:

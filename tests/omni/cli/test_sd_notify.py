@@ -67,23 +67,47 @@ def test_watchdog_interval(usec: str, pid: str | None, interval: float | None) -
     assert Notifier.from_env(env, pid=4242).watchdog_interval == interval
 
 
-def test_pings_only_while_healthy(listener) -> None:  # type: ignore[no-untyped-def]
-    path, sock = listener
-    notifier = Notifier(path, watchdog_interval=0.01)
-    healthy = iter([True, False, True])
-
-    async def three_turns() -> None:
-        task = asyncio.create_task(notifier.ping_watchdog(lambda: next(healthy, False)))
-        await asyncio.sleep(0.2)
-        task.cancel()
-
-    asyncio.run(three_turns())
-    sock.settimeout(0.1)
+def _received(sock: socket.socket) -> list[bytes]:
+    """Every datagram already delivered to sock (a local datagram is queued when sent)."""
+    sock.setblocking(False)
     got = []
     while True:
         try:
             got.append(sock.recv(4096))
-        except TimeoutError:
-            break
-    assert got == [b"WATCHDOG=1", b"WATCHDOG=1"]
+        except BlockingIOError:
+            return got
+
+
+def test_pings_only_while_healthy_and_sleeps_the_interval_between(listener, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Three turns of the ping loop, healthy, not, healthy: two pings, and a sleep of the
+    interval after each turn. The turns are counted, not timed: the test's sleep records its
+    argument and the third health check ends the loop."""
+    path, sock = listener
+    notifier = Notifier(path, watchdog_interval=0.5)
+    health = [True, False, True]
+    slept: list[float] = []
+    real_sleep = asyncio.sleep
+
+    async def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        await real_sleep(0)
+
+    monkeypatch.setattr("omni.cli.sd_notify.asyncio.sleep", sleep)
+
+    async def three_turns() -> None:
+        turns = asyncio.Event()
+
+        def healthy() -> bool:
+            if len(health) == 1:
+                turns.set()
+            return health.pop(0)
+
+        task = asyncio.create_task(notifier.ping_watchdog(healthy))
+        await turns.wait()  # set on the third check; its ping is sent before the loop yields
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+    asyncio.run(three_turns())
+    assert _received(sock) == [b"WATCHDOG=1", b"WATCHDOG=1"]
+    assert slept[:2] == [0.5, 0.5]
     notifier.close()

@@ -6,6 +6,7 @@ leaves the device unusable: then the worker exits and is restarted (review A3)."
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import signal
 from collections.abc import AsyncIterator, Callable
@@ -149,3 +150,27 @@ async def test_a_cuda_error_restarts_the_worker_and_other_errors_fail_one_job(wo
         assert await asyncio.wait_for(engine.probe(2), 30) == 2 * sum(range(1, world_size + 1))
     finally:
         await engine.stop()
+
+
+async def test_a_clean_stop_of_a_group_logs_no_error(caplog: pytest.LogCaptureFixture) -> None:
+    """stop() asks the group to exit, and a follower may exit before its leader: its lifeline
+    closes as when a rank dies, but that is the stop, not a fault, so nothing is logged at
+    ERROR (a clean SIGTERM of the server logged "a rank of its group exited" for its image
+    decoder group). The order is forced: the leader is held (SIGSTOP) while the follower goes."""
+    engine = ProbeEngine(world_size=2)
+    await engine.start()
+    leader, follower = engine.worker.pids
+    assert leader is not None and follower is not None
+    os.kill(leader, signal.SIGSTOP)
+    try:
+        with caplog.at_level(logging.INFO):
+            stopping = asyncio.ensure_future(engine.stop())
+            # its loop cancelled, stop() goes on to the worker's stop (no await in between)
+            await until(lambda: engine._task is not None and engine._task.done(), timeout=30)
+            os.kill(follower, signal.SIGKILL)  # the follower is gone first, its leader still there
+            await until(lambda: engine.worker._dead, timeout=30)  # its lifeline's EOF was read
+    finally:
+        os.kill(leader, signal.SIGKILL)  # stop() ends the wait for it and joins it
+    await asyncio.wait_for(stopping, 60)
+    assert "a rank of its group exited while it stops" in caplog.text
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []

@@ -46,17 +46,42 @@ def test_the_line_sums_workers_and_takes_rates_over_the_interval() -> None:
     )
 
 
-async def test_an_idle_model_logs_once_then_waits_for_traffic(caplog: pytest.LogCaptureFixture) -> None:
+async def test_an_idle_model_logs_once_then_waits_for_traffic(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The loop's ticks are the test's: its sleep waits for tick(), which returns once the loop
+    has logged (or not) and sleeps again. Counted turns, not wall time."""
     registry, s = _registry()
     s["prompt"].labels("m", "0").inc(0)  # the series exists, idle
     caplog.set_level(logging.INFO, logger="omni.stats")
+    real_sleep = asyncio.sleep
+    ticks: asyncio.Queue[None] = asyncio.Queue()
+    sleeps = 0
+
+    async def sleep(seconds: float) -> None:
+        nonlocal sleeps
+        sleeps += 1
+        await ticks.get()
+
+    async def tick() -> None:
+        before = sleeps
+        ticks.put_nowait(None)
+        while sleeps == before:  # until the turn is done and the loop sleeps again
+            await real_sleep(0)
+
+    monkeypatch.setattr("omni.http.stats_line.asyncio.sleep", sleep)
     task = asyncio.create_task(log_stats_forever(registry, 0.02))
-    await asyncio.sleep(0.15)
+    while sleeps == 0:
+        await real_sleep(0)
+    for _ in range(3):
+        await tick()
     idle_lines = [r.message for r in caplog.records]
     s["generation"].labels("m", "0").inc(10)
-    await asyncio.sleep(0.1)
+    for _ in range(2):
+        await tick()
     task.cancel()
     lines = [r.message for r in caplog.records]
     assert len(idle_lines) == 1 and "generation 0.0 tokens/s" in idle_lines[0]
     busy = [line for line in lines[1:] if "generation 0.0" not in line]
     assert len(busy) == 1 and busy[0].startswith("m: prompt 0.0 tokens/s, generation ")
+    assert len(lines) == 3  # idle once, busy, then idle once again
