@@ -10,7 +10,7 @@ token id in advance. Every message crosses protocol.encode/decode, as on the pip
 Its failures are scripted: `die_on_step` (the process exits once that step is sent, before it
 answers), `error_on_step` (it answers with a WorkerError), `fail` (a request dropped before its
 forward, a FailedRequest) and `gate` (it answers only once the test opens it, so the test acts
-while a step is in flight).
+while a step is in flight; with one_step_a_gate, one step per opening).
 """
 
 from __future__ import annotations
@@ -46,6 +46,7 @@ class FakeLLMWorker:
     error_on_step: set[int] = field(default_factory=set)
     fail: dict[str, str] = field(default_factory=dict)  # request id -> the reason, in its next step
     gate: asyncio.Event | None = None  # set: steps are answered; clear: held until set
+    one_step_a_gate: bool = False  # the gate closes again behind each step it lets through
     sent: list[Any] = field(default_factory=list)  # every message the engine sent, decoded
     starts: int = 0
     held: dict[str, _Held] = field(default_factory=dict)  # the requests the worker holds
@@ -102,6 +103,8 @@ class FakeLLMWorker:
             raise WorkerDied(f"{self.label} exited (code 1)")
         if self.gate is not None:
             await self.gate.wait()
+            if self.one_step_a_gate:
+                self.gate.clear()
         reply = self.answer(step)
         return protocol.decode(protocol.encode(reply))
 
