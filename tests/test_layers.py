@@ -552,7 +552,6 @@ UNMIRRORED: dict[str, str] = {
     "omni/modalities/inputs/encoder_cache.py": "tests/omni/modalities/inputs/test_pipeline.py",
     "omni/modalities/inputs/items.py": "tests/omni/modalities/inputs/test_pipeline.py",
     "omni/modalities/inputs/placeholders.py": "tests/omni/modalities/inputs/test_pipeline.py, tests/e2e/test_media.py",
-    "omni/modalities/outputs/audio.py": "tests/e2e/test_chat_audio.py and tests/e2e/test_speech.py",
     "omni/serving/image_edits.py": "tests/e2e/test_image_edits.py (the lifecycle on real workers)",
     "omni/serving/chat_turns.py": "tests/omni/serving/requests/test_chat.py and test_images.py beside it",
     "omni/serving/choice_constraints.py": "tests/e2e/test_structured_output.py, test_tools.py and test_reasoning.py",
