@@ -108,7 +108,7 @@ async def test_leaving_interleave_early_aborts_every_choice(tokenizer: TextToken
     outputs = [output(tokenizer, p, f"c{i}") for i, p in enumerate(pools)]
     async with aclosing(interleave(outputs)) as deltas:
         index, delta = await anext(deltas)
-        assert delta.text == "Hello"
+        assert (index, delta.text) in [(0, "Hello"), (1, "Hello")]
     assert [[rid for rid, _ in p.aborted] for p in pools] == [["c0"], ["c1"]]
 
 
