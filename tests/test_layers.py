@@ -546,8 +546,6 @@ UNMIRRORED: dict[str, str] = {
     "omni/serving/chat_turns.py": "tests/omni/serving/requests/test_chat.py and test_images.py beside it",
     "omni/serving/choice_constraints.py": "tests/e2e/test_structured_output.py, test_tools.py and test_reasoning.py",
     "omni/serving/spoken.py": "tests/e2e/test_chat_audio.py",
-    "omni/text/constrained/constraint.py": "tests/omni/text/constrained/test_reasoning_budget.py and beside it",
-    "omni/text/constrained/spec.py": "tests/omni/text/constrained/test_compiler.py",
     "gpu_workers/artifacts.py": "tests/gpu_workers/runners/test_encoder.py and test_llm_media.py",
     "gpu_workers/attention/backend.py": "tests/gpu_workers/attention/test_backends.py",
     "gpu_workers/attention/flash_attn_backend.py": "tests/gpu_workers/attention/test_backends.py, given flash-attn",
