@@ -543,7 +543,6 @@ UNMIRRORED: dict[str, str] = {
     "omni/http/handlers/transcriptions.py": "tests/omni/serving/requests/test_transcriptions.py",
     "omni/http/state.py": "the app's typed keys only, no behaviour",
     "omni/serving/image_edits.py": "tests/e2e/test_image_edits.py (the lifecycle on real workers)",
-    "omni/serving/spoken.py": "tests/e2e/test_chat_audio.py",
     "gpu_workers/artifacts.py": "tests/gpu_workers/runners/test_encoder.py and test_llm_media.py",
     "gpu_workers/attention/backend.py": "tests/gpu_workers/attention/test_backends.py",
     "gpu_workers/attention/flash_attn_backend.py": "tests/gpu_workers/attention/test_backends.py, given flash-attn",
