@@ -533,7 +533,6 @@ UNMIRRORED: dict[str, str] = {
     "omni/__main__.py": "two lines calling omni.cli.main.main (see omni/cli/main.py's entry)",
     "omni/cli/main.py": "the serving entry point, run as a process by tests/e2e/test_operations.py and tests/e2e/test_failures.py",
     "omni/http/handlers/images.py": "tests/e2e/test_images.py",
-    "omni/http/handlers/speech.py": "tests/e2e/test_speech.py",
     "omni/http/state.py": "the app's typed keys only, no behaviour",
     "omni/serving/image_edits.py": "tests/e2e/test_image_edits.py (the lifecycle on real workers)",
     "gpu_workers/artifacts.py": "tests/gpu_workers/runners/test_encoder.py and test_llm_media.py",
