@@ -27,7 +27,7 @@ from omni.shared.store.local import LocalStore
 from omni.text.constrained.constraint import allowed_tokens, fill_masks
 from omni.text.tokenizer import TextTokenizer
 from tests.omni.fake_pool import FakePool
-from tests.omni.modalities.outputs.test_audio import VOICES, FakeDecoder
+from tests.omni.modalities.outputs.fake_vocoder import VOICES, FakeDecoder
 
 
 @dataclass

@@ -22,7 +22,7 @@ from omni.shared.store.local import LocalStore
 from omni.text.tokenizer import TextTokenizer
 from scheduler.request import SamplingParams
 from tests.omni.fake_pool import FakePool
-from tests.omni.modalities.outputs.test_audio import FakeDecoder
+from tests.omni.modalities.outputs.fake_vocoder import FakeDecoder
 
 EOS = 1282
 

@@ -32,7 +32,7 @@ from omni.shared.store.local import LocalStore
 from omni.text.tokenizer import TextTokenizer
 from scheduler.request import Request
 from tests.omni.fake_pool import FakeStream, SamplingPool
-from tests.omni.modalities.outputs.test_audio import VOICES, FakeDecoder
+from tests.omni.modalities.outputs.fake_vocoder import VOICES, FakeDecoder
 
 
 class Vocoder(FakeDecoder):

@@ -5,7 +5,6 @@ kept in the store. The vocoder is a fake that records each chunk it is sent."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import cast
 
@@ -25,49 +24,15 @@ from omni.modalities.outputs.audio import (
     speaker_voice,
     store_spoken,
 )
-from omni.shared import protocol
 from omni.shared.store.local import LocalStore
 from omni.text.constrained.audio_span import AudioSpanFormat
 from omni.text.tokenizer import TextTokenizer
 from scheduler.request import SamplingParams
 from tests.omni.fake_pool import FakePool
+from tests.omni.modalities.outputs.fake_vocoder import VOICES, FakeDecoder
 
 START, END, FIRST_UNIT = 2000, 2001, 3000
 FORMAT = AudioSpanFormat(START, END, FIRST_UNIT, num_units=100)
-VOICES = ["mhwj", "fkms", "nara", "jinho"]
-
-
-@dataclass
-class FakeSink:
-    """One vocoder stream: each chunk's units in order; the samples are the units as float32."""
-
-    voice: int | None = None
-    chunks: list[tuple[list[int], bool]] = field(default_factory=list)
-    closed: bool = False
-
-    async def decode(self, units: list[int], *, last: bool = False) -> bytes:
-        self.chunks.append((list(units), last))
-        return np.asarray(units, dtype="<f4").tobytes()
-
-    def close(self) -> None:
-        self.closed = True
-
-
-@dataclass
-class FakeDecoder:
-    """AudioDecoderEngine's face to ModelAudio: its ready message, and streams it opens."""
-
-    info: protocol.AudioDecoderReady | None = field(
-        default_factory=lambda: protocol.AudioDecoderReady(0, "cpu", 16000, 640, 100, list(VOICES), False)
-    )
-    ready: bool = True
-    opened: list[tuple[int, bytes | None]] = field(default_factory=list)
-    sinks: list[FakeSink] = field(default_factory=list)
-
-    def open_stream(self, speaker: int = 0, embedding: bytes | None = None) -> FakeSink:
-        self.opened.append((speaker, embedding))
-        self.sinks.append(FakeSink(speaker))
-        return self.sinks[-1]
 
 
 @pytest.fixture(scope="module")
