@@ -530,8 +530,7 @@ def test_the_size_checker_sees_a_violation(tmp_path: Path) -> None:
 UNMIRRORED: dict[str, str] = {
     "omni/serving/realtime/session.py": "tests/e2e/test_realtime.py; its parts in tests/omni/serving/realtime/",
     "gpu_workers/models/unit_bigvgan_archive.py": "tests/gpu_workers/models/test_unit_bigvgan.py (archives, folding, loading)",
-    "omni/__main__.py": "two lines calling omni.cli.main.main (see omni/cli/main.py's entry)",
-    "omni/cli/main.py": "the serving entry point, run as a process by tests/e2e/test_operations.py and tests/e2e/test_failures.py",
+    "omni/__main__.py": "two lines calling omni.cli.main.main, whose rules are tests/omni/cli/test_main.py's; the e2e tests run omni.cli.main",
     "omni/http/handlers/images.py": "tests/e2e/test_images.py",
     "omni/http/state.py": "the app's typed keys only, no behaviour",
     "omni/serving/image_edits.py": "tests/e2e/test_image_edits.py (the lifecycle on real workers)",
