@@ -528,7 +528,6 @@ def test_the_size_checker_sees_a_violation(tmp_path: Path) -> None:
 # tests/ path named here must exist. The gpu_workers tests that predate the folders they test
 # (models/, preprocess/, attention/) would leave this list by moving into them.
 UNMIRRORED: dict[str, str] = {
-    "omni/serving/realtime/session.py": "tests/e2e/test_realtime.py; its parts in tests/omni/serving/realtime/",
     "gpu_workers/models/unit_bigvgan_archive.py": "tests/gpu_workers/models/test_unit_bigvgan.py (archives, folding, loading)",
     "omni/__main__.py": "two lines calling omni.cli.main.main, whose rules are tests/omni/cli/test_main.py's; the e2e tests run omni.cli.main",
     "omni/http/handlers/images.py": "tests/e2e/test_images.py",
