@@ -494,6 +494,7 @@ class RealtimeSession:
         if speaks:
             self._spoken = asyncio.Event()
         task = asyncio.create_task(self._run(req, events, event_id))
+        task.add_done_callback(lambda done: self._never_ran(events, done))
         self._response = (events, task)
         self.num_responses += 1
         events.created()
@@ -513,6 +514,17 @@ class RealtimeSession:
             return
         self._cancel_reason = reason
         self._response[1].cancel()
+
+    def _never_ran(self, events: ResponseEvents, task: asyncio.Task[None]) -> None:
+        """A task cancelled before its first step (a response.cancel read in the same turn of the
+        loop as its response.create) never enters _run, nor its finally: end the response here,
+        or the session would hold it as active for good."""
+        if self._response is None or self._response[1] is not task:
+            return  # _run ended it
+        self._response = None
+        if self._cancel_reason is not None:  # None: the session closed, nobody to tell
+            events.done("cancelled", None, {"type": "cancelled", "reason": self._cancel_reason})
+        self._ended(events)
 
     def _first_audio(self, seconds: float) -> None:
         self._spoken.set()

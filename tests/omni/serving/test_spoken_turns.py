@@ -1,0 +1,102 @@
+"""Spoken answers: the continuation that speaks a finished text (its prompt, its room, the
+sampling it keeps), and an earlier answer recalled by its audio id as its transcript.
+(Whether a request speaks at all is tests/e2e/test_chat_audio.py's.)"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, cast
+
+import numpy as np
+import pytest
+
+from omni.engines.audio_decoder import AudioDecoderEngine
+from omni.engines.generation import Generation, OutputOptions
+from omni.engines.pool import ModelPool
+from omni.errors import APIError
+from omni.modalities.outputs.audio import ModelAudio, store_spoken
+from omni.serving.model import ServedModel
+from omni.serving.requests import parse_chat_completion_request
+from omni.serving.spoken import recall_spoken, speak_text
+from omni.shared.store.local import LocalStore
+from omni.text.tokenizer import TextTokenizer
+from scheduler.request import SamplingParams
+from tests.omni.fake_pool import FakePool
+from tests.omni.modalities.outputs.fake_vocoder import FakeDecoder
+
+EOS = 1282
+
+
+@pytest.fixture
+async def setting(tiny_tokenizer_dir: Path, tmp_path: Path) -> tuple[ServedModel, ModelAudio, LocalStore]:
+    tokenizer = TextTokenizer.from_dir(tiny_tokenizer_dir)
+    model = ServedModel("m", tokenizer, cast(ModelPool, FakePool([1], max_model_len=40)), created=0)
+    store = LocalStore(tmp_path, "http://x/files", b"secret")
+    audio = ModelAudio.for_model(cast(AudioDecoderEngine, FakeDecoder()), tokenizer, store)
+    await audio.prepare(model.grammars)
+    return model, audio, store
+
+
+def finished(model: ServedModel, output: list[int], **params: Any) -> Generation:
+    g = Generation(
+        model.pool, model.tokenizer, [1, 2, 3], SamplingParams(**{"max_tokens": 20, **params}), "chat-1",
+        output=OutputOptions(skip_special_tokens=False), cache_salt="s",
+    )  # fmt: skip
+    g.request.output_token_ids = list(output)
+    return g
+
+
+async def test_the_continuation_speaks_the_text_without_its_end(setting: tuple[ServedModel, ModelAudio, LocalStore]) -> None:
+    model, audio, _ = setting
+    text = finished(model, [10, 11, EOS], temperature=0.7, seed=5, top_k=40)
+    speech = speak_text(model, audio, text)
+    assert speech is not None
+    start = audio.format.start_token_id
+    assert speech.request.prompt_token_ids == [1, 2, 3, 10, 11, start]  # the EOS that ended it left out
+    assert str(speech.request.request_id) == "chat-1-speech"
+    params = speech.request.sampling_params
+    assert (params.temperature, params.seed, params.top_k) == (0.7, 5, 40)
+    assert params.max_tokens == 17  # what max_tokens left: 20 - 3
+    assert speech.request.cache_salt == "s" and not speech.output.skip_special_tokens
+    assert speech.constraint is not None and speech.constraint.active  # the span grammar from the first token
+
+
+async def test_the_room_is_the_smaller_of_the_budget_and_the_context(setting: tuple[ServedModel, ModelAudio, LocalStore]) -> None:
+    model, audio, _ = setting
+    long = finished(model, list(range(10, 40)), max_tokens=100)  # 3 + 30 + 1 of a 40-token context
+    speech = speak_text(model, audio, long)
+    assert speech is not None and speech.request.sampling_params.max_tokens == 6
+    # the least units (3) and the span's end need 4 tokens
+    assert speak_text(model, audio, finished(model, list(range(10, 42)), max_tokens=100)) is not None  # 4 left
+    assert speak_text(model, audio, finished(model, list(range(10, 43)), max_tokens=100)) is None  # 3 of the context
+    assert speak_text(model, audio, finished(model, [10] * 16, max_tokens=20)) is not None
+    assert speak_text(model, audio, finished(model, [10] * 17, max_tokens=20)) is None  # 3 of max_tokens
+
+
+def chat_with(messages: list[dict[str, Any]]) -> Any:
+    return parse_chat_completion_request({"model": "m", "messages": messages})
+
+
+async def test_an_earlier_answer_is_recalled_as_its_transcript(setting: tuple[ServedModel, ModelAudio, LocalStore]) -> None:
+    _, _, store = setting
+    await store_spoken(store, "audio_abc", np.zeros(10, dtype=np.float32), "wav", "It is sunny.")
+    req = chat_with([
+        {"role": "user", "content": "Weather?"},
+        {"role": "assistant", "audio": {"id": "audio_abc"}},
+        {"role": "user", "content": "And tomorrow?"},
+    ])  # fmt: skip
+    recalled = await recall_spoken(store, req)
+    assert recalled.messages[1].content == "It is sunny."
+    assert [m.content for m in recalled.messages[::2]] == ["Weather?", "And tomorrow?"]
+    plain = chat_with([{"role": "user", "content": "hi"}])
+    assert await recall_spoken(None, plain) is plain  # nothing to recall: the request as it is
+
+
+@pytest.mark.parametrize("with_store", [True, False])
+async def test_an_unknown_id_is_a_400_naming_it(setting: tuple[ServedModel, ModelAudio, LocalStore], with_store: bool) -> None:
+    _, _, store = setting
+    req = chat_with([{"role": "user", "content": "x"}, {"role": "assistant", "audio": {"id": "audio_gone"}}])
+    with pytest.raises(APIError) as refused:
+        await recall_spoken(store if with_store else None, req)
+    assert (refused.value.status, refused.value.param) == (400, "messages[1].audio.id")
+    assert "audio_gone" in str(refused.value)
