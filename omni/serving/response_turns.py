@@ -22,12 +22,14 @@ Responses field instead (`messages[2].content[1]` -> `input[1].content[1]`).
 from __future__ import annotations
 
 import mimetypes
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from omni.errors import APIError, bad_request
 from omni.serving.model import ServedModel
 from omni.serving.requests import ChatCompletionRequest, parse_chat_completion_request
+from omni.serving.requests.chat import TEXT_PART_SEPARATOR
 from omni.serving.requests.fields import Json, value_error
 from omni.serving.requests.responses import (
     ContentPart,
@@ -211,7 +213,7 @@ def _input_messages(req: ResponseRequest, params: ParamMap, *, offset: int) -> l
                 message["reasoning_content"], reasoning = reasoning, None
             params.prefixes[f"messages[{offset + len(out)}].tool_calls[0]"] = param
         elif isinstance(item, FunctionCallOutput):
-            output = item.output if isinstance(item.output, str) else "".join(_text(p) for p in item.output)
+            output = item.output if isinstance(item.output, str) else _joined_text(item.output)
             message = {"role": "tool", "tool_call_id": item.call_id, "content": output}
         elif isinstance(item, Reasoning):
             texts = [s.text for s in item.summary] + [c.text for c in item.content or ()]
@@ -223,6 +225,11 @@ def _input_messages(req: ResponseRequest, params: ParamMap, *, offset: int) -> l
         params.prefixes[f"messages[{offset + len(out)}]"] = param
         out.append(message)
     return out
+
+
+def _joined_text(parts: Sequence[ContentPart]) -> str:
+    """The text parts' text, joined as chat joins a message's text parts."""
+    return TEXT_PART_SEPARATOR.join(_text(p) for p in parts if isinstance(p, InputText | OutputText | Refusal))
 
 
 def _text(part: ContentPart) -> str:
@@ -240,7 +247,7 @@ def _content(item: Message, param: str) -> Json:
         for j, part in enumerate(item.content):
             if isinstance(part, InputImage | InputAudioContent | InputFile):
                 raise value_error(f"{param}.content[{j}]", f"a {item.role} message may only contain text parts.")
-        return "".join(_text(p) for p in item.content)
+        return _joined_text(item.content)
     return [_part(p, f"{param}.content[{j}]") for j, p in enumerate(item.content)]
 
 

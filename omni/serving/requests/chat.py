@@ -130,6 +130,11 @@ class AudioRef(Struct, frozen=True, kw_only=True):
     id: Annotated[str, Meta(pattern="^audio_[A-Za-z0-9]+$", description="The id of an earlier spoken answer.")]
 
 
+# How a message's text parts join into its text: as vLLM joins them for a template that takes a
+# string ("\n"), so text parts render as that text sent as a string does, under every template.
+TEXT_PART_SEPARATOR = "\n"
+
+
 # Keys a client echoes back on a message (refusal, annotations...) are left alone, as OpenAI does.
 class ChatMessage(Struct, frozen=True, kw_only=True):
     role: Role
@@ -154,19 +159,24 @@ class ChatMessage(Struct, frozen=True, kw_only=True):
 
     @property
     def text(self) -> str:
-        """The message's text parts joined; media parts contribute nothing."""
+        """The message's text parts joined (TEXT_PART_SEPARATOR); media parts contribute nothing."""
         if self.content is None:
             return ""
         if isinstance(self.content, str):
             return self.content
-        return "".join(p.text for p in self.content if isinstance(p, TextPart))
+        return TEXT_PART_SEPARATOR.join(p.text for p in self.content if isinstance(p, TextPart))
+
+    @property
+    def has_media(self) -> bool:
+        return isinstance(self.content, tuple) and not all(isinstance(p, TextPart) for p in self.content)
 
     def to_template_dict(self) -> dict[str, Json]:
-        """The message as a chat template expects it; media parts become typed dicts, each
+        """The message as a chat template expects it: text parts alone as their joined text (a
+        template then renders them as it renders that string), media parts as typed dicts; each
         earlier call's arguments an object (Hugging Face templates iterate them)."""
         content: Json
-        if self.content is None or isinstance(self.content, str):
-            content = self.content
+        if self.content is None or isinstance(self.content, str) or not self.has_media:
+            content = None if self.content is None else self.text
         else:
             content = [_part_dict(p) for p in self.content]
         out: dict[str, Json] = {"role": self.role, "content": content}
