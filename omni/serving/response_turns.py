@@ -13,7 +13,7 @@ constraint and image drawing as POST /v1/chat/completions, so the two endpoints 
                              tool_choice image_generation forces it; elsewhere forcing opens an
                              image span at once (a logit bias on its opening token) and the
                              turn ends after it
-    text.format           -> response_format; reasoning.effort none or minimal -> skip_reasoning
+    text.format           -> response_format; reasoning.effort -> reasoning_effort
 
 Errors that chat's parsing or the media layer raise name chat's fields; ParamMap names the
 Responses field instead (`messages[2].content[1]` -> `input[1].content[1]`).
@@ -67,7 +67,6 @@ T2I_FUNCTION: dict[str, Json] = {
         },
     },
 }
-SKIP_REASONING = {"skip_reasoning": True, "enable_thinking": False}
 
 
 @dataclass(slots=True)
@@ -122,7 +121,8 @@ def response_turn(model: ServedModel, req: ResponseRequest, history: list[dict[s
     params.prefixes["max_completion_tokens"] = "max_output_tokens"
     params.prefixes["response_format"] = "text.format"
     params.prefixes["response_format.json_schema"] = "text.format"
-    kwargs: dict[str, Json] = dict(SKIP_REASONING) if req.reasoning is not None and req.reasoning.skip else {}
+    if req.reasoning is not None:  # chat's reasoning_effort: one rule for both APIs
+        body["reasoning_effort"] = req.reasoning.effort
     tools: list[dict[str, Json]] = []
     for i, tool in enumerate(req.tools):
         if isinstance(tool, ImageGenerationTool):
@@ -170,8 +170,6 @@ def response_turn(model: ServedModel, req: ResponseRequest, history: list[dict[s
         body["response_format"] = {"type": "json_schema", "json_schema": schema}
     elif req.text is not None and isinstance(req.text.format, TextFormatJsonObject):
         body["response_format"] = {"type": "json_object"}
-    if kwargs:
-        body["chat_template_kwargs"] = kwargs
     try:
         chat = parse_chat_completion_request(body)
     except APIError as exc:

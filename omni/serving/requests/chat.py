@@ -24,6 +24,7 @@ from omni.serving.requests.common import (
 )
 from omni.serving.requests.fields import Json, missing, type_error, value_error
 from omni.serving.requests.images import ChatImageOptions, check_image_options
+from omni.serving.requests.reasoning import ReasoningEffort, effort_template_kwargs
 from omni.serving.requests.structured import grammar_of
 from omni.serving.requests.tools import MAX_TOOLS, NamedToolChoice, Tool, ToolFields, tool_fields
 from omni.text.constrained.spec import GrammarSpec
@@ -291,8 +292,9 @@ class ChatCompletionRequest(GenerationFields, frozen=True, kw_only=True, forbid_
         ),
     ] = None
     reasoning_effort: Annotated[
-        Refused, rejected("reasoning effort is not controllable; thinking_token_budget caps reasoning")
-    ] = None
+        ReasoningEffort,
+        honoured("none or minimal skips the template's reasoning block; the effort is a template variable"),
+    ] | None = None
     safety_identifier: Annotated[
         str | None, informational("an end-user id for abuse monitoring; it changes no output", STRING)
     ] = None
@@ -396,7 +398,8 @@ class ChatCompletionRequest(GenerationFields, frozen=True, kw_only=True, forbid_
         add = self.add_generation_prompt
         return TemplateFields(
             chat_template=self.chat_template,
-            kwargs=self.chat_template_kwargs,
+            # the client's own variables win over what its reasoning_effort sets
+            kwargs=effort_template_kwargs(self.reasoning_effort) | self.chat_template_kwargs,
             documents=tuple(self.documents),
             add_generation_prompt=not self.continue_final_message if add is None else add,
             continue_final_message=self.continue_final_message,

@@ -28,6 +28,7 @@ from omni.serving.requests.common import (
 )
 from omni.serving.requests.fields import MAX_SEED, MIN_SEED, Body, Json, convert, value_error
 from omni.serving.requests.images import MAX_PARTIAL_IMAGES, Compression, OutputFormat, Size
+from omni.serving.requests.reasoning import ReasoningEffort
 from omni.serving.requests.tools import MAX_TOOLS, NAME_PATTERN
 from omni.shared.media.image_sizes import parse_size
 
@@ -203,21 +204,14 @@ class TextConfig(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     verbosity: Literal["medium"] | None = None  # the length of a reply is not controllable
 
 
-Effort: TypeAlias = Literal["none", "minimal", "low", "medium", "high", "xhigh"]
-
-
 class ReasoningConfig(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """effort none or minimal: the template's reasoning block is skipped (skip_reasoning);
-    any other effort reasons as the model does. summary: the reasoning item carries the
-    model's reasoning text as its summary, whatever the detail asked."""
+    """effort: as chat's reasoning_effort (requests/reasoning.py), which the turn's chat request
+    carries. summary: the reasoning item carries the model's reasoning text as its summary,
+    whatever the detail asked."""
 
-    effort: Effort | None = None
+    effort: ReasoningEffort | None = None
     summary: Literal["auto", "concise", "detailed"] | None = None
     generate_summary: Literal["auto", "concise", "detailed"] | None = None
-
-    @property
-    def skip(self) -> bool:
-        return self.effort in ("none", "minimal")
 
 
 class ResponseStreamOptions(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

@@ -176,3 +176,31 @@ async def test_a_message_as_text_parts_renders_as_the_same_text_as_a_string(
     two = [{"type": "text", "text": "Say hello"}, {"type": "text", "text": "in one word."}]
     assert await ids(one) == await ids("Say hello.")
     assert await ids(two) == await ids("Say hello\nin one word.")
+
+
+@pytest.mark.parametrize("effort", ["none", "minimal", "low", "medium", "high", "xhigh", "max"])
+async def test_reasoning_effort_none_or_minimal_closes_the_reasoning_block_others_leave_it_open(
+    model: ServedModel, effort: str
+) -> None:
+    """Under the reference dialect (its generation prompt opens <think>) and the bare LLM's own
+    template (which opens none unless told to skip)."""
+    reference = ServedModel("m", model.tokenizer, model.pool, created=0, chat_format=ChatFormat(chat_template=reference_chat_template()))
+    ask = {"model": "m", "messages": [{"role": "user", "content": "Hi"}], "reasoning_effort": effort}
+    skip = effort in ("none", "minimal")
+    text = model.tokenizer.decode(
+        (await chat_prompt(reference, parse_chat_completion_request(ask), [])).token_ids, skip_special_tokens=False
+    )
+    assert text.endswith("<|im_start|>assistant\n<think>\n" + ("\n</think>\n\n" if skip else ""))
+    text = model.tokenizer.decode(
+        (await chat_prompt(model, parse_chat_completion_request(ask), [])).token_ids, skip_special_tokens=False
+    )
+    assert text.endswith("<|im_start|>assistant\n" + ("<think>\n\n</think>\n\n" if skip else ""))
+
+
+async def test_a_template_with_no_reasoning_block_renders_the_same_whatever_the_effort(model: ServedModel) -> None:
+    plain = ServedModel("m", model.tokenizer, model.pool, created=0, chat_format=ChatFormat(chat_template="<{{ messages[0]['content'] }}>"))
+    prompts = [
+        (await chat_prompt(plain, body(**({} if effort is None else {"reasoning_effort": effort})), [])).token_ids
+        for effort in (None, "none", "high")
+    ]
+    assert prompts[0] == prompts[1] == prompts[2] == model.tokenizer.encode("<Hi>", add_special_tokens=False)

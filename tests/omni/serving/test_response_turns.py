@@ -72,7 +72,8 @@ def test_tools_choice_format_and_reasoning_are_chats() -> None:
     chat = turn.chat
     assert [f.name for f in chat.tools.functions] == ["f"] and chat.tools.choice == "named"
     assert chat.tools.single_call and chat.max_tokens == 9 and (chat.temperature, chat.top_p) == (0.5, 0.5)
-    assert chat.chat_template_kwargs == {"skip_reasoning": True, "enable_thinking": False}
+    assert chat.reasoning_effort == "minimal"  # chat's field, and so chat's rule
+    assert chat.template.kwargs == {"reasoning_effort": "minimal", "skip_reasoning": True, "enable_thinking": False}
     assert chat.modalities == ("text",)
     schema = _turn({"input": "hi", "text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": "object"}}}})
     grammar = schema.chat.grammar

@@ -110,6 +110,98 @@ def test_template_fields() -> None:
 @pytest.mark.parametrize(
     "fields, param",
     [
+        ({"tool_choice": "required"}, "tool_choice"),  # no tools to call
+        ({"tool_choice": {"type": "function", "function": {"name": "x"}}}, "tool_choice"),
+        ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "x"}}}, "tool_choice.function.name"),
+        ({"tools": [WEATHER], "tool_choice": "sometimes"}, "tool_choice"),
+        ({"tools": [WEATHER], "tool_choice": 3}, "tool_choice"),
+        ({"tools": {"a": 1}}, "tools"),
+        ({"tools": [{"type": "code_interpreter"}]}, "tools[0].type"),
+        ({"tools": [{"type": "function"}]}, "tools[0].function"),
+        ({"tools": [{"type": "function", "function": {"name": "has space"}}]}, "tools[0].function.name"),
+        ({"tools": [{"type": "function", "function": {"name": "f", "parameters": []}}]}, "tools[0].function.parameters"),
+        ({"tools": [WEATHER, WEATHER]}, "tools[1].function.name"),
+        # OpenAI's limit of 128 tools
+        ({"tools": [{"type": "function", "function": {"name": f"f{i}"}} for i in range(129)]}, "tools"),
+        ({"tools": [WEATHER], "parallel_tool_calls": "yes"}, "parallel_tool_calls"),
+        ({"tools": [WEATHER], "tool_choice": "required", "response_format": {"type": "json_object"}}, "response_format"),
+    ],
+)
+def test_bad_tool_fields_are_400s_naming_the_field(fields: dict[str, Any], param: str) -> None:
+    assert error(chat(**fields)).param == param
+
+
+def test_assistant_tool_calls_reach_the_template_with_parsed_arguments() -> None:
+    messages = [
+        {"role": "user", "content": "weather?"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Seoul"}'}}
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_1", "content": "3C"},
+    ]
+    req = parse_chat_completion_request({"model": "m", "messages": messages})
+    call = req.template_messages[1]["tool_calls"][0]
+    assert call == {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Seoul"}}}
+    assert req.template_messages[2] == {"role": "tool", "content": "3C", "tool_call_id": "call_1"}
+    messages[1]["tool_calls"][0]["function"]["arguments"] = "{not json"
+    assert error({"model": "m", "messages": messages}).param == "messages[1].tool_calls[0].function.arguments"
+
+
+def test_template_fields() -> None:
+    req = parse_chat_completion_request(chat())
+    assert req.template.add_generation_prompt and not req.template.continue_final_message
+    cont = chat(messages=[{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Hel"}])
+    req = parse_chat_completion_request(cont | {"continue_final_message": True, "echo": True})
+    assert not req.template.add_generation_prompt and req.template.continue_final_message and req.echo
+    req = parse_chat_completion_request(chat(chat_template_kwargs={"skip_reasoning": True}, chat_template="{{ 1 }}"))
+    assert req.template.kwargs == {"skip_reasoning": True} and req.template.chat_template == "{{ 1 }}"
+    assert parse_chat_completion_request(chat(thinking_token_budget=8)).thinking_token_budget == 8
+
+
+SKIP = {"skip_reasoning": True, "enable_thinking": False}
+
+
+@pytest.mark.parametrize(
+    ("effort", "kwargs"),
+    [
+        (None, {}),
+        ("none", {"reasoning_effort": "none", **SKIP}),
+        ("minimal", {"reasoning_effort": "minimal", **SKIP}),
+        ("low", {"reasoning_effort": "low"}),
+        ("medium", {"reasoning_effort": "medium"}),
+        ("high", {"reasoning_effort": "high"}),
+    ],
+)
+def test_reasoning_effort_is_a_template_variable_and_none_or_minimal_skip_reasoning(
+    effort: str | None, kwargs: dict[str, Any]
+) -> None:
+    req = parse_chat_completion_request(chat(reasoning_effort=effort))
+    assert req.reasoning_effort == effort and req.template.kwargs == kwargs
+
+
+def test_the_clients_template_kwargs_win_over_its_reasoning_effort() -> None:
+    req = parse_chat_completion_request(chat(reasoning_effort="none", chat_template_kwargs={"enable_thinking": True}))
+    assert req.template.kwargs == {"reasoning_effort": "none", "skip_reasoning": True, "enable_thinking": True}
+
+
+@pytest.mark.parametrize("effort", ["extreme", "", 1, "None"])
+def test_a_bad_reasoning_effort_is_a_400_naming_it(effort: Any) -> None:
+    e = error(chat(reasoning_effort=effort))
+    assert (e.param, e.code) == ("reasoning_effort", "invalid_value" if isinstance(effort, str) else "invalid_type")
+    if isinstance(effort, str):
+        assert e.message == (
+            "Invalid value for 'reasoning_effort': expected one of "
+            f"'high', 'low', 'max', 'medium', 'minimal', 'none', 'xhigh', got '{effort}'."
+        )
+
+
+@pytest.mark.parametrize(
+    "fields, param",
+    [
         ({"continue_final_message": True, "add_generation_prompt": True}, "continue_final_message"),
         ({"continue_final_message": True}, "continue_final_message"),  # the last message is the user's
         ({"chat_template_kwargs": {"tools": []}}, "chat_template_kwargs"),

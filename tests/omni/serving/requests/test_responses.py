@@ -41,7 +41,7 @@ def test_a_string_input_and_typed_items() -> None:
     assert [type(p) for p in message.content] == [type(message.content[0]), InputImage, InputFile]
     assert isinstance(req.tool_choice, ImageGenerationChoice)
     assert isinstance(req.image_tool, ImageGenerationTool) and req.image_tool.parsed_size == (768, 768)
-    assert req.reasoning is not None and req.reasoning.skip
+    assert req.reasoning is not None and req.reasoning.effort == "none"
 
 
 BAD: list[tuple[dict[str, Any], str, str]] = [
