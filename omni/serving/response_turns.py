@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from omni.errors import APIError, bad_request
-from omni.serving.model import ServedModel
+from omni.serving.model import ModelRegistry, ServedModel
 from omni.serving.requests import ChatCompletionRequest, parse_chat_completion_request
 from omni.serving.requests.chat import TEXT_PART_SEPARATOR
 from omni.serving.requests.fields import Json, value_error
@@ -101,6 +101,25 @@ class ResponseTurn:
     image_tool: ImageGenerationTool | None
     t2i_call: bool  # the model draws by calling T2I_TOOL: such a call is the image, not a function call
     params: ParamMap
+
+
+def check_image_tool_model(models: ModelRegistry, req: ResponseRequest) -> None:
+    """The image_generation tool's model, honoured as the images API's `model`: it names a
+    served model (the same 404 when none has that name), and the one that draws. The turn's
+    images are the answering model's own (its image span, its decoder), so it must be that one."""
+    tool = req.image_tool
+    if tool is None or tool.model is None:
+        return
+    param = f"tools[{req.tools.index(tool)}].model"
+    try:
+        drawer = models.get(tool.model)
+    except APIError as exc:
+        exc.param = param
+        raise
+    if drawer is not models.get(req.model):
+        raise value_error(
+            param, f"the model '{tool.model}' cannot draw in a response of '{req.model}': its own model draws its images."
+        )
 
 
 def response_turn(model: ServedModel, req: ResponseRequest, history: list[dict[str, Json]]) -> ResponseTurn:
