@@ -88,6 +88,10 @@ def test_default_checkpoint_is_built_once(tmp_path: Path, monkeypatch: pytest.Mo
     assert sorted(layout.components) == sorted(ENCODER_COMPONENTS)
     assert (layout.vision_decoder, layout.audio_decoder) == (d / "decoder" / "vision", d / "decoder" / "audio")
     assert [p.name for p in tmp_path.iterdir()] == [d.name]  # no temp dirs left behind
+    # the embedded default: no reasoning block unless asked for, and it says its weights are random
+    generation = json.loads((d / "generation_config.json").read_text())
+    assert generation["default_chat_template_kwargs"] == {"skip_reasoning": True, "enable_thinking": False}
+    assert json.loads((d / "config.json").read_text())["random_weights"] is True
     monkeypatch.setenv("OMNI_SERVE_CACHE", str(tmp_path))
     assert default_checkpoint_dir() == d
 
