@@ -111,7 +111,7 @@ def test_omni_checkpoint_is_deterministic_and_revisions_track_weights(tmp_path: 
 
 
 def test_the_omni_checkpoints_decoders_match_its_tokenizers(tmp_path: Path) -> None:
-    assert TINY_CHECKPOINT_VERSION == "omni-v6"  # v6: logits_scaling multiplies; the dialect tokens
+    assert TINY_CHECKPOINT_VERSION == "omni-v7"  # v7: its generation defaults; v6: logits_scaling multiplies; the dialect tokens
     root = make_tiny_component_checkpoint(tmp_path / "omni")
     codebook = load_file(root / "image_tokenizer" / "model.safetensors")["codebook.weight"]
     assert torch.equal(load_file(root / "vision_decoder" / "codebook.safetensors")["codebook"], codebook)
