@@ -41,7 +41,7 @@ from gpu_workers.tiny.published_audio_decoder import make_tiny_published_audio_d
 from gpu_workers.tiny.published_vision_decoder import make_tiny_published_vision_decoder
 
 # Bump when the default checkpoint's bytes change, so caches built by older code are not reused.
-TINY_CHECKPOINT_VERSION = "omni-v6"
+TINY_CHECKPOINT_VERSION = "omni-v7"
 SHARDS = 2
 # TA-Tok at reduced size: a SigLIP tower of width 144 (two heads of so400m's 72), 8 x 8 patches of
 # 14 (64 codes a picture, as the tiny vocabulary has image code tokens), a 64-row SimVQ codebook.
@@ -238,9 +238,26 @@ def make_tiny_omni_checkpoint(out_dir: Path, *, seed: int = 0) -> Path:
     return make_tiny_published_checkpoint(out_dir, seed=seed)
 
 
+# The embedded default's generation defaults: no reasoning block. The reference's template opens
+# <think> and random weights rarely close it, so a turn would be all reasoning: no text to speak,
+# no image drawn. A request's reasoning_effort (low and up) or chat_template_kwargs still open it.
+EMBEDDED_GENERATION_DEFAULTS = {"default_chat_template_kwargs": {"skip_reasoning": True, "enable_thinking": False}}
+
+
+def make_embedded_default(out_dir: Path) -> Path:
+    """What a bare omni-serve serves: the tiny omni checkpoint (seed 0) with the generation
+    defaults above, its config marked random_weights (the playground then opens chat on a
+    trained model served beside it). make_tiny_omni_checkpoint alone thinks by default, as the
+    reference model does."""
+    make_tiny_omni_checkpoint(out_dir, seed=0)
+    for name, extra in (("generation_config.json", EMBEDDED_GENERATION_DEFAULTS), ("config.json", {"random_weights": True})):
+        _write_json(out_dir / name, json.loads((out_dir / name).read_text()) | extra)
+    return out_dir
+
+
 def default_checkpoint_dir(cache_root: Path | None = None) -> Path:
-    """The default tiny omni checkpoint (published layout: make_tiny_omni_checkpoint), built once per version
-    under the cache root (cache_root, else $OMNI_SERVE_CACHE, else ~/.cache/omni-serve)."""
+    """The default tiny omni checkpoint (make_embedded_default), built once per version under
+    the cache root (cache_root, else $OMNI_SERVE_CACHE, else ~/.cache/omni-serve)."""
     root = cache_root or Path(os.environ.get("OMNI_SERVE_CACHE") or Path.home() / ".cache" / "omni-serve")
     final = Path(root) / f"tiny-{TINY_CHECKPOINT_VERSION}"
     if (final / "config.json").is_file():
@@ -250,7 +267,7 @@ def default_checkpoint_dir(cache_root: Path | None = None) -> Path:
     # of two racing builders the second rename fails and its copy is dropped.
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=final.parent))
     try:
-        make_tiny_omni_checkpoint(tmp, seed=0)
+        make_embedded_default(tmp)
         os.rename(tmp, final)
     except OSError:
         if not (final / "config.json").is_file():

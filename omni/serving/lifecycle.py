@@ -59,7 +59,7 @@ from omni.serving.requests.images import ImageGenerationRequest
 from omni.serving.requests.responses import ResponseRequest
 from omni.serving.requests.transcriptions import TranscriptionRequest
 from omni.serving.response_store import ResponseStore
-from omni.serving.response_turns import ResponseTurn, response_turn
+from omni.serving.response_turns import ResponseTurn, check_image_tool_model, response_turn
 from omni.serving.sampling import sampling_params, truncate_prompt, truncated_media
 from omni.serving.spoken import ChatAudio, recall_spoken
 from omni.shared.media import MediaLimits
@@ -192,6 +192,7 @@ async def response(
             )
         history = earlier.messages
     model = models.get(req.model)
+    check_image_tool_model(models, req)
     turn = response_turn(model, req, history)
     previews: asyncio.Queue[Any] = asyncio.Queue()
     partial = turn.image_tool.partial_images if turn.image_tool is not None and req.stream else 0

@@ -67,7 +67,7 @@ def template_messages(messages: Sequence[ChatMessage], items: Sequence[MediaItem
     out = []
     for i, message in enumerate(messages):
         d = message.to_template_dict()
-        if isinstance(message.content, tuple):
+        if message.has_media and isinstance(message.content, tuple):
             content = []
             for j, part in enumerate(message.content):
                 if isinstance(part, TextPart):

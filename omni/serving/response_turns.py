@@ -13,7 +13,7 @@ constraint and image drawing as POST /v1/chat/completions, so the two endpoints 
                              tool_choice image_generation forces it; elsewhere forcing opens an
                              image span at once (a logit bias on its opening token) and the
                              turn ends after it
-    text.format           -> response_format; reasoning.effort none or minimal -> skip_reasoning
+    text.format           -> response_format; reasoning.effort -> reasoning_effort
 
 Errors that chat's parsing or the media layer raise name chat's fields; ParamMap names the
 Responses field instead (`messages[2].content[1]` -> `input[1].content[1]`).
@@ -22,13 +22,15 @@ Responses field instead (`messages[2].content[1]` -> `input[1].content[1]`).
 from __future__ import annotations
 
 import mimetypes
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from omni.errors import APIError, bad_request
 from omni.modalities.outputs.image import IMAGE
-from omni.serving.model import ServedModel
+from omni.serving.model import ModelRegistry, ServedModel
 from omni.serving.requests import ChatCompletionRequest, parse_chat_completion_request
+from omni.serving.requests.chat import TEXT_PART_SEPARATOR
 from omni.serving.requests.fields import Json, value_error
 from omni.serving.requests.responses import (
     ContentPart,
@@ -66,7 +68,6 @@ T2I_FUNCTION: dict[str, Json] = {
         },
     },
 }
-SKIP_REASONING = {"skip_reasoning": True, "enable_thinking": False}
 
 
 @dataclass(slots=True)
@@ -103,6 +104,25 @@ class ResponseTurn:
     params: ParamMap
 
 
+def check_image_tool_model(models: ModelRegistry, req: ResponseRequest) -> None:
+    """The image_generation tool's model, honoured as the images API's `model`: it names a
+    served model (the same 404 when none has that name), and the one that draws. The turn's
+    images are the answering model's own (its image span, its decoder), so it must be that one."""
+    tool = req.image_tool
+    if tool is None or tool.model is None:
+        return
+    param = f"tools[{req.tools.index(tool)}].model"
+    try:
+        drawer = models.get(tool.model)
+    except APIError as exc:
+        exc.param = param
+        raise
+    if drawer is not models.get(req.model):
+        raise value_error(
+            param, f"the model '{tool.model}' cannot draw in a response of '{req.model}': its own model draws its images."
+        )
+
+
 def response_turn(model: ServedModel, req: ResponseRequest, history: list[dict[str, Json]]) -> ResponseTurn:
     params = ParamMap()
     messages = list(history)
@@ -121,7 +141,8 @@ def response_turn(model: ServedModel, req: ResponseRequest, history: list[dict[s
     params.prefixes["max_completion_tokens"] = "max_output_tokens"
     params.prefixes["response_format"] = "text.format"
     params.prefixes["response_format.json_schema"] = "text.format"
-    kwargs: dict[str, Json] = dict(SKIP_REASONING) if req.reasoning is not None and req.reasoning.skip else {}
+    if req.reasoning is not None:  # chat's reasoning_effort: one rule for both APIs
+        body["reasoning_effort"] = req.reasoning.effort
     tools: list[dict[str, Json]] = []
     for i, tool in enumerate(req.tools):
         if isinstance(tool, ImageGenerationTool):
@@ -170,8 +191,6 @@ def response_turn(model: ServedModel, req: ResponseRequest, history: list[dict[s
         body["response_format"] = {"type": "json_schema", "json_schema": schema}
     elif req.text is not None and isinstance(req.text.format, TextFormatJsonObject):
         body["response_format"] = {"type": "json_object"}
-    if kwargs:
-        body["chat_template_kwargs"] = kwargs
     try:
         chat = parse_chat_completion_request(body)
     except APIError as exc:
@@ -213,7 +232,7 @@ def _input_messages(req: ResponseRequest, params: ParamMap, *, offset: int) -> l
                 message["reasoning_content"], reasoning = reasoning, None
             params.prefixes[f"messages[{offset + len(out)}].tool_calls[0]"] = param
         elif isinstance(item, FunctionCallOutput):
-            output = item.output if isinstance(item.output, str) else "".join(_text(p) for p in item.output)
+            output = item.output if isinstance(item.output, str) else _joined_text(item.output)
             message = {"role": "tool", "tool_call_id": item.call_id, "content": output}
         elif isinstance(item, Reasoning):
             texts = [s.text for s in item.summary] + [c.text for c in item.content or ()]
@@ -225,6 +244,11 @@ def _input_messages(req: ResponseRequest, params: ParamMap, *, offset: int) -> l
         params.prefixes[f"messages[{offset + len(out)}]"] = param
         out.append(message)
     return out
+
+
+def _joined_text(parts: Sequence[ContentPart]) -> str:
+    """The text parts' text, joined as chat joins a message's text parts."""
+    return TEXT_PART_SEPARATOR.join(_text(p) for p in parts if isinstance(p, InputText | OutputText | Refusal))
 
 
 def _text(part: ContentPart) -> str:
@@ -242,7 +266,7 @@ def _content(item: Message, param: str) -> Json:
         for j, part in enumerate(item.content):
             if isinstance(part, InputImage | InputAudioContent | InputFile):
                 raise value_error(f"{param}.content[{j}]", f"a {item.role} message may only contain text parts.")
-        return "".join(_text(p) for p in item.content)
+        return _joined_text(item.content)
     return [_part(p, f"{param}.content[{j}]") for j, p in enumerate(item.content)]
 
 

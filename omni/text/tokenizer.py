@@ -116,8 +116,12 @@ class TextTokenizer:
         hf_tokenizer: PreTrainedTokenizerBase,
         eos_token_ids: frozenset[int],
         model_vocab_size: int | None = None,
+        default_template_kwargs: Mapping[str, Any] | None = None,
     ) -> None:
         self.hf_tokenizer = hf_tokenizer
+        # The checkpoint's chat template variables unless a render sets them (generation_config.json's
+        # default_chat_template_kwargs, as vLLM's --default-chat-template-kwargs gives them).
+        self.default_template_kwargs: Mapping[str, Any] = dict(default_template_kwargs or {})
         # The model's config.json vocab_size: the rows of its embedding and logits (None: unknown).
         self.model_vocab_size = model_vocab_size
         # The Rust tokenizer behind the transformers wrapper, for the fast paths.
@@ -147,7 +151,11 @@ class TextTokenizer:
                 hf.chat_template = config_template
             elif all(hf.backend_tokenizer.token_to_id(t) is not None for t in REFERENCE_MARKERS):
                 hf.chat_template = reference_chat_template()
-        eos = _eos_ids(_read_json(model_dir / "generation_config.json").get("eos_token_id"))
+        generation = _read_json(model_dir / "generation_config.json")
+        eos = _eos_ids(generation.get("eos_token_id"))
+        template_kwargs = generation.get("default_chat_template_kwargs")
+        if template_kwargs is not None and not isinstance(template_kwargs, dict):
+            raise ValueError(f"{model_dir}: generation_config.json's default_chat_template_kwargs is not an object")
         config = _read_json(model_dir / "config.json")
         text_config = config.get("text_config")
         if not isinstance(text_config, dict):
@@ -158,7 +166,7 @@ class TextTokenizer:
             eos = frozenset((hf.eos_token_id,))
         model_vocab = config.get("vocab_size", text_config.get("vocab_size"))
         valid = isinstance(model_vocab, int) and not isinstance(model_vocab, bool) and model_vocab > 0
-        return cls(hf, eos, model_vocab if valid else None)
+        return cls(hf, eos, model_vocab if valid else None, template_kwargs)
 
     @classmethod
     def from_gguf(cls, path: str | Path) -> TextTokenizer:
@@ -285,7 +293,7 @@ class TextTokenizer:
                 chat_template=template,
                 add_generation_prompt=add_generation_prompt,
                 continue_final_message=continue_final_message,
-                **template_kwargs,
+                **{**self.default_template_kwargs, **template_kwargs},
             )
         except (jinja2.TemplateError, TypeError, KeyError, AttributeError, ValueError) as e:
             # TemplateError covers the template's own raise_exception(...); ValueError,

@@ -50,3 +50,22 @@ def test_without_a_generation_prompt_the_prompt_is_shorter(server: str) -> None:
     with_prompt = _post(server, messages=messages)
     without = _post(server, messages=messages, add_generation_prompt=False)
     assert without["usage"]["prompt_tokens"] < with_prompt["usage"]["prompt_tokens"]
+
+
+def test_text_parts_are_the_same_prompt_as_the_text_they_join_to(server: str) -> None:
+    """Text parts join with "\\n" (vLLM's join) and count as that string does, for every role;
+    a continued turn sent as parts echoes its joined text."""
+    def parts(*texts: str) -> list[dict]:
+        return [{"type": "text", "text": t} for t in texts]
+
+    def turns(system: object, user: object, assistant: object) -> list[dict]:
+        return [{"role": "system", "content": system}, {"role": "user", "content": user},
+                {"role": "assistant", "content": assistant}]  # fmt: skip
+
+    as_parts = _post(server, messages=turns(parts("Be brief", "."), parts("Say", "hello."), parts("Hello,", "wor")),
+                     continue_final_message=True, add_generation_prompt=False, echo=True)  # fmt: skip
+    as_text = _post(server, messages=turns("Be brief\n.", "Say\nhello.", "Hello,\nwor"),
+                    continue_final_message=True, add_generation_prompt=False, echo=True)  # fmt: skip
+    assert as_parts["usage"]["prompt_tokens"] == as_text["usage"]["prompt_tokens"]
+    assert as_parts["choices"][0]["message"]["content"] == as_text["choices"][0]["message"]["content"]
+    assert as_parts["choices"][0]["message"]["content"].startswith("Hello,\nwor")

@@ -11,6 +11,9 @@ Every call the page makes goes to a server with --api-key: the answers prove tha
 and its WebSocket (the key as the subprotocol `openai-insecure-api-key.<key>`) carried the key;
 a page given a wrong key gets the 401 instead.
 
+The server serves the embedded default (what a bare omni-serve serves: its generation defaults
+skip the reasoning block) and, where SmolLM2 is cached or fetchable, SmolLM2 beside it, as a
+bare omni-serve does: the chat tab opens on SmolLM2, the images and voice tabs on the omni model.
 The tiny model is random: a logit bias on <|im_end|> (an extra request field, typed into the
 page's "more fields" box) ends its text soon so its speech follows quickly, and
 one on the image span's opening token makes it draw (as tests/e2e/test_images.py does).
@@ -33,6 +36,8 @@ import numpy as np
 import pytest
 from websockets.sync.client import ClientConnection, connect
 
+from gpu_workers.tiny.published import default_checkpoint_dir
+from gpu_workers.tiny.smollm2 import SmolLM2Unavailable, smollm2_gguf
 from omni.text.constrained.image_span import START
 from omni.text.tokenizer import TextTokenizer
 from tests.e2e.audio import spoken
@@ -96,21 +101,36 @@ class Page:
 
 
 @pytest.fixture(scope="module")
-def server(omni_dir: Path) -> Iterator[str]:
+def embedded_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The embedded default, built as a bare omni-serve builds it (into its own cache root)."""
+    return default_checkpoint_dir(tmp_path_factory.mktemp("cache"))
+
+
+@pytest.fixture(scope="module")
+def smollm2() -> Path | None:
+    try:
+        return smollm2_gguf()
+    except SmolLM2Unavailable:
+        return None  # the omni model alone: the test of the chat tab's trained model is skipped
+
+
+@pytest.fixture(scope="module")
+def server(embedded_dir: Path, smollm2: Path | None) -> Iterator[str]:
+    beside = ("--model", f"smollm2={smollm2}") if smollm2 is not None else ()
     with running_server(
-        "--model", f"{MODEL}={omni_dir}", "--max-model-len", "2048", "--diffusion-steps", str(DIFFUSION_STEPS),
-        "--api-key", KEY, "--root-path", ROOT,
+        "--model", f"{MODEL}={embedded_dir}", *beside, "--max-model-len", "2048", "--diffusion-steps", str(DIFFUSION_STEPS),
+        "--api-key", KEY, "--root-path", ROOT, timeout=300.0,
     ) as base:  # fmt: skip
         yield base
 
 
 @pytest.fixture(scope="module")
-def bias(server: str, omni_dir: Path) -> dict[str, int]:
+def bias(server: str, embedded_dir: Path) -> dict[str, int]:
     """Token ids of <|im_end|> and of the image span's opening token."""
     tokens = httpx.post(f"{server}{ROOT}/tokenize", headers={"Authorization": f"Bearer {KEY}"},
                         json={"model": MODEL, "prompt": "<|im_end|>", "add_special_tokens": False}).json()["tokens"]  # fmt: skip
     assert len(tokens) == 1
-    return {"end": tokens[0], "draw": TextTokenizer.from_dir(omni_dir).token_to_id(START)}
+    return {"end": tokens[0], "draw": TextTokenizer.from_dir(embedded_dir).token_to_id(START)}
 
 
 @pytest.fixture(scope="module")
@@ -178,13 +198,19 @@ def _send_chat(page: Page, text: str, extra: dict[str, Any], *, speak: bool) -> 
     return dict(page.js("({...document.getElementById('chat').dataset})"))
 
 
+def _pick(page: Page, model: str) -> None:
+    page.js(f"(s => {{ s.value = {json.dumps(model)}; s.dispatchEvent(new Event('change')); }})(document.getElementById('model'))")
+
+
 def test_the_chat_tab_streams_a_spoken_answer_and_shows_a_drawn_image(server: str, page: Page, bias: dict[str, int]) -> None:
+    """On the embedded default, with no field about reasoning: its generation defaults skip the
+    block the reference's template opens, which random weights rarely close."""
     page.open(f"{server}{ROOT}/playground")
     page.use_key(KEY)
+    _pick(page, MODEL)  # chat may open on SmolLM2 (the next test's)
     assert page.js("document.getElementById('model').value") == MODEL
 
-    # no reasoning block (the reference template opens one, which a random model rarely closes)
-    quick = {"logit_bias": {str(bias["end"]): 4}, "max_tokens": 200, "seed": 3, "chat_template_kwargs": {"skip_reasoning": True}}
+    quick = {"logit_bias": {str(bias["end"]): 4}, "max_tokens": 200, "seed": 3}
     said = _send_chat(page, "Say hello.", quick, speak=True)
     answer = page.js("document.querySelector('#chat-log .msg.assistant:last-child .text').textContent")
     assert said["state"] == "done", answer
@@ -199,6 +225,51 @@ def test_the_chat_tab_streams_a_spoken_answer_and_shows_a_drawn_image(server: st
     size = page.wait("(i => i && i.complete && i.naturalWidth ? [i.naturalWidth, i.naturalHeight] : null)"
                      "(document.querySelector('#chat-log .msg.assistant img'))", 30, "the drawn image loads")  # fmt: skip
     assert min(size) >= 512  # the decoder's size for its ratio token (tests/e2e/test_images.py checks which)
+
+
+def test_chat_opens_on_the_trained_model_at_a_low_temperature_and_the_other_tabs_on_the_omni_model(
+    server: str, page: Page, smollm2: Path | None
+) -> None:
+    if smollm2 is None:
+        pytest.skip("SmolLM2's GGUF is neither cached nor fetchable: no trained model to open chat on")
+    page.open(f"{server}{ROOT}/playground")
+    page.use_key(KEY)
+    model = "document.getElementById('model').value"
+    assert page.js(model) == "smollm2"
+    fields = json.loads(page.js("document.getElementById('chat-extra').value"))
+    assert fields["temperature"] <= 0.5, fields  # SmolLM2's card samples at 0.2
+    said = _send_chat(page, "What is the capital of France?", fields | {"seed": 0}, speak=False)
+    answer = page.js("document.querySelector('#chat-log .msg.assistant:last-child .text').textContent")
+    assert said["state"] == "done" and answer.strip(), answer
+    for tab, expected in (("images", MODEL), ("voice", MODEL), ("chat", "smollm2")):
+        page.js(f"document.querySelector('[data-tab={tab}]').click()")
+        assert page.js(model) == expected, tab
+    _pick(page, MODEL)  # a tab keeps the user's pick
+    page.js("document.querySelector('[data-tab=images]').click(); document.querySelector('[data-tab=chat]').click()")
+    assert page.js(model) == MODEL
+
+
+def test_the_embedded_defaults_answers_are_not_swallowed_by_reasoning(server: str, bias: dict[str, int]) -> None:
+    """Asked for a spoken answer within 150 tokens, the embedded default answers outside a
+    reasoning block every time (the reference's template opens one, and its random weights
+    rarely close it: before its generation defaults skipped it, 5 of 6 such answers were empty).
+    Its speech follows when its text ends (a bias on <|im_end|> ends it soon): every one speaks.
+    reasoning_effort still opens the block, as on the reference model."""
+    auth = {"Authorization": f"Bearer {KEY}"}
+    spoken = {"model": MODEL, "messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 150,
+              "modalities": ["text", "audio"], "audio": {"voice": "fkms", "format": "wav"}}  # fmt: skip
+    for seed in range(6):
+        for extra in ({}, {"logit_bias": {str(bias["end"]): 4}}):
+            r = httpx.post(f"{server}{ROOT}/v1/chat/completions", headers=auth, json=spoken | extra | {"seed": seed}, timeout=TURN_S)
+            message = r.json()["choices"][0]["message"]
+            assert r.status_code == 200 and message.get("reasoning_content") is None, message
+            said = (message.get("audio") or {}).get("transcript") or message.get("content")
+            assert said, message
+            if extra:
+                assert message["audio"]["data"], message
+    thinking = httpx.post(f"{server}{ROOT}/v1/chat/completions", headers=auth, timeout=TURN_S,
+                          json=spoken | {"seed": 0, "max_tokens": 8, "reasoning_effort": "high", "modalities": ["text"]})  # fmt: skip
+    assert thinking.json()["choices"][0]["message"]["reasoning_content"], thinking.json()
 
 
 def test_the_voice_tab_shows_the_users_transcript_and_receives_audio(server: str, page: Page, bias: dict[str, int]) -> None:

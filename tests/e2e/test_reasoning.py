@@ -1,6 +1,6 @@
 """Reasoning through the real server: <think>...</think> goes to reasoning_content, the rest to
 content, equal whether streamed or not; thinking_token_budget ends the reasoning; chat template
-kwargs reach the template."""
+kwargs and reasoning_effort reach the template."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from typing import Any
 
 import jsonschema
 import openai
+import pytest
 
 from omni.text.tokenizer import TextTokenizer
 
@@ -91,6 +92,28 @@ async def test_template_kwargs_reach_the_template(server: str, tiny_model_dir: P
     block = tok.encode("<think>\n\n</think>\n\n", add_special_tokens=False)
     assert skip.usage.prompt_tokens == plain.usage.prompt_tokens + len(block)
     assert getattr(skip.choices[0].message, "reasoning_content", "missing") is None
+
+
+async def test_reasoning_effort_none_or_minimal_skips_the_block_as_the_responses_api_does(
+    server: str, tiny_model_dir: Path
+) -> None:
+    """The openai client's reasoning_effort: none and minimal end the prompt with the empty,
+    closed block (as skip_reasoning does, and the Responses API's reasoning.effort), the others
+    leave the prompt as it is; a value OpenAI does not know is a 400 naming the field."""
+    tok = TextTokenizer.from_dir(tiny_model_dir)
+    client = _client(server)
+    plain = await client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=1)
+    block = len(tok.encode("<think>\n\n</think>\n\n", add_special_tokens=False))
+    for effort in ("none", "minimal", "low", "medium", "high"):
+        out = await client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=1, reasoning_effort=effort)
+        skip = effort in ("none", "minimal")
+        assert out.usage.prompt_tokens == plain.usage.prompt_tokens + (block if skip else 0), effort
+    responses = await client.responses.create(model=MODEL, input=ASK[0]["content"], max_output_tokens=16, reasoning={"effort": "none"})
+    skipped = await client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=1, reasoning_effort="none")
+    assert responses.usage.input_tokens == skipped.usage.prompt_tokens
+    with pytest.raises(openai.BadRequestError) as e:
+        await client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=1, reasoning_effort="extreme")  # type: ignore[arg-type]
+    assert (e.value.status_code, e.value.param, e.value.code) == (400, "reasoning_effort", "invalid_value")
 
 
 def test_completions_honour_the_budget_too(server: str) -> None:

@@ -381,7 +381,7 @@ CHAT: dict[str, Sample] = SHARED | {
     "prompt_cache_key": Sample("walk-cache-key"),
     "prompt_cache_options": Sample({"mode": "implicit", "ttl": "30m"}),
     "prompt_cache_retention": Sample("24h", default="in_memory"),
-    "reasoning_effort": Sample("low"),
+    "reasoning_effort": Sample("none", effect=_longer_prompt),  # the closed, empty reasoning block
     "safety_identifier": Sample("2f8b0c1e9d"),
     "service_tier": Sample("flex", default="auto"),
     "store": Sample(True, default=False),

@@ -197,3 +197,27 @@ def test_bad_input_is_a_400_naming_the_field(server: str, case: str) -> None:
     r = httpx.post(f"{server}/v1/responses", json={"model": MODEL, **body}, timeout=60)
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"] == param, r.json()
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "status"),
+    [("quality", "high", 400), ("moderation", "low", 400), ("background", "transparent", 400), ("model", "gpt-image-1", 404)],
+)
+def test_the_image_tool_refuses_what_the_images_api_refuses_with_its_error(server: str, field: str, value: str, status: int) -> None:
+    """The same status, code and message as /v1/images/generations for the same value, named at
+    the tool's field."""
+    images = httpx.post(f"{server}/v1/images/generations", json={"model": MODEL, "prompt": "a kite", field: value}, timeout=60)
+    tool = {"type": "image_generation", field: value}
+    r = httpx.post(f"{server}/v1/responses", json={"model": MODEL, "input": "Draw a kite.", "tools": [tool]}, timeout=60)
+    assert (r.status_code, images.status_code) == (status, status), (r.text, images.text)
+    got, expected = r.json()["error"], images.json()["error"]
+    assert (got["param"], expected["param"]) == (f"tools[0].{field}", field)
+    assert (got["code"], got["message"]) == (expected["code"], expected["message"].replace(f"'{field}'", f"'tools[0].{field}'"))
+
+
+def test_the_image_tools_model_naming_the_answering_model_draws(client: openai.OpenAI) -> None:
+    named = {"type": "image_generation", "model": MODEL, "size": "880x656"}
+    drawn = client.responses.create(model=MODEL, input="Draw a kite.", tools=[named], tool_choice={"type": "image_generation"},
+                                    reasoning=NO_REASONING)  # fmt: skip
+    (call,) = [item for item in drawn.output if item.type == "image_generation_call"]
+    assert _png(base64.b64decode(call.result)).size == (880, 656)

@@ -12,12 +12,16 @@ from __future__ import annotations
 
 import functools
 import html
+import json
+from collections.abc import Iterable
 from importlib import resources
+from pathlib import Path
 
 from aiohttp import web
 
 from omni.errors import not_found
-from omni.http.state import CONFIG
+from omni.http.state import CONFIG, MODELS
+from omni.serving.model import ServedModel
 
 PLAYGROUND_PATH = "/playground"
 ASSET_ROUTE = PLAYGROUND_PATH + "/{name}"
@@ -33,6 +37,7 @@ ASSETS = {
     "style.css": "text/css",
 }
 _ROOT_MARK = "__ROOT_PATH__"
+_MODELS_MARK = "__MODEL_HINTS__"
 # What the page may load and reach: its own files and API, and images or audio from anywhere
 # (an S3 store's signed URLs are on another host). A CDN script would be refused.
 _CSP = (
@@ -47,15 +52,48 @@ def _read(name: str) -> bytes:
     return (resources.files("omni.http") / "playground" / name).read_bytes()
 
 
-def page_html(root_path: str) -> str:
-    """index.html with its <base href> at the root path ("" -> "/", "/omni" -> "/omni/")."""
-    return _read("index.html").decode().replace(_ROOT_MARK, html.escape(root_path, quote=True))
+def page_html(root_path: str, hints: dict[str, str] | None = None) -> str:
+    """index.html with its <base href> at the root path ("" -> "/", "/omni" -> "/omni/") and the
+    model each tab opens on (model_hints) in a <meta>, which the page reads."""
+    text = _read("index.html").decode().replace(_ROOT_MARK, html.escape(root_path, quote=True))
+    return text.replace(_MODELS_MARK, html.escape(json.dumps(hints or {}), quote=True))
+
+
+def model_hints(models: Iterable[ServedModel]) -> dict[str, str]:
+    """The model each tab opens on. Chat: the first served model with trained weights, so a
+    first question gets an answer, not noise (a bare omni-serve serves the random embedded
+    default and SmolLM2 beside it); images and voice: the first that makes more than text (and,
+    for voice, hears). Each falls back to the first model; the listing's order is the served one."""
+    served = list(models)
+    if not served:
+        return {}
+    first = served[0].name
+
+    def pick(able: list[ServedModel]) -> str:
+        return able[0].name if able else first
+
+    return {
+        "chat": pick([m for m in served if not random_weights(m.pool.config.model_dir)]),
+        "images": pick([m for m in served if m.outputs]),
+        "voice": pick([m for m in served if m.outputs and m.media is not None]),
+    }
+
+
+@functools.cache
+def random_weights(model_dir: Path) -> bool:
+    """Whether the checkpoint says its weights are random (config.json's random_weights, which the
+    embedded default has: gpu_workers/tiny/published.py make_embedded_default)."""
+    try:
+        config = json.loads((Path(model_dir) / "config.json").read_text())
+    except (OSError, ValueError):  # a GGUF file, or no readable config: nothing says so
+        return False
+    return isinstance(config, dict) and config.get("random_weights") is True
 
 
 async def page(request: web.Request) -> web.Response:
-    return web.Response(
-        text=page_html(request.app[CONFIG].root_path), content_type="text/html", charset="utf-8", headers=_HEADERS
-    )
+    registry = request.app[MODELS]
+    text = page_html(request.app[CONFIG].root_path, model_hints(registry))
+    return web.Response(text=text, content_type="text/html", charset="utf-8", headers=_HEADERS)
 
 
 async def asset(request: web.Request) -> web.Response:

@@ -24,6 +24,7 @@ from omni.serving.requests.common import (
 )
 from omni.serving.requests.fields import Json, missing, type_error, value_error
 from omni.serving.requests.images import ChatImageOptions, check_image_options
+from omni.serving.requests.reasoning import ReasoningEffort, effort_template_kwargs
 from omni.serving.requests.structured import grammar_of
 from omni.serving.requests.tools import MAX_TOOLS, NamedToolChoice, Tool, ToolFields, tool_fields
 from omni.text.constrained.spec import GrammarSpec
@@ -130,6 +131,11 @@ class AudioRef(Struct, frozen=True, kw_only=True):
     id: Annotated[str, Meta(pattern="^audio_[A-Za-z0-9]+$", description="The id of an earlier spoken answer.")]
 
 
+# How a message's text parts join into its text: as vLLM joins them for a template that takes a
+# string ("\n"), so text parts render as that text sent as a string does, under every template.
+TEXT_PART_SEPARATOR = "\n"
+
+
 # Keys a client echoes back on a message (refusal, annotations...) are left alone, as OpenAI does.
 class ChatMessage(Struct, frozen=True, kw_only=True):
     role: Role
@@ -154,19 +160,24 @@ class ChatMessage(Struct, frozen=True, kw_only=True):
 
     @property
     def text(self) -> str:
-        """The message's text parts joined; media parts contribute nothing."""
+        """The message's text parts joined (TEXT_PART_SEPARATOR); media parts contribute nothing."""
         if self.content is None:
             return ""
         if isinstance(self.content, str):
             return self.content
-        return "".join(p.text for p in self.content if isinstance(p, TextPart))
+        return TEXT_PART_SEPARATOR.join(p.text for p in self.content if isinstance(p, TextPart))
+
+    @property
+    def has_media(self) -> bool:
+        return isinstance(self.content, tuple) and not all(isinstance(p, TextPart) for p in self.content)
 
     def to_template_dict(self) -> dict[str, Json]:
-        """The message as a chat template expects it; media parts become typed dicts, each
+        """The message as a chat template expects it: text parts alone as their joined text (a
+        template then renders them as it renders that string), media parts as typed dicts; each
         earlier call's arguments an object (Hugging Face templates iterate them)."""
         content: Json
-        if self.content is None or isinstance(self.content, str):
-            content = self.content
+        if self.content is None or isinstance(self.content, str) or not self.has_media:
+            content = None if self.content is None else self.text
         else:
             content = [_part_dict(p) for p in self.content]
         out: dict[str, Json] = {"role": self.role, "content": content}
@@ -281,8 +292,9 @@ class ChatCompletionRequest(GenerationFields, frozen=True, kw_only=True, forbid_
         ),
     ] = None
     reasoning_effort: Annotated[
-        Refused, rejected("reasoning effort is not controllable; thinking_token_budget caps reasoning")
-    ] = None
+        ReasoningEffort,
+        honoured("none or minimal skips the template's reasoning block; the effort is a template variable"),
+    ] | None = None
     safety_identifier: Annotated[
         str | None, informational("an end-user id for abuse monitoring; it changes no output", STRING)
     ] = None
@@ -386,7 +398,8 @@ class ChatCompletionRequest(GenerationFields, frozen=True, kw_only=True, forbid_
         add = self.add_generation_prompt
         return TemplateFields(
             chat_template=self.chat_template,
-            kwargs=self.chat_template_kwargs,
+            # the client's own variables win over what its reasoning_effort sets
+            kwargs=effort_template_kwargs(self.reasoning_effort) | self.chat_template_kwargs,
             documents=tuple(self.documents),
             add_generation_prompt=not self.continue_final_message if add is None else add,
             continue_final_message=self.continue_final_message,

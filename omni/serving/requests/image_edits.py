@@ -57,7 +57,7 @@ from omni.serving.requests.images import (
     Seed,
     Size,
     Steps,
-    check_size,
+    check_file_options,
 )
 from omni.shared.media.image_sizes import parse_size
 
@@ -176,9 +176,7 @@ def parse_image_edit_request(form: ImageEditForm) -> ImageEditFields:
             raise value_error("image", f"image {i} is empty.")
     if req.mask is not None and not req.mask:
         raise value_error("mask", "the mask is empty.")
-    check_size(req.size_sent, "size")
-    if req.output_compression is not None and req.output_format == "png":
-        raise value_error("output_compression", "applies to jpeg and webp output only.")
+    check_file_options(req.size_sent, req.output_format, req.output_compression)
     if req.partial_images and not req.stream:
         raise bad_request("'partial_images' needs 'stream' to be true.", param="partial_images")
     if req.seed is not None and req.seed > MAX_SEED:

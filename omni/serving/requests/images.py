@@ -104,9 +104,7 @@ def parse_image_generation_request(body: Body) -> ImageGenerationRequest:
     req = convert(body, ImageGenerationRequest)
     if not req.prompt.strip():
         raise value_error("prompt", "must not be empty.")
-    check_size(req.size_sent, "size")
-    if req.output_compression is not None and req.output_format == "png":
-        raise value_error("output_compression", "applies to jpeg and webp output only.")
+    check_file_options(req.size_sent, req.output_format, req.output_compression)
     if req.partial_images and not req.stream:
         raise bad_request("'partial_images' needs 'stream' to be true.", param="partial_images")
     if req.seed is not None and req.seed > MAX_SEED:
@@ -134,9 +132,7 @@ class ChatImageOptions(Struct, frozen=True, kw_only=True, forbid_unknown_fields=
 def check_image_options(options: ChatImageOptions | None) -> None:
     if options is None:
         return
-    check_size(options.size_sent, "image.size")
-    if options.output_compression is not None and options.output_format == "png":
-        raise value_error("image.output_compression", "applies to jpeg and webp output only.")
+    check_file_options(options.size_sent, options.output_format, options.output_compression, "image.")
 
 
 def parse_chat_image_options(body: Body) -> ChatImageOptions | None:
@@ -153,6 +149,14 @@ def parse_chat_image_options(body: Body) -> ChatImageOptions | None:
 
 class _ImageOnly(Struct, frozen=True):
     image: ChatImageOptions
+
+
+def check_file_options(size: str | None, output_format: str, output_compression: int | None, prefix: str = "") -> None:
+    """The size and file options every drawing request shares (this API's, an edit's, a chat
+    request's `image`, the Responses API's image_generation tool), named under prefix."""
+    check_size(size, prefix + "size")
+    if output_compression is not None and output_format == "png":
+        raise value_error(prefix + "output_compression", "applies to jpeg and webp output only.")
 
 
 def check_size(value: str | None, param: str) -> None:

@@ -27,7 +27,16 @@ from omni.serving.requests.common import (
     rejected,
 )
 from omni.serving.requests.fields import MAX_SEED, MIN_SEED, Body, Json, convert, value_error
-from omni.serving.requests.images import MAX_PARTIAL_IMAGES, Compression, OutputFormat, Size
+from omni.serving.requests.image_edits import IMAGE_EDIT_FIELDS
+from omni.serving.requests.images import (
+    IMAGE_FIELDS,
+    MAX_PARTIAL_IMAGES,
+    Compression,
+    OutputFormat,
+    Size,
+    check_file_options,
+)
+from omni.serving.requests.reasoning import ReasoningEffort
 from omni.serving.requests.tools import MAX_TOOLS, NAME_PATTERN
 from omni.shared.media.image_sizes import parse_size
 from omni.shared.sampling_bounds import sampling_bound
@@ -154,12 +163,16 @@ class ImageGenerationTool(Struct, frozen=True, kw_only=True, tag_field="type", t
     output_format: OutputFormat = "png"
     output_compression: Compression | None = None
     partial_images: Annotated[int, Meta(ge=0, le=MAX_PARTIAL_IMAGES)] = 0
-    quality: Literal["low", "medium", "high", "auto"] = "auto"  # the decoder has one quality
+    # Taken at the images API's defaults only (_AS_IMAGES_API): the decoder has one quality,
+    # draws opaque images, and no moderation model runs; the encoders read every image one way.
+    quality: Literal["low", "medium", "high", "auto"] = "auto"
     background: Literal["transparent", "opaque", "auto"] = "auto"
     moderation: Literal["auto", "low"] = "auto"
+    input_fidelity: Literal["high", "low"] | None = None
     action: Literal["generate", "edit", "auto"] = "auto"
-    model: str | None = None  # the served model draws
-    input_fidelity: str | None = None
+    # The model that draws, as the images API's `model`: the turn's images are the response's
+    # own model's, so it must name that model (omni/serving/response_turns.py checks it).
+    model: str | None = None
     input_image_mask: dict[str, Any] | None = None
 
     @property
@@ -204,21 +217,14 @@ class TextConfig(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     verbosity: Literal["medium"] | None = None  # the length of a reply is not controllable
 
 
-Effort: TypeAlias = Literal["none", "minimal", "low", "medium", "high", "xhigh"]
-
-
 class ReasoningConfig(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """effort none or minimal: the template's reasoning block is skipped (skip_reasoning);
-    any other effort reasons as the model does. summary: the reasoning item carries the
-    model's reasoning text as its summary, whatever the detail asked."""
+    """effort: as chat's reasoning_effort (requests/reasoning.py), which the turn's chat request
+    carries. summary: the reasoning item carries the model's reasoning text as its summary,
+    whatever the detail asked."""
 
-    effort: Effort | None = None
+    effort: ReasoningEffort | None = None
     summary: Literal["auto", "concise", "detailed"] | None = None
     generate_summary: Literal["auto", "concise", "detailed"] | None = None
-
-    @property
-    def skip(self) -> bool:
-        return self.effort in ("none", "minimal")
 
 
 class ResponseStreamOptions(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -350,15 +356,23 @@ def _check_metadata(metadata: dict[str, str]) -> None:
             )
 
 
+# The tool's options that the images API takes at their defaults only, judged by its tables: the
+# same 400s (unsupported_parameter, the same reason and accepted values), named at the tool's
+# field. input_fidelity is an edit's field; generations has none.
+_AS_IMAGES_API = {
+    "quality": IMAGE_FIELDS["quality"],
+    "background": IMAGE_FIELDS["background"],
+    "moderation": IMAGE_FIELDS["moderation"],
+    "input_fidelity": IMAGE_EDIT_FIELDS["input_fidelity"],
+}
+
+
 def _check_image_tool(tool: ImageGenerationTool, param: str) -> None:
-    try:
-        tool.parsed_size
-    except ValueError as e:
-        raise value_error(f"{param}.size", str(e)) from None
-    if tool.output_compression is not None and tool.output_format == "png":
-        raise value_error(f"{param}.output_compression", "applies to jpeg and webp output only.")
-    if tool.background == "transparent":
-        raise value_error(f"{param}.background", "the images are opaque; only 'opaque' or 'auto' is accepted.")
+    check_file_options(tool.size, tool.output_format, tool.output_compression, f"{param}.")
+    for name, known in _AS_IMAGES_API.items():
+        value = getattr(tool, name)
+        if value is not None:
+            known.check(f"{param}.{name}", value, {})
     if tool.action == "edit":
         raise value_error(f"{param}.action", "editing an input image is POST /v1/images/edits; use 'generate' or 'auto'.")
     if tool.input_image_mask is not None:

@@ -88,6 +88,10 @@ def test_default_checkpoint_is_built_once(tmp_path: Path, monkeypatch: pytest.Mo
     assert sorted(layout.components) == sorted(ENCODER_COMPONENTS)
     assert (layout.vision_decoder, layout.audio_decoder) == (d / "decoder" / "vision", d / "decoder" / "audio")
     assert [p.name for p in tmp_path.iterdir()] == [d.name]  # no temp dirs left behind
+    # the embedded default: no reasoning block unless asked for, and it says its weights are random
+    generation = json.loads((d / "generation_config.json").read_text())
+    assert generation["default_chat_template_kwargs"] == {"skip_reasoning": True, "enable_thinking": False}
+    assert json.loads((d / "config.json").read_text())["random_weights"] is True
     monkeypatch.setenv("OMNI_SERVE_CACHE", str(tmp_path))
     assert default_checkpoint_dir() == d
 
@@ -107,7 +111,7 @@ def test_omni_checkpoint_is_deterministic_and_revisions_track_weights(tmp_path: 
 
 
 def test_the_omni_checkpoints_decoders_match_its_tokenizers(tmp_path: Path) -> None:
-    assert TINY_CHECKPOINT_VERSION == "omni-v6"  # v6: logits_scaling multiplies; the dialect tokens
+    assert TINY_CHECKPOINT_VERSION == "omni-v7"  # v7: its generation defaults; v6: logits_scaling multiplies; the dialect tokens
     root = make_tiny_component_checkpoint(tmp_path / "omni")
     codebook = load_file(root / "image_tokenizer" / "model.safetensors")["codebook.weight"]
     assert torch.equal(load_file(root / "vision_decoder" / "codebook.safetensors")["codebook"], codebook)

@@ -15,7 +15,7 @@ from omni.serving.model import ServedModel
 from omni.serving.prompt import chat_prompt, completion_prompts, load_media
 from omni.serving.requests import parse_chat_completion_request, parse_completion_request
 from omni.text.chat_format import ChatFormat
-from omni.text.tokenizer import TextTokenizer
+from omni.text.tokenizer import TextTokenizer, reference_chat_template
 from tests.omni.fake_pool import FakePool
 
 PNG_URL = "data:image/png;base64,iVBORw0KGgo="
@@ -137,3 +137,70 @@ async def test_prompt_token_ids_are_bounded_by_the_models_vocabulary(tiny_tokeni
     with pytest.raises(APIError) as e:
         await completion_prompts(smaller, parse_completion_request({"model": "m", "prompt": [[3], [1200]]}))
     assert (e.value.status, e.value.param, e.value.message) == (400, "prompt", "prompt 1 has token ids outside [0, 1000)")
+
+
+# The messages around the one under test, so that each role stands where a template expects it.
+_AROUND = {
+    "system": ([], [{"role": "user", "content": "Hi"}]),
+    "developer": ([], [{"role": "user", "content": "Hi"}]),
+    "user": ([], []),
+    "assistant": ([{"role": "user", "content": "Hi"}], []),
+    "tool": (
+        [
+            {"role": "user", "content": "Hi"},
+            {"role": "assistant", "tool_calls": [{"id": "c", "function": {"name": "f", "arguments": "{}"}}]},
+        ],
+        [],
+    ),
+}
+
+
+@pytest.mark.parametrize("template", ["checkpoint", "reference"])
+@pytest.mark.parametrize("role", list(_AROUND))
+async def test_a_message_as_text_parts_renders_as_the_same_text_as_a_string(
+    model: ServedModel, template: str, role: str
+) -> None:
+    """Parts join with "\\n", as vLLM joins them for a template that takes a string: one part is
+    its text, two are the text they join to, under either template and for every role."""
+    served = model
+    if template == "reference":
+        served = ServedModel("m", model.tokenizer, model.pool, created=0, chat_format=ChatFormat(chat_template=reference_chat_template()))
+    before, after = _AROUND[role]
+
+    async def ids(content: Any) -> list[int]:
+        extra = {"tool_call_id": "c"} if role == "tool" else {}
+        req = chat(*before, {"role": role, "content": content, **extra}, *after)
+        return list((await chat_prompt(served, req, [])).token_ids)
+
+    one = [{"type": "text", "text": "Say hello."}]
+    two = [{"type": "text", "text": "Say hello"}, {"type": "text", "text": "in one word."}]
+    assert await ids(one) == await ids("Say hello.")
+    assert await ids(two) == await ids("Say hello\nin one word.")
+
+
+@pytest.mark.parametrize("effort", ["none", "minimal", "low", "medium", "high", "xhigh", "max"])
+async def test_reasoning_effort_none_or_minimal_closes_the_reasoning_block_others_leave_it_open(
+    model: ServedModel, effort: str
+) -> None:
+    """Under the reference dialect (its generation prompt opens <think>) and the bare LLM's own
+    template (which opens none unless told to skip)."""
+    reference = ServedModel("m", model.tokenizer, model.pool, created=0, chat_format=ChatFormat(chat_template=reference_chat_template()))
+    ask = {"model": "m", "messages": [{"role": "user", "content": "Hi"}], "reasoning_effort": effort}
+    skip = effort in ("none", "minimal")
+    text = model.tokenizer.decode(
+        (await chat_prompt(reference, parse_chat_completion_request(ask), [])).token_ids, skip_special_tokens=False
+    )
+    assert text.endswith("<|im_start|>assistant\n<think>\n" + ("\n</think>\n\n" if skip else ""))
+    text = model.tokenizer.decode(
+        (await chat_prompt(model, parse_chat_completion_request(ask), [])).token_ids, skip_special_tokens=False
+    )
+    assert text.endswith("<|im_start|>assistant\n" + ("<think>\n\n</think>\n\n" if skip else ""))
+
+
+async def test_a_template_with_no_reasoning_block_renders_the_same_whatever_the_effort(model: ServedModel) -> None:
+    plain = ServedModel("m", model.tokenizer, model.pool, created=0, chat_format=ChatFormat(chat_template="<{{ messages[0]['content'] }}>"))
+    prompts = [
+        (await chat_prompt(plain, body(**({} if effort is None else {"reasoning_effort": effort})), [])).token_ids
+        for effort in (None, "none", "high")
+    ]
+    assert prompts[0] == prompts[1] == prompts[2] == model.tokenizer.encode("<Hi>", add_special_tokens=False)

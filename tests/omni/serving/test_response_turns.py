@@ -9,9 +9,9 @@ from typing import Any, cast
 import pytest
 
 from omni.errors import APIError
-from omni.serving.model import ServedModel
+from omni.serving.model import ModelRegistry, ServedModel
 from omni.serving.requests.responses import parse_response_request
-from omni.serving.response_turns import T2I_FUNCTION, ParamMap, response_turn
+from omni.serving.response_turns import T2I_FUNCTION, ParamMap, check_image_tool_model, response_turn
 from omni.shared.media.errors import MediaError
 from omni.text.parsers.tool_grammar import T2I_TOOL
 
@@ -72,7 +72,8 @@ def test_tools_choice_format_and_reasoning_are_chats() -> None:
     chat = turn.chat
     assert [f.name for f in chat.tools.functions] == ["f"] and chat.tools.choice == "named"
     assert chat.tools.single_call and chat.max_tokens == 9 and (chat.temperature, chat.top_p) == (0.5, 0.5)
-    assert chat.chat_template_kwargs == {"skip_reasoning": True, "enable_thinking": False}
+    assert chat.reasoning_effort == "minimal"  # chat's field, and so chat's rule
+    assert chat.template.kwargs == {"reasoning_effort": "minimal", "skip_reasoning": True, "enable_thinking": False}
     assert chat.modalities == ("text",)
     schema = _turn({"input": "hi", "text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": "object"}}}})
     grammar = schema.chat.grammar
@@ -107,3 +108,34 @@ def test_chats_errors_name_the_responses_fields() -> None:
     tool = {"type": "function", "name": "f"}
     turn = _turn({"input": "hi", "tools": [{"type": "image_generation"}, tool]}, images=True)
     assert turn.params.name("tools[0].function.parameters") == "tools[1].parameters"
+
+
+def test_the_image_tools_model_names_the_answering_model_as_the_images_api_names_one() -> None:
+    """It is honoured as the images API's `model`: a served model's name or alias, else the same
+    404 (named at the tool's field); and since the answering model draws the turn's images, a
+    name of another served model is a 400."""
+    models = ModelRegistry()
+    models.add(_model(images=True), aliases=("m-alias",))
+    other = cast(ServedModel, SimpleNamespace(name="other", images=object()))
+    models.add(other)
+
+    def check(tool_model: str | None) -> None:
+        check_image_tool_model(models, parse_response_request(
+            {"model": "m", "input": "hi", "tools": [{"type": "function", "name": "f"}, {"type": "image_generation", "model": tool_model}]}
+        ))  # fmt: skip
+
+    for name in (None, "m", "m-alias"):
+        check(name)
+    with pytest.raises(APIError) as caught:
+        check("gpt-image-1")
+    with pytest.raises(APIError) as images_api:
+        models.get("gpt-image-1")
+    error, expected = caught.value, images_api.value
+    assert (error.status, error.code, error.message) == (expected.status, expected.code, expected.message) == (
+        404, "model_not_found", "The model `gpt-image-1` does not exist."
+    )
+    assert error.param == "tools[1].model"
+    with pytest.raises(APIError) as caught:
+        check("other")
+    assert (caught.value.status, caught.value.param) == (400, "tools[1].model")
+    assert "its own model draws its images" in caught.value.message

@@ -39,6 +39,23 @@ def test_eos_from_generation_config_then_config(tmp_path: Path) -> None:
     assert TextTokenizer.from_dir(tmp_path).eos_token_ids == frozenset({1280, 1282})
 
 
+def test_generation_configs_default_template_kwargs_hold_unless_a_render_sets_them(tmp_path: Path) -> None:
+    """default_chat_template_kwargs (vLLM's --default-chat-template-kwargs, as a checkpoint's
+    generation_config.json carries it): the tiny template's skip switch closes the reasoning block
+    by default; a request's own value wins."""
+    build_tiny_tokenizer(tmp_path)
+    plain = TextTokenizer.from_dir(tmp_path)
+    (tmp_path / "generation_config.json").write_text(json.dumps({"default_chat_template_kwargs": {"skip_reasoning": True}}))
+    skipping = TextTokenizer.from_dir(tmp_path)
+    hi = [{"role": "user", "content": "hi"}]
+    assert plain.render_prompt(hi).endswith("<|im_start|>assistant\n")
+    assert skipping.render_prompt(hi).endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    assert skipping.render_prompt(hi, skip_reasoning=False) == plain.render_prompt(hi)
+    (tmp_path / "generation_config.json").write_text(json.dumps({"default_chat_template_kwargs": ["skip_reasoning"]}))
+    with pytest.raises(ValueError, match="default_chat_template_kwargs is not an object"):
+        TextTokenizer.from_dir(tmp_path)
+
+
 def test_chat_template_from_tokenizer_config(tmp_path: Path) -> None:
     build_tiny_tokenizer(tmp_path)
     (tmp_path / "chat_template.jinja").unlink()

@@ -4,16 +4,20 @@ page's <base href> is the root path, / redirects to it, only the listed files ar
 
 from __future__ import annotations
 
+import html
+import json
 import re
 from importlib import resources
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from omni.config import ServerConfig, StoreConfig
 from omni.http.app import create_app
-from omni.http.handlers.playground import ASSETS, PLAYGROUND_PATH
+from omni.http.handlers.playground import ASSETS, PLAYGROUND_PATH, model_hints, page_html, random_weights
 
 KEY = "sk-page"
 FOLDER = resources.files("omni.http") / "playground"
@@ -74,3 +78,30 @@ def test_the_listed_files_are_the_folder_and_every_file_the_page_loads_is_listed
             loaded |= set(re.findall(r'url\("playground/([^"]+)"\)', text))
             assert "http://" not in text and "https://" not in text, name  # no CDN, no other host
     assert loaded == set(ASSETS), loaded ^ set(ASSETS)
+
+
+def _served(name: str, model_dir: Path, *, makes: bool = False, hears: bool = False) -> Any:
+    return SimpleNamespace(name=name, pool=SimpleNamespace(config=SimpleNamespace(model_dir=model_dir)),
+                           outputs=(object(),) if makes else (), media=object() if hears else None)  # fmt: skip
+
+
+def test_chat_opens_on_a_trained_model_and_images_and_voice_on_one_that_makes_them(tmp_path: Path) -> None:
+    """The embedded default (random_weights in its config.json) first, SmolLM2 (a GGUF file) beside
+    it: chat opens on SmolLM2; alone, or among random models only, the first model is opened."""
+    tiny = tmp_path / "tiny"
+    tiny.mkdir()
+    (tiny / "config.json").write_text(json.dumps({"model_type": "vlm", "random_weights": True}))
+    gguf = tmp_path / "smollm2.gguf"
+    gguf.write_bytes(b"GGUF")
+    omni, smol = _served("omni-tiny", tiny, makes=True, hears=True), _served("smollm2", gguf)
+    assert model_hints([omni, smol]) == {"chat": "smollm2", "images": "omni-tiny", "voice": "omni-tiny"}
+    assert model_hints([omni]) == {"chat": "omni-tiny", "images": "omni-tiny", "voice": "omni-tiny"}
+    assert model_hints([smol]) == {"chat": "smollm2", "images": "smollm2", "voice": "smollm2"}
+    assert model_hints([]) == {}
+    assert random_weights(tiny) and not random_weights(gguf) and not random_weights(tmp_path / "missing")
+
+
+def test_the_page_carries_the_hints_for_its_script() -> None:
+    text = page_html("/omni", {"chat": "smollm2", "images": 'a"b<c'})
+    (content,) = re.findall(r'<meta name="omni-models" content="([^"]*)">', text)
+    assert json.loads(html.unescape(content)) == {"chat": "smollm2", "images": 'a"b<c'}

@@ -136,12 +136,15 @@ def test_chat_logprobs_without_top() -> None:
     assert parse_chat_completion_request(chat(logprobs=False)).num_logprobs is None
 
 
-def test_chat_template_dict_of_text_parts() -> None:
+def test_chat_template_dict_of_text_parts_is_their_text_and_of_media_the_parts() -> None:
+    text = [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]
+    image = {"type": "image_url", "image_url": {"url": "https://x/y.png"}}
     r = parse_chat_completion_request(
-        chat(messages=[{"role": "user", "content": [{"type": "text", "text": "a"}]}])
+        chat(messages=[{"role": "user", "content": text}, {"role": "user", "content": [*text, image]}])
     )
     assert [m.to_template_dict() for m in r.messages] == [
-        {"role": "user", "content": [{"type": "text", "text": "a"}]}
+        {"role": "user", "content": "a\nb"},
+        {"role": "user", "content": [*text, {"type": "image_url", "image_url": {"url": "https://x/y.png", "detail": None}}]},
     ]
 
 

@@ -8,6 +8,8 @@ from typing import Any
 import pytest
 
 from omni.errors import APIError
+from omni.serving.requests.image_edits import ImageEditForm, parse_image_edit_request
+from omni.serving.requests.images import parse_image_generation_request
 from omni.serving.requests.responses import (
     FunctionCallOutput,
     ImageGenerationChoice,
@@ -41,7 +43,7 @@ def test_a_string_input_and_typed_items() -> None:
     assert [type(p) for p in message.content] == [type(message.content[0]), InputImage, InputFile]
     assert isinstance(req.tool_choice, ImageGenerationChoice)
     assert isinstance(req.image_tool, ImageGenerationTool) and req.image_tool.parsed_size == (768, 768)
-    assert req.reasoning is not None and req.reasoning.skip
+    assert req.reasoning is not None and req.reasoning.effort == "none"
 
 
 BAD: list[tuple[dict[str, Any], str, str]] = [
@@ -49,7 +51,9 @@ BAD: list[tuple[dict[str, Any], str, str]] = [
     ({"input": [{"role": "user", "content": [{"type": "input_video"}]}]}, "input[0].content[0].type", "invalid_value"),
     ({"tools": [{"type": "web_search_preview"}]}, "tools[0].type", "invalid_value"),
     ({"tools": [{"type": "image_generation", "size": "1024x1024"}]}, "tools[0].size", "invalid_value"),
-    ({"tools": [{"type": "image_generation", "background": "transparent"}]}, "tools[0].background", "invalid_value"),
+    ({"tools": [{"type": "image_generation", "background": "transparent"}]}, "tools[0].background", "unsupported_parameter"),
+    ({"tools": [{"type": "image_generation", "output_format": "png", "output_compression": 50}]}, "tools[0].output_compression", "invalid_value"),
+    ({"tools": [{"type": "image_generation", "input_fidelity": "medium"}]}, "tools[0].input_fidelity", "invalid_value"),
     ({"tools": [{"type": "image_generation", "partial_images": 4}]}, "tools[0].partial_images", None),
     ({"tool_choice": {"type": "function", "name": "f"}}, "tool_choice.name", "invalid_value"),
     ({"tool_choice": {"type": "image_generation"}}, "tool_choice", "invalid_value"),
@@ -78,3 +82,35 @@ def test_input_is_needed_unless_a_turn_continues() -> None:
         parse_response_request({"model": "m"})
     assert caught.value.param == "input"
     assert parse_response_request({"model": "m", "previous_response_id": "resp_1"}).input == ""
+
+
+def _refusal(parse: Any, *args: Any) -> APIError:
+    with pytest.raises(APIError) as caught:
+        parse(*args)
+    return caught.value
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "images_api"),
+    [
+        ("quality", "high", lambda v: parse_image_generation_request({"prompt": "a kite", "quality": v})),
+        ("moderation", "low", lambda v: parse_image_generation_request({"prompt": "a kite", "moderation": v})),
+        ("background", "transparent", lambda v: parse_image_generation_request({"prompt": "a kite", "background": v})),
+        ("input_fidelity", "high", lambda v: parse_image_edit_request(ImageEditForm({"prompt": ["x"], "input_fidelity": [v]}, {"image": [b"png"]}))),
+        ("output_compression", 50, lambda v: parse_image_generation_request({"prompt": "a kite", "output_compression": v})),
+        ("size", "999x999", lambda v: parse_image_generation_request({"prompt": "a kite", "size": v})),
+    ],
+)
+def test_the_image_tool_refuses_what_the_images_api_refuses_with_its_400(name: str, value: Any, images_api: Any) -> None:
+    """The same status, code and message, named at the tool's field; the images API's default is
+    taken by both."""
+    tool = _refusal(parse_response_request, {"model": "m", "input": "hi", "tools": [{"type": "image_generation", name: value}]})
+    images = _refusal(images_api, value)
+    assert (tool.status, tool.code, tool.param) == (images.status, images.code, f"tools[0].{name}")
+    assert tool.message == images.message.replace(f"'{name}'", f"'tools[0].{name}'")
+
+
+def test_the_image_tool_takes_the_images_apis_defaults() -> None:
+    tool = {"type": "image_generation", "quality": "auto", "moderation": "auto", "background": "opaque", "input_fidelity": "low"}
+    req = parse_response_request({"model": "m", "input": "hi", "tools": [tool]})
+    assert req.image_tool is not None and req.image_tool.input_fidelity == "low"
