@@ -47,7 +47,7 @@ from omni.serving.requests.image_edits import IMAGE_EDITS_PATH
 from omni.serving.requests.responses import RESPONSES_PATH
 from omni.serving.requests.speech import SPEECH_PATH
 from omni.serving.requests.transcriptions import TRANSCRIPTIONS_PATH
-from omni.serving.response_store import ResponseStore
+from omni.serving.responses.store import ResponseStore
 from omni.shared.store.base import ArtifactStore
 from omni.shared.store.spec import StoreSpec
 from omni.text.chat_format import ChatFormat

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from omni.engines.generation import PromptLogprobs, TokenLogprob
-from omni.serving.responses import (
+from omni.serving.bodies import (
     ChatTokenLogprob,
     CompletionLogprobs,
     LogprobEntry,

@@ -10,7 +10,7 @@ body is a multipart form, whose values are text (and never null): its schema giv
 each text is read as. tests/omni/http/test_openapi.py checks that the schemas refuse what the
 parsers refuse.
 The response components are the JSON schemas of the Structs the handlers encode
-(omni/serving/responses.py, and omni/errors.py's Error).
+(omni/serving/bodies.py, and omni/errors.py's Error).
 
 What a schema cannot say is left to the descriptions and answered with a 400 naming the
 field: a token id past the vocabulary, a prompt past the context, two output constraints at
@@ -32,6 +32,7 @@ from msgspec import Struct
 from omni.errors import Error
 from omni.http.handlers.realtime import REALTIME_PATH
 from omni.http.state import CONFIG, MODELS
+from omni.serving.bodies import RESPONSE_TYPES
 from omni.serving.requests.chat import ChatCompletionRequest
 from omni.serving.requests.common import known_fields
 from omni.serving.requests.completions import CompletionRequest
@@ -63,7 +64,6 @@ from omni.serving.requests.transcriptions import (
     TRANSCRIPTIONS_PATH,
     TranscriptionFields,
 )
-from omni.serving.responses import RESPONSE_TYPES
 from omni.shared.media.audio_encoding import MEDIA_TYPES, SPEECH_AUDIO_FORMATS
 from omni.shared.store.local import ARTIFACT_PATH
 
@@ -292,12 +292,12 @@ REQUIRED: Mapping[Endpoint, tuple[str, ...]] = {
 
 
 def _response_schemas() -> dict[str, Schema]:
-    """The bodies' and events' schemas, from their Structs (omni/serving/responses.py and the
+    """The bodies' and events' schemas, from their Structs (omni/serving/bodies.py and the
     error object's in omni/errors.py): what the handlers encode is what is described."""
     _, components = msgspec.json.schema_components(
         (*RESPONSE_TYPES, Error), ref_template="#/components/schemas/{name}"
     )
-    # The Responses API's Response object (omni/http/response_events.py builds it), in outline.
+    # The Responses API's Response object (omni/serving/responses/events.py builds it), in outline.
     components["Response"] = {
         "type": "object",
         "properties": {

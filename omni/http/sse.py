@@ -15,8 +15,8 @@ from aiohttp import web
 from omni.engines.generation import Delta, TokenLogprob, Usage
 from omni.engines.llm import EngineError
 from omni.modalities.outputs.router import OutputRouter
+from omni.serving.bodies import ChunkUsage, usage_body
 from omni.serving.errors import engine_error
-from omni.serving.responses import ChunkUsage, usage_body
 
 # One encoder for every body and event: msgspec encodes the response Structs (and the plain
 # dicts of error events) without building an intermediate dict.

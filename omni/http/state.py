@@ -8,7 +8,7 @@ from omni.config import ServerConfig
 from omni.metrics import Metrics
 from omni.modalities.inputs.voice_activity import LazyVoiceActivityModel
 from omni.serving.model import ModelRegistry
-from omni.serving.response_store import ResponseStore
+from omni.serving.responses.store import ResponseStore
 from omni.shared.store.base import ArtifactStore
 
 CONFIG = web.AppKey("config", ServerConfig)

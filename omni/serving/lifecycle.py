@@ -58,8 +58,8 @@ from omni.serving.requests import (
 from omni.serving.requests.images import ImageGenerationRequest
 from omni.serving.requests.responses import ResponseRequest
 from omni.serving.requests.transcriptions import TranscriptionRequest
-from omni.serving.response_store import ResponseStore
-from omni.serving.response_turns import ResponseTurn, check_image_tool_model, response_turn
+from omni.serving.responses.store import ResponseStore
+from omni.serving.responses.turn import ResponseTurn, check_image_tool_model, response_turn
 from omni.serving.sampling import sampling_params, truncate_prompt, truncated_media
 from omni.serving.spoken import ChatAudio, recall_spoken
 from omni.shared.media import MediaLimits
@@ -181,7 +181,7 @@ async def response(
     timeout: float | None,
 ) -> Response:  # fmt: skip
     """POST /v1/responses: the earlier turns of previous_response_id, then the request as a
-    chat turn (omni/serving/response_turns.py), answered by chat's lifecycle."""
+    chat turn (omni/serving/responses/turn.py), answered by chat's lifecycle."""
     history: list[dict[str, Any]] = []
     if req.previous_response_id is not None:
         earlier = await responses.fetch(req.previous_response_id)

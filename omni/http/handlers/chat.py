@@ -20,10 +20,7 @@ from omni.modalities.outputs.audio import AUDIO, AUDIO_EXPIRES_S, AudioPiece, ne
 from omni.modalities.outputs.image import IMAGE, GeneratedImage
 from omni.modalities.outputs.router import OutputRouter
 from omni.serving import lifecycle
-from omni.serving.lifecycle import Completion
-from omni.serving.requests import ChatCompletionRequest, parse_chat_completion_request
-from omni.serving.requests.chat import TextPart
-from omni.serving.responses import (
+from omni.serving.bodies import (
     AudioDelta,
     ChatChoice,
     ChatChunkChoice,
@@ -44,6 +41,9 @@ from omni.serving.responses import (
     finish_reason,
     usage_body,
 )
+from omni.serving.lifecycle import Completion
+from omni.serving.requests import ChatCompletionRequest, parse_chat_completion_request
+from omni.serving.requests.chat import TextPart
 from omni.serving.spoken import ChatAudio
 from omni.shared.media.audio_encoding import float_to_pcm16
 from omni.text.parsers.tool_calls import ToolCallDelta as ParsedToolCallDelta

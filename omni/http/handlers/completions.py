@@ -19,9 +19,7 @@ from omni.http.logprobs import OffsetToken, completion_logprobs, prompt_logprobs
 from omni.http.state import MODELS
 from omni.modalities.outputs.router import OutputRouter
 from omni.serving import lifecycle
-from omni.serving.lifecycle import Completion
-from omni.serving.requests import CompletionRequest, parse_completion_request
-from omni.serving.responses import (
+from omni.serving.bodies import (
     ChunkUsage,
     CompletionLogprobs,
     PromptTokenLogprob,
@@ -31,6 +29,8 @@ from omni.serving.responses import (
     finish_reason,
     usage_body,
 )
+from omni.serving.lifecycle import Completion
+from omni.serving.requests import CompletionRequest, parse_completion_request
 from omni.text.detokenizer import token_offsets
 from omni.text.tokenizer import TextTokenizer
 

@@ -29,10 +29,7 @@ from omni.http.state import MODELS
 from omni.modalities.outputs.image import IMAGE, GeneratedImage
 from omni.modalities.outputs.router import OutputRouter
 from omni.serving import image_edits, lifecycle
-from omni.serving.lifecycle import ImageGeneration, ImagePreview
-from omni.serving.requests.image_edits import ImageEditFields, parse_image_edit_request
-from omni.serving.requests.images import ImageGenerationRequest, parse_image_generation_request
-from omni.serving.responses import (
+from omni.serving.bodies import (
     ImageData,
     ImageEditCompletedEvent,
     ImageEditPartialImageEvent,
@@ -42,6 +39,9 @@ from omni.serving.responses import (
     ImageTokensDetails,
     ImageUsage,
 )
+from omni.serving.lifecycle import ImageGeneration, ImagePreview
+from omni.serving.requests.image_edits import ImageEditFields, parse_image_edit_request
+from omni.serving.requests.images import ImageGenerationRequest, parse_image_generation_request
 
 
 async def create_image(request: web.Request) -> web.StreamResponse:

@@ -1,7 +1,7 @@
 """POST /v1/responses, GET and DELETE /v1/responses/{id}, POST /v1/responses/{id}/cancel.
 The turn is chat's (omni.serving.lifecycle.response); its output items and events are
-omni/http/response_events.py's; stored responses live in the app's ResponseStore
-(omni/serving/response_store.py) for a bounded time.
+omni/serving/responses/events.py's; stored responses live in the app's ResponseStore
+(omni/serving/responses/store.py) for a bounded time.
 
 A whole response is the events' last state. A stream sends each event as `event: <type>` and
 `data: <json>` lines (no [DONE], as OpenAI's). A background response answers at once with
@@ -25,13 +25,13 @@ from omni.errors import APIError, bad_request
 from omni.http import sse
 from omni.http.access_log import note_generation
 from omni.http.body import body_timeout, read_parsed, request_timeout
-from omni.http.response_events import Event, ResponseEvents, new_id
 from omni.http.state import MODELS, RESPONSES, STORE
 from omni.serving import lifecycle
 from omni.serving.errors import engine_error
 from omni.serving.lifecycle import ImagePreview
 from omni.serving.requests.responses import ResponseRequest, parse_response_request
-from omni.serving.response_store import ResponseStore
+from omni.serving.responses.events import Event, ResponseEvents, new_id
+from omni.serving.responses.store import ResponseStore
 
 RESPONSE_ID = "response_id"  # the routes' path parameter
 

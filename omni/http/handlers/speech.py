@@ -1,5 +1,5 @@
 """POST /v1/audio/speech: text to speech, as OpenAI's API answers it: the handler, and the
-speech API's response format (the lifecycle is omni.serving.speech_lifecycle.speech).
+speech API's response format (the lifecycle is omni.serving.speech.speech).
 
     parse -> the lifecycle (the speaking model, the prompt, one choice held to the audio span
     grammar, routed to the vocoder) -> encoded (response_format), time-stretched (speed)
@@ -28,11 +28,11 @@ from omni.http.access_log import note_generation
 from omni.http.body import body_timeout, read_parsed, request_timeout
 from omni.http.state import MODELS
 from omni.modalities.outputs.audio import AUDIO
-from omni.serving import speech_lifecycle
+from omni.serving import speech as lifecycle
+from omni.serving.bodies import SpeechAudioDeltaEvent, SpeechAudioDoneEvent, SpeechUsage
 from omni.serving.errors import engine_error
 from omni.serving.requests.speech import SpeechRequest, parse_speech_request
-from omni.serving.responses import SpeechAudioDeltaEvent, SpeechAudioDoneEvent, SpeechUsage
-from omni.serving.speech_lifecycle import Speech
+from omni.serving.speech import Speech
 from omni.shared.media.audio_encoding import MEDIA_TYPES, StreamingAudioEncoder
 from omni.shared.media.tempo import TimeStretch
 
@@ -42,7 +42,7 @@ log = logging.getLogger("omni.http.handlers.speech")
 
 async def create_speech(request: web.Request) -> web.StreamResponse:
     req = await read_parsed(request, parse_speech_request, timeout=body_timeout(request))
-    speech = await speech_lifecycle.speech(request.app[MODELS], req, timeout=request_timeout(request))
+    speech = await lifecycle.speech(request.app[MODELS], req, timeout=request_timeout(request))
     note_generation(request, speech.model.name, speech.generations)
     with speech.admitted():
         if req.stream_format == "sse":

@@ -11,8 +11,8 @@ from aiohttp import web
 
 from omni.http.sse import json_response
 from omni.http.state import METRICS, MODELS
+from omni.serving.bodies import Health, Model, ModelList, Version
 from omni.serving.model import ServedModel
-from omni.serving.responses import Health, Model, ModelList, Version
 
 
 def _model_card(model: ServedModel) -> Model:

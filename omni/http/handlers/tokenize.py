@@ -18,6 +18,7 @@ from omni.errors import bad_request
 from omni.http.body import read_json
 from omni.http.sse import json_response
 from omni.http.state import MODELS
+from omni.serving.bodies import DetokenizeResponse, TokenizeResponse
 from omni.serving.model import ServedModel
 from omni.serving.prompt import chat_prompt, media_parts
 from omni.serving.requests import parse_chat_completion_request
@@ -29,7 +30,6 @@ from omni.serving.requests.tokenize import (
     parse_detokenize_request,
     parse_tokenize_request,
 )
-from omni.serving.responses import DetokenizeResponse, TokenizeResponse
 
 __all__ = ["DETOKENIZE_PATH", "TOKENIZE_PATH", "detokenize", "tokenize"]
 

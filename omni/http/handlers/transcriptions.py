@@ -33,10 +33,7 @@ from omni.http.body import body_timeout, read_transcription_form, request_timeou
 from omni.http.logprobs import logprob_entry
 from omni.http.state import MODELS
 from omni.serving import lifecycle
-from omni.serving.errors import engine_error
-from omni.serving.lifecycle import Transcription
-from omni.serving.requests.transcriptions import TranscriptionRequest, parse_transcription_request
-from omni.serving.responses import (
+from omni.serving.bodies import (
     DurationUsage,
     LogprobEntry,
     TranscriptionSegment,
@@ -46,7 +43,10 @@ from omni.serving.responses import (
     TranscriptTextDeltaEvent,
     TranscriptTextDoneEvent,
 )
-from omni.serving.responses import Transcription as TranscriptionBody
+from omni.serving.bodies import Transcription as TranscriptionBody
+from omni.serving.errors import engine_error
+from omni.serving.lifecycle import Transcription
+from omni.serving.requests.transcriptions import TranscriptionRequest, parse_transcription_request
 from omni.text.tokenizer import TextTokenizer
 
 

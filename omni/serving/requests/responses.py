@@ -1,5 +1,5 @@
 """The body of POST /v1/responses, as the official openai client sends it (responses.create).
-Each field is declared once (common.py says how); omni/serving/response_turns.py turns the
+Each field is declared once (common.py says how); omni/serving/responses/turn.py turns the
 request into the chat turn the engine answers.
 
 Input items: messages (content a string, or input_text, input_image, input_audio, input_file
@@ -171,7 +171,7 @@ class ImageGenerationTool(Struct, frozen=True, kw_only=True, tag_field="type", t
     input_fidelity: Literal["high", "low"] | None = None
     action: Literal["generate", "edit", "auto"] = "auto"
     # The model that draws, as the images API's `model`: the turn's images are the response's
-    # own model's, so it must name that model (omni/serving/response_turns.py checks it).
+    # own model's, so it must name that model (omni/serving/responses/turn.py checks it).
     model: str | None = None
     input_image_mask: dict[str, Any] | None = None
 

@@ -17,7 +17,7 @@ from omni.http.logprobs import (
     prompt_logprobs_json,
     token_name,
 )
-from omni.serving.responses import ChatTokenLogprob, CompletionLogprobs, LogprobEntry, PromptTokenLogprob
+from omni.serving.bodies import ChatTokenLogprob, CompletionLogprobs, LogprobEntry, PromptTokenLogprob
 from omni.text.tokenizer import TextTokenizer
 
 HELLO, THERE, COMMA = 1256, 964, 11  # "Hello", " there", "," in the tiny tokenizer

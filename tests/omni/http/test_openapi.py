@@ -19,6 +19,7 @@ from omni.config import ServerConfig, StoreConfig
 from omni.errors import APIError, Error
 from omni.http.app import create_app
 from omni.http.openapi import EXTRA_BODY, FIELD_SCHEMAS, IMAGES_PATH, OPENAPI_PATH, REQUIRED, openapi_document
+from omni.serving.bodies import RESPONSE_TYPES
 from omni.serving.requests import parse_chat_completion_request, parse_completion_request
 from omni.serving.requests.dispositions import FIELDS, STREAM_OPTIONS_FIELDS, Disposition, Endpoint
 from omni.serving.requests.fields import merge_extra_body
@@ -31,7 +32,6 @@ from omni.serving.requests.transcriptions import (
     TranscriptionForm,
     parse_transcription_request,
 )
-from omni.serving.responses import RESPONSE_TYPES
 from omni.shared.media.audio_encoding import MEDIA_TYPES, SPEECH_AUDIO_FORMATS
 
 ENDPOINTS: tuple[Endpoint, ...] = ("chat", "completions")

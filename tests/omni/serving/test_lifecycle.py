@@ -16,7 +16,7 @@ import pytest
 from omni.engines.pool import ModelPool
 from omni.errors import APIError
 from omni.modalities.outputs.router import OutputRouter
-from omni.serving import lifecycle, speech_lifecycle
+from omni.serving import lifecycle, speech
 from omni.serving.model import ModelRegistry, ServedModel
 from omni.serving.requests import parse_chat_completion_request, parse_completion_request
 from omni.serving.requests.images import parse_image_generation_request
@@ -184,6 +184,6 @@ async def test_images_and_speech_need_a_model_that_draws_or_speaks(models: Model
         await lifecycle.image_generation(models, parse_image_generation_request({"prompt": "a cat"}), timeout=None)
     assert (e.value.status, e.value.param, e.value.message) == (400, "model", "No served model draws images.")
     with pytest.raises(APIError) as e:
-        await speech_lifecycle.speech(models, parse_speech_request({"model": "m", "input": "Hi", "voice": "alloy"}), timeout=None)
+        await speech.speech(models, parse_speech_request({"model": "m", "input": "Hi", "voice": "alloy"}), timeout=None)
     assert (e.value.status, e.value.param) == (400, "model")
     assert e.value.message == "The model 'm' has no audio decoder: it cannot speak."

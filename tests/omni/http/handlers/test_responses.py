@@ -17,7 +17,7 @@ from omni.http.app import add_routes
 from omni.http.errors import error_middleware
 from omni.http.state import MODELS, RESPONSES
 from omni.serving.model import ModelRegistry, ServedModel
-from omni.serving.response_store import ResponseStore
+from omni.serving.responses.store import ResponseStore
 from omni.text.tokenizer import TextTokenizer
 from tests.omni.fake_pool import FakePool
 

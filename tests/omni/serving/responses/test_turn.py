@@ -11,7 +11,7 @@ import pytest
 from omni.errors import APIError
 from omni.serving.model import ModelRegistry, ServedModel
 from omni.serving.requests.responses import parse_response_request
-from omni.serving.response_turns import T2I_FUNCTION, ParamMap, check_image_tool_model, response_turn
+from omni.serving.responses.turn import T2I_FUNCTION, ParamMap, check_image_tool_model, response_turn
 from omni.shared.media.errors import MediaError
 from omni.text.parsers.tool_grammar import T2I_TOOL
 

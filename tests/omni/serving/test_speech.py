@@ -20,7 +20,7 @@ from omni.errors import APIError
 from omni.modalities.outputs.audio import ModelAudio
 from omni.serving.model import ModelRegistry, ServedModel
 from omni.serving.requests.speech import parse_speech_request
-from omni.serving.speech_lifecycle import speech
+from omni.serving.speech import speech
 from omni.shared import protocol
 from omni.shared.media.audio_encoding import encode_audio
 from omni.shared.store.local import LocalStore

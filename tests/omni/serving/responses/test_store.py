@@ -7,7 +7,7 @@ import asyncio
 
 import orjson
 
-from omni.serving.response_store import ResponseStore
+from omni.serving.responses.store import ResponseStore
 
 
 class Clock:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import msgspec
 
 from omni.engines.generation import Usage as TokenUsage
-from omni.serving.responses import (
+from omni.serving.bodies import (
     ChatChunkChoice,
     ChatCompletionChunk,
     ChatTokenLogprob,

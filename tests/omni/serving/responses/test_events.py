@@ -12,9 +12,9 @@ from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
 
 from omni.engines.generation import Delta, Usage
-from omni.http.response_events import ResponseEvents
 from omni.modalities.outputs.image import IMAGE, GeneratedImage
 from omni.serving.lifecycle import ImagePreview
+from omni.serving.responses.events import ResponseEvents
 from omni.text.parsers.tool_calls import ToolFunction
 from omni.text.reply_parser import OutputFormat
 
