@@ -651,7 +651,7 @@ KNOWN_KIND_NAMERS: dict[str, str] = {
     "omni.http.handlers.images": "the images API (/v1/images/*): its body is the drawn images",
     "omni.http.handlers.speech": "the speech API (/v1/audio/speech): its body is the spoken audio",
     "omni.serving.speech": "the speech API's lifecycle",
-    "omni.serving.lifecycle": "the images API's lifecycle (image_generation), beside chat's until serving/ is split by endpoint",
+    "omni.serving.images": "the images API's lifecycle (image_generation, and the steps image edits share)",
     "omni.serving.realtime.response": "the Realtime API speaks: its events carry audio",
     "omni.serving.realtime.session": "the Realtime API's voices",
     "omni.serving.responses.turn": "the Responses API's image_generation tool",

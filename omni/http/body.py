@@ -1,7 +1,7 @@
 """Reading a request's body off the connection: JSON bodies read in chunks, decoded (and
 parsed) in a worker thread when large, and the multipart forms (transcriptions, image edits), each bounded
 by --body-timeout; and the request headers every endpoint shares. The HTTP layer's only door to
-a body: handlers read here, then hand the parsed request to omni/serving/lifecycle.py."""
+a body: handlers read here, then hand the parsed request to its endpoint's lifecycle in omni/serving/."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """POST /v1/images/edits, the lifecycle (the form: omni/serving/requests/image_edits.py; the
-response: omni/http/handlers/images.py). It reads as the other endpoints' do in lifecycle.py,
-and shares the images API's steps there:
+response: omni/http/handlers/images.py). It reads as the other endpoints' do, and shares
+the images API's steps (omni/serving/images.py):
 
     model -> input images checked (and the edit's canvas) -> prompt: the images, then the
     edit, as a user turn -> the image span's opening token -> n choices held to the span grammar
@@ -21,15 +21,9 @@ from omni.errors import bad_request
 from omni.modalities.inputs.items import MediaItem, decode_params
 from omni.modalities.inputs.placeholders import placeholder_ids
 from omni.modalities.outputs.image import ImageSettings
-from omni.serving.lifecycle import (
-    ImageGeneration,
-    answer_template,
-    check_drawing,
-    image_choices,
-    image_model,
-    image_turn,
-)
+from omni.serving.images import ImageGeneration, check_drawing, image_choices, image_model, image_turn
 from omni.serving.model import ModelRegistry
+from omni.serving.prepared import answer_template
 from omni.serving.requests.image_edits import ImageEditFields
 from omni.shared.media import MediaLimits
 from omni.shared.media.compositing import EditCanvas, edit_canvas

@@ -1,5 +1,5 @@
 """POST /v1/audio/speech without HTTP: the request becomes a spoken answer of the model's own
-voice (or a reference recording's), prepared as omni/serving/lifecycle.py prepares the others."""
+voice (or a reference recording's), prepared as the other endpoints' are (omni/serving/prepared.py)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from omni.engines.generation import Generation, OutputOptions, new_request_id
 from omni.errors import bad_request
 from omni.modalities.outputs.audio import AUDIO, ModelAudio
 from omni.modalities.outputs.router import OutputRouter
-from omni.serving.lifecycle import Prepared, check_serving
 from omni.serving.model import ModelRegistry, ServedModel
+from omni.serving.prepared import Prepared, check_serving
 from omni.serving.prompt import chat_prompt
 from omni.serving.requests import parse_chat_completion_request
 from omni.serving.requests.speech import SpeechRequest

@@ -1,5 +1,5 @@
 """POST /v1/chat/completions: the handler, and the chat response format. The lifecycle itself
-is omni.serving.lifecycle.chat."""
+is omni.serving.chat.chat."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from omni.http.state import MODELS, STORE
 from omni.modalities.outputs.audio import AUDIO, AUDIO_EXPIRES_S, AudioPiece, new_audio_id, store_spoken
 from omni.modalities.outputs.image import IMAGE, GeneratedImage
 from omni.modalities.outputs.router import OutputRouter
-from omni.serving import lifecycle
+from omni.serving import chat as lifecycle
 from omni.serving.bodies import (
     AudioDelta,
     ChatChoice,
@@ -41,7 +41,7 @@ from omni.serving.bodies import (
     finish_reason,
     usage_body,
 )
-from omni.serving.lifecycle import Completion
+from omni.serving.prepared import Completion
 from omni.serving.requests import ChatCompletionRequest, parse_chat_completion_request
 from omni.serving.requests.chat import TextPart
 from omni.serving.spoken import ChatAudio

@@ -1,6 +1,6 @@
 """POST /v1/completions (legacy text completions: one or more prompts, n choices each): the
 handler, and the completions response format. The lifecycle itself is
-omni.serving.lifecycle.completion."""
+omni.serving.completions.completion."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from omni.http.body import body_timeout, read_parsed, request_timeout
 from omni.http.logprobs import OffsetToken, completion_logprobs, prompt_logprobs_json
 from omni.http.state import MODELS
 from omni.modalities.outputs.router import OutputRouter
-from omni.serving import lifecycle
+from omni.serving import completions as lifecycle
 from omni.serving.bodies import (
     ChunkUsage,
     CompletionLogprobs,
@@ -29,7 +29,7 @@ from omni.serving.bodies import (
     finish_reason,
     usage_body,
 )
-from omni.serving.lifecycle import Completion
+from omni.serving.prepared import Completion
 from omni.serving.requests import CompletionRequest, parse_completion_request
 from omni.text.detokenizer import token_offsets
 from omni.text.tokenizer import TextTokenizer

@@ -1,5 +1,5 @@
 """POST /v1/images/generations and /v1/images/edits: the handlers, and the images API's
-response format (the lifecycles are omni.serving.lifecycle.image_generation and
+response format (the lifecycles are omni.serving.images.image_generation and
 omni.serving.image_edits.image_edit).
 
 Not streamed: {created, data: [{url} | {b64_json}], output_format, size, quality, background,
@@ -28,7 +28,8 @@ from omni.http.body import body_timeout, read_image_edit_form, read_parsed, requ
 from omni.http.state import MODELS
 from omni.modalities.outputs.image import IMAGE, GeneratedImage
 from omni.modalities.outputs.router import OutputRouter
-from omni.serving import image_edits, lifecycle
+from omni.serving import image_edits
+from omni.serving import images as lifecycle
 from omni.serving.bodies import (
     ImageData,
     ImageEditCompletedEvent,
@@ -39,7 +40,8 @@ from omni.serving.bodies import (
     ImageTokensDetails,
     ImageUsage,
 )
-from omni.serving.lifecycle import ImageGeneration, ImagePreview
+from omni.serving.images import ImageGeneration, ImagePreview
+from omni.serving.prepared import max_upload_bytes
 from omni.serving.requests.image_edits import ImageEditFields, parse_image_edit_request
 from omni.serving.requests.images import ImageGenerationRequest, parse_image_generation_request
 
@@ -54,7 +56,7 @@ async def create_image(request: web.Request) -> web.StreamResponse:
 
 async def create_image_edit(request: web.Request) -> web.StreamResponse:
     models = request.app[MODELS]
-    max_file_bytes = lifecycle.max_upload_bytes(models)
+    max_file_bytes = max_upload_bytes(models)
     form = await read_image_edit_form(request, max_file_bytes=max_file_bytes, timeout=body_timeout(request))
     req = parse_image_edit_request(form)
     generation = await image_edits.image_edit(models, req, timeout=request_timeout(request))

@@ -1,5 +1,5 @@
 """POST /v1/responses, GET and DELETE /v1/responses/{id}, POST /v1/responses/{id}/cancel.
-The turn is chat's (omni.serving.lifecycle.response); its output items and events are
+The turn is chat's (omni.serving.responses.create.response); its output items and events are
 omni/serving/responses/events.py's; stored responses live in the app's ResponseStore
 (omni/serving/responses/store.py) for a bounded time.
 
@@ -26,10 +26,10 @@ from omni.http import sse
 from omni.http.access_log import note_generation
 from omni.http.body import body_timeout, read_parsed, request_timeout
 from omni.http.state import MODELS, RESPONSES, STORE
-from omni.serving import lifecycle
 from omni.serving.errors import engine_error
-from omni.serving.lifecycle import ImagePreview
+from omni.serving.images import ImagePreview
 from omni.serving.requests.responses import ResponseRequest, parse_response_request
+from omni.serving.responses import create as lifecycle
 from omni.serving.responses.events import Event, ResponseEvents, new_id
 from omni.serving.responses.store import ResponseStore
 

@@ -1,5 +1,5 @@
 """POST /v1/audio/transcriptions: the handler, and the transcription API's response formats (the
-lifecycle is omni.serving.lifecycle.transcription), as the official client reads them.
+lifecycle is omni.serving.transcriptions.transcription), as the official client reads them.
 
     json          {"text", "usage"}: OpenAI's token usage (type "tokens", the audio's tokens
                   apart from the text's); "logprobs" too with include ["logprobs"]
@@ -32,7 +32,7 @@ from omni.http.access_log import note_generation
 from omni.http.body import body_timeout, read_transcription_form, request_timeout
 from omni.http.logprobs import logprob_entry
 from omni.http.state import MODELS
-from omni.serving import lifecycle
+from omni.serving import transcriptions as lifecycle
 from omni.serving.bodies import (
     DurationUsage,
     LogprobEntry,
@@ -45,14 +45,15 @@ from omni.serving.bodies import (
 )
 from omni.serving.bodies import Transcription as TranscriptionBody
 from omni.serving.errors import engine_error
-from omni.serving.lifecycle import Transcription
+from omni.serving.prepared import max_upload_bytes
 from omni.serving.requests.transcriptions import TranscriptionRequest, parse_transcription_request
+from omni.serving.transcriptions import Transcription
 from omni.text.tokenizer import TextTokenizer
 
 
 async def create_transcription(request: web.Request) -> web.StreamResponse:
     models = request.app[MODELS]
-    max_file_bytes = lifecycle.max_upload_bytes(models)
+    max_file_bytes = max_upload_bytes(models)
     form = await read_transcription_form(request, max_file_bytes=max_file_bytes, timeout=body_timeout(request))
     req = parse_transcription_request(form)
     t = await lifecycle.transcription(models, req, timeout=request_timeout(request))

@@ -1,4 +1,4 @@
-"""One realtime response: the conversation rendered as a chat turn (omni/serving/lifecycle.py's
+"""One realtime response: the conversation rendered as a chat turn (omni/serving/chat.py's
 chat: the same prompt, tools, spoken answers and prefix cache as POST /v1/chat/completions),
 its deltas as the Realtime API's server events.
 

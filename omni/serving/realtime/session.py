@@ -42,7 +42,7 @@ from omni.errors import APIError, bad_request, internal_error
 from omni.metrics import Metrics
 from omni.modalities.inputs.voice_activity import WINDOW_MS, VoiceActivity, VoiceActivityModel
 from omni.modalities.outputs.audio import AUDIO
-from omni.serving import lifecycle
+from omni.serving import chat, transcriptions
 from omni.serving.errors import api_error
 from omni.serving.model import ModelRegistry, ServedModel
 from omni.serving.realtime import client_events as ev
@@ -395,7 +395,7 @@ class RealtimeSession:
         req = TranscriptionRequest(model=self.model.name, file=wav, language=t.language, prompt=t.prompt)
         said: list[str] = []
         try:
-            run = await lifecycle.transcription(self.models, req, timeout=self.timeout)
+            run = await transcriptions.transcription(self.models, req, timeout=self.timeout)
             with run.admitted():
                 async with aclosing(run.output.deltas()) as deltas:
                     async for delta in deltas:
@@ -550,7 +550,7 @@ class RealtimeSession:
         finish: str | None = None
         usage = None
         try:
-            completion = await lifecycle.chat(self.models, req, store=None, timeout=self.timeout)
+            completion = await chat.chat(self.models, req, store=None, timeout=self.timeout)
             events.parser = completion.output_format.new_parser()
             output = completion.outputs[0]
             try:

@@ -20,7 +20,7 @@ from typing import Any
 
 from omni.engines.generation import Delta, Usage
 from omni.modalities.outputs.image import IMAGE, GeneratedImage
-from omni.serving.lifecycle import ImagePreview
+from omni.serving.images import ImagePreview
 from omni.serving.responses.turn import assistant_message
 from omni.text.parsers.tool_calls import ToolCallDelta
 from omni.text.parsers.tool_grammar import T2I_TOOL

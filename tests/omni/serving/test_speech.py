@@ -111,3 +111,10 @@ async def test_what_cannot_be_spoken_is_a_400_naming_its_field(tiny_tokenizer_di
     short = await setting(tiny_tokenizer_dir, tmp_path, max_model_len=24)
     too_long = await refused(body(input="word " * 40), short.models)
     assert (too_long.param, too_long.code) == ("input", "context_length_exceeded")
+
+
+async def test_speech_needs_a_model_that_speaks(models: ModelRegistry) -> None:
+    with pytest.raises(APIError) as e:
+        await speech(models, parse_speech_request({"model": "m", "input": "Hi", "voice": "alloy"}), timeout=None)
+    assert (e.value.status, e.value.param) == (400, "model")
+    assert e.value.message == "The model 'm' has no audio decoder: it cannot speak."

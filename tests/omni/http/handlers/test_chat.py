@@ -1,5 +1,5 @@
 """POST /v1/chat/completions over HTTP, with a FakePool for the workers: the handler reads the
-body, runs the lifecycle (tests/omni/serving/test_lifecycle.py), and writes the body or the
+body, runs the lifecycle (tests/omni/serving/test_chat.py), and writes the body or the
 SSE chunks; what the lifecycle refuses is an OpenAI error object with its status."""
 
 from __future__ import annotations

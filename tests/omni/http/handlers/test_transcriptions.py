@@ -22,9 +22,9 @@ from omni.engines.pool import ModelPool
 from omni.http.errors import error_middleware
 from omni.http.handlers.transcriptions import respond
 from omni.modalities.outputs.router import OutputRouter
-from omni.serving.lifecycle import Transcription
 from omni.serving.model import ServedModel
 from omni.serving.requests.transcriptions import TranscriptionRequest
+from omni.serving.transcriptions import Transcription
 from omni.text.tokenizer import TextTokenizer
 from scheduler.request import SamplingParams
 from tests.omni.fake_pool import FakePool

@@ -12,7 +12,7 @@ import msgspec
 import orjson
 import pytest
 
-from omni.serving import lifecycle
+from omni.serving import chat as serving_chat
 from omni.serving.errors import api_error
 from omni.serving.realtime import client_events as ev
 from omni.serving.realtime.session import RealtimeSession, overlay
@@ -29,7 +29,7 @@ async def test_a_failed_response_reports_the_one_mapping(monkeypatch: pytest.Mon
     async def chat(*args: Any, **kwargs: Any) -> Any:
         raise exc
 
-    monkeypatch.setattr(lifecycle, "chat", chat)
+    monkeypatch.setattr(serving_chat, "chat", chat)
     events: list[dict[str, Any]] = []
     session = _session(events)
     item = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]}
@@ -54,7 +54,7 @@ async def test_an_unexpected_failure_is_a_server_error(monkeypatch: pytest.Monke
     async def chat(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("secret detail")
 
-    monkeypatch.setattr(lifecycle, "chat", chat)
+    monkeypatch.setattr(serving_chat, "chat", chat)
     events: list[dict[str, Any]] = []
     session = _session(events)
     item = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]}
@@ -93,7 +93,7 @@ async def test_a_response_takes_its_overrides_and_the_session_keeps_its_own(monk
         bodies.append(req)
         raise RuntimeError("stop here")
 
-    monkeypatch.setattr(lifecycle, "chat", chat)
+    monkeypatch.setattr(serving_chat, "chat", chat)
     events: list[dict[str, Any]] = []
     session = _session(events)
     await session.handle(orjson.dumps({"type": "session.update", "session": {"type": "realtime", "temperature": 0.4, "seed": 3}}))

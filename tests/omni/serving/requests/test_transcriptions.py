@@ -25,7 +25,6 @@ from omni.http.handlers import transcriptions
 from omni.http.state import MODELS
 from omni.modalities.inputs.items import MediaItem
 from omni.modalities.inputs.pipeline import MediaPipeline, PromptInputs
-from omni.serving.lifecycle import TRANSCRIBE_INSTRUCTION
 from omni.serving.model import ModelRegistry, ServedModel
 from omni.serving.requests.transcriptions import (
     MAX_PROMPT_CHARS,
@@ -33,6 +32,7 @@ from omni.serving.requests.transcriptions import (
     TranscriptionRequest,
     parse_transcription_request,
 )
+from omni.serving.transcriptions import TRANSCRIBE_INSTRUCTION
 from omni.shared.media import MediaLimits
 from omni.text.tokenizer import TextTokenizer
 from scheduler.request import MediaSpan

@@ -13,7 +13,7 @@ from pydantic import TypeAdapter
 
 from omni.engines.generation import Delta, Usage
 from omni.modalities.outputs.image import IMAGE, GeneratedImage
-from omni.serving.lifecycle import ImagePreview
+from omni.serving.images import ImagePreview
 from omni.serving.responses.events import ResponseEvents
 from omni.text.parsers.tool_calls import ToolFunction
 from omni.text.reply_parser import OutputFormat
