@@ -5,17 +5,12 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
-import time
 from collections.abc import AsyncIterator
 
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
-from omni.config import ModelConfig, ServerConfig
-from omni.engines.encoder import EncoderEngine
-from omni.engines.pool import ModelPool
-from omni.engines.start_order import start_in_order
-from omni.engines.worker_specs import encoder_device, encoder_worker_spec
+from omni.config import ServerConfig
 from omni.errors import unauthorized
 from omni.http import openapi
 from omni.http.access_log import add_request_id_header, request_id_middleware
@@ -38,20 +33,15 @@ from omni.http.metrics_middleware import http_metrics_middleware
 from omni.http.state import CONFIG, METRICS, MODELS, RESPONSES, STORE, VAD
 from omni.http.stats_line import log_stats_forever
 from omni.metrics import Metrics
-from omni.modalities.inputs.pipeline import MediaPipeline
 from omni.modalities.inputs.voice_activity import LazyVoiceActivityModel
-from omni.modalities.outputs.kinds import OUTPUT_KINDS
-from omni.model_layout import ModelLayout
-from omni.serving.model import ModelRegistry, ServedModel
+from omni.serving import assembly
+from omni.serving.model import ModelRegistry
 from omni.serving.requests.image_edits import IMAGE_EDITS_PATH
 from omni.serving.requests.responses import RESPONSES_PATH
 from omni.serving.requests.speech import SPEECH_PATH
 from omni.serving.requests.transcriptions import TRANSCRIPTIONS_PATH
 from omni.serving.responses.store import ResponseStore
-from omni.shared.store.base import ArtifactStore
 from omni.shared.store.spec import StoreSpec
-from omni.text.chat_format import ChatFormat
-from omni.text.tokenizer import TextTokenizer
 
 log = logging.getLogger("omni.http.app")
 
@@ -119,72 +109,10 @@ def _subprotocol_key(request: web.Request, api_key: str) -> bool:
 
 
 async def _models_ctx(app: web.Application) -> AsyncIterator[None]:
-    config, metrics, registry = app[CONFIG], app[METRICS], app[MODELS]
-    loop = asyncio.get_running_loop()
-    for engine_config in config.models:
-        tokenizer = await loop.run_in_executor(
-            None, TextTokenizer.from_dir, engine_config.model_dir
-        )
-        pool = ModelPool(engine_config, metrics)
-        media = None
-        if engine_config.encoder_dir is not None:
-            media = await _media_pipeline(engine_config, tokenizer, app[STORE], metrics)
-        built = (kind.build(engine_config, tokenizer, app[STORE], metrics) for kind in OUTPUT_KINDS)
-        chat = engine_config.chat_format
-        chat_format = ChatFormat.resolve(
-            tokenizer,
-            tool_parser=chat.tool_call_parser,
-            reasoning_parser=chat.reasoning_parser,
-            auto_tool_choice=chat.enable_auto_tool_choice,
-            chat_template=chat.chat_template,
-            trust_request_chat_template=chat.trust_request_chat_template,
-        )
-        served = ServedModel(
-            engine_config.name,
-            tokenizer,
-            pool,
-            created=int(time.time()),
-            media=media,
-            outputs=tuple(o for o in built if o is not None),
-            chat_format=chat_format,
-        )
-        for output in served.outputs:
-            await output.prepare(served.grammars)
-        registry.add(served, engine_config.aliases)
-
-    workers = [w for m in registry for w in m.workers()]
-
-    async def start_all() -> None:
-        # Encoders and decoders first, then the LLM workers one GPU-sharer at a time
-        # (start_order.py). Hashing the encoders' weights for their store keys overlaps their start.
-        await start_in_order(workers, *(m.media.load_revisions() for m in registry if m.media is not None))
-
-    # Workers load in the background so /health can answer 503 while they do.
-    app[STARTUP] = asyncio.create_task(start_all(), name="start-engines")
-    try:
+    """The served models (omni/serving/assembly.py builds them and starts their workers)."""
+    async with assembly.models(app[CONFIG].models, app[MODELS], app[STORE], app[METRICS]) as startup:
+        app[STARTUP] = startup
         yield
-    finally:
-        app[STARTUP].cancel()
-        await asyncio.gather(*(w.stop() for w in workers), return_exceptions=True)
-
-
-async def _media_pipeline(
-    config: ModelConfig, tokenizer: TextTokenizer, store: ArtifactStore, metrics: Metrics
-) -> MediaPipeline:
-    assert config.encoder_dir is not None
-    layout = ModelLayout.from_dir(config.encoder_dir)
-    encoder = EncoderEngine(
-        encoder_worker_spec(config, encoder_device(config)),
-        metrics,
-        config.name,
-        config.encoder,
-        start_timeout=config.worker.worker_start_timeout,
-    )
-    pipeline = MediaPipeline(
-        config.name, tokenizer, encoder, store, layout.revisions(), config.media_limits, metrics
-    )
-    pipeline.check_vocabulary(layout.codebook_sizes())
-    return pipeline
 
 
 async def _stats_ctx(app: web.Application) -> AsyncIterator[None]:
