@@ -21,10 +21,7 @@ from omni.serving.choice_constraints import ChoiceConstraints, OutputSpans
 from omni.serving.model import ModelRegistry, ServedModel
 from omni.serving.prepared import Prepared, check_serving
 from omni.serving.prompt import chat_prompt
-from omni.serving.requests import (
-    ChatCompletionRequest,
-    parse_chat_completion_request,
-)
+from omni.serving.requests import ChatCompletionRequest, parse_chat_completion_request
 from omni.serving.requests.images import ImageGenerationRequest
 from omni.shared.media.compositing import EditCanvas
 from scheduler.request import SamplingParams

@@ -36,10 +36,7 @@ from omni.engines.generation import Generation
 from omni.errors import service_unavailable
 from omni.modalities.outputs.router import OutputRouter
 from omni.serving.model import ModelRegistry, ServedModel
-from omni.serving.requests import (
-    ChatCompletionRequest,
-    CompletionRequest,
-)
+from omni.serving.requests import ChatCompletionRequest, CompletionRequest
 from omni.serving.spoken import ChatAudio
 from omni.shared.media import MediaLimits
 from omni.text.constrained.compiler import CompiledGrammar
