@@ -45,6 +45,7 @@ from omni.serving.chat_turns import (
     chat_outputs,
     check_tool_choice,
     output_format,
+    speech_room,
     tool_grammar,
 )
 from omni.serving.choice_constraints import ChoiceConstraints, OutputSpans
@@ -135,6 +136,7 @@ async def chat(
     )
     params = ban_spans(model, req, ban_tool_markup(model, req, params))
     kinds = chat_outputs(model, req)  # each output kind the choices may make: its spans and its routes
+    kinds, params = speech_room(kinds, params)  # a spoken turn's text leaves room for its speech
     if previews is not None and partial_images:
         on_preview = functools.partial(_choice_previews, previews)
         kinds = [k.with_previews(partial_images, on_preview) if isinstance(k, ChatImages) else k for k in kinds]
