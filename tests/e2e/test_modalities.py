@@ -49,8 +49,8 @@ def test_audio_output_is_a_400_naming_modalities(server: str) -> None:
 
 # The published default with its reasoning on: random weights write the dialect's bare audio
 # units everywhere and open spans now and then. Before audio needed modalities and the openers
-# were held back in the reasoning, seed 3 spoke unasked (its reasoning's bare units) and seed 1
-# drew an image inside its reasoning.
+# were held back in the reasoning, seed 3 spoke unasked (its reasoning's bare units), seed 1
+# drew an image inside its reasoning, and with a bias on an opener seed 0 opened it there.
 PUBLISHED = "omni"
 SEEDS = range(8)
 TELL = [{"role": "user", "content": "Tell me something."}]
