@@ -333,7 +333,7 @@ def fill_masks(constraints: Sequence[TokenConstraint]) -> list[bytes]:
         if forced is not None:
             masks.append(single_token_mask(forced, c.vocab_size))
             continue
-        if c.holding:
+        if isinstance(c, HeldInReasoning) and c.holding:
             masks.append(c.held_mask())
             continue
         assert c.matcher is not None, "an active constraint has a grammar or a forced token"
@@ -391,7 +391,7 @@ class MaskFiller:
             forced = c.forced_token_id
             if forced is not None:
                 masks[i] = single_token_mask(forced, vocab)
-            elif c.holding:
+            elif isinstance(c, HeldInReasoning) and c.holding:
                 masks[i] = c.held_mask()
         return masks
 
