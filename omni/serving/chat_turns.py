@@ -12,7 +12,7 @@ generation, and how its text is read back.
 - chat_images: whether and how the images a model draws come out (seeded per
   choice: choice i's first image has seed + i * SEEDS_PER_CHOICE, its next ones count up).
 - ban_spans: the span openers of the kinds modalities leaves out are banned.
-- speech_room: a spoken turn's text leaves room in max_tokens for its speech.
+- leave_room_for_speech: a spoken turn's text leaves room in max_tokens for its speech.
 (Each choice's token constraint, its grammar and reasoning budget, is omni/serving/choice_constraints.py.)
 """
 
@@ -159,7 +159,7 @@ def chat_outputs(model: ServedModel, req: ChatCompletionRequest) -> list[ChatOut
     return [k for k in made if k is not None]
 
 
-def speech_room(kinds: list[ChatOutput], params: SamplingParams) -> tuple[list[ChatOutput], SamplingParams]:
+def leave_room_for_speech(kinds: list[ChatOutput], params: SamplingParams) -> tuple[list[ChatOutput], SamplingParams]:
     """A turn that asks for audio: its text's params keep room in max_tokens for the speech
     (ChatAudio.within), so the speech comes even when the text would run to max_tokens."""
     out: list[ChatOutput] = []
