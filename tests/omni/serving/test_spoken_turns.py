@@ -18,7 +18,7 @@ from omni.errors import APIError
 from omni.modalities.outputs.audio import ModelAudio, store_spoken
 from omni.serving.model import ServedModel
 from omni.serving.requests import parse_chat_completion_request
-from omni.serving.spoken import recall_spoken, speak_text, speech_room
+from omni.serving.spoken import chat_audio, recall_spoken, speak_text, speech_room
 from omni.shared.store.local import LocalStore
 from omni.text.chat_format import ChatFormat
 from omni.text.constrained.audio_span import MAX_UNITS
@@ -139,3 +139,13 @@ async def test_an_unknown_id_is_a_400_naming_it(setting: tuple[ServedModel, Mode
         await recall_spoken(store if with_store else None, req)
     assert (refused.value.status, refused.value.param) == (400, "messages[1].audio.id")
     assert "audio_gone" in str(refused.value)
+
+
+@pytest.mark.parametrize("fields", [{}, {"audio": {"voice": "alloy", "format": "wav"}}, {"modalities": ["text"]}])
+async def test_a_request_that_does_not_ask_for_audio_does_not_speak(setting: tuple[ServedModel, ModelAudio, LocalStore], fields: dict[str, Any]) -> None:
+    """No modalities naming audio: no ChatAudio, whatever else the request says (`audio` alone
+    asks for nothing, as on OpenAI's chat)."""
+    model, audio, _ = setting
+    spoken = ServedModel("m", model.tokenizer, model.pool, created=0, outputs=(audio,))
+    req = parse_chat_completion_request({"model": "m", "messages": [{"role": "user", "content": "hi"}], **fields})
+    assert chat_audio(spoken, req) is None
