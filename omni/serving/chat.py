@@ -20,6 +20,7 @@ from omni.serving.chat_turns import (
     ban_tool_markup,
     chat_outputs,
     check_tool_choice,
+    leave_room_for_speech,
     output_format,
     tool_grammar,
 )
@@ -66,6 +67,7 @@ async def chat(
     )
     params = ban_spans(model, req, ban_tool_markup(model, req, params))
     kinds = chat_outputs(model, req)  # each output kind the choices may make: its spans and its routes
+    kinds, params = leave_room_for_speech(kinds, params)  # a spoken turn's text leaves room for its speech
     if previews is not None and partial_images:
         on_preview = functools.partial(_choice_previews, previews)
         kinds = [k.with_previews(partial_images, on_preview) if isinstance(k, ChatImages) else k for k in kinds]

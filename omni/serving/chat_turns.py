@@ -12,6 +12,7 @@ generation, and how its text is read back.
 - chat_images: whether and how the images a model draws come out (seeded per
   choice: choice i's first image has seed + i * SEEDS_PER_CHOICE, its next ones count up).
 - ban_spans: the span openers of the kinds modalities leaves out are banned.
+- leave_room_for_speech: a spoken turn's text leaves room in max_tokens for its speech.
 (Each choice's token constraint, its grammar and reasoning budget, is omni/serving/choice_constraints.py.)
 """
 
@@ -29,7 +30,7 @@ from omni.serving.choice_constraints import OutputSpans, TriggeredGrammar, promp
 from omni.serving.model import ServedModel
 from omni.serving.requests import ChatCompletionRequest
 from omni.serving.requests.images import ChatImageOptions
-from omni.serving.spoken import chat_audio
+from omni.serving.spoken import ChatAudio, chat_audio
 from omni.text.constrained.spec import GrammarKind, GrammarSpec
 from omni.text.parsers.tool_calls import tool_parser_class
 from omni.text.parsers.tool_grammar import JSON_ARGUMENTS, JSON_CALLS, MAX_FREE_CHARS, T2I_TOOL, tool_call_grammar
@@ -156,6 +157,17 @@ def chat_outputs(model: ServedModel, req: ChatCompletionRequest) -> list[ChatOut
     if req.grammar is not None:
         made = [k.answer_format() if k is not None else None for k in made]
     return [k for k in made if k is not None]
+
+
+def leave_room_for_speech(kinds: list[ChatOutput], params: SamplingParams) -> tuple[list[ChatOutput], SamplingParams]:
+    """A turn that asks for audio: its text's params keep room in max_tokens for the speech
+    (ChatAudio.within), so the speech comes even when the text would run to max_tokens."""
+    out: list[ChatOutput] = []
+    for kind in kinds:
+        if isinstance(kind, ChatAudio):
+            kind, params = kind.within(params)
+        out.append(kind)
+    return out, params
 
 
 def chat_images(model: ServedModel, req: ChatCompletionRequest) -> ChatImages | None:

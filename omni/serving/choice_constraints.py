@@ -1,10 +1,11 @@
 """Each choice's token constraint: the request's grammar (held off until reasoning ends when
 the prompt leaves the model inside <think>, or until the model opens a tool call for an "auto"
 tool grammar), its thinking_token_budget, and, on a model that makes an output kind and a
-request with no grammar of its own (or an "auto" tool grammar), each kind's span grammar. A
-grammar held off until reasoning ends also holds back, until then, the end of the turn and
-every span's opener: the answer comes, and no media is drawn in the reasoning. Both endpoints
-(and the images API) make theirs here."""
+request with no grammar of its own (or an "auto" tool grammar), each kind's span grammar.
+While the reasoning is open, every span's opener is held back (HeldInReasoning): no media is
+drawn in the reasoning. A grammar held off until reasoning ends (an answer format, a forced
+tool call) also holds back the end of the turn: the answer comes. Both endpoints (and the
+images API) make theirs here."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from omni.errors import bad_request
 from omni.serving.model import ServedModel
 from omni.serving.requests import ChatCompletionRequest, CompletionRequest
 from omni.text.constrained.compiler import CompiledGrammar
-from omni.text.constrained.constraint import ReasoningBudget, SpanSet, TokenConstraint, WithSpans
+from omni.text.constrained.constraint import HeldInReasoning, ReasoningBudget, SpanSet, TokenConstraint, WithSpans
 from omni.text.parsers.reasoning import reasoning_parser_class
 
 # How far back from the prompt's end an open <think> is looked for (it is followed by at most
@@ -45,6 +46,9 @@ class OutputSpans:
     grammar: CompiledGrammar
     start_token_id: int
     opened: bool = False
+    # Tokens that open a span without its opening token (the reference dialect's bare audio
+    # units, when its route speaks them): held back in the reasoning with the opener.
+    bare_openers: frozenset[int] = frozenset()
 
 
 def span_openers(model: ServedModel) -> list[int]:
@@ -73,10 +77,9 @@ class ChoiceConstraints:
         self._vocab_size = model.tokenizer.vocab_size
         self._budget = req.thinking_token_budget
         self._start, self._end = self._reasoning_tokens(model, req)
-        parser = model.chat_format.reasoning_parser or "think"
-        self._in_reasoning = (grammar is not None or self._budget is not None) and prompt_opens_reasoning(
-            model, parser, prompt_token_ids
-        )
+        parser = model.chat_format.reasoning_parser
+        self._opened = prompt_opens_reasoning(model, parser or "think", prompt_token_ids)
+        self._in_reasoning = (grammar is not None or self._budget is not None) and self._opened
         # A reasoning model's answer is constrained from the end of its reasoning on; an "auto"
         # tool grammar from the call the model opens.
         self._trigger = own_trigger
@@ -88,11 +91,18 @@ class ChoiceConstraints:
         # be neither the reasoning nor the answer).
         kinds = [k for k in spans if k is not None]
         self._spans = kinds if grammar is None or own_trigger is not None else []
-        # An answer format after reasoning: the answer must come, so until the reasoning ends
-        # the model may neither end its turn nor open a media span.
+        bare = frozenset().union(*(k.bare_openers for k in kinds))
+        # Held while the reasoning is open: an answer format (or a forced call) after reasoning
+        # must come, so the model may neither end its turn nor open a media span there; else
+        # only the openers of the spans the reply may hold (a span is never reasoning). A
+        # reasoning block the model opens itself counts where the model's format reads it.
         self._held: frozenset[int] = frozenset()
         if grammar is not None and own_trigger is None and self._trigger is not None:
-            self._held = frozenset(model.tokenizer.eos_token_ids) | frozenset(span_openers(model))
+            self._held = frozenset(model.tokenizer.eos_token_ids) | frozenset(span_openers(model)) | bare
+        elif self._spans and (parser is not None or self._opened) and not any(k.opened for k in self._spans):
+            self._held = frozenset(k.start_token_id for k in self._spans) | bare
+        if self._start is None or self._end is None:
+            self._held = frozenset()  # (a prompt that opened reasoning has the tokens)
 
     @staticmethod
     def _reasoning_tokens(model: ServedModel, req: ChatCompletionRequest | CompletionRequest) -> tuple[int | None, int | None]:
@@ -117,14 +127,20 @@ class ChoiceConstraints:
         return kinds[0] if len(kinds) == 1 else SpanSet(kinds)
 
     def new(self) -> TokenConstraint | None:
+        constraint = self._new()
+        if not self._held:
+            return constraint
+        assert self._start is not None and self._end is not None
+        inner = constraint if constraint is not None else TokenConstraint(None, self._vocab_size)
+        return HeldInReasoning(inner, self._held, self._start, self._end, open=self._opened)
+
+    def _new(self) -> TokenConstraint | None:
         budget = None
         if self._budget is not None:
             assert self._start is not None and self._end is not None
             budget = ReasoningBudget(self._start, self._end, self._budget, open=self._in_reasoning)
         if self._grammar is not None:
-            constraint = self._grammar.new_constraint(
-                self._trigger, budget, max_tokens=self._max_tokens, held=self._held
-            )
+            constraint = self._grammar.new_constraint(self._trigger, budget, max_tokens=self._max_tokens)
             if not self._spans:
                 return constraint
             return WithSpans(constraint, self._span_set())

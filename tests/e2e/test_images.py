@@ -164,7 +164,8 @@ def _tokenizer(omni_dir: Path) -> TextTokenizer:
 
 def _chat_with_an_image(omni_dir: Path, **extra: Any) -> dict[str, Any]:
     """A chat body whose reply opens an image span at once (a large logit bias on the opening
-    token; the span grammar does the rest) and ends right after it."""
+    token; the span grammar does the rest) and ends right after it. Its reasoning is skipped: no
+    span opens inside one (tests/e2e/test_modalities.py)."""
     start = _tokenizer(omni_dir).token_to_id(START)
     span = 2 + 8 * 9 + 2  # the tiny decoder's 8 x 8 codes
     return {
@@ -173,7 +174,7 @@ def _chat_with_an_image(omni_dir: Path, **extra: Any) -> dict[str, Any]:
         "logit_bias": {str(start): 100},
         "max_tokens": 1 + span,
         "seed": 9,
-        "extra_body": extra,  # fields the official client does not know
+        "extra_body": {"chat_template_kwargs": {"skip_reasoning": True}} | extra,  # fields the official client does not know
     }
 
 

@@ -21,6 +21,7 @@ one on the image span's opening token makes it draw (as tests/e2e/test_images.py
 
 from __future__ import annotations
 
+import base64
 import itertools
 import json
 import subprocess
@@ -270,6 +271,39 @@ def test_the_embedded_defaults_answers_are_not_swallowed_by_reasoning(server: st
     thinking = httpx.post(f"{server}{ROOT}/v1/chat/completions", headers=auth, timeout=TURN_S,
                           json=spoken | {"seed": 0, "max_tokens": 8, "reasoning_effort": "high", "modalities": ["text"]})  # fmt: skip
     assert thinking.json()["choices"][0]["message"]["reasoning_content"], thinking.json()
+
+
+# Before a spoken turn's text left room for its speech, 4 of these 6 seeds' text ran to max_tokens
+# and nothing was spoken.
+SPOKEN_SEEDS = range(6)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_every_turn_that_asks_for_audio_within_150_tokens_speaks(server: str, stream: bool) -> None:
+    """No bias to end the text: the text gets its share of max_tokens (a ninth), a text that runs
+    to it is cut ("length") and spoken all the same, and the whole turn stays within max_tokens."""
+    auth = {"Authorization": f"Bearer {KEY}"}
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 150,
+            "modalities": ["text", "audio"], "audio": {"voice": "fkms", "format": "pcm16" if stream else "wav"},
+            "stream": stream, "stream_options": {"include_usage": True} if stream else None}  # fmt: skip
+    for seed in SPOKEN_SEEDS:
+        r = httpx.post(f"{server}{ROOT}/v1/chat/completions", headers=auth, json=body | {"seed": seed}, timeout=TURN_S)
+        assert r.status_code == 200, r.text
+        if not stream:
+            out = r.json()
+            choice, usage = out["choices"][0], out["usage"]
+            audio = choice["message"]["audio"]
+            assert audio is not None and audio["data"], (seed, choice)
+            finish, pcm = choice["finish_reason"], b""
+        else:
+            events = [json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: {")]
+            deltas = [c for e in events for c in e["choices"]]
+            pcm = b"".join(base64.b64decode((c["delta"].get("audio") or {}).get("data") or "") for c in deltas)
+            finish = next(c["finish_reason"] for c in deltas if c["finish_reason"] is not None)
+            usage = events[-1]["usage"]
+            assert len(pcm) >= 2 * 24000 * 0.12, seed  # PCM16: at least the least span's 3 units
+        assert finish in ("stop", "length"), seed
+        assert usage["completion_tokens"] <= 150, (seed, usage)
 
 
 def test_the_voice_tab_shows_the_users_transcript_and_receives_audio(server: str, page: Page, bias: dict[str, int]) -> None:

@@ -207,6 +207,73 @@ async def test_a_call_cut_by_max_tokens_is_a_call_with_what_it_wrote(fmt: Fmt) -
             if max_tokens == sizes[-1] and choice is named:
                 assert whole["calls"] and whole["calls"][0]["name"] == "get_weather", whole
 
+# The published default with its reasoning on (no skip_reasoning): the template opens <think>,
+# which random weights rarely close, and the call grammar holds from its end. Before the turn's
+# end and the span openers were held back in the reasoning, seeds 4 and 5 ended the turn there
+# ("stop", no call) and seed 3 spoke.
+PUBLISHED = "omni"
+THINKING_SEEDS = range(8)
+
+
+async def test_a_forced_call_on_the_published_default_comes_or_the_reply_runs_to_its_length(speaking_server: str) -> None:
+    """"required" and a named function with the reasoning on: the reasoning may not end the turn,
+    so a reply either calls (after its reasoning, every call valid) or its reasoning runs to
+    max_tokens ("length"); never "stop" without a call, never audio or an image in the reasoning."""
+    client = _client(speaking_server)
+    named = {"type": "function", "function": {"name": "get_time"}}
+    for choice, names in (("required", {"get_weather", "get_time"}), (named, {"get_time"})):
+        replies = await asyncio.gather(
+            *(_call(client, i % 2 == 1, model=PUBLISHED, seed=i, tool_choice=choice, max_tokens=400) for i in THINKING_SEEDS)
+        )
+        for seed, reply in zip(THINKING_SEEDS, replies, strict=True):
+            if reply["finish"] == "tool_calls":
+                _check_calls(reply, names)
+            else:
+                assert reply["finish"] == "length", (seed, reply)
+            assert not reply["content"], (seed, reply)  # no image part, no answer beside the call
+        assert any(r["finish"] == "tool_calls" for r in replies)
+    out = await client.chat.completions.create(
+        model=PUBLISHED, messages=ASK, tools=TOOLS, tool_choice="required", seed=3, temperature=1.0, max_tokens=400
+    )
+    assert out.choices[0].message.audio is None  # the reasoning's bare units are not spoken
+
+
+async def test_a_forced_call_follows_a_reasoning_that_ends_in_time(speaking_server: str) -> None:
+    """With a thinking budget the reasoning ends within max_tokens: every reply calls, streamed or
+    not."""
+    client = _client(speaking_server)
+    budget = {"thinking_token_budget": 30}
+    replies = await asyncio.gather(
+        *(
+            _call(client, i % 2 == 1, model=PUBLISHED, seed=i, tool_choice="required", max_tokens=400, extra_body=budget)
+            for i in THINKING_SEEDS
+        )
+    )
+    for reply in replies:
+        _check_calls(reply, {"get_weather", "get_time"})
+
+
+async def test_a_forced_response_on_the_published_default_calls_or_is_incomplete(speaking_server: str) -> None:
+    """The Responses API's tool_choice "required" shares chat's path: completed with a call, or
+    incomplete for max_output_tokens, never completed without one."""
+    client = _client(speaking_server)
+    functions = [{"type": "function", **t["function"]} for t in TOOLS]
+    statuses = []
+    for seed in THINKING_SEEDS:
+        out = await client.responses.create(
+            model=PUBLISHED, input=ASK[0]["content"], tools=functions, tool_choice="required",  # type: ignore[arg-type]
+            temperature=1.0, max_output_tokens=400, extra_body={"seed": seed},
+        )  # fmt: skip
+        calls = [o for o in out.output if o.type == "function_call"]
+        if out.status == "completed":
+            assert calls, (seed, out.output)
+        else:
+            assert out.status == "incomplete" and out.incomplete_details is not None, (seed, out)
+            assert out.incomplete_details.reason == "max_output_tokens", (seed, out)
+        statuses.append(out.status)
+    assert "completed" in statuses
+
+
 async def test_one_call_only_without_parallel_tool_calls(fmt: Fmt) -> None:
     client = _client(fmt.base)
     replies = await asyncio.gather(

@@ -94,8 +94,7 @@ async def _complete(request: web.Request, req: ChatCompletionRequest, completion
             message.reasoning_content = message.reasoning = reply.reasoning
         if spoken and completion.audio is not None:
             message.audio = await _spoken(request, completion.audio, spoken, reply.content or "")
-            if completion.audio.requested:
-                message.content = None  # a spoken turn's text is its transcript, as OpenAI answers
+            message.content = None  # a spoken turn's text is its transcript, as OpenAI answers
         logprobs = _logprobs(req, tokenizer, c.logprobs)
         choices.append(ChatChoice(i, message, logprobs, _finish_reason(c.finish_reason, parser.made_calls), c.stop_reason))
     body = ChatCompletion(
@@ -175,7 +174,7 @@ async def _stream(
             body.tool_calls = [_tool_call_delta(t) for t in parsed.tool_calls]
         if speaking is not None:
             transcripts[index].append(parsed.content)
-            audio = _audio_delta(audio_ids[index], delta, speaking.requested, parsed.content)
+            audio = _audio_delta(audio_ids[index], delta, parsed.content)
             if audio is not None:
                 if audio.transcript is not UNSET:
                     body.content = UNSET  # a spoken turn's text is its transcript
@@ -212,7 +211,7 @@ async def _stream(
     return response
 
 
-def _audio_delta(audio_id: str, delta: Delta, requested: bool, content: str) -> AudioDelta | None:
+def _audio_delta(audio_id: str, delta: Delta, content: str) -> AudioDelta | None:
     """A streamed chunk's delta.audio (OpenAI's shape): the id, base64 PCM16 of the samples
     this delta completed, the transcript (a spoken turn's text, which then leaves content),
     and expires_at on the last; None when it has none of them."""
@@ -221,10 +220,10 @@ def _audio_delta(audio_id: str, delta: Delta, requested: bool, content: str) -> 
     if pieces:
         pcm = float_to_pcm16(_samples(pieces))
         audio.data = base64.b64encode(pcm).decode()
-    if requested and content:
+    if content:
         audio.transcript = content
     some = audio.data is not UNSET or audio.transcript is not UNSET
-    if delta.finish_reason is not None and (requested or some):
+    if delta.finish_reason is not None:
         audio.expires_at = int(time.time()) + AUDIO_EXPIRES_S
         some = True
     return audio if some else None

@@ -387,4 +387,6 @@ def build(config: ModelConfig, tokenizer: TextTokenizer, store: ArtifactStore, m
     )
 
 
-AUDIO: OutputKind[ModelAudio, AudioPiece] = OutputKind("audio", ModelAudio, AudioPiece, AudioRoute, build, START)
+AUDIO: OutputKind[ModelAudio, AudioPiece] = OutputKind(
+    "audio", ModelAudio, AudioPiece, AudioRoute, build, START, unasked=False
+)

@@ -8,6 +8,7 @@ layers above iterate over a model's kinds instead of naming one:
                 constraints hold a span to its grammar from that token on); start_token
                 spells it, for a model that has the token but no decoder
     ban rule    `allowed(modalities)`: a chat request may get the kind; else its opener is banned
+                (`unasked`: whether it comes in a turn whose request gives no modalities)
     route       `route_type`, the SpanRoute one choice's spans go through (omni/modalities/outputs/router.py)
     piece type  what a span makes, carried on the Delta that completed it, in Delta.pieces
                 under the kind's name (`add` and `pieces` read and write them typed)
@@ -73,6 +74,9 @@ class OutputKind(Generic[M, P]):
     route_type: type  # one choice's spans (a SpanRoute)
     build: Build  # -> M | None
     start_token: str  # the token that opens its spans (its span format's), as the vocabulary spells it
+    # The kind comes when a chat request gives no modalities: an image the model draws is part
+    # of its turn; audio comes only when modalities asks for it, as OpenAI's chat answers.
+    unasked: bool = True
 
     def of(self, outputs: tuple[ModelOutput, ...]) -> M | None:
         """This kind's object among a model's outputs, None: the model does not make it."""
@@ -83,8 +87,9 @@ class OutputKind(Generic[M, P]):
         return output.format.start_token_id
 
     def allowed(self, modalities: Collection[str] | None) -> bool:
-        """The ban rule: a chat request may get the kind when it gives no modalities, or names it."""
-        return modalities is None or self.name in modalities
+        """The ban rule: a chat request may get the kind when it names it, or, giving no
+        modalities, when the kind comes unasked."""
+        return self.unasked if modalities is None else self.name in modalities
 
     def add(self, delta: Delta, piece: P) -> None:
         delta.pieces.setdefault(self.name, []).append(piece)

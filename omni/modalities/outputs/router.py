@@ -62,8 +62,9 @@ class SpanRoute(Protocol):
         ...
 
     def after(self, generation: Generation) -> Generation | None:
-        """A continuation of the choice once its text ends ("stop"), opened inside a span of this
-        kind (audio asked for: the text spoken), or None."""
+        """A continuation of the choice once its text ends ("stop", or "length": cut at its share
+        of max_tokens), opened inside a span of this kind (audio asked for: the text spoken), or
+        None."""
         ...
 
 
@@ -81,6 +82,7 @@ class OutputRouter:
                 self._start(route, generation)
         self._after: Generation | None = None  # the continuation after the text, if it ran
         self._after_route: SpanRoute | None = None
+        self._text_cut = False  # the text ran to its max_tokens before the continuation
 
     @property
     def generations(self) -> list[Generation]:
@@ -101,14 +103,18 @@ class OutputRouter:
             async with aclosing(self.generation.deltas()) as deltas:
                 async for delta in deltas:
                     routed = await self.route(delta)
-                    if routed.finish_reason == "stop" and self._continue():
+                    if routed.finish_reason in ("stop", "length") and self._continue():
+                        self._text_cut = routed.finish_reason == "length"
                         routed.finish_reason = None  # the choice goes on
                     yield routed
             if self._after is not None and self._after_route is not None:
                 self._start(self._after_route, self._after)
                 async with aclosing(self._after.deltas()) as deltas:
                     async for delta in deltas:
-                        yield await self.route(delta)
+                        routed = await self.route(delta)
+                        if self._text_cut and routed.finish_reason == "stop":
+                            routed.finish_reason = "length"  # the answer was cut, though all it said is spoken
+                        yield routed
         finally:
             if self._open is not None:  # left mid-span
                 self._open.close()
@@ -139,7 +145,7 @@ class OutputRouter:
         self._open = route
 
     def _continue(self) -> bool:
-        """The text ended ("stop"): the first route that continues the choice makes its continuation."""
+        """The text ended: the first route that continues the choice makes its continuation."""
         for route in self.routes:
             after = route.after(self.generation)
             if after is not None:

@@ -374,12 +374,6 @@ class ChatCompletionRequest(GenerationFields, frozen=True, kw_only=True, forbid_
         return self.modalities_sent is None or "image" in self.modalities_sent
 
     @property
-    def audio_allowed(self) -> bool:
-        """The model may speak: modalities was not given (an audio span it opens on its own is
-        spoken), or names "audio" (then `audio` says the voice and format, and the turn is spoken)."""
-        return self.modalities_sent is None or "audio" in self.modalities_sent
-
-    @property
     def image(self) -> ChatImageOptions | None:
         """How drawn images are drawn and handed back."""
         return self.image_sent

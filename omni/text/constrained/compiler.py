@@ -50,16 +50,14 @@ class CompiledGrammar:
         *,
         max_tokens: int | None = None,
         spans: bool = False,
-        held: frozenset[int] = frozenset(),
     ) -> TokenConstraint:
         """A matcher of its own for one request. max_tokens: the request's budget, which a
         json_object answer is closed within (see json_close.py). spans: the grammar holds each
-        span the trigger token opens, not the whole output (image and audio spans). held: tokens
-        refused until the trigger comes (see TokenConstraint)."""
+        span the trigger token opens, not the whole output (image and audio spans)."""
         closer = None
         if self.spec.kind is GrammarKind.JSON_OBJECT and max_tokens is not None and self._token_bytes is not None:
             closer = JsonCloser.for_tokenizer(self._token_bytes, max_tokens)
-        return TokenConstraint(self._matcher.deep_copy(), self._vocab_size, trigger_token_id, budget, closer, spans, held)
+        return TokenConstraint(self._matcher.deep_copy(), self._vocab_size, trigger_token_id, budget, closer, spans)
 
 
 class GrammarCompiler:

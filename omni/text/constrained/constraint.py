@@ -9,8 +9,9 @@ A constraint may also carry a reasoning budget (the request's thinking_token_bud
 that many tokens of reasoning are out, the next token is forced to be the end of reasoning.
 A budget alone, with no grammar, is a constraint too: it masks only that one step.
 
-A constraint waiting for its trigger may hold some tokens back until then (held): a JSON answer
-after reasoning must come, so the reasoning may neither end the turn (EOS) nor open a media span.
+HeldInReasoning wraps a constraint with tokens refused while the reasoning is open: no media
+span is drawn in the reasoning (its openers are held), and an answer that must come (an answer
+format, a forced tool call) may not end the turn there either (EOS is held too).
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ class ReasoningBudget:
 
 
 class TokenConstraint:
-    held: frozenset[int] = frozenset()  # (WithSpans and SpanSet hold none)
+    holding = False  # tokens are refused apart from any grammar (HeldInReasoning)
 
     def __init__(
         self,
@@ -67,7 +68,6 @@ class TokenConstraint:
         budget: ReasoningBudget | None = None,
         closer: JsonCloser | None = None,
         spans: bool = False,
-        held: frozenset[int] = frozenset(),
     ) -> None:
         self.matcher = matcher  # None: a reasoning budget only
         self.vocab_size = vocab_size  # the tokenizer's: a mask has ceil(vocab_size / 32) words
@@ -81,20 +81,6 @@ class TokenConstraint:
         self.spans = spans
         self.num_spans = 0  # spans completed
         self.violated = False  # a token the grammar refused got through (never expected)
-        # Tokens refused while the trigger is awaited (the grammar then decides alone).
-        self.held = held
-        self._held_mask: bytes | None = None  # made once, at the first step that needs it
-
-    @property
-    def holding(self) -> bool:
-        """The trigger is awaited and some tokens are refused until it comes."""
-        return bool(self.held) and not self.grammar_on
-
-    def held_mask(self) -> bytes:
-        """The mask while holding: every token but the held ones (the same at every step)."""
-        if self._held_mask is None:
-            self._held_mask = all_but_mask(self.held, self.vocab_size)
-        return self._held_mask
 
     @property
     def forced_token_id(self) -> int | None:
@@ -108,7 +94,7 @@ class TokenConstraint:
     @property
     def active(self) -> bool:
         """The next sampled token needs a mask."""
-        return self.grammar_on or self.forced_token_id is not None or self.holding
+        return self.grammar_on or self.forced_token_id is not None
 
     @property
     def complete(self) -> bool:
@@ -148,6 +134,78 @@ class TokenConstraint:
             self.grammar_on = False
             self.num_spans += 1
             self.matcher.reset()
+
+
+class HeldInReasoning(TokenConstraint):
+    """Another constraint (inner), with the held tokens refused while the reasoning is open and
+    the inner grammar is not holding (a span or a call it holds decides alone). The reasoning
+    is open from the first token when the prompt opened it, else from a start token the model
+    samples; it closes at the first end token, for good: from then on the inner constraint
+    alone decides."""
+
+    def __init__(  # noqa: D107
+        self, inner: TokenConstraint, held: frozenset[int], start_token_id: int, end_token_id: int, *, open: bool
+    ) -> None:
+        self.inner = inner
+        self.held = held
+        self.start_token_id = start_token_id
+        self.end_token_id = end_token_id
+        self.open = open
+        self.closed = False
+        self._held_mask: bytes | None = None  # made once, at the first step that needs it
+
+    @property
+    def holding(self) -> bool:  # type: ignore[override]
+        return self.open and not self.inner.grammar_on
+
+    def held_mask(self) -> bytes:
+        """The mask while holding: every token but the held ones (the same at every step)."""
+        if self._held_mask is None:
+            self._held_mask = all_but_mask(self.held, self.vocab_size)
+        return self._held_mask
+
+    @property
+    def matcher(self) -> llguidance.LLMatcher | None:  # type: ignore[override]
+        return self.inner.matcher
+
+    @property
+    def vocab_size(self) -> int:  # type: ignore[override]
+        return self.inner.vocab_size
+
+    @property
+    def grammar_on(self) -> bool:  # type: ignore[override]
+        return self.inner.grammar_on
+
+    @property
+    def forced_token_id(self) -> int | None:
+        return self.inner.forced_token_id
+
+    @property
+    def active(self) -> bool:
+        return self.inner.active or self.holding
+
+    @property
+    def complete(self) -> bool:
+        return self.inner.complete
+
+    @property
+    def cut_short(self) -> bool:
+        return self.inner.cut_short
+
+    @property
+    def violated(self) -> bool:  # type: ignore[override]
+        return self.inner.violated
+
+    @property
+    def num_spans(self) -> int:  # type: ignore[override]
+        return self.inner.num_spans
+
+    def advance(self, token_id: int) -> None:
+        if self.open and token_id == self.end_token_id:
+            self.open, self.closed = False, True
+        elif not self.open and not self.closed and token_id == self.start_token_id:
+            self.open = True
+        self.inner.advance(token_id)
 
 
 class WithSpans(TokenConstraint):
@@ -275,7 +333,7 @@ def fill_masks(constraints: Sequence[TokenConstraint]) -> list[bytes]:
         if forced is not None:
             masks.append(single_token_mask(forced, c.vocab_size))
             continue
-        if c.holding:
+        if isinstance(c, HeldInReasoning) and c.holding:
             masks.append(c.held_mask())
             continue
         assert c.matcher is not None, "an active constraint has a grammar or a forced token"
@@ -333,7 +391,7 @@ class MaskFiller:
             forced = c.forced_token_id
             if forced is not None:
                 masks[i] = single_token_mask(forced, vocab)
-            elif c.holding:
+            elif isinstance(c, HeldInReasoning) and c.holding:
                 masks[i] = c.held_mask()
         return masks
 

@@ -1,7 +1,8 @@
-"""ChoiceConstraints without output spans: a grammar alone holds from the first token, behind a
-prompt that opened the reasoning it waits for </think>, a tool call's own trigger wins, a
-reasoning budget rides on the grammar or stands alone, and a model without reasoning tokens
-cannot take a budget. (Span kinds are the output modalities' own tests.)"""
+"""ChoiceConstraints: a grammar alone holds from the first token, behind a prompt that opened the
+reasoning it waits for </think> (holding back the turn's end: the answer or call must come), a
+tool call's own trigger wins, a reasoning budget rides on the grammar or stands alone, a model
+without reasoning tokens cannot take a budget, and no span opens inside the reasoning. (The
+span grammars are the output modalities' own tests.)"""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 
 from omni.engines.pool import ModelPool
 from omni.errors import APIError
-from omni.serving.choice_constraints import ChoiceConstraints, TriggeredGrammar, prompt_opens_reasoning
+from omni.serving.choice_constraints import ChoiceConstraints, OutputSpans, TriggeredGrammar, prompt_opens_reasoning
 from omni.serving.model import ServedModel
 from omni.serving.requests import parse_chat_completion_request
 from omni.text.chat_format import ChatFormat
@@ -103,3 +104,41 @@ def test_a_budget_needs_the_models_reasoning_tokens(tiny_tokenizer_dir: Path) ->
     with pytest.raises(APIError) as refused:
         ChoiceConstraints(plain, chat(thinking_token_budget=4), None, CLOSED, 16)
     assert (refused.value.status, refused.value.param, refused.value.code) == (400, "thinking_token_budget", "unsupported_parameter")
+
+
+async def test_a_forced_call_after_reasoning_holds_back_the_turns_end(model: ServedModel, grammar: CompiledGrammar) -> None:
+    """tool_choice "required" (or a named function) behind an opened reasoning block: the call
+    must come, so the reasoning may not end the turn; the call grammar holds from </think>."""
+    c = ChoiceConstraints(model, chat(), TriggeredGrammar(grammar, None), OPEN, 16).new()
+    assert c is not None and c.holding
+    assert not set(model.tokenizer.eos_token_ids) & set(allowed(c))
+    c.advance(END_THINK)
+    assert allowed(c) == [100]
+
+
+SPAN_START, UNIT = 1297, 1380  # the tiny tokenizer's <|discrete_audio_start|> and its first unit
+
+
+async def test_no_span_opens_inside_the_reasoning(model: ServedModel, grammar: CompiledGrammar) -> None:
+    """Free text with a span kind: while the reasoning is open its opener (and the dialect's
+    bare units) are held back, the turn may end; from </think> on a span opens as anywhere."""
+    spans = OutputSpans(grammar, SPAN_START, bare_openers=frozenset({UNIT}))
+    c = ChoiceConstraints(model, chat(), None, OPEN, 16, [spans]).new()
+    assert c is not None and c.holding
+    held = set(range(c.vocab_size)) - set(allowed(c))
+    assert held == {SPAN_START, UNIT}  # the turn's end is not held: free text may end there
+    c.advance(5)
+    c.advance(END_THINK)
+    assert not c.active  # the span waits for its opener, unmasked
+    c.advance(SPAN_START)
+    assert allowed(c) == [100]
+
+
+async def test_a_reasoning_the_model_opens_holds_the_openers_too(model: ServedModel, grammar: CompiledGrammar) -> None:
+    c = ChoiceConstraints(model, chat(), None, CLOSED, 16, [OutputSpans(grammar, SPAN_START)]).new()
+    assert c is not None and not c.active
+    c.advance(THINK)
+    assert SPAN_START not in allowed(c)
+    c.advance(END_THINK)
+    c.advance(SPAN_START)
+    assert allowed(c) == [100]

@@ -72,7 +72,7 @@ def test_speak_text_samples_the_span_with_the_texts_params() -> None:
         output=OutputOptions(), cache_salt="salt",
     )  # fmt: skip
     text.request.output_token_ids = [40, 41, eos]
-    model = SimpleNamespace(pool=SimpleNamespace(max_model_len=4096))
+    model = SimpleNamespace(pool=SimpleNamespace(max_model_len=4096), chat_format=SimpleNamespace(reasoning_parser=None))
     audio = SimpleNamespace(format=SimpleNamespace(start_token_id=start), grammar=SimpleNamespace(new_constraint=lambda _: "span"))
     speech = speak_text(cast(Any, model), cast(Any, audio), text)
     assert speech is not None

@@ -1,5 +1,6 @@
 """Spoken answers: the continuation that speaks a finished text (its prompt, its room, the
-sampling it keeps), and an earlier answer recalled by its audio id as its transcript.
+sampling it keeps), the room a spoken turn's text leaves for it, and an earlier answer
+recalled by its audio id as its transcript.
 (Whether a request speaks at all is tests/e2e/test_chat_audio.py's.)"""
 
 from __future__ import annotations
@@ -17,8 +18,10 @@ from omni.errors import APIError
 from omni.modalities.outputs.audio import ModelAudio, store_spoken
 from omni.serving.model import ServedModel
 from omni.serving.requests import parse_chat_completion_request
-from omni.serving.spoken import recall_spoken, speak_text
+from omni.serving.spoken import chat_audio, recall_spoken, speak_text, speech_room
 from omni.shared.store.local import LocalStore
+from omni.text.chat_format import ChatFormat
+from omni.text.constrained.audio_span import MAX_UNITS
 from omni.text.tokenizer import TextTokenizer
 from scheduler.request import SamplingParams
 from tests.omni.fake_pool import FakePool
@@ -73,6 +76,42 @@ async def test_the_room_is_the_smaller_of_the_budget_and_the_context(setting: tu
     assert speak_text(model, audio, finished(model, [10] * 17, max_tokens=20)) is None  # 3 of max_tokens
 
 
+def test_a_spoken_turns_text_leaves_room_for_its_speech() -> None:
+    """The text gets a ninth of max_tokens (a second of speech, 25 units, says about three of
+    its tokens), the speech the rest up to a span's most units; no room under the least span."""
+    assert speech_room(150) == 150 - 150 // 9  # 16 for the text, 134 for its speech
+    assert speech_room(5) == 4  # one token of text, then the least span: 3 units and its end
+    assert speech_room(4) == 0  # no span fits beside a token of text: the text has it all
+    assert speech_room(20_000) == MAX_UNITS + 1
+    assert speech_room(150, min_tokens=147) == 0 and speech_room(150, min_tokens=100) == 50
+
+
+async def test_a_text_cut_at_its_share_is_spoken_in_the_room_kept_for_it(setting: tuple[ServedModel, ModelAudio, LocalStore]) -> None:
+    model, audio, _ = setting
+    cut = finished(model, [10] * 4, max_tokens=4)  # ran to its share: no end token to leave out
+    assert speak_text(model, audio, cut) is None  # no room kept
+    speech = speak_text(model, audio, cut, speech_tokens=12)
+    assert speech is not None and speech.request.sampling_params.max_tokens == 12
+    assert speech.request.prompt_token_ids == [1, 2, 3, 10, 10, 10, 10, audio.format.start_token_id]
+
+
+async def test_a_text_cut_inside_its_reasoning_closes_it_before_the_speech(tiny_tokenizer_dir: Path, setting: tuple[ServedModel, ModelAudio, LocalStore]) -> None:
+    _, audio, _ = setting
+    tokenizer = TextTokenizer.from_dir(tiny_tokenizer_dir)
+    model = ServedModel("m", tokenizer, cast(ModelPool, FakePool([1], max_model_len=64)), created=0, chat_format=ChatFormat(reasoning_parser="think"))
+    think, end = tokenizer.token_to_id("<think>"), tokenizer.token_to_id("</think>")
+    start = audio.format.start_token_id
+    inside = finished(model, [think, 10, 11], max_tokens=3)
+    speech = speak_text(model, audio, inside, speech_tokens=8)
+    assert speech is not None and speech.request.prompt_token_ids == [1, 2, 3, think, 10, 11, end, start]
+    closed = finished(model, [think, 10, end, 11], max_tokens=4)
+    speech = speak_text(model, audio, closed, speech_tokens=8)
+    assert speech is not None and speech.request.prompt_token_ids == [1, 2, 3, think, 10, end, 11, start]
+    plain = finished(model, [10, 11], max_tokens=2)  # no reasoning opened
+    speech = speak_text(model, audio, plain, speech_tokens=8)
+    assert speech is not None and speech.request.prompt_token_ids == [1, 2, 3, 10, 11, start]
+
+
 def chat_with(messages: list[dict[str, Any]]) -> Any:
     return parse_chat_completion_request({"model": "m", "messages": messages})
 
@@ -100,3 +139,13 @@ async def test_an_unknown_id_is_a_400_naming_it(setting: tuple[ServedModel, Mode
         await recall_spoken(store if with_store else None, req)
     assert (refused.value.status, refused.value.param) == (400, "messages[1].audio.id")
     assert "audio_gone" in str(refused.value)
+
+
+@pytest.mark.parametrize("fields", [{}, {"audio": {"voice": "alloy", "format": "wav"}}, {"modalities": ["text"]}])
+async def test_a_request_that_does_not_ask_for_audio_does_not_speak(setting: tuple[ServedModel, ModelAudio, LocalStore], fields: dict[str, Any]) -> None:
+    """No modalities naming audio: no ChatAudio, whatever else the request says (`audio` alone
+    asks for nothing, as on OpenAI's chat)."""
+    model, audio, _ = setting
+    spoken = ServedModel("m", model.tokenizer, model.pool, created=0, outputs=(audio,))
+    req = parse_chat_completion_request({"model": "m", "messages": [{"role": "user", "content": "hi"}], **fields})
+    assert chat_audio(spoken, req) is None

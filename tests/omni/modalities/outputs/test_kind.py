@@ -25,6 +25,8 @@ def test_pieces_ride_on_the_delta_by_kind() -> None:
 def test_the_ban_rule_reads_modalities() -> None:
     assert IMAGE.allowed(None) and IMAGE.allowed(["text", "image"])
     assert not IMAGE.allowed(["text"]) and not AUDIO.allowed(["text", "image"])
+    # audio only when modalities asks, as OpenAI's chat answers; an image the model draws unasked
+    assert not AUDIO.allowed(None) and AUDIO.allowed(["text", "audio"])
 
 
 def test_a_kind_finds_its_object_among_a_models_outputs() -> None:

@@ -284,3 +284,22 @@ async def test_a_new_span_kind_is_a_route_class_and_the_router_is_unchanged(toke
     assert len(out) == len(tokens)
     assert [(i, img.url) for i, d in enumerate(out) for img in IMAGE.pieces(d)] == [(4, f"bracket:{tokens[2:4]}")]
     assert bracket.spans == []  # ended by its own token: neither cut nor closed
+
+
+@pytest.mark.parametrize(("text_finish", "finish"), [("stop", "stop"), ("length", "length")])
+async def test_a_text_cut_at_its_share_is_still_spoken_and_the_choice_ends_length(
+    tokenizer: TextTokenizer, text_finish: str, finish: str
+) -> None:
+    """A spoken turn's text that ran to its share of max_tokens goes on to its speech as one that
+    ended does; the choice then ends "length" (the answer was cut) though the span closed."""
+    sinks: list[FakeSink] = []
+    log: list[tuple[list[int], bool]] = []
+    route = audio_route(tokenizer, sinks, log)
+    fmt = route.format
+    speech = generation(tokenizer, FakePool([fmt.first_unit_id + u for u in range(4)] + [fmt.end_token_id], finish_reason="stop"))
+    route.speak_after = lambda g: speech
+    said = tokenizer.encode("Sure", add_special_tokens=False)
+    g = generation(tokenizer, FakePool(said, finish_reason=text_finish))
+    out = [delta async for delta in OutputRouter(g, route).deltas()]
+    assert [d.finish_reason for d in out if d.finish_reason is not None] == [finish]
+    assert sum(len(u) for u, _ in log) == 4 and log[-1][1]

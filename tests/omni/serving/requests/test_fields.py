@@ -115,7 +115,7 @@ def test_chat_all_fields() -> None:
     assert (r.max_tokens_param, r.top_k, r.stop, r.include_usage) == ("max_completion_tokens", None, ("END",), True)
     assert r.modalities == ("text",)
     assert not r.images_allowed  # modalities given without "image"
-    assert not r.audio_allowed  # nor "audio"
+    assert "audio" not in r.modalities  # nor "audio"
     assert r.num_logprobs == 3
     assert r.messages[1].content == (
         TextPart("What is "),
@@ -265,7 +265,7 @@ def test_audio_output_needs_its_voice_and_format_and_streams_pcm16(body: dict[st
         parse_chat_completion_request(body)
     assert (info.value.status, info.value.param) == (400, param)
     ok = parse_chat_completion_request(chat(modalities=["text", "audio"], audio={"voice": "alloy", "format": "pcm16"}, stream=True))
-    assert ok.audio == AudioOutput("alloy", "pcm16") and ok.audio_allowed
+    assert ok.audio == AudioOutput("alloy", "pcm16") and "audio" in ok.modalities
 
 
 @pytest.mark.parametrize("modalities, allowed", [(["text", "image"], True), (["image"], True), (["text"], False), (None, True)])

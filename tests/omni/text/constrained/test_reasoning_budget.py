@@ -6,7 +6,14 @@ from __future__ import annotations
 import json
 
 from omni.text.constrained.compiler import GrammarCompiler
-from omni.text.constrained.constraint import MaskFiller, ReasoningBudget, TokenConstraint, allowed_tokens, fill_masks
+from omni.text.constrained.constraint import (
+    HeldInReasoning,
+    MaskFiller,
+    ReasoningBudget,
+    TokenConstraint,
+    allowed_tokens,
+    fill_masks,
+)
 from omni.text.constrained.spec import GrammarKind, GrammarSpec
 from omni.text.tokenizer import TextTokenizer
 
@@ -74,15 +81,31 @@ async def test_held_tokens_are_refused_until_the_grammar_holds(compiler: Grammar
     eos = min(tokenizer.eos_token_ids)
     held = frozenset({eos, OTHER})
     grammar = await compiler.compile(GrammarSpec(GrammarKind.CHOICE, json.dumps(["yes", "no"])))
-    c = grammar.new_constraint(trigger_token_id=end, held=held)
+    c = HeldInReasoning(grammar.new_constraint(trigger_token_id=end), held, start, end, open=True)
     plain = grammar.new_constraint(trigger_token_id=end)
     assert c.active and not plain.active  # a held constraint masks while it waits
     for masks in (fill_masks([c]), await MaskFiller().fill([c, grammar.new_constraint()])):
         allowed = set(allowed_tokens(masks[0], tokenizer.vocab_size).tolist())
         assert allowed == set(range(tokenizer.vocab_size)) - held
-    budget = grammar.new_constraint(trigger_token_id=end, budget=ReasoningBudget(start, end, 0, open=True), held=held)
+    inner = grammar.new_constraint(trigger_token_id=end, budget=ReasoningBudget(start, end, 0, open=True))
+    budget = HeldInReasoning(inner, held, start, end, open=True)
     assert allowed_tokens(fill_masks([budget])[0], tokenizer.vocab_size).tolist() == [end]
     c.advance(end)
     assert c.active and not c.holding
     allowed = set(allowed_tokens(fill_masks([c])[0], tokenizer.vocab_size).tolist())
     assert tokenizer.encode("yes", add_special_tokens=False)[0] in allowed and OTHER not in allowed
+
+
+def test_held_tokens_wait_for_a_reasoning_the_model_opens_and_end_with_it() -> None:
+    """Not opened by the prompt: nothing is held until the model samples <think>, then until
+    </think>; a later <think> opens nothing. A span the inner constraint holds decides alone."""
+    c = HeldInReasoning(TokenConstraint(None, 1400), frozenset({OTHER}), START, END, open=False)
+    assert not c.active
+    c.advance(5)
+    assert not c.active
+    c.advance(START)
+    assert c.active and OTHER not in allowed_tokens(fill_masks([c])[0], 1400).tolist()
+    c.advance(END)
+    assert not c.active
+    c.advance(START)
+    assert not c.active and not c.complete
