@@ -20,8 +20,7 @@ import dataclasses
 from omni.errors import bad_request
 from omni.modalities.inputs.items import MediaItem, decode_params
 from omni.modalities.inputs.placeholders import placeholder_ids
-from omni.modalities.outputs.image import ImageSettings
-from omni.serving.images import ImageGeneration, check_drawing, image_choices, image_model, image_turn
+from omni.serving.images import ImageGeneration, check_drawing, image_choices, image_model, image_settings, image_turn
 from omni.serving.model import ModelRegistry
 from omni.serving.prepared import answer_template
 from omni.serving.requests.image_edits import ImageEditFields
@@ -44,19 +43,10 @@ async def image_edit(models: ModelRegistry, req: ImageEditFields, *, timeout: fl
     turn = [*({"type": "image", "id": f"image_{i}"} for i in range(len(items))), {"type": "text", "text": req.prompt}]
     template_ids = await asyncio.to_thread(answer_template, model, [{"role": "user", "content": turn}])
     prompt = await media.expand(template_ids, items)
-    settings = ImageSettings(
-        # drawn at the table's size nearest the canvas's shape, then made the canvas's size
-        size=req.size or nearest_size(*canvas.size),
-        steps=req.num_inference_steps,
-        guidance_scale=req.guidance_scale,
-        seed=req.seed,
-        output_format=req.output_format,
-        quality=req.output_compression,
-        as_url=req.response_format == "url" and not req.stream,
-        partial_images=req.partial_images,
-        # Without a mask, an image drawn at the asked size is finished as it is.
-        canvas=None if req.size is not None and req.mask is None else canvas,
-    )
+    # Drawn at the table's size nearest the canvas's shape, then made the canvas's size; without a
+    # mask, an image drawn at the asked size is finished as it is.
+    size = req.size or nearest_size(*canvas.size)
+    settings = image_settings(req, size, None if req.size is not None and req.mask is None else canvas)
     generation = image_choices(model, image_turn(model, req.prompt), prompt, settings, n=req.n, timeout=timeout)
     placeholders = placeholder_ids(model.tokenizer)
     num_images = len(prompt.token_ids) - sum(t not in placeholders for t in template_ids)

@@ -22,6 +22,7 @@ from omni.serving.model import ModelRegistry, ServedModel
 from omni.serving.prepared import Prepared, check_serving
 from omni.serving.prompt import chat_prompt
 from omni.serving.requests import ChatCompletionRequest, parse_chat_completion_request
+from omni.serving.requests.image_edits import ImageEditFields
 from omni.serving.requests.images import ImageGenerationRequest
 from omni.shared.media.compositing import EditCanvas
 from scheduler.request import SamplingParams
@@ -36,8 +37,15 @@ async def image_generation(
     turn = image_turn(model, req.prompt)
     check_drawing(model)
     prompt = await chat_prompt(model, turn, [])
-    settings = ImageSettings(
-        size=req.size,
+    return image_choices(model, turn, prompt, image_settings(req, req.size), n=req.n, timeout=timeout)
+
+
+def image_settings(
+    req: ImageGenerationRequest | ImageEditFields, size: tuple[int, int] | None, canvas: EditCanvas | None = None
+) -> ImageSettings:
+    """How the images API's request asks each image drawn (generations and edits share the fields)."""
+    return ImageSettings(
+        size=size,
         steps=req.num_inference_steps,
         guidance_scale=req.guidance_scale,
         seed=req.seed,
@@ -45,8 +53,8 @@ async def image_generation(
         quality=req.output_compression,
         as_url=req.response_format == "url" and not req.stream,
         partial_images=req.partial_images,
+        canvas=canvas,
     )
-    return image_choices(model, turn, prompt, settings, n=req.n, timeout=timeout)
 
 
 def image_turn(model: ServedModel, text: str) -> ChatCompletionRequest:
