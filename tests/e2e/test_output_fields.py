@@ -233,7 +233,8 @@ def _usage_counts(chunks: list[dict[str, Any]]) -> list[int]:
 
 def test_continuous_usage_stats_on_completions(client: httpx.Client, tok: TextTokenizer) -> None:
     options = {"include_usage": True, "continuous_usage_stats": True}
-    chunks = stream(client, COMPLETIONS, max_tokens=5, logprobs=0, stream_options=options)
+    # ignore_eos: the tiny model samples at temperature 1 by default and may draw its end token
+    chunks = stream(client, COMPLETIONS, max_tokens=5, logprobs=0, stream_options=options, ignore_eos=True)
     assert _usage_counts(chunks) == [1, 2, 3, 4, 5]  # logprobs: a chunk per token
     prompt_tokens = len(tok.encode(PROMPT))
     assert all(c["usage"]["prompt_tokens"] == prompt_tokens for c in chunks)
@@ -242,14 +243,14 @@ def test_continuous_usage_stats_on_completions(client: httpx.Client, tok: TextTo
 
 def test_continuous_usage_stats_on_chat(client: httpx.Client) -> None:
     options = {"include_usage": True, "continuous_usage_stats": True}
-    chunks = stream(client, CHAT, max_tokens=4, logprobs=True, stream_options=options)
+    chunks = stream(client, CHAT, max_tokens=4, logprobs=True, stream_options=options, ignore_eos=True)
     assert _usage_counts(chunks)[0] == 0 and _usage_counts(chunks)[-1] == 4  # the role chunk first
 
 
 def test_request_id_names_the_response(client: httpx.Client) -> None:
     # requests sharing one id at once stay apart: the engine's ids are its own
     with ThreadPoolExecutor(4) as pool:
-        bodies = list(pool.map(lambda _: post(client, COMPLETIONS, max_tokens=6, request_id="eval-0007"), range(4)))
+        bodies = list(pool.map(lambda _: post(client, COMPLETIONS, max_tokens=6, request_id="eval-0007", ignore_eos=True), range(4)))
     assert {b["id"] for b in bodies} == {"cmpl-eval-0007"}
     assert all(b["usage"]["completion_tokens"] == 6 for b in bodies)
     chunks = stream(client, COMPLETIONS, max_tokens=2, request_id="eval-0007")
