@@ -1,0 +1,116 @@
+"""Linear layers for decode steps of 1 to a few rows on x86 CPUs (small_m_linear.cpp).
+
+At M <= 8 rows a linear layer reads each weight once for a few multiply-adds, so its floor is the
+weight bytes over the memory bandwidth. oneDNN's packed GEMM (models/packed_linear.py) and torch's
+GEMV reach well under that floor at M = 1 on this kind of CPU (docs/BENCHMARKS.md, Session 14);
+the kernels in small_m_linear.cpp stream a weight laid out once in 16-channel blocks and serve
+every row from each load: avx512bf16 dot products for bf16 weights, int8 weights widened to bf16
+(weight-only int8, per-channel scales), fp32 FMAs, and an avx2 path for bf16 and fp32.
+
+The extension is built on first use with the C++ compiler torch's cpp_extension finds, into a
+cache directory keyed by the source and torch version ($OMNI_KERNEL_CACHE, default
+~/.cache/omni-serve/kernels), so later processes load it in well under a second; bin/setup
+builds it once. It is never required: without a compiler, on a non-x86 CPU or one without avx2,
+or with OMNI_SMALL_M_LINEAR=0, `load()` returns False and callers keep their other path.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import threading
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger("omni.worker.small_m_linear")
+
+SOURCE = Path(__file__).with_name("small_m_linear.cpp")
+# The most rows the kernels serve: above it oneDNN's GEMM wins (bench/small_m_linear.py).
+MAX_ROWS = 8
+
+_lock = threading.Lock()
+_state: dict[str, bool] = {}
+
+
+def cache_dir() -> Path:
+    root = Path(os.environ.get("OMNI_KERNEL_CACHE") or Path.home() / ".cache" / "omni-serve" / "kernels")
+    key = hashlib.sha256(SOURCE.read_bytes() + torch.__version__.encode()).hexdigest()[:16]
+    return root / f"small_m_linear-{key}"
+
+
+def _build() -> bool:
+    if os.environ.get("OMNI_SMALL_M_LINEAR", "1") == "0":
+        return False
+    import platform
+
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return False
+    try:
+        from torch.utils import cpp_extension
+
+        build = cache_dir()
+        build.mkdir(parents=True, exist_ok=True)
+        cpp_extension.load(
+            name="omni_small_m_linear",
+            sources=[str(SOURCE)],
+            build_directory=str(build),
+            extra_cflags=["-O3"],
+            is_python_module=False,
+            verbose=False,
+        )
+    except Exception as exc:  # no compiler, no ninja, a failed build: serve without it
+        log.info("small-M linear kernels unavailable (%s); using oneDNN's", exc)
+        return False
+    return bool(torch.ops.omni_small_m.isa() != "none")
+
+
+def load() -> bool:
+    """Whether the kernels are built, loaded and have a path for this CPU (built on first call)."""
+    with _lock:
+        if "ok" not in _state:
+            _state["ok"] = _build()
+        return _state["ok"]
+
+
+def isa() -> str:
+    """The kernels' instruction set here: "avx512bf16", "avx2" or "none"."""
+    return str(torch.ops.omni_small_m.isa()) if load() else "none"
+
+
+def pack(weight: torch.Tensor) -> torch.Tensor:
+    """(N, K) bf16, int8 or fp32 -> the kernels' blocked layout (a new tensor, same dtype)."""
+    return torch.ops.omni_small_m.pack(weight.detach().contiguous())  # type: ignore[no-any-return]
+
+
+def linear(
+    x: torch.Tensor,
+    packed: torch.Tensor,
+    out_features: int,
+    scale: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    out_dtype: torch.dtype | None = None,
+) -> torch.Tensor:
+    """x (M, K) -> (M, out_features) in out_dtype (default x's): x @ W.T * scale + bias.
+
+    bf16 weights take bf16 x, fp32 weights fp32 x; int8 weights take x rounded to bf16 and need
+    their float32 per-channel scales. scale, bias: float32 (N,)."""
+    out_dtype = out_dtype or x.dtype
+    if packed.dtype == torch.int8 and x.dtype != torch.bfloat16:
+        x = x.to(torch.bfloat16)
+    y = torch.ops.omni_small_m.linear(x, packed, out_features, scale, bias, out_dtype == torch.float32)
+    return y if y.dtype == out_dtype else y.to(out_dtype)
+
+
+def main() -> None:
+    """`python -m gpu_workers.models.small_m_linear`: build the kernels now (bin/setup runs it)."""
+    import time
+
+    t = time.perf_counter()
+    ok = load()
+    print(f"small_m_linear: {'built, ' + isa() if ok else 'unavailable'} ({time.perf_counter() - t:.1f} s, {cache_dir()})")
+
+
+if __name__ == "__main__":
+    main()
