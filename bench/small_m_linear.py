@@ -11,7 +11,7 @@ This measures, for a model's linear shapes, how close each kernel gets to that f
   int4          torch._weight_int4pack_mm_for_cpu: 4-bit weight, groups of 32, bf16 activations
   compiled      torch.compile (inductor, freezing) of one nn.Linear (head and down shapes only,
                 M = 1: each compile costs seconds)
-  small         our kernels (gpu_workers/kernels/small_m_linear.cpp), when the extension builds:
+  small         our kernels (gpu_workers/models/small_m_linear.cpp), when the extension builds:
                 bf16 / fp32 weights, or int8 weights with per-channel scales (small-int8)
 
 Each shape gets enough weight copies (>= 288 MB, clones of one packed weight) that a pass over
@@ -94,7 +94,7 @@ def candidates(dtype_name: str, k: int, n: int, copies: int, small: object | Non
             ]
         if small is not None:
             sw = clones(small.pack(wd[0]))  # type: ignore[attr-defined]
-            out["small"] = lambda x, sw=sw: [small.linear(x, w) for w in sw]  # type: ignore[attr-defined]
+            out["small"] = lambda x, sw=sw: [small.linear(x, w, n) for w in sw]  # type: ignore[attr-defined]
     else:  # int8 / int4: bf16 activations
         from gpu_workers.models.int8_linear import quantize_per_channel
 
@@ -103,8 +103,8 @@ def candidates(dtype_name: str, k: int, n: int, copies: int, small: object | Non
         if dtype_name == "int8":
             out["woq8"] = lambda x: [torch._weight_int8pack_mm(x, q, s) for q, s in q8b]
             if small is not None:
-                sw8 = clones(small.pack_int8(*q8[0]))  # type: ignore[attr-defined]
-                out["small"] = lambda x, sw8=sw8: [small.linear(x, w) for w in sw8]  # type: ignore[attr-defined]
+                sw8 = clones((small.pack(q8[0][0]), q8[0][1]))  # type: ignore[attr-defined]
+                out["small"] = lambda x, sw8=sw8: [small.linear(x, w, n, s) for w, s in sw8]  # type: ignore[attr-defined]
         else:
             group = 32
             packed = []
@@ -150,10 +150,10 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     small = None
     if not args.no_small:
-        from gpu_workers.kernels import small_m_linear
+        from gpu_workers.models import small_m_linear
 
-        small = small_m_linear.load()
-        print(f"# our extension: {'loaded, ' + small.isa() if small else 'unavailable'}")  # type: ignore[attr-defined]
+        small = small_m_linear if small_m_linear.load() else None
+        print(f"# our extension: {small_m_linear.isa()}")
     print(f"# torch {torch.__version__}, {args.threads} threads, {torch.backends.cpu.get_cpu_capability()}")
     print(f"# read bandwidth (256 MB sum): {read_bandwidth(args.rounds * 2):.1f} GB/s")
     print("| shape | K->N | dtype | kernel | " + " | ".join(f"M={m}" for m in args.rows) + " |")
