@@ -137,3 +137,23 @@ def test_pack_linears_gives_a_tied_head_its_own_packed_linear() -> None:
     assert isinstance(model.embed_tokens, nn.Embedding)  # the lookup keeps its table
     check(got, h, model.embed_tokens.weight, None, 2**-7)
     torch.testing.assert_close(got.float(), want.float(), rtol=2**-7, atol=1e-2)
+
+
+@pytest.mark.parametrize("rows", [1, 8, 9])
+def test_int8_linear_takes_the_kernel_at_small_m_with_bf16_rows(rows: int) -> None:
+    from gpu_workers.models.int8_linear import Int8Linear, onednn_available, onednn_int8_mm, split_rows
+
+    if not onednn_available() or small_m_linear.isa() != "avx512bf16":
+        pytest.skip("needs oneDNN's int8 ops and avx512bf16")
+    torch.manual_seed(0)
+    linear = nn.Linear(70, 90, bias=False).to(torch.bfloat16)
+    layer = Int8Linear(linear)
+    assert layer.small is not None
+    x = torch.randn(rows, 70, dtype=torch.bfloat16)
+    with torch.inference_mode():
+        got = layer(x)
+        q, scale = split_rows(x)
+        via_op = onednn_int8_mm(x, q, scale, layer.handle, 90).to(torch.bfloat16)  # the compiled step's op
+    w = layer.dequantized_weight()
+    check(got, x, w, None, 2**-7 if rows <= small_m_linear.MAX_ROWS else 2**-6)
+    assert torch.equal(got, via_op)
