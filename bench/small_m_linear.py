@@ -15,7 +15,8 @@ This measures, for a model's linear shapes, how close each kernel gets to that f
                 bf16 / fp32 weights, or int8 weights with per-channel scales (small-int8)
 
 Each shape gets enough weight copies (>= 288 MB, clones of one packed weight) that a pass over
-them reads what a real SmolLM2 bf16 step reads. Every timing is the best of --rounds, each round a pass over the copies.
+them reads what a real SmolLM2 bf16 step reads. Every timing is the best of --rounds, each round a pass over the copies, the kernels interleaved in a
+fresh order each round, so a busy machine slows all of them alike.
 
     PYTHONPATH=. python bench/small_m_linear.py --threads 2 --rounds 7
     PYTHONPATH=. python bench/small_m_linear.py --model smollm2 --only bf16:linear bf16:small
@@ -24,7 +25,9 @@ them reads what a real SmolLM2 bf16 step reads. Every timing is the best of --ro
 from __future__ import annotations
 
 import argparse
+import functools
 import math
+import random
 import time
 from collections.abc import Callable
 
@@ -62,8 +65,9 @@ def read_bandwidth(rounds: int) -> float:
     return a.numel() * 4 / best / 1e9
 
 
-def best_time(fn: Callable[[], object], rounds: int) -> float:
-    fn()
+def best_time(fn: Callable[[], object], rounds: int, warm: bool = True) -> float:
+    if warm:
+        fn()
     best = math.inf
     for _ in range(rounds):
         t = time.perf_counter()
@@ -72,7 +76,9 @@ def best_time(fn: Callable[[], object], rounds: int) -> float:
     return best
 
 
-def candidates(dtype_name: str, k: int, n: int, copies: int, small: object | None) -> dict[str, Callable[[torch.Tensor], object]]:
+def candidates(
+    dtype_name: str, k: int, n: int, copies: int, small: object | None
+) -> dict[str, Callable[[torch.Tensor], object]]:
     """name -> a function of x (M, K) that runs the linear over every copy; built once per shape."""
     g = torch.Generator().manual_seed(0)
     w0 = torch.randn(n, k, generator=g) * k**-0.5
@@ -82,6 +88,7 @@ def candidates(dtype_name: str, k: int, n: int, copies: int, small: object | Non
         if isinstance(t, tuple):
             return [tuple(c.clone() for c in t) for _ in range(copies)]
         return [t.clone() for _ in range(copies)]  # type: ignore[attr-defined]
+
     out: dict[str, Callable[[torch.Tensor], object]] = {}
     if dtype_name in ("bf16", "fp32"):
         dt = torch.bfloat16 if dtype_name == "bf16" else torch.float32
@@ -164,19 +171,29 @@ def main() -> None:
                 nbytes = weight_bytes(dt, k, n)
                 copies = max(1, math.ceil(STREAM_BYTES / nbytes))
                 act = torch.float32 if dt == "fp32" else torch.bfloat16
-                for kname, fn in candidates(dt, k, n, copies, small).items():
-                    cells = []
-                    for m in args.rows:
-                        x = torch.randn(m, k).to(act)
-                        t = best_time(lambda: fn(x), args.rounds) / copies
-                        cells.append(f"{nbytes / t / 1e9:.1f}")
-                    print(f"| {name} | {k}->{n} | {dt} | {kname} | " + " | ".join(cells) + " |", flush=True)
+                fns = candidates(dt, k, n, copies, small)
+                cells: dict[str, list[str]] = {kname: [] for kname in fns}
+                for m in args.rows:
+                    x = torch.randn(m, k).to(act)
+                    best = dict.fromkeys(fns, math.inf)
+                    for fn in fns.values():
+                        fn(x)  # warm
+                    for _ in range(args.rounds):  # interleaved, in a fresh order each round
+                        for kname in random.sample(list(fns), len(fns)):
+                            t = best_time(functools.partial(fns[kname], x), 1, warm=False) / copies
+                            best[kname] = min(best[kname], t)
+                    for kname, t in best.items():
+                        cells[kname].append(f"{nbytes / t / 1e9:.1f}")
+                for kname, row in cells.items():
+                    print(f"| {name} | {k}->{n} | {dt} | {kname} | " + " | ".join(row) + " |", flush=True)
         if args.compiled:
             for name, k, n in SHAPES[args.model]:
                 if name in ("head", "down"):
                     for dt, dtype in (("bf16", torch.bfloat16), ("fp32", torch.float32)):
                         gbps = compiled_gbps(k, n, dtype, args.rounds * 3)
-                        print(f"| {name} | {k}->{n} | {dt} | compiled | {gbps:.1f} (M=1; cache-resident below the head) |")
+                        print(
+                            f"| {name} | {k}->{n} | {dt} | compiled | {gbps:.1f} (M=1; cache-resident below the head) |"
+                        )
 
 
 if __name__ == "__main__":

@@ -222,7 +222,7 @@ class Int8Linear(nn.Module):
         """(T, K) float rows, and their split -> (T, N) float32 rows @ int8_weight().T * self.scale:
         the small-M kernel at up to MAX_ROWS rows where it runs, the split GEMM otherwise."""
         t = rows.shape[0]
-        if self._small_m(rows):
+        if self.small is not None and self._small_m(rows):
             return small_m_linear.linear(rows, self.small, self.out_features, self.scale, out_dtype=torch.float32)
         acc = self.onednn_mm(q)  # (2T, N)
         return torch.add(acc[:t], acc[t:], alpha=1 / LOW_STEPS).mul_(scale)

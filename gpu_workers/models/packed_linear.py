@@ -80,7 +80,9 @@ class PackedLinear(nn.Module):
         """x (..., in) -> (..., out): the small-M kernel at up to MAX_ROWS rows, oneDNN's above."""
         rows = x.numel() // self.in_features
         if self.small is not None and rows <= small_m_linear.MAX_ROWS and x.dtype == self.small.dtype:
-            y = small_m_linear.linear(x.reshape(rows, self.in_features), self.small, self.out_features, bias=self.small_bias)
+            y = small_m_linear.linear(
+                x.reshape(rows, self.in_features), self.small, self.out_features, bias=self.small_bias
+            )
             return y.view(*x.shape[:-1], self.out_features)
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")  # type: ignore[no-any-return]
 
@@ -90,7 +92,9 @@ class PackedLinear(nn.Module):
         return self.run(x)
 
     def extra_repr(self) -> str:
-        small = f", small-M {small_m_linear.isa()} up to {small_m_linear.MAX_ROWS} rows" if self.small is not None else ""
+        small = (
+            f", small-M {small_m_linear.isa()} up to {small_m_linear.MAX_ROWS} rows" if self.small is not None else ""
+        )
         return f"in_features={self.in_features}, out_features={self.out_features}, onednn{small}"
 
 

@@ -8,9 +8,10 @@ every row from each load: avx512bf16 dot products for bf16 weights, int8 weights
 (weight-only int8, per-channel scales), fp32 FMAs, and an avx2 path for bf16 and fp32.
 
 The extension is built on first use with the C++ compiler torch's cpp_extension finds, into a
-cache directory keyed by the source and torch version ($OMNI_KERNEL_CACHE, default
-~/.cache/omni-serve/kernels), so later processes load it in well under a second; bin/setup
-builds it once. It is never required: without a compiler, on a non-x86 CPU or one without avx2,
+cache directory keyed by the source and torch version (~/.cache/omni-serve/kernels, under
+XDG_CACHE_HOME; $OMNI_KERNEL_CACHE overrides), so later processes load it in about a second;
+bin/setup builds it once. The build takes about 20 s on the shared 2-core machine (torch's
+headers); processes building at once wait on cpp_extension's lock in the build directory. It is never required: without a compiler, on a non-x86 CPU or one without avx2,
 or with OMNI_SMALL_M_LINEAR=0, `load()` returns False and callers keep their other path.
 """
 
@@ -35,7 +36,10 @@ _state: dict[str, bool] = {}
 
 
 def cache_dir() -> Path:
-    root = Path(os.environ.get("OMNI_KERNEL_CACHE") or Path.home() / ".cache" / "omni-serve" / "kernels")
+    # beside the paged attention kernel's (attention/cpu_paged.py); $OMNI_KERNEL_CACHE overrides
+    override = os.environ.get("OMNI_KERNEL_CACHE")
+    xdg = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
+    root = Path(override) if override else xdg / "omni-serve" / "kernels"
     key = hashlib.sha256(SOURCE.read_bytes() + torch.__version__.encode()).hexdigest()[:16]
     return root / f"small_m_linear-{key}"
 
@@ -60,7 +64,7 @@ def _build() -> bool:
             is_python_module=False,
             verbose=False,
         )
-    except Exception as exc:  # no compiler, no ninja, a failed build: serve without it
+    except Exception as exc:  # noqa: BLE001 - no compiler, no ninja, a failed build: serve without it
         log.info("small-M linear kernels unavailable (%s); using oneDNN's", exc)
         return False
     return bool(torch.ops.omni_small_m.isa() != "none")
@@ -109,7 +113,9 @@ def main() -> None:
 
     t = time.perf_counter()
     ok = load()
-    print(f"small_m_linear: {'built, ' + isa() if ok else 'unavailable'} ({time.perf_counter() - t:.1f} s, {cache_dir()})")
+    print(
+        f"small_m_linear: {'built, ' + isa() if ok else 'unavailable'} ({time.perf_counter() - t:.1f} s, {cache_dir()})"
+    )
 
 
 if __name__ == "__main__":

@@ -17,7 +17,9 @@ from gpu_workers.models import packed_linear, small_m_linear
 from gpu_workers.models.int8_linear import quantize_per_channel
 from gpu_workers.models.packed_linear import PackedLinear, pack_linears
 
-pytestmark = pytest.mark.skipif(not small_m_linear.load(), reason="small-M kernels not built here (no compiler or CPU path)")
+pytestmark = pytest.mark.skipif(
+    not small_m_linear.load(), reason="small-M kernels not built here (no compiler or CPU path)"
+)
 
 # (K, N): SmolLM2's o shape, and ones that are no multiple of 2, 16, 32 or 64
 SHAPES = [(576, 576), (37, 53), (1, 1), (129, 1000), (66, 17)]
@@ -43,7 +45,11 @@ def check(got: torch.Tensor, x: torch.Tensor, w: torch.Tensor, bias: torch.Tenso
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_float_weights_match_a_float32_linear(isa: str, k: int, n: int, rows: int, dtype: torch.dtype) -> None:
     g = torch.Generator().manual_seed(k * 1000 + n + rows)
-    w, x, bias = torch.randn(n, k, generator=g).to(dtype), torch.randn(rows, k, generator=g).to(dtype), torch.randn(n, generator=g)
+    w, x, bias = (
+        torch.randn(n, k, generator=g).to(dtype),
+        torch.randn(rows, k, generator=g).to(dtype),
+        torch.randn(n, generator=g),
+    )
     packed = small_m_linear.pack(w)
     check(small_m_linear.linear(x, packed, n, bias=bias, out_dtype=torch.float32), x, w, bias, 0.0)
     y = small_m_linear.linear(x, packed, n)  # out in x's dtype
