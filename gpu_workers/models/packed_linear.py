@@ -6,11 +6,11 @@ faster on this kind of CPU (measured on 2 cores, fp32, 32 rows: 768->5888 3.4 ms
 768->1280 0.58 -> 0.31 ms) and is no slower for 512-row prefill chunks. torch.compile's CPU
 backend does the same with frozen weights; this does it without compiling.
 
-At 1 to MAX_ROWS rows (a decode step of one or a few sequences) a PackedLinear runs the
+At 1 to small_m_linear.MAX_ROWS rows (a decode step of one or a few sequences) a PackedLinear runs the
 bandwidth-bound kernels of models/small_m_linear.py instead, on a second copy of the weight in
-their layout, where that extension builds and has a path for this CPU: oneDNN's packed GEMM
-reads 30-60 % of the bandwidth there (docs/BENCHMARKS.md, Session 14). The copy doubles the
-linear weights' memory; `small_m=False` leaves it out.
+their layout, where that extension builds and has a path for this CPU: there oneDNN's packed
+GEMM trails them on most of SmolLM2's shapes (docs/BENCHMARKS.md, Session 14). The copy
+doubles the linear weights' memory; `small_m=False` leaves it out.
 """
 
 from __future__ import annotations

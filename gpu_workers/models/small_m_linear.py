@@ -28,8 +28,10 @@ import torch
 log = logging.getLogger("omni.worker.small_m_linear")
 
 SOURCE = Path(__file__).with_name("small_m_linear.cpp")
-# The most rows the kernels serve: above it oneDNN's GEMM wins (bench/small_m_linear.py).
-MAX_ROWS = 8
+# The most rows a layer sends to the kernels (they take any M, in passes of 8): at 8 rows oneDNN's
+# packed GEMM was ahead on the down projection and the LM head, at 4 only on the down projection
+# (bench/small_m_linear.py, docs/BENCHMARKS.md Session 14; provisional, a busy machine).
+MAX_ROWS = 4
 
 _lock = threading.Lock()
 _state: dict[str, bool] = {}
