@@ -19,7 +19,9 @@ them reads what a real SmolLM2 bf16 step reads. Every timing is the best of --ro
 fresh order each round, so a busy machine slows all of them alike.
 
     PYTHONPATH=. python bench/small_m_linear.py --threads 2 --rounds 7
-    PYTHONPATH=. python bench/small_m_linear.py --model smollm2 --only bf16:linear bf16:small
+    PYTHONPATH=. python bench/small_m_linear.py --dtypes bf16 int8 --rows 1 4
+    PYTHONPATH=. python bench/small_m_linear.py --chain 30 --rounds 20   # SmolLM2's 30 layers + head
+    PYTHONPATH=. python bench/small_m_linear.py --chain 30 --rounds 20 --dtypes int8   # all int8
 """
 
 from __future__ import annotations
@@ -144,6 +146,47 @@ def compiled_gbps(k: int, n: int, dtype: torch.dtype, rounds: int) -> float:
     return lin.weight.numel() * lin.weight.element_size() / t / 1e9
 
 
+def chain(model: str, layers: int, rows: list[int], rounds: int, int8: bool = False) -> None:
+    """A decode step's linear layers as served (PackedLinear, bf16): `layers` decoder layers of
+    the model's shapes and the head, oneDNN alone against oneDNN + the small-M kernels,
+    interleaved each round; ms a step and the GB/s of the weight bytes."""
+    from torch import nn
+
+    from gpu_workers.models.packed_linear import PackedLinear
+
+    shapes = SHAPES[model]
+    mlp = [(k, n) for name, k, n in shapes if name != "head"] * layers
+    mlp += [(k, n) for name, k, n in shapes if name == "head"]
+    nbytes = sum(2 * k * n for k, n in mlp)
+    lins = [nn.Linear(k, n, bias=False).to(torch.bfloat16) for k, n in mlp]
+    variants = {
+        "onednn": [PackedLinear(lin, small_m=False) for lin in lins],
+        "small-m": [PackedLinear(lin) for lin in lins],
+    }
+    if int8:  # every layer int8 (what --quantization int8 keeps in bf16 aside): the split GEMM vs ours
+        from gpu_workers.models.int8_linear import Int8Linear
+
+        split = [Int8Linear(lin) for lin in lins]
+        for layer in split:
+            layer.small = None
+        variants = {"int8-split": split, "int8-small-m": [Int8Linear(lin) for lin in lins]}
+        nbytes //= 2
+    del lins
+    print("| rows | " + " | ".join(f"{v} ms (GB/s)" for v in variants) + " |")
+    print("|---|" + "---|" * len(variants))
+    for m in rows:
+        xs = {k: torch.randn(m, k, dtype=torch.bfloat16) for k in {k for k, _ in mlp}}
+        best = dict.fromkeys(variants, math.inf)
+        for _ in range(rounds):
+            for v in random.sample(list(variants), len(variants)):
+                t = time.perf_counter()
+                for layer in variants[v]:
+                    layer(xs[layer.in_features])
+                best[v] = min(best[v], time.perf_counter() - t)
+        cells = [f"{best[v] * 1e3:.1f} ({nbytes / best[v] / 1e9:.1f})" for v in variants]
+        print(f"| {m} | " + " | ".join(cells) + " |", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", choices=sorted(SHAPES), default="smollm2")
@@ -153,8 +196,13 @@ def main() -> None:
     ap.add_argument("--dtypes", nargs="+", default=["bf16", "fp32", "int8", "int4"])
     ap.add_argument("--compiled", action="store_true", help="add torch.compile'd linears (slow to build)")
     ap.add_argument("--no-small", action="store_true", help="leave our extension out")
+    ap.add_argument("--chain", type=int, default=0, help="time N decoder layers' linears + head as served")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    if args.chain:
+        with torch.inference_mode():
+            chain(args.model, args.chain, args.rows, args.rounds, "int8" in args.dtypes and "bf16" not in args.dtypes)
+        return
     small = None
     if not args.no_small:
         from gpu_workers.models import small_m_linear

@@ -26,7 +26,7 @@ Two kernels compute it (`Int8Linear.kernel`):
   rounded to bfloat16. It serves where oneDNN's int8 GEMM does not (GPUs, CPUs without VNNI,
   where u8 x s8 products can saturate).
 
-At up to small_m_linear.MAX_ROWS rows (a decode step of a few sequences) a layer on the "onednn"
+At up to small_m_linear.MAX_ROWS_INT8 rows (a decode step of a few sequences) a layer on the "onednn"
 kernel, with bf16 activations, runs models/small_m_linear.py's int8 kernel instead where it builds
 (avx512bf16 CPUs): the int8 weight widened to bf16 in registers, per-channel scales, on a
 second copy of the int8 weight in its layout (docs/BENCHMARKS.md, Session 14).
@@ -147,7 +147,7 @@ def onednn_int8_mm(
     """rows (T, K) float and their split (q, scale = split_rows(rows)) -> (T, N) float32
     rows @ int8_weight().T * weight scale, through the layer registered as `handle` (a
     one-element tensor, so that every layer shares one compiled graph). At up to
-    small_m_linear.MAX_ROWS rows the small-M kernel reads `rows` and the split goes unused."""
+    small_m_linear.MAX_ROWS_INT8 rows the small-M kernel reads `rows` and the split goes unused."""
     return _LAYERS[int(handle)].onednn_rows(rows, q, scale)
 
 
@@ -216,11 +216,11 @@ class Int8Linear(nn.Module):
     def _small_m(self, rows: torch.Tensor) -> bool:
         # bf16 rows only: the kernel rounds activations to bf16, which for float32 ones would lose
         # the split's ~16 bits (tests/gpu_workers/models/test_int8_linear.py's bound)
-        return self.small is not None and rows.dtype == torch.bfloat16 and rows.shape[0] <= small_m_linear.MAX_ROWS
+        return self.small is not None and rows.dtype == torch.bfloat16 and rows.shape[0] <= small_m_linear.MAX_ROWS_INT8
 
     def onednn_rows(self, rows: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
         """(T, K) float rows, and their split -> (T, N) float32 rows @ int8_weight().T * self.scale:
-        the small-M kernel at up to MAX_ROWS rows where it runs, the split GEMM otherwise."""
+        the small-M kernel at up to MAX_ROWS_INT8 rows where it runs, the split GEMM otherwise."""
         t = rows.shape[0]
         if self.small is not None and self._small_m(rows):
             return small_m_linear.linear(rows, self.small, self.out_features, self.scale, out_dtype=torch.float32)

@@ -6,7 +6,7 @@ faster on this kind of CPU (measured on 2 cores, fp32, 32 rows: 768->5888 3.4 ms
 768->1280 0.58 -> 0.31 ms) and is no slower for 512-row prefill chunks. torch.compile's CPU
 backend does the same with frozen weights; this does it without compiling.
 
-At 1 to small_m_linear.MAX_ROWS rows (a decode step of one or a few sequences) a PackedLinear runs the
+At up to small_m_linear.MAX_ROWS rows (a decode step of one sequence) a PackedLinear runs the
 bandwidth-bound kernels of models/small_m_linear.py instead, on a second copy of the weight in
 their layout, where that extension builds and has a path for this CPU: there oneDNN's packed
 GEMM trails them on most of SmolLM2's shapes (docs/BENCHMARKS.md, Session 14). The copy
@@ -77,7 +77,7 @@ class PackedLinear(nn.Module):
         _PACKED[handle] = self
 
     def run(self, x: torch.Tensor) -> torch.Tensor:
-        """x (..., in) -> (..., out): the small-M kernel at up to MAX_ROWS rows, oneDNN's above."""
+        """x (..., in) -> (..., out): the small-M kernel at up to small_m_linear.MAX_ROWS rows, oneDNN's above."""
         rows = x.numel() // self.in_features
         if self.small is not None and rows <= small_m_linear.MAX_ROWS and x.dtype == self.small.dtype:
             y = small_m_linear.linear(
@@ -130,7 +130,7 @@ def pack_linears(model: nn.Module, *, device: torch.device, dtype: torch.dtype) 
     small_m = True
     try:
         packed = PackedLinear(probe)
-        for rows in (small_m_linear.MAX_ROWS + 3, 3):  # oneDNN's GEMM, then the small-M kernel's
+        for rows in (small_m_linear.MAX_ROWS + 3, 1):  # oneDNN's GEMM, then the small-M kernel's
             x = torch.randn(rows, probe.in_features, dtype=dtype)
             got, want = packed(x), probe(x)
             if not torch.allclose(got.float(), want.float(), rtol=tol, atol=tol):

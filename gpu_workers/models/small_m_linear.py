@@ -28,11 +28,14 @@ import torch
 log = logging.getLogger("omni.worker.small_m_linear")
 
 SOURCE = Path(__file__).with_name("small_m_linear.cpp")
-# The most rows a layer sends to the kernels (they take any M, in passes of 8): at 8 rows oneDNN's
-# packed GEMM was ahead on the down projection and the LM head, at 4 only on the down projection
-# (bench/small_m_linear.py, docs/BENCHMARKS.md Session 14; provisional, a busy machine).
-MAX_ROWS = 4
+# The most rows a layer sends to the kernels (they take any M, in passes of 8), measured over
+# SmolLM2's 30 layers and head as served (bench/small_m_linear.py --chain, docs/BENCHMARKS.md
+# Session 14): bf16 weights 15.4 ms against oneDNN's 17.8 at 1 row, even at 2, behind from 4;
+# int8 ahead of the split GEMM at 1 (15.7 against 19.8 ms), 2 and 4.
+MAX_ROWS = 1
+MAX_ROWS_INT8 = 4
 
+BUILD_FLAGS_VERSION = b"openmp"  # part of the cache key: a change of build flags rebuilds
 _lock = threading.Lock()
 _state: dict[str, bool] = {}
 
@@ -42,7 +45,7 @@ def cache_dir() -> Path:
     override = os.environ.get("OMNI_KERNEL_CACHE")
     xdg = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
     root = Path(override) if override else xdg / "omni-serve" / "kernels"
-    key = hashlib.sha256(SOURCE.read_bytes() + torch.__version__.encode()).hexdigest()[:16]
+    key = hashlib.sha256(SOURCE.read_bytes() + torch.__version__.encode() + BUILD_FLAGS_VERSION).hexdigest()[:16]
     return root / f"small_m_linear-{key}"
 
 
@@ -56,13 +59,17 @@ def _build() -> bool:
     try:
         from torch.utils import cpp_extension
 
+        torch_lib = Path(torch.__file__).parent / "lib"
         build = cache_dir()
         build.mkdir(parents=True, exist_ok=True)
         cpp_extension.load(
             name="omni_small_m_linear",
             sources=[str(SOURCE)],
             build_directory=str(build),
-            extra_cflags=["-O3"],
+            # -fopenmp: at::parallel_for is OpenMP in torch's headers, serial without it. Linked
+            # against torch's own libgomp, so one OpenMP runtime is loaded (as attention/cpu_paged.py)
+            extra_cflags=["-O3", "-fopenmp"],
+            extra_ldflags=["-fopenmp", f"-L{torch_lib}", f"-Wl,-rpath,{torch_lib}"],
             is_python_module=False,
             verbose=False,
         )
