@@ -25,8 +25,9 @@ from typing import Protocol
 
 from omni.errors import bad_request
 from omni.modalities.outputs.image import IMAGE, ImageRoute, ImageSettings, ModelImages, SizedPreviewCallback
+from omni.modalities.outputs.kind import OutputSpans
 from omni.modalities.outputs.router import SpanRoute
-from omni.serving.choice_constraints import OutputSpans, TriggeredGrammar, prompt_opens_reasoning
+from omni.serving.choice_constraints import TriggeredGrammar, prompt_opens_reasoning
 from omni.serving.model import ServedModel
 from omni.serving.requests import ChatCompletionRequest
 from omni.serving.requests.images import ChatImageOptions

@@ -16,8 +16,9 @@ from omni.engines.generation import Generation, OutputOptions, new_request_id
 from omni.errors import bad_request, service_unavailable
 from omni.modalities.inputs.pipeline import PromptInputs
 from omni.modalities.outputs.image import IMAGE, ImageSettings
+from omni.modalities.outputs.kind import OutputSpans
 from omni.modalities.outputs.router import OutputRouter
-from omni.serving.choice_constraints import ChoiceConstraints, OutputSpans
+from omni.serving.choice_constraints import ChoiceConstraints
 from omni.serving.model import ModelRegistry, ServedModel
 from omni.serving.prepared import Prepared, check_serving
 from omni.serving.prompt import chat_prompt

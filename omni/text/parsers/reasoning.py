@@ -15,7 +15,14 @@ parse() and the streaming push()/finish() agree for any chunking of the same tex
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 from typing import ClassVar
+
+from omni.text.tokenizer import TextTokenizer
+
+# How far back from the prompt's end an open <think> is looked for (it is followed by at most
+# a newline or two).
+_PROMPT_TAIL_TOKENS = 4
 
 
 class _State(enum.Enum):
@@ -117,3 +124,10 @@ def reasoning_parser_class(name: str) -> type[ReasoningParser]:
         return REASONING_PARSERS[name]
     except KeyError:
         raise ValueError(f"unknown reasoning parser {name!r}; known: {', '.join(sorted(REASONING_PARSERS))}") from None
+
+
+def prompt_opens_reasoning(tokenizer: TextTokenizer, parser: str, prompt_token_ids: Sequence[int]) -> bool:
+    """The template ended the prompt inside an open reasoning block (Qwen3 and R1 style)."""
+    cls = reasoning_parser_class(parser)
+    tail = tokenizer.decode(prompt_token_ids[-_PROMPT_TAIL_TOKENS:], skip_special_tokens=False)
+    return tail.rstrip().endswith(cls.start)
