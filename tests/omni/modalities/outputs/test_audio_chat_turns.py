@@ -16,9 +16,10 @@ from omni.engines.generation import Generation, OutputOptions
 from omni.engines.pool import ModelPool
 from omni.errors import APIError
 from omni.modalities.outputs.audio import ModelAudio, store_spoken
+from omni.modalities.outputs.audio_chat import chat_audio, speak_text, speech_room
 from omni.serving.model import ServedModel
+from omni.serving.prompt import recall_spoken
 from omni.serving.requests import parse_chat_completion_request
-from omni.serving.spoken import chat_audio, recall_spoken, speak_text, speech_room
 from omni.shared.store.local import LocalStore
 from omni.text.chat_format import ChatFormat
 from omni.text.constrained.audio_span import MAX_UNITS
