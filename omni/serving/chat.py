@@ -8,8 +8,6 @@ Responses API and realtime answer with it too):
 from __future__ import annotations
 
 import asyncio
-import functools
-from collections.abc import Callable
 from typing import Any
 
 from omni.engines.generation import Generation, OutputOptions, choice_params, new_request_id, response_id
@@ -24,7 +22,6 @@ from omni.serving.chat_turns import (
     tool_grammar,
 )
 from omni.serving.choice_constraints import ChoiceConstraints
-from omni.serving.images import queue_preview
 from omni.serving.model import ModelRegistry
 from omni.serving.prepared import Completion, check_serving, request_grammar
 from omni.serving.prompt import chat_prompt, load_media, recall_spoken
@@ -67,8 +64,7 @@ async def chat(
     kinds = chat_outputs(model, req)  # each output kind the choices may make: its spans and its routes
     kinds, params = keep_room(kinds, params)  # a spoken turn's text leaves room for its speech
     if previews is not None and partial_images:
-        on_preview = functools.partial(_choice_previews, previews)
-        kinds = [k.with_previews(partial_images, on_preview) for k in kinds]
+        kinds = [k.with_previews(partial_images, previews) for k in kinds]
     fmt = output_format(model, req, token_ids)
     grammar = (
         await request_grammar(model, req) if req.grammar is not None else await tool_grammar(model, req, params.max_tokens, kinds)
@@ -97,7 +93,3 @@ async def chat(
         id=response_id("chatcmpl", client_request_id or req.request_id, completion_id), model=model, outputs=outputs, timeout=timeout,
         output_format=fmt, kinds=tuple(kinds),
     )  # fmt: skip
-
-
-def _choice_previews(queue: asyncio.Queue[Any], choice_index: int) -> Callable[..., None]:
-    return functools.partial(queue_preview, queue, choice_index)

@@ -23,6 +23,7 @@ so a later turn can refer to it (omni/serving/prompt.py recall_spoken).
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import dataclasses
 import functools
@@ -46,7 +47,7 @@ from omni.modalities.outputs.audio import (
     new_audio_id,
     store_spoken,
 )
-from omni.modalities.outputs.chat_output import ChatModel, PreviewsOf
+from omni.modalities.outputs.chat_output import ChatModel
 from omni.modalities.outputs.kind import Carrier, OutputSpans
 from omni.shared.media.audio_encoding import float_to_pcm16
 from omni.text.constrained.audio_span import MAX_UNITS, MIN_UNITS
@@ -120,7 +121,7 @@ class ChatAudio:
         speak = functools.partial(speak_text, model, self.audio, speech_tokens=self.speech_tokens)
         return dataclasses.replace(route, speak_after=speak)
 
-    def with_previews(self, partial_images: int, on_preview: PreviewsOf) -> ChatAudio:
+    def with_previews(self, partial_images: int, previews: asyncio.Queue[Any]) -> ChatAudio:
         return self  # speech has no previews: its chunks stream as they are made
 
     def call_rules(self) -> tuple[str, ...]:

@@ -15,6 +15,7 @@ The image's is omni/modalities/outputs/image_chat.py, the audio's omni/modalitie
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol, TypeVar
 
@@ -27,9 +28,6 @@ from omni.text.tokenizer import TextTokenizer
 from scheduler.request import SamplingParams
 
 M = TypeVar("M", bound=ModelOutput)
-
-# (choice index) -> that choice's preview callback (omni/modalities/outputs/image.py SizedPreviewCallback)
-PreviewsOf = Callable[[int], Callable[..., None]]
 
 
 class ChatModel(Protocol):
@@ -91,9 +89,9 @@ class ChatOutput(Protocol):
         """The text's params, with what the kind keeps of max_tokens for itself taken out."""
         ...
 
-    def with_previews(self, partial_images: int, on_preview: PreviewsOf) -> ChatOutput:
-        """Each piece it makes sends partial_images previews to on_preview(choice index) first
-        (where the kind makes previews)."""
+    def with_previews(self, partial_images: int, previews: asyncio.Queue[Any]) -> ChatOutput:
+        """Each piece it makes puts partial_images previews on the queue first, where the kind
+        makes previews (an image's ImagePreview, its choice's index as its image)."""
         ...
 
     def call_rules(self) -> Sequence[str]:

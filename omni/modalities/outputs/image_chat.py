@@ -12,8 +12,10 @@ written into the text instead (inline), and no part is added.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
-from collections.abc import Callable, Sequence
+import functools
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any, Protocol
 
@@ -21,8 +23,8 @@ from msgspec import Meta, Struct
 
 from omni.engines.generation import Delta
 from omni.errors import bad_request
-from omni.modalities.outputs.chat_output import ChatModel, PreviewsOf
-from omni.modalities.outputs.image import IMAGE, ImageRoute, ImageSettings, ModelImages, SizedPreviewCallback
+from omni.modalities.outputs.chat_output import ChatModel
+from omni.modalities.outputs.image import IMAGE, ImageRoute, ImageSettings, ModelImages, queue_preview
 from omni.modalities.outputs.kind import Carrier, OutputSpans
 from omni.text.parsers.tool_calls import ToolFunction
 from omni.text.parsers.tool_grammar import T2I_TOOL
@@ -85,7 +87,7 @@ class ChatImages:
     images: ModelImages
     settings: ImageSettings
     inline: bool  # the reference dialect: the image is a t2i_model_generation call's argument
-    on_preview: Callable[[int], SizedPreviewCallback] | None = None  # choice index -> its previews' callback
+    previews: asyncio.Queue[Any] | None = None  # where each drawn image's previews go (ImagePreview)
 
     def spans(self) -> OutputSpans | None:
         grammar = self.images.grammar
@@ -99,10 +101,10 @@ class ChatImages:
     def within(self, params: SamplingParams) -> tuple[ChatImages, SamplingParams]:
         return self, params  # an image span takes what its turn's max_tokens leaves
 
-    def with_previews(self, partial_images: int, on_preview: PreviewsOf) -> ChatImages:
-        """Each drawn image's partial_images previews go to on_preview(choice index)."""
+    def with_previews(self, partial_images: int, previews: asyncio.Queue[Any]) -> ChatImages:
+        """Each drawn image's partial_images previews go on the queue, under its choice's index."""
         settings = dataclasses.replace(self.settings, partial_images=partial_images)
-        return dataclasses.replace(self, settings=settings, on_preview=on_preview)
+        return dataclasses.replace(self, settings=settings, previews=previews)
 
     def call_rules(self) -> Sequence[str]:
         """The reference's t2i_model_generation takes a whole image span as its argument."""
@@ -111,7 +113,7 @@ class ChatImages:
     def route(self, model: ChatModel, choice_index: int) -> ImageRoute:
         seed = self.settings.seed
         first = None if seed is None else seed + choice_index * SEEDS_PER_CHOICE
-        on_preview = None if self.on_preview is None else self.on_preview(choice_index)
+        on_preview = None if self.previews is None else functools.partial(queue_preview, self.previews, choice_index)
         return self.images.route(self.settings, first_seed=first, inline=self.inline, on_preview=on_preview)
 
     def body(self, choices: int) -> DrawnBody:
