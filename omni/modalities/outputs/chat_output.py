@@ -10,13 +10,14 @@ order (omni/modalities/outputs/kinds.py CHAT_SIDES), and loops over what they gi
               after the text (images), or a field of its own that the text becomes the
               transcript of (message.audio), in the message and in each stream chunk
 
-The image's is omni/modalities/outputs/image_chat.py, the audio's omni/modalities/outputs/audio_chat.py.
+The image's is omni/modalities/outputs/image_chat.py, the audio's omni/modalities/outputs/audio_chat.py;
+each declares the Protocol of what it reads of the request (kinds.py joins them: ChatRequest).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, Protocol, TypeVar
 
 from omni.engines.generation import Delta
@@ -104,6 +105,3 @@ class ChatOutput(Protocol):
         """Its part of the body of the response to this request's choices."""
         ...
 
-
-# (the served model, the parsed chat request) -> the kind's ChatOutput, or None
-Ask = Callable[[ChatModel, Any], ChatOutput | None]
