@@ -16,9 +16,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Sequence
-from typing import ClassVar
-
-from omni.text.tokenizer import TextTokenizer
+from typing import ClassVar, Protocol
 
 # How far back from the prompt's end an open <think> is looked for (it is followed by at most
 # a newline or two).
@@ -126,7 +124,14 @@ def reasoning_parser_class(name: str) -> type[ReasoningParser]:
         raise ValueError(f"unknown reasoning parser {name!r}; known: {', '.join(sorted(REASONING_PARSERS))}") from None
 
 
-def prompt_opens_reasoning(tokenizer: TextTokenizer, parser: str, prompt_token_ids: Sequence[int]) -> bool:
+class Decoder(Protocol):
+    """What reading a prompt's tail takes of a tokenizer (omni/text/tokenizer.py TextTokenizer);
+    the parsers import nothing outside the standard library and themselves."""
+
+    def decode(self, token_ids: Sequence[int], *, skip_special_tokens: bool = True) -> str: ...
+
+
+def prompt_opens_reasoning(tokenizer: Decoder, parser: str, prompt_token_ids: Sequence[int]) -> bool:
     """The template ended the prompt inside an open reasoning block (Qwen3 and R1 style)."""
     cls = reasoning_parser_class(parser)
     tail = tokenizer.decode(prompt_token_ids[-_PROMPT_TAIL_TOKENS:], skip_special_tokens=False)
