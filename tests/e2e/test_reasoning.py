@@ -88,7 +88,8 @@ async def test_template_kwargs_reach_the_template(server: str, tiny_model_dir: P
     plain = await client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=1)
     skip = await client.chat.completions.create(
         # greedy: a sampled first token may be <think>, which the parser would open a block on
-        model=MODEL, messages=ASK, max_tokens=1, temperature=0, extra_body={"chat_template_kwargs": {"skip_reasoning": True}}
+        model=MODEL, messages=ASK, max_tokens=1, temperature=0,
+        extra_body={"chat_template_kwargs": {"skip_reasoning": True}},
     )
     block = tok.encode("<think>\n\n</think>\n\n", add_special_tokens=False)
     assert skip.usage.prompt_tokens == plain.usage.prompt_tokens + len(block)

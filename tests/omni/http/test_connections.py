@@ -44,7 +44,8 @@ async def test_the_header_deadline_is_armed_at_its_limit_and_cuts_a_slow_request
         return call_later(delay, callback, *args, **kwargs)
 
     monkeypatch.setattr(loop, "call_later", held)
-    runner = ServerRunner(web.Application(), ConnectionLimits(header_timeout=7.5, keepalive_timeout=60.0, max_connections=8))
+    limits = ConnectionLimits(header_timeout=7.5, keepalive_timeout=60.0, max_connections=8)
+    runner = ServerRunner(web.Application(), limits)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
