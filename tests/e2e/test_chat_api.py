@@ -295,8 +295,8 @@ async def test_disconnect_mid_stream_frees_blocks(server: str) -> None:
                 if seen >= 3:
                     break
             assert read_metric(server, "vllm:num_requests_running") == 1
-    # Bounded wait for the server to notice the closed connection.
-    deadline = time.monotonic() + 20
+    # Bounded wait for the server to notice the closed connection (a hang guard, not a timing).
+    deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         if read_metric(server, "vllm:num_requests_running") == 0 and read_metric(
             server, "vllm:kv_cache_usage_perc"
@@ -328,7 +328,7 @@ async def test_a_disconnect_storm_frees_every_block_and_the_server_keeps_serving
     async with httpx.AsyncClient(timeout=60, limits=limits) as client:
         await asyncio.gather(*(leave_early(client) for _ in range(streams)))
     gone = time.monotonic()
-    deadline = gone + 30
+    deadline = gone + 120  # a hang guard, not a timing
     while time.monotonic() < deadline:
         if read_metric(server, "vllm:num_requests_running") == 0 and read_metric(server, "vllm:kv_cache_usage_perc") == 0:
             break
