@@ -61,7 +61,7 @@ def _png(data: bytes) -> Image.Image:
 
 
 def _fetch(url: str) -> bytes:
-    with urllib.request.urlopen(url, timeout=30) as r:
+    with urllib.request.urlopen(url, timeout=120) as r:
         assert r.headers["Content-Type"] == "image/png"
         return r.read()
 
@@ -153,7 +153,7 @@ def test_streamed_images_send_partials_then_the_image(server: str) -> None:
     ],
 )
 def test_bad_fields_are_400s_naming_them(server: str, body: dict[str, Any], param: str) -> None:
-    r = httpx.post(f"{server}/v1/images/generations", json={"model": MODEL, "prompt": "x", **body}, timeout=30)
+    r = httpx.post(f"{server}/v1/images/generations", json={"model": MODEL, "prompt": "x", **body}, timeout=120)
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"] == param
 

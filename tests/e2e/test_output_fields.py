@@ -29,7 +29,7 @@ COMPLETIONS, CHAT = "/v1/completions", "/v1/chat/completions"
 
 @pytest.fixture(scope="module")
 def client(server: str) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=server, timeout=60) as c:
+    with httpx.Client(base_url=server, timeout=120) as c:
         yield c
 
 

@@ -129,7 +129,7 @@ def server(embedded_dir: Path, smollm2: Path | None) -> Iterator[str]:
 def bias(server: str, embedded_dir: Path) -> dict[str, int]:
     """Token ids of <|im_end|> and of the image span's opening token."""
     tokens = httpx.post(f"{server}{ROOT}/tokenize", headers={"Authorization": f"Bearer {KEY}"},
-                        json={"model": MODEL, "prompt": "<|im_end|>", "add_special_tokens": False}).json()["tokens"]  # fmt: skip
+                        json={"model": MODEL, "prompt": "<|im_end|>", "add_special_tokens": False}, timeout=120).json()["tokens"]  # fmt: skip
     assert len(tokens) == 1
     return {"end": tokens[0], "draw": TextTokenizer.from_dir(embedded_dir).token_to_id(START)}
 
@@ -176,9 +176,9 @@ def page(speech_wav: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator
             assert proc.poll() is None and time.monotonic() < deadline, "chromium did not open its DevTools port"
             time.sleep(0.1)
         port = active.read_text().split()[0]
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list", timeout=10) as r:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list", timeout=120) as r:
             target = next(t for t in json.load(r) if t["type"] == "page")
-        with connect(target["webSocketDebuggerUrl"], max_size=None, open_timeout=10) as ws:
+        with connect(target["webSocketDebuggerUrl"], max_size=None, open_timeout=120) as ws:
             yield Page(ws)
     finally:
         proc.terminate()

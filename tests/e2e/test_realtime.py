@@ -35,7 +35,7 @@ def server(speaking_server: str) -> str:
 
 @pytest.fixture(scope="module")
 def ends_soon(server: str) -> dict[str, float]:
-    tokens = httpx.post(f"{server}/tokenize", json={"model": MODEL, "prompt": "<|im_end|>", "add_special_tokens": False}).json()["tokens"]
+    tokens = httpx.post(f"{server}/tokenize", json={"model": MODEL, "prompt": "<|im_end|>", "add_special_tokens": False}, timeout=120).json()["tokens"]
     return {str(tokens[0]): 8.0}
 
 

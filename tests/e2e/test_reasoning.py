@@ -130,9 +130,9 @@ def test_completions_honour_the_budget_too(server: str) -> None:
         "skip_special_tokens": False,
         "thinking_token_budget": 3,
     }
-    out = httpx.post(f"{server}/v1/completions", json=body, timeout=60).json()
+    out = httpx.post(f"{server}/v1/completions", json=body, timeout=120).json()
     tokens = out["choices"][0]["logprobs"]["tokens"]
     assert tokens[3] == "</think>" and "</think>" not in tokens[:3]  # three of reasoning, then its end
     del body["thinking_token_budget"]
-    free = httpx.post(f"{server}/v1/completions", json=body, timeout=60).json()
+    free = httpx.post(f"{server}/v1/completions", json=body, timeout=120).json()
     assert free["choices"][0]["logprobs"]["tokens"][3] != "</think>"

@@ -19,7 +19,7 @@ WATCHDOG_USEC = 1_000_000  # pings every 0.5 s
 
 def _health(base: str) -> int:
     try:
-        with urllib.request.urlopen(f"{base}/health", timeout=5) as r:
+        with urllib.request.urlopen(f"{base}/health", timeout=120) as r:
             return int(r.status)
     except urllib.error.HTTPError as exc:
         return exc.code
