@@ -19,6 +19,13 @@ per-token figure's breakdown.
     python bench/server_step_cost.py --model ~/.cache/omni-serve/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf \
         --dtype bfloat16 --threads 2 --requests 4 --max-tokens 128 --rounds 3 --py-spy 20
 
+--parts times the Python pieces of a step in-process, one request at a time, without a server
+(best of many): the scheduler's schedule() and update_from_output(), the Step's building
+(step_message) and its encoding, the StepResult's decoding, the detokenizer's push of one
+token (the model's tokenizer), and one chat chunk's building and JSON encoding. What they do
+not cover (the event loop, the sockets' syscalls, metrics, the handler's plumbing) is the
+rest of the CPU figure above.
+
 --rounds repeats the measurement (the same server) and reports the best round, as the machine
 is shared. --json FILE writes the figures.
 """
@@ -98,6 +105,92 @@ def py_spy_profile(pid: int, seconds: float, out: Path) -> tuple[Counter[str], C
     return own, total
 
 
+def best_us(fn: Any, n: int = 3000) -> float:
+    times = []
+    for _ in range(n):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    times.sort()
+    return times[len(times) // 10] * 1e6  # the 10th percentile: best-of, without the outliers
+
+
+def parts(model_path: str) -> dict[str, float]:
+    """The step's Python pieces on the server, in microseconds (see the module's --parts)."""
+    sys.path.insert(0, str(REPO))
+    import msgspec
+
+    from omni.engines.step import step_message
+    from omni.serving.bodies import ChatChunkChoice, ChatCompletionChunk, ChunkDelta
+    from omni.shared import protocol
+    from omni.text.detokenizer import IncrementalDetokenizer
+    from omni.text.tokenizer import TextTokenizer
+    from scheduler.block_manager import BlockManager
+    from scheduler.request import Request, RequestId, SamplingParams
+    from scheduler.scheduler import Scheduler, SchedulerConfig
+
+    path = Path(model_path)
+    tokenizer = TextTokenizer.from_gguf(path) if path.suffix == ".gguf" else TextTokenizer.from_dir(path)
+    n = 3000
+    sched = Scheduler(SchedulerConfig(64, 2048, 8192), BlockManager(1024, 16))
+    request = Request(RequestId("r"), list(range(100, 164)), SamplingParams(max_tokens=10 * n), eos_token_ids=frozenset())
+    sched.add_request(request)
+    first = sched.schedule()
+    sched.update_from_output(first, {RequestId("r"): 200})
+    state: dict[str, Any] = {}
+    tokens = [tokenizer.encode(" the quick brown fox jumps over the lazy dog")[i % 9] for i in range(n)]
+    i = [0]
+
+    def schedule() -> None:
+        state["output"] = sched.schedule()
+
+    def update() -> None:
+        sched.update_from_output(state["output"], {RequestId("r"): tokens[i[0] % n]})
+        i[0] += 1
+
+    out: dict[str, float] = {}
+    t_sched, t_update = [], []
+    for _ in range(n):
+        t = time.perf_counter()
+        schedule()
+        t_sched.append(time.perf_counter() - t)
+        step = step_message(state["output"], [])
+        state["step"] = step
+        t = time.perf_counter()
+        update()
+        t_update.append(time.perf_counter() - t)
+    out["scheduler schedule()"] = sorted(t_sched)[n // 10] * 1e6
+    out["scheduler update_from_output()"] = sorted(t_update)[n // 10] * 1e6
+    sched.schedule()  # one more, for the Step below
+    output = sched.schedule()
+    out["step_message()"] = best_us(lambda: step_message(output, []))
+    step = step_message(output, [])
+    out["Step encode"] = best_us(lambda: protocol.encode_frame(step))
+    result = protocol.encode(protocol.StepResult(step.step_id, [protocol.SampledToken("r", 1234)]))
+    out["StepResult decode"] = best_us(lambda: protocol.decode(result))
+    detok = IncrementalDetokenizer(tokenizer, list(range(100, 164)))
+    j = [0]
+
+    def push() -> None:
+        detok.push([tokens[j[0] % n]])
+        j[0] += 1
+
+    out["detokenizer push (1 token)"] = best_us(push)
+    created = int(time.time())
+
+    def chunk() -> bytes:
+        body = ChatCompletionChunk("chatcmpl-0123456789abcdef", "chat.completion.chunk", created, "model",
+                                   [ChatChunkChoice(0, ChunkDelta(content=" fox"), None, None)])  # fmt: skip
+        return b"data: " + msgspec.json.encode(body) + b"\n\n"
+
+    out["SSE chat chunk build + encode"] = best_us(chunk)
+    print("\nin-process, one request, us (10th percentile of 3,000):")
+    for k, v in out.items():
+        print(f"  {k:<34} {v:7.1f}")
+    print(f"  {'sum':<34} {sum(out.values()):7.1f}")
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", required=True)
@@ -105,12 +198,18 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--requests", type=int, default=4, help="streamed requests a round, one at a time")
     ap.add_argument("--max-tokens", type=int, default=128)
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=3, help="0: no server (with --parts)")
     ap.add_argument("--py-spy", type=float, default=0.0, help="seconds of py-spy sampling (0: none)")
     ap.add_argument("--omni-args", default="", help="more bin/omni-serve flags (one string)")
     ap.add_argument("--ready-timeout", type=float, default=600.0)
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--parts", action="store_true", help="also time the step's Python pieces in-process")
     args = ap.parse_args()
+    pieces = parts(args.model) if args.parts else {}
+    if args.rounds == 0:  # --parts alone: no server
+        if args.json:
+            args.json.write_text(json.dumps({"model": args.model, "parts_us": pieces}, indent=2))
+        return
 
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # the finally below stops the server
     port = free_port()
@@ -167,7 +266,7 @@ def main() -> None:
                    "total_ms": {f: c * ms for f, c in total.most_common(60)}}  # fmt: skip
         if args.json:
             args.json.write_text(json.dumps({"model": args.model, "dtype": args.dtype, "rounds": rounds,
-                                             "py_spy": spy}, indent=2))  # fmt: skip
+                                             "py_spy": spy, "parts_us": pieces}, indent=2))  # fmt: skip
     finally:
         os.killpg(server.pid, signal.SIGTERM)
         try:

@@ -164,32 +164,44 @@ def _skip_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     return v.float()[:, :, None, :].expand(q.shape).contiguous()
 
 
+def _now() -> tuple[float, float]:
+    """(wall, this thread's CPU time) in seconds."""
+    return time.perf_counter(), time.thread_time()
+
+
 class StepClock:
-    """Timestamps of one step's forward: when the model's forward starts (the end of the
-    runner's preparation) and the forward's and LM head's own times."""
+    """Timestamps of one step's forward, on two clocks (wall, and this thread's CPU time):
+    when the model's forward starts (the end of the runner's preparation), and the forward's,
+    the LM head's and the sampler's own times."""
 
     def __init__(self, runner: LLMRunner) -> None:
-        self.forward_start = 0.0
-        self.spent: dict[str, float] = defaultdict(float)
+        self.forward_start = (0.0, 0.0)
+        self.spent: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
         model = runner.model
         model.register_forward_pre_hook(self._pre)
         model.register_forward_hook(self._post)
         model.compute_logits = self._timed("logits", model.compute_logits)  # type: ignore[method-assign]
         runner.sampler.sample = self._timed("sampling", runner.sampler.sample)  # type: ignore[method-assign]
 
+    def _add(self, name: str, start: tuple[float, float]) -> None:
+        end = _now()
+        spent = self.spent[name]
+        spent[0] += end[0] - start[0]
+        spent[1] += end[1] - start[1]
+
     def _pre(self, _m: nn.Module, _a: Any) -> None:
-        self.forward_start = time.perf_counter()
+        self.forward_start = _now()
 
     def _post(self, _m: nn.Module, _a: Any, _o: Any) -> None:
-        self.spent["forward"] += time.perf_counter() - self.forward_start
+        self._add("forward", self.forward_start)
 
     def _timed(self, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         def timed(*args: Any, **kwargs: Any) -> Any:
-            t = time.perf_counter()
+            start = _now()
             try:
                 return fn(*args, **kwargs)
             finally:
-                self.spent[name] += time.perf_counter() - t
+                self._add(name, start)
 
         return timed
 
@@ -215,42 +227,47 @@ SAMPLING_CASES: dict[str, protocol.SamplingOptions] = {
 def around(args: argparse.Namespace, runner: LLMRunner, ids: list[str], computed: dict[str, int]) -> dict[str, Any]:
     """Decode steps split into the forward and what is around it (see the module's --around)."""
     clock = StepClock(runner)
-    rows: list[dict[str, float]] = []
+    rows: dict[str, list[dict[str, float]]] = {"wall": [], "cpu": []}
     for s in range(args.warmup + args.steps):
         clock.spent.clear()
         step = protocol.Step(1 + s, [], [protocol.CachedRequest(r, [], computed[r], 1) for r in ids], [])
-        t0 = time.perf_counter()
+        t0 = _now()
         message = protocol.decode(protocol.encode(step))
-        t1 = time.perf_counter()
+        t1 = _now()
         result = runner.execute(message)
-        t2 = time.perf_counter()
+        t2 = _now()
         protocol.decode(protocol.encode(result))
-        t3 = time.perf_counter()
+        t3 = _now()
         if result.failed:
             raise SystemExit(f"step failed: {result.failed}")
         for r in ids:
             computed[r] += 1
         if s < args.warmup:
             continue
-        sp = clock.spent
-        rows.append({
-            "wall": t3 - t0,
-            "forward": sp["forward"] + sp["logits"],
-            "pipe": (t1 - t0) + (t3 - t2),
-            "prepare": clock.forward_start - t1,
-            "sampling": sp["sampling"],
-            "runner rest": (t2 - clock.forward_start) - sp["forward"] - sp["logits"] - sp["sampling"],
-        })  # fmt: skip
-    best = {k: min(r[k] for r in rows) for k in rows[0]}
-    median = {k: sorted(r[k] for r in rows)[len(rows) // 2] for k in rows[0]}
-    outside_best = sum(best[p] for p in AROUND_PARTS)
-    outside_median = sorted(sum(r[p] for p in AROUND_PARTS) for r in rows)[len(rows) // 2]
-    print(f"\ndecode, {len(ids)} sequence(s): {len(rows)} steps; ms, best and median of each part")
-    print(f"  {'step (wall)':<34} {best['wall'] * 1e3:8.3f} {median['wall'] * 1e3:8.3f}")
-    print(f"  {'forward (decoder + LM head)':<34} {best['forward'] * 1e3:8.3f} {median['forward'] * 1e3:8.3f}")
-    for p in AROUND_PARTS:
-        print(f"  {'  ' + p:<34} {best[p] * 1e3:8.3f} {median[p] * 1e3:8.3f}")
-    print(f"  {'outside the forward (sum)':<34} {outside_best * 1e3:8.3f} {outside_median * 1e3:8.3f}")
+        for c, clock_name in enumerate(rows):
+            sp = {k: v[c] for k, v in clock.spent.items()}
+            inside = sp["forward"] + sp["logits"]
+            rows[clock_name].append({
+                "step": t3[c] - t0[c],
+                "forward": inside,
+                "pipe": (t1[c] - t0[c]) + (t3[c] - t2[c]),
+                "prepare": clock.forward_start[c] - t1[c],
+                "sampling": sp["sampling"],
+                "runner rest": (t2[c] - clock.forward_start[c]) - inside - sp["sampling"],
+            })  # fmt: skip
+    figures: dict[str, Any] = {}
+    print(f"\ndecode, {len(ids)} sequence(s): {len(rows['wall'])} steps; ms, best and median of each part,")
+    print("on the wall clock and as this thread's CPU time (which a shared machine's preemption leaves out)")
+    print(f"  {'':<34} {'wall best':>9} {'median':>8} {'cpu best':>9} {'median':>8}")
+    for part in ("step", "forward", *AROUND_PARTS, "outside the forward"):
+        cells = []
+        for clock_name, runs in rows.items():
+            values = sorted(sum(r[p] for p in AROUND_PARTS) if part == "outside the forward" else r[part] for r in runs)
+            best, median = values[0], values[len(values) // 2]
+            figures.setdefault(clock_name, {})[part] = {"best_ms": best * 1e3, "median_ms": median * 1e3}
+            cells += [best * 1e3, median * 1e3]
+        label = "  " + part if part in AROUND_PARTS else part
+        print(f"  {label:<34} {cells[0]:9.3f} {cells[1]:8.3f} {cells[2]:9.3f} {cells[3]:8.3f}")
 
     vocab = runner.model_config.vocab_size
     sampler = type(runner.sampler)()
@@ -263,17 +280,16 @@ def around(args: argparse.Namespace, runner: LLMRunner, ids: list[str], computed
         state = _History(list(history), len(history) // 2)
         times = []
         for i in range(args.warmup + args.steps):
+            row = logits.clone()  # the sampler may write it (penalties work on a copy of their own)
             t = time.perf_counter()
-            out = sampler.sample(logits.clone(), [options], [None], [state], request_ids=["r"])
+            out = sampler.sample(row, [options], [None], [state], request_ids=["r"])
             times.append(time.perf_counter() - t)
             state.token_ids.append(out[0].token_id)
         sampler.release("r")
         times = sorted(times[args.warmup :])
         cases[name] = {"best_ms": times[0] * 1e3, "median_ms": times[len(times) // 2] * 1e3}
         print(f"  {name:<34} {times[0] * 1e3:8.3f} {times[len(times) // 2] * 1e3:8.3f}")
-    return {"best_ms": {k: v * 1e3 for k, v in best.items()}, "median_ms": {k: v * 1e3 for k, v in median.items()},
-            "outside_best_ms": outside_best * 1e3, "outside_median_ms": outside_median * 1e3,
-            "sampler_ms": cases}  # fmt: skip
+    return {"decode": figures, "sampler_ms": cases}
 
 
 class _History:

@@ -148,6 +148,8 @@ class Sampler:
         return _outputs(logits, token_ids, options, staged.get("logprob_rows"))
 
     def _stage(self, device: torch.device, arrays: Arrays) -> Staged:
+        if not arrays:  # greedy rows with nothing to adjust: nothing to copy
+            return {}
         if self._staging is None or self._staging.device != device:
             self._staging = HostStaging(device)
         return self._staging.stage(arrays)
