@@ -13,8 +13,8 @@ new tokens' K/V into their slots first, then every query at position p attends o
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np

@@ -373,8 +373,21 @@ def warp_logits(logits: torch.Tensor, options: list[SamplingOptions], staged: St
     if "min_p" in params:
         logits = _min_p(logits, params["min_p"])
     if "top_k" in params:
-        logits = _top_k_top_p(logits, params["top_k"], params["top_p"])
+        v = logits.shape[1]
+        if all(o.top_p >= 1.0 and o.top_k is not None and o.top_k < v for o in options):
+            logits = _top_k_only(logits, params["top_k"], max(o.top_k or 0 for o in options))
+        else:
+            logits = _top_k_top_p(logits, params["top_k"], params["top_p"])
     return logits
+
+
+def _top_k_only(logits: torch.Tensor, top_k: torch.Tensor, k_max: int) -> torch.Tensor:
+    """Top-k without top-p, as vLLM does it: each row keeps the logits at least its k-th
+    largest, found by topk(k_max), not by sorting the vocabulary (4.7 ms a 49,152-token row on
+    2 CPU threads, where topk(40) takes 0.1). The same tokens as _top_k_top_p's, except that a
+    tie at the k-th value keeps every tied token (the sort kept an arbitrary k of them)."""
+    kth = logits.topk(k_max, dim=-1).values.gather(1, (top_k - 1)[:, None])  # (M, 1)
+    return logits.masked_fill(logits < kth, float("-inf"))
 
 
 def _min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
