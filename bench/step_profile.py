@@ -22,6 +22,19 @@ The parts are timed with perf_counter hooks around the calls (a few microseconds
 
 --json FILE also writes the figures as JSON.
 
+--around times what a decode step costs outside the model's forward (issue 33, item 3): the
+decode batch's steps (--seqs 1 for one user) split into the forward (the decoder, then the
+LM head: compute_logits) and, outside it, the runner's step preparation (the Step's deltas,
+staging of ids and positions, the attention metadata and block tables: from the call until
+the forward starts), sampling (the sampler, greedy), the rest of the runner (indexing the
+sampled rows, the StepResult's tokens) and the pipe codec both ways. Then the sampler alone
+on one row of the model's vocabulary for the options a request may carry (greedy,
+temperature, top-p, top-k, penalties, logprobs), best of --steps calls each. The server's side
+of a step is bench/server_step_cost.py's.
+
+    python bench/step_profile.py --model ~/.cache/omni-serve/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf \
+        --dtype bfloat16 --threads 2 --seqs 1 --context 64 --steps 50 --around
+
 --compare runs decode steps of several variants of the runner, interleaved step by step in one
 process (each its own runner and cache, the same batch), and prints each one's step time
 (median and best) and its ratio to the first: `eager` (the --attention-backend, eager),
@@ -151,6 +164,142 @@ def _skip_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     return v.float()[:, :, None, :].expand(q.shape).contiguous()
 
 
+def _now() -> tuple[float, float]:
+    """(wall, this thread's CPU time) in seconds."""
+    return time.perf_counter(), time.thread_time()
+
+
+class StepClock:
+    """Timestamps of one step's forward, on two clocks (wall, and this thread's CPU time):
+    when the model's forward starts (the end of the runner's preparation), and the forward's,
+    the LM head's and the sampler's own times."""
+
+    def __init__(self, runner: LLMRunner) -> None:
+        self.forward_start = (0.0, 0.0)
+        self.spent: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
+        model = runner.model
+        model.register_forward_pre_hook(self._pre)
+        model.register_forward_hook(self._post)
+        model.compute_logits = self._timed("logits", model.compute_logits)  # type: ignore[method-assign]
+        runner.sampler.sample = self._timed("sampling", runner.sampler.sample)  # type: ignore[method-assign]
+
+    def _add(self, name: str, start: tuple[float, float]) -> None:
+        end = _now()
+        spent = self.spent[name]
+        spent[0] += end[0] - start[0]
+        spent[1] += end[1] - start[1]
+
+    def _pre(self, _m: nn.Module, _a: Any) -> None:
+        self.forward_start = _now()
+
+    def _post(self, _m: nn.Module, _a: Any, _o: Any) -> None:
+        self._add("forward", self.forward_start)
+
+    def _timed(self, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            start = _now()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self._add(name, start)
+
+        return timed
+
+
+AROUND_PARTS = ("pipe", "prepare", "sampling", "runner rest")
+
+# The sampler's options at one row, each timed alone: what a request may ask for.
+SAMPLING_CASES: dict[str, protocol.SamplingOptions] = {
+    "greedy": protocol.SamplingOptions(temperature=0.0),
+    "temperature 1": protocol.SamplingOptions(temperature=1.0),
+    "temperature 0.7, top_p 0.9": protocol.SamplingOptions(temperature=0.7, top_p=0.9),
+    "temperature 0.7, top_k 40": protocol.SamplingOptions(temperature=0.7, top_k=40),
+    "min_p 0.05": protocol.SamplingOptions(temperature=1.0, min_p=0.05),
+    "greedy, repetition 1.1": protocol.SamplingOptions(temperature=0.0, repetition_penalty=1.1),
+    "greedy, frequency + presence 0.5": protocol.SamplingOptions(
+        temperature=0.0, frequency_penalty=0.5, presence_penalty=0.5
+    ),
+    "greedy, logprobs 0": protocol.SamplingOptions(temperature=0.0, logprobs=0),
+    "greedy, logprobs 5": protocol.SamplingOptions(temperature=0.0, logprobs=5),
+}
+
+
+def around(args: argparse.Namespace, runner: LLMRunner, ids: list[str], computed: dict[str, int]) -> dict[str, Any]:
+    """Decode steps split into the forward and what is around it (see the module's --around)."""
+    clock = StepClock(runner)
+    rows: dict[str, list[dict[str, float]]] = {"wall": [], "cpu": []}
+    for s in range(args.warmup + args.steps):
+        clock.spent.clear()
+        step = protocol.Step(1 + s, [], [protocol.CachedRequest(r, [], computed[r], 1) for r in ids], [])
+        t0 = _now()
+        message = protocol.decode(protocol.encode(step))
+        t1 = _now()
+        result = runner.execute(message)
+        t2 = _now()
+        protocol.decode(protocol.encode(result))
+        t3 = _now()
+        if result.failed:
+            raise SystemExit(f"step failed: {result.failed}")
+        for r in ids:
+            computed[r] += 1
+        if s < args.warmup:
+            continue
+        for c, clock_name in enumerate(rows):
+            sp = {k: v[c] for k, v in clock.spent.items()}
+            inside = sp["forward"] + sp["logits"]
+            rows[clock_name].append({
+                "step": t3[c] - t0[c],
+                "forward": inside,
+                "pipe": (t1[c] - t0[c]) + (t3[c] - t2[c]),
+                "prepare": clock.forward_start[c] - t1[c],
+                "sampling": sp["sampling"],
+                "runner rest": (t2[c] - clock.forward_start[c]) - inside - sp["sampling"],
+            })  # fmt: skip
+    figures: dict[str, Any] = {}
+    print(f"\ndecode, {len(ids)} sequence(s): {len(rows['wall'])} steps; ms, best and median of each part,")
+    print("on the wall clock and as this thread's CPU time (which a shared machine's preemption leaves out)")
+    print(f"  {'':<34} {'wall best':>9} {'median':>8} {'cpu best':>9} {'median':>8}")
+    for part in ("step", "forward", *AROUND_PARTS, "outside the forward"):
+        cells = []
+        for clock_name, runs in rows.items():
+            values = sorted(sum(r[p] for p in AROUND_PARTS) if part == "outside the forward" else r[part] for r in runs)
+            best, median = values[0], values[len(values) // 2]
+            figures.setdefault(clock_name, {})[part] = {"best_ms": best * 1e3, "median_ms": median * 1e3}
+            cells += [best * 1e3, median * 1e3]
+        label = "  " + part if part in AROUND_PARTS else part
+        print(f"  {label:<34} {cells[0]:9.3f} {cells[1]:8.3f} {cells[2]:9.3f} {cells[3]:8.3f}")
+
+    vocab = runner.model_config.vocab_size
+    sampler = type(runner.sampler)()
+    history_rng = random.Random(1)
+    history = [history_rng.randrange(vocab) for _ in range(args.context)]
+    logits = torch.randn(1, vocab, generator=torch.Generator().manual_seed(0))
+    cases = {}
+    print(f"\nthe sampler alone, one row of {vocab} float32 logits, {args.steps} calls: ms best, median")
+    for name, options in SAMPLING_CASES.items():
+        state = _History(list(history), len(history) // 2)
+        times = []
+        for i in range(args.warmup + args.steps):
+            row = logits.clone()  # the sampler may write it (penalties work on a copy of their own)
+            t = time.perf_counter()
+            out = sampler.sample(row, [options], [None], [state], request_ids=["r"])
+            times.append(time.perf_counter() - t)
+            state.token_ids.append(out[0].token_id)
+        sampler.release("r")
+        times = sorted(times[args.warmup :])
+        cases[name] = {"best_ms": times[0] * 1e3, "median_ms": times[len(times) // 2] * 1e3}
+        print(f"  {name:<34} {times[0] * 1e3:8.3f} {times[len(times) // 2] * 1e3:8.3f}")
+    return {"decode": figures, "sampler_ms": cases}
+
+
+class _History:
+    """A TokenHistory for the sampler's penalties: the prompt, then what was sampled."""
+
+    def __init__(self, token_ids: list[int], num_prompt_tokens: int) -> None:
+        self.token_ids = token_ids
+        self.num_prompt_tokens = num_prompt_tokens
+
+
 def compare(args: argparse.Namespace) -> None:
     from gpu_workers.attention.compiled_decode import DECODE_KERNELS
 
@@ -241,6 +390,7 @@ def main() -> None:
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--compare", default=None, help="eager,gather,flex: decode steps of each, interleaved")
     ap.add_argument("--rounds", type=int, default=1, help="with --compare: repeat the timed steps")
+    ap.add_argument("--around", action="store_true", help="decode steps: the time outside the forward, by part")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -272,8 +422,16 @@ def main() -> None:
         for r in ids
     ]
     runner.execute(protocol.Step(0, news, [], []))
-    timers = instrument(runner)
     computed = dict.fromkeys(ids, args.context)
+    if args.around:
+        print(f"{args.model} {args.dtype}, attention {type(runner.attention_backend).__name__}, "
+              f"{torch.get_num_threads()} threads")  # fmt: skip
+        figures = around(args, runner, ids, computed)
+        if args.json:
+            args.json.write_text(json.dumps({"model": str(args.model), "dtype": args.dtype, "seqs": args.seqs,
+                                             "threads": torch.get_num_threads(), **figures}, indent=2))  # fmt: skip
+        return
+    timers = instrument(runner)
     runs = []
     for s in range(args.warmup + args.steps):
         cached = [protocol.CachedRequest(r, [], computed[r], 1) for r in ids]

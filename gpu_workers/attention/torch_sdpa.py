@@ -30,6 +30,7 @@ from gpu_workers.attention.backend import (
     AttentionBackend,
     KVCache,
     SequenceChunk,
+    int_tensor,
     slots_tensor,
     write_kv,
 )
@@ -120,14 +121,14 @@ class TorchSDPABackend(AttentionBackend):
         decode = None
         if decodes:
             table = _padded_table(decodes, bs)
-            lens = torch.tensor([c.context_len for c in decodes])
+            lens = int_tensor([c.context_len for c in decodes])
             decode_mask = None
             if not self._use_paged():
                 valid = torch.arange(len(table[0]) * bs)[None, :] < lens[:, None]  # (B, S)
                 decode_mask = valid[:, None, None, :].to(dev)
             decode = DecodeBatch(
-                rows=torch.tensor([c.query_start for c in decodes], device=dev),
-                block_table=torch.tensor(table, device=dev),
+                rows=int_tensor([c.query_start for c in decodes], dev),
+                block_table=int_tensor(table, dev),
                 context_lens=lens.to(dev),
                 mask=decode_mask,
                 every_row=len(decodes) == len(chunks),
@@ -138,16 +139,16 @@ class TorchSDPABackend(AttentionBackend):
                 continue
             block_ids = None
             if c.num_computed_tokens > 0:
-                block_ids = torch.tensor(c.block_ids[: -(-c.context_len // bs)], device=dev)
+                block_ids = int_tensor(c.block_ids[: -(-c.context_len // bs)], dev)
             prefills.append(PrefillChunk(c.query_start, c.query_start + c.num_query_tokens, c.context_len, block_ids, None))
         continuing = None
         later = [c for c in chunks if not c.is_decode and c.num_computed_tokens > 0]
         if later and self._use_paged():
             continuing = ContinuingBatch(
-                block_table=torch.tensor(_padded_table(later, bs)),
-                q_start=torch.tensor([c.query_start for c in later]),
-                q_len=torch.tensor([c.num_query_tokens for c in later]),
-                context_lens=torch.tensor([c.context_len for c in later]),
+                block_table=int_tensor(_padded_table(later, bs)),
+                q_start=int_tensor([c.query_start for c in later]),
+                q_len=int_tensor([c.num_query_tokens for c in later]),
+                context_lens=int_tensor([c.context_len for c in later]),
             )
         slots = slots_tensor(chunks, bs, dev)
         return SDPAMetadata(num_tokens, slots, decode, prefills, continuing)

@@ -516,7 +516,10 @@ class LLMRunner(Runner):
         prompt_logprobs = [self._prompt_logprobs(hidden, p) for p in prompt_rows]
         if not sample_rows:
             return [], prompt_logprobs
-        logits = self.model.compute_logits(hidden[staged["sample_rows"]])  # (N, V)
+        # Every row sampled (a decode-only step): the sample rows are 0..T-1 in order, so
+        # hidden is its own selection and the step saves an index kernel.
+        sampled_hidden = hidden if len(sample_rows) == hidden.shape[0] else hidden[staged["sample_rows"]]
+        logits = self.model.compute_logits(sampled_hidden)  # (N, V)
         # Only now, with the forward queued (on a GPU, running), may sampling wait for the masks.
         masks = step_masks.masks() if step_masks is not None else {}
         states = [self.requests[r] for r in sample_ids]

@@ -136,18 +136,20 @@ class Sampler:
             apply_bitmask(logits, staged["mask_rows"], staged["mask_words"])
         x = _process(logits, options, rows, staged, penalties)
         if "sampled_rows" not in staged:
-            token_ids = x.argmax(dim=-1)
+            token_ids = _row_argmax(x)
         else:
             token_ids = torch.empty(len(options), dtype=torch.int64, device=logits.device)
             if "greedy_rows" in staged:
                 greedy = staged["greedy_rows"]
-                token_ids[greedy] = x[greedy].argmax(dim=-1)
+                token_ids[greedy] = _row_argmax(x[greedy])
             sampled = staged["sampled_rows"]
             probs = warp_logits(x[sampled], [o for o in options if not is_greedy(o)], staged).softmax(dim=-1)
             token_ids[sampled] = _draw(probs, seeded, staged.get("unseeded"))
         return _outputs(logits, token_ids, options, staged.get("logprob_rows"))
 
     def _stage(self, device: torch.device, arrays: Arrays) -> Staged:
+        if not arrays:  # greedy rows with nothing to adjust: nothing to copy
+            return {}
         if self._staging is None or self._staging.device != device:
             self._staging = HostStaging(device)
         return self._staging.stage(arrays)
@@ -228,7 +230,16 @@ def _draw(
             q[unseeded] = torch.empty(unseeded.shape[0], probs.shape[1], dtype=probs.dtype, device=probs.device).exponential_()
         for j, g in seeded:
             q[j].exponential_(generator=g)
-    return probs.div_(q).argmax(dim=-1)
+    return _row_argmax(probs.div_(q))
+
+
+def _row_argmax(x: torch.Tensor) -> torch.Tensor:
+    """x.argmax(dim=-1) of (N, V): the first maximum of each row, a NaN counting as one, as
+    torch's. On the CPU numpy's vectorised argmax gives the same index in 3 us a 49,152-token
+    row where torch's takes 70 (torch 2.x's CPU argmax does not vectorise the last dim)."""
+    if x.device.type == "cpu" and x.dtype == torch.float32 and not x.requires_grad:
+        return torch.from_numpy(x.numpy().argmax(axis=-1))
+    return x.argmax(dim=-1)
 
 
 def _outputs(
@@ -362,8 +373,21 @@ def warp_logits(logits: torch.Tensor, options: list[SamplingOptions], staged: St
     if "min_p" in params:
         logits = _min_p(logits, params["min_p"])
     if "top_k" in params:
-        logits = _top_k_top_p(logits, params["top_k"], params["top_p"])
+        v = logits.shape[1]
+        if all(o.top_p >= 1.0 and o.top_k is not None and o.top_k < v for o in options):
+            logits = _top_k_only(logits, params["top_k"], max(o.top_k or 0 for o in options))
+        else:
+            logits = _top_k_top_p(logits, params["top_k"], params["top_p"])
     return logits
+
+
+def _top_k_only(logits: torch.Tensor, top_k: torch.Tensor, k_max: int) -> torch.Tensor:
+    """Top-k without top-p, as vLLM does it: each row keeps the logits at least its k-th
+    largest, found by topk(k_max), not by sorting the vocabulary (4.7 ms a 49,152-token row on
+    2 CPU threads, where topk(40) takes 0.1). The same tokens as _top_k_top_p's, except that a
+    tie at the k-th value keeps every tied token (the sort kept an arbitrary k of them)."""
+    kth = logits.topk(k_max, dim=-1).values.gather(1, (top_k - 1)[:, None])  # (M, 1)
+    return logits.masked_fill(logits < kth, float("-inf"))
 
 
 def _min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:

@@ -8,6 +8,10 @@ is a Literal with no default, so the schema requires it; a `type` that comes fir
 is the Struct's tag. Field order is the order on the wire. The docstrings and descriptions
 are the document's; a class name is its component name, so none repeats a request
 component's name (TextPart, shared with the requests, is the request's own Struct).
+
+An output kind's own part of a chat body is its chat side's (OutputImagePart in
+omni/modalities/outputs/image_chat.py; MessageAudio and AudioDelta in
+omni/modalities/outputs/audio_chat.py), declared there and used here.
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ from typing import Annotated, Literal, TypeAlias, cast
 from msgspec import UNSET, Meta, Struct, UnsetType
 
 from omni.engines.generation import Usage as TokenUsage
+from omni.modalities.outputs.audio_chat import AudioDelta, MessageAudio
+from omni.modalities.outputs.image_chat import OutputImagePart
 from omni.serving.requests.chat import TextPart
 from omni.serving.requests.images import OUTPUT_FORMATS
 from omni.serving.requests.transcriptions import MAX_TEMPERATURE
@@ -98,14 +104,6 @@ PromptLogprobs: TypeAlias = Annotated[
 # ----------------------------------------------------------------------------- chat completions
 
 
-class OutputImageURL(Struct):
-    url: Annotated[str, Meta(description="The image's signed URL; a data: URL with image.response_format b64_json.")]
-
-
-class OutputImagePart(Struct, tag_field="type", tag="image_url"):
-    image_url: OutputImageURL
-
-
 class OutputFunction(Struct):
     name: str
     arguments: str
@@ -115,15 +113,6 @@ class OutputToolCall(Struct):
     id: str
     type: Literal["function"]
     function: OutputFunction
-
-
-class MessageAudio(Struct):
-    """A spoken turn's audio: the file in audio.format, base64, stored under id until expires_at."""
-
-    id: str
-    data: str
-    expires_at: int
-    transcript: str
 
 
 class ChatCompletionMessage(Struct, kw_only=True):
@@ -176,16 +165,6 @@ class ToolCallDelta(Struct, kw_only=True):
     id: str | UnsetType = UNSET
     type: Literal["function"] | UnsetType = UNSET
     function: FunctionDelta
-
-
-class AudioDelta(Struct, kw_only=True):
-    """A streamed spoken turn's audio: base64 PCM16 of the samples this chunk completed, the
-    transcript (the turn's text), and expires_at on the last."""
-
-    data: str | UnsetType = UNSET
-    transcript: str | UnsetType = UNSET
-    expires_at: int | UnsetType = UNSET
-    id: str
 
 
 class ChunkDelta(Struct, kw_only=True):

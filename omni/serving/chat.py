@@ -8,30 +8,25 @@ Responses API and realtime answer with it too):
 from __future__ import annotations
 
 import asyncio
-import functools
-from collections.abc import Callable
 from typing import Any
 
 from omni.engines.generation import Generation, OutputOptions, choice_params, new_request_id, response_id
 from omni.modalities.outputs.router import OutputRouter
 from omni.serving.chat_turns import (
-    ChatImages,
     ban_spans,
     ban_tool_markup,
     chat_outputs,
     check_tool_choice,
-    leave_room_for_speech,
+    keep_room,
     output_format,
     tool_grammar,
 )
 from omni.serving.choice_constraints import ChoiceConstraints
-from omni.serving.images import queue_preview
 from omni.serving.model import ModelRegistry
 from omni.serving.prepared import Completion, check_serving, request_grammar
-from omni.serving.prompt import chat_prompt, load_media
+from omni.serving.prompt import chat_prompt, load_media, recall_spoken
 from omni.serving.requests import ChatCompletionRequest
 from omni.serving.sampling import sampling_params, truncate_prompt, truncated_media
-from omni.serving.spoken import ChatAudio, recall_spoken
 from omni.shared.store.base import ArtifactStore
 
 
@@ -67,13 +62,12 @@ async def chat(
     )
     params = ban_spans(model, req, ban_tool_markup(model, req, params))
     kinds = chat_outputs(model, req)  # each output kind the choices may make: its spans and its routes
-    kinds, params = leave_room_for_speech(kinds, params)  # a spoken turn's text leaves room for its speech
+    kinds, params = keep_room(kinds, params)  # a spoken turn's text leaves room for its speech
     if previews is not None and partial_images:
-        on_preview = functools.partial(_choice_previews, previews)
-        kinds = [k.with_previews(partial_images, on_preview) if isinstance(k, ChatImages) else k for k in kinds]
+        kinds = [k.with_previews(partial_images, previews) for k in kinds]
     fmt = output_format(model, req, token_ids)
     grammar = (
-        await request_grammar(model, req) if req.grammar is not None else await tool_grammar(model, req, params.max_tokens)
+        await request_grammar(model, req) if req.grammar is not None else await tool_grammar(model, req, params.max_tokens, kinds)
     )
     constraints = ChoiceConstraints(model, req, grammar, token_ids, params.max_tokens, [k.spans() for k in kinds])
     keep_special = model.tokenizer.special_ids(*fmt.markup_tokens)
@@ -97,10 +91,5 @@ async def chat(
     outputs = [OutputRouter(g, *(k.route(model, i) for k in kinds)) for i, g in enumerate(generations)]
     return Completion(
         id=response_id("chatcmpl", client_request_id or req.request_id, completion_id), model=model, outputs=outputs, timeout=timeout,
-        output_format=fmt, inline_images=any(isinstance(k, ChatImages) and k.inline for k in kinds),
-        audio=next((k for k in kinds if isinstance(k, ChatAudio)), None),
+        output_format=fmt, kinds=tuple(kinds),
     )  # fmt: skip
-
-
-def _choice_previews(queue: asyncio.Queue[Any], choice_index: int) -> Callable[..., None]:
-    return functools.partial(queue_preview, queue, choice_index)

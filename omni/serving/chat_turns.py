@@ -9,35 +9,29 @@ generation, and how its text is read back.
   same grammar switches on when the model opens a call, so a call it starts is well formed.
 - ban_tool_markup: tool_choice "none" with tools given: the model cannot open a call.
 - output_format: the reasoning and tool-call parsers each choice's text goes through.
-- chat_images: whether and how the images a model draws come out (seeded per
-  choice: choice i's first image has seed + i * SEEDS_PER_CHOICE, its next ones count up).
+- chat_outputs: the output kinds the choices may make, each kind's chat side asked
+  (omni/modalities/outputs/chat_output.py); none is named here.
 - ban_spans: the span openers of the kinds modalities leaves out are banned.
-- leave_room_for_speech: a spoken turn's text leaves room in max_tokens for its speech.
+- keep_room: the text leaves room in max_tokens for what a kind keeps (a spoken turn's speech).
 (Each choice's token constraint, its grammar and reasoning budget, is omni/serving/choice_constraints.py.)
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Protocol
+from collections.abc import Sequence
 
 from omni.errors import bad_request
-from omni.modalities.outputs.image import IMAGE, ImageRoute, ImageSettings, ModelImages, SizedPreviewCallback
-from omni.modalities.outputs.router import SpanRoute
-from omni.serving.choice_constraints import OutputSpans, TriggeredGrammar, prompt_opens_reasoning
+from omni.modalities.outputs.chat_output import ChatOutput
+from omni.modalities.outputs.kinds import CHAT_SIDES
+from omni.serving.choice_constraints import TriggeredGrammar, prompt_opens_reasoning
 from omni.serving.model import ServedModel
 from omni.serving.requests import ChatCompletionRequest
-from omni.serving.requests.images import ChatImageOptions
-from omni.serving.spoken import ChatAudio, chat_audio
 from omni.text.constrained.spec import GrammarKind, GrammarSpec
 from omni.text.parsers.tool_calls import tool_parser_class
-from omni.text.parsers.tool_grammar import JSON_ARGUMENTS, JSON_CALLS, MAX_FREE_CHARS, T2I_TOOL, tool_call_grammar
+from omni.text.parsers.tool_grammar import JSON_ARGUMENTS, JSON_CALLS, MAX_FREE_CHARS, tool_call_grammar
 from omni.text.reply_parser import OutputFormat
 from scheduler.request import SamplingParams
-
-SEEDS_PER_CHOICE = 1 << 16  # more images than one turn holds
 
 
 def check_tool_choice(model: ServedModel, req: ChatCompletionRequest) -> None:
@@ -66,9 +60,12 @@ def tool_format(model: ServedModel, req: ChatCompletionRequest) -> str | None:
     return JSON_ARGUMENTS if tools.choice == "named" else None
 
 
-async def tool_grammar(model: ServedModel, req: ChatCompletionRequest, max_tokens: int) -> TriggeredGrammar | None:
+async def tool_grammar(
+    model: ServedModel, req: ChatCompletionRequest, max_tokens: int, kinds: Sequence[ChatOutput] = ()
+) -> TriggeredGrammar | None:
     """The call grammar: from the first token for "required" or a named function; for "auto",
-    switched on when the model opens a call, so a call it starts is always well formed."""
+    switched on when the model opens a call, so a call it starts is always well formed. kinds:
+    what the choices may make; a tool argument may embed their spans (call_rules)."""
     tools, parser = req.tools, tool_format(model, req)
     if parser is None or not tools.functions:
         return None
@@ -80,14 +77,13 @@ async def tool_grammar(model: ServedModel, req: ChatCompletionRequest, max_token
         trigger = model.tokenizer.token_to_id(markup[0])
         if trigger is None:
             return None  # the tokenizer cannot open a call with one token: parse what comes
-    images = model.output(IMAGE) if req.images_allowed else None
     source = tool_call_grammar(
         parser,
         forced or tools.functions,
         parallel=not tools.single_call,
         max_free_chars=free_string_chars(max_tokens),
         opened=opened,
-        image_rules=images.format.rules("image") if images is not None else (),
+        image_rules=[rule for kind in kinds for rule in kind.call_rules()],
         tokens={m for m in markup if model.tokenizer.token_to_id(m) is not None},
     )
     grammar = await model.grammars.compile(GrammarSpec(GrammarKind.GRAMMAR, source, "tools" if opened else "tool_choice"))
@@ -105,98 +101,26 @@ def free_string_chars(max_tokens: int) -> int:
     return max(MAX_FREE_CHARS, 1 << (quarter.bit_length() - 1)) if quarter > 0 else MAX_FREE_CHARS
 
 
-@dataclass(frozen=True, slots=True)
-class ChatImages:
-    """How a chat request's choices draw the images their model opens spans for."""
-
-    images: ModelImages
-    settings: ImageSettings
-    inline: bool  # the reference dialect: the image is a t2i_model_generation call's argument
-    on_preview: Callable[[int], SizedPreviewCallback] | None = None  # choice index -> its previews' callback
-
-    def spans(self) -> OutputSpans | None:
-        grammar = self.images.grammar
-        return None if grammar is None else OutputSpans(grammar, self.images.format.start_token_id)
-
-    def answer_format(self) -> ChatImages | None:
-        """Under an answer format (response_format, structured outputs) the content is the
-        format's text alone: nothing is drawn."""
-        return None
-
-    def with_previews(self, partial_images: int, on_preview: Callable[[int], SizedPreviewCallback]) -> ChatImages:
-        """Each drawn image's partial_images previews go to on_preview(choice index)."""
-        settings = dataclasses.replace(self.settings, partial_images=partial_images)
-        return dataclasses.replace(self, settings=settings, on_preview=on_preview)
-
-    def route(self, model: ServedModel, choice_index: int) -> ImageRoute:
-        seed = self.settings.seed
-        first = None if seed is None else seed + choice_index * SEEDS_PER_CHOICE
-        on_preview = None if self.on_preview is None else self.on_preview(choice_index)
-        return self.images.route(self.settings, first_seed=first, inline=self.inline, on_preview=on_preview)
-
-
-class ChatOutput(Protocol):
-    """One output kind as a chat request gets it (ChatImages here, ChatAudio in spoken.py): the
-    spans its choices are held to, and each choice's route."""
-
-    def spans(self) -> OutputSpans | None: ...
-
-    def answer_format(self) -> ChatOutput | None:
-        """What is left of it under an answer format (None: nothing)."""
-        ...
-
-    def route(self, model: ServedModel, choice_index: int) -> SpanRoute: ...
-
-
 def chat_outputs(model: ServedModel, req: ChatCompletionRequest) -> list[ChatOutput]:
-    """Each output kind a chat request's choices may make, in OUTPUT_KINDS' order. Under an
-    answer format, only what it leaves: the content is the format's text alone, so no media
-    span is drawn in it or in the reasoning before it (choice_constraints holds their openers
-    back), and audio comes only when modalities asks for it, spoken after the text."""
-    made: list[ChatOutput | None] = [chat_images(model, req), chat_audio(model, req)]
+    """Each output kind a chat request's choices may make, in OUTPUT_KINDS' order (each kind's
+    chat side asked). Under an answer format, only what it leaves: the content is the format's
+    text alone, so no media span is drawn in it or in the reasoning before it (choice_constraints
+    holds their openers back), and audio comes only when modalities asks for it, spoken after
+    the text."""
+    made = [ask(model, req) for ask in CHAT_SIDES]
     if req.grammar is not None:
         made = [k.answer_format() if k is not None else None for k in made]
     return [k for k in made if k is not None]
 
 
-def leave_room_for_speech(kinds: list[ChatOutput], params: SamplingParams) -> tuple[list[ChatOutput], SamplingParams]:
-    """A turn that asks for audio: its text's params keep room in max_tokens for the speech
-    (ChatAudio.within), so the speech comes even when the text would run to max_tokens."""
+def keep_room(kinds: list[ChatOutput], params: SamplingParams) -> tuple[list[ChatOutput], SamplingParams]:
+    """The turn's text params, less what each kind keeps of max_tokens for itself (a spoken
+    turn's speech: so it comes even when the text would run to max_tokens)."""
     out: list[ChatOutput] = []
     for kind in kinds:
-        if isinstance(kind, ChatAudio):
-            kind, params = kind.within(params)
+        kind, params = kind.within(params)
         out.append(kind)
     return out, params
-
-
-def chat_images(model: ServedModel, req: ChatCompletionRequest) -> ChatImages | None:
-    """None when no image can come out: the model has no vision decoder (then asking for images
-    is a 400), or modalities leaves image out."""
-    images = model.output(IMAGE)
-    if images is None:  # (`image` alone is accepted: it says how images are drawn, if any are)
-        if "image" in req.modalities:
-            raise bad_request("This model has no image decoder: it cannot produce images.", param="modalities")
-        return None
-    if not req.images_allowed:
-        return None
-    opts = req.image or ChatImageOptions()
-    settings = ImageSettings(
-        size=opts.size,
-        steps=opts.num_inference_steps,
-        guidance_scale=opts.guidance_scale,
-        seed=req.seed,
-        output_format=opts.output_format,
-        quality=opts.output_compression,
-        as_url=opts.response_format == "url",
-    )
-    tools = req.tools
-    inline = (
-        model.chat_format.tool_parser == "hyperclovax"
-        and tools.choice != "none"
-        and any(f.name == T2I_TOOL for f in tools.functions)
-    )
-    return ChatImages(images, settings, inline)
 
 
 def ban_spans(model: ServedModel, req: ChatCompletionRequest, params: SamplingParams) -> SamplingParams:

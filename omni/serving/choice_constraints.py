@@ -13,15 +13,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from omni.errors import bad_request
+from omni.modalities.outputs.kind import OutputSpans
 from omni.serving.model import ServedModel
 from omni.serving.requests import ChatCompletionRequest, CompletionRequest
 from omni.text.constrained.compiler import CompiledGrammar
 from omni.text.constrained.constraint import HeldInReasoning, ReasoningBudget, SpanSet, TokenConstraint, WithSpans
+from omni.text.parsers.reasoning import prompt_opens_reasoning as opens_reasoning
 from omni.text.parsers.reasoning import reasoning_parser_class
-
-# How far back from the prompt's end an open <think> is looked for (it is followed by at most
-# a newline or two).
-_PROMPT_TAIL_TOKENS = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,23 +30,7 @@ class TriggeredGrammar:
 
 def prompt_opens_reasoning(model: ServedModel, parser: str, prompt_token_ids: Sequence[int]) -> bool:
     """The template ended the prompt inside an open reasoning block (Qwen3 and R1 style)."""
-    cls = reasoning_parser_class(parser)
-    tail = model.tokenizer.decode(prompt_token_ids[-_PROMPT_TAIL_TOKENS:], skip_special_tokens=False)
-    return tail.rstrip().endswith(cls.start)
-
-
-@dataclass(frozen=True, slots=True)
-class OutputSpans:
-    """A span grammar (one output kind's spans) a choice's output is held to wherever the model
-    opens such a span (from its opening token on), or, opened, from the first token: the
-    prompt opened it."""
-
-    grammar: CompiledGrammar
-    start_token_id: int
-    opened: bool = False
-    # Tokens that open a span without its opening token (the reference dialect's bare audio
-    # units, when its route speaks them): held back in the reasoning with the opener.
-    bare_openers: frozenset[int] = frozenset()
+    return opens_reasoning(model.tokenizer, parser, prompt_token_ids)
 
 
 def span_openers(model: ServedModel) -> list[int]:

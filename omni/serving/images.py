@@ -15,9 +15,10 @@ from typing import Any
 from omni.engines.generation import Generation, OutputOptions, new_request_id
 from omni.errors import bad_request, service_unavailable
 from omni.modalities.inputs.pipeline import PromptInputs
-from omni.modalities.outputs.image import IMAGE, ImageSettings
+from omni.modalities.outputs.image import IMAGE, ImageSettings, queue_preview
+from omni.modalities.outputs.kind import OutputSpans
 from omni.modalities.outputs.router import OutputRouter
-from omni.serving.choice_constraints import ChoiceConstraints, OutputSpans
+from omni.serving.choice_constraints import ChoiceConstraints
 from omni.serving.model import ModelRegistry, ServedModel
 from omni.serving.prepared import Prepared, check_serving
 from omni.serving.prompt import chat_prompt
@@ -117,14 +118,6 @@ def image_choices(
     return ImageGeneration(model=model, outputs=outputs, timeout=timeout, previews=previews)
 
 
-@dataclass(frozen=True, slots=True)
-class ImagePreview:
-    image: int  # which of the request's n images
-    index: int  # its previews count from 0
-    data: bytes
-    size: str  # "WxH"
-
-
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ImageGeneration(Prepared):
     """Image generation, ready to run: one routed output per image (each draws exactly one),
@@ -136,10 +129,6 @@ class ImageGeneration(Prepared):
     # An edit's: previews are finished against it as its images are (ImageSettings.canvas)
     canvas: EditCanvas | None = None
     num_image_tokens: int = 0  # an edit's: the prompt tokens standing for its input images
-
-
-def queue_preview(queue: asyncio.Queue[Any], image: int, index: int, data: bytes, *, size: str) -> None:
-    queue.put_nowait(ImagePreview(image, index, data, size))
 
 
 def image_model(models: ModelRegistry, name: str | None) -> ServedModel:

@@ -34,10 +34,10 @@ from typing import Any
 
 from omni.engines.generation import Generation
 from omni.errors import service_unavailable
+from omni.modalities.outputs.chat_output import ChatOutput
 from omni.modalities.outputs.router import OutputRouter
 from omni.serving.model import ModelRegistry, ServedModel
 from omni.serving.requests import ChatCompletionRequest, CompletionRequest
-from omni.serving.spoken import ChatAudio
 from omni.shared.media import MediaLimits
 from omni.text.constrained.compiler import CompiledGrammar
 from omni.text.reply_parser import OutputFormat
@@ -70,8 +70,7 @@ class Completion(Prepared):
 
     id: str
     output_format: OutputFormat = OutputFormat()  # chat: how each choice's text is read back
-    inline_images: bool = False  # chat: images are in the text (tool call arguments), not parts
-    audio: ChatAudio | None = None  # chat: how the choices speak (None: they cannot)
+    kinds: tuple[ChatOutput, ...] = ()  # chat: the output kinds the choices may make (their body parts)
 
 
 def check_serving(model: ServedModel) -> None:

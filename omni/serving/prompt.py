@@ -9,6 +9,9 @@ cannot fit the context is refused before it is tokenized at all (too_long).
 Special tokens: in chat, only the template writes them (the client's text is text,
 omni/text/chat_encoder.py). A completions prompt is raw, and its special tokens keep their meaning,
 as in vLLM, except a media placeholder: with no media behind it, it is a 400 naming `prompt`.
+
+An assistant turn that refers to an earlier spoken answer by its id gets that answer's stored
+transcript as its text first (recall_spoken).
 """
 
 from __future__ import annotations
@@ -16,6 +19,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 from typing import Any, TypeAlias
+
+import msgspec
+import orjson
 
 from omni.errors import APIError, bad_request
 from omni.modalities.inputs import items as media_items
@@ -32,6 +38,8 @@ from omni.serving.requests import (
     TextPart,
     VideoURLPart,
 )
+from omni.shared.store.base import ArtifactStore, KeyNotFound, StoreError
+from omni.shared.store.keys import validate_key
 from omni.text.tokenizer import Message, TextTokenizer
 
 MediaPart: TypeAlias = ImageURLPart | InputAudioPart | VideoURLPart
@@ -192,3 +200,28 @@ def _apply_template(model: ServedModel, req: ChatCompletionRequest, messages: Se
         raise bad_request(f"Could not render the chat template: {exc}", param=param) from None
     _check_length(model, req, text, "prompt")
     return model.tokenizer.encode_prompt(text)
+
+
+async def recall_spoken(store: ArtifactStore | None, req: ChatCompletionRequest) -> ChatCompletionRequest:
+    """An assistant turn given as {"audio": {"id": ...}} (an earlier spoken answer of this
+    server's, as OpenAI lets a client refer to one) gets its stored transcript as its text; an
+    id the store does not have (unknown, or expired and removed) is a 400 naming it. No store
+    (an app built without one, in tests) has kept no answers."""
+    if not any(m.audio_id for m in req.messages):
+        return req
+    messages = list(req.messages)
+    for i, message in enumerate(messages):
+        if message.audio_id is None or message.content is not None:
+            continue
+        param = f"messages[{i}].audio.id"
+        unknown = bad_request(f"No spoken answer has the id '{message.audio_id}' (or it expired).", param=param)
+        if store is None:
+            raise unknown
+        try:
+            meta = orjson.loads(await store.get(validate_key(f"out/audio/{message.audio_id}.json")))
+        except (KeyNotFound, ValueError, orjson.JSONDecodeError):
+            raise unknown from None
+        except StoreError:
+            raise bad_request(f"The spoken answer '{message.audio_id}' could not be read back.", param=param) from None
+        messages[i] = msgspec.structs.replace(message, content=str(meta.get("transcript", "")))
+    return msgspec.structs.replace(req, messages=tuple(messages))

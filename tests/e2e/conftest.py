@@ -111,7 +111,7 @@ def dialect(request: pytest.FixtureRequest) -> Dialect:
 
 def read_metric(base: str, name: str, **labels: str) -> float:
     """Sum of a Prometheus series' samples whose labels include the given ones."""
-    with urllib.request.urlopen(f"{base}/metrics", timeout=10) as r:
+    with urllib.request.urlopen(f"{base}/metrics", timeout=120) as r:
         text = r.read().decode()
     total = 0.0
     for line in text.splitlines():

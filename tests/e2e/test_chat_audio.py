@@ -28,7 +28,7 @@ def ends_soon(speaking_server: str) -> dict[str, float]:
     """A logit bias that makes the random model end its text within a few tokens (so its audio
     follows within the test's budget)."""
     tokens = httpx.post(
-        f"{speaking_server}/tokenize", json={"model": MODEL, "prompt": "<|im_end|>", "add_special_tokens": False}
+        f"{speaking_server}/tokenize", json={"model": MODEL, "prompt": "<|im_end|>", "add_special_tokens": False}, timeout=120
     ).json()["tokens"]
     assert len(tokens) == 1
     return {str(tokens[0]): 6.0}
@@ -96,7 +96,7 @@ def test_streamed_audio_concatenates_to_the_answer_for_the_same_seed(
 
 def test_an_unknown_voice_is_a_400_listing_the_voices(speaking_server: str) -> None:
     body = _ask({}, "wav") | {"audio": {"voice": "nobody", "format": "wav"}}
-    r = httpx.post(f"{speaking_server}/v1/chat/completions", json=body, timeout=30)
+    r = httpx.post(f"{speaking_server}/v1/chat/completions", json=body, timeout=120)
     assert r.status_code == 400 and r.json()["error"]["param"] == "audio.voice"
     assert "fkms" in r.json()["error"]["message"]
 

@@ -11,7 +11,7 @@ MODEL = "omni-tiny"
 
 
 def _post(server: str, **fields: object) -> dict:
-    r = httpx.post(f"{server}/v1/chat/completions", json={"model": MODEL, "max_tokens": 4, "seed": 0, **fields}, timeout=60)
+    r = httpx.post(f"{server}/v1/chat/completions", json={"model": MODEL, "max_tokens": 4, "seed": 0, **fields}, timeout=120)
     assert r.status_code == 200, r.text
     return r.json()
 
@@ -29,7 +29,7 @@ def test_echo_returns_the_continued_turn_whole(server: str) -> None:
         f"{server}/v1/chat/completions",
         json={"model": MODEL, "messages": messages, "max_tokens": 4, "seed": 0, "stream": True,
               "continue_final_message": True, "add_generation_prompt": False, "echo": True},
-        timeout=60,
+        timeout=120,
     ) as r:
         text = ""
         for line in r.iter_lines():

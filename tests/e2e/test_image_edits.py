@@ -130,7 +130,7 @@ def test_streamed_edits_send_partials_then_the_image(server: str) -> None:
 
 def _post(base: str, files: list[tuple[str, tuple[str, bytes, str]]], **fields: str) -> httpx.Response:
     data = {"model": MODEL, "prompt": PROMPT, **fields}
-    return httpx.post(f"{base}/v1/images/edits", data=data, files=files, timeout=60)
+    return httpx.post(f"{base}/v1/images/edits", data=data, files=files, timeout=120)
 
 
 @pytest.mark.parametrize(
@@ -166,7 +166,7 @@ def test_bad_parts_are_400s_naming_them(server: str, case: str, param: str) -> N
     extra = {"bad size": {"size": "1000x1000"}, "n 0": {"n": "0"}, "gif": {"output_format": "gif"}}
     fields = extra.get(case, {"colour": "red"} if case == "unknown field" else {})
     if case == "no prompt":
-        r = httpx.post(f"{server}/v1/images/edits", data={"model": MODEL}, files=files, timeout=60)
+        r = httpx.post(f"{server}/v1/images/edits", data={"model": MODEL}, files=files, timeout=120)
     else:
         r = _post(server, files, **fields)
     assert r.status_code == 400, r.text

@@ -243,7 +243,7 @@ BAD_MEDIA = {
 
 @pytest.mark.parametrize("case", sorted(BAD_MEDIA))
 def test_bad_media_is_a_400_and_the_server_keeps_serving(server: str, case: str) -> None:
-    with httpx.Client(base_url=server, timeout=60) as http:
+    with httpx.Client(base_url=server, timeout=120) as http:
         r = http.post("/v1/chat/completions", json=bad(BAD_MEDIA[case]))
         assert r.status_code == 400, r.text
         error = r.json()["error"]

@@ -94,7 +94,7 @@ def encoder_calls(base: str) -> float:
 
 
 def test_s3_store_end_to_end(moto: Moto, omni_dir: Path) -> None:
-    with serve_on_s3(omni_dir, moto) as base, httpx.Client(base_url=base, timeout=60) as http:
+    with serve_on_s3(omni_dir, moto) as base, httpx.Client(base_url=base, timeout=120) as http:
         first = http.post("/v1/chat/completions", json=image_request(seed=1))
         assert first.status_code == 200, first.text
         calls = encoder_calls(base)
@@ -109,7 +109,7 @@ def test_s3_store_end_to_end(moto: Moto, omni_dir: Path) -> None:
     assert components == {"vision_encoder", "image_tokenizer"}
 
     # A second server (nothing in memory) finds the outputs by key in the bucket.
-    with serve_on_s3(omni_dir, moto) as base, httpx.Client(base_url=base, timeout=60) as http:
+    with serve_on_s3(omni_dir, moto) as base, httpx.Client(base_url=base, timeout=120) as http:
         r = http.post("/v1/chat/completions", json=image_request(seed=1))
         assert r.status_code == 200, r.text
         assert encoder_calls(base) == 0

@@ -69,7 +69,7 @@ def test_vllm_launch_line_https_root_path_and_json_logs(tiny_model_dir: Path, tm
     trust = ssl.create_default_context(cafile=str(cert))
     base = f"https://127.0.0.1:{port}"
     try:
-        with httpx.Client(verify=trust, timeout=30) as client:
+        with httpx.Client(verify=trust, timeout=120) as client:
             deadline = time.monotonic() + 120
             while True:
                 assert proc.poll() is None, log_path.read_text()
@@ -93,7 +93,7 @@ def test_vllm_launch_line_https_root_path_and_json_logs(tiny_model_dir: Path, tm
                 httpx.get(f"http://127.0.0.1:{port}/health", timeout=5)
     finally:
         proc.send_signal(signal.SIGTERM)
-        code = proc.wait(timeout=60)
+        code = proc.wait(timeout=120)
     assert code == 0
     lines = [line for line in log_path.read_text().splitlines() if line.strip()]
     entries = [orjson.loads(line) for line in lines]  # every line is JSON

@@ -29,7 +29,7 @@ COMPLETIONS, CHAT = "/v1/completions", "/v1/chat/completions"
 
 @pytest.fixture(scope="module")
 def client(server: str) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=server, timeout=60) as c:
+    with httpx.Client(base_url=server, timeout=120) as c:
         yield c
 
 
@@ -193,7 +193,8 @@ def test_include_stop_str_in_output_on_chat(client: httpx.Client, tok: TextToken
     assert (choice["message"]["content"], choice["finish_reason"], choice["stop_reason"]) == ("yy", "stop", "yy")
     finishing = [c["choices"][0] for c in stream(client, CHAT, **_stop_fields(tok, True)) if c["choices"]][-1]
     assert (finishing["finish_reason"], finishing["stop_reason"]) == ("stop", "yy")
-    ended = post(client, CHAT, max_tokens=2)["choices"][0]
+    # ignore_eos: unseeded at temperature 1, the tiny model may draw its end token within 2
+    ended = post(client, CHAT, max_tokens=2, ignore_eos=True)["choices"][0]
     assert (ended["finish_reason"], ended["stop_reason"]) == ("length", None)  # nothing stopped it
 
 

@@ -63,7 +63,7 @@ class Page:
         self.ws = ws
         self.ids = itertools.count(1)
 
-    def call(self, method: str, timeout: float = 30.0, **params: Any) -> dict[str, Any]:
+    def call(self, method: str, timeout: float = 120.0, **params: Any) -> dict[str, Any]:
         n = next(self.ids)
         self.ws.send(json.dumps({"id": n, "method": method, "params": params}))
         deadline = time.monotonic() + timeout
@@ -93,12 +93,12 @@ class Page:
 
     def open(self, url: str) -> None:
         self.call("Page.navigate", url=url)
-        self.wait("document.readyState === 'complete' && !!document.getElementById('model')", 30, "the page loads")
+        self.wait("document.readyState === 'complete' && !!document.getElementById('model')", 120, "the page loads")
 
     def use_key(self, key: str) -> None:
         self.js(f"document.getElementById('api-key').value = {json.dumps(key)}; "
                 "document.querySelector('#key-form button').click()")  # fmt: skip
-        self.wait("document.body.dataset.models", 30, "the model list")
+        self.wait("document.body.dataset.models", 120, "the model list")
 
 
 @pytest.fixture(scope="module")
@@ -129,7 +129,7 @@ def server(embedded_dir: Path, smollm2: Path | None) -> Iterator[str]:
 def bias(server: str, embedded_dir: Path) -> dict[str, int]:
     """Token ids of <|im_end|> and of the image span's opening token."""
     tokens = httpx.post(f"{server}{ROOT}/tokenize", headers={"Authorization": f"Bearer {KEY}"},
-                        json={"model": MODEL, "prompt": "<|im_end|>", "add_special_tokens": False}).json()["tokens"]  # fmt: skip
+                        json={"model": MODEL, "prompt": "<|im_end|>", "add_special_tokens": False}, timeout=120).json()["tokens"]  # fmt: skip
     assert len(tokens) == 1
     return {"end": tokens[0], "draw": TextTokenizer.from_dir(embedded_dir).token_to_id(START)}
 
@@ -171,14 +171,14 @@ def page(speech_wav: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator
     )
     try:
         active = profile / "DevToolsActivePort"
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 120  # a hang guard
         while not (active.exists() and len(active.read_text().split()) == 2):
             assert proc.poll() is None and time.monotonic() < deadline, "chromium did not open its DevTools port"
             time.sleep(0.1)
         port = active.read_text().split()[0]
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list", timeout=10) as r:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list", timeout=120) as r:
             target = next(t for t in json.load(r) if t["type"] == "page")
-        with connect(target["webSocketDebuggerUrl"], max_size=None, open_timeout=10) as ws:
+        with connect(target["webSocketDebuggerUrl"], max_size=None, open_timeout=120) as ws:
             yield Page(ws)
     finally:
         proc.terminate()
@@ -224,7 +224,7 @@ def test_the_chat_tab_streams_a_spoken_answer_and_shows_a_drawn_image(server: st
     drawn = _send_chat(page, "draw me a boat", {"logit_bias": {str(bias["draw"]): 100}, "max_tokens": span, "seed": 9}, speak=False)
     assert drawn["state"] == "done" and drawn["images"] == "1", drawn
     size = page.wait("(i => i && i.complete && i.naturalWidth ? [i.naturalWidth, i.naturalHeight] : null)"
-                     "(document.querySelector('#chat-log .msg.assistant img'))", 30, "the drawn image loads")  # fmt: skip
+                     "(document.querySelector('#chat-log .msg.assistant img'))", 120, "the drawn image loads")  # fmt: skip
     assert min(size) >= 512  # the decoder's size for its ratio token (tests/e2e/test_images.py checks which)
 
 
@@ -313,7 +313,7 @@ def test_the_voice_tab_shows_the_users_transcript_and_receives_audio(server: str
     page.js(f"document.querySelector('[data-tab=voice]').click(); "
             f"document.getElementById('voice-extra').value = {json.dumps(json.dumps(extra))}; "
             "document.getElementById('voice-start').click()")  # fmt: skip
-    page.wait("document.getElementById('voice').dataset.state === 'live'", 30, "the microphone starts")
+    page.wait("document.getElementById('voice').dataset.state === 'live'", 120, "the microphone starts")
     page.wait("!!document.querySelector('#voice-log .msg.user[data-transcribed]')", TURN_S, "the user's transcript")
     page.wait("Number(document.getElementById('voice').dataset.responses) >= 1", TURN_S, "the spoken answer")
     voice = dict(page.js("({...document.getElementById('voice').dataset})"))
@@ -334,4 +334,4 @@ def test_a_wrong_key_is_refused_to_the_page(server: str, page: Page) -> None:
     assert page.js("document.body.dataset.models") == "error"
     assert "401: Incorrect API key provided." in page.js("document.getElementById('status').textContent")
     page.js("document.querySelector('[data-tab=voice]').click(); document.getElementById('voice-start').click()")
-    page.wait("document.getElementById('voice').dataset.state === 'error'", 30, "the refused WebSocket")
+    page.wait("document.getElementById('voice').dataset.state === 'error'", 120, "the refused WebSocket")

@@ -32,11 +32,11 @@ def chat(base: str, model: str, content: str, system: str | None = None, max_tok
     if system:
         messages.insert(0, {"role": "system", "content": system})
     body = {"model": model, "messages": messages, "max_tokens": max_tokens, "temperature": 0}
-    return httpx.post(f"{base}/v1/chat/completions", json=body, timeout=60)
+    return httpx.post(f"{base}/v1/chat/completions", json=body, timeout=120)
 
 
 def test_body_model_picks_the_pool(pool_server: str) -> None:
-    models = httpx.get(f"{pool_server}/v1/models").json()["data"]
+    models = httpx.get(f"{pool_server}/v1/models", timeout=120).json()["data"]
     assert sorted(m["id"] for m in models) == ["alpha", "beta"]
     before = {m: read_metric(pool_server, "vllm:request_success_total", model_name=m) for m in ("alpha", "beta")}
     out_a = chat(pool_server, "alpha", "Same question", max_tokens=12).json()
@@ -76,7 +76,7 @@ def test_requests_avoid_a_dead_worker(pool_server: str) -> None:
             r = chat(pool_server, model, f"still there {i}?")
             assert r.status_code == 200, r.text
     deadline = time.monotonic() + 120
-    while httpx.get(f"{pool_server}/health").status_code != 200:
+    while httpx.get(f"{pool_server}/health", timeout=120).status_code != 200:
         assert time.monotonic() < deadline, "the dead worker was not restarted"
         time.sleep(0.2)
     assert len(worker_pids(PROCESSES[pool_server].pid)) == 4

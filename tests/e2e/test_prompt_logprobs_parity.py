@@ -58,7 +58,7 @@ def reference(model_dir: Path, prompt_ids: list[int]) -> tuple[torch.Tensor, tor
 
 
 def complete(base: str, **fields: Any) -> dict[str, Any]:
-    r = httpx.post(f"{base}/v1/completions", json={"model": "m", "temperature": 0, **fields}, timeout=60)
+    r = httpx.post(f"{base}/v1/completions", json={"model": "m", "temperature": 0, **fields}, timeout=120)
     assert r.status_code == 200, r.text
     return dict(r.json())
 

@@ -35,7 +35,7 @@ def server(speaking_server: str) -> str:
 
 @pytest.fixture(scope="module")
 def ends_soon(server: str) -> dict[str, float]:
-    tokens = httpx.post(f"{server}/tokenize", json={"model": MODEL, "prompt": "<|im_end|>", "add_special_tokens": False}).json()["tokens"]
+    tokens = httpx.post(f"{server}/tokenize", json={"model": MODEL, "prompt": "<|im_end|>", "add_special_tokens": False}, timeout=120).json()["tokens"]
     return {str(tokens[0]): 8.0}
 
 
@@ -199,7 +199,7 @@ def _pcm16(clip: np.ndarray) -> bytes:
     return (np.clip(clip, -1, 1) * 32767).astype("<i2").tobytes()
 
 
-async def _idle(server: str, timeout: float = 60) -> tuple[float, float]:
+async def _idle(server: str, timeout: float = 120) -> tuple[float, float]:
     """(running requests, KV usage) of the served model's engines, once both are 0 or when the
     wait runs out (a bounded wait: the gauges are set at each scheduler step)."""
     loop = asyncio.get_running_loop()
@@ -339,12 +339,12 @@ async def test_fifty_sessions_at_once_are_answered_and_leave_nothing_behind(serv
 
     before = await asyncio.to_thread(counts)
     await everyone_speaks()  # the warm-up round
-    assert set((await wait_idle(server)).values()) == {0}
+    assert set((await wait_idle(server, timeout=120)).values()) == {0}
     start_kib = rss_kib(pid)
     await everyone_speaks()
     left = await asyncio.gather(*(abandoned_session(server, MODEL) for _ in range(SESSIONS)))
     assert all(t.first_audio is not None and t.status is None for t in left)  # each left mid-answer
-    idle = await wait_idle(server)
+    idle = await wait_idle(server, timeout=120)
     assert set(idle.values()) == {0}, idle
     end_kib = rss_kib(pid)
     # the metrics saw it: 100 answered, 50 cancelled by their socket's close, all 150 spoke

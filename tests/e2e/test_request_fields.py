@@ -453,7 +453,7 @@ def walk(server: str, tiny_model_dir: Path) -> Iterator[Walk]:
     (y,) = tok.encode("y", add_special_tokens=False)
     (eos,) = tok.eos_token_ids
     tokens = Tokens(y=y, eos=eos)
-    with httpx.Client(base_url=server, timeout=60) as client:
+    with httpx.Client(base_url=server, timeout=120) as client:
         yield Walk(client, tokens)
 
 

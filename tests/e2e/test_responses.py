@@ -194,7 +194,7 @@ BAD = {
 @pytest.mark.parametrize("case", sorted(BAD))
 def test_bad_input_is_a_400_naming_the_field(server: str, case: str) -> None:
     body, param = BAD[case]
-    r = httpx.post(f"{server}/v1/responses", json={"model": MODEL, **body}, timeout=60)
+    r = httpx.post(f"{server}/v1/responses", json={"model": MODEL, **body}, timeout=120)
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"] == param, r.json()
 
@@ -206,9 +206,9 @@ def test_bad_input_is_a_400_naming_the_field(server: str, case: str) -> None:
 def test_the_image_tool_refuses_what_the_images_api_refuses_with_its_error(server: str, field: str, value: str, status: int) -> None:
     """The same status, code and message as /v1/images/generations for the same value, named at
     the tool's field."""
-    images = httpx.post(f"{server}/v1/images/generations", json={"model": MODEL, "prompt": "a kite", field: value}, timeout=60)
+    images = httpx.post(f"{server}/v1/images/generations", json={"model": MODEL, "prompt": "a kite", field: value}, timeout=120)
     tool = {"type": "image_generation", field: value}
-    r = httpx.post(f"{server}/v1/responses", json={"model": MODEL, "input": "Draw a kite.", "tools": [tool]}, timeout=60)
+    r = httpx.post(f"{server}/v1/responses", json={"model": MODEL, "input": "Draw a kite.", "tools": [tool]}, timeout=120)
     assert (r.status_code, images.status_code) == (status, status), (r.text, images.text)
     got, expected = r.json()["error"], images.json()["error"]
     assert (got["param"], expected["param"]) == (f"tools[0].{field}", field)

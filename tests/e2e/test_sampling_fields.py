@@ -204,6 +204,6 @@ BAD_VALUES: list[tuple[dict[str, Any], str]] = [
 def test_invalid_values_are_400s_naming_the_field(server: str, path: str, fields: dict[str, Any], param: str) -> None:
     body = {"model": MODEL, "max_tokens": 4, **fields}
     body |= {"messages": HELLO} if path == "/v1/chat/completions" else {"prompt": PROMPT}
-    r = httpx.post(f"{server}{path}", json=body, timeout=60)
+    r = httpx.post(f"{server}{path}", json=body, timeout=120)
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"] == param

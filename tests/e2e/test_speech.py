@@ -84,7 +84,7 @@ def test_speed_stretches_the_audio(client: openai.OpenAI) -> None:
     ],
 )
 def test_bad_input_is_a_400_naming_the_field(speaking_server: str, body: dict[str, object], param: str) -> None:
-    r = httpx.post(f"{speaking_server}/v1/audio/speech", json={"model": MODEL, **body}, timeout=30)
+    r = httpx.post(f"{speaking_server}/v1/audio/speech", json={"model": MODEL, **body}, timeout=120)
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"] == param
     if param == "voice" and "nobody" in str(body):
@@ -111,7 +111,7 @@ def test_a_voice_taken_from_a_recording(speaking_server: str) -> None:
     def speak(reference: dict[str, str]) -> bytes:
         body = {"model": MODEL, "input": "Hello.", "response_format": "pcm", "seed": 2, "max_units": 12,
                 "reference_audio": reference}  # fmt: skip
-        r = httpx.post(f"{speaking_server}/v1/audio/speech", json=body, timeout=60)
+        r = httpx.post(f"{speaking_server}/v1/audio/speech", json=body, timeout=120)
         assert r.status_code == 200, r.text
         return r.content
 
@@ -120,14 +120,14 @@ def test_a_voice_taken_from_a_recording(speaking_server: str) -> None:
     assert low != high and low == speak({"data": _wav(150)})
     bad = httpx.post(f"{speaking_server}/v1/audio/speech", json={
         "model": MODEL, "input": "Hello.", "reference_audio": {"data": base64.b64encode(b"not audio").decode()},
-    }, timeout=30)  # fmt: skip
+    }, timeout=120)  # fmt: skip
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "reference_audio"
 
 
 def test_max_units_bounds_the_speech(speaking_server: str) -> None:
     for seed in range(4):
         body = {"model": MODEL, "voice": "alloy", "input": "Hello there.", "response_format": "pcm", "seed": seed, "max_units": 5}
-        r = httpx.post(f"{speaking_server}/v1/audio/speech", json=body, timeout=60)
+        r = httpx.post(f"{speaking_server}/v1/audio/speech", json=body, timeout=120)
         assert r.status_code == 200, r.text
         units, rest = divmod(len(r.content), 960 * 2)  # 960 PCM16 samples a unit
         assert rest == 0 and 3 <= units <= 5, units

@@ -113,7 +113,7 @@ def test_completions_take_guided_json_too(server: str) -> None:
     out = httpx.post(
         f"{server}/v1/completions",
         json={"model": MODEL, "prompt": "JSON:", "max_tokens": 100, "seed": 1, "temperature": 1.0, "guided_json": schema},
-        timeout=60,
+        timeout=120,
     ).json()
     jsonschema.validate(json.loads(out["choices"][0]["text"]), schema)
     assert out["choices"][0]["finish_reason"] == "stop"

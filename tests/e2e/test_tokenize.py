@@ -25,7 +25,7 @@ def tokenizer(tiny_model_dir: Path) -> TextTokenizer:
 
 
 def test_a_prompt_is_the_tokenizers_ids(server: str, tokenizer: TextTokenizer) -> None:
-    r = httpx.post(f"{server}/tokenize", json={"model": MODEL, "prompt": TEXT, "return_token_strs": True})
+    r = httpx.post(f"{server}/tokenize", json={"model": MODEL, "prompt": TEXT, "return_token_strs": True}, timeout=120)
     assert r.status_code == 200, r.text
     body = r.json()
     ids = tokenizer.encode(TEXT)
@@ -38,12 +38,12 @@ def test_a_prompt_is_the_tokenizers_ids(server: str, tokenizer: TextTokenizer) -
 
 
 def test_messages_count_what_a_chat_completion_reports(server: str) -> None:
-    r = httpx.post(f"{server}/tokenize", json={"messages": MESSAGES})  # model: the only one
+    r = httpx.post(f"{server}/tokenize", json={"messages": MESSAGES}, timeout=120)  # model: the only one
     assert r.status_code == 200, r.text
     chat = httpx.post(
         f"{server}/v1/chat/completions",
         json={"model": MODEL, "messages": MESSAGES, "max_tokens": 1},
-        timeout=60,
+        timeout=120,
     )
     assert chat.status_code == 200, chat.text
     assert r.json()["count"] == chat.json()["usage"]["prompt_tokens"]
@@ -51,21 +51,21 @@ def test_messages_count_what_a_chat_completion_reports(server: str) -> None:
 
 def test_detokenize_round_trips(server: str, tokenizer: TextTokenizer) -> None:
     ids = tokenizer.encode(TEXT, add_special_tokens=False)
-    r = httpx.post(f"{server}/detokenize", json={"model": MODEL, "tokens": ids})
+    r = httpx.post(f"{server}/detokenize", json={"model": MODEL, "tokens": ids}, timeout=120)
     assert r.status_code == 200, r.text
     assert r.json() == {"prompt": TEXT}
 
 
 @pytest.mark.parametrize("tokens", [[1, "x"], [-1], [10**9], "1 2"])
 def test_bad_tokens_are_a_400_naming_tokens(server: str, tokens: object) -> None:
-    r = httpx.post(f"{server}/detokenize", json={"model": MODEL, "tokens": tokens})
+    r = httpx.post(f"{server}/detokenize", json={"model": MODEL, "tokens": tokens}, timeout=120)
     assert r.status_code == 400
     assert r.json()["error"]["param"] == "tokens"
 
 
 def test_version_and_ping_answer(server: str) -> None:
-    r = httpx.get(f"{server}/version")
+    r = httpx.get(f"{server}/version", timeout=120)
     assert (r.status_code, r.json()) == (200, {"version": package_version()})
     for method in ("GET", "POST"):
-        r = httpx.request(method, f"{server}/ping")
+        r = httpx.request(method, f"{server}/ping", timeout=120)
         assert (r.status_code, r.json()) == (200, {"status": "ok"})

@@ -345,7 +345,7 @@ def test_required_without_tools_is_a_400_and_auto_without_a_parser_too(server: s
     r = httpx.post(
         f"{server}/v1/chat/completions",
         json={"model": MODEL, "messages": ASK, "tool_choice": "required", "max_tokens": 2},
-        timeout=30,
+        timeout=120,
     )
     assert r.status_code == 400 and r.json()["error"]["param"] == "tool_choice"
 

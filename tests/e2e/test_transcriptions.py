@@ -94,12 +94,12 @@ BAD = {
 
 @pytest.mark.parametrize("files, status, param", BAD.values(), ids=BAD.keys())
 def test_a_bad_upload_names_its_field(speaking_server: str, files: dict[str, object], status: int, param: str) -> None:
-    r = httpx.post(f"{speaking_server}/v1/audio/transcriptions", files=files, timeout=60)  # type: ignore[arg-type]
+    r = httpx.post(f"{speaking_server}/v1/audio/transcriptions", files=files, timeout=120)  # type: ignore[arg-type]
     assert r.status_code == status, r.text
     assert r.json()["error"]["param"] == param
 
 
 def test_a_json_body_is_a_400(speaking_server: str) -> None:
-    r = httpx.post(f"{speaking_server}/v1/audio/transcriptions", json={"model": MODEL, "file": "tone.wav"}, timeout=60)
+    r = httpx.post(f"{speaking_server}/v1/audio/transcriptions", json={"model": MODEL, "file": "tone.wav"}, timeout=120)
     assert r.status_code == 400
     assert "multipart/form-data" in r.json()["error"]["message"]

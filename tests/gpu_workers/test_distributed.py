@@ -13,7 +13,7 @@ def _rank(rank: int, world_size: int, rendezvous: Rendezvous, out: Any) -> None:
     import torch  # noqa: PLC0415
     import torch.distributed as dist  # noqa: PLC0415
 
-    member = init_group(GroupMember(rank, world_size, rendezvous), "cpu", timeout_s=60)
+    member = init_group(GroupMember(rank, world_size, rendezvous), "cpu", timeout_s=120)
     total = torch.tensor([rank + 1])
     dist.all_reduce(total)
     out.put((rank, int(total.item()), dist.get_world_size()))

@@ -201,7 +201,7 @@ def main(rank: int, world_size: int, init_method: str, out: str) -> None:
     and a group that is not the default one); rank 0 saves {ranks: {case: gathered output}}."""
     torch.set_num_threads(1)  # the ranks share a 2-core machine
     member = GroupMember(rank, world_size, init_method)
-    init_group(member, "cpu", timeout_s=60.0)
+    init_group(member, "cpu", timeout_s=120.0)
     try:
         world = dist.group.WORLD
         assert world is not None

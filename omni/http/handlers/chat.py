@@ -1,14 +1,14 @@
 """POST /v1/chat/completions: the handler, and the chat response format. The lifecycle itself
-is omni.serving.chat.chat."""
+is omni.serving.chat.chat. What an output kind adds to a message or a chunk (content parts after
+the text, a field of its own) is its chat side's ChatBody (omni/modalities/outputs/chat_output.py):
+this loops over the request's kinds and names none."""
 
 from __future__ import annotations
 
-import base64
 import time
+from typing import Any
 
-import numpy as np
 from aiohttp import web
-from msgspec import UNSET
 
 from omni.engines.generation import Delta, TokenLogprob, Usage
 from omni.http import sse
@@ -16,12 +16,9 @@ from omni.http.access_log import client_request_id, note_generation
 from omni.http.body import body_timeout, read_parsed, request_timeout
 from omni.http.logprobs import chat_logprob_entries, prompt_logprobs_json
 from omni.http.state import MODELS, STORE
-from omni.modalities.outputs.audio import AUDIO, AUDIO_EXPIRES_S, AudioPiece, new_audio_id, store_spoken
-from omni.modalities.outputs.image import IMAGE, GeneratedImage
 from omni.modalities.outputs.router import OutputRouter
 from omni.serving import chat as lifecycle
 from omni.serving.bodies import (
-    AudioDelta,
     ChatChoice,
     ChatChunkChoice,
     ChatCompletion,
@@ -32,10 +29,7 @@ from omni.serving.bodies import (
     ChunkUsage,
     FinishReason,
     FunctionDelta,
-    MessageAudio,
     OutputFunction,
-    OutputImagePart,
-    OutputImageURL,
     OutputToolCall,
     ToolCallDelta,
     finish_reason,
@@ -44,8 +38,6 @@ from omni.serving.bodies import (
 from omni.serving.prepared import Completion
 from omni.serving.requests import ChatCompletionRequest, parse_chat_completion_request
 from omni.serving.requests.chat import TextPart
-from omni.serving.spoken import ChatAudio
-from omni.shared.media.audio_encoding import float_to_pcm16
 from omni.text.parsers.tool_calls import ToolCallDelta as ParsedToolCallDelta
 from omni.text.tokenizer import TextTokenizer
 
@@ -76,14 +68,15 @@ async def _complete(request: web.Request, req: ChatCompletionRequest, completion
     fmt = completion.output_format
     collected = await sse.collect(completion.outputs)
     echo = _echo(req)
+    bodies = [k.body(len(collected)) for k in completion.kinds]
     choices = []
     for i, c in enumerate(collected):
         parser = fmt.new_parser()
-        drawn, spoken = IMAGE.pieces(c), AUDIO.pieces(c)
-        reply = parser.parse(c.text, cut=c.finish_reason == "length", spoke=bool(spoken))
+        reply = parser.parse(c.text, cut=c.finish_reason == "length", spoke=any(b.spoke(i, c) for b in bodies))
         message = ChatCompletionMessage(role="assistant", content=echo + reply.content)
-        if drawn and not completion.inline_images:
-            message.content = _content_parts(echo + reply.content, drawn)
+        parts = [part for b in bodies for part in b.parts(c)]
+        if parts:
+            message.content = _content_parts(echo + reply.content, parts)
         if reply.tool_calls:
             message.tool_calls = [
                 OutputToolCall(t.id, "function", OutputFunction(t.name, t.arguments)) for t in reply.tool_calls
@@ -92,9 +85,9 @@ async def _complete(request: web.Request, req: ChatCompletionRequest, completion
                 message.content = None  # as OpenAI answers a turn that only calls tools
         if fmt.reasoning_parser is not None:
             message.reasoning_content = message.reasoning = reply.reasoning
-        if spoken and completion.audio is not None:
-            message.audio = await _spoken(request, completion.audio, spoken, reply.content or "")
-            message.content = None  # a spoken turn's text is its transcript, as OpenAI answers
+        for b in bodies:  # a spoken turn: message.audio, its text the transcript and no content
+            for name, value in (await b.message(c, reply.content or "")).items():
+                setattr(message, name, value)
         logprobs = _logprobs(req, tokenizer, c.logprobs)
         choices.append(ChatChoice(i, message, logprobs, _finish_reason(c.finish_reason, parser.made_calls), c.stop_reason))
     body = ChatCompletion(
@@ -153,17 +146,15 @@ async def _stream(
         role = ChunkDelta(role="assistant", content=echo)
         await stream.send([ChatChunkChoice(i, role, None, None)], stream.chunk_usage(output))
     parsers = [fmt.new_parser() for _ in completion.outputs]
-    images: list[tuple[int, list[GeneratedImage]]] = []  # decoded on the delta choice() just read
-    speaking = completion.audio
-    audio_ids = [new_audio_id() for _ in completion.outputs]
-    spoken: list[list[AudioPiece]] = [[] for _ in completion.outputs]  # each choice's audio, to store at the end
-    transcripts: list[list[str]] = [[] for _ in completion.outputs]
+    bodies = [k.body(len(completion.outputs)) for k in completion.kinds]
+    parts: list[tuple[int, list[Any]]] = []  # content parts made on the delta choice() just read
 
     def choice(index: int, delta: Delta) -> ChatChunkChoice | None:
         parser = parsers[index]
         parsed = parser.push(delta.text)
         if delta.finish_reason is not None:
-            parsed += parser.finish(cut=delta.finish_reason == "length", spoke=bool(spoken[index] or AUDIO.pieces(delta)))
+            spoke = any(b.spoke(index, delta) for b in bodies)
+            parsed += parser.finish(cut=delta.finish_reason == "length", spoke=spoke)
         body = ChunkDelta()
         empty = not (parsed.reasoning or parsed.content or parsed.tool_calls)
         if parsed.reasoning:
@@ -172,18 +163,14 @@ async def _stream(
             body.content = parsed.content
         if parsed.tool_calls:
             body.tool_calls = [_tool_call_delta(t) for t in parsed.tool_calls]
-        if speaking is not None:
-            transcripts[index].append(parsed.content)
-            audio = _audio_delta(audio_ids[index], delta, parsed.content)
-            if audio is not None:
-                if audio.transcript is not UNSET:
-                    body.content = UNSET  # a spoken turn's text is its transcript
-                body.audio = audio
-                empty = False
-            spoken[index].extend(AUDIO.pieces(delta))
-        drawn = IMAGE.pieces(delta)
-        if drawn and not completion.inline_images:
-            images.append((index, drawn))
+        for b in bodies:  # a spoken turn's delta.audio (its transcript in place of content)
+            fields = b.delta(index, delta, parsed.content)
+            for name, value in fields.items():
+                setattr(body, name, value)
+            empty = empty and not fields
+            made = b.parts(delta)
+            if made:
+                parts.append((index, made))
         if empty and delta.finish_reason is None and not req.logprobs:
             return None  # a token that completes no character yet, or markup held back
         logprobs = _logprobs(req, tokenizer, delta.logprobs)
@@ -192,65 +179,23 @@ async def _stream(
             out.stop_reason = delta.stop_reason
         return out
 
-    def image_chunks(index: int) -> list[ChatChunkChoice]:
-        """The images of the delta just sent, as chunks of their own: delta.content is then a
-        list of image parts, as the non-streamed message's content parts have them."""
-        chunks = [
-            ChatChunkChoice(i, ChunkDelta(content=[_image_part(image) for image in drawn]), None, None)
-            for i, drawn in images
-            if i == index
-        ]
-        images.clear()
+    def part_chunks(index: int) -> list[ChatChunkChoice]:
+        """The parts (images) of the delta just sent, as chunks of their own: delta.content is
+        then a list of parts, as the non-streamed message's content parts have them."""
+        chunks = [ChatChunkChoice(i, ChunkDelta(content=made), None, None) for i, made in parts if i == index]
+        parts.clear()
         return chunks
 
-    await stream.run(completion.outputs, choice, lambda: _usage(completion.outputs), extra=image_chunks)
-    if speaking is not None:  # kept, so a later turn can refer to the audio by its id
-        for audio_id, pieces, said in zip(audio_ids, spoken, transcripts, strict=True):
-            if pieces:
-                await store_spoken(speaking.audio.store, audio_id, _samples(pieces), "wav", "".join(said))
+    await stream.run(completion.outputs, choice, lambda: _usage(completion.outputs), extra=part_chunks)
+    for b in bodies:  # a spoken answer is kept, so a later turn can refer to it by its id
+        await b.finish()
     return response
 
 
-def _audio_delta(audio_id: str, delta: Delta, content: str) -> AudioDelta | None:
-    """A streamed chunk's delta.audio (OpenAI's shape): the id, base64 PCM16 of the samples
-    this delta completed, the transcript (a spoken turn's text, which then leaves content),
-    and expires_at on the last; None when it has none of them."""
-    audio = AudioDelta(id=audio_id)
-    pieces = AUDIO.pieces(delta)
-    if pieces:
-        pcm = float_to_pcm16(_samples(pieces))
-        audio.data = base64.b64encode(pcm).decode()
-    if content:
-        audio.transcript = content
-    some = audio.data is not UNSET or audio.transcript is not UNSET
-    if delta.finish_reason is not None:
-        audio.expires_at = int(time.time()) + AUDIO_EXPIRES_S
-        some = True
-    return audio if some else None
-
-
-def _samples(pieces: list[AudioPiece]) -> np.ndarray:
-    return np.concatenate([np.frombuffer(p.samples, dtype="<f4") for p in pieces])
-
-
-async def _spoken(request: web.Request, speaking: ChatAudio, pieces: list[AudioPiece], transcript: str) -> MessageAudio:
-    """A non-streamed turn's message.audio: the audio in the asked format (base64 of the
-    file's bytes), stored under its id."""
-    audio_id = new_audio_id()
-    data = await store_spoken(speaking.audio.store, audio_id, _samples(pieces), speaking.format, transcript)
-    expires_at = int(time.time()) + AUDIO_EXPIRES_S
-    return MessageAudio(audio_id, base64.b64encode(data).decode(), expires_at, transcript)
-
-
-def _image_part(image: GeneratedImage) -> OutputImagePart:
-    return OutputImagePart(OutputImageURL(image.url))
-
-
-def _content_parts(text: str, images: list[GeneratedImage]) -> list[TextPart | OutputImagePart]:
-    """A turn with images: its text (when there is any), then each image, as content parts
-    (the shape a user message's content takes)."""
-    parts: list[TextPart | OutputImagePart] = [TextPart(text)] if text else []
-    return parts + [_image_part(image) for image in images]
+def _content_parts(text: str, parts: list[Any]) -> list[Any]:
+    """A turn with parts (images): its text (when there is any), then each part, as content
+    parts (the shape a user message's content takes)."""
+    return ([TextPart(text)] if text else []) + parts
 
 
 def _tool_call_delta(t: ParsedToolCallDelta) -> ToolCallDelta:

@@ -26,7 +26,7 @@ from omni.http import sse
 from omni.http.access_log import note_generation
 from omni.http.body import body_timeout, read_image_edit_form, read_parsed, request_timeout
 from omni.http.state import MODELS
-from omni.modalities.outputs.image import IMAGE, GeneratedImage
+from omni.modalities.outputs.image import IMAGE, GeneratedImage, ImagePreview
 from omni.modalities.outputs.router import OutputRouter
 from omni.serving import image_edits
 from omni.serving import images as lifecycle
@@ -40,7 +40,7 @@ from omni.serving.bodies import (
     ImageTokensDetails,
     ImageUsage,
 )
-from omni.serving.images import ImageGeneration, ImagePreview
+from omni.serving.images import ImageGeneration
 from omni.serving.prepared import max_upload_bytes
 from omni.serving.requests.image_edits import ImageEditFields, parse_image_edit_request
 from omni.serving.requests.images import ImageGenerationRequest, parse_image_generation_request

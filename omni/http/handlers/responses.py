@@ -26,8 +26,8 @@ from omni.http import sse
 from omni.http.access_log import note_generation
 from omni.http.body import body_timeout, read_parsed, request_timeout
 from omni.http.state import MODELS, RESPONSES, STORE
+from omni.modalities.outputs.image import ImagePreview
 from omni.serving.errors import engine_error
-from omni.serving.images import ImagePreview
 from omni.serving.requests.responses import ResponseRequest, parse_response_request
 from omni.serving.responses import create as lifecycle
 from omni.serving.responses.events import Event, ResponseEvents, new_id

@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from omni.config import ModelConfig
 from omni.engines.generation import Delta, Generation
@@ -48,6 +48,21 @@ from omni.text.tokenizer import TextTokenizer
 
 # (preview index, its bytes, size="WxH"): an image's previews as they are made
 SizedPreviewCallback = Callable[..., None]
+
+
+@dataclass(frozen=True, slots=True)
+class ImagePreview:
+    """A preview of an image being drawn, as a request's queue of them holds it."""
+
+    image: int  # which of the request's images (the images API's n, chat's choice)
+    index: int  # its previews count from 0
+    data: bytes
+    size: str  # "WxH"
+
+
+def queue_preview(queue: asyncio.Queue[Any], image: int, index: int, data: bytes, *, size: str) -> None:
+    """A SizedPreviewCallback, with the queue and the image bound in."""
+    queue.put_nowait(ImagePreview(image, index, data, size))
 
 log = logging.getLogger("omni.modalities.outputs.image")
 

@@ -12,6 +12,10 @@ layers above iterate over a model's kinds instead of naming one:
     route       `route_type`, the SpanRoute one choice's spans go through (omni/modalities/outputs/router.py)
     piece type  what a span makes, carried on the Delta that completed it, in Delta.pieces
                 under the kind's name (`add` and `pieces` read and write them typed)
+
+OutputSpans is what a choice's token constraint holds of one kind: its span grammar and opener
+(omni/serving/choice_constraints.py). How a chat turn gets each kind is its chat side
+(omni/modalities/outputs/chat_output.py).
 """
 
 from __future__ import annotations
@@ -57,6 +61,20 @@ class ModelOutput(Protocol):
     def ready(self) -> bool: ...
 
     async def prepare(self, compiler: GrammarCompiler) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class OutputSpans:
+    """A span grammar (one output kind's spans) a choice's output is held to wherever the model
+    opens such a span (from its opening token on), or, opened, from the first token: the
+    prompt opened it."""
+
+    grammar: CompiledGrammar
+    start_token_id: int
+    opened: bool = False
+    # Tokens that open a span without its opening token (the reference dialect's bare audio
+    # units, when its route speaks them): held back in the reasoning with the opener.
+    bare_openers: frozenset[int] = frozenset()
 
 
 M = TypeVar("M", bound=ModelOutput)

@@ -147,7 +147,7 @@ class ChatMessage(Struct, frozen=True, kw_only=True):
     reasoning_content: str | None = None  # an earlier turn's reasoning, for templates that show it
     reasoning: str | None = None  # another name for reasoning_content
     # An earlier spoken answer referred to by its id (OpenAI's assistant {"audio": {"id"}}): its
-    # stored transcript becomes the turn's text (omni/serving/spoken.py recall_spoken).
+    # stored transcript becomes the turn's text (omni/serving/prompt.py recall_spoken).
     audio: AudioRef | None = None
 
     def __post_init__(self) -> None:

@@ -19,8 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from omni.engines.generation import Delta, Usage
-from omni.modalities.outputs.image import IMAGE, GeneratedImage
-from omni.serving.images import ImagePreview
+from omni.modalities.outputs.image import IMAGE, GeneratedImage, ImagePreview
 from omni.serving.responses.turn import assistant_message
 from omni.text.parsers.tool_calls import ToolCallDelta
 from omni.text.parsers.tool_grammar import T2I_TOOL

@@ -15,7 +15,12 @@ parse() and the streaming push()/finish() agree for any chunking of the same tex
 from __future__ import annotations
 
 import enum
-from typing import ClassVar
+from collections.abc import Sequence
+from typing import ClassVar, Protocol
+
+# How far back from the prompt's end an open <think> is looked for (it is followed by at most
+# a newline or two).
+_PROMPT_TAIL_TOKENS = 4
 
 
 class _State(enum.Enum):
@@ -117,3 +122,17 @@ def reasoning_parser_class(name: str) -> type[ReasoningParser]:
         return REASONING_PARSERS[name]
     except KeyError:
         raise ValueError(f"unknown reasoning parser {name!r}; known: {', '.join(sorted(REASONING_PARSERS))}") from None
+
+
+class Decoder(Protocol):
+    """What reading a prompt's tail takes of a tokenizer (omni/text/tokenizer.py TextTokenizer);
+    the parsers import nothing outside the standard library and themselves."""
+
+    def decode(self, token_ids: Sequence[int], *, skip_special_tokens: bool = True) -> str: ...
+
+
+def prompt_opens_reasoning(tokenizer: Decoder, parser: str, prompt_token_ids: Sequence[int]) -> bool:
+    """The template ended the prompt inside an open reasoning block (Qwen3 and R1 style)."""
+    cls = reasoning_parser_class(parser)
+    tail = tokenizer.decode(prompt_token_ids[-_PROMPT_TAIL_TOKENS:], skip_special_tokens=False)
+    return tail.rstrip().endswith(cls.start)

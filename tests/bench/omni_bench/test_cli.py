@@ -98,7 +98,7 @@ async def test_bin_wrapper_end_to_end(fake_server, tmp_path):
         str(ROOT / "bin" / "omni-bench"), "--base-url", fake_server.url, "--workload", "multi-turn",
         "--num-conversations", "2", "--turns", "2", "--input-len", "3", "--max-tokens", "2",
         "--out", str(out), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-    stdout, stderr = await asyncio.wait_for(proc.communicate(), timeout=30)
+    stdout, stderr = await asyncio.wait_for(proc.communicate(), timeout=120)  # a hang guard
     assert proc.returncode == 0, stderr.decode()
     assert b"TTFT" in stdout
     assert json.loads(out.read_text())["summary"]["num_completed"] == 4

@@ -1,6 +1,11 @@
+import asyncio
+import itertools
+
 import orjson
 import pytest
 
+from bench.omni_bench import client as client_module
+from bench.omni_bench import runner as runner_module
 from bench.omni_bench.client import Client, ClientConfig, open_session
 from bench.omni_bench.runner import LoadConfig, Runner, poisson_arrival_times
 from bench.omni_bench.summary import summarize
@@ -45,16 +50,50 @@ async def test_closed_loop_counts_and_token_totals(fake_server):
     assert body["model"] == MODEL and body["max_tokens"] == 4
 
 
-async def test_poisson_arrivals_respect_schedule_and_cap(fake_server):
+class FakeClock:
+    """The runner's and client's clock, which moves only when the runner sleeps, by exactly what
+    it asked: the schedule is checked on this clock, with no wall time in the test."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+        self.sleeps: list[float] = []
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    async def sleep(self, delay: float) -> None:
+        self.sleeps.append(delay)
+        self.now += delay
+        await asyncio.sleep(0)
+
+
+class _AsyncioWith:
+    """The asyncio module, but for its sleep: the fake clock's."""
+
+    def __init__(self, clock: FakeClock) -> None:
+        self.sleep = clock.sleep
+
+    def __getattr__(self, name):
+        return getattr(asyncio, name)
+
+
+async def test_poisson_arrivals_respect_schedule_and_cap(fake_server, monkeypatch):
+    clock = FakeClock()
+    monkeypatch.setattr(runner_module, "time", clock)
+    monkeypatch.setattr(runner_module, "asyncio", _AsyncioWith(clock))
+    monkeypatch.setattr(client_module, "time", clock)
     conversations = random_conversations(10)
     load = LoadConfig(concurrency=None, request_rate=200.0, max_concurrency=2, seed=3)
     result = await run(fake_server, conversations, load)
     assert len(result.records) == 10 and all(r.ok for r in result.records)
     assert fake_server.max_in_flight <= 2
     arrivals = poisson_arrival_times(10, 200.0, seed=3)
-    for record in result.records:  # never sent before its arrival
-        assert record.start_s >= arrivals[record.conversation_id] - 1e-3
-    assert result.duration_s >= arrivals[-1]
+    # the runner slept from arrival to arrival (the clock stands still otherwise), so every
+    # conversation started at its arrival: none before it
+    assert clock.sleeps == pytest.approx([b - a for a, b in itertools.pairwise(arrivals)])
+    for record in result.records:
+        assert record.start_s >= arrivals[record.conversation_id] - 1e-9
+    assert result.duration_s == pytest.approx(arrivals[-1])
 
 
 def test_poisson_arrival_times_are_seeded_exponential_gaps():

@@ -84,7 +84,7 @@ def main(rank: int, world_size: int, init_method: str, root: str, out: str) -> N
     torch.set_num_threads(1)  # the ranks share a 2-core machine
     vision_decoder.UlyssesAttention = CountingAttention  # type: ignore[misc]  # in this process only
     member = GroupMember(rank, world_size, init_method)
-    init_group(member, "cpu", timeout_s=60.0)
+    init_group(member, "cpu", timeout_s=120.0)
     try:
         pair = dist.new_group([0, 1])  # every rank takes part in making it
         results = {world_size: run_all(Path(root), dist.group.WORLD)}

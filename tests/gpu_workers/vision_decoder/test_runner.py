@@ -41,7 +41,7 @@ def test_the_spec_type_names_the_runner() -> None:
 async def _until_result(worker: WorkerProcess) -> list[Any]:
     replies: list[Any] = []
     while not replies or isinstance(replies[-1], protocol.PartialImage):
-        replies.append(await asyncio.wait_for(worker.recv(), 60))
+        replies.append(await asyncio.wait_for(worker.recv(), 120))
     return replies
 
 
@@ -60,7 +60,7 @@ async def test_a_two_rank_worker_streams_previews_then_the_images(tmp_path: Path
         replies = await _until_result(worker)
         # a batch of mixed shapes is refused on rank 0 before the other rank hears of it ...
         await worker.send(protocol.DecodeImages(8, [jobs[0], protocol.ImageJob(3, CODES, 160, 80, 4, seed=0)]))
-        refused = await asyncio.wait_for(worker.recv(), 60)
+        refused = await asyncio.wait_for(worker.recv(), 120)
         assert isinstance(refused, protocol.WorkerError) and refused.job_id == 8
         # ... so the group still serves the next one
         await worker.send(protocol.DecodeImages(9, jobs[:1]))

@@ -103,9 +103,10 @@ async def test_streams_share_batches_keep_their_samples_close_and_survive_only_u
     os.kill(pid, signal.SIGKILL)
     with pytest.raises(EngineError):
         await opened.decode([4, 5, 6])
-    for _ in range(600):
-        if engine.ready:
-            break
-        await asyncio.sleep(0.1)
+    async def restarted() -> None:
+        while not engine.ready:
+            await asyncio.sleep(0.1)
+
+    await asyncio.wait_for(restarted(), 300)  # a hang guard: fails only if it never comes back
     samples = await fresh.decode([4, 5, 6], last=True)
     assert len(samples) == 3 * 960 * 4

@@ -75,7 +75,7 @@ async def test_concurrent_items_are_encoded_in_one_forward(engine: EncoderEngine
     images = [png_bytes(w, h) for w, h in IMAGES]
     # gather starts all four before the engine's loop task runs again: one queue, one batch
     results = await asyncio.wait_for(
-        asyncio.gather(*(encode_image(engine, d, f"messages[0].content[{i}]") for i, d in enumerate(images))), 60
+        asyncio.gather(*(encode_image(engine, d, f"messages[0].content[{i}]") for i, d in enumerate(images))), 120
     )
     assert [(r.num_rows, r.codes, r.error, r.store_error) for r in results] == [
         (rows, None, None, None) for rows in IMAGES.values()
@@ -88,7 +88,7 @@ async def test_concurrent_items_are_encoded_in_one_forward(engine: EncoderEngine
 
 async def test_two_submissions_of_one_key_share_one_encode(engine: EncoderEngine) -> None:
     data = png_bytes(56, 56)
-    first, second = await asyncio.wait_for(asyncio.gather(encode_image(engine, data), encode_image(engine, data)), 60)
+    first, second = await asyncio.wait_for(asyncio.gather(encode_image(engine, data), encode_image(engine, data)), 120)
     assert first == second
     assert batch_sizes(engine, "vision_encoder") == (1.0, 1.0)
 
@@ -101,16 +101,16 @@ async def test_a_killed_worker_fails_its_batch_and_is_restarted(engine: EncoderE
     os.kill(pid, signal.SIGSTOP)
     try:
         in_flight = asyncio.ensure_future(encode_image(engine, png_bytes(56, 56)))
-        await until(lambda: engine._batch_id == 1 and not engine._queue, timeout=30)
+        await until(lambda: engine._batch_id == 1 and not engine._queue, timeout=120)
     finally:
         os.kill(pid, signal.SIGKILL)
     with pytest.raises(EngineError, match="encoder worker failed"):
-        await asyncio.wait_for(in_flight, 30)
+        await asyncio.wait_for(in_flight, 120)
 
     await until(lambda: engine.ready, timeout=120)
     new_process = engine.worker._processes[0]
     assert new_process is not None and new_process.pid != pid
-    result = await asyncio.wait_for(encode_image(engine, png_bytes(112, 56)), 60)
+    result = await asyncio.wait_for(encode_image(engine, png_bytes(112, 56)), 120)
     assert (result.num_rows, result.error) == (8, None)
 
 
@@ -119,12 +119,12 @@ async def test_stop_fails_the_batch_in_flight(engine: EncoderEngine) -> None:
     assert process is not None and process.pid is not None
     os.kill(process.pid, signal.SIGSTOP)  # the batch stays unanswered until stop()
     in_flight = asyncio.ensure_future(encode_image(engine, png_bytes(56, 56)))
-    await until(lambda: engine._batch_id == 1 and not engine._queue, timeout=30)
+    await until(lambda: engine._batch_id == 1 and not engine._queue, timeout=120)
     stopping = asyncio.ensure_future(engine.stop())
     with pytest.raises(EngineError, match="shutting down"):
-        await asyncio.wait_for(in_flight, 10)  # failed before the worker is even asked to exit
+        await asyncio.wait_for(in_flight, 120)  # failed before the worker is even asked to exit
     os.kill(process.pid, signal.SIGCONT)  # now it reads Shutdown and exits
-    await asyncio.wait_for(stopping, 30)
+    await asyncio.wait_for(stopping, 120)
 
 
 async def test_store_writes_are_timed_and_failures_counted(checkpoint: Path, tmp_path: Path) -> None:
@@ -136,7 +136,7 @@ async def test_store_writes_are_timed_and_failures_counted(checkpoint: Path, tmp
     engine = EncoderEngine(spec, metrics, MODEL, start_timeout=120.0)
     await engine.start()
     try:
-        result = await asyncio.wait_for(encode_image(engine, png_bytes(56, 56)), 60)
+        result = await asyncio.wait_for(encode_image(engine, png_bytes(56, 56)), 120)
     finally:
         await engine.stop()
     assert result.num_rows == 4 and result.store_error is not None

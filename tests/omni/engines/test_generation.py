@@ -29,7 +29,7 @@ from omni.text.tokenizer import TextTokenizer
 from scheduler.request import RequestId, SamplingParams
 from tests.omni.engines.fake_worker import FakeLLMWorker
 
-GUARD_S = 10.0  # a hung engine fails the test instead of hanging it
+GUARD_S = 120.0  # a hung engine fails the test instead of hanging it
 PROMPT = [5, 6, 7]
 HELLO = [1256, 964, 11, 288, 286, 692]  # "Hello there, world" in the tiny tokenizer
 EOS = 1282

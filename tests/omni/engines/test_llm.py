@@ -19,7 +19,7 @@ from omni.text.constrained.constraint import TokenConstraint, single_token_mask
 from scheduler.request import Request, RequestId, SamplingParams
 from tests.omni.engines.fake_worker import FakeLLMWorker
 
-GUARD_S = 10.0  # a hung engine fails the test instead of hanging it; never reached when it works
+GUARD_S = 120.0  # a hung engine fails the test instead of hanging it; never reached when it works
 
 
 def make_engine(max_num_seqs: int = 2, **fake: Any) -> tuple[LLMEngine, FakeLLMWorker]:

@@ -34,7 +34,7 @@ from scheduler.request import Request, RequestId, SamplingParams
 
 BLOCK_SIZE = 4
 NUM_KV_BLOCKS = 64
-WAIT_S = 30.0
+WAIT_S = 120.0  # a hang guard: a fill whose forward never begins fails the test, late
 
 
 class ScriptedGrammar:

@@ -20,7 +20,7 @@ from scheduler.placement import Placement, make_placement
 from scheduler.request import MediaSpan, Request, RequestId, SamplingParams
 from tests.omni.engines.fake_worker import FakeLLMWorker
 
-GUARD_S = 10.0  # a hung engine fails the test instead of hanging it
+GUARD_S = 120.0  # a hung engine fails the test instead of hanging it
 
 
 def make_pool(num_workers: int, placement: Placement | None = None, **admission: Any) -> tuple[ModelPool, list[FakeLLMWorker]]:

@@ -93,20 +93,20 @@ async def test_a_group_starts_whole_and_every_rank_takes_part(group: ProbeEngine
     assert group.ready and group.world_size_seen == 2
     assert len(group.worker.pids) == 2 and all(pid is not None for pid in group.worker.pids)
     # rank 0 contributes 1x, rank 1 2x: only a real two-process collective gives 3 * 3
-    assert await asyncio.wait_for(group.probe(3), 30) == 9
-    assert await asyncio.wait_for(group.probe(5), 30) == 15
+    assert await asyncio.wait_for(group.probe(3), 120) == 9
+    assert await asyncio.wait_for(group.probe(5), 120) == 15
 
 
 async def test_a_dead_follower_restarts_the_whole_group(group: ProbeEngine) -> None:
     before = list(group.worker.pids)
     assert before[1] is not None
     os.kill(before[1], signal.SIGKILL)  # rank 1 only; rank 0 is still alive
-    await until(lambda: not group.ready, timeout=30)
+    await until(lambda: not group.ready, timeout=120)
     await until(lambda: group.ready, timeout=120)
     after = group.worker.pids
     assert group.readies == 2
     assert len(after) == 2 and set(after).isdisjoint(before)  # both ranks are new processes
-    assert await asyncio.wait_for(group.probe(2), 30) == 6
+    assert await asyncio.wait_for(group.probe(2), 120) == 6
 
 
 async def test_a_job_on_a_dying_group_fails_and_stop_fails_the_queue() -> None:
@@ -117,10 +117,10 @@ async def test_a_job_on_a_dying_group_fails_and_stop_fails_the_queue() -> None:
         assert leader is not None
         os.kill(leader, signal.SIGSTOP)  # rank 0 cannot answer: the job is surely in flight
         job = asyncio.ensure_future(engine.probe(1))
-        await until(lambda: engine._inflight is not None, timeout=30)
+        await until(lambda: engine._inflight is not None, timeout=120)
         os.kill(leader, signal.SIGKILL)
         with pytest.raises(EngineError, match="probe worker failed"):
-            await asyncio.wait_for(job, 30)
+            await asyncio.wait_for(job, 120)
     finally:
         queued = asyncio.ensure_future(engine.probe(4))
         await asyncio.sleep(0)
@@ -141,13 +141,13 @@ async def test_a_cuda_error_restarts_the_worker_and_other_errors_fail_one_job(wo
         first = list(engine.worker.pids)
         for value, says in ((-3, "IndexError: index 1000000000"), (-2, "OutOfMemoryError: CUDA out of memory")):
             with pytest.raises(EngineError, match=says):
-                await asyncio.wait_for(engine.probe(value), 30)
+                await asyncio.wait_for(engine.probe(value), 120)
         assert engine.ready and engine.worker.pids == first and engine.readies == 1
         with pytest.raises(EngineError, match="device-side assert triggered"):
-            await asyncio.wait_for(engine.probe(-1), 30)
+            await asyncio.wait_for(engine.probe(-1), 120)
         await until(lambda: engine.readies == 2 and engine.ready, timeout=120)
         assert set(engine.worker.pids).isdisjoint(first)  # a new process (every rank of a group)
-        assert await asyncio.wait_for(engine.probe(2), 30) == 2 * sum(range(1, world_size + 1))
+        assert await asyncio.wait_for(engine.probe(2), 120) == 2 * sum(range(1, world_size + 1))
     finally:
         await engine.stop()
 
@@ -166,11 +166,11 @@ async def test_a_clean_stop_of_a_group_logs_no_error(caplog: pytest.LogCaptureFi
         with caplog.at_level(logging.INFO):
             stopping = asyncio.ensure_future(engine.stop())
             # its loop cancelled, stop() goes on to the worker's stop (no await in between)
-            await until(lambda: engine._task is not None and engine._task.done(), timeout=30)
+            await until(lambda: engine._task is not None and engine._task.done(), timeout=120)
             os.kill(follower, signal.SIGKILL)  # the follower is gone first, its leader still there
-            await until(lambda: engine.worker._dead, timeout=30)  # its lifeline's EOF was read
+            await until(lambda: engine.worker._dead, timeout=120)  # its lifeline's EOF was read
     finally:
         os.kill(leader, signal.SIGKILL)  # stop() ends the wait for it and joins it
-    await asyncio.wait_for(stopping, 60)
+    await asyncio.wait_for(stopping, 120)
     assert "a rank of its group exited while it stops" in caplog.text
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []

@@ -48,6 +48,30 @@ def image(seed: int, width: int = 768, height: int = 768, steps: int = 2, **kw: 
     return ImageRequest(codes=CODES, width=width, height=height, steps=steps, seed=seed, **kw)  # type: ignore[arg-type]
 
 
+def sends(engine: VisionDecoderEngine) -> list[list[tuple[int, int]]]:
+    """The batches the engine sends its worker from now on, each as its images' (width, height)."""
+    sent: list[list[tuple[int, int]]] = []
+    original = engine.worker.send
+
+    async def record(message: object) -> None:
+        if isinstance(message, protocol.DecodeImages):
+            sent.append([(j.width, j.height) for j in message.jobs])
+        await original(message)
+
+    engine.worker.send = record  # type: ignore[method-assign]
+    return sent
+
+
+async def until_sent(sent: list[list[tuple[int, int]]]) -> None:
+    """Until a batch has gone to the worker; a hang guard, not a timing: fails only if none goes."""
+
+    async def poll() -> None:
+        while not sent:
+            await asyncio.sleep(0.01)
+
+    await asyncio.wait_for(poll(), 120)
+
+
 def batches(engine: VisionDecoderEngine) -> list[float]:
     """The batch sizes the engine observed, in order of completion (from its histogram)."""
     hist = engine.metrics.decoder_batch_size.labels(MODEL)
@@ -62,18 +86,9 @@ async def test_ready_message_describes_the_decoder(engine: VisionDecoderEngine) 
 
 
 async def test_images_of_one_shape_share_batches_and_the_oldest_goes_first(engine: VisionDecoderEngine) -> None:
-    sent: list[list[tuple[int, int]]] = []
-    original = engine.worker.send
-
-    async def record(message: object) -> None:
-        if isinstance(message, protocol.DecodeImages):
-            sent.append([(j.width, j.height) for j in message.jobs])
-        await original(message)
-
-    engine.worker.send = record  # type: ignore[method-assign]
+    sent = sends(engine)
     first = asyncio.ensure_future(engine.draw(image(0, steps=8)))  # in flight while the rest queue
-    while not sent:
-        await asyncio.sleep(0.01)
+    await until_sent(sent)
     rest = [image(1, 1024, 576), image(2), image(3), image(4, 1024, 576), image(5), image(6)]
     results = await asyncio.gather(first, *(engine.draw(r) for r in rest))
     # after the first: the oldest waiting (1024x576) and its like, then the 768s, 3 at most
@@ -87,8 +102,9 @@ async def test_images_of_one_shape_share_batches_and_the_oldest_goes_first(engin
 
 
 async def test_the_queue_is_bounded(engine: VisionDecoderEngine) -> None:
+    sent = sends(engine)
     first = asyncio.ensure_future(engine.draw(image(0, steps=8)))
-    await asyncio.sleep(0.3)
+    await until_sent(sent)  # first is in flight, out of the queue
     waiting = [asyncio.ensure_future(engine.draw(image(i))) for i in range(1, 7)]
     await asyncio.sleep(0)
     with pytest.raises(Overloaded) as info:
@@ -98,8 +114,9 @@ async def test_the_queue_is_bounded(engine: VisionDecoderEngine) -> None:
 
 
 async def test_an_image_whose_caller_left_is_not_drawn(engine: VisionDecoderEngine) -> None:
+    sent = sends(engine)
     first = asyncio.ensure_future(engine.draw(image(0, steps=8)))
-    await asyncio.sleep(0.3)
+    await until_sent(sent)  # first is in flight: what follows queues behind it
     gone = asyncio.ensure_future(engine.draw(image(1, 1024, 576)))
     await asyncio.sleep(0)
     gone.cancel()

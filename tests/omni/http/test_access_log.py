@@ -75,10 +75,11 @@ async def test_one_access_line_per_request(client: TestClient, caplog: pytest.Lo
         await client.get("/ok", headers={"X-Request-Id": "abc"})
         await client.get("/refused", headers={"X-Request-Id": "def"})
         await client.get("/health")  # a probe: a debug line
-        for _ in range(100):  # the line is written once the response is out, after the client has it
-            if sum(r.name == "omni.access" for r in caplog.records) >= 2:
-                break
-            await asyncio.sleep(0.01)
+        async def written() -> None:  # the line is written once the response is out, after the client has it
+            while sum(r.name == "omni.access" for r in caplog.records) < 2:
+                await asyncio.sleep(0.01)
+
+        await asyncio.wait_for(written(), 120)  # a hang guard, not a timing
     lines = [r.getMessage() for r in caplog.records if r.name == "omni.access" and r.levelno == logging.INFO]
     assert len(lines) == 2
     assert lines[0].startswith("GET /ok 200 model=m prompt_tokens=7 output_tokens=5 ")

@@ -13,7 +13,8 @@ import pytest
 
 from omni.engines.pool import ModelPool
 from omni.errors import APIError
-from omni.serving.choice_constraints import ChoiceConstraints, OutputSpans, TriggeredGrammar, prompt_opens_reasoning
+from omni.modalities.outputs.kind import OutputSpans
+from omni.serving.choice_constraints import ChoiceConstraints, TriggeredGrammar, prompt_opens_reasoning
 from omni.serving.model import ServedModel
 from omni.serving.requests import parse_chat_completion_request
 from omni.text.chat_format import ChatFormat

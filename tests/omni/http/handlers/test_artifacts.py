@@ -4,9 +4,9 @@ that is gone a 404; and behind an S3 store the route is not there at all."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import AsyncIterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -15,10 +15,23 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from omni.http.app import add_routes
 from omni.http.errors import error_middleware
+from omni.http.handlers import artifacts as artifacts_module
 from omni.http.state import MODELS, STORE
 from omni.serving.model import ModelRegistry
+from omni.shared.store import local as local_module
 from omni.shared.store.base import ArtifactStore
 from omni.shared.store.local import LocalStore
+
+# The wall clock URLs are signed, checked and cached by, frozen: expiry and max-age are exact,
+# and no test depends on how long it took.
+NOW = 1_800_000_000
+
+
+@pytest.fixture(autouse=True)
+def frozen_clock(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = SimpleNamespace(time=lambda: float(NOW))
+    monkeypatch.setattr(local_module, "time", clock)
+    monkeypatch.setattr(artifacts_module, "time", clock)
 
 
 def app_with(store: ArtifactStore) -> web.Application:
@@ -43,7 +56,7 @@ async def test_a_signed_url_serves_the_bytes_with_their_type(local: tuple[TestCl
     assert r.status == 200 and await r.read() == b"\x89PNG..."
     assert r.headers["Content-Type"] == "image/png" and r.headers["X-Content-Type-Options"] == "nosniff"
     max_age = int(r.headers["Cache-Control"].removeprefix("private, max-age="))
-    assert 0 < max_age <= 600
+    assert max_age == 600
     await store.put("out/blob", b"x")
     assert (await client.get(await store.url("out/blob", 60))).headers["Content-Type"] == "application/octet-stream"
 
@@ -56,7 +69,7 @@ async def test_a_bad_or_expired_url_is_a_403(local: tuple[TestClient[Any, Any], 
         r = await client.get(bad)
         assert r.status == 403
         assert (await r.json())["error"]["code"] == "invalid_signature"
-    past = int(time.time()) - 10
+    past = NOW - 10
     r = await client.get(f"/v1/artifacts/out/a.wav?expires={past}&sig={store.sign('out/a.wav', past)}")
     assert r.status == 403 and "expired" in (await r.json())["error"]["message"]
 

@@ -1,12 +1,15 @@
-"""OUTPUT_KINDS: every kind once, each with its model-side, piece and route types."""
+"""OUTPUT_KINDS: every kind once, each with its model-side, piece and route types, and its chat
+side in CHAT_SIDES, in the same order."""
 
 from __future__ import annotations
 
 from typing import get_args
 
 from omni.modalities.outputs.audio import AUDIO, AudioPiece, AudioRoute, ModelAudio
+from omni.modalities.outputs.audio_chat import chat_audio
 from omni.modalities.outputs.image import IMAGE, GeneratedImage, ImageRoute, ModelImages
-from omni.modalities.outputs.kinds import OUTPUT_KINDS
+from omni.modalities.outputs.image_chat import chat_images
+from omni.modalities.outputs.kinds import CHAT_SIDES, OUTPUT_KINDS
 from omni.serving.requests.chat import Modality
 
 
@@ -20,3 +23,8 @@ def test_every_kind_is_listed_once_with_its_types() -> None:
 
 def test_a_chat_request_may_name_every_kind_in_modalities() -> None:
     assert get_args(Modality) == ("text", *(k.name for k in OUTPUT_KINDS))
+
+
+def test_each_kind_has_its_chat_side_in_the_kinds_order() -> None:
+    assert CHAT_SIDES == (chat_images, chat_audio)
+    assert len(CHAT_SIDES) == len(OUTPUT_KINDS)

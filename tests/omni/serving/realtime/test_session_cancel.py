@@ -21,7 +21,7 @@ from omni.text.tokenizer import TextTokenizer
 from tests.omni.fake_pool import FakePool
 
 HELLO = [1256, 964, 11, 288, 286, 692]  # "Hello there, world"
-GUARD_S = 10.0  # a response that never ends fails the test instead of hanging it
+GUARD_S = 120.0  # a response that never ends fails the test instead of hanging it
 
 
 class Session:

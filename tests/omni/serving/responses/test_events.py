@@ -12,8 +12,7 @@ from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
 
 from omni.engines.generation import Delta, Usage
-from omni.modalities.outputs.image import IMAGE, GeneratedImage
-from omni.serving.images import ImagePreview
+from omni.modalities.outputs.image import IMAGE, GeneratedImage, ImagePreview
 from omni.serving.responses.events import ResponseEvents
 from omni.text.parsers.tool_calls import ToolFunction
 from omni.text.reply_parser import OutputFormat

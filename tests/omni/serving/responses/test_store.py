@@ -133,7 +133,12 @@ async def test_a_record_this_process_drops_leaves_the_store_too(tmp_path) -> Non
     clock = Clock()
     store = ResponseStore(ttl_s=60, max_entries=1, clock=clock, artifacts=artifacts, wall_clock=clock)
     store.put("resp_1", *_record(1))
-    await asyncio.sleep(0.05)
+
+    async def written() -> None:
+        while not await artifacts.exists("resp/resp_1.json"):
+            await asyncio.sleep(0.01)
+
+    await asyncio.wait_for(written(), 120)  # its copy is in the store (a hang guard, not a timing)
     store.put("resp_2", *_record(2))  # pushes resp_1 out
     clock.now += 61
     store.sweep()  # resp_2 expires

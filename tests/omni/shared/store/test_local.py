@@ -1,6 +1,6 @@
 import os
-import time
 from pathlib import Path
+from types import SimpleNamespace
 from urllib.parse import parse_qs, urlsplit
 
 import orjson
@@ -11,6 +11,15 @@ from aiohttp.test_utils import TestClient, TestServer
 from omni.http.handlers.artifacts import ARTIFACT_ROUTE, serve_artifact
 from omni.shared.store import LocalStore, StoreError
 from omni.shared.store import local as local_module
+
+# The wall clock the store signs and checks expiry by, frozen: an expiry is then exact, and no
+# test depends on how long it took (a URL signed for 60 s stays valid however slow the host).
+NOW = 1_800_000_000
+
+
+@pytest.fixture(autouse=True)
+def frozen_clock(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(local_module, "time", SimpleNamespace(time=lambda: float(NOW)))
 
 
 def _files(root: Path) -> list[str]:
@@ -61,12 +70,11 @@ def _query(url: str) -> tuple[str, int, str]:
 
 
 async def test_signed_url_verifies(local_store: LocalStore) -> None:
-    before = int(time.time())
     url = await local_store.url("out/image/x.png", 60)
     path, expires, sig = _query(url)
     assert url.startswith("http://testserver/v1/artifacts/out/image/x.png?")
     assert path == "/v1/artifacts/out/image/x.png"
-    assert before + 60 <= expires <= int(time.time()) + 60
+    assert expires == NOW + 60
     assert len(sig) == 64
     assert local_store.verify("out/image/x.png", expires, sig)
 
@@ -151,7 +159,7 @@ async def test_route_forbids_bad_signatures(local_store: LocalStore, client: Tes
 
 async def test_route_forbids_expired_url(local_store: LocalStore, client: TestClient) -> None:
     await local_store.put("out/image/x.png", b"data")
-    expires = int(time.time()) - 1
+    expires = NOW - 1
     sig = local_store.sign("out/image/x.png", expires)
     resp = await client.get(f"/v1/artifacts/out/image/x.png?expires={expires}&sig={sig}")
     assert resp.status == 403
@@ -169,7 +177,7 @@ async def test_route_never_escapes_root(
 ) -> None:
     (tmp_path / "outside").write_bytes(b"private")
     key = "../outside"
-    expires = int(time.time()) + 60
+    expires = NOW + 60
     sig = local_store.sign(key, expires)  # even a correctly signed traversal is refused
     resp = await client.get(f"/v1/artifacts/{key}?expires={expires}&sig={sig}")
     assert resp.status in (403, 404)

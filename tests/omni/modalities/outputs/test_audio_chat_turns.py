@@ -1,24 +1,29 @@
 """Spoken answers: the continuation that speaks a finished text (its prompt, its room, the
-sampling it keeps), the room a spoken turn's text leaves for it, and an earlier answer
-recalled by its audio id as its transcript.
+sampling it keeps), the room a spoken turn's text leaves for it, an earlier answer recalled by
+its audio id as its transcript, and the spoken answer in the body (message.audio, delta.audio).
 (Whether a request speaks at all is tests/e2e/test_chat_audio.py's.)"""
 
 from __future__ import annotations
 
+import base64
 from pathlib import Path
 from typing import Any, cast
 
 import numpy as np
+import orjson
 import pytest
+from msgspec import UNSET
 
 from omni.engines.audio_decoder import AudioDecoderEngine
-from omni.engines.generation import Generation, OutputOptions
+from omni.engines.generation import Delta, Generation, OutputOptions
 from omni.engines.pool import ModelPool
 from omni.errors import APIError
-from omni.modalities.outputs.audio import ModelAudio, store_spoken
+from omni.modalities.outputs.audio import AUDIO, AudioPiece, ModelAudio, store_spoken
+from omni.modalities.outputs.audio_chat import AudioDelta, ChatAudio, MessageAudio, chat_audio, speak_text, speech_room
 from omni.serving.model import ServedModel
+from omni.serving.prompt import recall_spoken
 from omni.serving.requests import parse_chat_completion_request
-from omni.serving.spoken import chat_audio, recall_spoken, speak_text, speech_room
+from omni.shared.media.audio_encoding import float_to_pcm16
 from omni.shared.store.local import LocalStore
 from omni.text.chat_format import ChatFormat
 from omni.text.constrained.audio_span import MAX_UNITS
@@ -149,3 +154,43 @@ async def test_a_request_that_does_not_ask_for_audio_does_not_speak(setting: tup
     spoken = ServedModel("m", model.tokenizer, model.pool, created=0, outputs=(audio,))
     req = parse_chat_completion_request({"model": "m", "messages": [{"role": "user", "content": "hi"}], **fields})
     assert chat_audio(spoken, req) is None
+
+
+def _piece(delta: Delta, samples: list[float], *, last: bool = False) -> None:
+    AUDIO.add(delta, AudioPiece(np.asarray(samples, dtype="<f4").tobytes(), 24000, 0, last))
+
+
+async def test_a_spoken_message_is_its_audio_and_transcript_kept_under_its_id(setting: tuple[ServedModel, ModelAudio, LocalStore]) -> None:
+    _, audio, store = setting
+    body = ChatAudio(audio, 0, "wav").body(1)
+    said = Delta("", [])
+    _piece(said, [0.0, 0.5], last=True)
+    assert body.spoke(0, said) and not body.spoke(0, Delta("", []))
+    fields = await body.message(said, "Hello.")
+    message_audio = fields["audio"]
+    assert isinstance(message_audio, MessageAudio) and fields["content"] is None  # the text is the transcript
+    assert message_audio.transcript == "Hello." and message_audio.data == base64.b64encode(
+        await store.get(f"out/audio/{message_audio.id}.wav")
+    ).decode()
+    assert await body.message(Delta("", []), "unspoken") == {}  # no audio: the message is left as it is
+
+
+async def test_a_spoken_stream_sends_pcm16_and_the_transcript_and_keeps_the_answer_at_its_end(setting: tuple[ServedModel, ModelAudio, LocalStore]) -> None:
+    _, audio, store = setting
+    body = ChatAudio(audio, 0, "pcm16").body(2)
+    first = Delta("Hi", [])
+    _piece(first, [0.0, 0.5])
+    sent = body.delta(0, first, "Hi")
+    assert sent["content"] is UNSET  # the transcript takes the content's place
+    chunk = sent["audio"]
+    assert isinstance(chunk, AudioDelta) and (chunk.transcript, chunk.expires_at) == ("Hi", UNSET)
+    assert base64.b64decode(chunk.data) == float_to_pcm16(np.asarray([0.0, 0.5], dtype="<f4"))
+    assert body.delta(0, Delta("", []), "") == {}  # nothing of it in this chunk
+    assert body.spoke(0, Delta("", [])) and not body.spoke(1, Delta("", []))  # choice 0 spoke before
+    last = Delta("", [], finish_reason="stop")
+    _piece(last, [0.25], last=True)
+    end = body.delta(0, last, "")["audio"]
+    assert end.id == chunk.id and end.expires_at is not UNSET and end.transcript is UNSET
+    await body.finish()
+    kept = await store.get(f"out/audio/{chunk.id}.json")
+    assert orjson.loads(kept)["transcript"] == "Hi"  # choice 1 said nothing: nothing kept for it

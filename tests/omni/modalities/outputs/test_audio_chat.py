@@ -1,5 +1,5 @@
 """A spoken continuation samples as its text did: every field of the text's SamplingParams
-reaches it but the few the span owns (omni/serving/spoken.py:SPAN_OWN)."""
+reaches it but the few the span owns (omni/modalities/outputs/audio_chat.py:SPAN_OWN)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from types import SimpleNamespace
 from typing import Any, cast
 
 from omni.engines.generation import Generation, OutputOptions
-from omni.serving.spoken import SPAN_OWN, continuation_params, speak_text
+from omni.modalities.outputs.audio_chat import SPAN_OWN, continuation_params, speak_text
 from omni.text.constrained.audio_span import MAX_UNITS
 from scheduler.request import SamplingParams
 

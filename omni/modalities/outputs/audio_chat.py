@@ -1,5 +1,6 @@
-"""Spoken chat answers: whether a chat request's choices speak, in which voice and format, and
-the continuation that speaks a turn's text.
+"""The audio's chat side (omni/modalities/outputs/chat_output.py), spoken chat answers: whether a
+chat request's choices speak, in which voice and format, the continuation that speaks a turn's
+text, and the spoken answer in the body.
 
 Audio comes out of a chat turn only when asked for, as OpenAI's chat answers: modalities names
 "audio", and `audio` gives the voice and format. The turn is spoken: the model writes its text
@@ -12,31 +13,83 @@ The text is the audio's transcript. The text leaves room in max_tokens for its s
 A request that does not ask for audio cannot open the span (its opening token is banned; the
 dialect's bare units, special tokens, are no audio and no text), and no span is opened inside
 the reasoning (choice_constraints holds the openers back).
+
+In the body, OpenAI's shape: a non-streamed turn's message.audio holds the audio in the asked
+format (base64 of the file), its id and the transcript, and the message has no content; a
+stream's chunks carry delta.audio (base64 PCM16 of the samples each completed, the transcript in
+place of delta.content). Each answer is kept in the artifact store under its id (store_spoken),
+so a later turn can refer to it (omni/serving/prompt.py recall_spoken).
 """
 
 from __future__ import annotations
 
+import asyncio
+import base64
 import dataclasses
 import functools
+import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any
+from typing import Any, Protocol
 
-import msgspec
-import orjson
+import numpy as np
+from msgspec import UNSET, Struct, UnsetType
 
-from omni.engines.generation import Generation, OutputOptions
+from omni.engines.generation import Delta, Generation, OutputOptions
 from omni.errors import bad_request
-from omni.modalities.outputs.audio import AUDIO, AudioRoute, ModelAudio
-from omni.serving.choice_constraints import OutputSpans, prompt_opens_reasoning
-from omni.serving.model import ServedModel
-from omni.serving.requests import ChatCompletionRequest
-from omni.shared.store.base import ArtifactStore, KeyNotFound, StoreError
-from omni.shared.store.keys import validate_key
+from omni.modalities.outputs.audio import (
+    AUDIO,
+    AUDIO_EXPIRES_S,
+    AudioPiece,
+    AudioRoute,
+    ModelAudio,
+    new_audio_id,
+    store_spoken,
+)
+from omni.modalities.outputs.chat_output import ChatModel
+from omni.modalities.outputs.kind import Carrier, OutputSpans
+from omni.shared.media.audio_encoding import float_to_pcm16
 from omni.text.constrained.audio_span import MAX_UNITS, MIN_UNITS
-from omni.text.parsers.reasoning import reasoning_parser_class
+from omni.text.parsers.reasoning import prompt_opens_reasoning, reasoning_parser_class
 from scheduler.request import SamplingParams
+
+
+class MessageAudio(Struct):
+    """A spoken turn's audio: the file in audio.format, base64, stored under id until expires_at."""
+
+    id: str
+    data: str
+    expires_at: int
+    transcript: str
+
+
+class AudioDelta(Struct, kw_only=True):
+    """A streamed spoken turn's audio: base64 PCM16 of the samples this chunk completed, the
+    transcript (the turn's text), and expires_at on the last."""
+
+    data: str | UnsetType = UNSET
+    transcript: str | UnsetType = UNSET
+    expires_at: int | UnsetType = UNSET
+    id: str
+
+
+class AudioOptions(Protocol):
+    """A chat request's `audio` object (omni/serving/requests/chat.py AudioOutput)."""
+
+    @property
+    def voice(self) -> str: ...
+    @property
+    def format(self) -> str: ...
+
+
+class AudioRequest(Protocol):
+    """What the audio's chat side reads of a chat request (omni/serving/requests/chat.py)."""
+
+    @property
+    def modalities(self) -> tuple[str, ...]: ...
+    @property
+    def audio(self) -> AudioOptions | None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,11 +115,20 @@ class ChatAudio:
         spoken: the content is the format's text alone)."""
         return dataclasses.replace(self, dialect=False)
 
-    def route(self, model: ServedModel, choice_index: int) -> AudioRoute:
+    def route(self, model: ChatModel, choice_index: int) -> AudioRoute:
         """(Every choice speaks in the same voice: the request names it.)"""
         route = self.audio.route(self.voice, dialect=self.dialect)
         speak = functools.partial(speak_text, model, self.audio, speech_tokens=self.speech_tokens)
         return dataclasses.replace(route, speak_after=speak)
+
+    def with_previews(self, partial_images: int, previews: asyncio.Queue[Any]) -> ChatAudio:
+        return self  # speech has no previews: its chunks stream as they are made
+
+    def call_rules(self) -> tuple[str, ...]:
+        return ()  # no tool takes speech as its argument
+
+    def body(self, choices: int) -> SpokenBody:
+        return SpokenBody(self.audio, self.format, choices)
 
     def within(self, params: SamplingParams) -> tuple[ChatAudio, SamplingParams]:
         """The turn's text params, with speech_room(max_tokens) of them kept for the speech."""
@@ -91,7 +153,7 @@ def speech_room(max_tokens: int, min_tokens: int = 0) -> int:
     return room if room >= MIN_UNITS + 1 else 0
 
 
-def chat_audio(model: ServedModel, req: ChatCompletionRequest) -> ChatAudio | None:
+def chat_audio(model: ChatModel, req: AudioRequest) -> ChatAudio | None:
     """None when the request does not ask for audio (modalities leaves it out; `audio` alone
     asks for nothing, as on OpenAI's chat). Asking a model with no audio decoder is a 400."""
     if "audio" not in req.modalities:
@@ -99,7 +161,7 @@ def chat_audio(model: ServedModel, req: ChatCompletionRequest) -> ChatAudio | No
     audio = model.output(AUDIO)
     if audio is None:
         raise bad_request("This model has no audio decoder: it cannot speak.", param="modalities")
-    assert req.audio is not None  # modalities with audio needs it (parse_chat_completion_request)
+    assert req.audio is not None  # modalities with audio needs it (omni/serving/requests/chat.py)
     audio.check_ready()  # the voices are the ready decoder's
     audio.engine.check_room()
     voice = audio.voice_index(req.audio.voice, "audio.voice")
@@ -130,7 +192,7 @@ def continuation_params(params: SamplingParams, max_tokens: int) -> SamplingPara
     return dataclasses.replace(params, max_tokens=max_tokens, **SPAN_OWN)
 
 
-def speak_text(model: ServedModel, audio: ModelAudio, text: Generation, *, speech_tokens: int = 0) -> Generation | None:
+def speak_text(model: ChatModel, audio: ModelAudio, text: Generation, *, speech_tokens: int = 0) -> Generation | None:
     """The continuation that speaks a finished text: prompt + text (without the token that
     ended it; a reasoning block the text left open is closed) + the span's opening token, held
     to the span grammar, within the text's max_tokens and the speech_tokens kept for it; None
@@ -158,7 +220,7 @@ def speak_text(model: ServedModel, audio: ModelAudio, text: Generation, *, speec
     )
 
 
-def _reasoning_end(model: ServedModel, prompt: list[int], said: list[int]) -> list[int]:
+def _reasoning_end(model: ChatModel, prompt: list[int], said: list[int]) -> list[int]:
     """The token that ends the reasoning, when the text was cut inside it (the speech is the
     answer, not the reasoning); none when it is closed or the model reasons in no block."""
     parser = model.chat_format.reasoning_parser
@@ -168,30 +230,72 @@ def _reasoning_end(model: ServedModel, prompt: list[int], said: list[int]) -> li
     start, end = model.tokenizer.token_to_id(cls.start), model.tokenizer.token_to_id(cls.end)
     if end is None or end in said:
         return []
-    opened = start in said or prompt_opens_reasoning(model, parser, prompt)
+    opened = start in said or prompt_opens_reasoning(model.tokenizer, parser, prompt)
     return [end] if opened else []
 
 
-async def recall_spoken(store: ArtifactStore | None, req: ChatCompletionRequest) -> ChatCompletionRequest:
-    """An assistant turn given as {"audio": {"id": ...}} (an earlier spoken answer of this
-    server's, as OpenAI lets a client refer to one) gets its stored transcript as its text; an
-    id the store does not have (unknown, or expired and removed) is a 400 naming it. No store
-    (an app built without one, in tests) has kept no answers."""
-    if not any(m.audio_id for m in req.messages):
-        return req
-    messages = list(req.messages)
-    for i, message in enumerate(messages):
-        if message.audio_id is None or message.content is not None:
-            continue
-        param = f"messages[{i}].audio.id"
-        unknown = bad_request(f"No spoken answer has the id '{message.audio_id}' (or it expired).", param=param)
-        if store is None:
-            raise unknown
-        try:
-            meta = orjson.loads(await store.get(validate_key(f"out/audio/{message.audio_id}.json")))
-        except (KeyNotFound, ValueError, orjson.JSONDecodeError):
-            raise unknown from None
-        except StoreError:
-            raise bad_request(f"The spoken answer '{message.audio_id}' could not be read back.", param=param) from None
-        messages[i] = msgspec.structs.replace(message, content=str(meta.get("transcript", "")))
-    return msgspec.structs.replace(req, messages=tuple(messages))
+@dataclass(slots=True)
+class SpokenBody:
+    """Spoken answers in one chat response's body. A stream's choices each get their audio id
+    at the start, and their audio is kept once the stream ends; a non-streamed message's is kept
+    as it is made."""
+
+    audio: ModelAudio
+    format: str  # the non-streamed answer's; a stream's is pcm16 (and kept as wav)
+    choices: int
+    _ids: list[str] = field(init=False)
+    _pieces: list[list[AudioPiece]] = field(init=False)  # each choice's audio so far, streamed
+    _transcripts: list[list[str]] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self._ids = [new_audio_id() for _ in range(self.choices)]
+        self._pieces = [[] for _ in range(self.choices)]
+        self._transcripts = [[] for _ in range(self.choices)]
+
+    def spoke(self, index: int, carrier: Carrier) -> bool:
+        return bool(self._pieces[index] or AUDIO.pieces(carrier))
+
+    def parts(self, carrier: Carrier) -> list[Any]:
+        return []
+
+    async def message(self, carrier: Carrier, text: str) -> dict[str, Any]:
+        """message.audio: the audio in the asked format (base64 of the file's bytes), stored
+        under its id; the text is its transcript, and the message has no content, as OpenAI
+        answers."""
+        pieces = AUDIO.pieces(carrier)
+        if not pieces:
+            return {}
+        audio_id = new_audio_id()
+        data = await store_spoken(self.audio.store, audio_id, _samples(pieces), self.format, text)
+        expires_at = int(time.time()) + AUDIO_EXPIRES_S
+        return {"audio": MessageAudio(audio_id, base64.b64encode(data).decode(), expires_at, text), "content": None}
+
+    def delta(self, index: int, delta: Delta, content: str) -> dict[str, Any]:
+        """delta.audio (OpenAI's shape): the id, base64 PCM16 of the samples this delta
+        completed, the transcript (a spoken turn's text, which then leaves content), and
+        expires_at on the last; none when it has none of them."""
+        self._transcripts[index].append(content)
+        pieces = AUDIO.pieces(delta)
+        self._pieces[index].extend(pieces)
+        audio = AudioDelta(id=self._ids[index])
+        if pieces:
+            audio.data = base64.b64encode(float_to_pcm16(_samples(pieces))).decode()
+        if content:
+            audio.transcript = content
+        some = audio.data is not UNSET or audio.transcript is not UNSET
+        if delta.finish_reason is not None:
+            audio.expires_at = int(time.time()) + AUDIO_EXPIRES_S
+            some = True
+        if not some:
+            return {}
+        return {"audio": audio, "content": UNSET} if content else {"audio": audio}
+
+    async def finish(self) -> None:
+        """Each choice's streamed audio is kept, so a later turn can refer to it by its id."""
+        for audio_id, pieces, said in zip(self._ids, self._pieces, self._transcripts, strict=True):
+            if pieces:
+                await store_spoken(self.audio.store, audio_id, _samples(pieces), "wav", "".join(said))
+
+
+def _samples(pieces: list[AudioPiece]) -> np.ndarray:
+    return np.concatenate([np.frombuffer(p.samples, dtype="<f4") for p in pieces])
