@@ -227,6 +227,13 @@ class Int8Linear(nn.Module):
         acc = self.onednn_mm(q)  # (2T, N)
         return torch.add(acc[:t], acc[t:], alpha=1 / LOW_STEPS).mul_(scale)
 
+    def small_m_form(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None] | None:
+        """(packed, scale, bias) as small_m_linear's fused ops take a linear (bf16 activations),
+        where they serve it."""
+        if self.small is None:
+            return None
+        return self.small, self.scale, None if self.bias is None else self.bias.float().contiguous()
+
     def int8_weight(self) -> torch.Tensor:
         """(N, K) int8: the weight's values (read back from oneDNN's layout there)."""
         if self.kernel == "onednn":

@@ -36,6 +36,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from gpu_workers.attention.backend import AttentionBackend, KVCache
+from gpu_workers.models import small_m_linear
 from gpu_workers.models.registry import CausalLM, MergedLinear, register_architecture
 
 # model_type -> the class name config.json's `architectures` gives it (the registry's keys)
@@ -338,6 +339,49 @@ class DecoderLayer(nn.Module):
         # Peri-LN: outputs are normalised before they join the residual stream
         self.post_norm1 = RMSNorm(config.hidden_size, config.rms_norm_eps) if config.use_post_norm else None
         self.post_norm2 = RMSNorm(config.hidden_size, config.rms_norm_eps) if config.use_post_norm else None
+        self._small_m: dict[torch.dtype, tuple[small_m_linear.Form, ...] | None] = {}
+
+    def small_m_forms(self, dtype: torch.dtype) -> tuple[small_m_linear.Form, ...] | None:
+        """The q|k|v, o, gate|up and down linears as small_m_linear's fused halves take them, for
+        activations of `dtype`; None where any of them has no small-M form (an nn.Linear, a GPU,
+        int8 under float32 activations). Read once per dtype: the linears are swapped at load."""
+        if dtype not in self._small_m:
+            mods = (self.self_attn.qkv_proj, self.self_attn.o_proj, self.mlp.gate_up_proj, self.mlp.down_proj)
+            forms = [getattr(m, "small_m_form", lambda: None)() for m in mods]
+            ok = all(f is not None and (f[0].dtype == dtype or (f[0].dtype == torch.int8 and dtype == torch.bfloat16))
+                     for f in forms)  # fmt: skip
+            self._small_m[dtype] = tuple(forms) if ok else None  # type: ignore[arg-type]
+        return self._small_m[dtype]
+
+    def small_m_forward(
+        self,
+        h: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        kv_cache: KVCache | None,
+        attn_metadata: Any,
+    ) -> torch.Tensor | None:
+        """forward()'s result through small_m_linear's two fused halves, one C++ call each side of
+        the attention, for up to MAX_ROWS_LAYER rows on the CPU; None where they do not serve."""
+        if h.shape[0] > small_m_linear.MAX_ROWS_LAYER or h.device.type != "cpu" or torch.compiler.is_compiling():
+            return None
+        forms = self.small_m_forms(h.dtype)
+        if forms is None:
+            return None
+        qkv, o, gate_up, down = forms
+        attn = self.self_attn
+        c = attn.config
+        eps = self.input_layernorm.eps
+        q, k, v = small_m_linear.attn_in(
+            h, self.input_layernorm.weight, eps, qkv, cos, sin, c.num_heads, c.num_kv_heads, c.head_dim
+        )
+        a = attn.backend.forward(q, k, v, kv_cache, attn_metadata, c.attention_scale)  # (T, Hq, D)
+        post1, post2 = self.post_norm1, self.post_norm2
+        return small_m_linear.attn_out_mlp(
+            h, a.reshape(h.shape[0], c.q_size), o, None if post1 is None else post1.weight, self.residual_multiplier,
+            self.post_attention_layernorm.weight, eps, gate_up, c.intermediate_size, down,
+            None if post2 is None else post2.weight,
+        )  # fmt: skip
 
     def forward(
         self,
@@ -347,6 +391,9 @@ class DecoderLayer(nn.Module):
         kv_cache: KVCache | None,
         attn_metadata: Any,
     ) -> torch.Tensor:
+        fused = self.small_m_forward(h, cos, sin, kv_cache, attn_metadata)
+        if fused is not None:
+            return fused
         a = self.self_attn(self.input_layernorm(h), cos, sin, kv_cache, attn_metadata)  # (T, H)
         if self.post_norm1 is not None:
             a = self.post_norm1(a)

@@ -86,6 +86,10 @@ class PackedLinear(nn.Module):
             return y.view(*x.shape[:-1], self.out_features)
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")  # type: ignore[no-any-return]
 
+    def small_m_form(self) -> tuple[torch.Tensor, None, torch.Tensor | None] | None:
+        """(packed, scale, bias) as small_m_linear's fused ops take a linear, where they serve it."""
+        return None if self.small is None else (self.small, None, self.small_bias)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if torch.compiler.is_compiling():
             return packed_linear(x, self.handle, self.out_features)  # type: ignore[no-any-return]

@@ -30,6 +30,9 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cmath>
+#include <tuple>
+#include <vector>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -65,6 +68,22 @@ const char* isa_name(Isa isa) {
 }
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// float -> bf16 bits, round to nearest even (NaN kept a NaN), and back
+inline uint16_t to_bf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return static_cast<uint16_t>((u >> 16) | 0x40);
+  u += 0x7FFF + ((u >> 16) & 1);
+  return static_cast<uint16_t>(u >> 16);
+}
+
+inline float from_bf16(uint16_t b) {
+  const uint32_t u = static_cast<uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
 
 int64_t padded_blocks(int64_t n) { return ceil_div(ceil_div(n, kLanes), kTileBlocks) * kTileBlocks; }
 
@@ -309,53 +328,58 @@ at::Tensor pack(const at::Tensor& weight) {
       .view({blocks, pairs, kLanes, 2});
 }
 
-// x (M, K) -> (M, N). bf16 weights take bf16 x; int8 weights bf16 x (scale required); fp32
-// weights fp32 x. scale, bias: float32 (N,) or none. out_float: float32 out, else bf16.
-at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, int64_t n, const std::optional<at::Tensor>& scale,
-                  const std::optional<at::Tensor>& bias, bool out_float) {
+// The kernels over `rows` rows of float activations x (row stride k), into float out (rows, n):
+// x @ W.T * scale + bias. bf16 and int8 weights read x rounded to bf16 (exact for rows that are
+// bf16 values already); fp32 weights read it as it is.
+void matvec(const float* x, int64_t rows, int64_t k, const at::Tensor& packed, int64_t n, const float* scale,
+            const float* bias, float* out) {
   TORCH_CHECK(g_isa != Isa::kNone, "small_m_linear: no kernel for this CPU");
-  TORCH_CHECK(x.dim() == 2, "linear: x is (M, K)");
   const auto wdtype = packed.scalar_type();
   const Layout layout = wdtype == at::kFloat ? Layout::kFp32 : (wdtype == at::kChar ? Layout::kInt8 : Layout::kBf16);
-  TORCH_CHECK(layout != Layout::kInt8 || scale.has_value(), "linear: int8 weights need their scales");
+  TORCH_CHECK(layout != Layout::kInt8 || scale != nullptr, "linear: int8 weights need their scales");
   TORCH_CHECK(layout != Layout::kInt8 || g_isa == Isa::kAvx512Bf16, "linear: int8 weights need avx512bf16");
-  const int64_t rows = x.size(0), k = x.size(1);
   const int64_t blocks = packed.size(0);
   TORCH_CHECK(blocks == padded_blocks(n), "linear: packed for another N");
-  if (scale) TORCH_CHECK(scale->scalar_type() == at::kFloat && scale->numel() == n && scale->is_contiguous(), "scale: (N,) float32");
-  if (bias) TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->numel() == n && bias->is_contiguous(), "bias: (N,) float32");
 
   Job j{};
   j.w = packed.data_ptr();
-  at::Tensor xin;
+  j.n = n;
+  j.scale = scale;
+  j.bias = bias;
+  j.out_bf16 = false;
+  // the rows as the kernel reads them: bf16 pairs (as int32) on avx512, else floats; K padded even
+  const bool pairs_bf16 = layout != Layout::kFp32 && g_isa == Isa::kAvx512Bf16;
+  int64_t width;
   if (layout == Layout::kFp32) {
     TORCH_CHECK(packed.size(1) == k, "linear: K mismatch");
-    xin = x.to(at::kFloat).contiguous();
     j.depth = k;
     j.block_stride = k * kLanes;
+    width = k;
   } else {
     const int64_t pairs = packed.size(1);
     TORCH_CHECK(pairs == ceil_div(k, 2), "linear: K mismatch");
     j.depth = pairs;
     j.block_stride = pairs * 2 * kLanes;
-    // avx512 reads bf16 pairs as int32 (K padded to even); avx2 reads floats
-    xin = at::zeros({rows, 2 * pairs}, x.options().dtype(g_isa == Isa::kAvx512Bf16 ? at::kBFloat16 : at::kFloat));
-    xin.narrow(1, 0, k).copy_(x);
+    width = 2 * pairs;
   }
-  j.x_stride = g_isa == Isa::kAvx512Bf16 && layout != Layout::kFp32 ? j.depth : xin.size(1);
-  j.n = n;
-  j.scale = scale ? scale->data_ptr<float>() : nullptr;
-  j.bias = bias ? bias->data_ptr<float>() : nullptr;
-  j.out_bf16 = !out_float;
-  at::Tensor out = at::empty({rows, n}, x.options().dtype(out_float ? at::kFloat : at::kBFloat16));
-
+  thread_local std::vector<uint16_t> xh;
+  thread_local std::vector<float> xf;
+  if (pairs_bf16) {
+    xh.assign(rows * width, 0);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t i = 0; i < k; ++i) xh[r * width + i] = to_bf16(x[r * k + i]);
+    j.x_stride = width / 2;  // int32 pairs a row
+  } else {
+    xf.assign(rows * width, 0.0f);
+    for (int64_t r = 0; r < rows; ++r) std::memcpy(&xf[r * width], x + r * k, k * sizeof(float));
+    j.x_stride = width;
+  }
   const int64_t step = max_rows(g_isa);
   for (int64_t r0 = 0; r0 < rows; r0 += step) {
     Job pass = j;
     pass.rows = std::min(step, rows - r0);
-    const size_t xsize = layout == Layout::kFp32 || g_isa != Isa::kAvx512Bf16 ? sizeof(float) : sizeof(int32_t);
-    pass.x = static_cast<const char*>(xin.data_ptr()) + r0 * j.x_stride * xsize;
-    pass.out = static_cast<char*>(out.data_ptr()) + r0 * n * (out_float ? sizeof(float) : sizeof(uint16_t));
+    pass.x = pairs_bf16 ? static_cast<const void*>(xh.data() + r0 * width) : static_cast<const void*>(xf.data() + r0 * width);
+    pass.out = out + r0 * n;
     int64_t nb = 1;
     const TileFn fn = pick_rows(pass.rows, g_isa, layout, &nb);
     TORCH_CHECK(fn != nullptr, "small_m_linear: no ", isa_name(g_isa), " kernel for this weight dtype");
@@ -364,7 +388,167 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, int64_t n, cons
       for (int64_t t = begin; t < end; ++t) fn(pass, t * nb);
     });
   }
-  return out;
+}
+
+const float* opt_float(const std::optional<at::Tensor>& t, int64_t n, const char* what) {
+  if (!t) return nullptr;
+  TORCH_CHECK(t->scalar_type() == at::kFloat && t->numel() == n && t->is_contiguous(), what, ": (N,) float32");
+  return t->data_ptr<float>();
+}
+
+// x (M, K) -> (M, N). bf16 weights take bf16 x; int8 weights bf16 x (scale required); fp32
+// weights fp32 x. scale, bias: float32 (N,) or none. out_float: float32 out, else bf16.
+at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, int64_t n, const std::optional<at::Tensor>& scale,
+                  const std::optional<at::Tensor>& bias, bool out_float) {
+  TORCH_CHECK(x.dim() == 2, "linear: x is (M, K)");
+  const at::Tensor xf = x.to(at::kFloat).contiguous();
+  at::Tensor out = at::empty({x.size(0), n}, x.options().dtype(at::kFloat));
+  matvec(xf.data_ptr<float>(), x.size(0), x.size(1), packed, n, opt_float(scale, n, "scale"),
+         opt_float(bias, n, "bias"), out.data_ptr<float>());
+  return out_float ? out : out.to(at::kBFloat16);
+}
+
+// ---- a decoder layer's two halves at small M (models/llama.py's DecoderLayer) ----------------
+//
+// The same arithmetic as the layer's eager torch ops, rounded where they round: with bf16
+// activations every op's result is rounded to bf16 (round-to-nearest-even, as torch's
+// conversions), with float32 ones nothing is. A linear's bias is added in float32 before its one
+// rounding, as the kernels' op does. What eager code does in ~20 torch calls a half, each with
+// its dispatch, allocation and (for the norms) a parallel region, is one call here.
+
+struct Act {
+  bool bf16;
+  float operator()(float v) const { return bf16 ? from_bf16(to_bf16(v)) : v; }
+};
+
+std::vector<float> rows_float(const at::Tensor& t) {
+  const at::Tensor f = t.to(at::kFloat).contiguous();
+  return std::vector<float>(f.data_ptr<float>(), f.data_ptr<float>() + f.numel());
+}
+
+at::Tensor to_tensor(const std::vector<float>& v, at::IntArrayRef shape, const at::TensorOptions& options) {
+  at::Tensor f = at::from_blob(const_cast<float*>(v.data()), shape, at::TensorOptions().dtype(at::kFloat));
+  return f.to(options.dtype(), /*non_blocking=*/false, /*copy=*/true);
+}
+
+// RMSNorm as models/llama.py's: x * rsqrt(mean(x^2) + eps), rounded, then times the weight, rounded.
+void rms_norm(const float* x, int64_t rows, int64_t h, const std::vector<float>& w, double eps, Act act, float* out) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * h;
+    float ss = 0.0f;
+    for (int64_t i = 0; i < h; ++i) ss += xr[i] * xr[i];
+    const float inv = 1.0f / std::sqrt(ss / static_cast<float>(h) + static_cast<float>(eps));
+    for (int64_t i = 0; i < h; ++i) out[r * h + i] = act(w[i] * act(xr[i] * inv));
+  }
+}
+
+struct Linear {
+  at::Tensor packed;
+  int64_t n;
+  const float* scale;
+  const float* bias;
+};
+
+Linear as_linear(const at::Tensor& packed, int64_t n, const std::optional<at::Tensor>& scale,
+                 const std::optional<at::Tensor>& bias) {
+  return Linear{packed, n, opt_float(scale, n, "scale"), opt_float(bias, n, "bias")};
+}
+
+// y = act(x @ W.T * scale + bias), (rows, n)
+std::vector<float> apply(const Linear& l, const std::vector<float>& x, int64_t rows, Act act) {
+  std::vector<float> y(rows * l.n);
+  matvec(x.data(), rows, static_cast<int64_t>(x.size()) / rows, l.packed, l.n, l.scale, l.bias, y.data());
+  if (act.bf16)
+    for (auto& v : y) v = act(v);
+  return y;
+}
+
+// h (M, H) -> q (M, Hq, D), k, v (M, Hkv, D): the input norm, q|k|v and RoPE (halves rotated).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> attn_in(
+    const at::Tensor& h, const at::Tensor& norm_w, double eps, const at::Tensor& qkv, const std::optional<at::Tensor>& qkv_scale,
+    const std::optional<at::Tensor>& qkv_bias, const at::Tensor& cos, const at::Tensor& sin, int64_t heads, int64_t kv_heads,
+    int64_t head_dim) {
+  TORCH_CHECK(h.dim() == 2 && cos.dim() == 2 && cos.sizes() == sin.sizes() && cos.size(0) == h.size(0) &&
+              cos.size(1) == head_dim, "attn_in: h (M, H), cos and sin (M, D)");
+  const Act act{h.scalar_type() == at::kBFloat16};
+  const int64_t rows = h.size(0), hidden = h.size(1);
+  const int64_t qs = heads * head_dim, ks = kv_heads * head_dim;
+  const Linear l = as_linear(qkv, qs + 2 * ks, qkv_scale, qkv_bias);
+  const std::vector<float> x = rows_float(h), w = rows_float(norm_w), c = rows_float(cos), s = rows_float(sin);
+  std::vector<float> normed(rows * hidden);
+  rms_norm(x.data(), rows, hidden, w, eps, act, normed.data());
+  std::vector<float> y = apply(l, normed, rows, act);  // (M, q | k | v)
+  std::vector<float> q(rows * qs), k(rows * ks), v(rows * ks);
+  const int64_t half = head_dim / 2;
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* yr = &y[r * l.n];
+    const float* cr = &c[r * head_dim];
+    const float* sr = &s[r * head_dim];
+    auto rope = [&](const float* src, float* dst, int64_t nh) {
+      for (int64_t hh = 0; hh < nh; ++hh) {
+        const float* xs = src + hh * head_dim;
+        float* d = dst + hh * head_dim;
+        for (int64_t i = 0; i < head_dim; ++i) {
+          const float rot = i < half ? -xs[i + half] : xs[i - half];
+          d[i] = act(act(xs[i] * cr[i]) + act(rot * sr[i]));
+        }
+      }
+    };
+    rope(yr, &q[r * qs], heads);
+    rope(yr + qs, &k[r * ks], kv_heads);
+    std::memcpy(&v[r * ks], yr + qs + ks, ks * sizeof(float));
+  }
+  const auto opts = h.options();
+  return {to_tensor(q, {rows, heads, head_dim}, opts), to_tensor(k, {rows, kv_heads, head_dim}, opts),
+          to_tensor(v, {rows, kv_heads, head_dim}, opts)};
+}
+
+// h (M, H), attention's output a (M, Hq * D) -> the layer's output (M, H): o, [post norm],
+// [x residual multiplier], the residual add, the MLP's norm, gate|up, SiLU(gate) * up, down,
+// [post norm], [x multiplier], the residual add.
+at::Tensor attn_out_mlp(const at::Tensor& h, const at::Tensor& a, const at::Tensor& o, const std::optional<at::Tensor>& o_scale,
+                        const std::optional<at::Tensor>& o_bias, const std::optional<at::Tensor>& post1_w, double mult,
+                        const at::Tensor& norm_w, double eps, const at::Tensor& gate_up, int64_t inter,
+                        const std::optional<at::Tensor>& gate_up_scale, const std::optional<at::Tensor>& gate_up_bias,
+                        const at::Tensor& down, const std::optional<at::Tensor>& down_scale,
+                        const std::optional<at::Tensor>& down_bias, const std::optional<at::Tensor>& post2_w) {
+  TORCH_CHECK(h.dim() == 2 && a.dim() == 2 && a.size(0) == h.size(0), "attn_out_mlp: h (M, H), a (M, Hq * D)");
+  const Act act{h.scalar_type() == at::kBFloat16};
+  const int64_t rows = h.size(0), hidden = h.size(1);
+  const Linear lo = as_linear(o, hidden, o_scale, o_bias);
+  const Linear lgu = as_linear(gate_up, 2 * inter, gate_up_scale, gate_up_bias);
+  const Linear ld = as_linear(down, hidden, down_scale, down_bias);
+  const auto multiply = [&](std::vector<float>& t) {
+    if (mult != 1.0)
+      for (auto& x : t) x = act(x * static_cast<float>(mult));
+  };
+  std::vector<float> x = rows_float(h);
+  std::vector<float> t = apply(lo, rows_float(a), rows, act);
+  if (post1_w) {
+    std::vector<float> n(t.size());
+    rms_norm(t.data(), rows, hidden, rows_float(*post1_w), eps, act, n.data());
+    t.swap(n);
+  }
+  multiply(t);
+  for (int64_t i = 0; i < rows * hidden; ++i) x[i] = act(x[i] + t[i]);
+  std::vector<float> normed(rows * hidden);
+  rms_norm(x.data(), rows, hidden, rows_float(norm_w), eps, act, normed.data());
+  const std::vector<float> gu = apply(lgu, normed, rows, act);  // (M, gate | up)
+  std::vector<float> m(rows * inter);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t i = 0; i < inter; ++i) {
+      const float g = gu[r * 2 * inter + i], u = gu[r * 2 * inter + inter + i];
+      m[r * inter + i] = act(act(g / (1.0f + std::exp(-g))) * u);
+    }
+  t = apply(ld, m, rows, act);
+  if (post2_w) {
+    std::vector<float> n(t.size());
+    rms_norm(t.data(), rows, hidden, rows_float(*post2_w), eps, act, n.data());
+    t.swap(n);
+  }
+  multiply(t);
+  for (int64_t i = 0; i < rows * hidden; ++i) x[i] = act(x[i] + t[i]);
+  return to_tensor(x, {rows, hidden}, h.options());
 }
 
 }  // namespace
@@ -374,4 +558,9 @@ TORCH_LIBRARY(omni_small_m, m) {
   m.def("set_isa(str name) -> ()", &set_isa);
   m.def("pack(Tensor weight) -> Tensor", &pack);
   m.def("linear(Tensor x, Tensor packed, int n, Tensor? scale, Tensor? bias, bool out_float) -> Tensor", &linear);
+  m.def("attn_in(Tensor h, Tensor norm_w, float eps, Tensor qkv, Tensor? qkv_scale, Tensor? qkv_bias, Tensor cos, "
+        "Tensor sin, int heads, int kv_heads, int head_dim) -> (Tensor, Tensor, Tensor)", &attn_in);
+  m.def("attn_out_mlp(Tensor h, Tensor a, Tensor o, Tensor? o_scale, Tensor? o_bias, Tensor? post1_w, float mult, "
+        "Tensor norm_w, float eps, Tensor gate_up, int inter, Tensor? gate_up_scale, Tensor? gate_up_bias, "
+        "Tensor down, Tensor? down_scale, Tensor? down_bias, Tensor? post2_w) -> Tensor", &attn_out_mlp);
 }

@@ -34,6 +34,9 @@ SOURCE = Path(__file__).with_name("small_m_linear.cpp")
 # int8 ahead of the split GEMM at 1 (15.7 against 19.8 ms), 2 and 4.
 MAX_ROWS = 1
 MAX_ROWS_INT8 = 4
+# The most rows a decoder layer runs through its fused halves (attn_in, attn_out_mlp): one call
+# each instead of ~20 torch ops (models/llama.py's DecoderLayer.small_m_forward).
+MAX_ROWS_LAYER = 4
 
 BUILD_FLAGS_VERSION = b"openmp"  # part of the cache key: a change of build flags rebuilds
 _lock = threading.Lock()
@@ -114,6 +117,46 @@ def linear(
         x = x.to(torch.bfloat16)
     y = torch.ops.omni_small_m.linear(x, packed, out_features, scale, bias, out_dtype == torch.float32)
     return y if y.dtype == out_dtype else y.to(out_dtype)
+
+
+Form = tuple[torch.Tensor, "torch.Tensor | None", "torch.Tensor | None"]  # packed, scale, bias (float32)
+
+
+def attn_in(
+    h: torch.Tensor,
+    norm_w: torch.Tensor,
+    eps: float,
+    qkv: Form,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    heads: int,
+    kv_heads: int,
+    head_dim: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A decoder layer's first half at small M: h (M, H) -> q (M, heads, D), k, v (M, kv_heads, D)
+    through the input RMSNorm, the fused q|k|v (a `form`: packed, scale, bias) and RoPE."""
+    return torch.ops.omni_small_m.attn_in(h, norm_w, eps, *qkv, cos, sin, heads, kv_heads, head_dim)  # type: ignore[no-any-return]
+
+
+def attn_out_mlp(
+    h: torch.Tensor,
+    a: torch.Tensor,
+    o: Form,
+    post1_w: torch.Tensor | None,
+    mult: float,
+    norm_w: torch.Tensor,
+    eps: float,
+    gate_up: Form,
+    inter: int,
+    down: Form,
+    post2_w: torch.Tensor | None,
+) -> torch.Tensor:
+    """A decoder layer's second half at small M: h (M, H) and attention's output a (M, Hq * D) ->
+    the layer's output (M, H): o, [post norm], [x mult], + h, RMSNorm, gate|up, SiLU(gate) * up,
+    down, [post norm], [x mult], + the residual."""
+    return torch.ops.omni_small_m.attn_out_mlp(  # type: ignore[no-any-return]
+        h, a, *o, post1_w, mult, norm_w, eps, gate_up[0], inter, *gate_up[1:], *down, post2_w
+    )
 
 
 def main() -> None:
