@@ -132,6 +132,11 @@ AVX512 inline __m512bh widen_int8(const int8_t* src) {
   return _mm512_cvtne2ps_pbh(hi, lo);
 }
 
+// Software prefetch distance in a tile's stream: the hardware's stream prefetcher stops at each
+// 4 KiB page; reaching ahead across it took SmolLM2's layers from 18 to 20-21.6 GB/s on 4 KiB
+// pages and from 19 to 25 GB/s on huge pages (gather_into_huge_pages; docs/BENCHMARKS.md).
+constexpr int64_t kPrefetchBytes = 2048;
+
 template <int M, int NB, bool kInt8>
 AVX512 void tile_pairs_avx512(const Job& j, int64_t b0) {
   __m512 acc[M][NB];
@@ -140,6 +145,10 @@ AVX512 void tile_pairs_avx512(const Job& j, int64_t b0) {
   const int32_t* x = static_cast<const int32_t*>(j.x);
   for (int64_t p = 0; p < j.depth; ++p) {
     __m512bh wv[NB];
+    {  // a tile's k pairs are one stream: NB blocks x 32 weights a pair
+      const char* ahead = static_cast<const char*>(j.w) + woff(j, b0, p, 2 * kLanes) * (kInt8 ? 1 : 2) + kPrefetchBytes;
+      for (int off = 0; off < NB * (kInt8 ? 32 : 64); off += 64) _mm_prefetch(ahead + off, _MM_HINT_T0);
+    }
     for (int b = 0; b < NB; ++b) {
       const int64_t off = woff(j, b0 + b, p, 2 * kLanes);
       if constexpr (kInt8) {
@@ -166,6 +175,10 @@ AVX512 void tile_fp32_avx512(const Job& j, int64_t b0) {
   const float* w = static_cast<const float*>(j.w);
   for (int64_t k = 0; k < j.depth; ++k) {
     __m512 wv[NB];
+    {
+      const char* ahead = reinterpret_cast<const char*>(w + woff(j, b0, k, kLanes)) + kPrefetchBytes;
+      for (int off = 0; off < NB * 64; off += 64) _mm_prefetch(ahead + off, _MM_HINT_T0);
+    }
     for (int b = 0; b < NB; ++b) wv[b] = _mm512_loadu_ps(w + woff(j, b0 + b, k, kLanes));
     for (int m = 0; m < M; ++m) {
       const __m512 xb = _mm512_set1_ps(x[m * j.x_stride + k]);
@@ -421,14 +434,32 @@ struct Act {
   float operator()(float v) const { return bf16 ? from_bf16(to_bf16(v)) : v; }
 };
 
+// A bf16 or float32 tensor's values as floats (read in place: no torch op on the way)
 std::vector<float> rows_float(const at::Tensor& t) {
-  const at::Tensor f = t.to(at::kFloat).contiguous();
-  return std::vector<float>(f.data_ptr<float>(), f.data_ptr<float>() + f.numel());
+  const at::Tensor c = t.is_contiguous() ? t : t.contiguous();
+  const int64_t n = c.numel();
+  std::vector<float> v(n);
+  if (c.scalar_type() == at::kBFloat16) {
+    const uint16_t* p = static_cast<const uint16_t*>(c.data_ptr());
+    for (int64_t i = 0; i < n; ++i) v[i] = from_bf16(p[i]);
+  } else {
+    TORCH_CHECK(c.scalar_type() == at::kFloat, "bf16 or float32 activations and norms");
+    std::memcpy(v.data(), c.data_ptr<float>(), n * sizeof(float));
+  }
+  return v;
 }
 
+// floats -> a new tensor of `options`' dtype (bf16: rounded to nearest even, as torch rounds)
 at::Tensor to_tensor(const std::vector<float>& v, at::IntArrayRef shape, const at::TensorOptions& options) {
-  at::Tensor f = at::from_blob(const_cast<float*>(v.data()), shape, at::TensorOptions().dtype(at::kFloat));
-  return f.to(options.dtype(), /*non_blocking=*/false, /*copy=*/true);
+  at::Tensor out = at::empty(shape, options);
+  const int64_t n = out.numel();
+  if (out.scalar_type() == at::kBFloat16) {
+    uint16_t* p = static_cast<uint16_t*>(out.data_ptr());
+    for (int64_t i = 0; i < n; ++i) p[i] = to_bf16(v[i]);
+  } else {
+    std::memcpy(out.data_ptr<float>(), v.data(), n * sizeof(float));
+  }
+  return out;
 }
 
 // RMSNorm as models/llama.py's: x * rsqrt(mean(x^2) + eps), rounded, then times the weight, rounded.

@@ -159,6 +159,51 @@ def attn_out_mlp(
     )
 
 
+HUGE_PAGE = 2 << 20
+_MADV_HUGEPAGE = 14  # Linux
+
+
+def _advise_huge_pages(address: int, length: int) -> bool:
+    import ctypes
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return False
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    return bool(libc.madvise(ctypes.c_void_p(address), length, _MADV_HUGEPAGE) == 0)
+
+
+def gather_into_huge_pages(model: torch.nn.Module) -> int:
+    """Move every small-M weight copy of `model` (each module's `small`) into one buffer that the
+    kernel backs with transparent huge pages where it can (madvise: this machine's THP setting
+    is "madvise"); the bytes moved (0: none to move).
+
+    A decode step streams every weight once: on 4 KiB pages each page is a TLB miss and a stop
+    for the hardware's stream prefetcher, and SmolLM2's layers read at 19 GB/s; on 2 MiB pages
+    at 25 (docs/BENCHMARKS.md, session 15). Each weight starts on a 4 KiB boundary. The moved
+    copies are views of the buffer; the old ones are freed. Call it before the first forward
+    (DecoderLayer reads the copies once) and with the model not yet shared across threads."""
+    owners = [m for m in model.modules() if isinstance(getattr(m, "small", None), torch.Tensor)]
+    if not owners:
+        return 0
+    page = 4096
+    sizes = [-(-m.small.nbytes // page) * page for m in owners]
+    total = sum(sizes)
+    buffer = torch.empty(total + HUGE_PAGE, dtype=torch.uint8)
+    skip = -buffer.data_ptr() % HUGE_PAGE
+    huge = _advise_huge_pages(buffer.data_ptr() + skip, total // HUGE_PAGE * HUGE_PAGE)
+    offset = skip
+    for m, size in zip(owners, sizes):
+        old = m.small
+        view = buffer[offset : offset + old.nbytes].view(old.dtype).view(old.shape)
+        view.copy_(old)
+        m.small = view
+        offset += size
+    log.info("small-M weights: %.1f MB in one buffer%s", total / 1e6, ", huge pages advised" if huge else "")
+    return total
+
+
 def main() -> None:
     """`python -m gpu_workers.models.small_m_linear`: build the kernels now (bin/setup runs it)."""
     import time
