@@ -435,6 +435,50 @@ class LlamaForCausalLM(CausalLM):
             else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         )
 
+    def native_layers(
+        self, h: torch.Tensor, shared: tuple[torch.Tensor, ...], kv_caches: list[KVCache], attn_metadata: Any
+    ) -> torch.Tensor | None:
+        """A decode step of up to small_m_linear.MAX_ROWS_LAYER rows on the CPU, every layer in
+        one call of small_m_linear.cpp's decode_layers (each layer's fused halves around the
+        paged attention kernel), where every linear has a small-M form and the attention
+        backend gives a PagedDecodePlan for this step; None otherwise."""
+        if h.shape[0] > small_m_linear.MAX_ROWS_LAYER or h.device.type != "cpu" or torch.compiler.is_compiling():
+            return None
+        if kv_caches[0][0].dtype != h.dtype:
+            return None
+        weights = self._native_weights(h.dtype)
+        if weights is None:
+            return None
+        plan = self.layers[0].self_attn.backend.paged_decode_plan(attn_metadata, kv_caches[0])
+        if plan is None:
+            return None
+        c = self.config
+        cos, sin = shared
+        return torch.ops.omni_small_m.decode_layers(  # type: ignore[no-any-return]
+            h, cos, sin, weights, [kv[0] for kv in kv_caches], [kv[1] for kv in kv_caches], plan.block_table,
+            plan.context_lens, plan.slots, plan.entry, c.attention_scale, c.rms_norm_eps, c.residual_multiplier,
+            c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size,
+        )  # fmt: skip
+
+    def _native_weights(self, dtype: torch.dtype) -> list[torch.Tensor | None] | None:
+        # decode_layers' flat list, 16 a layer (small_m_linear.cpp says the order); None where a
+        # layer has no small-M forms. Built once per dtype: the linears are swapped at load.
+        cache: dict[torch.dtype, list[torch.Tensor | None] | None] = self.__dict__.setdefault("_native", {})
+        if dtype not in cache:
+            flat: list[torch.Tensor | None] | None = []
+            for layer in self.layers:
+                forms = layer.small_m_forms(dtype)
+                if forms is None or flat is None:
+                    flat = None
+                    break
+                qkv, o, gate_up, down = forms
+                post1 = None if layer.post_norm1 is None else layer.post_norm1.weight.detach()
+                post2 = None if layer.post_norm2 is None else layer.post_norm2.weight.detach()
+                flat += [layer.input_layernorm.weight.detach(), *qkv, *o, post1,
+                         layer.post_attention_layernorm.weight.detach(), *gate_up, *down, post2]  # fmt: skip
+            cache[dtype] = flat
+        return cache[dtype]
+
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Raw embedding rows (T, H); layer_inputs applies embedding_multiplier to these and to
         any injected inputs_embeds alike, as the reference model does."""

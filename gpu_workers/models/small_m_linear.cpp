@@ -494,6 +494,82 @@ std::vector<float> apply(const Linear& l, const std::vector<float>& x, int64_t r
   return y;
 }
 
+struct Dims {
+  int64_t rows, hidden, heads, kv_heads, head_dim, inter;
+  int64_t q_size() const { return heads * head_dim; }
+  int64_t kv_size() const { return kv_heads * head_dim; }
+};
+
+// x (M, H) -> q (M, Hq, D), k, v (M, Hkv, D): the input norm, q|k|v and RoPE (halves rotated);
+// c, s: cos and sin (M, D)
+void attn_in_core(const std::vector<float>& x, const std::vector<float>& norm_w, double eps, const Linear& qkv,
+                  const std::vector<float>& c, const std::vector<float>& s, const Dims& d, Act act, std::vector<float>& q,
+                  std::vector<float>& k, std::vector<float>& v) {
+  const int64_t qs = d.q_size(), ks = d.kv_size(), hd = d.head_dim, half = hd / 2;
+  std::vector<float> normed(d.rows * d.hidden);
+  rms_norm(x.data(), d.rows, d.hidden, norm_w, eps, act, normed.data());
+  const std::vector<float> y = apply(qkv, normed, d.rows, act);  // (M, q | k | v)
+  q.resize(d.rows * qs);
+  k.resize(d.rows * ks);
+  v.resize(d.rows * ks);
+  for (int64_t r = 0; r < d.rows; ++r) {
+    const float* yr = &y[r * qkv.n];
+    const float* cr = &c[r * hd];
+    const float* sr = &s[r * hd];
+    auto rope = [&](const float* src, float* dst, int64_t nh) {
+      for (int64_t hh = 0; hh < nh; ++hh) {
+        const float* xs = src + hh * hd;
+        float* o = dst + hh * hd;
+        for (int64_t i = 0; i < hd; ++i) {
+          const float rot = i < half ? -xs[i + half] : xs[i - half];
+          o[i] = act(act(xs[i] * cr[i]) + act(rot * sr[i]));
+        }
+      }
+    };
+    rope(yr, &q[r * qs], d.heads);
+    rope(yr + qs, &k[r * ks], d.kv_heads);
+    std::memcpy(&v[r * ks], yr + qs + ks, ks * sizeof(float));
+  }
+}
+
+struct MlpWeights {
+  Linear o, gate_up, down;
+  std::vector<float> post1, norm, post2;  // post norms: empty where the layer has none
+};
+
+// x (M, H), the residual stream, updated in place with attention's output a (M, Hq * D): o,
+// [post norm], [x mult], the residual add, the MLP's norm, gate|up, SiLU(gate) * up, down,
+// [post norm], [x mult], the residual add.
+void attn_out_mlp_core(std::vector<float>& x, const std::vector<float>& a, const MlpWeights& w, double mult, double eps,
+                       const Dims& d, Act act) {
+  const int64_t rows = d.rows, hidden = d.hidden, inter = d.inter;
+  const auto finish = [&](std::vector<float>& t, const std::vector<float>& post) {
+    if (!post.empty()) {
+      std::vector<float> n(t.size());
+      rms_norm(t.data(), rows, hidden, post, eps, act, n.data());
+      t.swap(n);
+    }
+    if (mult != 1.0)
+      for (auto& e : t) e = act(e * static_cast<float>(mult));
+    for (int64_t i = 0; i < rows * hidden; ++i) x[i] = act(x[i] + t[i]);
+  };
+  std::vector<float> t = apply(w.o, a, rows, act);
+  finish(t, w.post1);
+  std::vector<float> normed(rows * hidden);
+  rms_norm(x.data(), rows, hidden, w.norm, eps, act, normed.data());
+  const std::vector<float> gu = apply(w.gate_up, normed, rows, act);  // (M, gate | up)
+  std::vector<float> m(rows * inter);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t i = 0; i < inter; ++i) {
+      const float g = gu[r * 2 * inter + i], u = gu[r * 2 * inter + inter + i];
+      m[r * inter + i] = act(act(g / (1.0f + std::exp(-g))) * u);
+    }
+  t = apply(w.down, m, rows, act);
+  finish(t, w.post2);
+}
+
+std::vector<float> opt_rows(const std::optional<at::Tensor>& t) { return t ? rows_float(*t) : std::vector<float>{}; }
+
 // h (M, H) -> q (M, Hq, D), k, v (M, Hkv, D): the input norm, q|k|v and RoPE (halves rotated).
 std::tuple<at::Tensor, at::Tensor, at::Tensor> attn_in(
     const at::Tensor& h, const at::Tensor& norm_w, double eps, const at::Tensor& qkv, const std::optional<at::Tensor>& qkv_scale,
@@ -502,41 +578,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attn_in(
   TORCH_CHECK(h.dim() == 2 && cos.dim() == 2 && cos.sizes() == sin.sizes() && cos.size(0) == h.size(0) &&
               cos.size(1) == head_dim, "attn_in: h (M, H), cos and sin (M, D)");
   const Act act{h.scalar_type() == at::kBFloat16};
-  const int64_t rows = h.size(0), hidden = h.size(1);
-  const int64_t qs = heads * head_dim, ks = kv_heads * head_dim;
-  const Linear l = as_linear(qkv, qs + 2 * ks, qkv_scale, qkv_bias);
-  const std::vector<float> x = rows_float(h), w = rows_float(norm_w), c = rows_float(cos), s = rows_float(sin);
-  std::vector<float> normed(rows * hidden);
-  rms_norm(x.data(), rows, hidden, w, eps, act, normed.data());
-  std::vector<float> y = apply(l, normed, rows, act);  // (M, q | k | v)
-  std::vector<float> q(rows * qs), k(rows * ks), v(rows * ks);
-  const int64_t half = head_dim / 2;
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* yr = &y[r * l.n];
-    const float* cr = &c[r * head_dim];
-    const float* sr = &s[r * head_dim];
-    auto rope = [&](const float* src, float* dst, int64_t nh) {
-      for (int64_t hh = 0; hh < nh; ++hh) {
-        const float* xs = src + hh * head_dim;
-        float* d = dst + hh * head_dim;
-        for (int64_t i = 0; i < head_dim; ++i) {
-          const float rot = i < half ? -xs[i + half] : xs[i - half];
-          d[i] = act(act(xs[i] * cr[i]) + act(rot * sr[i]));
-        }
-      }
-    };
-    rope(yr, &q[r * qs], heads);
-    rope(yr + qs, &k[r * ks], kv_heads);
-    std::memcpy(&v[r * ks], yr + qs + ks, ks * sizeof(float));
-  }
+  const Dims d{h.size(0), h.size(1), heads, kv_heads, head_dim, 0};
+  std::vector<float> q, k, v;
+  attn_in_core(rows_float(h), rows_float(norm_w), eps, as_linear(qkv, d.q_size() + 2 * d.kv_size(), qkv_scale, qkv_bias),
+               rows_float(cos), rows_float(sin), d, act, q, k, v);
   const auto opts = h.options();
-  return {to_tensor(q, {rows, heads, head_dim}, opts), to_tensor(k, {rows, kv_heads, head_dim}, opts),
-          to_tensor(v, {rows, kv_heads, head_dim}, opts)};
+  return {to_tensor(q, {d.rows, heads, head_dim}, opts), to_tensor(k, {d.rows, kv_heads, head_dim}, opts),
+          to_tensor(v, {d.rows, kv_heads, head_dim}, opts)};
 }
 
-// h (M, H), attention's output a (M, Hq * D) -> the layer's output (M, H): o, [post norm],
-// [x residual multiplier], the residual add, the MLP's norm, gate|up, SiLU(gate) * up, down,
-// [post norm], [x multiplier], the residual add.
+// h (M, H), attention's output a (M, Hq * D) -> the layer's output (M, H) (attn_out_mlp_core).
 at::Tensor attn_out_mlp(const at::Tensor& h, const at::Tensor& a, const at::Tensor& o, const std::optional<at::Tensor>& o_scale,
                         const std::optional<at::Tensor>& o_bias, const std::optional<at::Tensor>& post1_w, double mult,
                         const at::Tensor& norm_w, double eps, const at::Tensor& gate_up, int64_t inter,
@@ -545,41 +596,99 @@ at::Tensor attn_out_mlp(const at::Tensor& h, const at::Tensor& a, const at::Tens
                         const std::optional<at::Tensor>& down_bias, const std::optional<at::Tensor>& post2_w) {
   TORCH_CHECK(h.dim() == 2 && a.dim() == 2 && a.size(0) == h.size(0), "attn_out_mlp: h (M, H), a (M, Hq * D)");
   const Act act{h.scalar_type() == at::kBFloat16};
-  const int64_t rows = h.size(0), hidden = h.size(1);
-  const Linear lo = as_linear(o, hidden, o_scale, o_bias);
-  const Linear lgu = as_linear(gate_up, 2 * inter, gate_up_scale, gate_up_bias);
-  const Linear ld = as_linear(down, hidden, down_scale, down_bias);
-  const auto multiply = [&](std::vector<float>& t) {
-    if (mult != 1.0)
-      for (auto& x : t) x = act(x * static_cast<float>(mult));
-  };
+  const Dims d{h.size(0), h.size(1), 0, 0, 0, inter};
+  const MlpWeights w{as_linear(o, d.hidden, o_scale, o_bias), as_linear(gate_up, 2 * inter, gate_up_scale, gate_up_bias),
+                     as_linear(down, d.hidden, down_scale, down_bias), opt_rows(post1_w), rows_float(norm_w),
+                     opt_rows(post2_w)};
   std::vector<float> x = rows_float(h);
-  std::vector<float> t = apply(lo, rows_float(a), rows, act);
-  if (post1_w) {
-    std::vector<float> n(t.size());
-    rms_norm(t.data(), rows, hidden, rows_float(*post1_w), eps, act, n.data());
-    t.swap(n);
-  }
-  multiply(t);
-  for (int64_t i = 0; i < rows * hidden; ++i) x[i] = act(x[i] + t[i]);
-  std::vector<float> normed(rows * hidden);
-  rms_norm(x.data(), rows, hidden, rows_float(norm_w), eps, act, normed.data());
-  const std::vector<float> gu = apply(lgu, normed, rows, act);  // (M, gate | up)
-  std::vector<float> m(rows * inter);
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t i = 0; i < inter; ++i) {
-      const float g = gu[r * 2 * inter + i], u = gu[r * 2 * inter + inter + i];
-      m[r * inter + i] = act(act(g / (1.0f + std::exp(-g))) * u);
+  attn_out_mlp_core(x, rows_float(a), w, mult, eps, d, act);
+  return to_tensor(x, {d.rows, d.hidden}, h.options());
+}
+
+// ---- every decoder layer of a decode step in one call -----------------------------------------
+//
+// attention/cpu_paged.c's paged_decode, called through its address (the caller's ctypes handle
+// of that library): it writes each row's K/V into the paged cache at its slot, then attends over
+// the row's context through its block table, in place.
+using PagedDecode = void (*)(const float* q, const uint16_t* q_bf16, void* k_cache, void* v_cache, int bf16,
+                             const int64_t* table, int64_t width, const int64_t* num_cached, const float* k_new,
+                             const float* v_new, void* out, int64_t b_count, int64_t h_count, int64_t g_count, int64_t d,
+                             int64_t bs, float scale, int threads, const char* k_rows, const char* v_rows,
+                             int64_t k_stride, int64_t v_stride, const int64_t* slots, int out_bf16);
+
+constexpr int64_t kPerLayer = 16;  // weights a layer: see decode_layers
+
+// h (M, H) -> the last layer's output (M, H), every layer as attn_in, paged_decode and
+// attn_out_mlp. weights: kPerLayer a layer, in order: input norm; q|k|v packed, scale, bias;
+// o packed, scale, bias; post norm 1; MLP norm; gate|up packed, scale, bias; down packed,
+// scale, bias; post norm 2 (absent ones None). k_caches, v_caches: a layer's each, (blocks,
+// block size, Hkv, D) in h's dtype. block_table (M, W), context_lens (M,), slots (M,): int64.
+at::Tensor decode_layers(const at::Tensor& h, const at::Tensor& cos, const at::Tensor& sin,
+                         const c10::List<std::optional<at::Tensor>>& weights, at::TensorList k_caches,
+                         at::TensorList v_caches, const at::Tensor& block_table, const at::Tensor& context_lens,
+                         const at::Tensor& slots, int64_t attend, double scale, double eps, double mult, int64_t heads,
+                         int64_t kv_heads, int64_t head_dim, int64_t inter) {
+  const int64_t layers = static_cast<int64_t>(k_caches.size());
+  TORCH_CHECK(h.dim() == 2 && cos.dim() == 2 && cos.sizes() == sin.sizes() && cos.size(0) == h.size(0) &&
+              cos.size(1) == head_dim, "decode_layers: h (M, H), cos and sin (M, D)");
+  TORCH_CHECK(static_cast<int64_t>(weights.size()) == layers * kPerLayer && v_caches.size() == k_caches.size(),
+              "decode_layers: ", kPerLayer, " weights and a K and V cache a layer");
+  const int64_t rows = h.size(0);
+  TORCH_CHECK(block_table.scalar_type() == at::kLong && block_table.dim() == 2 && block_table.size(0) == rows &&
+              block_table.is_contiguous() && context_lens.scalar_type() == at::kLong && context_lens.numel() == rows &&
+              context_lens.is_contiguous() && slots.scalar_type() == at::kLong && slots.numel() == rows &&
+              slots.is_contiguous(), "decode_layers: block_table (M, W), context_lens, slots (M,): contiguous int64");
+  TORCH_CHECK(attend != 0 && heads % kv_heads == 0, "decode_layers: the attention entry point, and GQA heads");
+  const Act act{h.scalar_type() == at::kBFloat16};
+  const Dims d{rows, h.size(1), heads, kv_heads, head_dim, inter};
+  const auto fn = reinterpret_cast<PagedDecode>(attend);
+  const std::vector<float> c = rows_float(cos), s = rows_float(sin);
+  const int64_t qs = d.q_size(), ks = d.kv_size();
+  const int threads = at::get_num_threads();
+  auto w = [&](int64_t layer, int64_t i) { return weights.get(layer * kPerLayer + i); };
+  auto req = [&](int64_t layer, int64_t i) {
+    const std::optional<at::Tensor> t = w(layer, i);
+    TORCH_CHECK(t.has_value(), "decode_layers: layer ", layer, " lacks weight ", i);
+    return *t;
+  };
+
+  std::vector<float> x = rows_float(h), q, k, v, a(rows * qs);
+  std::vector<uint16_t> q_bf16(act.bf16 ? rows * qs : 0), kv_bf16;
+  for (int64_t layer = 0; layer < layers; ++layer) {
+    const at::Tensor& kc = k_caches[layer];
+    const at::Tensor& vc = v_caches[layer];
+    TORCH_CHECK(kc.scalar_type() == h.scalar_type() && vc.scalar_type() == h.scalar_type() && kc.is_contiguous() &&
+                vc.is_contiguous() && kc.dim() == 4 && kc.size(2) == kv_heads && kc.size(3) == head_dim &&
+                kc.sizes() == vc.sizes(), "decode_layers: K/V caches (blocks, block size, Hkv, D) in h's dtype");
+    attn_in_core(x, rows_float(req(layer, 0)), eps, as_linear(req(layer, 1), qs + 2 * ks, w(layer, 2), w(layer, 3)), c, s,
+                 d, act, q, k, v);
+    const char* k_rows = reinterpret_cast<const char*>(k.data());
+    const char* v_rows = reinterpret_cast<const char*>(v.data());
+    int64_t row_bytes = ks * static_cast<int64_t>(sizeof(float));
+    if (act.bf16) {  // the cache's dtype: bf16 rows, and q as stored for the kernel's bf16 dot
+      for (int64_t i = 0; i < rows * qs; ++i) q_bf16[i] = to_bf16(q[i]);
+      kv_bf16.resize(2 * rows * ks);
+      for (int64_t i = 0; i < rows * ks; ++i) {
+        kv_bf16[i] = to_bf16(k[i]);
+        kv_bf16[rows * ks + i] = to_bf16(v[i]);
+      }
+      k_rows = reinterpret_cast<const char*>(kv_bf16.data());
+      v_rows = reinterpret_cast<const char*>(kv_bf16.data() + rows * ks);
+      row_bytes = ks * 2;
     }
-  t = apply(ld, m, rows, act);
-  if (post2_w) {
-    std::vector<float> n(t.size());
-    rms_norm(t.data(), rows, hidden, rows_float(*post2_w), eps, act, n.data());
-    t.swap(n);
+    fn(q.data(), act.bf16 ? q_bf16.data() : nullptr, kc.data_ptr(), vc.data_ptr(), act.bf16 ? 1 : 0,
+       block_table.data_ptr<int64_t>(), block_table.size(1), context_lens.data_ptr<int64_t>(), nullptr, nullptr, a.data(),
+       rows, kv_heads, heads / kv_heads, head_dim, kc.size(1), static_cast<float>(scale), threads, k_rows, v_rows,
+       row_bytes, row_bytes, slots.data_ptr<int64_t>(), 0);
+    if (act.bf16)
+      for (auto& e : a) e = act(e);
+    const MlpWeights mw{as_linear(req(layer, 4), d.hidden, w(layer, 5), w(layer, 6)),
+                        as_linear(req(layer, 9), 2 * inter, w(layer, 10), w(layer, 11)),
+                        as_linear(req(layer, 12), d.hidden, w(layer, 13), w(layer, 14)), opt_rows(w(layer, 7)),
+                        rows_float(req(layer, 8)), opt_rows(w(layer, 15))};
+    attn_out_mlp_core(x, a, mw, mult, eps, d, act);
   }
-  multiply(t);
-  for (int64_t i = 0; i < rows * hidden; ++i) x[i] = act(x[i] + t[i]);
-  return to_tensor(x, {rows, hidden}, h.options());
+  return to_tensor(x, {rows, d.hidden}, h.options());
 }
 
 }  // namespace
@@ -594,4 +703,7 @@ TORCH_LIBRARY(omni_small_m, m) {
   m.def("attn_out_mlp(Tensor h, Tensor a, Tensor o, Tensor? o_scale, Tensor? o_bias, Tensor? post1_w, float mult, "
         "Tensor norm_w, float eps, Tensor gate_up, int inter, Tensor? gate_up_scale, Tensor? gate_up_bias, "
         "Tensor down, Tensor? down_scale, Tensor? down_bias, Tensor? post2_w) -> Tensor", &attn_out_mlp);
+  m.def("decode_layers(Tensor h, Tensor cos, Tensor sin, Tensor?[] weights, Tensor[] k_caches, Tensor[] v_caches, "
+        "Tensor block_table, Tensor context_lens, Tensor slots, int attend, float scale, float eps, float mult, "
+        "int heads, int kv_heads, int head_dim, int inter) -> Tensor", &decode_layers);
 }

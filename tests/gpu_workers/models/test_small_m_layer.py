@@ -120,3 +120,67 @@ def test_int8_linears_under_float32_activations_keep_the_eager_layer() -> None:
     layer, _ = make_layer("llama", torch.float32, True)
     assert layer.mlp.gate_up_proj.small_m_form() is not None  # an int8 form it has, for bf16 rows
     assert layer.small_m_forms(torch.float32) is None
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("model_type", list(VARIANTS))
+def test_a_decode_step_in_one_native_call_matches_layer_by_layer(
+    hf_checkpoint: Any, model_type: str, dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The runner's decode steps through decode_layers (every layer in one call, the paged kernel
+    writing and reading the cache) sample what the layer-by-layer eager steps sample, with the
+    same logprobs and the same cache, for one sequence and for a batch of three; a prefill step
+    never takes it."""
+    from gpu_workers.attention import cpu_paged
+    from gpu_workers.llm.runner import LLMRunner
+    from gpu_workers.models.llama import LlamaForCausalLM
+    from omni.shared import protocol
+
+    if not cpu_paged.available():
+        pytest.skip("the paged CPU attention kernel is not built here")
+    model_dir = hf_checkpoint(model_type)[0]
+    greedy = protocol.SamplingOptions(temperature=0.0, logprobs=2)
+    native_rows: list[int] = []
+    real = LlamaForCausalLM.native_layers
+
+    def counted(self: LlamaForCausalLM, h: torch.Tensor, *args: Any) -> torch.Tensor | None:
+        out = real(self, h, *args)
+        if out is not None:
+            native_rows.append(h.shape[0])
+        return out
+
+    monkeypatch.setattr(LlamaForCausalLM, "native_layers", counted)
+
+    def run() -> tuple[list[tuple[int, float]], torch.Tensor]:
+        runner = LLMRunner(model_dir, dtype=dtype, block_size=4, num_kv_blocks=32)
+        prompts = {"a": [3, 1, 4, 1, 5, 9, 2], "b": [2, 7, 1, 8], "c": [1, 6, 1, 8, 0, 3]}
+        new = [protocol.NewRequest(r, p, greedy, [4 * i + j for j in range(4)], 0, len(p)) for i, (r, p) in enumerate(prompts.items())]
+        out = runner.execute(protocol.Step(0, new[:1], [], []))
+        sampled = [(s.token_id, s.logprob) for s in out.sampled]
+        computed = {"a": 7}
+        for step in range(1, 4):  # a alone: one row
+            out = runner.execute(protocol.Step(step, [], [protocol.CachedRequest("a", [], computed["a"], 1)], []))
+            computed["a"] += 1
+            sampled += [(s.token_id, s.logprob) for s in out.sampled]
+        runner.execute(protocol.Step(4, new[1:], [], []))  # b and c's prompts
+        computed.update(b=4, c=6)
+        for step in range(5, 9):  # a, b and c: three rows
+            cached = [protocol.CachedRequest(r, [], computed[r], 1) for r in ("a", "b", "c")]
+            out = runner.execute(protocol.Step(step, [], cached, []))
+            for r in computed:
+                computed[r] += 1
+            sampled += [(s.token_id, s.logprob) for s in out.sampled]
+        return sampled, runner.kv_cache.clone()
+
+    native = run()
+    assert native_rows == [1, 1, 1, 3, 3, 3, 3]  # the decode steps; prefills went layer by layer
+    monkeypatch.setattr(small_m_linear, "MAX_ROWS_LAYER", 0)
+    native_rows.clear()
+    eager = run()
+    assert native_rows == []
+    assert [t for t, _ in native[0]] == [t for t, _ in eager[0]]
+    # float32: summation order; bf16: where a rounding tips (oneDNN's GEMM sums M > 1 rows in
+    # another order than the small-M kernel): a bf16 step in the cache, 1e-3 in a logprob
+    logprobs = [torch.tensor([p for _, p in run[0]]) for run in (native, eager)]
+    torch.testing.assert_close(*logprobs, rtol=1e-3, atol=1e-5 if dtype == torch.float32 else 1e-3)
+    torch.testing.assert_close(native[1], eager[1], rtol=1e-5 if dtype == torch.float32 else 2**-7, atol=1e-5 if dtype == torch.float32 else 2e-3)
