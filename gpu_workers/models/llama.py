@@ -460,6 +460,11 @@ class LlamaForCausalLM(CausalLM):
             c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size,
         )  # fmt: skip
 
+    def native_rows(self, dtype: torch.dtype) -> int:
+        if next(self.parameters()).device.type != "cpu" or self._native_weights(dtype) is None:
+            return 0
+        return small_m_linear.MAX_ROWS_LAYER
+
     def _native_weights(self, dtype: torch.dtype) -> list[torch.Tensor | None] | None:
         # decode_layers' flat list, 16 a layer (small_m_linear.cpp says the order); None where a
         # layer has no small-M forms. Built once per dtype: the linears are swapped at load.

@@ -119,6 +119,11 @@ class CausalLM(nn.Module):
             h = layer(h, *shared, None if kv_caches is None else kv_caches[i], attn_metadata)
         return self.finish(h)
 
+    def native_rows(self, dtype: torch.dtype) -> int:
+        """The most rows a step of activations in `dtype` may have for native_layers to take it
+        (0: it takes none); the runner's compiled decode step leaves such steps to it."""
+        return 0
+
     def native_layers(
         self, h: torch.Tensor, shared: tuple[torch.Tensor, ...], kv_caches: list[KVCache], attn_metadata: Any
     ) -> torch.Tensor | None:
