@@ -348,7 +348,8 @@ class DecoderLayer(nn.Module):
         if dtype not in self._small_m:
             mods = (self.self_attn.qkv_proj, self.self_attn.o_proj, self.mlp.gate_up_proj, self.mlp.down_proj)
             forms = [getattr(m, "small_m_form", lambda: None)() for m in mods]
-            ok = all(f is not None and (f[0].dtype == dtype or (f[0].dtype == torch.int8 and dtype == torch.bfloat16))
+            # a form's weight: in the activations' dtype, int8 (bf16 activations) or GGUF blocks (any)
+            ok = all(f is not None and (f[0].dtype in (dtype, torch.uint8) or (f[0].dtype == torch.int8 and dtype == torch.bfloat16))
                      for f in forms)  # fmt: skip
             self._small_m[dtype] = tuple(forms) if ok else None  # type: ignore[arg-type]
         return self._small_m[dtype]
@@ -449,7 +450,8 @@ class LlamaForCausalLM(CausalLM):
         weights = self._native_weights(h.dtype)
         if weights is None:
             return None
-        plan = self.layers[0].self_attn.backend.paged_decode_plan(attn_metadata, kv_caches[0])
+        first: DecoderLayer = self.layers[0]  # type: ignore[assignment]
+        plan = first.self_attn.backend.paged_decode_plan(attn_metadata, kv_caches[0])
         if plan is None:
             return None
         c = self.config
@@ -472,6 +474,7 @@ class LlamaForCausalLM(CausalLM):
         if dtype not in cache:
             flat: list[torch.Tensor | None] | None = []
             for layer in self.layers:
+                assert isinstance(layer, DecoderLayer)
                 forms = layer.small_m_forms(dtype)
                 if forms is None or flat is None:
                     flat = None

@@ -27,6 +27,7 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include <c10/util/Half.h>
 #include <immintrin.h>
 
 #include <algorithm>
@@ -259,6 +260,237 @@ AVX2 void tile_fp32_avx2(const Job& j, int64_t b0) {
     for (int h = 0; h < 2; ++h) store8(j, m, b0 * kLanes + 8 * h, acc[m][h]);
 }
 
+// ---- GGUF blocks: Q8_0, Q4_0, Q4_1 kept as they are ---------------------------------------------
+//
+// A GGUF file's block-quantized weights, laid out once for streaming: per tile of 64 output
+// channels and per group of 32 inputs (one GGUF block a channel), the channels' fp16 scales
+// (and Q4_1's fp16 minimums), then their values in VNNI order: a 64-byte line holds 16 channels
+// x 4 consecutive inputs, one 32-bit lane a channel.
+//
+//   q8 group (2176 B): d[64] fp16, then lines (k4 0..7, block 0..3): int8 + 128 as uint8
+//   q4 group (1280 B): d[64], m[64] fp16, then lines (k8 0..3, block 0..3): the low nibbles
+//                      inputs 8 k8 + 0..3, the high nibbles 8 k8 + 4..7
+//
+// Q4_0 (d (q - 8)) is served as Q4_1 with m = -8 d (exact in fp16). As llama.cpp does, the rows
+// of x are quantized per group of 32 to int8 (a scale dx = max|x| / 127, rounded to nearest)
+// and dotted with the weights' integers by AVX512-VNNI (vpdpbusd: uint8 x int8, 4 a lane):
+//   q8: sum_k d w_k x_k = d dx (sum_k (w_k + 128) q_k - 128 sum_k q_k)
+//   q4: sum_k (d w_k + m) x_k = d dx sum_k w_k q_k + m sum_k x_k   (x's own float sum)
+// The float accumulators take one group at a time; threads split the tiles.
+
+constexpr int64_t kGroup = 32;
+constexpr int64_t kTileLanes = kLanes * kTileBlocks;                       // 64 channels
+constexpr int64_t kQ8GroupBytes = kTileLanes * 2 + kTileLanes * kGroup;      // 2176
+constexpr int64_t kQ4GroupBytes = kTileLanes * 4 + kTileLanes * kGroup / 2;  // 1280
+
+enum class Quant { kQ8, kQ4 };
+
+bool g_vnni = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+              __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni") &&
+              __builtin_cpu_supports("f16c");
+
+Quant quant_of(const at::Tensor& packed) {
+  TORCH_CHECK(packed.dim() == 3 && (packed.size(2) == kQ8GroupBytes || packed.size(2) == kQ4GroupBytes),
+              "a GGUF-packed weight is (tiles, groups, ", kQ8GroupBytes, " or ", kQ4GroupBytes, ") uint8");
+  return packed.size(2) == kQ8GroupBytes ? Quant::kQ8 : Quant::kQ4;
+}
+
+struct QJob {
+  const uint8_t* w;
+  int64_t groups;
+  int64_t group_bytes;
+  const int32_t* xq;   // (rows, K / 4): x's int8 values, 4 a lane
+  const float* dx;     // (rows, groups)
+  const int32_t* xsum; // (rows, groups): sum of x's int8 values (q8)
+  const float* xsumf;  // (rows, groups): sum of x (q4)
+  int64_t rows;
+  int64_t n;
+  const float* bias;
+  float* out;          // (rows, n)
+};
+
+#define VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,f16c")))
+
+VNNI inline void qstore16(const QJob& j, int64_t row, int64_t n0, __m512 v) {
+  const int64_t count = std::min<int64_t>(kLanes, j.n - n0);
+  if (count <= 0) return;
+  const __mmask16 mask = static_cast<__mmask16>((1u << count) - 1);
+  if (j.bias) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask, j.bias + n0));
+  _mm512_mask_storeu_ps(j.out + row * j.n + n0, mask, v);
+}
+
+// One tile's blocks [b0, b0 + NB) (NB 4: the whole tile, or 2: a half) for M rows.
+template <int M, int NB, Quant Q>
+VNNI void tile_quant(const QJob& j, int64_t tile, int64_t b0) {
+  __m512 acc[M][NB];
+  for (int m = 0; m < M; ++m)
+    for (int b = 0; b < NB; ++b) acc[m][b] = _mm512_setzero_ps();
+  const __m512i low4 = _mm512_set1_epi8(0x0F);
+  const uint8_t* base = j.w + tile * j.groups * j.group_bytes;
+  const int64_t lanes4 = j.groups * kGroup / 4;  // x's int32 lanes a row
+  for (int64_t g = 0; g < j.groups; ++g) {
+    const uint8_t* gp = base + g * j.group_bytes;
+    const uint8_t* values = gp + (Q == Quant::kQ8 ? 2 : 4) * kTileLanes;
+    __m512i iacc[M][NB];
+    for (int m = 0; m < M; ++m)
+      for (int b = 0; b < NB; ++b) iacc[m][b] = _mm512_setzero_si512();
+    constexpr int kLines = Q == Quant::kQ8 ? 8 : 4;  // lines a block in a group
+    for (int c = 0; c < kLines; ++c) {
+      const uint8_t* line = values + (c * kTileBlocks + b0) * 64;
+      for (int b = 0; b < NB; ++b) _mm_prefetch(reinterpret_cast<const char*>(line + b * 64 + kPrefetchBytes), _MM_HINT_T0);
+      if constexpr (Q == Quant::kQ8) {
+        __m512i w[NB];
+        for (int b = 0; b < NB; ++b) w[b] = _mm512_loadu_si512(line + b * 64);
+        for (int m = 0; m < M; ++m) {
+          const __m512i xb = _mm512_set1_epi32(j.xq[m * lanes4 + g * 8 + c]);
+          for (int b = 0; b < NB; ++b) iacc[m][b] = _mm512_dpbusd_epi32(iacc[m][b], w[b], xb);
+        }
+      } else {
+        __m512i lo[NB], hi[NB];
+        for (int b = 0; b < NB; ++b) {
+          const __m512i w = _mm512_loadu_si512(line + b * 64);
+          lo[b] = _mm512_and_si512(w, low4);
+          hi[b] = _mm512_and_si512(_mm512_srli_epi16(w, 4), low4);
+        }
+        for (int m = 0; m < M; ++m) {
+          const __m512i xl = _mm512_set1_epi32(j.xq[m * lanes4 + g * 8 + 2 * c]);
+          const __m512i xh = _mm512_set1_epi32(j.xq[m * lanes4 + g * 8 + 2 * c + 1]);
+          for (int b = 0; b < NB; ++b) iacc[m][b] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(iacc[m][b], lo[b], xl), hi[b], xh);
+        }
+      }
+    }
+    for (int b = 0; b < NB; ++b) {
+      const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(gp + 2 * kLanes * (b0 + b))));
+      __m512 mn = _mm512_setzero_ps();
+      if constexpr (Q == Quant::kQ4)
+        mn = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(gp + 2 * kTileLanes + 2 * kLanes * (b0 + b))));
+      for (int m = 0; m < M; ++m) {
+        const int64_t rg = m * j.groups + g;
+        __m512i dot = iacc[m][b];
+        if constexpr (Q == Quant::kQ8) dot = _mm512_sub_epi32(dot, _mm512_set1_epi32(128 * j.xsum[rg]));
+        acc[m][b] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(d, _mm512_set1_ps(j.dx[rg])), acc[m][b]);
+        if constexpr (Q == Quant::kQ4) acc[m][b] = _mm512_fmadd_ps(mn, _mm512_set1_ps(j.xsumf[rg]), acc[m][b]);
+      }
+    }
+  }
+  for (int m = 0; m < M; ++m)
+    for (int b = 0; b < NB; ++b) qstore16(j, m, tile * kTileLanes + (b0 + b) * kLanes, acc[m][b]);
+}
+
+using QTileFn = void (*)(const QJob&, int64_t, int64_t);
+
+template <Quant Q>
+QTileFn pick_quant(int64_t rows, int64_t* nb) {
+  *nb = rows <= 2 ? 4 : 2;  // M x NB int32 and float accumulators in 32 registers
+  switch (rows) {
+    case 1: return tile_quant<1, 4, Q>;
+    case 2: return tile_quant<2, 4, Q>;
+    case 3: return tile_quant<3, 2, Q>;
+    default: return tile_quant<4, 2, Q>;
+  }
+}
+
+constexpr int64_t kQuantRows = 4;  // rows a pass
+
+// rows of float x (row stride k) -> out (rows, n) = x @ W.T + bias through a GGUF-packed W
+void matvec_quant(const float* x, int64_t rows, int64_t k, const at::Tensor& packed, int64_t n, const float* bias,
+                  float* out) {
+  TORCH_CHECK(g_vnni, "GGUF blocks need AVX512-VNNI and F16C (this CPU has not both)");
+  const Quant q = quant_of(packed);
+  const int64_t groups = packed.size(1);
+  TORCH_CHECK(k == groups * kGroup, "linear: K mismatch (", k, " against ", groups, " groups of 32)");
+  TORCH_CHECK(packed.size(0) * kTileLanes >= n && (packed.size(0) - 1) * kTileLanes < n, "linear: packed for another N");
+  thread_local std::vector<int32_t> xq;
+  thread_local std::vector<float> dx, xsumf;
+  thread_local std::vector<int32_t> xsum;
+  xq.resize(rows * k / 4);
+  dx.resize(rows * groups);
+  xsumf.resize(rows * groups);
+  xsum.resize(rows * groups);
+  int8_t* q8 = reinterpret_cast<int8_t*>(xq.data());
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t g = 0; g < groups; ++g) {
+      const float* xs = x + r * k + g * kGroup;
+      float amax = 0.0f, sum = 0.0f;
+      for (int64_t i = 0; i < kGroup; ++i) {
+        amax = std::max(amax, std::fabs(xs[i]));
+        sum += xs[i];
+      }
+      const float d = amax / 127.0f, inv = d > 0.0f ? 1.0f / d : 0.0f;
+      int32_t isum = 0;
+      for (int64_t i = 0; i < kGroup; ++i) {
+        const int32_t v = static_cast<int32_t>(std::nearbyint(xs[i] * inv));
+        q8[r * k + g * kGroup + i] = static_cast<int8_t>(v);
+        isum += v;
+      }
+      dx[r * groups + g] = d;
+      xsum[r * groups + g] = isum;
+      xsumf[r * groups + g] = sum;
+    }
+  const int64_t tiles = packed.size(0);
+  for (int64_t r0 = 0; r0 < rows; r0 += kQuantRows) {
+    QJob j{packed.data_ptr<uint8_t>(), groups, packed.size(2), xq.data() + r0 * k / 4, dx.data() + r0 * groups,
+           xsum.data() + r0 * groups, xsumf.data() + r0 * groups, std::min(kQuantRows, rows - r0), n, bias,
+           out + r0 * n};
+    int64_t nb = 4;
+    const QTileFn fn = q == Quant::kQ8 ? pick_quant<Quant::kQ8>(j.rows, &nb) : pick_quant<Quant::kQ4>(j.rows, &nb);
+    const int64_t parts = kTileBlocks / nb;  // a tile in 1 or 2 parts
+    at::parallel_for(0, tiles * parts, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t t = begin; t < end; ++t) fn(j, t / parts, (t % parts) * nb);
+    });
+  }
+}
+
+// raw (N, K / 32 * block bytes) uint8: a GGUF tensor's rows of blocks ("q8_0": fp16 d, 32 int8;
+// "q4_0": fp16 d, 16 bytes of nibbles; "q4_1": fp16 d, fp16 m, 16 bytes; a block's value i < 16
+// in byte i's low nibble, 16 + i in its high one) -> the packed layout above. Rows past N are zeros.
+at::Tensor pack_gguf(const at::Tensor& raw, const std::string& kind) {
+  TORCH_CHECK(raw.dim() == 2 && raw.scalar_type() == at::kByte && raw.is_contiguous(), "pack_gguf: raw (N, bytes) uint8");
+  const bool is_q8 = kind == "q8_0", is_q4_0 = kind == "q4_0", is_q4_1 = kind == "q4_1";
+  TORCH_CHECK(is_q8 || is_q4_0 || is_q4_1, "pack_gguf: q8_0, q4_0 or q4_1, not ", kind);
+  const int64_t block_bytes = is_q8 ? 34 : (is_q4_0 ? 18 : 20);
+  const int64_t n = raw.size(0);
+  TORCH_CHECK(raw.size(1) % block_bytes == 0, "pack_gguf: rows of whole ", kind, " blocks");
+  const int64_t groups = raw.size(1) / block_bytes;
+  const int64_t tiles = ceil_div(n, kTileLanes);
+  const int64_t gbytes = is_q8 ? kQ8GroupBytes : kQ4GroupBytes;
+  at::Tensor out = at::zeros({tiles, groups, gbytes}, raw.options());
+  const uint8_t* src = raw.data_ptr<uint8_t>();
+  uint8_t* dst = out.data_ptr<uint8_t>();
+  for (int64_t r = 0; r < n; ++r) {
+    const int64_t t = r / kTileLanes, c = r % kTileLanes, b = c / kLanes, lane = c % kLanes;
+    for (int64_t g = 0; g < groups; ++g) {
+      const uint8_t* blk = src + r * raw.size(1) + g * block_bytes;
+      uint8_t* gp = dst + (t * groups + g) * gbytes;
+      std::memcpy(gp + 2 * c, blk, 2);  // d
+      if (is_q8) {
+        const int8_t* qs = reinterpret_cast<const int8_t*>(blk + 2);
+        for (int64_t i = 0; i < kGroup; ++i)
+          gp[2 * kTileLanes + ((i / 4) * kTileBlocks + b) * 64 + lane * 4 + i % 4] = static_cast<uint8_t>(qs[i] + 128);
+        continue;
+      }
+      uint16_t d_bits, m_bits;
+      std::memcpy(&d_bits, blk, 2);
+      if (is_q4_1) {
+        std::memcpy(&m_bits, blk + 2, 2);
+      } else {  // q4_0: d (q - 8) = d q + (-8 d)
+        const float m = -8.0f * static_cast<float>(c10::Half(d_bits, c10::Half::from_bits()));
+        m_bits = c10::Half(m).x;
+      }
+      std::memcpy(gp + 2 * kTileLanes + 2 * c, &m_bits, 2);
+      const uint8_t* qs = blk + (is_q4_1 ? 4 : 2);
+      for (int64_t i = 0; i < kGroup; ++i) {
+        const uint8_t v = i < 16 ? (qs[i] & 0x0F) : (qs[i - 16] >> 4);
+        const int64_t k8 = i / 8, within = i % 8;
+        gp[4 * kTileLanes + (k8 * kTileBlocks + b) * 64 + lane * 4 + within % 4] |= static_cast<uint8_t>(v << (4 * (within / 4)));
+      }
+    }
+  }
+  return out;
+}
+
+bool gguf_kernels() { return g_vnni; }
+
 // ---- dispatch --------------------------------------------------------------------------------
 
 enum class Layout { kBf16, kInt8, kFp32 };
@@ -346,6 +578,11 @@ at::Tensor pack(const at::Tensor& weight) {
 // bf16 values already); fp32 weights read it as it is.
 void matvec(const float* x, int64_t rows, int64_t k, const at::Tensor& packed, int64_t n, const float* scale,
             const float* bias, float* out) {
+  if (packed.scalar_type() == at::kByte) {
+    TORCH_CHECK(scale == nullptr, "linear: GGUF blocks carry their own scales");
+    matvec_quant(x, rows, k, packed, n, bias, out);
+    return;
+  }
   TORCH_CHECK(g_isa != Isa::kNone, "small_m_linear: no kernel for this CPU");
   const auto wdtype = packed.scalar_type();
   const Layout layout = wdtype == at::kFloat ? Layout::kFp32 : (wdtype == at::kChar ? Layout::kInt8 : Layout::kBf16);
@@ -697,6 +934,8 @@ TORCH_LIBRARY(omni_small_m, m) {
   m.def("isa() -> str", &isa);
   m.def("set_isa(str name) -> ()", &set_isa);
   m.def("pack(Tensor weight) -> Tensor", &pack);
+  m.def("pack_gguf(Tensor raw, str kind) -> Tensor", &pack_gguf);
+  m.def("gguf_kernels() -> bool", &gguf_kernels);
   m.def("linear(Tensor x, Tensor packed, int n, Tensor? scale, Tensor? bias, bool out_float) -> Tensor", &linear);
   m.def("attn_in(Tensor h, Tensor norm_w, float eps, Tensor qkv, Tensor? qkv_scale, Tensor? qkv_bias, Tensor cos, "
         "Tensor sin, int heads, int kv_heads, int head_dim) -> (Tensor, Tensor, Tensor)", &attn_in);

@@ -95,6 +95,12 @@ def isa() -> str:
     return str(torch.ops.omni_small_m.isa()) if load() else "none"
 
 
+def pack_gguf(raw: torch.Tensor, kind: str) -> torch.Tensor:
+    """(N, K / 32 * block bytes) uint8 rows of a GGUF tensor's blocks ("q8_0", "q4_0", "q4_1") ->
+    the kernels' GGUF layout (uint8; small_m_linear.cpp says how)."""
+    return torch.ops.omni_small_m.pack_gguf(raw, kind)  # type: ignore[no-any-return]
+
+
 def pack(weight: torch.Tensor) -> torch.Tensor:
     """(N, K) bf16, int8 or fp32 -> the kernels' blocked layout (a new tensor, same dtype)."""
     return torch.ops.omni_small_m.pack(weight.detach().contiguous())  # type: ignore[no-any-return]
@@ -111,9 +117,12 @@ def linear(
     """x (M, K) -> (M, out_features) in out_dtype (default x's): x @ W.T * scale + bias.
 
     bf16 weights take bf16 x, fp32 weights fp32 x; int8 weights take x rounded to bf16 and need
-    their float32 per-channel scales. scale, bias: float32 (N,)."""
+    their float32 per-channel scales; GGUF blocks (uint8) take either, quantized per block of 32.
+    scale, bias: float32 (N,)."""
     out_dtype = out_dtype or x.dtype
-    if packed.dtype == torch.int8 and x.dtype != torch.bfloat16:
+    if packed.dtype == torch.uint8:
+        out_dtype = out_dtype if out_dtype in (torch.float32, torch.bfloat16) else torch.float32
+    elif packed.dtype == torch.int8 and x.dtype != torch.bfloat16:
         x = x.to(torch.bfloat16)
     y = torch.ops.omni_small_m.linear(x, packed, out_features, scale, bias, out_dtype == torch.float32)
     return y if y.dtype == out_dtype else y.to(out_dtype)
@@ -188,14 +197,14 @@ def gather_into_huge_pages(model: torch.nn.Module) -> int:
     if not owners:
         return 0
     page = 4096
-    sizes = [-(-m.small.nbytes // page) * page for m in owners]
+    copies: list[torch.Tensor] = [m.small for m in owners]  # type: ignore[misc]
+    sizes = [-(-c.nbytes // page) * page for c in copies]
     total = sum(sizes)
     buffer = torch.empty(total + HUGE_PAGE, dtype=torch.uint8)
     skip = -buffer.data_ptr() % HUGE_PAGE
     huge = _advise_huge_pages(buffer.data_ptr() + skip, total // HUGE_PAGE * HUGE_PAGE)
     offset = skip
-    for m, size in zip(owners, sizes):
-        old = m.small
+    for m, old, size in zip(owners, copies, sizes):
         view = buffer[offset : offset + old.nbytes].view(old.dtype).view(old.shape)
         view.copy_(old)
         m.small = view
