@@ -328,6 +328,14 @@ class MLP(nn.Module):
         return self.down_proj(F.silu(gate) * up)  # (T, H)
 
 
+def small_m_rows(forms: tuple[small_m_linear.Form, ...]) -> int:
+    """The most rows the small-M paths take over these linears: MAX_ROWS_LAYER, or MAX_ROWS_INT8
+    where one of them is int8 (its kernel was measured against the split GEMM up to there)."""
+    if any(f[0].dtype == torch.int8 for f in forms):
+        return min(small_m_linear.MAX_ROWS_LAYER, small_m_linear.MAX_ROWS_INT8)
+    return small_m_linear.MAX_ROWS_LAYER
+
+
 class DecoderLayer(nn.Module):
     def __init__(self, config: LlamaFamilyConfig, backend: AttentionBackend) -> None:
         super().__init__()
@@ -367,7 +375,7 @@ class DecoderLayer(nn.Module):
         if h.shape[0] > small_m_linear.MAX_ROWS_LAYER or h.device.type != "cpu" or torch.compiler.is_compiling():
             return None
         forms = self.small_m_forms(h.dtype)
-        if forms is None:
+        if forms is None or h.shape[0] > small_m_rows(forms):
             return None
         qkv, o, gate_up, down = forms
         attn = self.self_attn
@@ -443,7 +451,7 @@ class LlamaForCausalLM(CausalLM):
         one call of small_m_linear.cpp's decode_layers (each layer's fused halves around the
         paged attention kernel), where every linear has a small-M form and the attention
         backend gives a PagedDecodePlan for this step; None otherwise."""
-        if h.shape[0] > small_m_linear.MAX_ROWS_LAYER or h.device.type != "cpu" or torch.compiler.is_compiling():
+        if h.shape[0] > self.native_rows(h.dtype) or torch.compiler.is_compiling():
             return None
         if kv_caches[0][0].dtype != h.dtype:
             return None
@@ -463,9 +471,11 @@ class LlamaForCausalLM(CausalLM):
         )  # fmt: skip
 
     def native_rows(self, dtype: torch.dtype) -> int:
-        if next(self.parameters()).device.type != "cpu" or self._native_weights(dtype) is None:
+        if self.embed_tokens.weight.device.type != "cpu" or self._native_weights(dtype) is None:
             return 0
-        return small_m_linear.MAX_ROWS_LAYER
+        first: DecoderLayer = self.layers[0]  # type: ignore[assignment]
+        forms = first.small_m_forms(dtype)
+        return 0 if forms is None else small_m_rows(forms)
 
     def _native_weights(self, dtype: torch.dtype) -> list[torch.Tensor | None] | None:
         # decode_layers' flat list, 16 a layer (small_m_linear.cpp says the order); None where a

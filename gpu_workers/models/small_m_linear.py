@@ -5,14 +5,25 @@ weight bytes over the memory bandwidth. oneDNN's packed GEMM (models/packed_line
 GEMV reach well under that floor at M = 1 on this kind of CPU (docs/BENCHMARKS.md, Session 14);
 the kernels in small_m_linear.cpp stream a weight laid out once in 16-channel blocks and serve
 every row from each load: avx512bf16 dot products for bf16 weights, int8 weights widened to bf16
-(weight-only int8, per-channel scales), fp32 FMAs, and an avx2 path for bf16 and fp32.
+(weight-only int8, per-channel scales), fp32 FMAs, and an avx2 path for bf16 and fp32; and a
+GGUF file's Q8_0/Q4_0/Q4_1 blocks through AVX512-VNNI (models/gguf_linear.py). The copies live
+in one buffer on transparent huge pages (gather_into_huge_pages).
+
+Around the kernels, the same extension runs a llama-family decoder layer at small M without
+torch's per-op costs: attn_in (input norm, q|k|v, RoPE) and attn_out_mlp (o, residual, norm,
+gate|up, SiLU * up, down, residual) as one call each, rounded where the eager ops round; and
+decode_layers, every layer of a decode step in one call, the paged attention kernel called
+through its address between the halves (models/llama.py's native_layers). At M = 1 eager torch
+spent more in its ~40 calls a layer than in the weights' reads (docs/BENCHMARKS.md, session 15).
 
 The extension is built on first use with the C++ compiler torch's cpp_extension finds, into a
 cache directory keyed by the source and torch version (~/.cache/omni-serve/kernels, under
 XDG_CACHE_HOME; $OMNI_KERNEL_CACHE overrides), so later processes load it in about a second;
 bin/setup builds it once. The build takes about 20 s on the shared 2-core machine (torch's
-headers); processes building at once wait on cpp_extension's lock in the build directory. It is never required: without a compiler, on a non-x86 CPU or one without avx2,
-or with OMNI_SMALL_M_LINEAR=0, `load()` returns False and callers keep their other path.
+headers); processes building at once wait on cpp_extension's lock in the build directory. It is
+never required: without a compiler, on a non-x86 CPU or one without avx2, or with
+OMNI_SMALL_M_LINEAR=0, `load()` returns False and callers keep their other path (eager torch,
+oneDNN; --quantization gguf is then refused with the reason).
 """
 
 from __future__ import annotations
@@ -34,9 +45,13 @@ SOURCE = Path(__file__).with_name("small_m_linear.cpp")
 # int8 ahead of the split GEMM at 1 (15.7 against 19.8 ms), 2 and 4.
 MAX_ROWS = 1
 MAX_ROWS_INT8 = 4
-# The most rows a decoder layer runs through its fused halves (attn_in, attn_out_mlp): one call
-# each instead of ~20 torch ops (models/llama.py's DecoderLayer.small_m_forward).
-MAX_ROWS_LAYER = 4
+# The most rows a decoder layer runs through its fused halves (attn_in, attn_out_mlp: one call
+# each instead of ~20 torch ops; models/llama.py's DecoderLayer.small_m_forward) and a decode step
+# through decode_layers (LlamaForCausalLM.native_layers). Measured on SmolLM2 bf16, the forward of
+# a decode step, native against layer by layer (docs/BENCHMARKS.md, session 15): 1 row 10.7 ms
+# against 18.8, 4 rows 15.8 against 26.7, 8 rows 23.9 against 28.7. Layers with int8 linears
+# take MAX_ROWS_INT8 (their kernel's measured reach).
+MAX_ROWS_LAYER = 8
 
 BUILD_FLAGS_VERSION = b"openmp"  # part of the cache key: a change of build flags rebuilds
 _lock = threading.Lock()

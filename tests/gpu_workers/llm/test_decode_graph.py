@@ -133,7 +133,7 @@ def test_decode_steps_the_native_decode_takes_skip_the_compiled_step(hf_checkpoi
     if not small_m_linear.load():
         pytest.skip("small-M kernels not built here")
     r = LLMRunner(hf_checkpoint("qwen2")[0], block_size=4, num_kv_blocks=NUM_BLOCKS, compile_decode=True)
-    r.decode_graph = DecodeGraph(r.model, r.kv_cache, max_num_seqs=8, pad_to_buckets=True)
+    r.decode_graph = DecodeGraph(r.model, r.kv_cache, max_num_seqs=16, pad_to_buckets=True)
     assert r.native_rows == small_m_linear.MAX_ROWS_LAYER > 0
     compiled_rows: list[int] = []
     real = r.decode_graph.forward
