@@ -36,7 +36,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from gpu_workers.attention.backend import AttentionBackend, KVCache
-from gpu_workers.models import small_m_linear
+from gpu_workers.models import llama_small_m
 from gpu_workers.models.registry import CausalLM, MergedLinear, register_architecture
 
 # model_type -> the class name config.json's `architectures` gives it (the registry's keys)
@@ -328,14 +328,6 @@ class MLP(nn.Module):
         return self.down_proj(F.silu(gate) * up)  # (T, H)
 
 
-def small_m_rows(forms: tuple[small_m_linear.Form, ...]) -> int:
-    """The most rows the small-M paths take over these linears: MAX_ROWS_LAYER, or MAX_ROWS_INT8
-    where one of them is int8 (its kernel was measured against the split GEMM up to there)."""
-    if any(f[0].dtype == torch.int8 for f in forms):
-        return min(small_m_linear.MAX_ROWS_LAYER, small_m_linear.MAX_ROWS_INT8)
-    return small_m_linear.MAX_ROWS_LAYER
-
-
 class DecoderLayer(nn.Module):
     def __init__(self, config: LlamaFamilyConfig, backend: AttentionBackend) -> None:
         super().__init__()
@@ -347,50 +339,13 @@ class DecoderLayer(nn.Module):
         # Peri-LN: outputs are normalised before they join the residual stream
         self.post_norm1 = RMSNorm(config.hidden_size, config.rms_norm_eps) if config.use_post_norm else None
         self.post_norm2 = RMSNorm(config.hidden_size, config.rms_norm_eps) if config.use_post_norm else None
-        self._small_m: dict[torch.dtype, tuple[small_m_linear.Form, ...] | None] = {}
-
-    def small_m_forms(self, dtype: torch.dtype) -> tuple[small_m_linear.Form, ...] | None:
-        """The q|k|v, o, gate|up and down linears as small_m_linear's fused halves take them, for
-        activations of `dtype`; None where any of them has no small-M form (an nn.Linear, a GPU,
-        int8 under float32 activations). Read once per dtype: the linears are swapped at load."""
-        if dtype not in self._small_m:
-            mods = (self.self_attn.qkv_proj, self.self_attn.o_proj, self.mlp.gate_up_proj, self.mlp.down_proj)
-            forms = [getattr(m, "small_m_form", lambda: None)() for m in mods]
-            # a form's weight: in the activations' dtype, int8 (bf16 activations) or GGUF blocks (any)
-            ok = all(f is not None and (f[0].dtype in (dtype, torch.uint8) or (f[0].dtype == torch.int8 and dtype == torch.bfloat16))
-                     for f in forms)  # fmt: skip
-            self._small_m[dtype] = tuple(forms) if ok else None  # type: ignore[arg-type]
-        return self._small_m[dtype]
 
     def small_m_forward(
-        self,
-        h: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        kv_cache: KVCache | None,
-        attn_metadata: Any,
+        self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_cache: KVCache | None, attn_metadata: Any
     ) -> torch.Tensor | None:
-        """forward()'s result through small_m_linear's two fused halves, one C++ call each side of
-        the attention, for up to MAX_ROWS_LAYER rows on the CPU; None where they do not serve."""
-        if h.shape[0] > small_m_linear.MAX_ROWS_LAYER or h.device.type != "cpu" or torch.compiler.is_compiling():
-            return None
-        forms = self.small_m_forms(h.dtype)
-        if forms is None or h.shape[0] > small_m_rows(forms):
-            return None
-        qkv, o, gate_up, down = forms
-        attn = self.self_attn
-        c = attn.config
-        eps = self.input_layernorm.eps
-        q, k, v = small_m_linear.attn_in(
-            h, self.input_layernorm.weight, eps, qkv, cos, sin, c.num_heads, c.num_kv_heads, c.head_dim
-        )
-        a = attn.backend.forward(q, k, v, kv_cache, attn_metadata, c.attention_scale)  # (T, Hq, D)
-        post1, post2 = self.post_norm1, self.post_norm2
-        return small_m_linear.attn_out_mlp(
-            h, a.reshape(h.shape[0], c.q_size), o, None if post1 is None else post1.weight, self.residual_multiplier,
-            self.post_attention_layernorm.weight, eps, gate_up, c.intermediate_size, down,
-            None if post2 is None else post2.weight,
-        )  # fmt: skip
+        """forward()'s result as two C++ calls around the attention at small M on the CPU, or None
+        where they do not serve (models/llama_small_m.py)."""
+        return llama_small_m.layer_forward(self, h, cos, sin, kv_cache, attn_metadata)
 
     def forward(
         self,
@@ -447,55 +402,11 @@ class LlamaForCausalLM(CausalLM):
     def native_layers(
         self, h: torch.Tensor, shared: tuple[torch.Tensor, ...], kv_caches: list[KVCache], attn_metadata: Any
     ) -> torch.Tensor | None:
-        """A decode step of up to small_m_linear.MAX_ROWS_LAYER rows on the CPU, every layer in
-        one call of small_m_linear.cpp's decode_layers (each layer's fused halves around the
-        paged attention kernel), where every linear has a small-M form and the attention
-        backend gives a PagedDecodePlan for this step; None otherwise."""
-        if h.shape[0] > self.native_rows(h.dtype) or torch.compiler.is_compiling():
-            return None
-        if kv_caches[0][0].dtype != h.dtype:
-            return None
-        weights = self._native_weights(h.dtype)
-        if weights is None:
-            return None
-        first: DecoderLayer = self.layers[0]  # type: ignore[assignment]
-        plan = first.self_attn.backend.paged_decode_plan(attn_metadata, kv_caches[0])
-        if plan is None:
-            return None
-        c = self.config
-        cos, sin = shared
-        return torch.ops.omni_small_m.decode_layers(  # type: ignore[no-any-return]
-            h, cos, sin, weights, [kv[0] for kv in kv_caches], [kv[1] for kv in kv_caches], plan.block_table,
-            plan.context_lens, plan.slots, plan.entry, c.attention_scale, c.rms_norm_eps, c.residual_multiplier,
-            c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size,
-        )  # fmt: skip
+        """A decode step of a few rows on the CPU, every layer in one C++ call (models/llama_small_m.py)."""
+        return llama_small_m.model_forward(self, h, shared, kv_caches, attn_metadata)
 
     def native_rows(self, dtype: torch.dtype) -> int:
-        if self.embed_tokens.weight.device.type != "cpu" or self._native_weights(dtype) is None:
-            return 0
-        first: DecoderLayer = self.layers[0]  # type: ignore[assignment]
-        forms = first.small_m_forms(dtype)
-        return 0 if forms is None else small_m_rows(forms)
-
-    def _native_weights(self, dtype: torch.dtype) -> list[torch.Tensor | None] | None:
-        # decode_layers' flat list, 16 a layer (small_m_linear.cpp says the order); None where a
-        # layer has no small-M forms. Built once per dtype: the linears are swapped at load.
-        cache: dict[torch.dtype, list[torch.Tensor | None] | None] = self.__dict__.setdefault("_native", {})
-        if dtype not in cache:
-            flat: list[torch.Tensor | None] | None = []
-            for layer in self.layers:
-                assert isinstance(layer, DecoderLayer)
-                forms = layer.small_m_forms(dtype)
-                if forms is None or flat is None:
-                    flat = None
-                    break
-                qkv, o, gate_up, down = forms
-                post1 = None if layer.post_norm1 is None else layer.post_norm1.weight.detach()
-                post2 = None if layer.post_norm2 is None else layer.post_norm2.weight.detach()
-                flat += [layer.input_layernorm.weight.detach(), *qkv, *o, post1,
-                         layer.post_attention_layernorm.weight.detach(), *gate_up, *down, post2]  # fmt: skip
-            cache[dtype] = flat
-        return cache[dtype]
+        return llama_small_m.model_rows(self, dtype)
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Raw embedding rows (T, H); layer_inputs applies embedding_multiplier to these and to

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import torch
 
-from gpu_workers.models import small_m_linear
+from gpu_workers.models import llama_small_m, small_m_linear
 from gpu_workers.models.int8_linear import quantize_linears
 from gpu_workers.models.llama import DecoderLayer, LlamaFamilyConfig, RotaryEmbedding
 from gpu_workers.models.packed_linear import pack_linears
@@ -117,14 +117,14 @@ def test_no_small_m_form_keeps_the_eager_layer() -> None:
     h = torch.randn(1, 32)
     cos, sin = RotaryEmbedding(config)(torch.tensor([5]), torch.float32)
     assert layer.small_m_forward(h, cos, sin, None, None) is None
-    assert layer.small_m_forms(torch.float32) is None
+    assert llama_small_m.layer_forms(layer, torch.float32) is None
 
 
 def test_int8_linears_under_float32_activations_keep_the_eager_layer() -> None:
     # the int8 kernel rounds activations to bf16: float32 rows must keep their precision
     layer, _ = make_layer("llama", torch.float32, True)
     assert layer.mlp.gate_up_proj.small_m_form() is not None  # an int8 form it has, for bf16 rows
-    assert layer.small_m_forms(torch.float32) is None
+    assert llama_small_m.layer_forms(layer, torch.float32) is None
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
