@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Build the llama.cpp peer for the CPU comparison (issue 23) from a pinned source: the
 # llama-cpp-python sdist on PyPI vendors a llama.cpp tree that builds with cmake here.
-# Only `llama-server` is built: Release, native CPU flags, no CUDA, no curl.
+# `llama-server` and `llama-quantize` are built: Release, the CPU's own flags (AMX off: see
+# below), no CUDA, no curl.
 #
 #   bench/build_llama_cpp.sh            # prints the llama-server path (builds once, then reuses it)
 #
@@ -55,10 +56,24 @@ fi
 
 GEN=()
 command -v ninja >/dev/null && GEN=(-G Ninja)
-log "configuring (Release, GGML_NATIVE=ON, no CUDA, no curl)"
+# ISA: native, except on a CPU with AMX: this version's AMX matmul (ggml_backend_amx_mul_mat)
+# crashed llama-server at its first Q4_1 / Q8_0 batch on the 2-core Xeon of 2026-12-06 (SIGSEGV;
+# `--no-repack` avoids it but also drops the AVX512 repacking). There the same flags are named
+# one by one from the CPU's, without AMX: Q4_1 84 tok/s at one sequence against 81 with
+# --no-repack on the native build (docs/BENCHMARKS.md, session 15).
+ISA=(-DGGML_NATIVE=ON)
+if grep -qw amx_tile /proc/cpuinfo 2>/dev/null; then
+    flag() { grep -qw "$1" /proc/cpuinfo && echo ON || echo OFF; }
+    ISA=(-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2="$(flag avx2)" -DGGML_FMA="$(flag fma)"
+         -DGGML_F16C="$(flag f16c)" -DGGML_BMI2="$(flag bmi2)" -DGGML_AVX_VNNI="$(flag avx_vnni)"
+         -DGGML_AVX512="$(flag avx512f)" -DGGML_AVX512_VBMI="$(flag avx512vbmi)"
+         -DGGML_AVX512_VNNI="$(flag avx512_vnni)" -DGGML_AVX512_BF16="$(flag avx512_bf16)"
+         -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF)
+fi
+log "configuring (Release, ${ISA[*]}, no CUDA, no curl)"
 cmake -S "$SRC" -B "$DEST/build" "${GEN[@]}" \
     -DCMAKE_BUILD_TYPE=Release \
-    -DGGML_NATIVE=ON \
+    "${ISA[@]}" \
     -DGGML_CUDA=OFF \
     -DLLAMA_CURL=OFF \
     -DLLAMA_BUILD_TESTS=OFF \
@@ -67,6 +82,6 @@ cmake -S "$SRC" -B "$DEST/build" "${GEN[@]}" \
     -DBUILD_SHARED_LIBS=OFF >&2
 start=$SECONDS
 log "building llama-server with -j$(nproc)"
-cmake --build "$DEST/build" --config Release --target llama-server -j"$(nproc)" >&2
+cmake --build "$DEST/build" --config Release --target llama-server llama-quantize -j"$(nproc)" >&2
 log "built in $((SECONDS - start)) s: $BIN"
 echo "$BIN"

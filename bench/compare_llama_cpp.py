@@ -4,6 +4,7 @@
     .venv/bin/python bench/compare_llama_cpp.py                    # every pair, the issue's load
     .venv/bin/python bench/compare_llama_cpp.py --pairs fp32,bf16   # some of them
     .venv/bin/python bench/compare_llama_cpp.py --smoke             # tiny checkpoint, 4 requests: it works
+    .venv/bin/python bench/compare_llama_cpp.py -c 1 -n 12          # one user (issue 33)
 
 The load is the text benchmark's (bench/chat_load.py through the official openai client): 64
 chat requests, 32 at a time, 128 output tokens each, greedy. Both sides make exactly that many
@@ -17,12 +18,19 @@ Pairs, each run back to back (omni-serve first, then llama-server, on one quiet 
 | fp32 | the ~100M qwen2 checkpoint, `--dtype float32` | the same converted to an f32 GGUF |
 | bf16 | `--dtype bfloat16` | bf16 GGUF |
 | int8 | `--dtype bfloat16 --quantization int8` | the faster of Q8_0 and bf16 GGUF |
-| smollm2-bf16 | `--model smollm2 --dtype bfloat16` (from the Q4_1 file) | that Q4_1 file |
-| smollm2-int8 | `--model smollm2 --dtype bfloat16 --quantization int8` | that Q4_1 file |
+| smollm2-bf16 | `--model smollm2 --dtype bfloat16` (the Q4_1 file, dequantized) | the same weights as a bf16 GGUF |
+| smollm2-int8 | `--model smollm2 --dtype bfloat16 --quantization int8` | the same weights as Q8_0 |
+| smollm2-gguf | `--model smollm2 --quantization gguf` (the file's blocks as they are) | the Q4_1 file |
 
-llama-server is built from the pinned source by bench/build_llama_cpp.sh and the GGUF files
-are made by bench/convert_to_gguf.py (llama.cpp's own converter); both are done here when
-missing. Where omni-serve does not take `--quantization int8` (or refuses it at start) the int8
+llama-server is built from the pinned source by bench/build_llama_cpp.sh; the qwen2 GGUF files
+are made by bench/convert_to_gguf.py (llama.cpp's own converter), SmolLM2's bf16 and Q8_0 from
+its Q4_1 file by llama.cpp's llama-quantize (--allow-requantize: the Q4_1 values, which is what
+omni-serve's bf16 and int8 sides read too); all are made here when missing.
+
+Each side's share of the memory-bandwidth limit is its weights' bytes a token (what a decode
+step reads: the GGUF file's tensors, the embedding table counted once as the tied output
+projection; for omni-serve's int8 its own mix) / its TPOT / the machine's read bandwidth, which
+the script measures first (a 256 MB torch sum on --threads threads, best of 5). Where omni-serve does not take `--quantization int8` (or refuses it at start) the int8
 pairs are skipped with the reason. A llama-server result one pair needs again (bf16 for int8,
 Q4_1 for the second SmolLM2 pair) is run again, not reused: each pair stays back to back.
 
@@ -48,17 +56,57 @@ sys.path.insert(0, str(BENCH))
 
 from run_text_bench import bench_server, free_port, log, omni_cmd, stop_all
 
-PAIRS = ("fp32", "bf16", "int8", "smollm2-bf16", "smollm2-int8")
+PAIRS = ("fp32", "bf16", "int8", "smollm2-bf16", "smollm2-int8", "smollm2-gguf")
 OMNI_ARGS = {
     "fp32": ["--dtype", "float32"],
     "bf16": ["--dtype", "bfloat16"],
     "int8": ["--dtype", "bfloat16", "--quantization", "int8"],
     "smollm2-bf16": ["--dtype", "bfloat16"],
     "smollm2-int8": ["--dtype", "bfloat16", "--quantization", "int8"],
+    "smollm2-gguf": ["--dtype", "bfloat16", "--quantization", "gguf"],
 }
 # llama-server's files per pair: several are run and the fastest counts ("best of").
 LLAMA_FILES = {"fp32": ("f32",), "bf16": ("bf16",), "int8": ("q8_0", "bf16"),
-               "smollm2-bf16": ("q4_1",), "smollm2-int8": ("q4_1",)}  # fmt: skip
+               "smollm2-bf16": ("smollm2-bf16",), "smollm2-int8": ("smollm2-q8_0",), "smollm2-gguf": ("q4_1",)}  # fmt: skip
+SMOLLM2_KINDS = {"q4_1": None, "smollm2-bf16": "BF16", "smollm2-q8_0": "Q8_0"}  # llama-quantize's type names
+# the bytes a token reads come from this file of the pair (omni-serve's int8 computes its own)
+BYTES_FILE = {"fp32": "f32", "bf16": "bf16", "int8": "bf16", "smollm2-bf16": "smollm2-bf16",
+              "smollm2-int8": "smollm2-bf16", "smollm2-gguf": "q4_1"}  # fmt: skip
+
+
+def read_bandwidth(threads: int) -> float:
+    """The machine's read bandwidth in bytes/s: a 256 MB float32 torch sum on `threads` threads."""
+    import time
+
+    import torch
+
+    torch.set_num_threads(threads)
+    x = torch.ones(64 << 20)
+    best = float("inf")
+    for _ in range(6):
+        t = time.perf_counter()
+        x.sum()
+        best = min(best, time.perf_counter() - t)
+    return x.numel() * 4 / best
+
+
+def weight_bytes(path: Path, int8_mix: bool = False) -> int:
+    """Bytes a decode step reads from a GGUF file's tensors: each tensor once (a tied embedding is
+    the output projection). int8_mix: omni-serve's --quantization int8 of that file's shapes
+    (int8 weights and a float32 scale a row, but q|k|v, down and the embedding in bf16)."""
+    import gguf
+
+    total = 0
+    for t in gguf.GGUFReader(str(path)).tensors:
+        if not int8_mix:
+            total += int(t.n_bytes)
+            continue
+        rows = int(t.shape[-1]) if len(t.shape) > 1 else 1
+        if any(k in t.name for k in ("attn_output", "ffn_gate", "ffn_up")):
+            total += int(t.n_elements) + 4 * rows
+        else:
+            total += 2 * int(t.n_elements)
+    return total
 
 
 def tpot_mean(report: dict) -> float | None:
@@ -77,6 +125,7 @@ def figures(report: dict) -> dict:
     s = report["summary"]
     return {
         "tok_s": s["output_tok_per_s"],
+        "ttft_mean_s": s["ttft_mean_s"],
         "ttft_p90_s": s["ttft_p90_s"],
         "tpot_s": tpot_mean(report),
         "completed": s["completed"],
@@ -157,13 +206,13 @@ def prepare(pairs: list[str], args) -> tuple[Path, dict[str, Path], Path | None]
     kinds = {k for p in pairs for k in LLAMA_FILES[p]}
     files: dict[str, Path] = {}
     ckpt = None
-    qwen = sorted(kinds - {"q4_1"})
+    qwen = sorted(kinds - set(SMOLLM2_KINDS))
     if qwen:
         from convert_to_gguf import gguf_files
 
         ckpt = (args.ckpt or BENCH / ".cache" / f"qwen2-{args.size}").resolve()
         files.update(gguf_files(args.size, tuple(qwen), ckpt))
-    if "q4_1" in kinds:
+    if kinds & set(SMOLLM2_KINDS):
         out = subprocess.run(
             [sys.executable, "-m", "gpu_workers.tiny.smollm2"],
             check=True,
@@ -172,7 +221,18 @@ def prepare(pairs: list[str], args) -> tuple[Path, dict[str, Path], Path | None]
             cwd=REPO,
             env={**os.environ, "PYTHONPATH": str(REPO)},
         )
-        files["q4_1"] = Path(out.stdout.strip().splitlines()[-1])
+        q4_1 = Path(out.stdout.strip().splitlines()[-1])
+        files["q4_1"] = q4_1
+        for kind in sorted(kinds & set(SMOLLM2_KINDS) - {"q4_1"}):
+            target = q4_1.with_name(f"{q4_1.stem}.requantized.{kind.split('-')[1]}.gguf")
+            if not target.exists():
+                log(f"making {target.name} with llama-quantize")
+                subprocess.run(
+                    [str(server.with_name("llama-quantize")), "--allow-requantize", str(q4_1), str(target),
+                     str(SMOLLM2_KINDS[kind])],
+                    check=True, capture_output=True,
+                )  # fmt: skip
+            files[kind] = target
     return server, files, ckpt
 
 
@@ -182,20 +242,23 @@ def fmt(x: float | None, scale: float = 1.0, nd: int = 1) -> str:
 
 def table(rows: list[dict]) -> str:
     head = (
-        "| pair | omni-serve tok/s | llama-server tok/s (file) | ratio | TTFT p90 omni / llama (s) "
-        "| TPOT omni / llama (ms) | requests ok omni / llama | same text |"
+        "| pair | omni-serve tok/s | llama-server tok/s (file) | ratio | TTFT mean omni / llama (ms) "
+        "| TTFT p90 omni / llama (s) | TPOT omni / llama (ms) | bandwidth share omni / llama "
+        "| requests ok omni / llama | same text |"
     )
-    lines = [head, "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [head, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         o, ll = r["omni"], r["llama"]
         if "skipped" in r:
-            lines.append(f"| {r['pair']} | skipped: {r['skipped'][:80]} | | | | | | |")
+            lines.append(f"| {r['pair']} | skipped: {r['skipped'][:80]} | | | | | | | | |")
             continue
         ratio = f"{o['tok_s'] / ll['tok_s']:.2f}x" if o.get("tok_s") and ll.get("tok_s") else "-"
         lines.append(
             f"| {r['pair']} | {fmt(o.get('tok_s'))} | {fmt(ll.get('tok_s'))} ({r.get('llama_file', '-')}) | {ratio} "
+            f"| {fmt(o.get('ttft_mean_s'), 1e3, 0)} / {fmt(ll.get('ttft_mean_s'), 1e3, 0)} "
             f"| {fmt(o.get('ttft_p90_s'), nd=2)} / {fmt(ll.get('ttft_p90_s'), nd=2)} "
             f"| {fmt(o.get('tpot_s'), 1e3)} / {fmt(ll.get('tpot_s'), 1e3)} "
+            f"| {fmt(o.get('bandwidth_share'), 100, 0)}% / {fmt(ll.get('bandwidth_share'), 100, 0)}% "
             f"| {o.get('completed', '-')}/{o.get('requests', '-')} / {ll.get('completed', '-')}/{ll.get('requests', '-')} "
             f"| {r.get('same_text', '-')} |"
         )
@@ -245,6 +308,8 @@ def main(argv: list[str] | None = None) -> int:
     tmp.mkdir(parents=True, exist_ok=True)
     out = args.out or BENCH / "results" / f"llama_cpp_{stamp}.json"
     server, files, ckpt = prepare(pairs, args)
+    bandwidth = read_bandwidth(args.threads)
+    log(f"read bandwidth: {bandwidth / 1e9:.1f} GB/s ({args.threads} threads, 256 MB torch sum)")
     rows: list[dict] = []
     raw: dict[str, dict] = {}
     try:
@@ -274,7 +339,16 @@ def main(argv: list[str] | None = None) -> int:
                 if got.get("tok_s") and got["tok_s"] > best.get("tok_s", 0.0):
                     best, row["llama_file"], row["same_text"] = got, kind, same_text(omni, rep)
             load.append(os.getloadavg()[0])
-            rows.append({**row, "omni": figures(omni), "llama": best, "loadavg_1min": load})
+            mine = figures(omni)
+            if files.get(BYTES_FILE[pair]) is not None:
+                per_token = {"omni": weight_bytes(files[BYTES_FILE[pair]], int8_mix=pair.endswith("int8"))}
+                if row.get("llama_file"):
+                    per_token["llama"] = weight_bytes(files[row["llama_file"]])
+                for side, got in (("omni", mine), ("llama", best)):
+                    if got.get("tpot_s") and side in per_token:
+                        got["bytes_a_token"] = per_token[side]
+                        got["bandwidth_share"] = per_token[side] / got["tpot_s"] / bandwidth
+            rows.append({**row, "omni": mine, "llama": best, "loadavg_1min": load})
             log(f"{pair}: loadavg (1 min) along the pair {', '.join(f'{x:.2f}' for x in load)}")
     finally:
         stop_all()
@@ -283,7 +357,8 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(
         f"omni-serve vs llama-server: {args.num_requests} chat requests, concurrency {args.concurrency}, "
-        f"{args.max_tokens} output tokens each, {args.threads} threads each side, {os.cpu_count()} CPU cores"
+        f"{args.max_tokens} output tokens each, {args.threads} threads each side, {os.cpu_count()} CPU cores, "
+        f"read bandwidth {bandwidth / 1e9:.1f} GB/s"
         f"{' (SMOKE: no figures)' if args.smoke else ''}"
     )
     print()
@@ -292,6 +367,7 @@ def main(argv: list[str] | None = None) -> int:
         "date_utc": stamp,
         "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
         "llama_server": str(server),
+        "read_bandwidth_bytes_s": bandwidth,
         "gguf": {k: str(v) for k, v in files.items()},
         "checkpoint": str(ckpt),
         "table_markdown": md,

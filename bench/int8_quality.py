@@ -1,4 +1,5 @@
-"""How close `--quantization int8` stays to bf16 on a real trained model (issue 23, acceptance 2).
+"""How close `--quantization int8` (or `gguf`: the file's blocks kept) stays to bf16 on a real
+trained model (issue 23 acceptance 2, issue 33 acceptance 4).
 
 SmolLM2-135M-Instruct (its Q4_1 GGUF, gpu_workers/tiny/smollm2.py) answers --prompts chat
 prompts greedily in bf16 through the LLM runner (paged KV cache, batched decode, EOS ignored so
@@ -15,6 +16,7 @@ Timing plays no part: this may run on a busy machine.
 
     python bench/int8_quality.py                       # 64 prompts x 128 tokens
     python bench/int8_quality.py --prompts 8 --tokens 32
+    python bench/int8_quality.py --quantization gguf   # the Q4_1 file's blocks as they are
 """
 
 from __future__ import annotations
@@ -89,18 +91,18 @@ def teacher_forced_logits(model: LlamaForCausalLM, prompt: list[int], continuati
         return model.compute_logits(hidden[len(prompt) - 1 :])
 
 
-def measure(gguf: Path, prompts: list[list[int]], tokens: int) -> Agreement:
+def measure(gguf: Path, prompts: list[list[int]], tokens: int, quantization: str = "int8") -> Agreement:
     continuations = greedy_continuations(gguf, prompts, tokens)
     cpu = torch.device("cpu")
     models = {
         q: load_model(gguf, device=cpu, dtype=torch.bfloat16, backend=TorchSDPABackend(16, cpu), quantization=q)
-        for q in (None, "int8")
+        for q in (None, quantization)
     }
     with_greedy = with_forward = self_agree = total = 0
     worst = largest = 0.0
     for prompt, continuation in zip(prompts, continuations, strict=True):
         bf16 = teacher_forced_logits(models[None], prompt, continuation)
-        int8 = teacher_forced_logits(models["int8"], prompt, continuation)
+        int8 = teacher_forced_logits(models[quantization], prompt, continuation)
         want = torch.tensor(continuation)
         with_greedy += int((int8.argmax(-1) == want).sum())
         with_forward += int((int8.argmax(-1) == bf16.argmax(-1)).sum())
@@ -125,19 +127,21 @@ def main() -> None:
     p.add_argument("--tokens", type=int, default=128)
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--json", type=Path, help="also write the figures here")
+    p.add_argument("--quantization", default="int8", choices=("int8", "gguf"))
     args = p.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     from gpu_workers.tiny.smollm2 import smollm2_gguf
 
     gguf = smollm2_gguf()
-    result = measure(gguf, chat_prompts(gguf, args.prompts), args.tokens)
+    result = measure(gguf, chat_prompts(gguf, args.prompts), args.tokens, args.quantization)
+    q = args.quantization
     print(
         f"SmolLM2-135M-Instruct, {result.prompts} prompts x {result.tokens} tokens, teacher-forced:\n"
-        f"  int8 top-1 == bf16 greedy token:        {result.agree_with_greedy:.2%}\n"
-        f"  int8 top-1 == bf16 top-1, same forward: {result.agree_with_forward:.2%}\n"
+        f"  {q} top-1 == bf16 greedy token:        {result.agree_with_greedy:.2%}\n"
+        f"  {q} top-1 == bf16 top-1, same forward: {result.agree_with_forward:.2%}\n"
         f"  bf16 top-1 == its own greedy token:     {result.bf16_self:.2%}\n"
-        f"  worst |int8 - bf16| logit: {result.worst_logit_diff:.3f} (largest |bf16 logit| {result.largest_logit:.1f})"
+        f"  worst |{q} - bf16| logit: {result.worst_logit_diff:.3f} (largest |bf16 logit| {result.largest_logit:.1f})"
     )
     if args.json:
         args.json.write_text(json.dumps(asdict(result), indent=2))

@@ -391,6 +391,7 @@ def main() -> None:
     ap.add_argument("--compare", default=None, help="eager,gather,flex: decode steps of each, interleaved")
     ap.add_argument("--rounds", type=int, default=1, help="with --compare: repeat the timed steps")
     ap.add_argument("--around", action="store_true", help="decode steps: the time outside the forward, by part")
+    ap.add_argument("--quantization", default=None, choices=("int8", "gguf"), help="as the server's flag")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -401,7 +402,7 @@ def main() -> None:
     tokens_needed = args.seqs * (args.context + args.warmup + args.steps + 2) + 2 * args.chunk
     num_blocks = 2 * (-(-tokens_needed // bs)) + 4 * args.seqs
     runner = LLMRunner(args.model, dtype=getattr(torch, args.dtype), block_size=bs, num_kv_blocks=num_blocks,
-                       attention_backend=args.attention_backend)  # fmt: skip
+                       attention_backend=args.attention_backend, quantization=args.quantization)  # fmt: skip
     mc = runner.model_config
     runner.attention_backend.warm_up(runner.kv_caches[0], mc.num_heads, mc.attention_scale)  # as a worker does
     vocab = mc.vocab_size

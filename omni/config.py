@@ -126,12 +126,15 @@ class LLMConfig:
     quantization: str | None = setting(
         None,
         vllm_alias="-q",
-        metavar="int8",
+        metavar="{int8,gguf}",
         help="int8: the LLM's linear layers hold int8 weights, one scale per output channel, "
         "quantized from the checkpoint's (or GGUF file's) weights while loading; activations keep "
         "about --dtype's precision (vLLM's tpu_int8 names the same scheme). The fused q|k|v and "
         "the MLP's down projections stay in --dtype, as llama.cpp's k-quant mixes keep them wider. "
-        "A device without an int8 kernel refuses it",
+        "A device without an int8 kernel refuses it. gguf (--model FILE.gguf): the file's Q8_0, "
+        "Q4_0 and Q4_1 blocks are served as they are (a tied output projection too), each row of "
+        "activations quantized per block of 32 as llama.cpp does; other block types are "
+        "dequantized to --dtype. CPUs with AVX512-VNNI only; elsewhere refused with the reason",
     )
     max_logprobs: int = setting(
         20,

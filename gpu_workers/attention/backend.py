@@ -24,6 +24,19 @@ KVCache = tuple[torch.Tensor, torch.Tensor]  # K, V: (num_blocks, block_size, nu
 
 
 @dataclass(frozen=True, slots=True)
+class PagedDecodePlan:
+    """A decode-only step's attention as native code calls it, every layer alike: the address of
+    attention/cpu_paged.c's paged_decode (it writes each row's K/V at its slot, then attends over
+    the row's context in place) and the step's tables, read by models/small_m_linear.cpp's
+    decode_layers without a Python call per layer."""
+
+    entry: int  # the C function's address
+    block_table: torch.Tensor  # (B, W) int64, contiguous
+    context_lens: torch.Tensor  # (B,) int64: each row's context, its own token included
+    slots: torch.Tensor  # (B,) int64: where each row's K/V go
+
+
+@dataclass(frozen=True, slots=True)
 class SequenceChunk:
     """One request's share of a packed batch.
 
@@ -151,6 +164,12 @@ class AttentionBackend(ABC):
     def warm_up(self, kv_cache: KVCache, num_heads: int, scale: float) -> None:
         """Compile or load whatever the first step would (a worker calls this before it reports
         ready, so no request waits for it); the cache's contents are left as they are."""
+
+    def paged_decode_plan(self, metadata: Any, kv_cache: KVCache) -> PagedDecodePlan | None:
+        """The step's attention as native code may call it for every layer (PagedDecodePlan), where
+        this backend reads `kv_cache` (any layer's: they are alike) with the CPU paged kernel and
+        the step is decode rows alone; None otherwise (the layers call forward())."""
+        return None
 
     @abstractmethod
     def build_metadata(self, chunks: list[SequenceChunk]) -> Any:

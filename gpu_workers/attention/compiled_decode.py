@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from gpu_workers.attention import cpu_paged
-from gpu_workers.attention.backend import AttentionBackend, KVCache, SequenceChunk
+from gpu_workers.attention.backend import AttentionBackend, KVCache, PagedDecodePlan, SequenceChunk
 
 
 @dataclass(slots=True)
@@ -153,6 +153,11 @@ class DecodeGraphBackend(AttentionBackend):
 
     def build_metadata(self, chunks: list[SequenceChunk]) -> Any:
         return self.inner.build_metadata(chunks)
+
+    def paged_decode_plan(self, metadata: Any, kv_cache: KVCache) -> PagedDecodePlan | None:
+        if isinstance(metadata, DecodeGraphMetadata):
+            return None
+        return self.inner.paged_decode_plan(metadata, kv_cache)
 
     def forward(
         self,

@@ -145,6 +145,15 @@ def available() -> bool:
     return _lib is not None
 
 
+def decode_entry() -> int:
+    """paged_decode's address, for native callers (models/small_m_linear.cpp's decode_layers); the
+    library stays loaded for the process. Check supports() first."""
+    if _lib is None and not available():
+        raise RuntimeError("the paged CPU attention kernel could not be built (see the log); check available() first")
+    assert _lib is not None
+    return int(ctypes.cast(_lib.paged_decode, ctypes.c_void_p).value or 0)
+
+
 def supports(k_cache: torch.Tensor) -> bool:
     """Whether the kernel is there and reads this cache: on the CPU, fp32 or bf16, contiguous,
     a head dim that is a multiple of 8 up to 256."""

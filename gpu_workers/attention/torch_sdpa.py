@@ -21,6 +21,7 @@ every query head.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -29,6 +30,7 @@ from gpu_workers.attention import cpu_paged
 from gpu_workers.attention.backend import (
     AttentionBackend,
     KVCache,
+    PagedDecodePlan,
     SequenceChunk,
     int_tensor,
     slots_tensor,
@@ -197,6 +199,19 @@ class TorchSDPABackend(AttentionBackend):
             else:
                 out[p.start : p.end] = self._prefill(q, k, v, kv_cache, p, scale)
         return out
+
+    def paged_decode_plan(self, metadata: Any, kv_cache: KVCache) -> PagedDecodePlan | None:
+        decode = metadata.decode if isinstance(metadata, SDPAMetadata) else None
+        if decode is None or not decode.every_row or decode.mask is not None or metadata.slots is None:
+            return None
+        if metadata.prefills or metadata.continuing is not None or not self._use_paged():
+            return None
+        if not cpu_paged.supports(kv_cache[0]) or kv_cache[0].dtype != kv_cache[1].dtype:
+            return None
+        table, lens, slots = decode.block_table, decode.context_lens, metadata.slots
+        if any(t.dtype != torch.int64 or not t.is_contiguous() for t in (table, lens, slots)):
+            return None
+        return PagedDecodePlan(cpu_paged.decode_entry(), table, lens, slots)
 
     def _decode(
         self,

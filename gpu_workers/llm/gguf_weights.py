@@ -38,6 +38,33 @@ class GgufWeights:
     def tensors(self, hf_names: list[str]) -> Iterator[tuple[str, Callable[[], torch.Tensor]]]:
         """(HF name, its tensor's reader) per tensor of the file; hf_names: the ones the model
         reads (they name the file's tensors through gguf's map, as transformers maps them)."""
+        to_hf, processor = self._names(hf_names)
+        for tensor in self.file.reader.tensors:
+            yield to_hf.get(tensor.name, tensor.name), partial(_dequantized, tensor, processor)
+
+    def blocks(self, hf_names: list[str]) -> dict[str, tuple[str, torch.Tensor]]:
+        """HF name -> (kind, raw rows) for each tensor the file holds in one of `kinds` (Q8_0,
+        Q4_0, Q4_1): raw (N, K / 32 * block bytes) uint8, a copy of the file's blocks with the rows
+        in the order the dequantized tensor has them (transformers' processor permutes llama's q
+        and k rows: the same permutation, found by passing it the row indices)."""
+        import gguf
+
+        kinds = {gguf.GGMLQuantizationType.Q8_0: "q8_0", gguf.GGMLQuantizationType.Q4_0: "q4_0",
+                 gguf.GGMLQuantizationType.Q4_1: "q4_1"}  # fmt: skip
+        to_hf, processor = self._names(hf_names)
+        out = {}
+        for tensor in self.file.reader.tensors:
+            kind = kinds.get(tensor.tensor_type)
+            hf_name = to_hf.get(tensor.name)
+            if kind is None or hf_name is None:
+                continue
+            rows = np.asarray(tensor.data)  # (N, row bytes) uint8, the mapped file
+            index = np.arange(rows.shape[0], dtype=np.float32)[:, None]
+            order = np.asarray(processor.process(weights=index, name=tensor.name).weights)[:, 0].astype(np.int64)
+            out[hf_name] = (kind, torch.from_numpy(np.ascontiguousarray(rows[order])))
+        return out
+
+    def _names(self, hf_names: list[str]) -> tuple[dict[str, str], Any]:
         import gguf
         from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor
 
@@ -52,9 +79,7 @@ class GgufWeights:
             gguf_name = name_map.get_name(module)
             if gguf_name is not None:
                 to_hf[f"{gguf_name}.{suffix}"] = hf_name
-        processor = TENSOR_PROCESSORS.get(arch, TensorProcessor)(config=self.hf_config)
-        for tensor in self.file.reader.tensors:
-            yield to_hf.get(tensor.name, tensor.name), partial(_dequantized, tensor, processor)
+        return to_hf, TENSOR_PROCESSORS.get(arch, TensorProcessor)(config=self.hf_config)
 
 
 def _dequantized(tensor: Any, processor: Any) -> torch.Tensor:

@@ -16,6 +16,7 @@ blocks go through the serving dtype on their way to int8.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from functools import partial
 from pathlib import Path
@@ -26,14 +27,18 @@ from safetensors import safe_open
 
 from gpu_workers.attention.backend import AttentionBackend
 from gpu_workers.llm.gguf_weights import GgufWeights
+from gpu_workers.models import gguf_linear
 from gpu_workers.models.checkpoint_io import checkpoint_files, read_json
+from gpu_workers.models.gguf_linear import GgufLinear
 from gpu_workers.models.int8_linear import int8_unavailable, quantize_linears
 from gpu_workers.models.registry import CausalLM, CausalLMConfig, MergedLinear, model_class
 from gpu_workers.models.registry import read_config as config_from_hf
 from omni.shared.gguf_file import is_gguf
 from omni.shared.safetensors_index import PUBLISHED_PREFIXES, SafetensorsIndex, is_published
 
-QUANTIZATIONS = ("int8",)
+log = logging.getLogger("omni.worker.loader")
+
+QUANTIZATIONS = ("int8", "gguf")
 # checkpoint module name -> (the model's fused module, shard index): a CausalLM's STACKED_PARAMS
 Stacked = Mapping[str, tuple[str, int]]
 
@@ -69,6 +74,8 @@ def load_model(
         problem = (
             f"unknown quantization {quantization!r} (known: {', '.join(QUANTIZATIONS)})"
             if quantization not in QUANTIZATIONS
+            else gguf_unavailable(model_dir, device)
+            if quantization == "gguf"
             else int8_unavailable(device)
         )
         if problem is not None:
@@ -90,7 +97,52 @@ def load_model(
     if quantization == "int8":
         with torch.no_grad():
             quantize_linears(model, keep=model.INT8_KEEP)
+    if quantization == "gguf":
+        assert gguf is not None
+        keep_gguf_blocks(model, gguf)
     return model.eval()
+
+
+def gguf_unavailable(model_dir: Path, device: torch.device) -> str | None:
+    """Why --quantization gguf cannot serve this model here (a sentence), or None."""
+    if not is_gguf(model_dir):
+        return f"--quantization gguf keeps a GGUF file's blocks; {model_dir} is not a GGUF file"
+    if device.type != "cpu":
+        return (
+            f"--quantization gguf: no GGUF block kernel on {device.type} here; drop the flag to serve the file "
+            "dequantized to --dtype, or add --quantization int8 instead"
+        )
+    why = gguf_linear.unavailable()
+    return None if why is None else f"--quantization gguf: {why}"
+
+
+def keep_gguf_blocks(model: CausalLM, weights: GgufWeights) -> int:
+    """Swap every linear layer whose file tensors are all Q8_0, Q4_0 or Q4_1 blocks of one kind
+    (each shard of a fused q|k|v or gate|up) for a GgufLinear on those blocks, and give a tied
+    output projection one over the embedding table's blocks (the table itself stays in the
+    serving dtype, for the lookup); the rest stay as loaded. Returns how many were swapped."""
+    blocks = weights.blocks(_hf_names(model))
+    swaps: list[tuple[torch.nn.Module, str, GgufLinear]] = []
+    modules = dict(model.named_modules())
+    for name, module in modules.items():
+        if not isinstance(module, torch.nn.Linear):
+            continue
+        shards = range(len(module.shard_sizes)) if isinstance(module, MergedLinear) else [None]
+        found = [blocks.get(_hf_name(f"{name}.weight", shard, model.STACKED_PARAMS)) for shard in shards]
+        if any(f is None for f in found) or len({f[0] for f in found if f is not None}) != 1:
+            continue
+        raw = torch.cat([f[1] for f in found if f is not None])
+        parent, _, child = name.rpartition(".")
+        swaps.append((modules[parent], child, GgufLinear(raw, found[0][0], module.in_features, module.bias)))  # type: ignore[index]
+    embed = getattr(model, "embed_tokens", None)
+    tied = blocks.get("model.embed_tokens.weight")
+    if model.config.tie_word_embeddings and getattr(model, "lm_head", 0) is None and tied is not None and embed is not None:
+        swaps.append((model, "lm_head", GgufLinear(tied[1], tied[0], embed.embedding_dim)))
+    for parent, child, linear in swaps:
+        setattr(parent, child, linear)
+    kinds = sorted({linear.kind for _, _, linear in swaps})
+    log.info("--quantization gguf: %d linear layers kept as GGUF blocks (%s)", len(swaps), ", ".join(kinds) or "none")
+    return len(swaps)
 
 
 def load_weights(model: CausalLM, files: list[Path], *, prefix: str = "") -> None:

@@ -31,6 +31,7 @@ from gpu_workers.distributed import GroupMember
 from gpu_workers.llm.decode_graph import DecodeGraph
 from gpu_workers.llm.loader import load_model, read_model_config
 from gpu_workers.llm.memory import MemoryReader, kv_cache_budget, kv_cache_zeros, profile_peak, reader_for
+from gpu_workers.models import small_m_linear
 from gpu_workers.models.packed_linear import pack_linears
 from gpu_workers.models.registry import CausalLMConfig
 from gpu_workers.runner import Runner, register_runner
@@ -152,6 +153,10 @@ class LLMRunner(Runner):
         if pack_cpu_weights:
             with torch.inference_mode():
                 pack_linears(self.model, device=self.device, dtype=dtype)
+        if self.device.type == "cpu":
+            small_m_linear.gather_into_huge_pages(self.model)  # the small-M copies (int8's too)
+        # decode steps of up to this many rows run every layer in one native call (small_m_linear)
+        self.native_rows = self.model.native_rows(dtype)
         mc = self.model.config
         self.max_model_len = max_model_len or mc.max_position_embeddings
         if self.max_model_len > mc.max_position_embeddings:
@@ -552,9 +557,11 @@ class LLMRunner(Runner):
 
     def _compiled_decode(self, chunks: list[SequenceChunk], media: MediaRows) -> bool:
         """Whether the step goes through the compiled decode step: every chunk one new token
-        of a running sequence, no media, and a bucket that holds them."""
+        of a running sequence, no media, a bucket that holds them, and more of them than the
+        model's native decode takes (docs/BENCHMARKS.md, session 15)."""
         return (
             self.decode_graph is not None
+            and len(chunks) > self.native_rows  # fewer: the model's native decode is faster
             and not any(media.values())
             and self.decode_graph.bucket(len(chunks)) is not None
             and all(c.is_decode for c in chunks)

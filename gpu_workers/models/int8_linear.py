@@ -26,6 +26,11 @@ Two kernels compute it (`Int8Linear.kernel`):
   rounded to bfloat16. It serves where oneDNN's int8 GEMM does not (GPUs, CPUs without VNNI,
   where u8 x s8 products can saturate).
 
+At up to small_m_linear.MAX_ROWS_INT8 rows (a decode step of a few sequences) a layer on the "onednn"
+kernel, with bf16 activations, runs models/small_m_linear.py's int8 kernel instead where it builds
+(avx512bf16 CPUs): the int8 weight widened to bf16 in registers, per-channel scales, on a
+second copy of the int8 weight in its layout (docs/BENCHMARKS.md, Session 14).
+
 Only nn.Linear layers are quantized, and not all of them (`quantize_linears`' keep, which a model
 class gives as its INT8_KEEP names): the embedding table (and with it a tied output projection),
 the attention's fused q|k|v projection and the MLP's down projection stay in the serving dtype, as llama.cpp's k-quant mixes give
@@ -51,6 +56,8 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from gpu_workers.models import small_m_linear
 
 log = logging.getLogger("omni.worker.int8_linear")
 
@@ -134,16 +141,21 @@ def split_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 @torch.library.custom_op("omni::int8_linear", mutates_args=())
-def onednn_int8_mm(q: torch.Tensor, handle: torch.Tensor, out_features: int) -> torch.Tensor:
-    """(R, K) uint8 activations (zero point 128) -> (R, N) float32 (q - 128) @ qweight.T * scale,
-    through the packed weight of the layer registered as `handle` (a one-element tensor, so that
-    every layer shares one compiled graph)."""
-    return _LAYERS[int(handle)].onednn_mm(q)
+def onednn_int8_mm(
+    rows: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, handle: torch.Tensor, out_features: int
+) -> torch.Tensor:
+    """rows (T, K) float and their split (q, scale = split_rows(rows)) -> (T, N) float32
+    rows @ int8_weight().T * weight scale, through the layer registered as `handle` (a
+    one-element tensor, so that every layer shares one compiled graph). At up to
+    small_m_linear.MAX_ROWS_INT8 rows the small-M kernel reads `rows` and the split goes unused."""
+    return _LAYERS[int(handle)].onednn_rows(rows, q, scale)
 
 
 @onednn_int8_mm.register_fake
-def _onednn_int8_mm_shape(q: torch.Tensor, handle: torch.Tensor, out_features: int) -> torch.Tensor:
-    return q.new_empty((q.shape[0], out_features), dtype=torch.float32)
+def _onednn_int8_mm_shape(
+    rows: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, handle: torch.Tensor, out_features: int
+) -> torch.Tensor:
+    return rows.new_empty((rows.shape[0], out_features), dtype=torch.float32)
 
 
 class Int8Linear(nn.Module):
@@ -152,6 +164,7 @@ class Int8Linear(nn.Module):
     scale: torch.Tensor  # (N,): float32 for oneDNN, compute_dtype for aten's kernel
     qweight: torch.Tensor  # (N, K) int8, aten's kernel only
     bias: torch.Tensor | None  # (N,)
+    small: torch.Tensor | None  # the int8 values in small_m_linear's layout ("onednn" kernel only)
 
     def __init__(self, linear: nn.Linear, compute_dtype: torch.dtype | None = None, kernel: str | None = None) -> None:
         """compute_dtype: the "aten" kernel's (default: the weight's, bf16 for float32 on CPU).
@@ -168,6 +181,7 @@ class Int8Linear(nn.Module):
                 f"int8 kernel {kernel!r} on {linear.weight.device.type} (known: {', '.join(KERNELS)}; onednn on cpu)"
             )
         self.kernel = kernel
+        self.small = None
         # the dtype the aten kernel runs in: see the module's docstring for float32 on CPU
         self.compute_dtype = compute_dtype or (torch.bfloat16 if on_cpu and dtype == torch.float32 else dtype)
         # the scales as the kernel reads them: float32 for oneDNN, compute_dtype for aten's (its x's)
@@ -181,6 +195,9 @@ class Int8Linear(nn.Module):
             # the int8 values live in oneDNN's blocked layout only (int8_weight() reads them back)
             self.packed = torch.ops.onednn.qlinear_prepack(qweight, [ONEDNN_BATCH_HINT, self.in_features])
             self.zeros = torch.zeros(self.out_features, dtype=torch.int32)  # the weight's zero points
+            # the small-M kernels' copy (bf16 activations, see small_m_linear.py), where they run int8
+            small = small_m_linear.load() and small_m_linear.isa() == "avx512bf16"
+            self.small = small_m_linear.pack(qweight) if small else None
             self.one = torch.tensor(1.0)  # the activations' scale: applied per row after the GEMM
             self.zero_point = torch.tensor(_ZERO_POINT, dtype=torch.int32)
             handle = next(_handles)
@@ -196,6 +213,27 @@ class Int8Linear(nn.Module):
             "none", [], "",
         )  # fmt: skip
 
+    def _small_m(self, rows: torch.Tensor) -> bool:
+        # bf16 rows only: the kernel rounds activations to bf16, which for float32 ones would lose
+        # the split's ~16 bits (tests/gpu_workers/models/test_int8_linear.py's bound)
+        return self.small is not None and rows.dtype == torch.bfloat16 and rows.shape[0] <= small_m_linear.MAX_ROWS_INT8
+
+    def onednn_rows(self, rows: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+        """(T, K) float rows, and their split -> (T, N) float32 rows @ int8_weight().T * self.scale:
+        the small-M kernel at up to MAX_ROWS_INT8 rows where it runs, the split GEMM otherwise."""
+        t = rows.shape[0]
+        if self.small is not None and self._small_m(rows):
+            return small_m_linear.linear(rows, self.small, self.out_features, self.scale, out_dtype=torch.float32)
+        acc = self.onednn_mm(q)  # (2T, N)
+        return torch.add(acc[:t], acc[t:], alpha=1 / LOW_STEPS).mul_(scale)
+
+    def small_m_form(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None] | None:
+        """(packed, scale, bias) as small_m_linear's fused ops take a linear (bf16 activations),
+        where they serve it."""
+        if self.small is None:
+            return None
+        return self.small, self.scale, None if self.bias is None else self.bias.float().contiguous()
+
     def int8_weight(self) -> torch.Tensor:
         """(N, K) int8: the weight's values (read back from oneDNN's layout there)."""
         if self.kernel == "onednn":
@@ -208,14 +246,12 @@ class Int8Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features)  # (T, K): the kernels take 2-D
-        if self.kernel == "onednn":
-            q, scale = split_rows(rows)  # (2T, K), (T, 1)
-            if torch.compiler.is_compiling():
-                acc = onednn_int8_mm(q, self.handle, self.out_features)  # (2T, N)
-            else:
-                acc = self.onednn_mm(q)
-            t = rows.shape[0]
-            y = torch.add(acc[:t], acc[t:], alpha=1 / LOW_STEPS).mul_(scale).to(x.dtype)  # (T, N)
+        if self.kernel == "onednn" and torch.compiler.is_compiling():
+            q, scale = split_rows(rows)  # (2T, K), (T, 1): fused by inductor, unused at small M
+            y = onednn_int8_mm(rows, q, scale, self.handle, self.out_features).to(x.dtype)  # (T, N)
+        elif self.kernel == "onednn":
+            q, scale = (rows, rows) if self._small_m(rows) else split_rows(rows)  # the small-M kernel reads rows
+            y = self.onednn_rows(rows, q, scale).to(x.dtype)  # (T, N)
         else:
             rows = rows.to(self.compute_dtype).contiguous()
             y = torch._weight_int8pack_mm(rows, self.qweight, self.scale).to(x.dtype)  # (T, N)

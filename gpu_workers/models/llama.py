@@ -36,6 +36,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from gpu_workers.attention.backend import AttentionBackend, KVCache
+from gpu_workers.models import llama_small_m
 from gpu_workers.models.registry import CausalLM, MergedLinear, register_architecture
 
 # model_type -> the class name config.json's `architectures` gives it (the registry's keys)
@@ -339,6 +340,13 @@ class DecoderLayer(nn.Module):
         self.post_norm1 = RMSNorm(config.hidden_size, config.rms_norm_eps) if config.use_post_norm else None
         self.post_norm2 = RMSNorm(config.hidden_size, config.rms_norm_eps) if config.use_post_norm else None
 
+    def small_m_forward(
+        self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_cache: KVCache | None, attn_metadata: Any
+    ) -> torch.Tensor | None:
+        """forward()'s result as two C++ calls around the attention at small M on the CPU, or None
+        where they do not serve (models/llama_small_m.py)."""
+        return llama_small_m.layer_forward(self, h, cos, sin, kv_cache, attn_metadata)
+
     def forward(
         self,
         h: torch.Tensor,
@@ -347,6 +355,9 @@ class DecoderLayer(nn.Module):
         kv_cache: KVCache | None,
         attn_metadata: Any,
     ) -> torch.Tensor:
+        fused = self.small_m_forward(h, cos, sin, kv_cache, attn_metadata)
+        if fused is not None:
+            return fused
         a = self.self_attn(self.input_layernorm(h), cos, sin, kv_cache, attn_metadata)  # (T, H)
         if self.post_norm1 is not None:
             a = self.post_norm1(a)
@@ -387,6 +398,15 @@ class LlamaForCausalLM(CausalLM):
             if config.tie_word_embeddings
             else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         )
+
+    def native_layers(
+        self, h: torch.Tensor, shared: tuple[torch.Tensor, ...], kv_caches: list[KVCache], attn_metadata: Any
+    ) -> torch.Tensor | None:
+        """A decode step of a few rows on the CPU, every layer in one C++ call (models/llama_small_m.py)."""
+        return llama_small_m.model_forward(self, h, shared, kv_caches, attn_metadata)
+
+    def native_rows(self, dtype: torch.dtype) -> int:
+        return llama_small_m.model_rows(self, dtype)
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Raw embedding rows (T, H); layer_inputs applies embedding_multiplier to these and to

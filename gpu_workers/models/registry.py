@@ -112,9 +112,24 @@ class CausalLM(nn.Module):
         outputs into the rows they want). kv_caches: one per layer, or None for a stateless
         prefill of whole sequences."""
         h, shared = self.layer_inputs(self.embed(input_ids) if inputs_embeds is None else inputs_embeds, positions)
+        native = None if kv_caches is None else self.native_layers(h, shared, kv_caches, attn_metadata)
+        if native is not None:
+            return self.finish(native)
         for i, layer in enumerate(self.layers):
             h = layer(h, *shared, None if kv_caches is None else kv_caches[i], attn_metadata)
         return self.finish(h)
+
+    def native_rows(self, dtype: torch.dtype) -> int:
+        """The most rows a step of activations in `dtype` may have for native_layers to take it
+        (0: it takes none); the runner's compiled decode step leaves such steps to it."""
+        return 0
+
+    def native_layers(
+        self, h: torch.Tensor, shared: tuple[torch.Tensor, ...], kv_caches: list[KVCache], attn_metadata: Any
+    ) -> torch.Tensor | None:
+        """Every layer's output for this step in one native call, where the model has one for it
+        (models/llama.py: decode steps of a few rows on the CPU); None: the layers run one by one."""
+        return None
 
 
 @dataclass(frozen=True, slots=True)

@@ -36,6 +36,7 @@ from omni.config import (
 )
 from omni.engines.worker_specs import DTYPE_COMPONENTS
 from omni.model_layout import ModelLayout
+from omni.shared.gguf_file import is_gguf
 from omni.shared.media.limits import MediaLimits
 from omni.shared.settings import setting
 from omni.shared.store.spec import StoreSpec
@@ -216,6 +217,10 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
     secret = os.environ.get("OMNI_STORE_SECRET")
     store = replace(store, secret=secret.encode() if secret else None)
     models = _models(launch, from_file=getattr(args, "from_config_file", frozenset()))
+    if llm.quantization == "gguf":
+        plain = [str(path) for _, path in models if not is_gguf(path)]
+        if plain:
+            raise _fail(f"--quantization gguf: keeps a GGUF file's blocks; {', '.join(plain)} is not a GGUF file")
     layouts = []
     for _, model_dir in models:
         try:
@@ -254,7 +259,7 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
     # unset: compiled where it is faster (docs/BENCHMARKS.md): on a GPU (CUDA graphs), and on
     # the CPU for int8, whose activations' split inductor fuses; --enforce-eager always eager
     asked = getattr(args, "compile_decode", None)  # None: the flag was not given
-    by_default = not on_cpu or llm.quantization is not None
+    by_default = not on_cpu or llm.quantization == "int8"
     compiled = (by_default if asked is None else bool(asked)) and not compat.enforce_eager
     llm = replace(llm, compile_decode=compiled)
     if audio.first_chunk_units < MIN_UNITS:

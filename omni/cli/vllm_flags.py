@@ -53,21 +53,21 @@ _REFUSED_QUANTIZATIONS: dict[str, str] = {
     **dict.fromkeys(("awq", "awq_marlin", "gptq", "gptq_marlin", "gptq_marlin_24", "marlin", "compressed-tensors",
                      "bitsandbytes", "hqq", "quark", "auto-round", "inc", "ipex", "torchao", "gptq_bitblas",
                      "bitblas", "awq_triton"), _PREQUANTIZED),
-    "gguf": "a GGUF file is read without it (--model FILE.gguf), dequantized to --dtype; add "
-    "--quantization int8 to keep its linear weights in int8",
     "experts_int8": "it quantizes mixture-of-experts layers, and the models served here have none; "
     "--quantization int8 quantizes every linear layer",
 }  # fmt: skip
 
 
 def quantization_method(name: str) -> str:
-    """--quantization's value as the workers take it ("int8"); ValueError saying why for any
-    other of vLLM's names."""
+    """--quantization's value as the workers take it ("int8", "gguf"); ValueError saying why for
+    any other of vLLM's names."""
     value = name.strip().lower()
     if value in INT8_QUANTIZATION_NAMES:
         return "int8"
+    if value == "gguf":
+        return "gguf"
     reason = _REFUSED_QUANTIZATIONS.get(value, "not a quantization omni-serve knows")
-    raise ValueError(f"--quantization {name}: {reason} (served: {', '.join(INT8_QUANTIZATION_NAMES)})")
+    raise ValueError(f"--quantization {name}: {reason} (served: {', '.join((*INT8_QUANTIZATION_NAMES, 'gguf'))})")
 
 
 def unsupported_flag_message(extra: Sequence[str]) -> str | None:

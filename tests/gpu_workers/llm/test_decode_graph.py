@@ -37,6 +37,7 @@ def _runner(model_dir: Any, compiled: bool, kernel: str | None = None, quantizat
     if compiled:
         # the CUDA layout on CPU: buckets of 1, 2, 4, 8, each batch padded to its bucket
         r.decode_graph = DecodeGraph(r.model, r.kv_cache, max_num_seqs=8, kernel=kernel, pad_to_buckets=True)
+        r.native_rows = 0  # every decode step compiled, the small ones too (the native decode's are eager)
     return r
 
 
@@ -122,3 +123,25 @@ def test_a_compile_that_fails_at_start_leaves_the_worker_serving_eagerly(
     got = _decode(runner, prompts, tables, 3)
     assert len(got) == 3
     torch.testing.assert_close(torch.cat(got), torch.cat(_decode(_runner(model_dir, False), prompts, tables, 3)))
+
+
+def test_decode_steps_the_native_decode_takes_skip_the_compiled_step(hf_checkpoint: Any) -> None:
+    """With --compile-decode on the CPU, a decode step of up to native_rows rows runs the model's
+    native decode (every layer in one call: faster there), a larger one the compiled step."""
+    from gpu_workers.models import small_m_linear
+
+    if not small_m_linear.load():
+        pytest.skip("small-M kernels not built here")
+    r = LLMRunner(hf_checkpoint("qwen2")[0], block_size=4, num_kv_blocks=NUM_BLOCKS, compile_decode=True)
+    r.decode_graph = DecodeGraph(r.model, r.kv_cache, max_num_seqs=16, pad_to_buckets=True)
+    assert r.native_rows == small_m_linear.MAX_ROWS_LAYER > 0
+    compiled_rows: list[int] = []
+    real = r.decode_graph.forward
+    r.decode_graph.forward = lambda ids, *a: compiled_rows.append(len(ids)) or real(ids, *a)  # type: ignore[method-assign]
+    n = r.native_rows + 1
+    prompts = {f"r{i}": [1 + i, 2, 3] for i in range(n)}
+    tables = {f"r{i}": [2 * i, 2 * i + 1] for i in range(n)}
+    r.execute(protocol.Step(0, [protocol.NewRequest(k, p, GREEDY, tables[k], 0, 3) for k, p in prompts.items()], [], []))
+    r.execute(protocol.Step(1, [], [protocol.CachedRequest("r0", [], 3, 1)], []))
+    r.execute(protocol.Step(2, [], [protocol.CachedRequest(k, [], 3 + (k == "r0"), 1) for k in prompts], []))
+    assert compiled_rows == [n]

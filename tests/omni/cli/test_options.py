@@ -142,7 +142,7 @@ def test_quantization_int8_under_its_name_or_vllms_reaches_the_llm_workers(dirs:
     [
         ("awq", "reads a checkpoint quantized beforehand"),
         ("fp8", "fp8 and fp4 weights are not served"),
-        ("gguf", "a GGUF file is read without it"),
+        ("gguf", "keeps a GGUF file's blocks; "),
         ("int4", "not a quantization omni-serve knows"),
     ],
 )

@@ -32,12 +32,16 @@ def test_vllms_names_for_int8_are_int8(name: str) -> None:
     assert quantization_method(name) == "int8"
 
 
+def test_gguf_is_served() -> None:
+    assert quantization_method(" GGUF") == "gguf"
+
+
 @pytest.mark.parametrize(
     ("name", "reason"),
-    [("fp8", "fp8 and fp4 weights are not served"), ("awq", "quantized beforehand"), ("gguf", "read without it"),
+    [("fp8", "fp8 and fp4 weights are not served"), ("awq", "quantized beforehand"),
      ("experts_int8", "mixture-of-experts"), ("nf5", "not a quantization omni-serve knows")],
 )  # fmt: skip
 def test_other_quantizations_are_refused_saying_why(name: str, reason: str) -> None:
     with pytest.raises(ValueError, match=reason) as refused:
         quantization_method(name)
-    assert str(refused.value).startswith(f"--quantization {name}:") and "(served: int8, tpu_int8)" in str(refused.value)
+    assert str(refused.value).startswith(f"--quantization {name}:") and "(served: int8, tpu_int8, gguf)" in str(refused.value)
