@@ -17,7 +17,7 @@ test_small_m_layer.py holds them to the eager layer and the layer-by-layer runne
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -25,8 +25,10 @@ from gpu_workers.attention.backend import KVCache
 from gpu_workers.models import small_m_linear
 from gpu_workers.models.small_m_linear import Form
 
-if TYPE_CHECKING:
-    from gpu_workers.models.llama import DecoderLayer, LlamaForCausalLM
+# models/llama.py's DecoderLayer and LlamaForCausalLM, named without importing them (llama.py
+# imports this module): their attributes are read as the classes define them
+DecoderLayer = Any
+LlamaForCausalLM = Any
 
 Forms = tuple[Form, Form, Form, Form]  # q|k|v, o, gate|up, down
 

@@ -1,5 +1,5 @@
-"""A decoder layer's fused small-M halves (small_m_linear.cpp's attn_in and attn_out_mlp, reached
-through models/llama.py's DecoderLayer.small_m_forward) against the same layer's eager torch ops,
+"""models/llama_small_m.py: a decoder layer's fused small-M halves (small_m_linear.cpp's attn_in
+and attn_out_mlp, reached through DecoderLayer.small_m_forward) against the same layer's eager ops,
 for every llama-family variant (qwen2's q|k|v bias, granite's and hyperclovax's residual
 multiplier, hyperclovax's post norms), bf16 and float32 activations, int8 linears, and M = 1..4.
 
