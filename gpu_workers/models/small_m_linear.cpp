@@ -98,8 +98,7 @@ struct Job {
   int64_t n;
   const float* scale;   // (N,) or null
   const float* bias;    // (N,) or null
-  void* out;            // (rows, N) float or bf16, row stride N
-  bool out_bf16;
+  float* out;           // (rows, N), row stride N (callers round to bf16 where they want it)
 };
 
 // Elements from the weight's start to block `block`'s lanes at k pair (or k) `p`; unit is the
@@ -118,12 +117,7 @@ AVX512 inline void store16(const Job& j, int64_t row, int64_t n0, __m512 v) {
   const __mmask16 mask = static_cast<__mmask16>((1u << count) - 1);
   if (j.scale) v = _mm512_mul_ps(v, _mm512_maskz_loadu_ps(mask, j.scale + n0));
   if (j.bias) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask, j.bias + n0));
-  if (j.out_bf16) {
-    __m256i h = reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(v));
-    _mm256_mask_storeu_epi16(static_cast<uint16_t*>(j.out) + row * j.n + n0, mask, h);
-  } else {
-    _mm512_mask_storeu_ps(static_cast<float*>(j.out) + row * j.n + n0, mask, v);
-  }
+  _mm512_mask_storeu_ps(j.out + row * j.n + n0, mask, v);
 }
 
 // Widens 32 int8 (16 lanes x a k pair) to 32 bf16 in the same order.
@@ -199,20 +193,12 @@ AVX2 inline void store8(const Job& j, int64_t row, int64_t n0, __m256 v) {
   if (count <= 0) return;
   alignas(32) float buf[8];
   _mm256_store_ps(buf, v);
-  float* outf = static_cast<float*>(j.out) + row * j.n + n0;
-  uint16_t* outh = static_cast<uint16_t*>(j.out) + row * j.n + n0;
+  float* out = j.out + row * j.n + n0;
   for (int64_t i = 0; i < count; ++i) {
     float f = buf[i];
     if (j.scale) f *= j.scale[n0 + i];
     if (j.bias) f += j.bias[n0 + i];
-    if (j.out_bf16) {
-      uint32_t u;
-      std::memcpy(&u, &f, 4);
-      u += 0x7FFF + ((u >> 16) & 1);  // round to nearest even (finite values)
-      outh[i] = static_cast<uint16_t>(u >> 16);
-    } else {
-      outf[i] = f;
-    }
+    out[i] = f;
   }
 }
 
@@ -597,7 +583,6 @@ void matvec(const float* x, int64_t rows, int64_t k, const at::Tensor& packed, i
   j.n = n;
   j.scale = scale;
   j.bias = bias;
-  j.out_bf16 = false;
   // the rows as the kernel reads them: bf16 pairs (as int32) on avx512, else floats; K padded even
   const bool pairs_bf16 = layout != Layout::kFp32 && g_isa == Isa::kAvx512Bf16;
   int64_t width;
