@@ -112,7 +112,8 @@ def model_forward(
 
 def _model_weights(model: LlamaForCausalLM, dtype: torch.dtype) -> list[torch.Tensor | None] | None:
     # decode_layers' flat list, 16 a layer (small_m_linear.cpp says the order); None where a
-    # layer has no forms. Built once per dtype and kept on the model.
+    # layer has no forms. Built once per dtype and kept on the model, the norms' weights as the
+    # C++ reads them in place each step (float32: bf16 ones widened once, exactly).
     cache: dict[torch.dtype, list[torch.Tensor | None] | None] = model.__dict__.setdefault("_small_m_weights", {})
     if dtype not in cache:
         flat: list[torch.Tensor | None] | None = []
@@ -124,8 +125,11 @@ def _model_weights(model: LlamaForCausalLM, dtype: torch.dtype) -> list[torch.Te
                 break
             qkv, o, gate_up, down = forms
             post1, post2 = layer.post_norm1, layer.post_norm2
-            flat += [layer.input_layernorm.weight.detach(), *qkv, *o, None if post1 is None else post1.weight.detach(),
-                     layer.post_attention_layernorm.weight.detach(), *gate_up, *down,
-                     None if post2 is None else post2.weight.detach()]  # fmt: skip
+            flat += [_norm(layer.input_layernorm), *qkv, *o, None if post1 is None else _norm(post1),
+                     _norm(layer.post_attention_layernorm), *gate_up, *down, None if post2 is None else _norm(post2)]  # fmt: skip
         cache[dtype] = flat
     return cache[dtype]
+
+
+def _norm(norm: torch.nn.Module) -> torch.Tensor:
+    return norm.weight.detach().float().contiguous()  # type: ignore[operator]

@@ -111,13 +111,21 @@ inline int64_t woff(const Job& j, int64_t block, int64_t p, int64_t unit) {
 
 #define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")))
 
-AVX512 inline void store16(const Job& j, int64_t row, int64_t n0, __m512 v) {
-  const int64_t count = std::min<int64_t>(kLanes, j.n - n0);
+// 16 output lanes [n0, n0 + 16) of row `row` of out (rows, n): times scale, plus bias (either
+// may be null), the lanes past n left alone. Both the bf16 and the VNNI kernels' targets include
+// this one's, so it inlines into each.
+__attribute__((target("avx512f"))) inline void store_lanes(float* out, int64_t n, const float* scale,
+                                                          const float* bias, int64_t row, int64_t n0, __m512 v) {
+  const int64_t count = std::min<int64_t>(kLanes, n - n0);
   if (count <= 0) return;
   const __mmask16 mask = static_cast<__mmask16>((1u << count) - 1);
-  if (j.scale) v = _mm512_mul_ps(v, _mm512_maskz_loadu_ps(mask, j.scale + n0));
-  if (j.bias) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask, j.bias + n0));
-  _mm512_mask_storeu_ps(j.out + row * j.n + n0, mask, v);
+  if (scale) v = _mm512_mul_ps(v, _mm512_maskz_loadu_ps(mask, scale + n0));
+  if (bias) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask, bias + n0));
+  _mm512_mask_storeu_ps(out + row * n + n0, mask, v);
+}
+
+AVX512 inline void store16(const Job& j, int64_t row, int64_t n0, __m512 v) {
+  store_lanes(j.out, j.n, j.scale, j.bias, row, n0, v);
 }
 
 // Widens 32 int8 (16 lanes x a k pair) to 32 bf16 in the same order.
@@ -297,13 +305,6 @@ struct QJob {
 
 #define VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,f16c")))
 
-VNNI inline void qstore16(const QJob& j, int64_t row, int64_t n0, __m512 v) {
-  const int64_t count = std::min<int64_t>(kLanes, j.n - n0);
-  if (count <= 0) return;
-  const __mmask16 mask = static_cast<__mmask16>((1u << count) - 1);
-  if (j.bias) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask, j.bias + n0));
-  _mm512_mask_storeu_ps(j.out + row * j.n + n0, mask, v);
-}
 
 // One tile's blocks [b0, b0 + NB) (NB 4: the whole tile, or 2: a half) for M rows.
 template <int M, int NB, Quant Q>
@@ -360,7 +361,7 @@ VNNI void tile_quant(const QJob& j, int64_t tile, int64_t b0) {
     }
   }
   for (int m = 0; m < M; ++m)
-    for (int b = 0; b < NB; ++b) qstore16(j, m, tile * kTileLanes + (b0 + b) * kLanes, acc[m][b]);
+    for (int b = 0; b < NB; ++b) store_lanes(j.out, j.n, nullptr, j.bias, m, tile * kTileLanes + (b0 + b) * kLanes, acc[m][b]);
 }
 
 using QTileFn = void (*)(const QJob&, int64_t, int64_t);
@@ -686,7 +687,7 @@ at::Tensor to_tensor(const std::vector<float>& v, at::IntArrayRef shape, const a
 }
 
 // RMSNorm as models/llama.py's: x * rsqrt(mean(x^2) + eps), rounded, then times the weight, rounded.
-void rms_norm(const float* x, int64_t rows, int64_t h, const std::vector<float>& w, double eps, Act act, float* out) {
+void rms_norm(const float* x, int64_t rows, int64_t h, const float* w, double eps, Act act, float* out) {
   for (int64_t r = 0; r < rows; ++r) {
     const float* xr = x + r * h;
     float ss = 0.0f;
@@ -725,7 +726,7 @@ struct Dims {
 
 // x (M, H) -> q (M, Hq, D), k, v (M, Hkv, D): the input norm, q|k|v and RoPE (halves rotated);
 // c, s: cos and sin (M, D)
-void attn_in_core(const std::vector<float>& x, const std::vector<float>& norm_w, double eps, const Linear& qkv,
+void attn_in_core(const std::vector<float>& x, const float* norm_w, double eps, const Linear& qkv,
                   const std::vector<float>& c, const std::vector<float>& s, const Dims& d, Act act, std::vector<float>& q,
                   std::vector<float>& k, std::vector<float>& v) {
   const int64_t qs = d.q_size(), ks = d.kv_size(), hd = d.head_dim, half = hd / 2;
@@ -757,7 +758,7 @@ void attn_in_core(const std::vector<float>& x, const std::vector<float>& norm_w,
 
 struct MlpWeights {
   Linear o, gate_up, down;
-  std::vector<float> post1, norm, post2;  // post norms: empty where the layer has none
+  const float *post1, *norm, *post2;  // (H,) float32 each; post norms null where the layer has none
 };
 
 // x (M, H), the residual stream, updated in place with attention's output a (M, Hq * D): o,
@@ -766,8 +767,8 @@ struct MlpWeights {
 void attn_out_mlp_core(std::vector<float>& x, const std::vector<float>& a, const MlpWeights& w, double mult, double eps,
                        const Dims& d, Act act) {
   const int64_t rows = d.rows, hidden = d.hidden, inter = d.inter;
-  const auto finish = [&](std::vector<float>& t, const std::vector<float>& post) {
-    if (!post.empty()) {
+  const auto finish = [&](std::vector<float>& t, const float* post) {
+    if (post != nullptr) {
       std::vector<float> n(t.size());
       rms_norm(t.data(), rows, hidden, post, eps, act, n.data());
       t.swap(n);
@@ -793,6 +794,16 @@ void attn_out_mlp_core(std::vector<float>& x, const std::vector<float>& a, const
 
 std::vector<float> opt_rows(const std::optional<at::Tensor>& t) { return t ? rows_float(*t) : std::vector<float>{}; }
 
+const float* data_or_null(const std::vector<float>& v) { return v.empty() ? nullptr : v.data(); }
+
+// A norm's weight read in place: float32, contiguous, (H,) (decode_layers' callers convert once)
+const float* norm_in_place(const std::optional<at::Tensor>& t, int64_t h) {
+  if (!t) return nullptr;
+  TORCH_CHECK(t->scalar_type() == at::kFloat && t->is_contiguous() && t->numel() == h,
+              "decode_layers: norm weights are (H,) float32, contiguous");
+  return t->data_ptr<float>();
+}
+
 // h (M, H) -> q (M, Hq, D), k, v (M, Hkv, D): the input norm, q|k|v and RoPE (halves rotated).
 std::tuple<at::Tensor, at::Tensor, at::Tensor> attn_in(
     const at::Tensor& h, const at::Tensor& norm_w, double eps, const at::Tensor& qkv, const std::optional<at::Tensor>& qkv_scale,
@@ -803,7 +814,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attn_in(
   const Act act{h.scalar_type() == at::kBFloat16};
   const Dims d{h.size(0), h.size(1), heads, kv_heads, head_dim, 0};
   std::vector<float> q, k, v;
-  attn_in_core(rows_float(h), rows_float(norm_w), eps, as_linear(qkv, d.q_size() + 2 * d.kv_size(), qkv_scale, qkv_bias),
+  const std::vector<float> norm = rows_float(norm_w);
+  attn_in_core(rows_float(h), norm.data(), eps, as_linear(qkv, d.q_size() + 2 * d.kv_size(), qkv_scale, qkv_bias),
                rows_float(cos), rows_float(sin), d, act, q, k, v);
   const auto opts = h.options();
   return {to_tensor(q, {d.rows, heads, head_dim}, opts), to_tensor(k, {d.rows, kv_heads, head_dim}, opts),
@@ -820,9 +832,10 @@ at::Tensor attn_out_mlp(const at::Tensor& h, const at::Tensor& a, const at::Tens
   TORCH_CHECK(h.dim() == 2 && a.dim() == 2 && a.size(0) == h.size(0), "attn_out_mlp: h (M, H), a (M, Hq * D)");
   const Act act{h.scalar_type() == at::kBFloat16};
   const Dims d{h.size(0), h.size(1), 0, 0, 0, inter};
+  const std::vector<float> post1 = opt_rows(post1_w), norm = rows_float(norm_w), post2 = opt_rows(post2_w);
   const MlpWeights w{as_linear(o, d.hidden, o_scale, o_bias), as_linear(gate_up, 2 * inter, gate_up_scale, gate_up_bias),
-                     as_linear(down, d.hidden, down_scale, down_bias), opt_rows(post1_w), rows_float(norm_w),
-                     opt_rows(post2_w)};
+                     as_linear(down, d.hidden, down_scale, down_bias), data_or_null(post1), norm.data(),
+                     data_or_null(post2)};
   std::vector<float> x = rows_float(h);
   attn_out_mlp_core(x, rows_float(a), w, mult, eps, d, act);
   return to_tensor(x, {d.rows, d.hidden}, h.options());
@@ -842,7 +855,7 @@ using PagedDecode = void (*)(const float* q, const uint16_t* q_bf16, void* k_cac
 constexpr int64_t kPerLayer = 16;  // weights a layer: see decode_layers
 
 // h (M, H) -> the last layer's output (M, H), every layer as attn_in, paged_decode and
-// attn_out_mlp. weights: kPerLayer a layer, in order: input norm; q|k|v packed, scale, bias;
+// attn_out_mlp. weights: kPerLayer a layer, in order (norms float32): input norm; q|k|v packed, scale, bias;
 // o packed, scale, bias; post norm 1; MLP norm; gate|up packed, scale, bias; down packed,
 // scale, bias; post norm 2 (absent ones None). k_caches, v_caches: a layer's each, (blocks,
 // block size, Hkv, D) in h's dtype. block_table (M, W), context_lens (M,), slots (M,): int64.
@@ -883,8 +896,8 @@ at::Tensor decode_layers(const at::Tensor& h, const at::Tensor& cos, const at::T
     TORCH_CHECK(kc.scalar_type() == h.scalar_type() && vc.scalar_type() == h.scalar_type() && kc.is_contiguous() &&
                 vc.is_contiguous() && kc.dim() == 4 && kc.size(2) == kv_heads && kc.size(3) == head_dim &&
                 kc.sizes() == vc.sizes(), "decode_layers: K/V caches (blocks, block size, Hkv, D) in h's dtype");
-    attn_in_core(x, rows_float(req(layer, 0)), eps, as_linear(req(layer, 1), qs + 2 * ks, w(layer, 2), w(layer, 3)), c, s,
-                 d, act, q, k, v);
+    attn_in_core(x, norm_in_place(req(layer, 0), d.hidden), eps, as_linear(req(layer, 1), qs + 2 * ks, w(layer, 2), w(layer, 3)),
+                 c, s, d, act, q, k, v);
     const char* k_rows = reinterpret_cast<const char*>(k.data());
     const char* v_rows = reinterpret_cast<const char*>(v.data());
     int64_t row_bytes = ks * static_cast<int64_t>(sizeof(float));
@@ -907,8 +920,9 @@ at::Tensor decode_layers(const at::Tensor& h, const at::Tensor& cos, const at::T
       for (auto& e : a) e = act(e);
     const MlpWeights mw{as_linear(req(layer, 4), d.hidden, w(layer, 5), w(layer, 6)),
                         as_linear(req(layer, 9), 2 * inter, w(layer, 10), w(layer, 11)),
-                        as_linear(req(layer, 12), d.hidden, w(layer, 13), w(layer, 14)), opt_rows(w(layer, 7)),
-                        rows_float(req(layer, 8)), opt_rows(w(layer, 15))};
+                        as_linear(req(layer, 12), d.hidden, w(layer, 13), w(layer, 14)),
+                        norm_in_place(w(layer, 7), d.hidden), norm_in_place(req(layer, 8), d.hidden),
+                        norm_in_place(w(layer, 15), d.hidden)};
     attn_out_mlp_core(x, a, mw, mult, eps, d, act);
   }
   return to_tensor(x, {rows, d.hidden}, h.options());
