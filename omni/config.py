@@ -13,6 +13,7 @@ from pathlib import Path
 
 from omni.shared.media.limits import MediaLimits
 from omni.shared.settings import setting
+from omni.shared.speculative import SpeculativeConfig
 from scheduler.placement import POLICIES
 
 
@@ -136,6 +137,16 @@ class LLMConfig:
         "activations quantized per block of 32 as llama.cpp does; other block types are "
         "dequantized to --dtype. CPUs with AVX512-VNNI only; elsewhere refused with the reason",
     )
+    speculative_config: str | None = setting(
+        None,
+        metavar="JSON",
+        help='speculative decoding, vLLM\'s JSON: {"method": "ngram", "num_speculative_tokens": 4, '
+        '"prompt_lookup_min": 2, "prompt_lookup_max": 4}. ngram drafts by prompt lookup, in the '
+        "worker; greedy requests without penalties or a grammar speculate, others decode as without it "
+        "(docs/ARCHITECTURE.md). disable_by_batch_size N: no drafts while more than N requests run",
+    )
+    # --speculative-config parsed (omni/cli/options.py); None: no speculation
+    speculative: SpeculativeConfig | None = None
     max_logprobs: int = setting(
         20,
         type="positive_int",

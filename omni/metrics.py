@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -163,6 +164,22 @@ class Metrics:
         )
         self.prompt_tokens = Counter(
             "vllm:prompt_tokens", "Number of prefill tokens processed.", _ENGINE, registry=r
+        )
+        # speculative decoding (--speculative-config): a draft is one request's drafts in one step
+        self.spec_decode_num_drafts = Counter(
+            "vllm:spec_decode_num_drafts", "Number of spec decoding drafts.", _ENGINE, registry=r
+        )
+        self.spec_decode_num_draft_tokens = Counter(
+            "vllm:spec_decode_num_draft_tokens", "Number of draft tokens.", _ENGINE, registry=r
+        )
+        self.spec_decode_num_accepted_tokens = Counter(
+            "vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens.", _ENGINE, registry=r
+        )
+        self.spec_decode_num_accepted_tokens_per_pos = Counter(
+            "vllm:spec_decode_num_accepted_tokens_per_pos",
+            "Accepted tokens per draft position.",
+            [*_ENGINE, "position"],
+            registry=r,
         )
         self.generation_tokens = Counter(
             "vllm:generation_tokens", "Number of generation tokens processed.", _ENGINE, registry=r
@@ -634,7 +651,24 @@ class EngineMetrics:
         self.request_decode_time = m.request_decode_time.labels(*labels)
         self.step_latency = m.step_latency.labels(*labels)
         self.deadlines_exceeded = m.deadlines_exceeded.labels(*labels)
+        self.spec_decode_num_drafts = m.spec_decode_num_drafts.labels(*labels)
+        self.spec_decode_num_draft_tokens = m.spec_decode_num_draft_tokens.labels(*labels)
+        self.spec_decode_num_accepted_tokens = m.spec_decode_num_accepted_tokens.labels(*labels)
+        self._accepted_per_pos: list[Any] = []  # by draft position, once speculation is configured
         self._cache_config: tuple[str, ...] | None = None
+
+    def set_speculative_tokens(self, num_tokens: int) -> None:
+        """Speculation drafts up to num_tokens a step: each position's accepted series, at 0."""
+        family = self._metrics.spec_decode_num_accepted_tokens_per_pos
+        self._accepted_per_pos = [family.labels(*self.labels, str(p)) for p in range(num_tokens)]
+
+    def add_drafts(self, num_drafts: int, num_accepted: int) -> None:
+        """One request verified num_drafts draft tokens in a step and kept the first num_accepted."""
+        self.spec_decode_num_drafts.inc()
+        self.spec_decode_num_draft_tokens.inc(num_drafts)
+        self.spec_decode_num_accepted_tokens.inc(num_accepted)
+        for counter in self._accepted_per_pos[:num_accepted]:
+            counter.inc()
 
     def set_cache_config(self, *, block_size: int, num_gpu_blocks: int, enable_prefix_caching: bool) -> None:
         """vllm:cache_config_info: 1, its labels the KV cache this worker allocated (once

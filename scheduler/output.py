@@ -35,6 +35,8 @@ class ScheduledCachedRequest:
     # Back after a preemption: new_block_ids replaces the worker's table and
     # num_computed_tokens counts only prefix-cache hits.
     resumed: bool
+    # Of num_scheduled_tokens, the draft tokens verified after its next token.
+    num_draft_tokens: int = 0
 
 
 @dataclass(slots=True)
@@ -46,6 +48,7 @@ class SchedulerOutput:
     finished_request_ids: list[RequestId]
     # Preempted by this step (for stats; the worker keeps their tokens until resumed).
     preempted_request_ids: list[RequestId]
+    num_draft_tokens: int = 0  # over every request: speculative decoding's drafts to verify
 
     @property
     def total_num_scheduled_tokens(self) -> int:

@@ -111,6 +111,11 @@ class Request:
     # Prompt tokens served from the prefix cache at first admission (usage.cached_tokens).
     num_cached_tokens: int = 0
     num_preemptions: int = 0
+    # Draft tokens the worker holds for this request's next step (speculative decoding): the
+    # scheduler may schedule up to this many after its next token. Reset by every result.
+    num_draft_tokens: int = 0
+    # May the worker draft for it (speculation is configured and the request is fit for it)?
+    speculate: bool = False
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -9,6 +9,12 @@ waiting queue, where the prefix cache usually gives most of its KV back.
 The loop is synchronous: schedule() -> worker runs the step -> update_from_output() ->
 schedule(). At most one step is in flight; schedule() advances num_computed_tokens at once.
 
+Speculative decoding: a decoding request whose worker holds draft tokens (num_draft_tokens,
+from the last result) is scheduled 1 + d tokens, d drafts within the budget, max_model_len and
+max_tokens; they take budget and KV slots like any token. The result brings 1 to d + 1
+tokens; rejected drafts' slots are recomputed by the next step (num_computed_tokens goes back
+to the last verified token), and the prefix cache only ever hashes verified tokens.
+
 The waiting queue is bounded (max_num_waiting requests, max_num_waiting_tokens tokens):
 add_request refuses a newcomer beyond either with QueueFull. The server admits requests
 against tighter limits before they get here (omni/engines/admission.py); this bound is the backstop.
@@ -18,7 +24,7 @@ Preempted requests rejoin the queue whatever its length: they were admitted alre
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -36,6 +42,9 @@ class SchedulerConfig:
     # Bounds of the waiting queue for newcomers; None: unbounded.
     max_num_waiting: int | None = None
     max_num_waiting_tokens: int | None = None
+    # Speculative decoding: no drafts are scheduled in a step while more than this many
+    # requests run (vLLM's disable_by_batch_size); None: at any batch size.
+    speculative_max_running: int | None = None
 
     def __post_init__(self) -> None:
         if min(self.max_num_seqs, self.max_num_batched_tokens, self.max_model_len) <= 0:
@@ -191,6 +200,8 @@ class Scheduler:
         return output
 
     def _schedule_running(self, output: SchedulerOutput, budget: int) -> int:
+        limit = self.config.speculative_max_running
+        speculate = limit is None or len(self._running) <= limit
         i = 0
         while i < len(self._running) and budget > 0:
             request = self._running[i]
@@ -198,18 +209,32 @@ class Scheduler:
             if num_new <= 0:  # only if its last step's token never came back
                 i += 1
                 continue
+            drafts = 0
+            if num_new == 1 and request.num_draft_tokens and speculate:
+                drafts = self._num_drafts(request, budget - 1)
+                num_new += drafts
             new_blocks = self._allocate_or_preempt(request, num_new, output)
             if new_blocks is None:  # it was its own victim, and was last in the list
                 break
             output.scheduled_cached.append(
                 ScheduledCachedRequest(
-                    request.request_id, new_blocks, request.num_computed_tokens, num_new, False
+                    request.request_id, new_blocks, request.num_computed_tokens, num_new, False, drafts
                 )
             )
+            output.num_draft_tokens += drafts
             self._advance(request, num_new)
             budget -= num_new
             i += 1
         return budget
+
+    def _num_drafts(self, request: Request, budget: int) -> int:
+        """Drafts to verify after a decoding request's next token: the step emits up to one
+        token more than it verifies, within max_model_len and max_tokens."""
+        room = min(
+            self.config.max_model_len - request.num_tokens - 1,
+            request.sampling_params.max_tokens - request.num_output_tokens - 1,
+        )
+        return max(0, min(request.num_draft_tokens, budget, room))
 
     def _allocate_or_preempt(
         self, request: Request, num_new: int, output: SchedulerOutput
@@ -226,6 +251,7 @@ class Scheduler:
         self.block_manager.free(request)
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
+        request.num_draft_tokens = 0
         request.num_preemptions += 1
         self.num_preemptions_total += 1
         self._waiting.appendleft(request)
@@ -281,10 +307,17 @@ class Scheduler:
     # -- results -----------------------------------------------------------------------
 
     def update_from_output(
-        self, output: SchedulerOutput, sampled: Mapping[RequestId, int]
+        self,
+        output: SchedulerOutput,
+        sampled: Mapping[RequestId, int | Sequence[int]],
+        drafted: Mapping[RequestId, int] | None = None,
     ) -> list[Request]:
         """Append the sampled tokens; return the requests that got one (finished or not), and
-        the prefill-only ones whose prompt is now computed (finished, with no token)."""
+        the prefill-only ones whose prompt is now computed (finished, with no token).
+
+        sampled: a request's token, or with speculative decoding its tokens in order (the
+        accepted drafts, then one more); tokens after one that ends the request are dropped.
+        drafted: the draft tokens the worker now holds per request (absent: none)."""
         scheduled = [
             (s.request.request_id, s.num_computed_tokens, s.num_scheduled_tokens)
             for s in output.scheduled_new
@@ -306,11 +339,19 @@ class Scheduler:
                 continue
             if request_id not in sampled:
                 raise ValueError(f"step {output.step_id}: no sampled token for {request_id}")
-            request.append_output_token(sampled[request_id])
-            if not request.is_finished and request.num_tokens >= self.config.max_model_len:
-                request.status = RequestStatus.FINISHED_LENGTH
+            tokens = sampled[request_id]
+            for token_id in [tokens] if isinstance(tokens, int) else tokens:
+                request.append_output_token(token_id)
+                if not request.is_finished and request.num_tokens >= self.config.max_model_len:
+                    request.status = RequestStatus.FINISHED_LENGTH
+                if request.is_finished:
+                    break
             if request.is_finished:
                 self._finish(request)
+            else:
+                # rejected drafts: their KV is recomputed from the last verified token on
+                request.num_computed_tokens = min(request.num_computed_tokens, request.num_tokens - 1)
+                request.num_draft_tokens = drafted.get(request_id, 0) if drafted else 0
             updated.append(request)
         if any(r.is_finished for r in updated):
             self._running = [r for r in self._running if not r.is_finished]

@@ -35,8 +35,10 @@ from gpu_workers.models import small_m_linear
 from gpu_workers.models.packed_linear import pack_linears
 from gpu_workers.models.registry import CausalLMConfig
 from gpu_workers.runner import Runner, register_runner
+from gpu_workers.sample.penalties import TokenHistory
 from gpu_workers.sample.sampler import Sampler, validate_options
 from gpu_workers.sample.token_masks import StepMaskReader
+from gpu_workers.spec.drafts import Drafter, accepted, draft_histories, fits
 from gpu_workers.staging import HostStaging
 from gpu_workers.store_client import LRUBytes, StoreClient
 from omni.shared import protocol
@@ -83,6 +85,9 @@ class RequestState:
     # Prompt positions [1, prompt_logprobs_end) have had their logprobs sent: a prompt that
     # is recomputed after a preemption sends none twice.
     prompt_logprobs_end: int = 1
+    # Draft tokens to follow token_ids (speculative decoding): the next step may verify a
+    # prefix of them, as rows after the request's last token.
+    draft: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.num_prompt_tokens = len(self.token_ids)
@@ -133,6 +138,7 @@ class LLMRunner(Runner):
         compile_decode: bool = False,  # decode-only steps through the compiled step (llm/decode_graph.py)
         max_num_seqs: int = 64,  # the largest decode bucket
         decode_kernel: str | None = None,  # the compiled step's attention; None: compiled_decode's default
+        drafter: Drafter | None = None,  # speculative decoding's drafts (gpu_workers/spec/drafts.py)
     ) -> None:
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
@@ -165,6 +171,7 @@ class LLMRunner(Runner):
                 f"{mc.max_position_embeddings}"
             )
         self.sampler = Sampler()
+        self.drafter = drafter
         self.requests: dict[str, RequestState] = {}
         self.read_artifact = read_artifact
         # Injected embeddings by store key, already on the device in the model's dtype.
@@ -244,6 +251,7 @@ class LLMRunner(Runner):
             memory_shares=spec.memory_shares,
             compile_decode=spec.compile_decode,
             max_num_seqs=spec.max_num_seqs,
+            drafter=Drafter.from_spec(spec),
         )
         # before the worker reports ready: the paged CPU kernel compiles here, not in a request
         mc = runner.model_config
@@ -297,7 +305,7 @@ class LLMRunner(Runner):
             return protocol.StepResult(step.step_id, [], failed)
         with torch.inference_mode():
             sampled, prompt_logprobs = self._run(scheduled, media, masks)
-        return protocol.StepResult(step.step_id, sampled, failed, prompt_logprobs)
+        return protocol.StepResult(step.step_id, sampled, failed, prompt_logprobs, self._draft(sampled))
 
     def _apply_deltas(self, step: protocol.Step) -> list[_Scheduled]:
         # Everything is checked before any state changes, so a rejected step leaves the
@@ -332,10 +340,12 @@ class LLMRunner(Runner):
         for s in scheduled:
             state = new_states.get(s.request_id) or self.requests[s.request_id]
             end = s.num_computed_tokens + s.num_scheduled_tokens
-            if s.num_computed_tokens < 0 or s.num_scheduled_tokens < 1 or end > len(state.token_ids):
+            # past the known tokens only into the drafts, and only after the last known token
+            known = len(state.token_ids) + (len(state.draft) if s.num_computed_tokens == len(state.token_ids) - 1 else 0)
+            if s.num_computed_tokens < 0 or s.num_scheduled_tokens < 1 or end > known:
                 raise ValueError(
                     f"request {s.request_id!r}: cannot compute tokens [{s.num_computed_tokens}, {end}) "
-                    f"of {len(state.token_ids)}"
+                    f"of {len(state.token_ids)} (and {len(state.draft)} drafts)"
                 )
             if end > self.max_model_len:
                 raise ValueError(f"request {s.request_id!r}: {end} tokens exceed max_model_len {self.max_model_len}")
@@ -483,14 +493,18 @@ class LLMRunner(Runner):
         positions: list[int] = []
         chunks: list[SequenceChunk] = []
         sample_rows: list[int] = []  # packed row whose hidden state predicts the next token
-        sample_ids: list[str] = []
+        sample_ids: list[str] = []  # per sampled row: a request verifying d drafts has d + 1 rows
+        histories: list[TokenHistory] = []  # per sampled row: the tokens before it
         prompt_rows: list[_PromptRows] = []
         for s in scheduled:
             state = self.requests[s.request_id]
             start, end = s.num_computed_tokens, s.num_computed_tokens + s.num_scheduled_tokens
             first_row = len(input_ids)
             chunks.append(SequenceChunk(first_row, s.num_scheduled_tokens, start, state.block_ids))
+            known = len(state.token_ids)
             input_ids.extend(state.token_ids[start:end])
+            if end > known:  # the drafts to verify, after the last known token
+                input_ids.extend(state.draft[: end - known])
             positions.extend(range(start, end))
             if state.sampling.prompt_logprobs is not None:
                 # The chunk's rows at positions [start, end) predict tokens [start + 1, end + 1);
@@ -500,9 +514,12 @@ class LLMRunner(Runner):
                 if lo < hi:
                     prompt_rows.append(_PromptRows(s.request_id, first_row + lo - 1 - start, lo, hi - lo))
                     state.prompt_logprobs_end = hi
-            if end == len(state.token_ids) and not state.sampling.prefill_only:
-                sample_rows.append(len(input_ids) - 1)
-                sample_ids.append(s.request_id)
+            if end >= known and not state.sampling.prefill_only:
+                drafts = end - known
+                sample_rows.extend(range(len(input_ids) - 1 - drafts, len(input_ids)))
+                sample_ids.extend([s.request_id] * (1 + drafts))
+                histories.append(state)
+                histories.extend(draft_histories(state, drafts))
         if self._compiled_decode(chunks, media):
             assert self.decode_graph is not None  # it stages its own (padded) inputs
             staged = self._staging.stage({"sample_rows": np.asarray(sample_rows, dtype=np.int64)})
@@ -532,18 +549,42 @@ class LLMRunner(Runner):
             logits,
             [s.sampling for s in states],
             [s.generator for s in states],
-            states,
+            histories,
             masks=[masks.get(r) for r in sample_ids] if masks else None,  # applied to logits, in place
             request_ids=sample_ids,
         )
         sampled = []
-        for request_id, state, out in zip(sample_ids, states, outputs):
-            state.token_ids.append(out.token_id)
-            top = None
-            if out.top_logprobs is not None:
-                top = [protocol.TopLogprob(int(t), float(lp)) for t, lp in out.top_logprobs]
-            sampled.append(protocol.SampledToken(request_id, out.token_id, out.logprob, top))
+        row = 0
+        while row < len(sample_ids):
+            request_id, state = sample_ids[row], states[row]
+            rows = 1
+            while row + rows < len(sample_ids) and sample_ids[row + rows] == request_id:
+                rows += 1
+            # a request verifying drafts: its accepted ones, then the token after them
+            keep = 1 + accepted(state.draft[: rows - 1], [o.token_id for o in outputs[row : row + rows]]) if rows > 1 else 1
+            for out in outputs[row : row + keep]:
+                state.token_ids.append(out.token_id)
+                top = None
+                if out.top_logprobs is not None:
+                    top = [protocol.TopLogprob(int(t), float(lp)) for t, lp in out.top_logprobs]
+                sampled.append(protocol.SampledToken(request_id, out.token_id, out.logprob, top))
+            row += rows
         return sampled, prompt_logprobs
+
+    def _draft(self, sampled: list[protocol.SampledToken]) -> list[protocol.Drafted]:
+        """Drafts for the next step of each request that sampled and may speculate."""
+        drafter = self.drafter
+        drafted: list[protocol.Drafted] = []
+        for request_id in dict.fromkeys(s.request_id for s in sampled):
+            state = self.requests[request_id]
+            state.draft = []
+            if drafter is None or not fits(state.sampling):
+                continue
+            # the step after next holds len(token_ids) + drafts tokens, within max_model_len
+            state.draft = drafter.draft(state.token_ids, self.max_model_len - len(state.token_ids) - 1)
+            if state.draft:
+                drafted.append(protocol.Drafted(request_id, len(state.draft)))
+        return drafted
 
     def _stage_inputs(self, input_ids: list[int], positions: list[int], sample_rows: list[int]) -> dict[str, torch.Tensor]:
         """The step's token ids, positions and sampled rows on the device, in one copy (C3)."""

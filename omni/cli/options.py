@@ -39,6 +39,7 @@ from omni.model_layout import ModelLayout
 from omni.shared.gguf_file import is_gguf
 from omni.shared.media.limits import MediaLimits
 from omni.shared.settings import setting
+from omni.shared.speculative import parse_speculative_config
 from omni.shared.store.spec import StoreSpec
 from omni.text.constrained.audio_span import MIN_UNITS
 from omni.text.parsers.reasoning import REASONING_PARSERS
@@ -190,6 +191,12 @@ def _fail(message: str) -> SystemExit:
     return SystemExit(f"omni-serve: {message}")
 
 
+def _usage_error(message: str) -> SystemExit:
+    """A flag's value that cannot be served: status 2, as argparse exits for a bad flag."""
+    print(f"omni-serve: {message}", file=sys.stderr)
+    return SystemExit(2)
+
+
 def server_config(args: argparse.Namespace) -> ServerConfig:
     """Each section read from the flags, what they leave derived filled in, and one ModelConfig
     per model; a setting omni-serve cannot honour exits naming it."""
@@ -209,6 +216,13 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
             llm = replace(llm, quantization=quantization_method(llm.quantization))
     except ValueError as exc:
         raise _fail(str(exc)) from None
+    if llm.speculative_config is not None:
+        try:
+            speculative = parse_speculative_config(llm.speculative_config)
+        except ValueError as exc:
+            raise _usage_error(f"--speculative-config: {exc}") from None
+        llm = replace(llm, speculative=speculative)
+        log.info("speculative decoding: %s", speculative.describe())
     store: StoreConfig = read_section(StoreConfig, args)
     try:
         StoreSpec.parse(store.location)

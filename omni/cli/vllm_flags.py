@@ -19,7 +19,6 @@ UNSUPPORTED_VLLM_FLAGS: dict[str, str] = {
     "--lora-modules": "LoRA adapters are not served",
     "--max-loras": "LoRA adapters are not served",
     "--max-lora-rank": "LoRA adapters are not served",
-    "--speculative-config": "speculative decoding is not implemented",
     "--cpu-offload-gb": "weights stay on their device",
     "--swap-space": "preempted requests are recomputed, not swapped to host memory",
     "--kv-transfer-config": "there is no disaggregated prefill; several nodes go behind a gateway (docs/SCALE_OUT.md)",

@@ -156,6 +156,8 @@ class LLMEngine(SupervisedWorker):
         super().__init__(spec, name=f"{model_name} llm worker {spec.worker_id}", start_timeout=start_timeout)
         # Its vLLM series: engine is the worker's index, as vLLM's is a data-parallel rank's.
         self.stats: EngineMetrics = metrics.engine(model_name, str(spec.worker_id))
+        if config.speculative is not None:
+            self.stats.set_speculative_tokens(config.speculative.num_speculative_tokens)
         self.scheduler: Scheduler | None = None
         self.max_model_len = 0
         self.num_kv_tokens = 0  # what the worker's KV cache holds, known once it is ready
@@ -189,6 +191,9 @@ class LLMEngine(SupervisedWorker):
                 max_model_len=self.max_model_len,
                 max_num_waiting=model_limits.max_requests + self.config.max_num_seqs,
                 max_num_waiting_tokens=model_limits.max_tokens + self.num_kv_tokens,
+                speculative_max_running=(
+                    self.config.speculative.disable_by_batch_size if self.config.speculative else None
+                ),
             ),
             block_manager,
         )
@@ -237,6 +242,8 @@ class LLMEngine(SupervisedWorker):
         its stream raises DeadlineExceeded; group: its prompt's choices, admitted together."""
         if not self.ready or self.scheduler is None:
             raise EngineError("the model's worker is not ready")
+        # the worker drafts only where a draft can be checked as it is sampled: no grammar
+        request.speculate = self.config.speculative is not None and constraint is None
         try:
             self.scheduler.add_request(request)
         except QueueFull as exc:
@@ -375,9 +382,16 @@ class LLMEngine(SupervisedWorker):
         for part in reply.prompt_logprobs:
             if (listener := self._streams.get(RequestId(part.request_id))) is not None:
                 listener.prompt_logprobs.append(part)
-        by_id = {RequestId(s.request_id): s for s in reply.sampled}
+        by_id: dict[RequestId, list[protocol.SampledToken]] = {}
+        for s in reply.sampled:  # a request's tokens in order: several after verified drafts
+            by_id.setdefault(RequestId(s.request_id), []).append(s)
+        before = {rid: r.num_output_tokens for rid in by_id if (r := scheduler.get_request(rid)) is not None}
+        if output.num_draft_tokens:
+            self._count_drafts(output, by_id)
         updated = scheduler.update_from_output(
-            output, {rid: s.token_id for rid, s in by_id.items()}
+            output,
+            {rid: [s.token_id for s in tokens] for rid, tokens in by_id.items()},
+            {RequestId(d.request_id): d.num_tokens for d in reply.drafted},
         )
         now = time.monotonic()
         for request in updated:
@@ -390,23 +404,32 @@ class LLMEngine(SupervisedWorker):
                 self.stats.prefill_done(request)
                 self._finished(stream, request.status.value, now)
                 continue
-            sampled = by_id[request.request_id]
+            # the tokens the scheduler kept: none past one that ended the request
+            kept = by_id[request.request_id][: request.num_output_tokens - before[request.request_id]]
             if stream.constraint is not None and not request.is_finished:
-                self._advance_constraint(request, stream.constraint, sampled.token_id)
+                self._advance_constraint(request, stream.constraint, kept[0].token_id)  # never drafts
             finish_reason = request.status.value if request.is_finished else None
-            self._observe_token(stream, now)
-            top = sampled.top_logprobs
-            stream.queue.put_nowait(
-                TokenEvent(
-                    token_id=sampled.token_id,
-                    logprob=sampled.logprob,
-                    top_logprobs=[(t.token_id, t.logprob) for t in top] if top is not None else None,
-                    finish_reason=finish_reason,
+            for i, sampled in enumerate(kept):
+                self._observe_token(stream, now)
+                top = sampled.top_logprobs
+                stream.queue.put_nowait(
+                    TokenEvent(
+                        token_id=sampled.token_id,
+                        logprob=sampled.logprob,
+                        top_logprobs=[(t.token_id, t.logprob) for t in top] if top is not None else None,
+                        finish_reason=finish_reason if i == len(kept) - 1 else None,
+                    )
                 )
-            )
             if finish_reason is not None:
                 self._forget(request.request_id)
                 self._finished(stream, finish_reason, now)
+
+    def _count_drafts(self, output: SchedulerOutput, by_id: dict[RequestId, list[protocol.SampledToken]]) -> None:
+        """vLLM's spec_decode counters for the requests that verified drafts in this step."""
+        for c in output.scheduled_cached:
+            tokens = by_id.get(c.request_id)
+            if c.num_draft_tokens and tokens:
+                self.stats.add_drafts(c.num_draft_tokens, len(tokens) - 1)
 
     def _sampling_constraints(self, output: SchedulerOutput) -> list[tuple[RequestId, TokenConstraint]]:
         """The constrained requests whose chunk samples in this step (they need a mask)."""

@@ -29,6 +29,7 @@ def sampling_options(request: Request) -> protocol.SamplingOptions:
         ),
         bad_words_token_ids=[list(w) for w in params.bad_words_token_ids],
         min_tokens_stop_ids=stop_ids,
+        speculate=request.speculate,
     )
 
 
@@ -38,7 +39,14 @@ SHARED_OPTIONS = tuple(
     f.name
     for f in dataclasses.fields(protocol.SamplingOptions)
     if f.name
-    not in {"logit_bias_token_ids", "logit_bias_values", "allowed_token_ids", "bad_words_token_ids", "min_tokens_stop_ids"}
+    not in {
+        "logit_bias_token_ids",
+        "logit_bias_values",
+        "allowed_token_ids",
+        "bad_words_token_ids",
+        "min_tokens_stop_ids",
+        "speculate",
+    }
 )
 
 

@@ -3,8 +3,11 @@ every kind reads the same settings the same way."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from omni.config import ModelConfig, StoreConfig, WorkerConfig
 from omni.shared import protocol
+from omni.shared.speculative import SpeculativeConfig
 
 # What --component-dtype may name. The vision decoder's VAE has a dtype of its own.
 DTYPE_COMPONENTS = ("llm", "encoder", "vision_decoder", "vae", "vocoder")
@@ -64,7 +67,19 @@ def llm_worker_spec(config: ModelConfig, worker_id: int, device: str) -> protoco
         max_num_seqs=llm.max_num_seqs,
         quantization=llm.quantization,
         store=store_settings(config.store) if config.encoder_dir is not None else None,
+        **_speculative_fields(llm.speculative),
     )
+
+
+def _speculative_fields(spec: SpeculativeConfig | None) -> dict[str, Any]:
+    if spec is None:
+        return {}
+    return {
+        "speculative_method": spec.method,
+        "num_speculative_tokens": spec.num_speculative_tokens,
+        "prompt_lookup_min": spec.prompt_lookup_min,
+        "prompt_lookup_max": spec.prompt_lookup_max,
+    }
 
 
 def encoder_worker_spec(config: ModelConfig, device: str) -> protocol.EncoderWorkerSpec:

@@ -28,6 +28,9 @@ _SUMS = {
     "vllm:prefix_cache_hits": "prefix_hits",
     "vllm:num_requests_running": "running",
     "vllm:num_requests_waiting": "waiting",
+    "vllm:spec_decode_num_drafts": "drafts",
+    "vllm:spec_decode_num_draft_tokens": "draft_tokens",
+    "vllm:spec_decode_num_accepted_tokens": "accepted_tokens",
 }
 _MAXIMA = {"vllm:kv_cache_usage_perc": "kv_usage"}
 
@@ -41,6 +44,9 @@ class ModelStats:
     running: float = 0.0
     waiting: float = 0.0
     kv_usage: float = 0.0  # 0..1
+    drafts: float = 0.0  # speculative decoding: requests' drafts verified, their tokens, accepted
+    draft_tokens: float = 0.0
+    accepted_tokens: float = 0.0
 
 
 def read_stats(registry: CollectorRegistry) -> dict[str, ModelStats]:
@@ -63,12 +69,18 @@ def read_stats(registry: CollectorRegistry) -> dict[str, ModelStats]:
 def stats_line(model: str, before: ModelStats, now: ModelStats, seconds: float) -> str:
     queries = now.prefix_queries - before.prefix_queries
     hit_rate = (now.prefix_hits - before.prefix_hits) / queries * 100 if queries > 0 else 0.0
-    return (
+    line = (
         f"{model}: prompt {(now.prompt_tokens - before.prompt_tokens) / seconds:.1f} tokens/s, "
         f"generation {(now.generation_tokens - before.generation_tokens) / seconds:.1f} tokens/s, "
         f"running {now.running:.0f} reqs, waiting {now.waiting:.0f} reqs, "
         f"KV cache {now.kv_usage * 100:.1f}%, prefix cache hit rate {hit_rate:.1f}%"
     )
+    drafts = now.drafts - before.drafts
+    if drafts > 0:  # vLLM's mean acceptance length: the tokens a verifying step emits, on average
+        accepted = now.accepted_tokens - before.accepted_tokens
+        rate = accepted / max(1.0, now.draft_tokens - before.draft_tokens) * 100
+        line += f", spec decode mean acceptance length {1 + accepted / drafts:.2f}, draft acceptance rate {rate:.1f}%"
+    return line
 
 
 def _busy(before: ModelStats, now: ModelStats) -> bool:

@@ -138,9 +138,13 @@ class StepDriver:
     """Drives an LLMRunner exactly as the engine does: the real Scheduler and BlockManager,
     the engine's own step_message(), and every Step round-tripped through the wire format.
     Requests join at chosen steps; `chunk` is the step's token budget, so long prompts
-    prefill in pieces; the free block queue is shuffled so block tables are not contiguous."""
+    prefill in pieces; the free block queue is shuffled so block tables are not contiguous.
+    speculate: requests may speculate (the runner needs a drafter to draft for them)."""
 
-    def __init__(self, runner: LLMRunner, chunk: int | None = None, seed: int = 0) -> None:
+    def __init__(
+        self, runner: LLMRunner, chunk: int | None = None, seed: int = 0, *, speculate: bool = False
+    ) -> None:
+        self.speculate = speculate
         self.runner = runner
         capacity = runner.num_kv_blocks * runner.block_size
         blocks = BlockManager(runner.num_kv_blocks, runner.block_size, enable_prefix_caching=True)
@@ -180,10 +184,21 @@ class StepDriver:
                     seed=s.seed,
                     logprobs=s.logprobs,
                     ignore_eos=True,
+                    presence_penalty=s.presence_penalty,
+                    frequency_penalty=s.frequency_penalty,
+                    repetition_penalty=s.repetition_penalty,
+                    logit_bias=tuple(zip(s.logit_bias_token_ids, s.logit_bias_values)),
+                    min_p=s.min_p,
+                    allowed_token_ids=None if s.allowed_token_ids is None else tuple(s.allowed_token_ids),
+                    bad_words_token_ids=tuple(tuple(w) for w in s.bad_words_token_ids),
+                    min_tokens=s.min_tokens,
+                    stop_token_ids=tuple(s.min_tokens_stop_ids),  # never stop: the stops only matter as min_tokens bans
                 ),
             )
             for i, (p, s) in enumerate(zip(prompts, sampling))
         ]
+        for request in requests:
+            request.speculate = self.speculate
         pending = list(zip(join_at, requests))
         while pending or self.scheduler.has_unfinished_requests:
             for at, request in [(at, r) for at, r in pending if at <= self.step_id]:
@@ -203,5 +218,9 @@ class StepDriver:
         assert isinstance(decoded, protocol.Step) and decoded == step
         result = self.runner.execute(decoded)
         self.results.append(result)
-        self.scheduler.update_from_output(output, {RequestId(s.request_id): s.token_id for s in result.sampled})
+        tokens: dict[RequestId, list[int]] = {}
+        for s in result.sampled:
+            tokens.setdefault(RequestId(s.request_id), []).append(s.token_id)
+        drafted = {RequestId(d.request_id): d.num_tokens for d in result.drafted}
+        self.scheduler.update_from_output(output, tokens, drafted)
         self.step_id += 1

@@ -68,6 +68,9 @@ class SamplingOptions:
     prompt_logprobs: int | None = None
     # max_tokens 0: compute the prompt (for its prompt logprobs) and sample nothing.
     prefill_only: bool = False
+    # The worker may draft tokens for it (speculative decoding is on and the server found the
+    # request fit: greedy, no penalties, no grammar; gpu_workers/spec/drafts.py has the rules).
+    speculate: bool = False
 
 
 @message
@@ -230,12 +233,28 @@ class FailedRequest:
 
 @message
 @dataclass(slots=True)
+class Drafted:
+    """Draft tokens a worker holds for a request's next step (speculative decoding): the
+    scheduler may schedule up to num_tokens of them after the request's next token."""
+
+    TAG: ClassVar[int] = 55
+    request_id: str
+    num_tokens: int
+
+
+@message
+@dataclass(slots=True)
 class StepResult:
+    """sampled: each request's new tokens in order, one per request, or with speculative
+    decoding the accepted drafts and the token after them (a request verifying d drafts gets
+    1 to d + 1 entries)."""
+
     TAG: ClassVar[int] = 8
     step_id: int
     sampled: list[SampledToken]
     failed: list[FailedRequest] = field(default_factory=list)
     prompt_logprobs: list[PromptLogprobs] = field(default_factory=list)
+    drafted: list[Drafted] = field(default_factory=list)
 
 
 # ---- the encoder worker ------------------------------------------------------------------

@@ -76,6 +76,12 @@ class LLMWorkerSpec(WorkerSpec):
     # Where injected embeddings are read from; None for a text-only LLM, which opens none.
     store: StoreSettings | None = None
     embedding_cache_bytes: int = 1024**3
+    # Speculative decoding (omni/shared/speculative.py): the drafter, None for none; the most
+    # draft tokens a step verifies per request; the n-gram sizes prompt lookup tries.
+    speculative_method: str | None = None
+    num_speculative_tokens: int = 0
+    prompt_lookup_min: int = 1
+    prompt_lookup_max: int = 1
 
 
 @message

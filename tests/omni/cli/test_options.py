@@ -154,7 +154,7 @@ def test_other_quantizations_exit_with_why(dirs: tuple[Path, Path], name: str, s
 @pytest.mark.parametrize(
     ("flags", "named"),
     [
-        (["--speculative-config", "{}"], "--speculative-config is a vLLM flag omni-serve does not support"),
+        (["--swap-space", "4"], "--swap-space is a vLLM flag omni-serve does not support"),
         (["--enable-lora"], "--enable-lora is a vLLM flag"),
         (["--kv-cache-dtype=fp8"], "--kv-cache-dtype is a vLLM flag"),
         (["--no-such-flag", "3"], "unknown flag --no-such-flag"),

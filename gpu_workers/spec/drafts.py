@@ -1,0 +1,133 @@
+"""Speculative decoding in the LLM worker: who may speculate, drafting, and greedy acceptance.
+
+The worker drafts after each step, for the requests it just sampled, and tells the server how
+many draft tokens it holds for each (StepResult.drafted). The scheduler may then schedule a
+request's next token with up to that many drafts behind it; the step computes all of them in
+one forward (rows at positions p, p + 1, ..., p + d), and every row is sampled as it would be
+without speculation. A draft is accepted while it equals what its row sampled; the first row
+whose sample differs gives the correction, and if all d are accepted the last row gives one
+token more. So a step emits 1 to d + 1 tokens, exactly the tokens plain decoding would.
+
+Who speculates (SamplingOptions.speculate is the server's half: speculation is configured, and
+the request has no grammar; fits() is the worker's half):
+- greedy requests only (temperature 0): a sampled request would need a rejection sampler to
+  keep its distribution;
+- no repetition, frequency or presence penalty: they count the output so far, token by token;
+- logit_bias, allowed_token_ids, bad_words, min_tokens and logprobs apply at every row as they
+  would (each row's history is the request's tokens plus the drafts before it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from omni.shared.protocol import LLMWorkerSpec, SamplingOptions
+
+GREEDY_BELOW_TEMPERATURE = 1e-5  # the sampler's line (gpu_workers/sample/sampler.py)
+
+
+def fits(options: SamplingOptions) -> bool:
+    """Whether drafts can be verified for this request with output equal to plain decoding."""
+    return (
+        options.speculate
+        and options.temperature < GREEDY_BELOW_TEMPERATURE
+        and options.presence_penalty == 0.0
+        and options.frequency_penalty == 0.0
+        and options.repetition_penalty == 1.0
+        and not options.prefill_only
+    )
+
+
+def ngram_draft(tokens: Sequence[int], k: int, n_min: int, n_max: int) -> list[int]:
+    """Prompt lookup: the longest n-gram (n_max down to n_min) that ends the sequence and also
+    occurs earlier in it; the up to k tokens that followed its latest earlier occurrence that
+    k tokens follow (else its earliest). Empty when no such n-gram occurs."""
+    size = len(tokens)
+    if k < 1 or size < n_min + 1:
+        return []
+    seq = np.asarray(tokens, dtype=np.int64)
+    # earlier positions i whose token equals the last one: candidate n-gram ends
+    ends = np.flatnonzero(seq[:-1] == seq[-1])
+    if ends.size == 0:
+        return []
+    # for each candidate end, how many tokens back (up to n_max) match the sequence's tail
+    matched = np.ones(ends.size, dtype=np.int64)
+    alive = np.ones(ends.size, dtype=bool)
+    for back in range(1, min(n_max, size - 1)):
+        prev = ends - back
+        ok = alive & (prev >= 0)
+        ok[ok] = seq[prev[ok]] == seq[size - 1 - back]
+        matched += ok
+        alive = ok
+        if not alive.any():
+            break
+    best = int(matched.max())
+    if best < n_min:
+        return []
+    longest = ends[matched == best]
+    # the latest of the longest that k tokens follow; if none does, the one most tokens follow
+    full = longest[longest + k < size]
+    end = int(full[-1] if full.size else longest[0])
+    return seq[end + 1 : end + 1 + k].tolist()
+
+
+@dataclass(frozen=True, slots=True)
+class Drafter:
+    """A worker's drafting setting (its spec's speculative fields)."""
+
+    method: str
+    num_tokens: int
+    n_min: int
+    n_max: int
+
+    @classmethod
+    def from_spec(cls, spec: LLMWorkerSpec) -> Drafter | None:
+        if spec.speculative_method is None or spec.num_speculative_tokens < 1:
+            return None
+        return cls(spec.speculative_method, spec.num_speculative_tokens, spec.prompt_lookup_min, spec.prompt_lookup_max)
+
+    def draft(self, tokens: Sequence[int], limit: int) -> list[int]:
+        """Up to min(num_tokens, limit) draft tokens to follow `tokens`."""
+        k = min(self.num_tokens, limit)
+        if self.method == "ngram":
+            return ngram_draft(tokens, k, self.n_min, self.n_max)
+        raise ValueError(f"unknown drafting method {self.method!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class DraftHistory:
+    """What the sampler reads of the tokens before a draft row (TokenHistory): the request's
+    tokens and the drafts ahead of that row."""
+
+    token_ids: list[int]
+    num_prompt_tokens: int
+
+
+class _History(Protocol):
+    token_ids: list[int]
+    num_prompt_tokens: int
+    draft: list[int]
+    sampling: SamplingOptions
+
+
+def draft_histories(state: _History, drafts: int) -> list[DraftHistory]:
+    """The histories of the rows after a request's first verifying row, one per draft: row j
+    comes after drafts[:j]. Only bad_words and min_tokens read them (penalties never speculate),
+    so a request with neither gets its own history for every row, with no copies."""
+    options = state.sampling
+    if not options.bad_words_token_ids and not options.min_tokens:
+        return [DraftHistory(state.token_ids, state.num_prompt_tokens)] * drafts
+    return [DraftHistory(state.token_ids + state.draft[:j], state.num_prompt_tokens) for j in range(1, drafts + 1)]
+
+
+def accepted(drafts: Sequence[int], sampled: Sequence[int]) -> int:
+    """How many drafts are accepted: drafts[i] is kept while it equals sampled[i], what row i
+    (the row before it) sampled. sampled has len(drafts) + 1 entries."""
+    n = 0
+    while n < len(drafts) and drafts[n] == sampled[n]:
+        n += 1
+    return n

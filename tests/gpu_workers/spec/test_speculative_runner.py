@@ -1,0 +1,109 @@
+"""Speculative decoding in the runner, driven by the real scheduler: greedy output with drafts
+verified equals plain decoding, whatever the drafts, and the step emits several tokens when
+drafts hold."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+from gpu_workers.llm.runner import LLMRunner
+from gpu_workers.spec.drafts import Drafter
+from gpu_workers.tiny.checkpoints import make_tiny_checkpoint
+from omni.shared import protocol
+from tests.gpu_workers.conftest import StepDriver
+
+GREEDY = protocol.SamplingOptions(temperature=0.0)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_tiny_checkpoint(tmp_path_factory.mktemp("tiny"), "llama")
+
+
+class OracleDrafter:
+    """Drafts the plain run's own continuation, every `wrong`-th draft token replaced: each
+    step then sees accepted drafts, a rejection, or all accepted."""
+
+    def __init__(self, expected: dict[tuple[int, ...], list[int]], k: int, wrong: int) -> None:
+        self.expected, self.k, self.wrong = expected, k, wrong
+        self.calls = 0
+
+    def draft(self, tokens: Sequence[int], limit: int) -> list[int]:
+        self.calls += 1
+        for prompt, output in self.expected.items():
+            if tuple(tokens[: len(prompt)]) == prompt:
+                done = len(tokens) - len(prompt)
+                out = output[done : done + min(self.k, limit)]
+                return [(t + 1) % 64 if (done + i) % self.wrong == self.wrong - 1 else t for i, t in enumerate(out)]
+        return []
+
+
+def runner(model: Path, drafter: object = None) -> LLMRunner:
+    return LLMRunner(model, block_size=4, num_kv_blocks=128, drafter=drafter)  # type: ignore[arg-type]
+
+
+def emitted_per_step(driver: StepDriver) -> list[int]:
+    """The most tokens one request got in one step, per step."""
+    most = []
+    for result in driver.results:
+        counts: dict[str, int] = {}
+        for s in result.sampled:
+            counts[s.request_id] = counts.get(s.request_id, 0) + 1
+        most.append(max(counts.values(), default=0))
+    return most
+
+
+PROMPTS = [
+    [5, 6, 7, 8, 9, 10, 5, 6, 7, 8, 9, 10, 5, 6],
+    [20, 21, 22, 23, 24, 25, 26, 27],
+    [30, 31, 30, 31, 30, 31, 30, 31, 30, 31, 30],
+]
+
+
+@pytest.mark.parametrize("wrong", [2, 3, 100])
+def test_verified_drafts_give_the_plain_output(tiny: Path, wrong: int) -> None:
+    plain = StepDriver(runner(tiny)).run(PROMPTS, 20)
+    oracle = OracleDrafter({tuple(p): o for p, o in zip(PROMPTS, plain)}, k=4, wrong=wrong)
+    driver = StepDriver(runner(tiny, oracle), speculate=True)
+    assert driver.run(PROMPTS, 20) == plain
+    assert oracle.calls > 0
+    most = emitted_per_step(driver)
+    assert max(most) > 1  # some step emitted accepted drafts and the token after them
+    if wrong == 100:  # every draft right: 1 + k tokens a step once decoding
+        assert max(most) == 5
+        assert len(driver.results) < 20
+
+
+def test_ngram_drafts_give_the_plain_output(tiny: Path) -> None:
+    plain = StepDriver(runner(tiny)).run(PROMPTS, 24)
+    driver = StepDriver(runner(tiny, Drafter("ngram", 3, 1, 3)), speculate=True)
+    assert driver.run(PROMPTS, 24) == plain
+    assert any(r.drafted for r in driver.results)
+
+
+def test_requests_that_cannot_speculate_decode_as_without_it(tiny: Path) -> None:
+    """A batch of speculating and non-speculating requests: sampled (seeded), penalised, and
+    greedy ones with processors that read the row's history (bad_words, min_tokens) or not
+    (logit_bias, allowed ids, logprobs) all give the plain run's tokens."""
+    options = [
+        protocol.SamplingOptions(temperature=0.8, seed=7),
+        protocol.SamplingOptions(temperature=0.0, repetition_penalty=1.3),
+        protocol.SamplingOptions(temperature=0.0, bad_words_token_ids=[[7, 8], [31, 30]], logprobs=2),
+        protocol.SamplingOptions(temperature=0.0, min_tokens=6, min_tokens_stop_ids=[9, 30], allowed_token_ids=list(range(40))),
+        protocol.SamplingOptions(temperature=0.0, logit_bias_token_ids=[6, 31], logit_bias_values=[3.0, -2.0]),
+    ]
+    prompts = [PROMPTS[i % len(PROMPTS)] for i in range(len(options))]
+    plain_driver = StepDriver(runner(tiny))
+    plain = plain_driver.run(prompts, 16, sampling=options)
+    driver = StepDriver(runner(tiny, Drafter("ngram", 3, 1, 2)), speculate=True)
+    assert driver.run(prompts, 16, sampling=options) == plain
+    # the logprobs are those of the plain run, token by token
+    def logprobs(d: StepDriver) -> list[float | None]:
+        return [s.logprob for r in d.results for s in r.sampled if s.request_id == "r2"]
+    assert logprobs(driver) == pytest.approx(logprobs(plain_driver), abs=1e-5)
+    drafted_for = {d.request_id for r in driver.results for d in r.drafted}
+    assert drafted_for <= {"r2", "r3", "r4"}  # never the sampled or the penalised one
+    assert {"r2", "r3"} <= drafted_for  # processors that read each row's own history
