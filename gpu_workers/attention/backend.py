@@ -51,6 +51,9 @@ class SequenceChunk:
     # covers at least ceil(context_len / block_size) blocks; may be empty when the forward
     # runs without a KV cache (stateless prefill of whole sequences)
     block_ids: list[int]
+    # A speculative step's rows: the request's next token and the drafts after it. A backend
+    # may attend them as that many decode rows (row i sees num_computed_tokens + i + 1 tokens).
+    drafts: bool = False
 
     @property
     def context_len(self) -> int:

@@ -119,6 +119,8 @@ class TorchSDPABackend(AttentionBackend):
     def build_metadata(self, chunks: list[SequenceChunk]) -> SDPAMetadata:
         bs, dev = self.block_size, self.device
         num_tokens = sum(c.num_query_tokens for c in chunks)
+        if self._use_paged():
+            chunks = _rows_as_decodes(chunks)
         decodes = [c for c in chunks if c.is_decode]
         decode = None
         if decodes:
@@ -272,6 +274,22 @@ class TorchSDPABackend(AttentionBackend):
             vp = vp.transpose(0, 1)[None].to(q.dtype)
             return _continuing(q[p.start : p.end], kp, vp, p, scale)
         return op[0].transpose(0, 1)  # (n, Hq, D)
+
+
+def _rows_as_decodes(chunks: list[SequenceChunk]) -> list[SequenceChunk]:
+    """Speculative steps' chunks as one decode row per token: row i sees the first
+    num_computed_tokens + i + 1 tokens, its own K/V written with the step's before any is read,
+    which is the chunk's causal attention. The rows then join a decode step's paged kernel call,
+    and models' native decode (models/llama_small_m.py) takes the step whole."""
+    if not any(c.drafts for c in chunks):
+        return chunks
+    out: list[SequenceChunk] = []
+    for c in chunks:
+        if c.drafts:
+            out += [SequenceChunk(c.query_start + i, 1, c.num_computed_tokens + i, c.block_ids) for i in range(c.num_query_tokens)]
+        else:
+            out.append(c)
+    return out
 
 
 def _padded_table(chunks: list[SequenceChunk], bs: int) -> list[list[int]]:

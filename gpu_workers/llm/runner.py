@@ -500,8 +500,8 @@ class LLMRunner(Runner):
             state = self.requests[s.request_id]
             start, end = s.num_computed_tokens, s.num_computed_tokens + s.num_scheduled_tokens
             first_row = len(input_ids)
-            chunks.append(SequenceChunk(first_row, s.num_scheduled_tokens, start, state.block_ids))
             known = len(state.token_ids)
+            chunks.append(SequenceChunk(first_row, s.num_scheduled_tokens, start, state.block_ids, end > known))
             input_ids.extend(state.token_ids[start:end])
             if end > known:  # the drafts to verify, after the last known token
                 input_ids.extend(state.draft[: end - known])

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
+import torch
 
 from gpu_workers.llm.runner import LLMRunner
 from gpu_workers.spec.drafts import Drafter
@@ -107,3 +108,26 @@ def test_requests_that_cannot_speculate_decode_as_without_it(tiny: Path) -> None
     drafted_for = {d.request_id for r in driver.results for d in r.drafted}
     assert drafted_for <= {"r2", "r3", "r4"}  # never the sampled or the penalised one
     assert {"r2", "r3"} <= drafted_for  # processors that read each row's own history
+
+
+def test_speculative_steps_take_the_native_decode(tiny: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A verifying step's rows are decode rows to the attention backend (row i sees its own
+    context), so the model's one-call native decode serves it where it serves plain decodes."""
+    from gpu_workers.models import llama_small_m
+
+    r = runner(tiny, Drafter("ngram", 3, 1, 3))
+    if r.native_rows == 0:
+        pytest.skip("the small-M extension is not built here")
+    served: list[tuple[int, bool]] = []
+    plain = llama_small_m.model_forward
+
+    def counted(model: object, h: torch.Tensor, *rest: object) -> torch.Tensor | None:
+        out = plain(model, h, *rest)  # type: ignore[arg-type]
+        served.append((h.shape[0], out is not None))
+        return out
+
+    monkeypatch.setattr(llama_small_m, "model_forward", counted)
+    expected = StepDriver(runner(tiny)).run(PROMPTS[:1], 20)
+    assert StepDriver(r, speculate=True).run(PROMPTS[:1], 20) == expected
+    multi = [ok for rows, ok in served if rows > 1 and rows <= r.native_rows]
+    assert multi and all(multi)
