@@ -38,7 +38,7 @@ from gpu_workers.runner import Runner, register_runner
 from gpu_workers.sample.penalties import TokenHistory
 from gpu_workers.sample.sampler import Sampler, validate_options
 from gpu_workers.sample.token_masks import StepMaskReader
-from gpu_workers.spec.drafts import Drafter, accepted, draft_histories, fits
+from gpu_workers.spec.drafts import Drafter, draft_histories, draft_next, emitted
 from gpu_workers.staging import HostStaging
 from gpu_workers.store_client import LRUBytes, StoreClient
 from omni.shared import protocol
@@ -85,9 +85,7 @@ class RequestState:
     # Prompt positions [1, prompt_logprobs_end) have had their logprobs sent: a prompt that
     # is recomputed after a preemption sends none twice.
     prompt_logprobs_end: int = 1
-    # Draft tokens to follow token_ids (speculative decoding): the next step may verify a
-    # prefix of them, as rows after the request's last token.
-    draft: list[int] = field(default_factory=list)
+    draft: list[int] = field(default_factory=list)  # speculative decoding's, after token_ids
 
     def __post_init__(self) -> None:
         self.num_prompt_tokens = len(self.token_ids)
@@ -305,11 +303,11 @@ class LLMRunner(Runner):
             return protocol.StepResult(step.step_id, [], failed)
         with torch.inference_mode():
             sampled, prompt_logprobs = self._run(scheduled, media, masks)
-        return protocol.StepResult(step.step_id, sampled, failed, prompt_logprobs, self._draft(sampled))
+        drafted = draft_next(self.drafter, self.requests, sampled, self.max_model_len)
+        return protocol.StepResult(step.step_id, sampled, failed, prompt_logprobs, drafted)
 
     def _apply_deltas(self, step: protocol.Step) -> list[_Scheduled]:
-        # Everything is checked before any state changes, so a rejected step leaves the
-        # runner as it was.
+        # Everything is checked before any state changes: a rejected step leaves the runner as it was.
         new_states: dict[str, RequestState] = {}
         tables: dict[str, list[int]] = {}
         scheduled: list[_Scheduled] = []
@@ -340,7 +338,6 @@ class LLMRunner(Runner):
         for s in scheduled:
             state = new_states.get(s.request_id) or self.requests[s.request_id]
             end = s.num_computed_tokens + s.num_scheduled_tokens
-            # past the known tokens only into the drafts, and only after the last known token
             known = len(state.token_ids) + (len(state.draft) if s.num_computed_tokens == len(state.token_ids) - 1 else 0)
             if s.num_computed_tokens < 0 or s.num_scheduled_tokens < 1 or end > known:
                 raise ValueError(
@@ -502,9 +499,7 @@ class LLMRunner(Runner):
             first_row = len(input_ids)
             known = len(state.token_ids)
             chunks.append(SequenceChunk(first_row, s.num_scheduled_tokens, start, state.block_ids, end > known))
-            input_ids.extend(state.token_ids[start:end])
-            if end > known:  # the drafts to verify, after the last known token
-                input_ids.extend(state.draft[: end - known])
+            input_ids.extend(state.token_ids[start:end] + state.draft[: max(0, end - known)])  # drafts after the known
             positions.extend(range(start, end))
             if state.sampling.prompt_logprobs is not None:
                 # The chunk's rows at positions [start, end) predict tokens [start + 1, end + 1);
@@ -518,8 +513,7 @@ class LLMRunner(Runner):
                 drafts = end - known
                 sample_rows.extend(range(len(input_ids) - 1 - drafts, len(input_ids)))
                 sample_ids.extend([s.request_id] * (1 + drafts))
-                histories.append(state)
-                histories.extend(draft_histories(state, drafts))
+                histories += [state, *draft_histories(state, drafts)]
         if self._compiled_decode(chunks, media):
             assert self.decode_graph is not None  # it stages its own (padded) inputs
             staged = self._staging.stage({"sample_rows": np.asarray(sample_rows, dtype=np.int64)})
@@ -553,38 +547,7 @@ class LLMRunner(Runner):
             masks=[masks.get(r) for r in sample_ids] if masks else None,  # applied to logits, in place
             request_ids=sample_ids,
         )
-        sampled = []
-        row = 0
-        while row < len(sample_ids):
-            request_id, state = sample_ids[row], states[row]
-            rows = 1
-            while row + rows < len(sample_ids) and sample_ids[row + rows] == request_id:
-                rows += 1
-            # a request verifying drafts: its accepted ones, then the token after them
-            keep = 1 + accepted(state.draft[: rows - 1], [o.token_id for o in outputs[row : row + rows]]) if rows > 1 else 1
-            for out in outputs[row : row + keep]:
-                state.token_ids.append(out.token_id)
-                top = None
-                if out.top_logprobs is not None:
-                    top = [protocol.TopLogprob(int(t), float(lp)) for t, lp in out.top_logprobs]
-                sampled.append(protocol.SampledToken(request_id, out.token_id, out.logprob, top))
-            row += rows
-        return sampled, prompt_logprobs
-
-    def _draft(self, sampled: list[protocol.SampledToken]) -> list[protocol.Drafted]:
-        """Drafts for the next step of each request that sampled and may speculate."""
-        drafter = self.drafter
-        drafted: list[protocol.Drafted] = []
-        for request_id in dict.fromkeys(s.request_id for s in sampled):
-            state = self.requests[request_id]
-            state.draft = []
-            if drafter is None or not fits(state.sampling):
-                continue
-            # the step after next holds len(token_ids) + drafts tokens, within max_model_len
-            state.draft = drafter.draft(state.token_ids, self.max_model_len - len(state.token_ids) - 1)
-            if state.draft:
-                drafted.append(protocol.Drafted(request_id, len(state.draft)))
-        return drafted
+        return emitted(sample_ids, states, outputs), prompt_logprobs
 
     def _stage_inputs(self, input_ids: list[int], positions: list[int], sample_rows: list[int]) -> dict[str, torch.Tensor]:
         """The step's token ids, positions and sampled rows on the device, in one copy (C3)."""

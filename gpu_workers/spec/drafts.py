@@ -19,13 +19,13 @@ the request has no grammar; fits() is the worker's half):
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
-from omni.shared.protocol import LLMWorkerSpec, SamplingOptions
+from omni.shared.protocol import Drafted, LLMWorkerSpec, SampledToken, SamplingOptions, TopLogprob
 
 GREEDY_BELOW_TEMPERATURE = 1e-5  # the sampler's line (gpu_workers/sample/sampler.py)
 
@@ -108,6 +108,8 @@ class DraftHistory:
 
 
 class _History(Protocol):
+    """What drafting reads and writes of a request (the runner's RequestState is one)."""
+
     token_ids: list[int]
     num_prompt_tokens: int
     draft: list[int]
@@ -131,3 +133,42 @@ def accepted(drafts: Sequence[int], sampled: Sequence[int]) -> int:
     while n < len(drafts) and drafts[n] == sampled[n]:
         n += 1
     return n
+
+
+def emitted(sample_ids: Sequence[str], states: Sequence[_History], outputs: Sequence[Any]) -> list[SampledToken]:
+    """The step's tokens, appended to each request's token_ids: a sampling request's one row's,
+    or, verifying d drafts (its d + 1 consecutive rows), the accepted drafts' rows and the row
+    after them. outputs: the sampler's, one per row."""
+    sampled = []
+    row = 0
+    while row < len(sample_ids):
+        request_id, state = sample_ids[row], states[row]
+        rows = 1
+        while row + rows < len(sample_ids) and sample_ids[row + rows] == request_id:
+            rows += 1
+        keep = 1
+        if rows > 1:
+            keep += accepted(state.draft[: rows - 1], [o.token_id for o in outputs[row : row + rows]])
+        for out in outputs[row : row + keep]:
+            state.token_ids.append(out.token_id)
+            top = None if out.top_logprobs is None else [TopLogprob(int(t), float(lp)) for t, lp in out.top_logprobs]
+            sampled.append(SampledToken(request_id, out.token_id, out.logprob, top))
+        row += rows
+    return sampled
+
+
+def draft_next(drafter: Drafter | None, states: Mapping[str, _History], sampled: Sequence[SampledToken], max_model_len: int) -> list[Drafted]:
+    """Drafts for the next step of each request that just sampled (state.draft; a request that
+    may not speculate holds none), and the counts the server schedules from. None: no drafter."""
+    drafted: list[Drafted] = []
+    if drafter is None:
+        return drafted
+    for request_id in dict.fromkeys(s.request_id for s in sampled):
+        state = states[request_id]
+        state.draft = []
+        if fits(state.sampling):
+            # the step after next holds len(token_ids) + drafts tokens, within max_model_len
+            state.draft = drafter.draft(state.token_ids, max_model_len - len(state.token_ids) - 1)
+            if state.draft:
+                drafted.append(Drafted(request_id, len(state.draft)))
+    return drafted

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from gpu_workers.llm.runner import LLMRunner
-from gpu_workers.spec.drafts import Drafter
+from gpu_workers.spec.drafts import Drafter, accepted, fits, ngram_draft
 from gpu_workers.tiny.checkpoints import make_tiny_checkpoint
 from omni.shared import protocol
 from tests.gpu_workers.conftest import StepDriver
@@ -131,3 +131,42 @@ def test_speculative_steps_take_the_native_decode(tiny: Path, monkeypatch: pytes
     assert StepDriver(r, speculate=True).run(PROMPTS[:1], 20) == expected
     multi = [ok for rows, ok in served if rows > 1 and rows <= r.native_rows]
     assert multi and all(multi)
+
+
+@pytest.mark.parametrize(
+    ("tokens", "k", "n_min", "n_max", "draft"),
+    [
+        ([1, 2, 3, 4, 5, 6, 7, 1, 2, 3], 4, 1, 3, [4, 5, 6, 7]),
+        ([1, 2, 3, 9, 2, 3, 8, 1, 2, 3], 4, 2, 3, [9, 2, 3, 8]),  # the 3-gram wins over the later 2-gram
+        ([1, 2, 3, 9, 2, 3, 8, 1, 2, 3], 4, 2, 2, [8, 1, 2, 3]),  # only 2-grams: the latest
+        ([4, 2, 3, 9, 2, 3, 8, 1, 2, 3], 2, 3, 3, []),  # no earlier 3-gram
+        ([5, 5, 5, 5, 5, 5, 5], 3, 1, 2, [5, 5, 5]),  # the latest occurrence that k tokens follow
+        ([5, 5, 5, 5], 3, 1, 2, [5, 5]),  # none does: the one most tokens follow
+        ([1, 2], 3, 1, 2, []),
+        ([7], 3, 1, 1, []),
+        ([1, 2, 3, 1, 2, 3], 0, 1, 2, []),
+    ],
+)
+def test_ngram_draft(tokens: list[int], k: int, n_min: int, n_max: int, draft: list[int]) -> None:
+    assert ngram_draft(tokens, k, n_min, n_max) == draft
+
+
+def test_who_may_speculate() -> None:
+    yes = protocol.SamplingOptions(temperature=0.0, speculate=True, logprobs=3, bad_words_token_ids=[[1]])
+    assert fits(yes)
+    assert not fits(protocol.SamplingOptions(temperature=0.0))  # the server said no (a grammar, or off)
+    for no in (
+        protocol.SamplingOptions(temperature=0.7, speculate=True),
+        protocol.SamplingOptions(temperature=0.0, speculate=True, repetition_penalty=1.1),
+        protocol.SamplingOptions(temperature=0.0, speculate=True, presence_penalty=0.5),
+        protocol.SamplingOptions(temperature=0.0, speculate=True, frequency_penalty=0.5),
+        protocol.SamplingOptions(temperature=0.0, speculate=True, prefill_only=True),
+    ):
+        assert not fits(no)
+
+
+def test_accepted_counts_the_agreeing_prefix() -> None:
+    assert accepted([4, 5, 6], [4, 5, 6, 7]) == 3
+    assert accepted([4, 5, 6], [4, 9, 6, 7]) == 1
+    assert accepted([4, 5, 6], [0, 5, 6, 7]) == 0
+    assert accepted([], [3]) == 0
