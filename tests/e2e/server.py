@@ -78,13 +78,19 @@ def workers_held(server_pid: int) -> Iterator[None]:
 
 def wait_exited(pid: int, timeout: float = 300.0) -> None:
     """Until a killed child has exited (a zombie, or reaped): its pipes are closed by then, and
-    its parent's Process.is_alive() answers False, so the server cannot place work on it."""
+    its parent's Process.is_alive() answers False, so the server cannot place work on it.
+
+    A zombie leader is not enough: the leader of a threaded process turns Z at once while its
+    other threads still tear down (a worker's OpenMP threads, its gigabytes unmapped), and its
+    parent's waitpid, so is_alive(), sees the exit only once the last thread is gone. So: the
+    leader Z (or X) and its task list down to the leader alone, or the process reaped."""
     # a hang guard, not a timing: a SIGKILLed process exits in milliseconds; this only fails a test
     # that would otherwise wait forever (as long as the suite's other guards, for a loaded host)
     deadline = time.monotonic() + timeout
     while True:
         try:
-            if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X"):
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            if state in ("Z", "X") and len(os.listdir(f"/proc/{pid}/task")) <= 1:
                 return
         except FileNotFoundError:
             return
