@@ -25,16 +25,15 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from gpu_workers.sample.sampler import is_greedy
 from omni.shared.protocol import Drafted, LLMWorkerSpec, SampledToken, SamplingOptions, TopLogprob
-
-GREEDY_BELOW_TEMPERATURE = 1e-5  # the sampler's line (gpu_workers/sample/sampler.py)
 
 
 def fits(options: SamplingOptions) -> bool:
     """Whether drafts can be verified for this request with output equal to plain decoding."""
     return (
         options.speculate
-        and options.temperature < GREEDY_BELOW_TEMPERATURE
+        and is_greedy(options)
         and options.presence_penalty == 0.0
         and options.frequency_penalty == 0.0
         and options.repetition_penalty == 1.0

@@ -385,7 +385,12 @@ class LLMEngine(SupervisedWorker):
         by_id: dict[RequestId, list[protocol.SampledToken]] = {}
         for s in reply.sampled:  # a request's tokens in order: several after verified drafts
             by_id.setdefault(RequestId(s.request_id), []).append(s)
-        before = {rid: r.num_output_tokens for rid in by_id if (r := scheduler.get_request(rid)) is not None}
+        # a verifying request's output length before: the scheduler drops tokens after a stop
+        before = {
+            rid: r.num_output_tokens
+            for rid, tokens in by_id.items()
+            if len(tokens) > 1 and (r := scheduler.get_request(rid)) is not None
+        }
         if output.num_draft_tokens:
             self._count_drafts(output, by_id)
         updated = scheduler.update_from_output(
@@ -404,8 +409,9 @@ class LLMEngine(SupervisedWorker):
                 self.stats.prefill_done(request)
                 self._finished(stream, request.status.value, now)
                 continue
-            # the tokens the scheduler kept: none past one that ended the request
-            kept = by_id[request.request_id][: request.num_output_tokens - before[request.request_id]]
+            kept = by_id[request.request_id]  # those the scheduler appended: none past a stop
+            if len(kept) > 1:
+                kept = kept[: request.num_output_tokens - before[request.request_id]]
             if stream.constraint is not None and not request.is_finished:
                 self._advance_constraint(request, stream.constraint, kept[0].token_id)  # never drafts
             finish_reason = request.status.value if request.is_finished else None
