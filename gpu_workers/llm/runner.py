@@ -36,9 +36,9 @@ from gpu_workers.models.packed_linear import pack_linears
 from gpu_workers.models.registry import CausalLMConfig
 from gpu_workers.runner import Runner, register_runner
 from gpu_workers.sample.penalties import TokenHistory
-from gpu_workers.sample.sampler import Sampler, validate_options
+from gpu_workers.sample.sampler import Sampler, position_generators, validate_options
 from gpu_workers.sample.token_masks import StepMaskReader
-from gpu_workers.spec.drafts import Drafter, draft_histories, draft_next, emitted
+from gpu_workers.spec.drafts import Drafter, draft_next, emitted
 from gpu_workers.staging import HostStaging
 from gpu_workers.store_client import LRUBytes, StoreClient
 from omni.shared import protocol
@@ -76,7 +76,6 @@ class RequestState:
     token_ids: list[int]  # prompt, then every sampled token
     block_ids: list[int]
     sampling: protocol.SamplingOptions
-    generator: torch.Generator | None  # only for seeded requests; lives as long as the request
     media: list[protocol.MediaRef] = field(default_factory=list)
     # token_ids[:num_prompt_tokens] is the prompt. A state is made from a NewRequest, which
     # the scheduler sends once, at a request's first schedule, before it has any output (a
@@ -86,6 +85,7 @@ class RequestState:
     # is recomputed after a preemption sends none twice.
     prompt_logprobs_end: int = 1
     draft: list[int] = field(default_factory=list)  # speculative decoding's, after token_ids
+    generators: list[torch.Generator] = field(default_factory=list)  # a seeded request's, per row
 
     def __post_init__(self) -> None:
         self.num_prompt_tokens = len(self.token_ids)
@@ -320,12 +320,7 @@ class LLMRunner(Runner):
                 raise ValueError(f"request {r.request_id!r}: token ids must be non-empty and in [0, {vocab})")
             self._check_block_ids(r.request_id, r.block_ids)
             self._check_media(r)
-            generator = None
-            if r.sampling.seed is not None:
-                generator = torch.Generator(device=self.device).manual_seed(r.sampling.seed)
-            new_states[r.request_id] = RequestState(
-                list(r.token_ids), list(r.block_ids), r.sampling, generator, list(r.media)
-            )
+            new_states[r.request_id] = RequestState(list(r.token_ids), list(r.block_ids), r.sampling, list(r.media))
             tables[r.request_id] = new_states[r.request_id].block_ids
             scheduled.append(_Scheduled(r.request_id, r.num_computed_tokens, r.num_scheduled_tokens))
         for c in step.cached_requests:
@@ -491,7 +486,9 @@ class LLMRunner(Runner):
         chunks: list[SequenceChunk] = []
         sample_rows: list[int] = []  # packed row whose hidden state predicts the next token
         sample_ids: list[str] = []  # per sampled row: a request verifying d drafts has d + 1 rows
-        histories: list[TokenHistory] = []  # per sampled row: the tokens before it
+        histories: list[TokenHistory] = []  # per sampled row: the request's tokens before it
+        pending: list[list[int]] = []  # per sampled row: the drafts between those and it
+        generators: list[torch.Generator | None] = []  # per sampled row: its seeded draw's
         prompt_rows: list[_PromptRows] = []
         for s in scheduled:
             state = self.requests[s.request_id]
@@ -513,7 +510,9 @@ class LLMRunner(Runner):
                 drafts = end - known
                 sample_rows.extend(range(len(input_ids) - 1 - drafts, len(input_ids)))
                 sample_ids.extend([s.request_id] * (1 + drafts))
-                histories += [state, *draft_histories(state, drafts)]
+                histories += [state] * (1 + drafts)
+                pending += [state.draft[:j] for j in range(1 + drafts)]
+                generators += position_generators(state.sampling.seed, known, 1 + drafts, state.generators, self.device)
         if self._compiled_decode(chunks, media):
             assert self.decode_graph is not None  # it stages its own (padded) inputs
             staged = self._staging.stage({"sample_rows": np.asarray(sample_rows, dtype=np.int64)})
@@ -542,10 +541,11 @@ class LLMRunner(Runner):
         outputs = self.sampler.sample(
             logits,
             [s.sampling for s in states],
-            [s.generator for s in states],
+            generators,
             histories,
             masks=[masks.get(r) for r in sample_ids] if masks else None,  # applied to logits, in place
             request_ids=sample_ids,
+            pending=pending,
         )
         return emitted(sample_ids, states, outputs), prompt_logprobs
 

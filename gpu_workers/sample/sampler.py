@@ -30,7 +30,16 @@ from gpu_workers.staging import HostStaging
 from omni.shared.protocol import SamplingOptions
 from omni.shared.sampling_bounds import SAMPLING_BOUNDS
 
-__all__ = ["SampleOutput", "Sampler", "TokenHistory", "process_logits", "validate_options", "warp_logits"]
+__all__ = [
+    "SampleOutput",
+    "Sampler",
+    "TokenHistory",
+    "position_generators",
+    "position_seed",
+    "process_logits",
+    "validate_options",
+    "warp_logits",
+]
 
 
 @dataclass(slots=True)
@@ -47,6 +56,33 @@ GREEDY_BELOW_TEMPERATURE = 1e-5
 
 def is_greedy(options: SamplingOptions) -> bool:
     return options.temperature < GREEDY_BELOW_TEMPERATURE
+
+
+_MASK64 = (1 << 64) - 1
+
+
+def position_seed(seed: int, index: int) -> int:
+    """The seed of a seeded request's draw for its token at `index` (prompt tokens count):
+    splitmix64's finaliser over the pair. Keyed by position rather than by how many draws came
+    before, a seed gives the same tokens however its steps fall: with speculative decoding's
+    rows (rejected ones included) or without, after a preemption's recompute, in any batch."""
+    z = ((seed & _MASK64) ^ ((index + 1) * 0x9E3779B97F4A7C15)) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return z ^ (z >> 31)
+
+
+def position_generators(
+    seed: int | None, index: int, rows: int, pool: list[torch.Generator], device: torch.device
+) -> list[torch.Generator | None]:
+    """A request's generators for its rows sampling the tokens at index, index + 1, ...: the
+    request's own (pool, grown as needed and kept by the caller), each seeded by position.
+    An unseeded request's rows draw from the global RNG (None)."""
+    if seed is None:
+        return [None] * rows
+    while len(pool) < rows:
+        pool.append(torch.Generator(device=device))
+    return [pool[j].manual_seed(position_seed(seed, index + j)) for j in range(rows)]
 
 
 def validate_options(options: SamplingOptions, vocab_size: int | None = None) -> None:
@@ -119,13 +155,17 @@ class Sampler:
         histories: Sequence[TokenHistory],  # per row; read only by penalties, bad_words, min_tokens
         masks: Sequence[bytes | None] | None = None,  # per row: a grammar bitmask, or None
         request_ids: Sequence[str] | None = None,  # keys of kept penalty counts; None: count afresh
+        pending: Sequence[Sequence[int]] | None = None,  # per row: output tokens after its history
     ) -> list[SampleOutput]:
+        """pending: speculative decoding's drafts between a row's history and the row (row j of
+        a request verifying drafts comes after drafts[:j]); penalties, bad_words and min_tokens
+        count them as output, and the request's kept penalty counts never hold them."""
         penalties = self.penalties if request_ids is not None else PenaltyCounts()
         keys = list(request_ids) if request_ids is not None else [str(i) for i in range(len(options))]
         arrays: Arrays = {}
         if masks is not None and any(m is not None for m in masks):
             arrays["mask_rows"], arrays["mask_words"] = pack_masks(masks)
-        rows = _plan_processors(arrays, options, histories, keys, penalties)
+        rows = _plan_processors(arrays, options, histories, keys, penalties, pending)
         seeded = _plan_sampling(arrays, options, generators)
         wanted = [i for i, o in enumerate(options) if o.logprobs is not None]
         if wanted:
@@ -161,15 +201,17 @@ def _plan_processors(
     histories: Sequence[TokenHistory],
     keys: list[str],
     penalties: PenaltyCounts,
+    pending: Sequence[Sequence[int]] | None = None,
 ) -> list[int]:
     """The host half of process_logits: the rows that adjust, their index arrays."""
+    ahead: Sequence[Sequence[int]] = pending if pending is not None else [()] * len(options)
     rows = [i for i, o in enumerate(options) if adjusts_logits(o)]
     allowed = [(i, ids) for i in rows if (ids := options[i].allowed_token_ids) is not None]
     if allowed:
         arrays["allowed_rows"] = np.asarray([i for i, _ in allowed], dtype=np.int64)
         arrays["allowed_row"] = np.asarray([j for j, (_, ids) in enumerate(allowed) for _ in ids], dtype=np.int64)
         arrays["allowed_token"] = np.asarray([t for _, ids in allowed for t in ids], dtype=np.int64)
-    banned = [(i, t) for i in rows for t in _banned_tokens(options[i], histories[i])]
+    banned = [(i, t) for i in rows for t in _banned_tokens(options[i], histories[i], ahead[i])]
     if banned:
         arrays["ban_row"], arrays["ban_token"] = np.asarray(banned, dtype=np.int64).T
     biased = [
@@ -192,6 +234,9 @@ def _plan_processors(
             arrays["presence"] = np.asarray([o.presence_penalty for o in opts], dtype=np.float32)
         counts = penalties.plan([keys[i] for i in penalised], [histories[i] for i in penalised])
         arrays.update({f"count_{name}": a for name, a in counts.items()})
+        extra = [(j, t) for j, i in enumerate(penalised) for t in ahead[i]]
+        if extra:  # drafts ahead of the row: output, counted for this row only
+            arrays["pending_row"], arrays["pending_token"] = np.asarray(extra, dtype=np.int64).T
     return rows
 
 
@@ -320,14 +365,15 @@ def _fall_back_where_empty(x: torch.Tensor, logits: torch.Tensor) -> torch.Tenso
     return torch.where(dead[:, None], logits, x)
 
 
-def _banned_tokens(options: SamplingOptions, history: TokenHistory) -> list[int]:
-    """bad_words and min_tokens: the tokens this request may not sample next."""
+def _banned_tokens(options: SamplingOptions, history: TokenHistory, pending: Sequence[int] = ()) -> list[int]:
+    """bad_words and min_tokens: the tokens this request may not sample next (after its
+    history and the pending drafts)."""
     if not options.bad_words_token_ids and not options.min_tokens:
         return []
     banned = []
-    if len(history.token_ids) - history.num_prompt_tokens < options.min_tokens:
+    if len(history.token_ids) + len(pending) - history.num_prompt_tokens < options.min_tokens:
         banned += options.min_tokens_stop_ids
-    output = history.token_ids[history.num_prompt_tokens :] if options.bad_words_token_ids else []
+    output = [*history.token_ids[history.num_prompt_tokens :], *pending] if options.bad_words_token_ids else []
     for word in options.bad_words_token_ids:
         # word = [*prefix, last]: last is banned when prefix ends the output so far, so a
         # one-token word is always banned. Only output counts, as in vLLM.
@@ -345,6 +391,10 @@ def _apply_penalties(x: torch.Tensor, staged: Staged, penalties: PenaltyCounts) 
     index = staged["penalty_rows"]
     y = x[index]  # (P, V)
     seen, counts = penalties.rows(counts_staged["slots"])
+    if "pending_row" in staged:  # a copy (gathered rows): the kept counts stay as they are
+        token = staged["pending_token"]
+        counts.index_put_((staged["pending_row"], token), torch.ones_like(token, dtype=counts.dtype), accumulate=True)
+        seen = seen | (counts > 0)
     if "repetition" in staged:
         penalty = torch.where(seen, staged["repetition"].to(y.dtype)[:, None], 1.0)
         # transformers' RepetitionPenaltyLogitsProcessor exactly: a logit of 0 is divided

@@ -1,20 +1,26 @@
-"""Speculative decoding in the LLM worker: who may speculate, drafting, and greedy acceptance.
+"""Speculative decoding in the LLM worker: who may speculate, drafting, and acceptance.
 
 The worker drafts after each step, for the requests it just sampled, and tells the server how
 many draft tokens it holds for each (StepResult.drafted). The scheduler may then schedule a
 request's next token with up to that many drafts behind it; the step computes all of them in
 one forward (rows at positions p, p + 1, ..., p + d), and every row is sampled as it would be
-without speculation. A draft is accepted while it equals what its row sampled; the first row
-whose sample differs gives the correction, and if all d are accepted the last row gives one
-token more. So a step emits 1 to d + 1 tokens, exactly the tokens plain decoding would.
+without speculation: every sampling field applies, with the drafts before a row counted as
+output by penalties, bad_words and min_tokens (the sampler's `pending`). A draft is accepted
+while it equals what its row sampled; the first row whose sample differs gives the
+correction, and if all d are accepted the last row gives one token more. So a step emits 1 to
+d + 1 tokens.
 
-Who speculates (SamplingOptions.speculate is the server's half: speculation is configured, and
-the request has no grammar; fits() is the worker's half):
-- greedy requests only (temperature 0): a sampled request would need a rejection sampler to
-  keep its distribution;
-- no repetition, frequency or presence penalty: they count the output so far, token by token;
-- logit_bias, allowed_token_ids, bad_words, min_tokens and logprobs apply at every row as they
-  would (each row's history is the request's tokens plus the drafts before it).
+Greedy rows sample the argmax, so the tokens are exactly plain decoding's. A sampled row draws
+x from its target distribution p, so the draft t is kept with probability p(t) and, when it
+is not, the emitted x follows p without t, renormalised: the rejection sampler of speculative
+sampling for a draft that proposes t with certainty (ours are deterministic), and the output's
+distribution is the target's. A seeded request draws the token at each position from a
+generator seeded by (seed, position) (sampler.position_seed), so one seed gives the same text
+with speculation and without, whichever drafts were rejected.
+
+Who speculates: SamplingOptions.speculate is the server's half (speculation is configured, the
+request did not opt out, and it has no grammar); fits() adds the worker's (not prefill_only:
+nothing is sampled).
 """
 
 from __future__ import annotations
@@ -25,20 +31,12 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from gpu_workers.sample.sampler import is_greedy
 from omni.shared.protocol import Drafted, LLMWorkerSpec, SampledToken, SamplingOptions, TopLogprob
 
 
 def fits(options: SamplingOptions) -> bool:
-    """Whether drafts can be verified for this request with output equal to plain decoding."""
-    return (
-        options.speculate
-        and is_greedy(options)
-        and options.presence_penalty == 0.0
-        and options.frequency_penalty == 0.0
-        and options.repetition_penalty == 1.0
-        and not options.prefill_only
-    )
+    """Whether the worker drafts for this request."""
+    return options.speculate and not options.prefill_only
 
 
 def ngram_draft(tokens: Sequence[int], k: int, n_min: int, n_max: int) -> list[int]:
@@ -97,15 +95,6 @@ class Drafter:
         raise ValueError(f"unknown drafting method {self.method!r}")
 
 
-@dataclass(frozen=True, slots=True)
-class DraftHistory:
-    """What the sampler reads of the tokens before a draft row (TokenHistory): the request's
-    tokens and the drafts ahead of that row."""
-
-    token_ids: list[int]
-    num_prompt_tokens: int
-
-
 class _History(Protocol):
     """What drafting reads and writes of a request (the runner's RequestState is one)."""
 
@@ -113,16 +102,6 @@ class _History(Protocol):
     num_prompt_tokens: int
     draft: list[int]
     sampling: SamplingOptions
-
-
-def draft_histories(state: _History, drafts: int) -> list[DraftHistory]:
-    """The histories of the rows after a request's first verifying row, one per draft: row j
-    comes after drafts[:j]. Only bad_words and min_tokens read them (penalties never speculate),
-    so a request with neither gets its own history for every row, with no copies."""
-    options = state.sampling
-    if not options.bad_words_token_ids and not options.min_tokens:
-        return [DraftHistory(state.token_ids, state.num_prompt_tokens)] * drafts
-    return [DraftHistory(state.token_ids + state.draft[:j], state.num_prompt_tokens) for j in range(1, drafts + 1)]
 
 
 def accepted(drafts: Sequence[int], sampled: Sequence[int]) -> int:

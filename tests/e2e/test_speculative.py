@@ -48,10 +48,18 @@ def chat_streamed(base: str, messages: list[dict[str, Any]]) -> str:
     return "".join(text)
 
 
+SAMPLED = [PROMPTS[i] for i in range(0, len(PROMPTS), 6)]  # 9, of every workload
+SAMPLING = {"temperature": 0.5, "top_k": 3, "presence_penalty": 0.1}
+
+
+def sampled(base: str) -> list[str]:
+    return [chat(base, m, seed=100 + i, **SAMPLING) for i, m in enumerate(SAMPLED)]
+
+
 @pytest.fixture(scope="module")
-def plain(tiny_model_dir: Path) -> list[str]:
+def plain(tiny_model_dir: Path) -> dict[str, list[str]]:
     with running_server("--model", f"tiny={tiny_model_dir}", *FLAGS) as base:
-        return [chat(base, m) for m in PROMPTS]
+        return {"greedy": [chat(base, m) for m in PROMPTS], "sampled": sampled(base)}
 
 
 @pytest.fixture(scope="module")
@@ -60,16 +68,27 @@ def speculating(tiny_model_dir: Path) -> Iterator[str]:
         yield base
 
 
-def test_greedy_output_is_the_same_with_drafts(plain: list[str], speculating: str) -> None:
+def test_greedy_output_is_the_same_with_drafts(plain: dict[str, list[str]], speculating: str) -> None:
     drafts = read_metric(speculating, "vllm:spec_decode_num_drafts_total")
-    assert [chat(speculating, m) for m in PROMPTS] == plain
-    assert [chat_streamed(speculating, m) for m in PROMPTS] == plain
+    assert [chat(speculating, m) for m in PROMPTS] == plain["greedy"]
+    assert [chat_streamed(speculating, m) for m in PROMPTS] == plain["greedy"]
     # the counters moved: drafts were verified and some were kept
     assert read_metric(speculating, "vllm:spec_decode_num_drafts_total") > drafts
     accepted = read_metric(speculating, "vllm:spec_decode_num_accepted_tokens_total")
     assert accepted > 0
     assert read_metric(speculating, "vllm:spec_decode_num_draft_tokens_total") >= accepted
     assert read_metric(speculating, "vllm:spec_decode_num_accepted_tokens_per_pos_total", position="0") > 0
+
+
+def test_a_seed_gives_the_same_text_with_drafts_and_twice(plain: dict[str, list[str]], speculating: str) -> None:
+    """Seeded sampled requests speculate too (drafts kept with the target's probability), and
+    each draw is keyed by (seed, position): the plain server's text, on every try."""
+    drafts = read_metric(speculating, "vllm:spec_decode_num_draft_tokens_total")
+    first = sampled(speculating)
+    assert first == plain["sampled"]
+    assert sampled(speculating) == first
+    assert len(set(first)) == len(first)  # sampled, not one text
+    assert read_metric(speculating, "vllm:spec_decode_num_draft_tokens_total") > drafts
 
 
 def test_a_client_gone_mid_speculation_frees_every_block(speculating: str) -> None:

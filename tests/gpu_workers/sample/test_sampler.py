@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import MinPLogitsWarper, RepetitionPenaltyLogitsProcessor, TemperatureLogitsWarper
 
-from gpu_workers.sample.sampler import Sampler, process_logits, validate_options, warp_logits
+from gpu_workers.sample.sampler import Sampler, position_generators, position_seed, process_logits, validate_options, warp_logits
 from omni.shared.protocol import SamplingOptions
 
 INF = float("inf")
@@ -425,3 +425,45 @@ def test_kept_penalty_counts_equal_a_recount_after_many_steps() -> None:
             assert seen.nonzero().tolist() == sorted([j, t] for j, i in enumerate(rows) for t in set(hist[i].token_ids))
         for r, o in zip(ids, out):
             live[r].output.append(o.token_id)
+
+
+def test_pending_drafts_count_as_output_for_that_row_only() -> None:
+    """Rows verifying drafts: a row after drafts d[:j] is processed as if d[:j] ended its
+    history (penalties, bad_words, min_tokens), and the request's kept counts never hold them:
+    the next call, with the tokens really accepted, equals a recount."""
+    v = 40
+    opts = SamplingOptions(temperature=0.0, repetition_penalty=1.4, frequency_penalty=0.5, presence_penalty=0.3,
+                           bad_words_token_ids=[[3, 4], [7]], min_tokens=4, min_tokens_stop_ids=[5])  # fmt: skip
+    history = History([1, 2, 9], [3])
+    draft = [4, 3, 11]
+    x = logits(4, v, seed=8)
+    sampler = Sampler()
+    out = sampler.sample(x.clone(), [opts] * 4, [None] * 4, [history] * 4, request_ids=["r"] * 4,
+                         pending=[draft[:j] for j in range(4)])  # fmt: skip
+    as_history = [History(history.prompt, history.output + draft[:j]) for j in range(4)]
+    want = process_logits(x, [opts] * 4, as_history)
+    assert [o.token_id for o in out] == want.argmax(-1).tolist()
+    assert banned(want)[0] == [4, 5, 7] and banned(want)[1] == [5, 7]  # [3, 4] after 3; min_tokens
+    history.output += [4, 6]  # one draft accepted, then another token
+    y = logits(1, v, seed=9)
+    (after,) = sampler.sample(y.clone(), [opts], [None], [history], request_ids=["r"])
+    assert after.token_id == process_logits(y, [opts], [history]).argmax(-1).item()
+
+
+def test_position_generators_key_each_draw_by_seed_and_position() -> None:
+    pool: list[torch.Generator] = []
+    device = torch.device("cpu")
+    assert position_generators(None, 5, 3, pool, device) == [None] * 3 and not pool
+
+    def draws(seed: int, index: int, rows: int) -> list[float]:
+        return [g.initial_seed() if g else 0 for g in position_generators(seed, index, rows, pool, device)]
+
+    one = draws(7, 10, 3)
+    assert len(pool) == 3 and len(set(one)) == 3
+    assert draws(7, 11, 2) == one[1:]  # the token at 11 draws the same whichever row it is
+    assert draws(8, 10, 3) != one
+    x = logits(1, 50)
+    opts = [SamplingOptions(temperature=1.0, seed=7)]
+    a = Sampler().sample(x, opts, position_generators(7, 10, 1, [], device), no_history(1))
+    b = Sampler().sample(x, opts, [torch.Generator().manual_seed(position_seed(7, 10))], no_history(1))
+    assert a[0].token_id == b[0].token_id

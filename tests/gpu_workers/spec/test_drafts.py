@@ -85,29 +85,36 @@ def test_ngram_drafts_give_the_plain_output(tiny: Path) -> None:
     assert any(r.drafted for r in driver.results)
 
 
-def test_requests_that_cannot_speculate_decode_as_without_it(tiny: Path) -> None:
-    """A batch of speculating and non-speculating requests: sampled (seeded), penalised, and
-    greedy ones with processors that read the row's history (bad_words, min_tokens) or not
-    (logit_bias, allowed ids, logprobs) all give the plain run's tokens."""
-    options = [
-        protocol.SamplingOptions(temperature=0.8, seed=7),
-        protocol.SamplingOptions(temperature=0.0, repetition_penalty=1.3),
-        protocol.SamplingOptions(temperature=0.0, bad_words_token_ids=[[7, 8], [31, 30]], logprobs=2),
-        protocol.SamplingOptions(temperature=0.0, min_tokens=6, min_tokens_stop_ids=[9, 30], allowed_token_ids=list(range(40))),
-        protocol.SamplingOptions(temperature=0.0, logit_bias_token_ids=[6, 31], logit_bias_values=[3.0, -2.0]),
-    ]
-    prompts = [PROMPTS[i % len(PROMPTS)] for i in range(len(options))]
+OPTIONS = [
+    protocol.SamplingOptions(temperature=0.8, seed=7),
+    protocol.SamplingOptions(temperature=1.1, seed=8, top_k=20, top_p=0.9, min_p=0.02, presence_penalty=0.7, frequency_penalty=0.4),
+    protocol.SamplingOptions(temperature=0.0, repetition_penalty=1.3),
+    protocol.SamplingOptions(temperature=0.9, seed=9, repetition_penalty=1.2, bad_words_token_ids=[[7, 8], [31, 30]], logprobs=2),
+    protocol.SamplingOptions(temperature=0.0, min_tokens=6, min_tokens_stop_ids=[9, 30], allowed_token_ids=list(range(40))),
+    protocol.SamplingOptions(temperature=0.0, logit_bias_token_ids=[6, 31], logit_bias_values=[3.0, -2.0], logprobs=1),
+]
+
+
+@pytest.mark.parametrize("wrong", [2, 3])
+def test_every_sampling_field_applies_to_each_verified_row(tiny: Path, wrong: int) -> None:
+    """A batch mixing seeded sampled requests (temperature, top-k/top-p/min-p, every penalty,
+    bad_words) and greedy ones (repetition penalty, min_tokens, allowed ids, logit_bias), with
+    drafts that are often wrong: each request's tokens and logprobs are the plain run's. Seeds
+    key each draw by position, so a sampled request's text is the same with rejected rows."""
+    prompts = [[40 + i, *p] for i, p in enumerate(PROMPTS * 2)][: len(OPTIONS)]
     plain_driver = StepDriver(runner(tiny))
-    plain = plain_driver.run(prompts, 16, sampling=options)
-    driver = StepDriver(runner(tiny, Drafter("ngram", 3, 1, 2)), speculate=True)
-    assert driver.run(prompts, 16, sampling=options) == plain
-    # the logprobs are those of the plain run, token by token
-    def logprobs(d: StepDriver) -> list[float | None]:
-        return [s.logprob for r in d.results for s in r.sampled if s.request_id == "r2"]
-    assert logprobs(driver) == pytest.approx(logprobs(plain_driver), abs=1e-5)
-    drafted_for = {d.request_id for r in driver.results for d in r.drafted}
-    assert drafted_for <= {"r2", "r3", "r4"}  # never the sampled or the penalised one
-    assert {"r2", "r3"} <= drafted_for  # processors that read each row's own history
+    plain = plain_driver.run(prompts, 16, sampling=OPTIONS)
+    oracle = OracleDrafter({tuple(p): o for p, o in zip(prompts, plain)}, k=3, wrong=wrong)
+    driver = StepDriver(runner(tiny, oracle), speculate=True)
+    assert driver.run(prompts, 16, sampling=OPTIONS) == plain
+
+    def logprobs(d: StepDriver, request_id: str) -> list[float | None]:
+        return [s.logprob for r in d.results for s in r.sampled if s.request_id == request_id]
+
+    for request_id in ("r3", "r5"):
+        assert logprobs(driver, request_id) == pytest.approx(logprobs(plain_driver, request_id), abs=1e-5)
+    assert {d.request_id for r in driver.results for d in r.drafted} == {f"r{i}" for i in range(len(OPTIONS))}
+    assert max(emitted_per_step(driver)) > 1
 
 
 def test_speculative_steps_take_the_native_decode(tiny: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -152,17 +159,14 @@ def test_ngram_draft(tokens: list[int], k: int, n_min: int, n_max: int, draft: l
 
 
 def test_who_may_speculate() -> None:
-    yes = protocol.SamplingOptions(temperature=0.0, speculate=True, logprobs=3, bad_words_token_ids=[[1]])
-    assert fits(yes)
-    assert not fits(protocol.SamplingOptions(temperature=0.0))  # the server said no (a grammar, or off)
-    for no in (
-        protocol.SamplingOptions(temperature=0.7, speculate=True),
-        protocol.SamplingOptions(temperature=0.0, speculate=True, repetition_penalty=1.1),
-        protocol.SamplingOptions(temperature=0.0, speculate=True, presence_penalty=0.5),
-        protocol.SamplingOptions(temperature=0.0, speculate=True, frequency_penalty=0.5),
-        protocol.SamplingOptions(temperature=0.0, speculate=True, prefill_only=True),
+    for yes in (
+        protocol.SamplingOptions(temperature=0.0, speculate=True, logprobs=3, bad_words_token_ids=[[1]]),
+        protocol.SamplingOptions(temperature=0.7, speculate=True, seed=3, top_p=0.5),
+        protocol.SamplingOptions(temperature=0.0, speculate=True, repetition_penalty=1.1, presence_penalty=0.5),
     ):
-        assert not fits(no)
+        assert fits(yes)
+    assert not fits(protocol.SamplingOptions(temperature=0.0))  # the server said no (a grammar, or off)
+    assert not fits(protocol.SamplingOptions(temperature=0.0, speculate=True, prefill_only=True))
 
 
 def test_accepted_counts_the_agreeing_prefix() -> None:
