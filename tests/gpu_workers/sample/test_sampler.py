@@ -8,7 +8,14 @@ import pytest
 import torch
 from transformers import MinPLogitsWarper, RepetitionPenaltyLogitsProcessor, TemperatureLogitsWarper
 
-from gpu_workers.sample.sampler import Sampler, position_generators, position_seed, process_logits, validate_options, warp_logits
+from gpu_workers.sample.sampler import (
+    Sampler,
+    position_generators,
+    position_seed,
+    process_logits,
+    validate_options,
+    warp_logits,
+)
 from omni.shared.protocol import SamplingOptions
 
 INF = float("inf")
