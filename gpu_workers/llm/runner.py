@@ -37,7 +37,7 @@ from gpu_workers.models.registry import CausalLMConfig
 from gpu_workers.runner import Runner, register_runner
 from gpu_workers.sample.penalties import TokenHistory
 from gpu_workers.sample.sampler import Sampler, position_generators, validate_options
-from gpu_workers.sample.token_masks import StepMaskReader
+from gpu_workers.sample.token_masks import StepMaskReader, row_masks
 from gpu_workers.spec.drafts import Drafter, draft_next, emitted
 from gpu_workers.staging import HostStaging
 from gpu_workers.store_client import LRUBytes, StoreClient
@@ -543,7 +543,7 @@ class LLMRunner(Runner):
             [s.sampling for s in states],
             generators,
             histories,
-            masks=[masks.get(r) for r in sample_ids] if masks else None,  # applied to logits, in place
+            masks=row_masks(sample_ids, masks),  # applied to logits, in place
             request_ids=sample_ids,
             pending=pending,
         )

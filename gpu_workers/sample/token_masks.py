@@ -65,8 +65,23 @@ def apply_token_masks(logits: torch.Tensor, masks: Sequence[bytes | None]) -> No
         )
 
 
+def row_masks(sample_ids: Sequence[str], masks: dict[str, list[bytes]]) -> list[bytes | None] | None:
+    """Per sampled row, its mask: a request's consecutive rows (speculative decoding's d + 1)
+    take its masks in order; a row without one is not constrained. None: no row has a mask."""
+    if not masks:
+        return None
+    out: list[bytes | None] = []
+    previous, j = None, 0
+    for request_id in sample_ids:
+        j = j + 1 if request_id == previous else 0
+        previous = request_id
+        rows = masks.get(request_id)
+        out.append(rows[j] if rows is not None and j < len(rows) else None)
+    return out
+
+
 class StepMaskReader:
-    """A Step's grammar masks, by request id: those it carries, and with masks_follow those of
+    """A Step's grammar masks, by request id (a list: one per row it samples): those it carries, and with masks_follow those of
     the StepMasks the server sends after it, filled while this step's forward runs (review C5).
     That message is read once, when sampling first needs it, or by settle() when the step
     ends without sampling (it failed, or its constrained requests were dropped), so that it is
@@ -75,9 +90,9 @@ class StepMaskReader:
     def __init__(self, step: protocol.Step, receive: Callable[[], object] | None) -> None:
         self.step = step
         self._receive = receive
-        self._masks: dict[str, bytes] | None = None if step.masks_follow else self._of(step.token_masks)
+        self._masks: dict[str, list[bytes]] | None = None if step.masks_follow else self._of(step.token_masks)
 
-    def masks(self) -> dict[str, bytes]:
+    def masks(self) -> dict[str, list[bytes]]:
         if self._masks is None:
             self._masks = self._read()
         return self._masks
@@ -89,7 +104,7 @@ class StepMaskReader:
             except Exception as exc:  # noqa: BLE001 - the step's own outcome is what is reported
                 log.error("step %d: its masks: %s", self.step.step_id, exc)
 
-    def _read(self) -> dict[str, bytes]:
+    def _read(self) -> dict[str, list[bytes]]:
         self._masks = {}  # read at most once, even when what comes is wrong
         if self._receive is None:
             raise RuntimeError(f"step {self.step.step_id}: its masks follow, but there is no pipe to read them from")
@@ -102,5 +117,11 @@ class StepMaskReader:
         return self._of([*self.step.token_masks, *follow.token_masks])
 
     @staticmethod
-    def _of(token_masks: Iterable[protocol.TokenMask]) -> dict[str, bytes]:
-        return {m.request_id: m.bitmask for m in token_masks}
+    def _of(token_masks: Iterable[protocol.TokenMask]) -> dict[str, list[bytes]]:
+        masks = {}
+        for m in token_masks:
+            if m.rows < 1 or len(m.bitmask) % m.rows:
+                raise ValueError(f"request {m.request_id!r}: {len(m.bitmask)} bytes are not {m.rows} masks")
+            width = len(m.bitmask) // m.rows
+            masks[m.request_id] = [m.bitmask[j * width : (j + 1) * width] for j in range(m.rows)]
+        return masks

@@ -148,5 +148,5 @@ def draft_next(drafter: Drafter | None, states: Mapping[str, _History], sampled:
             # the step after next holds len(token_ids) + drafts tokens, within max_model_len
             state.draft = drafter.draft(state.token_ids, max_model_len - len(state.token_ids) - 1)
             if state.draft:
-                drafted.append(Drafted(request_id, len(state.draft)))
+                drafted.append(Drafted(request_id, list(state.draft)))
     return drafted

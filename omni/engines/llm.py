@@ -93,6 +93,8 @@ class RequestStream:
     deadline_timer: asyncio.TimerHandle | None = None
     # The choices of its prompt it was admitted with (for vllm:request_params_n), if any.
     group: ChoiceGroup | None = None
+    # A constrained request's drafts its grammar takes (those its next step may verify).
+    drafts: list[int] = field(default_factory=list)
 
     async def __aiter__(self) -> AsyncIterator[TokenEvent | PrefillDone]:
         while True:
@@ -242,8 +244,8 @@ class LLMEngine(SupervisedWorker):
         its stream raises DeadlineExceeded; group: its prompt's choices, admitted together."""
         if not self.ready or self.scheduler is None:
             raise EngineError("the model's worker is not ready")
-        # the worker drafts only where a draft can be checked as it is sampled: no grammar
-        request.speculate = self.config.speculative is not None and constraint is None
+        # drafts where each can be checked as it is sampled: a grammar only if it can roll back
+        request.speculate = self.config.speculative is not None and (constraint is None or constraint.speculable)
         try:
             self.scheduler.add_request(request)
         except QueueFull as exc:
@@ -393,10 +395,9 @@ class LLMEngine(SupervisedWorker):
         }
         if output.num_draft_tokens:
             self._count_drafts(output, by_id)
+        drafted = {RequestId(d.request_id): d.token_ids for d in reply.drafted}
         updated = scheduler.update_from_output(
-            output,
-            {rid: [s.token_id for s in tokens] for rid, tokens in by_id.items()},
-            {RequestId(d.request_id): d.num_tokens for d in reply.drafted},
+            output, {rid: [s.token_id for s in tokens] for rid, tokens in by_id.items()}, {r: len(d) for r, d in drafted.items()}
         )
         now = time.monotonic()
         for request in updated:
@@ -413,7 +414,7 @@ class LLMEngine(SupervisedWorker):
             if len(kept) > 1:
                 kept = kept[: request.num_output_tokens - before[request.request_id]]
             if stream.constraint is not None and not request.is_finished:
-                self._advance_constraint(request, stream.constraint, kept[0].token_id)  # never drafts
+                kept = self._advance_constraint(request, stream, kept, drafted.get(request.request_id, []))
             finish_reason = request.status.value if request.is_finished else None
             for i, sampled in enumerate(kept):
                 self._observe_token(stream, now)
@@ -437,40 +438,60 @@ class LLMEngine(SupervisedWorker):
             if c.num_draft_tokens and tokens:
                 self.stats.add_drafts(c.num_draft_tokens, len(tokens) - 1)
 
-    def _sampling_constraints(self, output: SchedulerOutput) -> list[tuple[RequestId, TokenConstraint]]:
-        """The constrained requests whose chunk samples in this step (they need a mask)."""
+    def _sampling_constraints(self, output: SchedulerOutput) -> list[tuple[RequestId, TokenConstraint, list[int]]]:
+        """The constrained requests whose chunk samples in this step (they need a mask), with
+        the drafts the step verifies for each (a mask for each row)."""
         if self._num_constrained == 0:  # the common step: nothing to look at
             return []
-        sampling: list[tuple[RequestId, TokenConstraint]] = []
+        sampling: list[tuple[RequestId, TokenConstraint, list[int]]] = []
         scheduled = [(s.request.request_id, s.num_computed_tokens, s.num_scheduled_tokens) for s in output.scheduled_new]
         scheduled += [(c.request_id, c.num_computed_tokens, c.num_scheduled_tokens) for c in output.scheduled_cached]
         for request_id, computed, num in scheduled:
             stream = self._streams.get(request_id)
             if stream is None or stream.constraint is None or not stream.constraint.active:
                 continue
-            if computed + num == stream.request.num_tokens:  # the chunk ends at its last token
-                sampling.append((request_id, stream.constraint))
+            drafts = computed + num - stream.request.num_tokens  # past its last token: drafts
+            if drafts >= 0:  # the chunk reaches its last token
+                sampling.append((request_id, stream.constraint, stream.drafts[:drafts]))
         return sampling
 
-    async def _step_masks(self, step_id: int, sampling: list[tuple[RequestId, TokenConstraint]]) -> protocol.StepMasks:
+    async def _step_masks(
+        self, step_id: int, sampling: list[tuple[RequestId, TokenConstraint, list[int]]]
+    ) -> protocol.StepMasks:
         """Their masks, for the StepMasks that follows the Step. It is sent even when filling
         fails (with the error), as the worker waits for it before it samples."""
         try:
-            masks = await self._masks.fill([c for _, c in sampling])
+            masks = await self._masks.fill([c for _, c, d in sampling if not d])
+            rows = iter(masks)
+            token_masks = [
+                protocol.TokenMask(r, c.draft_masks(d), 1 + len(d)) if d else protocol.TokenMask(r, next(rows))
+                for r, c, d in sampling
+            ]
         except Exception as exc:
             log.exception("%s: filling the grammar masks of step %d failed", self.name, step_id)
             return protocol.StepMasks(step_id, [], error=f"{type(exc).__name__}: {exc}")
-        return protocol.StepMasks(step_id, [protocol.TokenMask(r, m) for (r, _), m in zip(sampling, masks)])
+        return protocol.StepMasks(step_id, token_masks)
 
-    def _advance_constraint(self, request: Request, constraint: TokenConstraint, token_id: int) -> None:
-        """Feed the sampled token to the grammar; a grammar that is complete ends the request
-        as a stop string would (no extra step to sample an EOS it would force anyway)."""
-        constraint.advance(token_id)
-        if constraint.complete or constraint.violated:
-            assert self.scheduler is not None
-            # An answer closed early to fit max_tokens was cut, even though it is well formed.
-            status = RequestStatus.FINISHED_LENGTH if constraint.cut_short else RequestStatus.FINISHED_STOPPED
-            self.scheduler.abort_request(request.request_id, status)
+    def _advance_constraint(
+        self, request: Request, stream: RequestStream, kept: list[protocol.SampledToken], drafts: list[int]
+    ) -> list[protocol.SampledToken]:
+        """Feed the step's tokens to the grammar; one that completes it ends the request as a
+        stop string would (no extra step to sample an EOS it would force anyway). Returns the
+        tokens up to there; the drafts the grammar takes are those the next step may verify."""
+        constraint = stream.constraint
+        assert constraint is not None and self.scheduler is not None
+        for i, sampled in enumerate(kept):
+            constraint.advance(sampled.token_id)
+            if constraint.complete or constraint.violated:
+                # An answer closed early to fit max_tokens was cut, even though it is well formed.
+                status = RequestStatus.FINISHED_LENGTH if constraint.cut_short else RequestStatus.FINISHED_STOPPED
+                self.scheduler.abort_request(request.request_id, status)
+                return kept[: i + 1]
+        stream.drafts = []
+        if request.num_draft_tokens:
+            request.num_draft_tokens = constraint.draft_prefix(drafts[: request.num_draft_tokens])
+            stream.drafts = drafts[: request.num_draft_tokens]
+        return kept
 
     def _observe_token(self, stream: RequestStream, now: float) -> None:
         request = stream.request

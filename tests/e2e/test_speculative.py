@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import jsonschema
 import pytest
 
 from bench.spec_workloads import copy_prompts, multi_turn_prompts, open_prompts
@@ -56,10 +57,34 @@ def sampled(base: str) -> list[str]:
     return [chat(base, m, seed=100 + i, **SAMPLING) for i, m in enumerate(SAMPLED)]
 
 
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "city": {"type": "string", "maxLength": 8},
+        "country": {"type": "string", "maxLength": 8},
+        "facts": {"type": "array", "items": {"type": "string", "maxLength": 6}, "maxItems": 2},
+    },
+    "required": ["city", "country", "facts"],
+    "additionalProperties": False,
+}
+CITIES = ["Rome", "Oslo", "Lima", "Cairo", "Quito", "Hanoi", "Dakar", "Perth", "Bern", "Riga"]
+
+
+def structured(base: str) -> list[str]:
+    """20 json_schema answers, greedy and seeded, to prompts whose example repeats the keys."""
+    out = []
+    for i, city in enumerate(CITIES * 2):
+        ask = f'Reply as JSON like {{"city": "Paris", "country": "France", "facts": ["old", "big"]}} for {city}.'
+        sampling = {"seed": i, **SAMPLING} if i >= len(CITIES) else {}
+        fmt = {"type": "json_schema", "json_schema": {"name": "city", "schema": SCHEMA}}
+        out.append(chat(base, [{"role": "user", "content": ask}], response_format=fmt, **{"max_tokens": 200, **sampling}))
+    return out
+
+
 @pytest.fixture(scope="module")
 def plain(tiny_model_dir: Path) -> dict[str, list[str]]:
     with running_server("--model", f"tiny={tiny_model_dir}", *FLAGS) as base:
-        return {"greedy": [chat(base, m) for m in PROMPTS], "sampled": sampled(base)}
+        return {"greedy": [chat(base, m) for m in PROMPTS], "sampled": sampled(base), "structured": structured(base)}
 
 
 @pytest.fixture(scope="module")
@@ -88,6 +113,17 @@ def test_a_seed_gives_the_same_text_with_drafts_and_twice(plain: dict[str, list[
     assert first == plain["sampled"]
     assert sampled(speculating) == first
     assert len(set(first)) == len(first)  # sampled, not one text
+    assert read_metric(speculating, "vllm:spec_decode_num_draft_tokens_total") > drafts
+
+
+def test_json_schema_answers_with_drafts_are_valid_and_the_same(plain: dict[str, list[str]], speculating: str) -> None:
+    """Constrained requests speculate: the server checks each draft against the grammar and
+    sends a mask per verifying row, so every answer is valid, and the same as without drafts."""
+    drafts = read_metric(speculating, "vllm:spec_decode_num_draft_tokens_total")
+    answers = structured(speculating)
+    for answer in answers:
+        jsonschema.validate(json.loads(answer), SCHEMA)
+    assert answers == plain["structured"]
     assert read_metric(speculating, "vllm:spec_decode_num_draft_tokens_total") > drafts
 
 

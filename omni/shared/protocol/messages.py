@@ -120,11 +120,14 @@ class CachedRequest:
 class TokenMask:
     """The tokens a request may sample this step (its grammar's next-token set): bit t of the
     little-endian int32 words is set when token t is allowed; tokens past the mask's end are
-    not. Sent only for constrained requests that sample in this step."""
+    not. Sent only for constrained requests that sample in this step. A request verifying d
+    drafts samples d + 1 rows: bitmask is then their rows' masks, one after another (row j's
+    after the grammar took drafts[:j])."""
 
     TAG: ClassVar[int] = 19
     request_id: str
     bitmask: bytes
+    rows: int = 1
 
 
 @message
@@ -235,11 +238,16 @@ class FailedRequest:
 @dataclass(slots=True)
 class Drafted:
     """Draft tokens a worker holds for a request's next step (speculative decoding): the
-    scheduler may schedule up to num_tokens of them after the request's next token."""
+    scheduler may schedule up to num_tokens of them after the request's next token (the
+    server reads the tokens to check a constrained request's drafts against its grammar)."""
 
     TAG: ClassVar[int] = 55
     request_id: str
-    num_tokens: int
+    token_ids: list[int]
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
 
 
 @message

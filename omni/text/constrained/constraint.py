@@ -111,6 +111,47 @@ class TokenConstraint:
         """The closer had to end the answer early: it was cut by max_tokens, if well formed."""
         return self.closer is not None and self.closer.closing_now
 
+    @property
+    def speculable(self) -> bool:
+        """Drafts can be checked against it: a grammar from the first token, nothing beside it
+        (a trigger, a reasoning budget, a closer, spans or held tokens keep state that a
+        rejected draft would have to undo)."""
+        return (
+            type(self) is TokenConstraint
+            and self.matcher is not None
+            and self.grammar_on
+            and self.budget is None
+            and self.closer is None
+            and not self.spans
+        )
+
+    def draft_prefix(self, drafts: Sequence[int]) -> int:
+        """How many of drafts, in order, the grammar takes without ending the answer (a draft
+        that would complete it is left for the step to sample: the request ends at it). The
+        matcher stays as it is: drafts go to a copy (llguidance 1.9's rollback to the state
+        before the first token breaks once a mask was filled there)."""
+        assert self.matcher is not None and self.speculable
+        valid = self.matcher.validate_tokens(list(drafts))
+        if valid == 0:
+            return 0
+        probe = self.matcher.deep_copy()
+        for taken, token_id in enumerate(drafts[:valid]):
+            probe.consume_token(token_id)
+            if probe.is_stopped():
+                return taken
+        return valid
+
+    def draft_masks(self, drafts: Sequence[int]) -> bytes:
+        """The masks of the rows that verify drafts (from draft_prefix): the next token's, then
+        the one after each draft, one after another. The matcher stays as it is."""
+        assert self.matcher is not None and self.speculable
+        probe = self.matcher.deep_copy()
+        masks = [grammar_mask(probe, self.vocab_size)]
+        for token_id in drafts:
+            probe.consume_token(token_id)
+            masks.append(grammar_mask(probe, self.vocab_size))
+        return b"".join(masks)
+
     def advance(self, token_id: int) -> None:
         """Record a sampled token; read complete and violated after it."""
         if self.budget is not None:
@@ -337,10 +378,15 @@ def fill_masks(constraints: Sequence[TokenConstraint]) -> list[bytes]:
             masks.append(c.held_mask())
             continue
         assert c.matcher is not None, "an active constraint has a grammar or a forced token"
-        words = llg_np.allocate_token_bitmask(1, c.vocab_size)
-        llg_np.fill_next_token_bitmask(c.matcher, words)
-        masks.append(words[0].astype("<i4", copy=False).tobytes())
+        masks.append(grammar_mask(c.matcher, c.vocab_size))
     return masks
+
+
+def grammar_mask(matcher: llguidance.LLMatcher, vocab_size: int) -> bytes:
+    """The matcher's next-token bitmask."""
+    words = llg_np.allocate_token_bitmask(1, vocab_size)
+    llg_np.fill_next_token_bitmask(matcher, words)
+    return words[0].astype("<i4", copy=False).tobytes()
 
 
 def all_but_mask(token_ids: frozenset[int], vocab_size: int) -> bytes:

@@ -6,7 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from gpu_workers.sample.token_masks import apply_bitmask, apply_token_masks, pack_masks
+from gpu_workers.sample.token_masks import StepMaskReader, apply_bitmask, apply_token_masks, pack_masks, row_masks
+from omni.shared import protocol
+from omni.text.constrained.constraint import allowed_tokens
 
 
 def mask_of(allowed: list[int], vocab: int) -> bytes:
@@ -67,3 +69,18 @@ def test_the_packed_bitmask_allows_what_the_per_row_masks_allowed(device: str) -
         got = x.to(device)
         apply_bitmask(got, torch.from_numpy(rows).to(device), torch.from_numpy(words).to(device))
         assert torch.equal(got.cpu(), want)
+
+
+def test_a_request_verifying_drafts_gets_a_mask_per_row() -> None:
+    """A TokenMask of several rows is split per row, and each of the request's consecutive
+    sampled rows takes its own; other rows take none."""
+    step = protocol.Step(1, [], [], [], [protocol.TokenMask("a", mask_of([1], 64) + mask_of([2], 64) + mask_of([3], 64), 3),
+                                         protocol.TokenMask("b", mask_of([4], 64))])  # fmt: skip
+    masks = StepMaskReader(step, None).masks()
+    assert [len(masks["a"]), len(masks["b"])] == [3, 1]
+    rows = row_masks(["c", "a", "a", "a", "b"], masks)
+    assert rows is not None and rows[0] is None
+    assert [allowed_tokens(m, 64).tolist() for m in rows[1:] if m is not None] == [[1], [2], [3], [4]]
+    assert row_masks(["a"], {}) is None
+    with pytest.raises(ValueError, match="not 3 masks"):
+        StepMaskReader(protocol.Step(2, [], [], [], [protocol.TokenMask("a", b"\0" * 10, 3)]), None)

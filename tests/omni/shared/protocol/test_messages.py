@@ -51,9 +51,9 @@ EXAMPLES: dict[type, object] = {
     protocol.SampledToken: SAMPLED,
     protocol.FailedRequest: protocol.FailedRequest("r2", "cannot read encoder output"),
     protocol.PromptLogprobs: PROMPT_LOGPROBS,
-    protocol.Drafted: protocol.Drafted("r1", 4),
+    protocol.Drafted: protocol.Drafted("r1", [4, 9, 2, 2]),
     protocol.StepResult: protocol.StepResult(
-        8, [SAMPLED], [protocol.FailedRequest("r2", "x")], [PROMPT_LOGPROBS], [protocol.Drafted("r1", 3)]
+        8, [SAMPLED], [protocol.FailedRequest("r2", "x")], [PROMPT_LOGPROBS], [protocol.Drafted("r1", [5, 6, 7])]
     ),
     protocol.EncodeItem: ITEM,
     protocol.EncodeBatch: protocol.EncodeBatch(2, [ITEM, dataclasses.replace(ITEM, item_id=4, fmt=None)]),

@@ -140,3 +140,31 @@ async def test_masks_filled_in_parallel_are_those_filled_one_by_one(two: Compile
     expected = fill_masks(constraints)
     assert await MaskFiller(num_threads=2).fill(constraints) == expected
     assert [allowed_tokens(m, forced.vocab_size).tolist() for m in expected] == [[100], [200], [101, 102], [END_THINK]]
+
+
+THREE = "%llguidance {}\nstart: <[100]> <[101-102]> <[103]> <[104]>\n"
+
+
+async def test_drafts_are_checked_against_the_grammar_and_rolled_back(compiler: GrammarCompiler) -> None:
+    """draft_prefix: the drafts the grammar takes, never the one that completes it; draft_masks:
+    each verifying row's mask (before each draft, after the last). Neither moves the matcher."""
+    c = (await compiler.compile(GrammarSpec(GrammarKind.GRAMMAR, THREE))).new_constraint()
+    assert c.speculable and allowed(c) == [100]  # a mask filled first (llguidance's rollback breaks then)
+    assert c.draft_prefix([100, 102, 103]) == 3
+    assert c.draft_prefix([100, 105, 103]) == 1  # 105 is refused: 100 alone
+    assert c.draft_prefix([100, 101, 103, 104]) == 3  # 104 would complete the answer
+    assert c.draft_prefix([7]) == 0
+    masks = c.draft_masks([100, 101])
+    width = len(masks) // 3
+    rows = [allowed_tokens(masks[j * width : (j + 1) * width], c.vocab_size).tolist() for j in range(3)]
+    assert rows == [[100], [101, 102], [103]]
+    assert allowed(c) == [100]  # the matcher is where it was
+    c.advance(100)
+    assert c.draft_prefix([102, 103, 104]) == 2 and allowed(c) == [101, 102]
+
+
+async def test_only_a_plain_grammar_speculates(two: CompiledGrammar) -> None:
+    assert two.new_constraint().speculable
+    assert not two.new_constraint(trigger_token_id=THINK).speculable
+    assert not two.new_constraint(budget=ReasoningBudget(THINK, END_THINK, 4)).speculable
+    assert not two.new_constraint(trigger_token_id=THINK, spans=True).speculable
