@@ -143,7 +143,8 @@ class LLMConfig:
         help='speculative decoding, vLLM\'s JSON: {"method": "ngram", "num_speculative_tokens": 4, '
         '"prompt_lookup_min": 2, "prompt_lookup_max": 4}. ngram drafts by prompt lookup, in the '
         "worker; greedy requests without penalties or a grammar speculate, others decode as without it "
-        "(docs/ARCHITECTURE.md). disable_by_batch_size N: no drafts while more than N requests run",
+        "(docs/ARCHITECTURE.md). disable_by_batch_size N: no drafts while more than N requests run. "
+        '{"method": "suffix"} drafts by suffix decoding, with vLLM\'s suffix_decoding_* keys',
     )
     # --speculative-config parsed (omni/cli/options.py); None: no speculation
     speculative: SpeculativeConfig | None = None

@@ -15,6 +15,7 @@ A request that wants prompt logprobs gets those of every prompt token its chunk 
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -67,8 +68,6 @@ def kv_bytes_per_block(model: CausalLMConfig, block_size: int, dtype: torch.dtyp
 # The KV cache on the CPU when no size is given. On a GPU it is what the worker's share of the
 # device leaves once its largest batch has run (gpu_workers/llm/memory.py).
 CPU_KV_CACHE_BYTES = 2 * 1024**3
-
-
 
 
 @dataclass(slots=True)
@@ -291,8 +290,7 @@ class LLMRunner(Runner):
 
     def _execute(self, step: protocol.Step, masks: StepMaskReader) -> protocol.StepResult:
         for request_id in step.finished_request_ids:
-            self.requests.pop(request_id, None)  # unknown ids: nothing to drop
-            self.sampler.release(request_id)
+            self._release(request_id)  # unknown ids: nothing to drop
         # Requests placed on this worker but not yet scheduled: their reads run meanwhile.
         self._start_fetches(step.media_prefetch)
         scheduled = self._apply_deltas(step)
@@ -420,13 +418,17 @@ class LLMRunner(Runner):
 
     def _drop(self, s: _Scheduled, scheduled: list[_Scheduled]) -> list[int]:
         """Take a request out of this step and the runner; the block ids it was to write."""
-        bs = self.block_size
         start, end = s.num_computed_tokens, s.num_computed_tokens + s.num_scheduled_tokens
-        written = self.requests[s.request_id].block_ids[start // bs : -(-end // bs)]
+        written = self.requests[s.request_id].block_ids[start // self.block_size : -(-end // self.block_size)]
         scheduled.remove(s)
-        del self.requests[s.request_id]
-        self.sampler.release(s.request_id)
+        self._release(s.request_id)
         return written
+
+    def _release(self, request_id: str) -> None:  # it leaves the runner: its state, the sampler's and the drafter's
+        self.requests.pop(request_id, None)
+        self.sampler.release(request_id)
+        if self.drafter is not None:
+            self.drafter.release(request_id)
 
     def _start_fetches(self, keys: Iterable[str]) -> None:
         """Start reading, on the reader threads, each artifact the cache lacks and no read is
@@ -454,10 +456,8 @@ class LLMRunner(Runner):
             fetch = self._fetches.pop(ref.key, None)
             data = None
             if fetch is not None:
-                try:
+                with contextlib.suppress(Exception):  # read again below: it raises the error we report
                     data = fetch.result()
-                except Exception:  # noqa: S110, BLE001 - read again below: it raises the error we report
-                    pass
             x = self._cache_embedding(ref.key, data if data is not None else self.read_artifact(ref.key))
         hidden = self.model_config.hidden_size
         if tuple(x.shape) != (ref.num_rows, hidden):

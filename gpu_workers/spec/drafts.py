@@ -19,18 +19,21 @@ generator seeded by (seed, position) (sampler.position_seed), so one seed gives 
 with speculation and without, whichever drafts were rejected.
 
 Who speculates: SamplingOptions.speculate is the server's half (speculation is configured, the
-request did not opt out, and it has no grammar); fits() adds the worker's (not prefill_only:
-nothing is sampled).
+request did not opt out, and it has no grammar or a plain one: the server checks the drafts
+against it and sends a mask for each verifying row); fits() adds the worker's (not
+prefill_only: nothing is sampled).
 """
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
 
+from gpu_workers.spec.suffix import SuffixCache
 from omni.shared.protocol import Drafted, LLMWorkerSpec, SampledToken, SamplingOptions, TopLogprob
 
 
@@ -72,27 +75,67 @@ def ngram_draft(tokens: Sequence[int], k: int, n_min: int, n_max: int) -> list[i
     return seq[end + 1 : end + 1 + k].tolist()
 
 
-@dataclass(frozen=True, slots=True)
-class Drafter:
-    """A worker's drafting setting (its spec's speculative fields)."""
+class Drafter(ABC):
+    """A worker's drafter: after each step, the drafts for a request that just sampled. It sees
+    which request it drafts for, and hears when one leaves the worker (release), so it may
+    keep what it learns of each. The variants: NgramDrafter and SuffixDrafter."""
 
-    method: str
+    __slots__ = ()
+
+    @staticmethod
+    def from_spec(spec: LLMWorkerSpec) -> Drafter | None:
+        """The worker's drafter, from its spec's speculative fields; None: no speculation."""
+        k = spec.num_speculative_tokens
+        if spec.speculative_method is None or k < 1:
+            return None
+        if spec.speculative_method == "ngram":
+            return NgramDrafter(k, spec.prompt_lookup_min, spec.prompt_lookup_max)
+        if spec.speculative_method == "suffix":
+            cache = SuffixCache(
+                spec.suffix_decoding_max_tree_depth,
+                spec.suffix_decoding_max_cached_requests,
+                spec.suffix_decoding_max_spec_factor,
+                spec.suffix_decoding_min_token_prob,
+            )
+            return SuffixDrafter(k, cache)
+        raise ValueError(f"unknown drafting method {spec.speculative_method!r}")
+
+    @abstractmethod
+    def draft(self, request_id: str, tokens: Sequence[int], num_prompt_tokens: int, limit: int) -> list[int]:
+        """At most `limit` draft tokens (and at most the drafter's num_tokens) to follow
+        `tokens`, the request's prompt (its first num_prompt_tokens) and output so far."""
+
+    def release(self, request_id: str) -> None:
+        """The request left the worker (finished, aborted or dropped); unknown ids are fine."""
+
+
+@dataclass(frozen=True, slots=True)
+class NgramDrafter(Drafter):
+    """Prompt lookup (ngram_draft): stateless."""
+
     num_tokens: int
     n_min: int
     n_max: int
 
-    @classmethod
-    def from_spec(cls, spec: LLMWorkerSpec) -> Drafter | None:
-        if spec.speculative_method is None or spec.num_speculative_tokens < 1:
-            return None
-        return cls(spec.speculative_method, spec.num_speculative_tokens, spec.prompt_lookup_min, spec.prompt_lookup_max)
+    def draft(self, request_id: str, tokens: Sequence[int], num_prompt_tokens: int, limit: int) -> list[int]:
+        return ngram_draft(tokens, min(self.num_tokens, limit), self.n_min, self.n_max)
 
-    def draft(self, tokens: Sequence[int], limit: int) -> list[int]:
-        """Up to min(num_tokens, limit) draft tokens to follow `tokens`."""
-        k = min(self.num_tokens, limit)
-        if self.method == "ngram":
-            return ngram_draft(tokens, k, self.n_min, self.n_max)
-        raise ValueError(f"unknown drafting method {self.method!r}")
+
+class SuffixDrafter(Drafter):
+    """Suffix decoding: the request's own suffix tree and the one of recent outputs
+    (gpu_workers/spec/suffix.py, which has the rules)."""
+
+    __slots__ = ("cache", "num_tokens")
+
+    def __init__(self, num_tokens: int, cache: SuffixCache) -> None:
+        self.num_tokens = num_tokens
+        self.cache = cache
+
+    def draft(self, request_id: str, tokens: Sequence[int], num_prompt_tokens: int, limit: int) -> list[int]:
+        return self.cache.draft(request_id, tokens, num_prompt_tokens, min(self.num_tokens, limit))
+
+    def release(self, request_id: str) -> None:
+        self.cache.release(request_id)
 
 
 class _History(Protocol):
@@ -146,7 +189,9 @@ def draft_next(drafter: Drafter | None, states: Mapping[str, _History], sampled:
         state.draft = []
         if fits(state.sampling):
             # the step after next holds len(token_ids) + drafts tokens, within max_model_len
-            state.draft = drafter.draft(state.token_ids, max_model_len - len(state.token_ids) - 1)
+            state.draft = drafter.draft(
+                request_id, state.token_ids, state.num_prompt_tokens, max_model_len - len(state.token_ids) - 1
+            )
             if state.draft:
                 drafted.append(Drafted(request_id, list(state.draft)))
     return drafted

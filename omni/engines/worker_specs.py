@@ -79,6 +79,10 @@ def _speculative_fields(spec: SpeculativeConfig | None) -> dict[str, Any]:
         "num_speculative_tokens": spec.num_speculative_tokens,
         "prompt_lookup_min": spec.prompt_lookup_min,
         "prompt_lookup_max": spec.prompt_lookup_max,
+        "suffix_decoding_max_tree_depth": spec.suffix_decoding_max_tree_depth,
+        "suffix_decoding_max_cached_requests": spec.suffix_decoding_max_cached_requests,
+        "suffix_decoding_max_spec_factor": spec.suffix_decoding_max_spec_factor,
+        "suffix_decoding_min_token_prob": spec.suffix_decoding_min_token_prob,
     }
 
 

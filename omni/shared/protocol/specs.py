@@ -82,6 +82,12 @@ class LLMWorkerSpec(WorkerSpec):
     num_speculative_tokens: int = 0
     prompt_lookup_min: int = 1
     prompt_lookup_max: int = 1
+    # suffix decoding's trees (gpu_workers/spec/suffix.py): their depth, how many finished
+    # requests' outputs the global one holds, and when a draft stops
+    suffix_decoding_max_tree_depth: int = 24
+    suffix_decoding_max_cached_requests: int = 10000
+    suffix_decoding_max_spec_factor: float = 1.0
+    suffix_decoding_min_token_prob: float = 0.1
 
 
 @message

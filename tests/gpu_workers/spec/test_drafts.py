@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from gpu_workers.llm.runner import LLMRunner
-from gpu_workers.spec.drafts import Drafter, accepted, fits, ngram_draft
+from gpu_workers.spec.drafts import Drafter, NgramDrafter, SuffixDrafter, accepted, fits, ngram_draft
 from gpu_workers.tiny.checkpoints import make_tiny_checkpoint
 from omni.shared import protocol
 from tests.gpu_workers.conftest import StepDriver
@@ -31,8 +31,9 @@ class OracleDrafter:
     def __init__(self, expected: dict[tuple[int, ...], list[int]], k: int, wrong: int) -> None:
         self.expected, self.k, self.wrong = expected, k, wrong
         self.calls = 0
+        self.released: list[str] = []
 
-    def draft(self, tokens: Sequence[int], limit: int) -> list[int]:
+    def draft(self, request_id: str, tokens: Sequence[int], num_prompt_tokens: int, limit: int) -> list[int]:
         self.calls += 1
         for prompt, output in self.expected.items():
             if tuple(tokens[: len(prompt)]) == prompt:
@@ -40,6 +41,9 @@ class OracleDrafter:
                 out = output[done : done + min(self.k, limit)]
                 return [(t + 1) % 64 if (done + i) % self.wrong == self.wrong - 1 else t for i, t in enumerate(out)]
         return []
+
+    def release(self, request_id: str) -> None:
+        self.released.append(request_id)
 
 
 def runner(model: Path, drafter: object = None) -> LLMRunner:
@@ -71,6 +75,7 @@ def test_verified_drafts_give_the_plain_output(tiny: Path, wrong: int) -> None:
     driver = StepDriver(runner(tiny, oracle), speculate=True)
     assert driver.run(PROMPTS, 20) == plain
     assert oracle.calls > 0
+    assert sorted(oracle.released) == ["r0", "r1", "r2"]  # each request, once it left
     most = emitted_per_step(driver)
     assert max(most) > 1  # some step emitted accepted drafts and the token after them
     if wrong == 100:  # every draft right: 1 + k tokens a step once decoding
@@ -80,7 +85,7 @@ def test_verified_drafts_give_the_plain_output(tiny: Path, wrong: int) -> None:
 
 def test_ngram_drafts_give_the_plain_output(tiny: Path) -> None:
     plain = StepDriver(runner(tiny)).run(PROMPTS, 24)
-    driver = StepDriver(runner(tiny, Drafter("ngram", 3, 1, 3)), speculate=True)
+    driver = StepDriver(runner(tiny, NgramDrafter(3, 1, 3)), speculate=True)
     assert driver.run(PROMPTS, 24) == plain
     assert any(r.drafted for r in driver.results)
 
@@ -117,12 +122,56 @@ def test_every_sampling_field_applies_to_each_verified_row(tiny: Path, wrong: in
     assert max(emitted_per_step(driver)) > 1
 
 
+def test_suffix_drafts_give_the_plain_output(tiny: Path) -> None:
+    spec = protocol.LLMWorkerSpec(
+        model_dir=str(tiny), speculative_method="suffix", num_speculative_tokens=3, suffix_decoding_max_tree_depth=8
+    )
+    drafter = Drafter.from_spec(spec)
+    assert isinstance(drafter, SuffixDrafter) and drafter.num_tokens == 3 and drafter.cache.depth == 8
+    plain = StepDriver(runner(tiny)).run(PROMPTS, 24)
+    driver = StepDriver(runner(tiny, drafter), speculate=True)
+    assert driver.run(PROMPTS, 24) == plain
+    assert any(r.drafted for r in driver.results)
+    # every request left: its tree went, its output joined the global tree
+    assert not drafter.cache.requests
+    assert sorted(drafter.cache.global_tree.sequences.values()) == sorted(plain)
+    # the same prompts again: the global tree drafts from the first run's outputs too
+    again = StepDriver(runner(tiny, drafter), speculate=True)
+    assert again.run(PROMPTS, 24) == plain
+    assert len(again.results) <= len(driver.results)
+
+
+def test_from_spec() -> None:
+    assert Drafter.from_spec(protocol.LLMWorkerSpec(model_dir="m")) is None
+    ngram = protocol.LLMWorkerSpec(model_dir="m", speculative_method="ngram", num_speculative_tokens=4, prompt_lookup_max=3)
+    assert Drafter.from_spec(ngram) == NgramDrafter(4, 1, 3)
+    suffix = Drafter.from_spec(
+        protocol.LLMWorkerSpec(
+            model_dir="m",
+            speculative_method="suffix",
+            num_speculative_tokens=5,
+            suffix_decoding_max_tree_depth=16,
+            suffix_decoding_max_cached_requests=7,
+            suffix_decoding_max_spec_factor=2.0,
+            suffix_decoding_min_token_prob=0.25,
+        )
+    )
+    assert isinstance(suffix, SuffixDrafter) and suffix.num_tokens == 5
+    c = suffix.cache
+    assert (c.depth, c.max_cached_requests, c.max_spec_factor, c.min_token_prob) == (16, 7, 2.0, 0.25)
+    # the drafter caps the suffix drafts at num_tokens and the limit
+    tokens = list(range(10, 30)) + list(range(10, 22))
+    assert suffix.draft("a", tokens, 0, 9) == list(range(22, 27))
+    assert suffix.draft("a", tokens, 0, 2) == [22, 23]
+    assert NgramDrafter(4, 1, 3).draft("a", tokens, 0, 9) == list(range(22, 26))
+
+
 def test_speculative_steps_take_the_native_decode(tiny: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A verifying step's rows are decode rows to the attention backend (row i sees its own
     context), so the model's one-call native decode serves it where it serves plain decodes."""
     from gpu_workers.models import llama_small_m
 
-    r = runner(tiny, Drafter("ngram", 3, 1, 3))
+    r = runner(tiny, NgramDrafter(3, 1, 3))
     if r.native_rows == 0:
         pytest.skip("the small-M extension is not built here")
     served: list[tuple[int, bool]] = []
