@@ -76,6 +76,8 @@ class SamplingParams:
     # the position before it), and the k most likely tokens there. Such a request takes no
     # blocks from the prefix cache: the cached positions' logits would never be computed.
     prompt_logprobs: int | None = None
+    # False: this request never speculates, whatever the server's --speculative-config.
+    speculative: bool = True
 
     @property
     def greedy(self) -> bool:

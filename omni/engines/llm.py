@@ -245,7 +245,11 @@ class LLMEngine(SupervisedWorker):
         if not self.ready or self.scheduler is None:
             raise EngineError("the model's worker is not ready")
         # drafts where each can be checked as it is sampled: a grammar only if it can roll back
-        request.speculate = self.config.speculative is not None and (constraint is None or constraint.speculable)
+        request.speculate = (
+            self.config.speculative is not None
+            and request.sampling_params.speculative
+            and (constraint is None or constraint.speculable)
+        )
         try:
             self.scheduler.add_request(request)
         except QueueFull as exc:

@@ -318,6 +318,7 @@ SHARED: dict[str, Sample] = {
     "stop_token_ids": Sample(lambda t: [t.y], bias_y, effect=_stop_at_y),
     "include_stop_str_in_output": Sample(True, lambda t: {"stop": ["y"], **bias_y(t)}, effect=_stop_string_kept),
     "ignore_eos": Sample(True, bias_eos, effect=_runs_to_max_tokens),
+    "speculative": Sample(False),  # the same output (tests/e2e/test_speculative.py checks it drafts none)
     "min_tokens": Sample(2, bias_eos, effect=_eos_after_two),
     "skip_special_tokens": Sample(False),
     "spaces_between_special_tokens": Sample(False, default=True),

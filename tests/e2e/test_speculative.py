@@ -127,6 +127,14 @@ def test_json_schema_answers_with_drafts_are_valid_and_the_same(plain: dict[str,
     assert read_metric(speculating, "vllm:spec_decode_num_draft_tokens_total") > drafts
 
 
+def test_a_request_may_opt_out(plain: dict[str, list[str]], speculating: str) -> None:
+    drafts = read_metric(speculating, "vllm:spec_decode_num_drafts_total")
+    assert [chat(speculating, m, speculative=False) for m in PROMPTS[:6]] == plain["greedy"][:6]
+    assert read_metric(speculating, "vllm:spec_decode_num_drafts_total") == drafts
+    r = httpx.post(f"{speculating}/v1/chat/completions", json={"model": "tiny", "messages": PROMPTS[0], "speculative": "no"}, timeout=60)
+    assert r.status_code == 400 and "speculative" in r.text
+
+
 def test_a_client_gone_mid_speculation_frees_every_block(speculating: str) -> None:
     body = {"model": "tiny", "messages": copy_prompts()[0], "max_tokens": 400, "ignore_eos": True,
             "temperature": 0, "stream": True}  # fmt: skip

@@ -308,6 +308,9 @@ class GenerationFields(Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     )
     include_stop_str_in_output: Annotated[bool, honoured("keeps the matched stop string in the text")] = False
     ignore_eos: Annotated[bool, honoured("generation goes on past the end-of-sequence token")] = False
+    speculative: Annotated[
+        bool, honoured("false keeps this request out of speculative decoding (the server's --speculative-config)")
+    ] = True
     min_tokens: Annotated[int, honoured("no end of generation before this many tokens", **sampling_bound("min_tokens"))] = 0
     skip_special_tokens: Annotated[bool, honoured("special tokens left out of the text")] = True
     spaces_between_special_tokens: Annotated[
