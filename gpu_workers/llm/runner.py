@@ -76,14 +76,14 @@ class RequestState:
     block_ids: list[int]
     sampling: protocol.SamplingOptions
     media: list[protocol.MediaRef] = field(default_factory=list)
-    # token_ids[:num_prompt_tokens] is the prompt. A state is made from a NewRequest, which
-    # the scheduler sends once, at a request's first schedule, before it has any output (a
-    # resumed request comes back as a CachedRequest), so its token_ids are all prompt.
+    # token_ids[:num_prompt_tokens] is the prompt: a NewRequest comes once, at a request's first
+    # schedule, before any output (a resumed one comes back as a CachedRequest).
     num_prompt_tokens: int = field(init=False)
     # Prompt positions [1, prompt_logprobs_end) have had their logprobs sent: a prompt that
     # is recomputed after a preemption sends none twice.
     prompt_logprobs_end: int = 1
     draft: list[int] = field(default_factory=list)  # speculative decoding's, after token_ids
+    backoff: tuple[int, int] = (0, 0)  # drafting's: (drafts missed in a row, none before this length)
     generators: list[torch.Generator] = field(default_factory=list)  # a seeded request's, per row
 
     def __post_init__(self) -> None:

@@ -27,6 +27,7 @@ prefill_only: nothing is sampled).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -145,6 +146,7 @@ class _History(Protocol):
     num_prompt_tokens: int
     draft: list[int]
     sampling: SamplingOptions
+    backoff: tuple[int, int]
 
 
 def accepted(drafts: Sequence[int], sampled: Sequence[int]) -> int:
@@ -178,16 +180,36 @@ def emitted(sample_ids: Sequence[str], states: Sequence[_History], outputs: Sequ
     return sampled
 
 
+# With more requests than this in the worker, a request whose drafts keep missing drafts less
+# often: a verifying row then costs a row of a batch that is no longer bound by reading the
+# weights (the native small-batch decode serves up to 8 rows at the cost of one).
+BACKOFF_ABOVE = 4
+MAX_BACKOFF = 16  # tokens a request goes without drafts, at most, after misses in a row
+
+
 def draft_next(drafter: Drafter | None, states: Mapping[str, _History], sampled: Sequence[SampledToken], max_model_len: int) -> list[Drafted]:
     """Drafts for the next step of each request that just sampled (state.draft; a request that
-    may not speculate holds none), and the counts the server schedules from. None: no drafter."""
+    may not speculate holds none), and the counts the server schedules from. None: no drafter.
+
+    Back-off: a draft whose first token was not the one sampled after it (whether or not the
+    step verified it) is a miss; a hit clears the count. While the worker holds more than
+    BACKOFF_ABOVE requests, a request that missed m times in a row drafts again only after
+    min(2^m, MAX_BACKOFF) more tokens, so drafts that do not hold stop costing rows."""
     drafted: list[Drafted] = []
     if drafter is None:
         return drafted
-    for request_id in dict.fromkeys(s.request_id for s in sampled):
+    emitted = Counter(s.request_id for s in sampled)
+    busy = len(states) > BACKOFF_ABOVE
+    for request_id, count in emitted.items():
         state = states[request_id]
+        misses, after = state.backoff
+        if state.draft:  # the draft made before this step's `count` tokens
+            hit = state.token_ids[len(state.token_ids) - count] == state.draft[0]
+            misses = 0 if hit else misses + 1
+            after = len(state.token_ids) + min(2**misses, MAX_BACKOFF) if misses else 0
+        state.backoff = (misses, after)
         state.draft = []
-        if fits(state.sampling):
+        if fits(state.sampling) and not (busy and len(state.token_ids) < after):
             # the step after next holds len(token_ids) + drafts tokens, within max_model_len
             state.draft = drafter.draft(
                 request_id, state.token_ids, state.num_prompt_tokens, max_model_len - len(state.token_ids) - 1

@@ -223,3 +223,41 @@ def test_accepted_counts_the_agreeing_prefix() -> None:
     assert accepted([4, 5, 6], [4, 9, 6, 7]) == 1
     assert accepted([4, 5, 6], [0, 5, 6, 7]) == 0
     assert accepted([], [3]) == 0
+
+
+def test_drafts_that_keep_missing_back_off_only_in_a_busy_worker() -> None:
+    """A draft whose first token misses counts; with more than BACKOFF_ABOVE requests in the
+    worker, a request drafts again 2, 4, 8, 16, 16 ... tokens after its 1st, 2nd, 3rd, 4th, 5th
+    miss in a row; a hit clears it. In a quiet worker every step drafts."""
+    from dataclasses import dataclass, field
+
+    from gpu_workers.spec.drafts import BACKOFF_ABOVE, MAX_BACKOFF, draft_next
+
+    @dataclass
+    class State:
+        token_ids: list[int]
+        num_prompt_tokens: int = 1
+        draft: list[int] = field(default_factory=list)
+        sampling: protocol.SamplingOptions = field(default_factory=lambda: protocol.SamplingOptions(speculate=True))
+        backoff: tuple[int, int] = (0, 0)
+
+    class Fixed(NgramDrafter):
+        def draft(self, request_id: str, tokens: Sequence[int], num_prompt_tokens: int, limit: int) -> list[int]:
+            return [99, 98]
+
+    def drafted_at(num_requests: int, hit_at: int | None = None) -> list[int]:
+        states = {f"r{i}": State([1]) for i in range(num_requests)}
+        at = []
+        for step in range(60):
+            state = states["r0"]
+            state.token_ids.append(99 if step == hit_at else 5)  # this step's token
+            sampled = [protocol.SampledToken(rid, s.token_ids[-1], None, None) for rid, s in states.items() if rid == "r0"]
+            if draft_next(Fixed(2, 1, 1), states, sampled, 1000):
+                at.append(step)
+        return at
+
+    assert drafted_at(BACKOFF_ABOVE) == list(range(60))
+    busy = drafted_at(BACKOFF_ABOVE + 1)
+    # a draft at step s misses at s + 1, which waits 2^m tokens: the next draft is 2^m + 1 on
+    assert [b - a for a, b in zip(busy, busy[1:])] == [3, 5, 9, 17, MAX_BACKOFF + 1]
+    assert drafted_at(BACKOFF_ABOVE + 1, hit_at=9)[:5] == [0, 3, 8, 9, 12]  # the draft at 8 hit: cleared
