@@ -56,7 +56,15 @@ def counters(base: str) -> dict[str, float]:
     return out
 
 
-def stream_chat(base: str, model: str, messages: list[dict[str, Any]], max_tokens: int) -> dict[str, Any]:
+def stream_chat(base: str, model: str, messages: list[dict[str, Any]], max_tokens: int, stream: bool = True) -> dict[str, Any]:
+    if not stream:  # one JSON answer: no TPOT
+        body = {"model": model, "messages": messages, "max_tokens": max_tokens, "temperature": 0}
+        request = urllib.request.Request(f"{base}/v1/chat/completions", json.dumps(body).encode(),
+                                         {"content-type": "application/json"})  # fmt: skip
+        with urllib.request.urlopen(request, timeout=600) as r:
+            answer = json.load(r)
+        return {"tokens": answer["usage"]["completion_tokens"], "tpot": None,
+                "text": answer["choices"][0]["message"]["content"]}  # fmt: skip
     body = {"model": model, "messages": messages, "max_tokens": max_tokens, "temperature": 0, "stream": True,
             "stream_options": {"include_usage": True}}  # fmt: skip
     request = urllib.request.Request(f"{base}/v1/chat/completions", json.dumps(body).encode(),
@@ -78,7 +86,8 @@ def stream_chat(base: str, model: str, messages: list[dict[str, Any]], max_token
     return {"tokens": tokens, "tpot": tpot, "text": "".join(text)}
 
 
-def run_level(base: str, model: str, prompts: list[Any], concurrency: int, requests: int, max_tokens: int) -> dict:
+def run_level(base: str, model: str, prompts: list[Any], concurrency: int, requests: int, max_tokens: int,
+              stream: bool = True) -> dict:  # fmt: skip
     chosen = [prompts[i % len(prompts)] for i in range(requests)]
     results: list[dict[str, Any] | None] = [None] * requests
     lock, cursor = threading.Lock(), [0]
@@ -90,7 +99,7 @@ def run_level(base: str, model: str, prompts: list[Any], concurrency: int, reque
                 cursor[0] += 1
             if i >= requests:
                 return
-            results[i] = stream_chat(base, model, chosen[i], max_tokens)
+            results[i] = stream_chat(base, model, chosen[i], max_tokens, stream)
 
     before = counters(base)
     start = time.perf_counter()
@@ -127,6 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--requests", type=int, default=0, help="requests per level (default: max(8, 2 x concurrency))")
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--omni-args", default="", help="more bin/omni-serve flags (one string)")
+    ap.add_argument("--no-stream", action="store_true", help="non-streamed requests (no TPOT)")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
     settings = [("none", None)] + [(s, s) for s in (args.spec or [NGRAM])]
@@ -149,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
                 prompts = WORKLOADS[workload]()
                 for c in levels:
                     n = args.requests or max(8, 2 * c)
-                    r = runs[f"{workload}@{c}"] = run_level(base, model, prompts, c, n, args.max_tokens)
+                    r = runs[f"{workload}@{c}"] = run_level(base, model, prompts, c, n, args.max_tokens, not args.no_stream)
                     acc = f"{r['acceptance_length']:.2f}" if r["acceptance_length"] else "-"
                     print(f"{label[:40]:<40} {workload:<10} c={c:<3} {r['tok_s']:7.1f} tok/s  TPOT "
                           f"{r['tpot_ms'] or 0:6.1f} ms  acceptance {acc:>5}  drafted {100 * r['drafted_share']:5.1f}%",

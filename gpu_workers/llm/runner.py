@@ -83,7 +83,7 @@ class RequestState:
     # is recomputed after a preemption sends none twice.
     prompt_logprobs_end: int = 1
     draft: list[int] = field(default_factory=list)  # speculative decoding's, after token_ids
-    backoff: tuple[int, int] = (0, 0)  # drafting's: (drafts missed in a row, none before this length)
+    backoff: tuple[int, int, int] = (0, 0, 0)  # drafting's (drafts.draft_next): misses, next at, cap
     generators: list[torch.Generator] = field(default_factory=list)  # a seeded request's, per row
 
     def __post_init__(self) -> None:

@@ -146,14 +146,14 @@ class _History(Protocol):
     num_prompt_tokens: int
     draft: list[int]
     sampling: SamplingOptions
-    backoff: tuple[int, int]
+    backoff: tuple[int, int, int]
 
 
 def accepted(drafts: Sequence[int], sampled: Sequence[int]) -> int:
     """How many drafts are accepted: drafts[i] is kept while it equals sampled[i], what row i
-    (the row before it) sampled. sampled has len(drafts) + 1 entries."""
+    (the row before it) sampled (sampled may be shorter: a prefix of the rows)."""
     n = 0
-    while n < len(drafts) and drafts[n] == sampled[n]:
+    while n < min(len(drafts), len(sampled)) and drafts[n] == sampled[n]:
         n += 1
     return n
 
@@ -180,9 +180,9 @@ def emitted(sample_ids: Sequence[str], states: Sequence[_History], outputs: Sequ
     return sampled
 
 
-# With more requests than this in the worker, a request whose drafts keep missing drafts less
-# often: a verifying row then costs a row of a batch that is no longer bound by reading the
-# weights (the native small-batch decode serves up to 8 rows at the cost of one).
+# With more requests than this in the worker, drafting follows how well each request's drafts
+# hold: a verifying row then costs a row of a batch that reading the weights no longer bounds
+# (the native small-batch decode serves up to 8 rows at about the cost of one).
 BACKOFF_ABOVE = 4
 MAX_BACKOFF = 16  # tokens a request goes without drafts, at most, after misses in a row
 
@@ -191,13 +191,36 @@ def draft_next(drafter: Drafter | None, states: Mapping[str, _History], sampled:
     """Drafts for the next step of each request that just sampled (state.draft; a request that
     may not speculate holds none), and the counts the server schedules from. None: no drafter.
 
-    Back-off: a draft whose first token was not the one sampled after it (whether or not the
-    step verified it) is a miss; a hit clears the count. While the worker holds more than
-    BACKOFF_ABOVE requests, a request that missed m times in a row drafts again only after
-    min(2^m, MAX_BACKOFF) more tokens, so drafts that do not hold stop costing rows."""
+    In a busy worker (more than BACKOFF_ABOVE requests) drafts follow the request's record
+    (state.backoff). Its last draft held for `a` tokens (those equal to the tokens sampled after
+    it, whether or not the step verified them all): the next draft is at most 2a + 1 long, so
+    drafts that hold grow back to the drafter's length and those that fail shrink to one
+    token; a first token that missed counts a miss (a hit clears the count), and after m misses
+    in a row the request drafts again only min(2^m, MAX_BACKOFF) tokens later."""
     drafted: list[Drafted] = []
     if drafter is None:
         return drafted
+    emitted = Counter(s.request_id for s in sampled)
+    busy = len(states) > BACKOFF_ABOVE
+    for request_id, count in emitted.items():
+        state = states[request_id]
+        misses, after, cap = state.backoff
+        if state.draft:  # the draft made before this step's `count` tokens
+            held = accepted(state.draft, state.token_ids[len(state.token_ids) - count :])
+            misses = 0 if held else misses + 1
+            after = len(state.token_ids) + min(2**misses, MAX_BACKOFF) if misses else 0
+            cap = 2 * held + 1
+        state.backoff = (misses, after, cap)
+        state.draft = []
+        if fits(state.sampling) and not (busy and len(state.token_ids) < after):
+            # the step after next holds len(token_ids) + drafts tokens, within max_model_len
+            limit = max_model_len - len(state.token_ids) - 1
+            state.draft = drafter.draft(
+                request_id, state.token_ids, state.num_prompt_tokens, min(limit, cap) if busy and cap else limit
+            )
+            if state.draft:
+                drafted.append(Drafted(request_id, list(state.draft)))
+    return drafted
     emitted = Counter(s.request_id for s in sampled)
     busy = len(states) > BACKOFF_ABOVE
     for request_id, count in emitted.items():

@@ -1,4 +1,4 @@
-"""Speculative decoding served (issue 35): the tiny checkpoint, with n-gram drafts and without,
+"""Speculative decoding served (issue 35): the tiny checkpoint, with n-gram or suffix drafts and without,
 over the three workloads of bench/spec_workloads.py. Greedy output is the same text, streamed or
 not; vLLM's spec_decode counters move; a client that leaves while its request speculates frees
 every block. (SmolLM2 from its GGUF is bench/spec_decode.py's: its 49 prompts at concurrency 1,
@@ -91,6 +91,20 @@ def plain(tiny_model_dir: Path) -> dict[str, list[str]]:
 def speculating(tiny_model_dir: Path) -> Iterator[str]:
     with running_server("--model", f"tiny={tiny_model_dir}", *FLAGS, "--speculative-config", json.dumps(SPEC)) as base:
         yield base
+
+
+@pytest.fixture(scope="module")
+def suffix_speculating(tiny_model_dir: Path) -> Iterator[str]:
+    spec = {"method": "suffix", "num_speculative_tokens": 6, "suffix_decoding_max_tree_depth": 16}
+    with running_server("--model", f"tiny={tiny_model_dir}", *FLAGS, "--speculative-config", json.dumps(spec)) as base:
+        yield base
+
+
+def test_greedy_output_is_the_same_with_suffix_drafts(plain: dict[str, list[str]], suffix_speculating: str) -> None:
+    assert [chat(suffix_speculating, m) for m in PROMPTS] == plain["greedy"]
+    assert [chat_streamed(suffix_speculating, m) for m in PROMPTS] == plain["greedy"]
+    assert read_metric(suffix_speculating, "vllm:spec_decode_num_accepted_tokens_total") > 0
+    assert structured(suffix_speculating) == plain["structured"]
 
 
 def test_greedy_output_is_the_same_with_drafts(plain: dict[str, list[str]], speculating: str) -> None:

@@ -4,14 +4,25 @@ drafts hold."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 import torch
 
 from gpu_workers.llm.runner import LLMRunner
-from gpu_workers.spec.drafts import Drafter, NgramDrafter, SuffixDrafter, accepted, fits, ngram_draft
+from gpu_workers.spec.drafts import (
+    BACKOFF_ABOVE,
+    MAX_BACKOFF,
+    Drafter,
+    NgramDrafter,
+    SuffixDrafter,
+    accepted,
+    draft_next,
+    fits,
+    ngram_draft,
+)
 from gpu_workers.tiny.checkpoints import make_tiny_checkpoint
 from omni.shared import protocol
 from tests.gpu_workers.conftest import StepDriver
@@ -225,39 +236,57 @@ def test_accepted_counts_the_agreeing_prefix() -> None:
     assert accepted([], [3]) == 0
 
 
+@dataclass
+class _State:
+    token_ids: list[int]
+    num_prompt_tokens: int = 1
+    draft: list[int] = field(default_factory=list)
+    sampling: protocol.SamplingOptions = field(default_factory=lambda: protocol.SamplingOptions(speculate=True))
+    backoff: tuple[int, int, int] = (0, 0, 0)
+
+
+class _Sevens(Drafter):
+    """Drafts 7s, as many as allowed (at most 8)."""
+
+    def draft(self, request_id: str, tokens: Sequence[int], num_prompt_tokens: int, limit: int) -> list[int]:
+        return [7] * min(8, limit)
+
+
+def _drive(num_requests: int, truth: Callable[[int], int], steps: int = 60) -> list[int]:
+    """One request decoding `truth` (its token at each position) among num_requests, every
+    draft verified: the length of the draft each step makes (0: none)."""
+    states = {f"r{i}": _State([1]) for i in range(num_requests)}
+    state, lengths = states["r0"], []
+    for _ in range(steps):
+        start = len(state.token_ids)
+        held = accepted(state.draft, [truth(start + j) for j in range(len(state.draft))])
+        state.token_ids += [truth(start + j) for j in range(held + 1)]
+        sampled = [protocol.SampledToken("r0", t, None, None) for t in state.token_ids[start:]]
+        draft_next(_Sevens(), states, sampled, 10_000)
+        lengths.append(len(state.draft))
+    return lengths
+
+
 def test_drafts_that_keep_missing_back_off_only_in_a_busy_worker() -> None:
-    """A draft whose first token misses counts; with more than BACKOFF_ABOVE requests in the
+    """A first draft token that misses counts; with more than BACKOFF_ABOVE requests in the
     worker, a request drafts again 2, 4, 8, 16, 16 ... tokens after its 1st, 2nd, 3rd, 4th, 5th
-    miss in a row; a hit clears it. In a quiet worker every step drafts."""
-    from dataclasses import dataclass, field
-
-    from gpu_workers.spec.drafts import BACKOFF_ABOVE, MAX_BACKOFF, draft_next
-
-    @dataclass
-    class State:
-        token_ids: list[int]
-        num_prompt_tokens: int = 1
-        draft: list[int] = field(default_factory=list)
-        sampling: protocol.SamplingOptions = field(default_factory=lambda: protocol.SamplingOptions(speculate=True))
-        backoff: tuple[int, int] = (0, 0)
-
-    class Fixed(NgramDrafter):
-        def draft(self, request_id: str, tokens: Sequence[int], num_prompt_tokens: int, limit: int) -> list[int]:
-            return [99, 98]
-
-    def drafted_at(num_requests: int, hit_at: int | None = None) -> list[int]:
-        states = {f"r{i}": State([1]) for i in range(num_requests)}
-        at = []
-        for step in range(60):
-            state = states["r0"]
-            state.token_ids.append(99 if step == hit_at else 5)  # this step's token
-            sampled = [protocol.SampledToken(rid, s.token_ids[-1], None, None) for rid, s in states.items() if rid == "r0"]
-            if draft_next(Fixed(2, 1, 1), states, sampled, 1000):
-                at.append(step)
-        return at
-
-    assert drafted_at(BACKOFF_ABOVE) == list(range(60))
-    busy = drafted_at(BACKOFF_ABOVE + 1)
+    miss in a row, and a hit clears it. In a quiet worker every step drafts in full."""
+    quiet = _drive(BACKOFF_ABOVE, lambda i: 5)
+    assert quiet == [8] * 60
+    busy = _drive(BACKOFF_ABOVE + 1, lambda i: 5)
+    drafted = [i for i, n in enumerate(busy) if n]
     # a draft at step s misses at s + 1, which waits 2^m tokens: the next draft is 2^m + 1 on
-    assert [b - a for a, b in zip(busy, busy[1:])] == [3, 5, 9, 17, MAX_BACKOFF + 1]
-    assert drafted_at(BACKOFF_ABOVE + 1, hit_at=9)[:5] == [0, 3, 8, 9, 12]  # the draft at 8 hit: cleared
+    assert [b - a for a, b in zip(drafted, drafted[1:])] == [3, 5, 9, 17, MAX_BACKOFF + 1]
+    assert [busy[i] for i in drafted] == [8, 1, 1, 1, 1, 1]  # a miss leaves one token to try
+    hit = _drive(BACKOFF_ABOVE + 1, lambda i: 7 if i == 10 else 5)  # the draft at step 8 holds
+    assert [i for i, n in enumerate(hit) if n][:5] == [0, 3, 8, 9, 12]
+
+
+def test_a_busy_worker_drafts_as_far_as_drafts_held() -> None:
+    """Drafts that hold for two tokens, then miss: a busy worker's next draft is 2 * 2 + 1
+    long; one that holds in full grows back to the drafter's length."""
+    two_then_miss = lambda i: 5 if i % 3 == 0 else 7  # noqa: E731
+    assert _drive(BACKOFF_ABOVE, two_then_miss, 12) == [8] * 12
+    busy = _drive(BACKOFF_ABOVE + 1, two_then_miss, 12)
+    assert busy[:2] == [8, 3] and set(busy[2:]) == {5}  # the first draft (from position 2) held one
+    assert _drive(BACKOFF_ABOVE + 1, lambda i: 7, 12) == [8] * 12
