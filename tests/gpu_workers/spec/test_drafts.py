@@ -283,10 +283,15 @@ def test_drafts_that_keep_missing_back_off_only_in_a_busy_worker() -> None:
 
 
 def test_a_busy_worker_drafts_as_far_as_drafts_held() -> None:
-    """Drafts that hold for two tokens, then miss: a busy worker's next draft is 2 * 2 + 1
-    long; one that holds in full grows back to the drafter's length."""
+    """Drafts that hold for two tokens, then miss: a busy worker's next draft is two long;
+    one that holds in full grows by one token a step, back to the drafter's length."""
     two_then_miss = lambda i: 5 if i % 3 == 0 else 7  # noqa: E731
     assert _drive(BACKOFF_ABOVE, two_then_miss, 12) == [8] * 12
     busy = _drive(BACKOFF_ABOVE + 1, two_then_miss, 12)
-    assert busy[:2] == [8, 3] and set(busy[2:]) == {5}  # the first draft (from position 2) held one
+    # 8 held one (a token differed): 1, which held in full: 2, which missed (the pattern moved
+    # under it): a miss's back-off, 1 ...
+    assert busy == [8, 1, 2, 0, 0, 1, 0, 0, 0, 0, 1, 2]
     assert _drive(BACKOFF_ABOVE + 1, lambda i: 7, 12) == [8] * 12
+    # after a miss, one token, then one more each step its draft holds in full
+    grows = _drive(BACKOFF_ABOVE + 1, lambda i: 5 if i == 2 else 7, 14)
+    assert grows == [8, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8, 8, 8, 8]  # the miss backs off 2 tokens
