@@ -131,7 +131,9 @@ class TokenConstraint:
         matcher stays as it is: drafts go to a copy (llguidance 1.9's rollback to the state
         before the first token breaks once a mask was filled there)."""
         assert self.matcher is not None and self.speculable
-        valid = self.matcher.validate_tokens(list(drafts))
+        # an id past the tokenizer's vocabulary (a model's padded rows) stops llguidance's matcher
+        known = next((i for i, t in enumerate(drafts) if not 0 <= t < self.vocab_size), len(drafts))
+        valid = self.matcher.validate_tokens(list(drafts[:known])) if known else 0
         if valid == 0:
             return 0
         probe = self.matcher.deep_copy()

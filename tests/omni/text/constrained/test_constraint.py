@@ -154,6 +154,8 @@ async def test_drafts_are_checked_against_the_grammar_and_rolled_back(compiler: 
     assert c.draft_prefix([100, 105, 103]) == 1  # 105 is refused: 100 alone
     assert c.draft_prefix([100, 101, 103, 104]) == 3  # 104 would complete the answer
     assert c.draft_prefix([7]) == 0
+    assert c.draft_prefix([100, c.vocab_size + 5, 103]) == 1  # past the tokenizer: never shown to llguidance
+    assert c.draft_prefix([c.vocab_size]) == 0 and not c.matcher.is_error()  # type: ignore[union-attr]
     masks = c.draft_masks([100, 101])
     width = len(masks) // 3
     rows = [allowed_tokens(masks[j * width : (j + 1) * width], c.vocab_size).tolist() for j in range(3)]
