@@ -18,6 +18,9 @@ way when a step's rows differ).
 
     python bench/spec_decode.py --model ~/.cache/omni-serve/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf \
         --dtype bfloat16 --threads 2 --concurrency 1,8,32 --json bench/results/spec_decode.json
+
+Issue 35's acceptance 1 at concurrency 1 (every prompt, and unstreamed with --no-stream):
+    python bench/spec_decode.py --model ... --concurrency 1 --requests 21
 """
 
 from __future__ import annotations
@@ -40,7 +43,9 @@ from run_text_bench import free_port, start_server, stop_server, wait_ready  # n
 
 from bench.spec_workloads import WORKLOADS  # noqa: E402
 
-NGRAM = '{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 4}'
+# k = 7: a verifying step stays within the CPU's one-call native decode (8 rows)
+NGRAM = '{"method": "ngram", "num_speculative_tokens": 7, "prompt_lookup_min": 2, "prompt_lookup_max": 4}'
+SUFFIX = '{"method": "suffix", "num_speculative_tokens": 7}'
 COUNTERS = ("vllm:spec_decode_num_drafts_total", "vllm:spec_decode_num_accepted_tokens_total",
             "vllm:generation_tokens_total")  # fmt: skip
 
@@ -130,7 +135,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", required=True)
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--spec", action="append", default=None, help=f"a --speculative-config (repeatable; default {NGRAM})")
+    ap.add_argument("--spec", action="append", default=None,
+                    help=f"a --speculative-config (repeatable; default {NGRAM} and {SUFFIX})")  # fmt: skip
     ap.add_argument("--concurrency", default="1,8,32")
     ap.add_argument("--workloads", default="copy,open,multi-turn")
     ap.add_argument("--requests", type=int, default=0, help="requests per level (default: max(8, 2 x concurrency))")
@@ -139,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-stream", action="store_true", help="non-streamed requests (no TPOT)")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
-    settings = [("none", None)] + [(s, s) for s in (args.spec or [NGRAM])]
+    settings = [("none", None)] + [(s, s) for s in (args.spec or [NGRAM, SUFFIX])]
     levels = [int(c) for c in args.concurrency.split(",")]
     workloads = args.workloads.split(",")
     report: dict[str, Any] = {"model": args.model, "dtype": args.dtype, "threads": args.threads, "runs": {}}
