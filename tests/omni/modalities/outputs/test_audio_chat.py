@@ -31,6 +31,7 @@ TEXT = SamplingParams(
     allowed_token_ids=(1, 2, 3),
     bad_words_token_ids=((8, 9),),
     prompt_logprobs=1,
+    speculative=False,
 )
 
 
