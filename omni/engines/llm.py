@@ -196,6 +196,7 @@ class LLMEngine(SupervisedWorker):
                 speculative_max_running=(
                     self.config.speculative.disable_by_batch_size if self.config.speculative else None
                 ),
+                policy="priority" if self.config.scheduling_policy == "priority" else "fcfs",
             ),
             block_manager,
         )
