@@ -92,6 +92,14 @@ class LLMConfig:
     )
     max_model_len: int | None = setting(None, help="context length (default: the model's)")
     max_num_seqs: int = setting(64, help="requests per step at most")
+    scheduling_policy: str = setting(
+        "fcfs",
+        choices=("fcfs", "priority"),
+        help="fcfs: requests are served in arrival order, and a request's priority must be 0; priority: by "
+        "the request's priority, lower first (ties in arrival order), preempting the least urgent running "
+        "request when the batch or KV cache has no room for a more urgent one, and shedding the least urgent "
+        "waiting one (429) when the queue is full (vLLM's)",
+    )
     max_num_batched_tokens: int = setting(
         2048,
         unset=None,

@@ -78,6 +78,10 @@ class SamplingParams:
     prompt_logprobs: int | None = None
     # False: this request never speculates, whatever the server's --speculative-config.
     speculative: bool = True
+    # Not a sampling option (the worker never sees it): the scheduler's order under
+    # --scheduling-policy priority, lower first (vLLM's request priority). Here so that every
+    # choice and continuation of a request carries it, as they carry its sampling.
+    priority: int = 0
 
     @property
     def greedy(self) -> bool:
@@ -118,6 +122,10 @@ class Request:
     num_draft_tokens: int = 0
     # May the worker draft for it (speculation is configured and the request is fit for it)?
     speculate: bool = False
+
+    @property
+    def priority(self) -> int:
+        return self.sampling_params.priority
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -19,11 +19,19 @@ The waiting queue is bounded (max_num_waiting requests, max_num_waiting_tokens t
 add_request refuses a newcomer beyond either with QueueFull. The server admits requests
 against tighter limits before they get here (omni/engines/admission.py); this bound is the backstop.
 Preempted requests rejoin the queue whatever its length: they were admitted already.
+
+Policies (vLLM's --scheduling-policy; scheduler/waiting_queue.py): fcfs serves in arrival order,
+as above. priority keeps the waiting queue and the running batch ordered by (priority,
+arrival), lower first: running requests are scheduled most urgent first and the least urgent
+is the one preempted; a waiting request more urgent than the least urgent running one
+preempts it when the batch or the KV cache has no room for its first step; and a full queue
+sheds its least urgent never-scheduled requests for a more urgent newcomer (add_request
+returns them, aborted) instead of refusing it.
 """
 
 from __future__ import annotations
 
-from collections import deque
+import bisect
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -31,6 +39,7 @@ from typing import Literal
 from scheduler.block_manager import BlockId, BlockManager
 from scheduler.output import ScheduledCachedRequest, ScheduledNewRequest, SchedulerOutput
 from scheduler.request import Request, RequestId, RequestStatus
+from scheduler.waiting_queue import QUEUES, SchedulingPolicy, urgency
 
 
 @dataclass(frozen=True)
@@ -45,8 +54,11 @@ class SchedulerConfig:
     # Speculative decoding: no drafts are scheduled in a step while more than this many
     # requests run (vLLM's disable_by_batch_size); None: at any batch size.
     speculative_max_running: int | None = None
+    policy: SchedulingPolicy = "fcfs"
 
     def __post_init__(self) -> None:
+        if self.policy not in QUEUES:
+            raise ValueError(f"scheduling policy {self.policy!r} is not one of {', '.join(QUEUES)}")
         if min(self.max_num_seqs, self.max_num_batched_tokens, self.max_model_len) <= 0:
             raise ValueError("max_num_seqs, max_num_batched_tokens, max_model_len must be > 0")
         bounds = (self.max_num_waiting, self.max_num_waiting_tokens)
@@ -74,7 +86,7 @@ class Scheduler:
         self.config = config
         self.block_manager = block_manager
         self._requests: dict[RequestId, Request] = {}
-        self._waiting: deque[Request] = deque()
+        self._waiting = QUEUES[config.policy]()
         self._num_waiting_tokens = 0  # sum of num_tokens over _waiting
         self._running: list[Request] = []
         self._known_to_worker: set[RequestId] = set()
@@ -86,34 +98,58 @@ class Scheduler:
 
     # -- requests in and out -----------------------------------------------------------
 
-    def add_request(self, request: Request) -> None:
+    def add_request(self, request: Request) -> list[Request]:
+        """Queue a newcomer; QueueFull if the queue has no room for it. Under priority, the
+        requests shed to make that room (aborted; the caller fails them as it would have
+        failed a refusal): always [] under fcfs."""
         if request.request_id in self._requests:
             raise ValueError(f"duplicate request id {request.request_id}")
         if request.num_tokens >= self.config.max_model_len:
             raise ValueError(f"{request.num_tokens} tokens leave no room under max_model_len")
         if request.status is not RequestStatus.WAITING:
             raise ValueError(f"a new request must be WAITING, not {request.status}")
-        self._check_room(request)
+        shed = self._make_room(request)
         self._requests[request.request_id] = request
-        self._waiting.append(request)
+        self._waiting.add(request)
         self._num_waiting_tokens += request.num_tokens
+        return shed
 
-    def _check_room(self, request: Request) -> None:
-        """Raise QueueFull unless the waiting queue has room for this newcomer. An empty queue
-        always has room, so a prompt longer than the token bound can still be served."""
-        if not self._waiting:
-            return
+    def _make_room(self, request: Request) -> list[Request]:
+        """The requests to shed so the newcomer fits (priority: the least urgent ones that never
+        ran, each less urgent than it, as few as will do), or QueueFull."""
+        refusal = self._refusal(len(self._waiting), self._num_waiting_tokens, request)
+        if refusal is None:
+            return []
+        if self.config.policy != "priority":
+            raise refusal
+        # Never one that ran: its client has tokens already; it was admitted once.
+        sheddable = [
+            r for r in reversed(list(self._waiting))
+            if r.status is RequestStatus.WAITING and urgency(r) > urgency(request)
+        ]  # fmt: skip
+        count, tokens = len(self._waiting), self._num_waiting_tokens
+        for n, victim in enumerate(sheddable, 1):
+            count, tokens = count - 1, tokens - victim.num_tokens
+            if self._refusal(count, tokens, request) is None:
+                shed = sheddable[:n]
+                for r in shed:
+                    self.abort_request(r.request_id)
+                return shed
+        raise refusal
+
+    def _refusal(self, count: int, tokens: int, request: Request) -> QueueFull | None:
+        """QueueFull unless a waiting queue of count requests and tokens tokens has room for this
+        newcomer. An empty queue always has room, so a prompt longer than the token bound can
+        still be served."""
+        if count == 0:
+            return None
         config = self.config
-        if config.max_num_waiting is not None and len(self._waiting) >= config.max_num_waiting:
-            raise QueueFull(
-                f"{len(self._waiting)} requests are waiting (at most {config.max_num_waiting})", "requests"
-            )
+        if config.max_num_waiting is not None and count >= config.max_num_waiting:
+            return QueueFull(f"{count} requests are waiting (at most {config.max_num_waiting})", "requests")
         limit = config.max_num_waiting_tokens
-        if limit is not None and self._num_waiting_tokens + request.num_tokens > limit:
-            raise QueueFull(
-                f"{self._num_waiting_tokens} tokens are waiting; {request.num_tokens} more would pass {limit}",
-                "tokens",
-            )
+        if limit is not None and tokens + request.num_tokens > limit:
+            return QueueFull(f"{tokens} tokens are waiting; {request.num_tokens} more would pass {limit}", "tokens")
+        return None
 
     def abort_request(
         self,
@@ -135,7 +171,7 @@ class Scheduler:
         if request.status is RequestStatus.RUNNING:
             self._running = [r for r in self._running if r is not request]
         else:
-            self._waiting = deque(r for r in self._waiting if r is not request)
+            self._waiting.remove(request)
             self._num_waiting_tokens -= request.num_tokens
         request.status = status
         self._finish(request, uncache=uncache)
@@ -193,11 +229,45 @@ class Scheduler:
         )
         self._next_step_id += 1
         self._finished_ids = []
+        self._preempt_for_waiting(output)
+        num_made_room = len(output.preempted_request_ids)
         budget = self._schedule_running(output, self.config.max_num_batched_tokens)
         # A request preempted for lack of blocks means none are spare for newcomers.
-        if not output.preempted_request_ids:
+        if len(output.preempted_request_ids) == num_made_room:
             self._schedule_waiting(output, budget)
         return output
+
+    def _preempt_for_waiting(self, output: SchedulerOutput) -> None:
+        """priority: each waiting request, most urgent first, that is more urgent than the least
+        urgent running one and finds no seat in the batch or no KV room for its first step,
+        preempts running ones, least urgent first, until it has both. The KV check reserves
+        nothing for the waiting ones before it: one that fits only because another has not
+        taken its blocks yet waits a step, and the next schedule() preempts for it."""
+        if self.config.policy != "priority":
+            return
+        seats = self.config.max_num_seqs - len(self._running)
+        for request in list(self._waiting):
+            while (
+                self._running
+                and urgency(self._running[-1]) > urgency(request)
+                and (seats <= 0 or not self._first_step_fits(request))
+            ):
+                victim = self._running.pop()
+                self._preempt(victim)
+                output.preempted_request_ids.append(victim.request_id)
+                seats += 1
+            if seats <= 0 or not self._first_step_fits(request):
+                return
+            seats -= 1
+
+    def _first_step_fits(self, request: Request) -> bool:
+        """Whether the KV cache has room now for a waiting request's first chunk."""
+        computed_blocks: list[BlockId] = []
+        num_cached = 0
+        if request.reads_prefix_cache:
+            computed_blocks, num_cached = self.block_manager.get_computed_blocks(request)
+        num_new = min(request.num_tokens - num_cached, self.config.max_num_batched_tokens)
+        return self.block_manager.can_allocate(request, num_new, computed_blocks)
 
     def _schedule_running(self, output: SchedulerOutput, budget: int) -> int:
         limit = self.config.speculative_max_running
@@ -254,12 +324,15 @@ class Scheduler:
         request.num_draft_tokens = 0
         request.num_preemptions += 1
         self.num_preemptions_total += 1
-        self._waiting.appendleft(request)
+        self._waiting.add_preempted(request)
         self._num_waiting_tokens += request.num_tokens
 
     def _schedule_waiting(self, output: SchedulerOutput, budget: int) -> None:
+        preempted_now = set(output.preempted_request_ids)
         while self._waiting and budget > 0 and len(self._running) < self.config.max_num_seqs:
-            request = self._waiting[0]
+            request = self._waiting.peek()
+            if request.request_id in preempted_now:
+                break  # it made room for those before it: it does not take that room back
             computed_blocks: list[BlockId] = []
             num_cached = 0
             if request.reads_prefix_cache:
@@ -272,9 +345,12 @@ class Scheduler:
             if not self.block_manager.can_allocate(request, num_new, computed_blocks):
                 break
             block_ids = self.block_manager.allocate(request, num_new, computed_blocks)
-            self._waiting.popleft()
+            self._waiting.pop()
             self._num_waiting_tokens -= request.num_tokens
-            self._running.append(request)
+            if self.config.policy == "priority":  # the least urgent last: the one to preempt
+                bisect.insort_right(self._running, request, key=urgency)
+            else:
+                self._running.append(request)
             if request.reads_prefix_cache:
                 self.prefix_cache_queried_tokens += request.num_tokens
                 self.prefix_cache_hit_tokens += num_cached
@@ -368,6 +444,10 @@ class Scheduler:
         assert running | waiting == self._requests.keys()
         assert self._num_waiting_tokens == sum(r.num_tokens for r in self._waiting)
         assert len(self._running) <= self.config.max_num_seqs
+        if self.config.policy == "priority":
+            for queue in (self._running, list(self._waiting)):
+                keys = [urgency(r) for r in queue]
+                assert keys == sorted(keys)
         bs = self.block_manager.block_size
         for request in self._running:
             assert request.status is RequestStatus.RUNNING

@@ -223,6 +223,7 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
             raise _usage_error(f"--speculative-config: {exc}") from None
         llm = replace(llm, speculative=speculative)
         log.info("speculative decoding: %s", speculative.describe())
+    log.info("scheduling policy: %s", llm.scheduling_policy)
     store: StoreConfig = read_section(StoreConfig, args)
     try:
         StoreSpec.parse(store.location)

@@ -26,7 +26,6 @@ UNSUPPORTED_VLLM_FLAGS: dict[str, str] = {
     "--limit-mm-per-prompt": "use --max-media-items (per request) and the other media limits",
     "--structured-outputs-config": "structured output always uses llguidance",
     "--guided-decoding-backend": "structured output always uses llguidance",
-    "--scheduling-policy": "the scheduler serves requests first come, first served",
     "--compilation-config": "models run in eager mode",
     "-O": "models run in eager mode",
     "--enable-sleep-mode": "workers cannot release their memory while running",

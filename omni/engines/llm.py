@@ -196,6 +196,7 @@ class LLMEngine(SupervisedWorker):
                 speculative_max_running=(
                     self.config.speculative.disable_by_batch_size if self.config.speculative else None
                 ),
+                policy="priority" if self.config.scheduling_policy == "priority" else "fcfs",
             ),
             block_manager,
         )
@@ -251,13 +252,11 @@ class LLMEngine(SupervisedWorker):
             and (constraint is None or constraint.speculable)
         )
         try:
-            self.scheduler.add_request(request)
+            shed = self.scheduler.add_request(request)
         except QueueFull as exc:
-            limit = Limit.TOKENS if exc.bound == "tokens" else Limit.REQUESTS
-            wait = retry_after_s(self.scheduler.num_waiting_tokens, self.tokens_per_second)
-            self.metrics.add_rejected(self.model_name, limit.value)
-            overloaded = Overloaded(self.model_name, limit, f"The model's queue is full: {exc}.", wait)
-            raise RefusedAtSubmit(overloaded) from None
+            raise RefusedAtSubmit(self._overloaded(exc)) from None
+        for victim in shed:  # --scheduling-policy priority: less urgent ones made room for it
+            self._shed(victim, request)
         request.queued_time = time.monotonic()
         stream = RequestStream(request, self.worker_id, constraint, group=group)
         self._streams[request.request_id] = stream
@@ -272,6 +271,27 @@ class LLMEngine(SupervisedWorker):
         self._placed_media += [m.key for m in request.media]
         self.wake()
         return stream
+
+    def _overloaded(self, exc: QueueFull) -> Overloaded:
+        assert self.scheduler is not None
+        limit = Limit.TOKENS if exc.bound == "tokens" else Limit.REQUESTS
+        wait = retry_after_s(self.scheduler.num_waiting_tokens, self.tokens_per_second)
+        self.metrics.add_rejected(self.model_name, limit.value)
+        return Overloaded(self.model_name, limit, f"The model's queue is full: {exc}.", wait)
+
+    def _shed(self, victim: Request, newcomer: Request) -> None:
+        """A waiting request the scheduler shed (aborted, never scheduled) for a more urgent
+        newcomer: its stream fails as its submit would have failed had it come last."""
+        stream = self._forget(victim.request_id)
+        if stream is None:
+            return
+        refusal = QueueFull(
+            f"request {victim.request_id} (priority {victim.priority}) was shed for a more urgent one "
+            f"(priority {newcomer.priority})",
+            "requests",
+        )
+        stream.queue.put_nowait(RefusedAtSubmit(self._overloaded(refusal)))
+        self._finished(stream, RequestStatus.FINISHED_ABORTED.value)
 
     def placement_state(self, block_hashes: list[BlockHash]) -> WorkerState:
         """This worker as placement sees it, for a request with these leading block hashes."""

@@ -59,6 +59,7 @@ async def chat(
         num_prompt_tokens=len(token_ids),
         tokenizer=model.tokenizer,
         max_logprobs=model.pool.config.llm.max_logprobs,
+        scheduling_policy=model.pool.config.llm.scheduling_policy,
     )
     params = ban_spans(model, req, ban_tool_markup(model, req, params))
     kinds = chat_outputs(model, req)  # each output kind the choices may make: its spans and its routes

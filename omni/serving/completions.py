@@ -33,6 +33,7 @@ async def completion(
             num_prompt_tokens=len(ids),
             tokenizer=model.tokenizer,
             max_logprobs=model.pool.config.llm.max_logprobs,
+            scheduling_policy=model.pool.config.llm.scheduling_policy,
         )
         constraints = ChoiceConstraints(model, req, grammar, ids, params.max_tokens)
         generations += [

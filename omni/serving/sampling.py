@@ -9,7 +9,7 @@ from typing import Any
 
 from omni.errors import bad_request
 from omni.serving.requests.common import GenerationFields
-from omni.serving.requests.fields import value_error
+from omni.serving.requests.fields import unsupported, value_error
 from omni.shared.sampling_bounds import MAX_PROMPT_LOGPROBS
 from omni.text.tokenizer import TextTokenizer
 from scheduler.request import MediaSpan, SamplingParams
@@ -78,6 +78,7 @@ def sampling_params(
     tokenizer: TextTokenizer,
     stop_token_ids: tuple[int, ...] = (),
     max_logprobs: int = MAX_PROMPT_LOGPROBS,
+    scheduling_policy: str = "fcfs",
 ) -> SamplingParams:
     """Fit the request to one prompt of num_prompt_tokens tokens and the model's vocabulary.
 
@@ -108,6 +109,12 @@ def sampling_params(
                 "(--max-logprobs).",
                 param=field_name,
             )
+    if request.priority != 0 and scheduling_policy != "priority":
+        raise unsupported(
+            "priority",
+            f"Priority scheduling is not enabled (the server runs --scheduling-policy {scheduling_policy}); "
+            f"only 0 is accepted, got {request.priority}.",
+        )
     vocab_size = tokenizer.num_token_ids
     _check_in_vocabulary("logit_bias", tuple(t for t, _ in request.logit_bias), vocab_size)
     _check_in_vocabulary("allowed_token_ids", request.allowed_token_ids or (), vocab_size)

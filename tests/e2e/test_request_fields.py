@@ -340,7 +340,8 @@ SHARED: dict[str, Sample] = {
     "guided_decoding_backend": Sample("xgrammar", {"guided_choice": ["yes", "no"], **YES_NO}, effect=_one_of("yes", "no")),
     "guided_whitespace_pattern": Sample(r"[\n\t ]*", {"guided_json": {"type": "object"}}),
     "structural_tag": Sample(json.dumps({"type": "structural_tag", "structures": [], "triggers": []})),
-    "priority": Sample(5, default=0),
+    # the walk's server schedules fcfs, where only 0 is taken (test_priority_needs_the_priority_policy)
+    "priority": Sample(0),
     "request_id": Sample("walk-request-7", effect=_request_id_named),
     "session_id": Sample("session-42"),
     "logits_processors": Sample(["my_module.MyLogitsProcessor"]),
@@ -493,3 +494,12 @@ def test_a_field_in_neither_api_is_a_400_naming_it(walk: Walk, endpoint: Endpoin
     assert "Unrecognized request argument" in reply.error["message"]
     reply = walk.post(endpoint, {"stream": True, "stream_options": {"include_usage": True, "every_chunk": True}})
     assert (reply.status, reply.error["param"]) == (400, "stream_options.every_chunk")
+
+
+@pytest.mark.parametrize("endpoint", ["chat", "completions"])
+def test_priority_needs_the_priority_policy(walk: Walk, endpoint: Endpoint) -> None:
+    """The walk's server runs the default fcfs policy: a non-zero priority is vLLM's 400."""
+    reply = walk.post(endpoint, {"priority": -1})
+    assert reply.status == 400, reply.body
+    assert (reply.error["param"], reply.error["code"]) == ("priority", "unsupported_parameter")
+    assert "Priority scheduling is not enabled" in reply.error["message"]

@@ -28,9 +28,11 @@ from msgspec import Meta, Struct, field
 from omni.errors import bad_request
 from omni.serving.requests.fields import (
     MAX_N,
+    MAX_PRIORITY,
     MAX_REQUEST_ID_LENGTH,
     MAX_SEED,
     MAX_STOP_STRINGS,
+    MIN_PRIORITY,
     MIN_SEED,
     Json,
     type_error,
@@ -366,7 +368,15 @@ class GenerationFields(Struct, frozen=True, kw_only=True, forbid_unknown_fields=
         Refused, rejected("JSON output uses compact separators; its whitespace is not configurable")
     ] = None
     structural_tag: Annotated[Refused, rejected("structural tags are not implemented")] = None
-    priority: Annotated[Refused, default_only("requests are scheduled first come, first served", 0)] = None
+    priority: Annotated[
+        int,
+        honoured(
+            "the scheduling order, lower first, ties in arrival order (--scheduling-policy priority); "
+            "under the default fcfs policy only 0 is accepted",
+            ge=MIN_PRIORITY,
+            le=MAX_PRIORITY,
+        ),
+    ] = 0
     # the client's id for the request: the response id's tail
     request_id: Annotated[
         str,

@@ -20,6 +20,8 @@ MAX_STOP_STRINGS = 4
 # torch.Generator.manual_seed accepts exactly this range.
 MIN_SEED, MAX_SEED = -(2**63), 2**64 - 1
 MAX_REQUEST_ID_LENGTH = 256
+# A request's priority: vLLM takes any int; a 32-bit one is every order a client needs.
+MIN_PRIORITY, MAX_PRIORITY = -(2**31), 2**31 - 1
 
 Json: TypeAlias = Any
 Body: TypeAlias = Mapping[str, Json]

@@ -472,3 +472,16 @@ def test_the_encoder_and_decoders_get_a_gpu_of_their_own_when_one_is_free(
     # a flag still wins, and the CPU stays the CPU
     assert placed(4, "--device", "cuda:0", "--encoder-device", "cuda:0") == ("cuda:0", ("cuda:0",), "cuda:0")
     assert placed(4, "--device", "cpu") == ("cpu", ("cpu",), "cpu")
+
+
+def test_scheduling_policy_is_vllms_flag_and_a_config_file_key(dirs: tuple[Path, Path], tmp_path: Path) -> None:
+    text, _ = dirs
+    assert server_config(parse_args([str(text)])).models[0].llm.scheduling_policy == "fcfs"
+    on_line = server_config(parse_args([str(text), "--scheduling-policy", "priority"]))
+    assert on_line.models[0].llm.scheduling_policy == "priority"
+    config_file = tmp_path / "omni.yaml"
+    config_file.write_text("scheduling-policy: priority\n")
+    in_file = server_config(parse_args([str(text), "--config", str(config_file)]))
+    assert in_file.models[0].llm.scheduling_policy == "priority"
+    with pytest.raises(SystemExit):  # argparse's choices: status 2 naming the flag
+        parse_args([str(text), "--scheduling-policy", "lifo"])

@@ -22,9 +22,9 @@ from tests.omni.engines.fake_worker import FakeLLMWorker
 GUARD_S = 120.0  # a hung engine fails the test instead of hanging it; never reached when it works
 
 
-def make_engine(max_num_seqs: int = 2, **fake: Any) -> tuple[LLMEngine, FakeLLMWorker]:
+def make_engine(max_num_seqs: int = 2, scheduling_policy: str = "fcfs", **fake: Any) -> tuple[LLMEngine, FakeLLMWorker]:
     spec = protocol.LLMWorkerSpec(worker_id=0, model_dir=".", block_size=4)
-    config = LLMConfig(block_size=4, max_num_seqs=max_num_seqs)
+    config = LLMConfig(block_size=4, max_num_seqs=max_num_seqs, scheduling_policy=scheduling_policy)
     engine = LLMEngine(spec, config, AdmissionConfig(), Metrics(), model_name="m")
     worker = FakeLLMWorker(spec, engine.wake, **fake)
     engine.worker = worker  # type: ignore[assignment]
@@ -195,6 +195,28 @@ async def test_a_full_queue_refuses_at_submit_then_drains(running: tuple[LLMEngi
     worker.gate.set()
     assert [await tokens(s) for s in streams] == [[2], [3], [4], [5], [6], [7], [8]]
     assert engine.queued.num_requests == 0
+
+
+async def test_under_priority_a_full_queue_sheds_its_least_urgent_for_a_more_urgent_one() -> None:
+    engine, worker = make_engine(scheduling_policy="priority")
+    await engine.start()
+    try:
+        worker.gate = asyncio.Event()
+        streams = [engine.submit(request("r0", [1], max_tokens=1))]
+        await worker.wait_for_steps(1)  # r0 runs; what follows waits, 6 at most
+        streams += [engine.submit(request(f"r{i}", [1 + i], max_tokens=1, priority=1)) for i in range(1, 7)]
+        urgent = engine.submit(request("urgent", [20], max_tokens=1, priority=0))
+        with pytest.raises(RefusedAtSubmit) as refused:  # r6 came last among the least urgent
+            await tokens(streams[6])
+        assert refused.value.overloaded.limit is Limit.REQUESTS and "shed" in refused.value.overloaded.message
+        assert engine.queued.num_requests == 6
+        with pytest.raises(RefusedAtSubmit):  # none waiting is less urgent than an equal newcomer
+            engine.submit(request("also", [30], max_tokens=1, priority=1))
+        worker.gate.set()
+        assert [await tokens(s) for s in streams[:6]] == [[2], [3], [4], [5], [6], [7]]
+        assert await tokens(urgent) == [21]
+    finally:
+        await engine.stop()
 
 
 async def test_stopping_fails_what_is_pending(running: tuple[LLMEngine, FakeLLMWorker]) -> None:

@@ -91,3 +91,27 @@ def test_token_ids_are_bounded_by_the_models_vocabulary(
     assert info.value.message == f"Invalid value for '{param}': token id {bad} is out of range for a vocabulary of 1000."
     request = parse(make(logit_bias={"999": 1}, allowed_token_ids=[999], stop_token_ids=[999]))
     sampling_params(request, num_prompt_tokens=10, max_model_len=100, tokenizer=smaller_model)  # the last row is fine
+
+
+@pytest.mark.parametrize("make", [chat, completion])
+def test_priority_needs_the_priority_policy(smaller_model: TextTokenizer, make: Any) -> None:
+    """vLLM's rule: a non-zero priority under fcfs is a 400 naming it; under priority it is
+    the scheduler's order, carried in the params to every choice."""
+    urgent = parse(make(priority=-5))
+    with pytest.raises(APIError) as info:
+        sampling_params(urgent, num_prompt_tokens=10, max_model_len=100, tokenizer=smaller_model)
+    assert (info.value.status, info.value.param, info.value.code) == (400, "priority", "unsupported_parameter")
+    assert "Priority scheduling is not enabled" in info.value.message and "--scheduling-policy fcfs" in info.value.message
+    zero = sampling_params(parse(make(priority=0)), num_prompt_tokens=10, max_model_len=100, tokenizer=smaller_model)
+    assert zero.priority == 0
+    params = sampling_params(
+        urgent, num_prompt_tokens=10, max_model_len=100, tokenizer=smaller_model, scheduling_policy="priority"
+    )
+    assert params.priority == -5
+
+
+@pytest.mark.parametrize("value", [2**31, -(2**31) - 1, 1.5, "1", True])
+def test_priority_is_a_32_bit_integer(value: Any) -> None:
+    with pytest.raises(APIError) as info:
+        parse(chat(priority=value))
+    assert (info.value.status, info.value.param) == (400, "priority")

@@ -28,6 +28,7 @@ TEXT = SamplingParams(
     repetition_penalty=1.3,
     logit_bias=((7, 2.0),),
     min_p=0.05,
+    priority=-3,
     allowed_token_ids=(1, 2, 3),
     bad_words_token_ids=((8, 9),),
     prompt_logprobs=1,

@@ -194,7 +194,7 @@ def test_a_default_only_field_takes_its_defaults_and_refuses_the_rest(endpoint: 
         {"n": None, "best_of": 1},
         {"use_beam_search": False},
         {"length_penalty": 1},  # 1 is 1.0
-        {"priority": 0.0},
+        {"routed_experts_prompt_start": 0.0},
         {"service_tier": "auto"},
         {"service_tier": "default"},
         {"store": False},
@@ -214,7 +214,7 @@ def test_no_op_values_are_accepted(body: dict[str, Any]) -> None:
         ({"n": 2, "best_of": 3}, "best_of", "got 3."),
         ({"use_beam_search": True}, "use_beam_search", "only false or null is accepted, got true."),
         ({"use_beam_search": 0}, "use_beam_search", "got 0."),  # 0 is no boolean
-        ({"priority": False}, "priority", "only 0 or null is accepted, got false."),
+        ({"routed_experts_prompt_start": False}, "routed_experts_prompt_start", "only 0 or null is accepted, got false."),
         ({"service_tier": "flex"}, "service_tier", 'only "auto" or "default" or null is accepted, got "flex".'),
         ({"store": True}, "store", "completions are not stored; only false or null is accepted, got true."),
         ({"stream": True, "stream_options": {"include_obfuscation": True}}, "stream_options.include_obfuscation", "got true."),
