@@ -265,9 +265,10 @@ def test_the_embedded_defaults_answers_are_not_swallowed_by_reasoning(server: st
             message = r.json()["choices"][0]["message"]
             assert r.status_code == 200 and message.get("reasoning_content") is None, message
             said = (message.get("audio") or {}).get("transcript") or message.get("content")
-            assert said, message
-            if extra:
+            if extra:  # it speaks; its text may be empty (the bias can end it at the first token)
                 assert message["audio"]["data"], message
+            else:
+                assert said, message
     thinking = httpx.post(f"{server}{ROOT}/v1/chat/completions", headers=auth, timeout=TURN_S,
                           json=spoken | {"seed": 0, "max_tokens": 8, "reasoning_effort": "high", "modalities": ["text"]})  # fmt: skip
     assert thinking.json()["choices"][0]["message"]["reasoning_content"], thinking.json()
