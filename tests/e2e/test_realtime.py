@@ -163,6 +163,40 @@ async def test_a_tool_call_round_trip(server: str, ends_soon: dict[str, float]) 
         assert answer["response"]["output"][0]["type"] == "message" and "response.output_text.delta" in _types(seen)
 
 
+async def test_a_call_cut_by_max_output_tokens_then_its_output_is_answered(server: str, ends_soon: dict[str, float]) -> None:
+    """Issue 37: a call the length limit cut in its arguments stays in the conversation
+    (incomplete); after a tool output, response.create answers instead of refusing it."""
+    tool = {"type": "function", "name": "get_weather", "description": "The weather in a city.",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12}}, "required": ["city"]}}
+    async with _connect(server) as conn:
+        seen: list[dict[str, Any]] = []
+        await _manual(conn, ends_soon, tools=[tool], tool_choice="required", output_modalities=["text"])
+        await conn.send({"type": "conversation.item.create", "item": {"type": "message", "role": "user",
+                                                                     "content": [{"type": "input_text", "text": "Weather in Paris?"}]}})
+        for limit in range(4, 24):
+            await conn.send({"type": "response.create", "response": {"max_output_tokens": limit}})
+            done = await _until(conn, "response.done", seen)
+            cut = [i for i in done["response"]["output"] if i["type"] == "function_call" and i["status"] == "incomplete"]
+            if cut and not _is_object(cut[0]["arguments"]):
+                break
+        else:
+            pytest.fail("no limit cut a call in its arguments")
+        await conn.send({"type": "conversation.item.create", "item": {"type": "function_call_output", "call_id": cut[0]["call_id"],
+                                                                     "output": '{"error": "cut"}'}})
+        await conn.send({"type": "response.create", "response": {"tool_choice": "none", "max_output_tokens": 6, "logit_bias": {}}})
+        seen.clear()
+        answer = await _until(conn, "response.done", seen)
+        assert "error" not in _types(seen), seen
+        assert answer["response"]["status"] in ("completed", "incomplete") and answer["response"]["output"][0]["type"] == "message"
+
+
+def _is_object(arguments: str) -> bool:
+    try:
+        return isinstance(json.loads(arguments), dict)
+    except ValueError:
+        return False
+
+
 async def test_cancel_barge_in_and_bad_events_keep_the_socket(server: str, ends_soon: dict[str, float]) -> None:
     async with _connect(server) as conn:
         seen: list[dict[str, Any]] = []

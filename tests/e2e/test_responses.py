@@ -98,6 +98,35 @@ def test_a_function_call_round_trip_reuses_the_prefix_cache(client: openai.OpenA
     assert follow.usage.input_tokens_details.cached_tokens > 0
 
 
+def _no_object(arguments: str) -> bool:
+    try:
+        return not isinstance(json.loads(arguments), dict)
+    except ValueError:
+        return True
+
+
+def test_a_call_cut_by_max_output_tokens_is_followed_up(client: openai.OpenAI) -> None:
+    """Issue 37: the stored turn holds a call the length limit cut (its arguments no JSON); the
+    follow-up with its output answers, the cut call left out of the prompt, not refused."""
+    for limit in range(4, 24):
+        first = client.responses.create(
+            model=MODEL, input="What is the weather in Paris?", tools=[WEATHER],  # type: ignore[list-item]
+            tool_choice="required", reasoning=NO_REASONING, max_output_tokens=limit, extra_body={"seed": 3},
+        )  # fmt: skip
+        calls = [item for item in first.output if item.type == "function_call"]
+        if calls and _no_object(calls[-1].arguments):
+            break
+    else:
+        pytest.fail("no limit cut a call in its arguments")
+    assert (first.status, calls[-1].status) == ("incomplete", "incomplete")
+    follow = client.responses.create(
+        model=MODEL, previous_response_id=first.id, tools=[WEATHER], reasoning=NO_REASONING,  # type: ignore[list-item]
+        input=[{"type": "function_call_output", "call_id": calls[-1].call_id, "output": '{"error": "cut"}'}],
+        max_output_tokens=4, tool_choice="none",
+    )  # fmt: skip
+    assert follow.status in ("completed", "incomplete") and follow.output_text
+
+
 def test_json_schema_output_validates(client: openai.OpenAI) -> None:
     schema = {
         "type": "object",

@@ -207,6 +207,34 @@ async def test_a_call_cut_by_max_tokens_is_a_call_with_what_it_wrote(fmt: Fmt) -
             if max_tokens == sizes[-1] and choice is named:
                 assert whole["calls"] and whole["calls"][0]["name"] == "get_weather", whole
 
+async def test_a_reply_with_a_cut_call_sent_back_is_answered(server: str) -> None:
+    """Issue 37: the assistant message the server wrote, its call cut in its arguments by
+    max_tokens, sent back with a tool result: the next turn answers (the reference template
+    iterates a call's arguments, so the cut call is left out of the prompt), not a 400."""
+    client = _client(server)
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    for max_tokens in range(3, 24):
+        reply = await _call(client, False, seed=1, tool_choice=named, max_tokens=max_tokens)
+        if reply["calls"] and not _is_object(reply["calls"][0]["arguments"]):
+            break
+    else:
+        pytest.fail("no limit cut a call in its arguments")
+    call = reply["calls"][0]
+    turn: dict[str, Any] = {"role": "assistant", "content": reply["content"], "tool_calls": [
+        {"id": call["id"], "type": "function", "function": {"name": call["name"], "arguments": call["arguments"]}}]}  # fmt: skip
+    result = {"role": "tool", "tool_call_id": call["id"], "content": '{"error": "cut"}'}
+    messages: Any = [*ASK, turn, result]
+    out = await client.chat.completions.create(model=MODEL, messages=messages, tools=TOOLS, max_tokens=2)  # type: ignore[arg-type]
+    assert out.choices[0].finish_reason in ("stop", "length") and out.usage is not None
+
+
+def _is_object(arguments: str) -> bool:
+    try:
+        return isinstance(json.loads(arguments), dict)
+    except ValueError:
+        return False
+
+
 # The published default with its reasoning on (no skip_reasoning): the template opens <think>,
 # which random weights rarely close, and the call grammar holds from its end. Before the turn's
 # end and the span openers were held back in the reasoning, seeds 4 and 5 ended the turn there

@@ -247,6 +247,11 @@ class ResponseEvents:
         if opened is None:
             if self._message is not None:  # the text before a call ends with it
                 self._close_message("completed")
+            # so do the calls before it: they are whole, and only the last call can be cut (the
+            # length limit leaves that one incomplete, as the Responses API's, and no other)
+            for before in self._calls.values():
+                self._close_call(before, "completed")
+            self._calls.clear()
             item = {"id": new_item_id(), "object": "realtime.item", "type": "function_call", "status": "in_progress",
                     "call_id": call.id or f"call_{uuid.uuid4().hex[:16]}", "name": call.name or "", "arguments": ""}  # fmt: skip
             opened = self._calls[call.index] = self._add(item)

@@ -174,7 +174,8 @@ class ChatMessage(Struct, frozen=True, kw_only=True):
     def to_template_dict(self) -> dict[str, Json]:
         """The message as a chat template expects it: text parts alone as their joined text (a
         template then renders them as it renders that string), media parts as typed dicts; each
-        earlier call's arguments an object (Hugging Face templates iterate them)."""
+        earlier call's arguments an object (Hugging Face templates iterate them), and a call whose
+        arguments are no object left out (_arguments says why)."""
         content: Json
         if self.content is None or isinstance(self.content, str) or not self.has_media:
             content = None if self.content is None else self.text
@@ -185,8 +186,11 @@ class ChatMessage(Struct, frozen=True, kw_only=True):
             out["name"] = self.name
         if self.tool_call_id is not None:
             out["tool_call_id"] = self.tool_call_id
-        if self.tool_calls:
-            out["tool_calls"] = [_call_dict(c) for c in self.tool_calls]
+        calls = [d for d in map(_call_dict, self.tool_calls or ()) if d is not None]
+        if calls:
+            out["tool_calls"] = calls
+        elif self.tool_calls and content is None:  # every call left out: an empty turn, not "None"
+            out["content"] = ""
         if self.reasoning_content is not None:
             out["reasoning_content"] = self.reasoning_content
         return out
@@ -202,13 +206,30 @@ def _part_dict(part: ContentPart) -> dict[str, Json]:
     return {"type": "video_url", "video_url": {"url": part.url}}
 
 
-def _arguments(call: ToolCall) -> dict[str, Any]:
+# A call whose arguments are no JSON object is left out of the prompt, and not refused. The
+# server writes such calls itself: the length limit cuts a call mid-arguments ('{"city": "Par'),
+# and chat's reply, a Realtime conversation and a stored response keep it as the model wrote it
+# (finish_reason length; status incomplete). Sent back, the turn must render: OpenAI takes any
+# arguments text, and vLLM's json.loads of it is a 400 for a conversation the server produced.
+# Left out rather than rendered as its raw text because templates iterate the arguments
+# (hyperclovax_omni.jinja: `fn.arguments.items()`), and a cut call was never run: what the next
+# turn needs is the calls that were, and their results.
+def _arguments(call: ToolCall) -> dict[str, Any] | None:
     args = call.function.arguments
-    return orjson.loads(args or "{}") if isinstance(args, str) else args
+    if not isinstance(args, str):
+        return args
+    try:
+        value = orjson.loads(args or "{}")
+    except orjson.JSONDecodeError:
+        return None
+    return value if isinstance(value, dict) else None
 
 
-def _call_dict(call: ToolCall) -> dict[str, Json]:
-    out: dict[str, Json] = {"type": "function", "function": {"name": call.function.name, "arguments": _arguments(call)}}
+def _call_dict(call: ToolCall) -> dict[str, Json] | None:
+    args = _arguments(call)
+    if args is None:
+        return None
+    out: dict[str, Json] = {"type": "function", "function": {"name": call.function.name, "arguments": args}}
     if call.id is not None:
         out["id"] = call.id
     return out
@@ -437,13 +458,6 @@ def check_messages(messages: tuple[ChatMessage, ...]) -> None:
             raise missing(f"{param}.content")
         if isinstance(m.content, tuple) and m.role != "user" and not all(isinstance(p, TextPart) for p in m.content):
             raise value_error(f"{param}.content", f"a {m.role} message may only contain text parts.")
-        for j, call in enumerate(m.tool_calls or ()):
-            try:
-                args = _arguments(call)
-            except orjson.JSONDecodeError as e:
-                raise value_error(f"{param}.tool_calls[{j}].function.arguments", f"not JSON: {e}") from None
-            if not isinstance(args, dict):
-                raise type_error(f"{param}.tool_calls[{j}].function.arguments", "a JSON object (as text)", args)
 
 
 def check_chat_request(req: ChatCompletionRequest) -> None:

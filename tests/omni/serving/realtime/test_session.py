@@ -5,6 +5,7 @@ rule. The whole session runs in tests/e2e/test_realtime.py."""
 
 from __future__ import annotations
 
+import contextlib
 from types import SimpleNamespace
 from typing import Any, cast
 
@@ -12,10 +13,13 @@ import msgspec
 import orjson
 import pytest
 
+from omni.engines.generation import Delta, Usage
 from omni.serving import chat as serving_chat
 from omni.serving.errors import api_error
 from omni.serving.realtime import client_events as ev
 from omni.serving.realtime.session import RealtimeSession, overlay
+from omni.text.parsers.tool_calls import ToolFunction
+from omni.text.reply_parser import OutputFormat
 from tests.omni.serving.test_errors import CASES, IDS
 
 
@@ -105,3 +109,50 @@ async def test_a_response_takes_its_overrides_and_the_session_keeps_its_own(monk
     (req,) = bodies
     assert (req.temperature, req.seed) == (1.5, 3)
     assert session.settings["temperature"] == 0.4
+
+
+# ---------------------------------------------------------------- the conversation comes back
+
+
+async def test_a_turn_whose_second_call_was_cut_is_answered_after_the_tools_output(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The model calls twice and max_output_tokens cuts the second call: both stay in the
+    conversation (incomplete, as written); after the first one's output, response.create answers,
+    the cut call left out of the prompt (omni/serving/requests/chat.py _arguments)."""
+    whole = '<tool_call>{"name": "weather", "arguments": {"city": "Seoul"}}</tool_call>'
+    cut = '<tool_call>{"name": "weather", "arguments": {"city": "Par'
+    replies = [[Delta(whole, [1]), Delta(cut, [2], finish_reason="length")], [Delta("Clear.", [3], finish_reason="stop")]]
+    reqs: list[Any] = []
+
+    async def chat(models: Any, req: Any, **kwargs: Any) -> Any:
+        reqs.append(req)
+        deltas = replies[len(reqs) - 1]
+
+        async def stream() -> Any:
+            for delta in deltas:
+                yield delta
+
+        output = SimpleNamespace(deltas=stream, usage=Usage(5, len(deltas), 0))
+        fmt = OutputFormat(tool_parser="hermes", tools=(ToolFunction("weather"),))
+        return SimpleNamespace(output_format=fmt, outputs=[output], admitted=contextlib.nullcontext)
+
+    monkeypatch.setattr(serving_chat, "chat", chat)
+    events: list[dict[str, Any]] = []
+    session = _session(events)
+    item = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Weather?"}]}
+    await session.handle(orjson.dumps({"type": "conversation.item.create", "item": item}))
+    for _ in range(2):
+        session.respond(ev.ResponseFields())
+        assert session._response is not None
+        await session._response[1]
+        if len(reqs) == 1:
+            first, second = [i for i in session.conversation.items if i["type"] == "function_call"]
+            assert (first["status"], second["status"]) == ("completed", "incomplete")  # only the cut one
+            assert second["arguments"] == '{"city": "Par'
+            output = {"type": "function_call_output", "call_id": first["call_id"], "output": "3C"}
+            await session.handle(orjson.dumps({"type": "conversation.item.create", "item": output}))
+    assert not [e for e in events if e["type"] == "error"]
+    (done,) = [e["response"] for e in events if e["type"] == "response.done"][1:]
+    assert (done["status"], done["output"][0]["content"]) == ("completed", [{"type": "output_text", "text": "Clear."}])
+    messages = reqs[1].template_messages
+    assert [m["role"] for m in messages] == ["user", "assistant", "tool"]
+    assert [c["id"] for c in messages[1]["tool_calls"]] == [first["call_id"]]

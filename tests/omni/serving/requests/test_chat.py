@@ -77,7 +77,7 @@ def test_bad_tool_fields_are_400s_naming_the_field(fields: dict[str, Any], param
 
 
 def test_assistant_tool_calls_reach_the_template_with_parsed_arguments() -> None:
-    messages = [
+    messages: list[dict[str, Any]] = [
         {"role": "user", "content": "weather?"},
         {
             "role": "assistant",
@@ -92,8 +92,30 @@ def test_assistant_tool_calls_reach_the_template_with_parsed_arguments() -> None
     call = req.template_messages[1]["tool_calls"][0]
     assert call == {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Seoul"}}}
     assert req.template_messages[2] == {"role": "tool", "content": "3C", "tool_call_id": "call_1"}
-    messages[1]["tool_calls"][0]["function"]["arguments"] = "{not json"
-    assert error({"model": "m", "messages": messages}).param == "messages[1].tool_calls[0].function.arguments"
+    del messages[1]["tool_calls"][0]["function"]["name"]  # a call with no name is no call
+    assert error({"model": "m", "messages": messages}).param == "messages[1].tool_calls[0].function.name"
+
+
+def test_a_call_whose_arguments_are_no_object_is_left_out_of_the_prompt() -> None:
+    """The server's own reply, sent back: two calls, the second cut by the length limit. Its
+    arguments are no JSON object, so no template can render them as one: the call is left out,
+    the turn and the whole call before it are not refused."""
+    whole = {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Seoul"}'}}
+    cut: dict[str, Any] = {"id": "c2", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Par'}}
+    messages: list[dict[str, Any]] = [
+        {"role": "user", "content": "weather?"},
+        {"role": "assistant", "content": None, "tool_calls": [whole, cut]},
+        {"role": "tool", "tool_call_id": "c1", "content": "3C"},
+    ]
+    req = parse_chat_completion_request({"model": "m", "messages": messages})
+    assert [c["id"] for c in req.template_messages[1]["tool_calls"]] == ["c1"]
+    assert req.messages[1].tool_calls is not None and len(req.messages[1].tool_calls) == 2  # kept as sent
+    # a turn of nothing but such calls is an empty assistant turn (no "None" text, no calls)
+    for args in ('{"city": "Par', "[1]", '"text"'):
+        cut["function"]["arguments"] = args
+        messages[1]["tool_calls"] = [cut]
+        req = parse_chat_completion_request({"model": "m", "messages": messages})
+        assert req.template_messages[1] == {"role": "assistant", "content": ""}
 
 
 def test_template_fields() -> None:

@@ -5,7 +5,8 @@ Response, and a drawing call that becomes an image_generation_call."""
 from __future__ import annotations
 
 import base64
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, cast
 
 import pytest
 from openai.types.responses import Response, ResponseStreamEvent
@@ -13,7 +14,10 @@ from pydantic import TypeAdapter
 
 from omni.engines.generation import Delta, Usage
 from omni.modalities.outputs.image import IMAGE, GeneratedImage, ImagePreview
+from omni.serving.model import ServedModel
+from omni.serving.requests.responses import parse_response_request
 from omni.serving.responses.events import ResponseEvents
+from omni.serving.responses.turn import response_turn
 from omni.text.parsers.tool_calls import ToolFunction
 from omni.text.reply_parser import OutputFormat
 
@@ -79,6 +83,25 @@ def test_a_function_call_cut_by_the_length_is_incomplete() -> None:
     assert call.type == "function_call" and call.name == "get_weather" and call.status == "incomplete"
     assert final.incomplete_details is not None and final.incomplete_details.reason == "max_output_tokens"
     assert "".join(e.delta for e in parsed if e.type == "response.function_call_arguments.delta") == call.arguments
+
+
+def test_a_turn_whose_second_call_was_cut_is_followed_up() -> None:
+    """previous_response_id: the stored turn holds both calls as the model wrote them (the cut
+    one incomplete); the follow-up with the whole call's output renders, the cut call left out
+    of its prompt (omni/serving/requests/chat.py _arguments)."""
+    events = ResponseEvents(_response(), OutputFormat(tool_parser="hermes", tools=(WEATHER,)), t2i_call=False)
+    whole = '<tool_call>{"name": "get_weather", "arguments": {"city": "Seoul"}}</tool_call>'
+    cut = '<tool_call>{"name": "get_weather", "arguments": {"city": "Par'
+    _run(events, _deltas(whole, cut, last="length"), finish="length")
+    first, second = Response.model_validate(events.response).output
+    assert (first.status, second.status, second.arguments) == ("completed", "incomplete", '{"city": "Par')  # type: ignore[union-attr]
+    history = [{"role": "user", "content": "Weather?"}, events.assistant_message()]
+    req = parse_response_request({"model": "m", "previous_response_id": "resp_1",
+                                  "input": [{"type": "function_call_output", "call_id": first.call_id, "output": "3C"}]})  # type: ignore[union-attr]  # fmt: skip
+    model = cast(ServedModel, SimpleNamespace(name="m", output=lambda kind: None, chat_format=SimpleNamespace(tool_parser="hermes")))
+    messages = response_turn(model, req, history).chat.template_messages
+    assert [c["id"] for c in messages[1]["tool_calls"]] == [first.call_id]  # type: ignore[union-attr]
+    assert messages[2] == {"role": "tool", "content": "3C", "tool_call_id": first.call_id}  # type: ignore[union-attr]
 
 
 @pytest.mark.parametrize("image_first", [True, False])
