@@ -5,7 +5,6 @@ modalities asks for it, and no media span opens inside the reasoning."""
 from __future__ import annotations
 
 import re
-
 from pathlib import Path
 from typing import Any, cast
 
