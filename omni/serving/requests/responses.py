@@ -26,7 +26,7 @@ from omni.serving.requests.common import (
     known_fields,
     rejected,
 )
-from omni.serving.requests.fields import MAX_SEED, MIN_SEED, Body, Json, convert, value_error
+from omni.serving.requests.fields import MAX_PRIORITY, MAX_SEED, MIN_PRIORITY, MIN_SEED, Body, Json, convert, value_error
 from omni.serving.requests.image_edits import IMAGE_EDIT_FIELDS
 from omni.serving.requests.images import (
     IMAGE_FIELDS,
@@ -285,6 +285,14 @@ class ResponseRequest(Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
     seed: Annotated[
         int, honoured("seeds the sampling (an extension)", ge=MIN_SEED, extra_json_schema={"maximum": MAX_SEED})
     ] | None = None
+    priority: Annotated[
+        int,
+        honoured(
+            "the scheduling order, lower first, as chat's (--scheduling-policy priority; under fcfs only 0)",
+            ge=MIN_PRIORITY,
+            le=MAX_PRIORITY,
+        ),
+    ] = 0
 
     @property
     def image_tool(self) -> ImageGenerationTool | None:

@@ -135,6 +135,7 @@ def response_turn(model: ServedModel, req: ResponseRequest, history: list[dict[s
         "temperature": req.temperature,
         "top_p": req.top_p,
         "seed": req.seed,
+        "priority": req.priority,
         "max_completion_tokens": req.max_output_tokens,
         "parallel_tool_calls": req.parallel_tool_calls,
     }

@@ -74,7 +74,11 @@ def test_tools_choice_format_and_reasoning_are_chats() -> None:
     assert chat.tools.single_call and chat.max_tokens == 9 and (chat.temperature, chat.top_p) == (0.5, 0.5)
     assert chat.reasoning_effort == "minimal"  # chat's field, and so chat's rule
     assert chat.template.kwargs == {"reasoning_effort": "minimal", "skip_reasoning": True, "enable_thinking": False}
-    assert chat.modalities == ("text",)
+    assert chat.modalities == ("text",) and chat.priority == 0
+    assert _turn({"input": "hi", "priority": -2}).chat.priority == -2  # chat's field, checked as chat's
+    with pytest.raises(APIError) as caught:
+        _turn({"input": "hi", "priority": 2**40})
+    assert caught.value.param == "priority"
     schema = _turn({"input": "hi", "text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": "object"}}}})
     grammar = schema.chat.grammar
     assert grammar is not None and schema.params.name(grammar.param) == "text.format.schema"
