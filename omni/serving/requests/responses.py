@@ -26,7 +26,16 @@ from omni.serving.requests.common import (
     known_fields,
     rejected,
 )
-from omni.serving.requests.fields import MAX_PRIORITY, MAX_SEED, MIN_PRIORITY, MIN_SEED, Body, Json, convert, value_error
+from omni.serving.requests.fields import (
+    MAX_PRIORITY,
+    MAX_SEED,
+    MIN_PRIORITY,
+    MIN_SEED,
+    Body,
+    Json,
+    convert,
+    value_error,
+)
 from omni.serving.requests.image_edits import IMAGE_EDIT_FIELDS
 from omni.serving.requests.images import (
     IMAGE_FIELDS,
