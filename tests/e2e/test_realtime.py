@@ -142,14 +142,23 @@ async def test_a_spoken_turn_under_server_vad(server: str, ends_soon: dict[str, 
         assert done["item_id"] == user and isinstance(done["transcript"], str)
 
 
+def _weather_tool(max_length: int) -> dict[str, Any]:
+    return {"type": "function", "name": "get_weather", "description": "The weather in a city.",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": max_length}},
+                           "required": ["city"]}}  # fmt: skip
+
+
+async def _ask_with_a_tool(conn: Any, ends_soon: dict[str, float], tool: dict[str, Any], text: str) -> None:
+    """A text-only manual session that must call the tool, and the user's question."""
+    await _manual(conn, ends_soon, tools=[tool], tool_choice="required", output_modalities=["text"])
+    await conn.send({"type": "conversation.item.create", "item": {"type": "message", "role": "user",
+                                                                 "content": [{"type": "input_text", "text": text}]}})
+
+
 async def test_a_tool_call_round_trip(server: str, ends_soon: dict[str, float]) -> None:
-    tool = {"type": "function", "name": "get_weather", "description": "The weather in a city.",
-            "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 8}}, "required": ["city"]}}
     async with _connect(server) as conn:
         seen: list[dict[str, Any]] = []
-        await _manual(conn, ends_soon, tools=[tool], tool_choice="required", output_modalities=["text"])
-        await conn.send({"type": "conversation.item.create", "item": {"type": "message", "role": "user",
-                                                                     "content": [{"type": "input_text", "text": "Weather in Seoul?"}]}})
+        await _ask_with_a_tool(conn, ends_soon, _weather_tool(8), "Weather in Seoul?")
         await conn.send({"type": "response.create", "response": {"max_output_tokens": 120}})
         done = await _until(conn, "response.done", seen)
         call = next(e for e in seen if e["type"] == "response.function_call_arguments.done")
@@ -166,13 +175,9 @@ async def test_a_tool_call_round_trip(server: str, ends_soon: dict[str, float]) 
 async def test_a_call_cut_by_max_output_tokens_then_its_output_is_answered(server: str, ends_soon: dict[str, float]) -> None:
     """Issue 37: a call the length limit cut in its arguments stays in the conversation
     (incomplete); after a tool output, response.create answers instead of refusing it."""
-    tool = {"type": "function", "name": "get_weather", "description": "The weather in a city.",
-            "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12}}, "required": ["city"]}}
     async with _connect(server) as conn:
         seen: list[dict[str, Any]] = []
-        await _manual(conn, ends_soon, tools=[tool], tool_choice="required", output_modalities=["text"])
-        await conn.send({"type": "conversation.item.create", "item": {"type": "message", "role": "user",
-                                                                     "content": [{"type": "input_text", "text": "Weather in Paris?"}]}})
+        await _ask_with_a_tool(conn, ends_soon, _weather_tool(12), "Weather in Paris?")
         for limit in range(4, 24):
             await conn.send({"type": "response.create", "response": {"max_output_tokens": limit}})
             done = await _until(conn, "response.done", seen)
