@@ -150,8 +150,9 @@ class LLMConfig:
         metavar="JSON",
         help='speculative decoding, vLLM\'s JSON: {"method": "ngram", "num_speculative_tokens": 4, '
         '"prompt_lookup_min": 2, "prompt_lookup_max": 4}. ngram drafts by prompt lookup, in the '
-        "worker; greedy requests without penalties or a grammar speculate, others decode as without it "
-        "(docs/ARCHITECTURE.md). disable_by_batch_size N: no drafts while more than N requests run. "
+        "worker; every sampling field applies and output keeps its distribution (greedy: the same tokens); "
+        'a request may send "speculative": false (README.md). '
+        "disable_by_batch_size N: no drafts while more than N requests run. "
         '{"method": "suffix"} drafts by suffix decoding, with vLLM\'s suffix_decoding_* keys',
     )
     # --speculative-config parsed (omni/cli/options.py); None: no speculation

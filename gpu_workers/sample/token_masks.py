@@ -81,8 +81,9 @@ def row_masks(sample_ids: Sequence[str], masks: dict[str, list[bytes]]) -> list[
 
 
 class StepMaskReader:
-    """A Step's grammar masks, by request id (a list: one per row it samples): those it carries, and with masks_follow those of
-    the StepMasks the server sends after it, filled while this step's forward runs (review C5).
+    """A Step's grammar masks, by request id (a list: one per row it samples): those it carries,
+    and with masks_follow those of the StepMasks the server sends after it, filled while this
+    step's forward runs (review C5).
     That message is read once, when sampling first needs it, or by settle() when the step
     ends without sampling (it failed, or its constrained requests were dropped), so that it is
     never left on the pipe to be taken for the next job."""

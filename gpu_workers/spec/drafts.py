@@ -202,9 +202,9 @@ def draft_next(drafter: Drafter | None, states: Mapping[str, _History], sampled:
     drafted: list[Drafted] = []
     if drafter is None:
         return drafted
-    emitted = Counter(s.request_id for s in sampled)
+    counts = Counter(s.request_id for s in sampled)
     busy = len(states) > BACKOFF_ABOVE
-    for request_id, count in emitted.items():
+    for request_id, count in counts.items():
         state = states[request_id]
         misses, after, cap = state.backoff
         if state.draft:  # the draft made before this step's `count` tokens
@@ -223,25 +223,6 @@ def draft_next(drafter: Drafter | None, states: Mapping[str, _History], sampled:
             limit = max_model_len - len(state.token_ids) - 1
             state.draft = drafter.draft(
                 request_id, state.token_ids, state.num_prompt_tokens, min(limit, cap) if busy and cap else limit
-            )
-            if state.draft:
-                drafted.append(Drafted(request_id, list(state.draft)))
-    return drafted
-    emitted = Counter(s.request_id for s in sampled)
-    busy = len(states) > BACKOFF_ABOVE
-    for request_id, count in emitted.items():
-        state = states[request_id]
-        misses, after = state.backoff
-        if state.draft:  # the draft made before this step's `count` tokens
-            hit = state.token_ids[len(state.token_ids) - count] == state.draft[0]
-            misses = 0 if hit else misses + 1
-            after = len(state.token_ids) + min(2**misses, MAX_BACKOFF) if misses else 0
-        state.backoff = (misses, after)
-        state.draft = []
-        if fits(state.sampling) and not (busy and len(state.token_ids) < after):
-            # the step after next holds len(token_ids) + drafts tokens, within max_model_len
-            state.draft = drafter.draft(
-                request_id, state.token_ids, state.num_prompt_tokens, max_model_len - len(state.token_ids) - 1
             )
             if state.draft:
                 drafted.append(Drafted(request_id, list(state.draft)))

@@ -68,8 +68,8 @@ class SamplingOptions:
     prompt_logprobs: int | None = None
     # max_tokens 0: compute the prompt (for its prompt logprobs) and sample nothing.
     prefill_only: bool = False
-    # The worker may draft tokens for it (speculative decoding is on and the server found the
-    # request fit: greedy, no penalties, no grammar; gpu_workers/spec/drafts.py has the rules).
+    # The worker may draft tokens for it (speculative decoding is on, the request did not opt
+    # out, and any grammar it has is a plain one; gpu_workers/spec/drafts.py has the rules).
     speculate: bool = False
 
 

@@ -71,7 +71,9 @@ def draft_for(tokens: list[int]) -> list[int]:
 
 
 @dataclass
-class Sequence_:
+class Chain:
+    """One sequence being drawn: what drafts.emitted reads and appends to."""
+
     token_ids: list[int]
     num_prompt_tokens: int
     sampling: SamplingOptions
@@ -83,8 +85,8 @@ def draw(speculate: bool) -> tuple[list[tuple[int, ...]], int, int]:
     in one call as the runner does; returns the paths, drafts proposed and drafts accepted."""
     torch.manual_seed(1234)
     sampler = Sampler()
-    live = {f"s{i}": Sequence_(list(PROMPT), len(PROMPT), OPTIONS) for i in range(SAMPLES)}
-    done: list[Sequence_] = []
+    live = {f"s{i}": Chain(list(PROMPT), len(PROMPT), OPTIONS) for i in range(SAMPLES)}
+    done: list[Chain] = []
     proposed = accepted = 0
     while live:
         ids, states, histories, pending, rows = [], [], [], [], []
