@@ -31,7 +31,7 @@ from scheduler.output import SchedulerOutput
 from scheduler.placement import WorkerState
 from scheduler.prefix_hash import BlockHash
 from scheduler.request import Request, RequestId, RequestStatus
-from scheduler.scheduler import QueueFull, Scheduler, SchedulerConfig
+from scheduler.scheduler import PreemptionReason, QueueFull, Scheduler, SchedulerConfig
 
 __all__ = [
     "DeadlineExceeded",
@@ -167,7 +167,7 @@ class LLMEngine(SupervisedWorker):
         self.tokens_per_second = 0.0
         self._streams: dict[RequestId, RequestStream] = {}
         self._prefix_seen = (0, 0)
-        self._preemptions_seen = 0
+        self._preemptions_seen: dict[PreemptionReason, int] = {}
         self._pending_finished: list[RequestId] = []
         self._inflight = InflightPrefixes()
         self._masks = MaskFiller()
@@ -201,7 +201,7 @@ class LLMEngine(SupervisedWorker):
             block_manager,
         )
         self._prefix_seen = (0, 0)
-        self._preemptions_seen = 0
+        self._preemptions_seen = {}
         self._pending_finished = []
         self._placed_media = []
         self.stats.set_cache_config(
@@ -543,10 +543,11 @@ class LLMEngine(SupervisedWorker):
         seen_q, seen_h = self._prefix_seen
         self.stats.add_prefix_cache(queried - seen_q, hits - seen_h)
         self._prefix_seen = (queried, hits)
-        preemptions = scheduler.num_preemptions_total
-        if preemptions > self._preemptions_seen:
-            self.stats.num_preemptions.inc(preemptions - self._preemptions_seen)
-        self._preemptions_seen = preemptions
+        for reason, count in scheduler.num_preemptions_by_reason.items():
+            seen = self._preemptions_seen.get(reason, 0)
+            if count > seen:
+                self.stats.add_preemptions(reason, count - seen)
+        self._preemptions_seen = dict(scheduler.num_preemptions_by_reason)
 
     # ---- failures --------------------------------------------------------------------
     def _fail_step(self, output: SchedulerOutput, error: BaseException) -> None:
