@@ -124,17 +124,13 @@ class Scheduler:
 
     def _make_room(self, request: Request) -> list[Request]:
         """The requests to shed so the newcomer fits (priority: the least urgent ones that never
-        ran, each less urgent than it, as few as will do), or QueueFull."""
+        ran, each of a higher priority value than its, as few as will do), or QueueFull."""
         refusal = self._refusal(len(self._waiting), self._num_waiting_tokens, request)
         if refusal is None:
             return []
         if self.config.policy != "priority":
             raise refusal
-        # Never one that ran: its client has tokens already; it was admitted once.
-        sheddable = [
-            r for r in reversed(list(self._waiting))
-            if r.status is RequestStatus.WAITING and urgency(r) > urgency(request)
-        ]  # fmt: skip
+        sheddable = self.sheddable(request.priority)
         count, tokens = len(self._waiting), self._num_waiting_tokens
         for n, victim in enumerate(sheddable, 1):
             count, tokens = count - 1, tokens - victim.num_tokens
@@ -144,6 +140,17 @@ class Scheduler:
                     self.abort_request(r.request_id)
                 return shed
         raise refusal
+
+    def sheddable(self, priority: int) -> list[Request]:
+        """The waiting requests a newcomer of this priority may have shed, least urgent first:
+        those less urgent than it that never ran (one that ran has a client with tokens already;
+        it was admitted once). [] under fcfs."""
+        if self.config.policy != "priority":
+            return []
+        return [
+            r for r in reversed(list(self._waiting))
+            if r.status is RequestStatus.WAITING and r.priority > priority
+        ]  # fmt: skip
 
     def _refusal(self, count: int, tokens: int, request: Request) -> QueueFull | None:
         """QueueFull unless a waiting queue of count requests and tokens tokens has room for this

@@ -49,9 +49,12 @@ def new_response_id() -> str:
     return f"resp_{uuid.uuid4().hex[:24]}"
 
 
-def chat_body(model_name: str, model_speaks: bool, s: dict[str, Any], messages: list[dict[str, Any]]) -> dict[str, Any]:
+def chat_body(
+    model_name: str, model_speaks: bool, s: dict[str, Any], messages: list[dict[str, Any]], priority: int = 0
+) -> dict[str, Any]:
     """The chat completion request of a response: s, the session's settings with the
-    response's overrides; messages, the conversation rendered."""
+    response's overrides; messages, the conversation rendered; priority: the voice priority
+    (--voice-priority under the priority policy, else 0)."""
     if s["instructions"]:
         messages = [{"role": "system", "content": s["instructions"]}, *messages]
     body: dict[str, Any] = {
@@ -60,6 +63,8 @@ def chat_body(model_name: str, model_speaks: bool, s: dict[str, Any], messages: 
         # a spoken conversation answers at once: templates that reason first are told not to
         "chat_template_kwargs": {"skip_reasoning": True, "enable_thinking": False},
     }
+    if priority:
+        body["priority"] = priority
     if "audio" in s["output_modalities"]:
         body["modalities"] = ["text", "audio"]
         body["audio"] = {"voice": s["voice"], "format": "pcm16"}

@@ -51,6 +51,7 @@ from omni.serving.realtime.response import Event, ResponseEvents, chat_body, new
 from omni.serving.realtime.turn_detection import SpeechStarted, TurnDetector
 from omni.serving.requests import parse_chat_completion_request
 from omni.serving.requests.transcriptions import TranscriptionRequest
+from omni.serving.sampling import request_priority
 from omni.shared.media import g711
 from omni.shared.media.decimator import Decimator
 from omni.shared.media.errors import MediaError
@@ -392,7 +393,10 @@ class RealtimeSession:
         compete with the answer for the encoder and the LLM, and delay the first audio."""
         await self._spoken.wait()
         t: ev.InputTranscription = self.settings["transcription"]
-        req = TranscriptionRequest(model=self.model.name, file=wav, language=t.language, prompt=t.prompt)
+        req = TranscriptionRequest(
+            model=self.model.name, file=wav, language=t.language, prompt=t.prompt,
+            priority=request_priority(self.model.pool.config.llm, None, voice=True),
+        )  # fmt: skip
         said: list[str] = []
         try:
             run = await transcriptions.transcription(self.models, req, timeout=self.timeout)
@@ -477,7 +481,10 @@ class RealtimeSession:
         items = self.conversation.items
         if fields.input is not UNSET:
             items = [self._reference(x, i) for i, x in enumerate(fields.input)]
-        body = chat_body(self.model.name, self.model.output(AUDIO) is not None, s, self.conversation.messages(items))
+        priority = request_priority(self.model.pool.config.llm, None, voice=True)
+        body = chat_body(
+            self.model.name, self.model.output(AUDIO) is not None, s, self.conversation.messages(items), priority
+        )
         req = parse_chat_completion_request(body)
         response = {
             "id": new_response_id(), "object": "realtime.response", "status": "in_progress", "status_details": None,
@@ -550,7 +557,7 @@ class RealtimeSession:
         finish: str | None = None
         usage = None
         try:
-            completion = await chat.chat(self.models, req, store=None, timeout=self.timeout)
+            completion = await chat.chat(self.models, req, store=None, timeout=self.timeout, live=True)
             events.parser = completion.output_format.new_parser()
             output = completion.outputs[0]
             try:

@@ -13,6 +13,7 @@ import msgspec
 import orjson
 import pytest
 
+from omni.config import LLMConfig
 from omni.engines.generation import Delta, Usage
 from omni.serving import chat as serving_chat
 from omni.serving.errors import api_error
@@ -23,8 +24,9 @@ from omni.text.reply_parser import OutputFormat
 from tests.omni.serving.test_errors import CASES, IDS
 
 
-def _session(events: list[dict[str, Any]]) -> RealtimeSession:
-    model = SimpleNamespace(name="m", output=lambda kind: None)  # a text model: it serves no output kind
+def _session(events: list[dict[str, Any]], llm: LLMConfig | None = None) -> RealtimeSession:
+    pool = SimpleNamespace(config=SimpleNamespace(llm=llm or LLMConfig()))
+    model = SimpleNamespace(name="m", output=lambda kind: None, pool=pool)  # a text model: it serves no output kind
     return RealtimeSession(cast(Any, None), cast(Any, model), events.append, vad_model=None, max_buffer_seconds=10.0)
 
 
@@ -109,6 +111,28 @@ async def test_a_response_takes_its_overrides_and_the_session_keeps_its_own(monk
     (req,) = bodies
     assert (req.temperature, req.seed) == (1.5, 3)
     assert session.settings["temperature"] == 0.4
+
+
+@pytest.mark.parametrize(("llm", "priority"), [(LLMConfig(), 0), (LLMConfig(scheduling_policy="priority", voice_priority=-3), -3)])
+async def test_a_response_is_a_live_turn_at_the_voice_priority(
+    monkeypatch: pytest.MonkeyPatch, llm: LLMConfig, priority: int
+) -> None:
+    calls: list[tuple[Any, dict[str, Any]]] = []
+
+    async def chat(models: Any, req: Any, **kwargs: Any) -> Any:
+        calls.append((req, kwargs))
+        raise RuntimeError("stop here")
+
+    monkeypatch.setattr(serving_chat, "chat", chat)
+    session = _session([], llm)
+    item = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]}
+    await session.handle(orjson.dumps({"type": "conversation.item.create", "item": item}))
+    session.respond(ev.ResponseFields())
+    assert session._response is not None
+    await session._response[1]
+    ((req, kwargs),) = calls
+    assert req.priority == priority  # --voice-priority under the priority policy; 0 (the only one fcfs takes) else
+    assert kwargs["live"] is True  # its speech goes to the vocoder before other speech of its priority
 
 
 # ---------------------------------------------------------------- the conversation comes back
