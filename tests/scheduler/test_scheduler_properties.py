@@ -1,4 +1,5 @@
-"""Random admit / step / abort sequences against a fake worker that simulates KV content.
+"""Random admit / step / abort sequences against a fake worker that simulates KV content, under
+either scheduling policy (requests of mixed priorities).
 
 The fake worker follows the Step protocol (new requests in full, deltas, resumed tables,
 finished ids) and stores in each KV slot the token prefix that produced it. Every step
@@ -19,6 +20,7 @@ from scheduler.block_manager import BlockManager
 from scheduler.output import SchedulerOutput
 from scheduler.request import Request, RequestId, SamplingParams
 from scheduler.scheduler import Scheduler, SchedulerConfig
+from scheduler.waiting_queue import SchedulingPolicy
 
 EOS = 0
 PREFIXES = ([1, 2, 3, 4, 5, 6, 7, 8], [1, 2, 3, 4, 9, 9], [5, 5, 5, 5, 5, 5, 5])
@@ -79,14 +81,15 @@ class SchedulerMachine(RuleBasedStateMachine):
         spare_blocks=st.integers(0, 2),
         prefix_caching=st.booleans(),
         chunked=st.booleans(),
+        policy=st.sampled_from(["fcfs", "priority"]),
     )
     def setup(
-        self, block_size: int, spare_blocks: int, prefix_caching: bool, chunked: bool
+        self, block_size: int, spare_blocks: int, prefix_caching: bool, chunked: bool, policy: SchedulingPolicy
     ) -> None:
         # A pool barely above one max-length request: preemption is common.
         num_blocks = MAX_MODEL_LEN // block_size + spare_blocks
         budget = 5 if chunked else MAX_MODEL_LEN
-        config = SchedulerConfig(3, budget, MAX_MODEL_LEN, chunked)
+        config = SchedulerConfig(3, budget, MAX_MODEL_LEN, chunked, policy=policy)
         self.scheduler = Scheduler(config, BlockManager(num_blocks, block_size, prefix_caching))
         self.worker = FakeWorker(block_size, 3, budget)
         self.next_id = 0
@@ -98,22 +101,24 @@ class SchedulerMachine(RuleBasedStateMachine):
         cut=st.integers(2, 8),
         suffix=st.lists(st.integers(1, 5), max_size=3),
         max_tokens=st.integers(1, 8),
+        priority=st.integers(-1, 1),
     )
-    def add(self, prefix: list[int], cut: int, suffix: list[int], max_tokens: int) -> None:
-        self._add(prefix[:cut] + suffix, max_tokens)
+    def add(self, prefix: list[int], cut: int, suffix: list[int], max_tokens: int, priority: int) -> None:
+        self._add(prefix[:cut] + suffix, max_tokens, priority)
 
-    @rule(pick=st.integers(0, 100), max_tokens=st.integers(1, 8))
-    def add_next_turn(self, pick: int, max_tokens: int) -> None:
+    @rule(pick=st.integers(0, 100), max_tokens=st.integers(1, 8), priority=st.integers(-1, 1))
+    def add_next_turn(self, pick: int, max_tokens: int, priority: int) -> None:
         """A chat's next turn: an earlier request's prompt and output, and more."""
         if self.history:
             earlier = self.history[pick % len(self.history)]
-            self._add((earlier.all_token_ids + [6])[: MAX_MODEL_LEN - 2], max_tokens)
+            self._add((earlier.all_token_ids + [6])[: MAX_MODEL_LEN - 2], max_tokens, priority)
 
-    def _add(self, prompt: list[int], max_tokens: int) -> None:
+    def _add(self, prompt: list[int], max_tokens: int, priority: int) -> None:
+        """priority: the priority policy's order (fcfs ignores it)."""
         request = Request(
             RequestId(f"r{self.next_id}"),
             prompt,
-            SamplingParams(max_tokens=max_tokens),
+            SamplingParams(max_tokens=max_tokens, priority=priority),
             eos_token_ids=frozenset({EOS}),
         )
         self.next_id += 1
@@ -180,6 +185,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         # Shown by --hypothesis-show-statistics: the runs do reach the interesting paths.
         event("preempted", self.scheduler.num_preemptions_total > 0)
         event("prefix hit", self.scheduler.prefix_cache_hit_tokens > 0)
+        event("preempted for priority", self.scheduler.num_preemptions_by_reason["priority"] > 0)
 
 
 SchedulerMachine.TestCase.settings = settings(
