@@ -47,8 +47,16 @@ from omni.serving.errors import api_error
 from omni.serving.model import ModelRegistry, ServedModel
 from omni.serving.realtime import client_events as ev
 from omni.serving.realtime.conversation import Conversation, Item, new_item_id, not_found, wav_bytes
+from omni.serving.realtime.end_of_turn import end_of_turn_probability
 from omni.serving.realtime.response import Event, ResponseEvents, chat_body, new_response_id
-from omni.serving.realtime.turn_detection import SpeechStarted, TurnDetector
+from omni.serving.realtime.turn_detection import (
+    EAGERNESS,
+    Pause,
+    SemanticTurnDetector,
+    SpeechStarted,
+    TurnDetector,
+    TurnEvent,
+)
 from omni.serving.requests import parse_chat_completion_request
 from omni.serving.requests.transcriptions import TranscriptionRequest
 from omni.shared.media import g711
@@ -57,6 +65,7 @@ from omni.shared.media.errors import MediaError
 
 log = logging.getLogger("omni.serving.realtime")
 MIN_COMMIT_MS = 100  # OpenAI's least: a shorter buffer is an error
+SEMANTIC_PADDING_MS = 300  # semantic_vad's audio kept before the speech (server_vad's default)
 
 
 def overlay(settings: dict[str, Any], fields: ev.SessionFields | ev.ResponseFields) -> dict[str, Any]:
@@ -70,6 +79,10 @@ def overlay(settings: dict[str, Any], fields: ev.SessionFields | ev.ResponseFiel
         if f.name in s and value is not UNSET:
             s[f.name] = value
     return s
+
+
+def _padding_ms(vad: ev.TurnDetection) -> int:
+    return vad.prefix_padding_ms if isinstance(vad, ev.ServerVad) else SEMANTIC_PADDING_MS
 
 
 class RealtimeSession:
@@ -95,7 +108,7 @@ class RealtimeSession:
             "output_format": ev.AudioFormat(),
             "voice": "alloy",
             "transcription": None,
-            "turn_detection": ev.ServerVad(type="server_vad") if vad_model is not None else None,
+            "turn_detection": ev.ServerVad() if vad_model is not None else None,
             "tools": [],
             "tool_choice": "auto",
             "temperature": None,
@@ -230,7 +243,7 @@ class RealtimeSession:
                     s["voice"] = o.voice
         if "audio" in s["output_modalities"] and self.model.output(AUDIO) is None:
             raise bad_request(f"The model '{self.model.name}' cannot speak.", param="session.output_modalities")
-        if s["turn_detection"] != self.settings["turn_detection"] or s["input_format"] != self.settings["input_format"]:
+        if any(s[k] != self.settings[k] for k in ("turn_detection", "input_format", "transcription")):
             self._vad = None  # a fresh detector for the new settings, on the next append
         self.settings = s
 
@@ -293,12 +306,12 @@ class RealtimeSession:
             await self._detect(samples)
 
     async def _detect(self, samples: np.ndarray) -> None:
-        vad: ev.ServerVad = self.settings["turn_detection"]
+        vad: ev.TurnDetection = self.settings["turn_detection"]
         if self._vad is None:
             assert self.vad_model is not None
             self._vad = self.vad_model.stream()
             self._decimator = Decimator(3) if self._rate == 24000 else None
-            self._detector = TurnDetector(vad.threshold, vad.silence_duration_ms, WINDOW_MS)
+            self._detector = self._new_detector(vad)
             self._vad_windows = self._ms(self._appended - len(samples)) // WINDOW_MS
         assert self._detector is not None
         x = samples.astype(np.float32) / 32768.0
@@ -308,24 +321,68 @@ class RealtimeSession:
         events = self._detector.push(probs, self._vad_windows * WINDOW_MS)
         self._vad_windows += len(probs)
         for turn in events:
-            if isinstance(turn, SpeechStarted):
-                self._speech_start_ms = turn.audio_start_ms
-                self._idle_from_ms = None
-                self.emit({"type": "input_audio_buffer.speech_started", "audio_start_ms": turn.audio_start_ms,
-                           "item_id": self._pending_item})  # fmt: skip
-                if vad.interrupt_response and self._response is not None:
-                    self.cancel("turn_detected")
-            else:
-                self.emit({"type": "input_audio_buffer.speech_stopped", "audio_end_ms": turn.audio_end_ms,
-                           "item_id": self._pending_item})  # fmt: skip
-                turn_end = time.monotonic()
-                start = max(self._speech_start_ms - vad.prefix_padding_ms, 0)
-                self._commit(start, turn.audio_end_ms)
-                if vad.create_response and self._response is None:
-                    self.respond(ev.ResponseFields(), turn_end=turn_end)
+            self._turn(turn, vad)
         if not self._detector.speaking:  # keep only the prefix padding's worth of quiet audio
-            self._trim(self._ms(self._appended) - vad.prefix_padding_ms)
-            self._check_idle(vad)
+            self._trim(self._ms(self._appended) - _padding_ms(vad))
+            if isinstance(vad, ev.ServerVad):
+                self._check_idle(vad)
+
+    def _new_detector(self, vad: ev.TurnDetection) -> TurnDetector:
+        if isinstance(vad, ev.ServerVad):
+            return TurnDetector(vad.threshold, vad.silence_duration_ms, WINDOW_MS)
+        # what was said is known only where the session transcribes; else silence alone decides
+        scoring = self.settings["transcription"] is not None
+        return SemanticTurnDetector(EAGERNESS[vad.eagerness], 0.5, WINDOW_MS, scoring=scoring)
+
+    def _turn(self, turn: TurnEvent, vad: ev.TurnDetection) -> None:
+        if isinstance(turn, SpeechStarted):
+            self._speech_start_ms = turn.audio_start_ms
+            self._idle_from_ms = None
+            self.emit({"type": "input_audio_buffer.speech_started", "audio_start_ms": turn.audio_start_ms,
+                       "item_id": self._pending_item})  # fmt: skip
+            if vad.interrupt_response and self._response is not None:
+                self.cancel("turn_detected")
+        elif isinstance(turn, Pause):
+            assert isinstance(self._detector, SemanticTurnDetector)
+            start = max(self._speech_start_ms - _padding_ms(vad), 0)
+            self._spawn(self._score_pause(self._detector, self._clip(start, turn.silence_from_ms), turn))
+        else:
+            self.emit({"type": "input_audio_buffer.speech_stopped", "audio_end_ms": turn.audio_end_ms,
+                       "item_id": self._pending_item})  # fmt: skip
+            turn_end = time.monotonic()
+            start = max(self._speech_start_ms - _padding_ms(vad), 0)
+            self._commit(start, turn.audio_end_ms)
+            if vad.create_response and self._response is None:
+                self.respond(ev.ResponseFields(), turn_end=turn_end)
+
+    async def _score_pause(self, detector: SemanticTurnDetector, clip: np.ndarray, pause: Pause) -> None:
+        """semantic_vad's pause: what was said up to it, transcribed, then P(end of turn) by the
+        served model (end_of_turn.py); the detector decides. A failure leaves the pause to its
+        eagerness's unscored window."""
+        p_end: float | None
+        try:
+            said = await self._transcript(wav_bytes(clip, self._rate))
+            p_end = await end_of_turn_probability(self.models, self.model.name, said, timeout=self.timeout)
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # noqa: BLE001 - the turn goes on, ended by silence alone
+            log.warning("realtime: semantic_vad could not score a pause", exc_info=True)
+            p_end = None
+        if detector is not self._detector or self._vad is None:
+            return  # the settings changed meanwhile: a new detector hears the audio
+        for turn in detector.score(pause.silence_from_ms, p_end):
+            self._turn(turn, self.settings["turn_detection"])
+
+    async def _transcript(self, wav: bytes) -> str:
+        t: ev.InputTranscription = self.settings["transcription"]
+        req = TranscriptionRequest(model=self.model.name, file=wav, language=t.language, prompt=t.prompt)
+        run = await transcriptions.transcription(self.models, req, timeout=self.timeout)
+        said: list[str] = []
+        with run.admitted():
+            async with aclosing(run.output.deltas()) as deltas:
+                async for delta in deltas:
+                    said.append(delta.text)
+        return "".join(said)
 
     def _check_idle(self, vad: ev.ServerVad) -> None:
         """idle_timeout_ms of input audio without speech since the last response's audio
@@ -358,6 +415,12 @@ class RealtimeSession:
         self._buffer_start = self._appended
         if self._detector is not None:
             self._detector.reset()
+
+    def _clip(self, start_ms: int, end_ms: int) -> np.ndarray:
+        """The buffer's [start_ms, end_ms) part, what of it is still held."""
+        audio = np.concatenate(self._buffer) if self._buffer else np.zeros(0, np.int16)
+        lo = max(start_ms * self._rate // 1000 - self._buffer_start, 0)
+        return audio[lo : max(end_ms * self._rate // 1000 - self._buffer_start, lo)]
 
     def _commit(self, start_ms: int | None, end_ms: int | None) -> None:
         """The buffer (or its [start_ms, end_ms) part, server VAD's turn) as a user audio item."""
