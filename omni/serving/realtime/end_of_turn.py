@@ -17,14 +17,19 @@ sentence-final marks' (. ? !) among the top 20, each taken as closing the messag
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import re
 from collections.abc import Callable, Sequence
 from contextlib import aclosing
 
+from omni.serving import transcriptions
 from omni.serving.completions import completion
 from omni.serving.model import ModelRegistry
 from omni.serving.requests import parse_completion_request
+from omni.serving.requests.transcriptions import TranscriptionRequest
+
+log = logging.getLogger("omni.serving.realtime")
 
 TOP = 20  # the alternatives read at the end position (the server's default --max-logprobs)
 _NOT_SPOKEN = re.compile(r"[^\w\s'-]+")
@@ -78,3 +83,24 @@ async def end_of_turn_probability(models: ModelRegistry, model_name: str, said: 
     last = generation.prompt_logprobs[-1]
     assert last is not None  # the prompt has more than one token
     return end_probability(last.logprob, last.top, tokenizer.eos_token_ids, lambda t: tokenizer.decode([t]))
+
+
+async def pause_score(
+    models: ModelRegistry, model_name: str, wav: bytes, language: str | None, *, timeout: float | None
+) -> float | None:
+    """A pause's P(end): the speech so far (wav) transcribed as the session transcribes its turns,
+    then scored by the same model. None when either fails: the turn goes on, ended by silence alone."""
+    try:
+        clip = TranscriptionRequest(model=model_name, file=wav, language=language)
+        run = await transcriptions.transcription(models, clip, timeout=timeout)
+        said: list[str] = []
+        with run.admitted():
+            async with aclosing(run.output.deltas()) as deltas:
+                async for delta in deltas:
+                    said.append(delta.text)
+        return await end_of_turn_probability(models, model_name, "".join(said), timeout=timeout)
+    except asyncio.CancelledError:
+        raise
+    except Exception:  # noqa: BLE001 - a pause unscored is a turn that waits, not a session that fails
+        log.warning("realtime: semantic_vad could not score a pause", exc_info=True)
+        return None

@@ -4,10 +4,11 @@ client events one at a time (handle) and emits server events (the emit callback)
 nothing of WebSockets.
 
     session.update            settings replaced field by field (audio by its parts)
-    input_audio_buffer.*      appended audio (bounded); under server VAD each append's audio goes
-                              through Silero on a thread: speech_started (a response playing is
-                              cancelled when interrupt_response), speech_stopped, then the commit
-                              and, with create_response, a response
+    input_audio_buffer.*      appended audio (bounded); under server or semantic VAD (turn_detection.py)
+                              each append's audio goes through Silero on a thread: speech_started (a
+                              response playing is cancelled when interrupt_response), speech_stopped
+                              (semantic: at a pause what was said so far is scored, end_of_turn.py),
+                              then the commit and, with create_response, a response
     conversation.item.*       the items (omni/serving/realtime/conversation.py)
     response.create / cancel  one response at a time (omni/serving/realtime/response.py), run on
                               a task the session owns; the prompt is the whole conversation
@@ -46,17 +47,10 @@ from omni.serving import chat, transcriptions
 from omni.serving.errors import api_error
 from omni.serving.model import ModelRegistry, ServedModel
 from omni.serving.realtime import client_events as ev
+from omni.serving.realtime import end_of_turn
+from omni.serving.realtime import turn_detection as td
 from omni.serving.realtime.conversation import Conversation, Item, new_item_id, not_found, wav_bytes
-from omni.serving.realtime.end_of_turn import end_of_turn_probability
 from omni.serving.realtime.response import Event, ResponseEvents, chat_body, new_response_id
-from omni.serving.realtime.turn_detection import (
-    EAGERNESS,
-    Pause,
-    SemanticTurnDetector,
-    SpeechStarted,
-    TurnDetector,
-    TurnEvent,
-)
 from omni.serving.requests import parse_chat_completion_request
 from omni.serving.requests.transcriptions import TranscriptionRequest
 from omni.shared.media import g711
@@ -65,7 +59,6 @@ from omni.shared.media.errors import MediaError
 
 log = logging.getLogger("omni.serving.realtime")
 MIN_COMMIT_MS = 100  # OpenAI's least: a shorter buffer is an error
-SEMANTIC_PADDING_MS = 300  # semantic_vad's audio kept before the speech (server_vad's default)
 
 
 def overlay(settings: dict[str, Any], fields: ev.SessionFields | ev.ResponseFields) -> dict[str, Any]:
@@ -79,10 +72,6 @@ def overlay(settings: dict[str, Any], fields: ev.SessionFields | ev.ResponseFiel
         if f.name in s and value is not UNSET:
             s[f.name] = value
     return s
-
-
-def _padding_ms(vad: ev.TurnDetection) -> int:
-    return vad.prefix_padding_ms if isinstance(vad, ev.ServerVad) else SEMANTIC_PADDING_MS
 
 
 class RealtimeSession:
@@ -125,7 +114,7 @@ class RealtimeSession:
         self._appended = 0  # samples appended in all
         self._vad: VoiceActivity | None = None
         self._decimator: Decimator | None = None
-        self._detector: TurnDetector | None = None
+        self._detector: td.TurnDetector | None = None
         self._vad_windows = 0
         self._speech_start_ms = 0
         self._pending_item = new_item_id()  # the id the next committed audio gets
@@ -311,7 +300,7 @@ class RealtimeSession:
             assert self.vad_model is not None
             self._vad = self.vad_model.stream()
             self._decimator = Decimator(3) if self._rate == 24000 else None
-            self._detector = self._new_detector(vad)
+            self._detector = td.new_detector(vad, WINDOW_MS, scoring=self.settings["transcription"] is not None)
             self._vad_windows = self._ms(self._appended - len(samples)) // WINDOW_MS
         assert self._detector is not None
         x = samples.astype(np.float32) / 32768.0
@@ -323,66 +312,37 @@ class RealtimeSession:
         for turn in events:
             self._turn(turn, vad)
         if not self._detector.speaking:  # keep only the prefix padding's worth of quiet audio
-            self._trim(self._ms(self._appended) - _padding_ms(vad))
+            self._trim(self._ms(self._appended) - td.padding_ms(vad))
             if isinstance(vad, ev.ServerVad):
                 self._check_idle(vad)
 
-    def _new_detector(self, vad: ev.TurnDetection) -> TurnDetector:
-        if isinstance(vad, ev.ServerVad):
-            return TurnDetector(vad.threshold, vad.silence_duration_ms, WINDOW_MS)
-        # what was said is known only where the session transcribes; else silence alone decides
-        scoring = self.settings["transcription"] is not None
-        return SemanticTurnDetector(EAGERNESS[vad.eagerness], 0.5, WINDOW_MS, scoring=scoring)
-
-    def _turn(self, turn: TurnEvent, vad: ev.TurnDetection) -> None:
-        if isinstance(turn, SpeechStarted):
+    def _turn(self, turn: td.TurnEvent, vad: ev.TurnDetection) -> None:
+        if isinstance(turn, td.SpeechStarted):
             self._speech_start_ms = turn.audio_start_ms
             self._idle_from_ms = None
             self.emit({"type": "input_audio_buffer.speech_started", "audio_start_ms": turn.audio_start_ms,
                        "item_id": self._pending_item})  # fmt: skip
             if vad.interrupt_response and self._response is not None:
                 self.cancel("turn_detected")
-        elif isinstance(turn, Pause):
-            assert isinstance(self._detector, SemanticTurnDetector)
-            start = max(self._speech_start_ms - _padding_ms(vad), 0)
-            self._spawn(self._score_pause(self._detector, self._clip(start, turn.silence_from_ms), turn))
+        elif isinstance(turn, td.Pause):
+            assert isinstance(self._detector, td.SemanticTurnDetector)  # the buffer: the padding, the speech, the pause
+            self._spawn(self._score_pause(self._detector, np.concatenate(self._buffer), turn))
         else:
             self.emit({"type": "input_audio_buffer.speech_stopped", "audio_end_ms": turn.audio_end_ms,
                        "item_id": self._pending_item})  # fmt: skip
             turn_end = time.monotonic()
-            start = max(self._speech_start_ms - _padding_ms(vad), 0)
+            start = max(self._speech_start_ms - td.padding_ms(vad), 0)
             self._commit(start, turn.audio_end_ms)
             if vad.create_response and self._response is None:
                 self.respond(ev.ResponseFields(), turn_end=turn_end)
 
-    async def _score_pause(self, detector: SemanticTurnDetector, clip: np.ndarray, pause: Pause) -> None:
-        """semantic_vad's pause: what was said up to it, transcribed, then P(end of turn) by the
-        served model (end_of_turn.py); the detector decides. A failure leaves the pause to its
-        eagerness's unscored window."""
-        p_end: float | None
-        try:
-            said = await self._transcript(wav_bytes(clip, self._rate))
-            p_end = await end_of_turn_probability(self.models, self.model.name, said, timeout=self.timeout)
-        except asyncio.CancelledError:
-            raise
-        except Exception:  # noqa: BLE001 - the turn goes on, ended by silence alone
-            log.warning("realtime: semantic_vad could not score a pause", exc_info=True)
-            p_end = None
-        if detector is not self._detector or self._vad is None:
-            return  # the settings changed meanwhile: a new detector hears the audio
-        for turn in detector.score(pause.silence_from_ms, p_end):
-            self._turn(turn, self.settings["turn_detection"])
-
-    async def _transcript(self, wav: bytes) -> str:
-        t: ev.InputTranscription = self.settings["transcription"]
-        req = TranscriptionRequest(model=self.model.name, file=wav, language=t.language, prompt=t.prompt)
-        run = await transcriptions.transcription(self.models, req, timeout=self.timeout)
-        said: list[str] = []
-        with run.admitted():
-            async with aclosing(run.output.deltas()) as deltas:
-                async for delta in deltas:
-                    said.append(delta.text)
-        return "".join(said)
+    async def _score_pause(self, detector: td.SemanticTurnDetector, clip: np.ndarray, pause: td.Pause) -> None:
+        """semantic_vad's pause: what was said up to it, scored (end_of_turn.py); the detector decides."""
+        wav, language = wav_bytes(clip, self._rate), self.settings["transcription"].language
+        p_end = await end_of_turn.pause_score(self.models, self.model.name, wav, language, timeout=self.timeout)
+        if detector is self._detector and self._vad is not None:  # else the settings changed meanwhile
+            for turn in detector.score(pause.silence_from_ms, p_end):
+                self._turn(turn, self.settings["turn_detection"])
 
     def _check_idle(self, vad: ev.ServerVad) -> None:
         """idle_timeout_ms of input audio without speech since the last response's audio
@@ -415,12 +375,6 @@ class RealtimeSession:
         self._buffer_start = self._appended
         if self._detector is not None:
             self._detector.reset()
-
-    def _clip(self, start_ms: int, end_ms: int) -> np.ndarray:
-        """The buffer's [start_ms, end_ms) part, what of it is still held."""
-        audio = np.concatenate(self._buffer) if self._buffer else np.zeros(0, np.int16)
-        lo = max(start_ms * self._rate // 1000 - self._buffer_start, 0)
-        return audio[lo : max(end_ms * self._rate // 1000 - self._buffer_start, lo)]
 
     def _commit(self, start_ms: int | None, end_ms: int | None) -> None:
         """The buffer (or its [start_ms, end_ms) part, server VAD's turn) as a user audio item."""

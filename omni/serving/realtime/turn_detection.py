@@ -25,7 +25,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from omni.serving.realtime import client_events as ev
+
 HYSTERESIS = 0.15
+SEMANTIC_PADDING_MS = 300  # semantic_vad's audio kept before the speech (server_vad's default)
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,3 +151,15 @@ class SemanticTurnDetector(TurnDetector):
     def reset(self) -> None:
         super().reset()
         self._pause = None
+
+
+def new_detector(vad: ev.TurnDetection, window_ms: int, *, scoring: bool) -> TurnDetector:
+    """The session's detector for its turn_detection; scoring: semantic_vad's pauses can be scored."""
+    if isinstance(vad, ev.ServerVad):
+        return TurnDetector(vad.threshold, vad.silence_duration_ms, window_ms)
+    return SemanticTurnDetector(EAGERNESS[vad.eagerness], 0.5, window_ms, scoring=scoring)
+
+
+def padding_ms(vad: ev.TurnDetection) -> int:
+    """The audio a turn keeps from before its speech started."""
+    return vad.prefix_padding_ms if isinstance(vad, ev.ServerVad) else SEMANTIC_PADDING_MS

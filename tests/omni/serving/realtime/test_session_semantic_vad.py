@@ -16,7 +16,7 @@ import numpy as np
 import orjson
 import pytest
 
-from omni.serving.realtime import session as session_module
+from omni.serving.realtime import end_of_turn
 from omni.serving.realtime.session import RealtimeSession
 
 WINDOW = 256
@@ -66,22 +66,18 @@ def _turns(events: list[dict[str, Any]]) -> list[tuple[str, int]]:
 
 @pytest.fixture
 def scored(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, str]]:
-    """What each pause scored: the transcribed clip's samples and the text scored; P(end) is 0.9
-    for a finished sentence and 0.01 otherwise."""
+    """What each pause scored: the clip's samples and what it "said"; P(end) is 0.9 for a
+    finished sentence and 0.01 otherwise."""
     asked: list[tuple[int, str]] = []
     said = iter(["what is the capital of", "what is the capital of france"])
 
-    async def transcript(self: RealtimeSession, wav: bytes) -> str:
+    async def pause_score(models: Any, name: str, wav: bytes, language: str | None, *, timeout: float | None) -> float:
+        assert name == "m"
         text = next(said)
         asked.append(((len(wav) - 44) // 2, text))
-        return text
-
-    async def p_end(models: Any, name: str, text: str, *, timeout: float | None) -> float:
-        assert name == "m"
         return 0.9 if text.endswith("france") else 0.01
 
-    monkeypatch.setattr(RealtimeSession, "_transcript", transcript)
-    monkeypatch.setattr(session_module, "end_of_turn_probability", p_end)
+    monkeypatch.setattr(end_of_turn, "pause_score", pause_score)
     return asked
 
 
@@ -94,8 +90,9 @@ async def test_an_unfinished_sentence_waits_through_its_pause_and_a_finished_one
     # the speech goes on at 1536 ms for 512 ms, then pauses again
     await _append(s, (LOUD, 16), (QUIET, 16))
     assert _turns(events) == [("started", 0), ("stopped", 2560)]  # scored at 2368, stopped where the audio stood
-    # each clip scored: from the speech's start (no padding before 0) to where the pause began
-    assert scored == [(1024 * 8, "what is the capital of"), (2048 * 8, "what is the capital of france")]
+    # each clip scored: what the buffer holds, from the speech's start (no padding before 0) to the
+    # end of the append that brought the pause
+    assert scored == [(1536 * 8, "what is the capital of"), (2560 * 8, "what is the capital of france")]
     kinds = [e["type"] for e in events]
     assert kinds.index("input_audio_buffer.committed") == kinds.index("input_audio_buffer.speech_stopped") + 1
     (committed,) = [e for e in events if e["type"] == "input_audio_buffer.committed"]
