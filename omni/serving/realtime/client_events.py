@@ -104,7 +104,7 @@ class SessionFields(Struct, forbid_unknown_fields=True):
     """session.update's session: each field given replaces the session's (audio's by its parts)."""
 
     type: Literal["realtime"] | UnsetType = UNSET
-    model: str | UnsetType = UNSET  # only the connected model's name
+    model: str | UnsetType = UNSET  # only the connected model's name, or an alias of it
     instructions: str | UnsetType = UNSET
     output_modalities: Modalities | UnsetType = UNSET
     audio: SessionAudio | UnsetType = UNSET

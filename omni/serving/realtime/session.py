@@ -205,7 +205,7 @@ class RealtimeSession:
     # ------------------------------------------------------------------ settings
 
     def _update(self, f: ev.SessionFields) -> None:
-        if f.model is not UNSET and f.model != self.model.name:
+        if f.model is not UNSET and f.model not in self.models.names(self.model):  # an alias too (openai-agents')
             raise bad_request(f"The session's model is '{self.model.name}'; it cannot change.", param="session.model")
         s = overlay(self.settings, f)
         if f.audio is not UNSET:
