@@ -61,12 +61,14 @@ class Eagerness:
     unscored_ms: int  # silence that ends a turn that cannot be scored
 
 
-# max_ms are OpenAI's; check_ms and threshold are bench/semantic_vad.py's (docs/REALTIME.md), the
-# unscored windows lie between server VAD's 500 ms default and the speech's longest usual pauses.
+# max_ms are OpenAI's. threshold: SmolLM2-135M-Instruct gives the unfinished starts of
+# bench/semantic_vad.py's sentences P(end) < 1e-5 and the finished sentences 0.03 to 0.92, so
+# a likely end is one of a few per cent (docs/REALTIME.md); the unscored windows lie between
+# server VAD's 500 ms and the longer pauses of unhurried speech.
 EAGERNESS = {
-    "high": Eagerness(check_ms=250, threshold=0.1, max_ms=2000, unscored_ms=600),
-    "medium": Eagerness(check_ms=300, threshold=0.2, max_ms=4000, unscored_ms=1000),
-    "low": Eagerness(check_ms=400, threshold=0.4, max_ms=8000, unscored_ms=1500),
+    "high": Eagerness(check_ms=200, threshold=0.01, max_ms=2000, unscored_ms=600),
+    "medium": Eagerness(check_ms=300, threshold=0.02, max_ms=4000, unscored_ms=1000),
+    "low": Eagerness(check_ms=500, threshold=0.05, max_ms=8000, unscored_ms=1500),
 }
 EAGERNESS["auto"] = EAGERNESS["medium"]
 

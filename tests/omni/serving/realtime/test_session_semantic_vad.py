@@ -67,7 +67,7 @@ def _turns(events: list[dict[str, Any]]) -> list[tuple[str, int]]:
 @pytest.fixture
 def scored(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, str]]:
     """What each pause scored: the clip's samples and what it "said"; P(end) is 0.9 for a
-    finished sentence and 0.01 otherwise."""
+    finished sentence and 0 otherwise."""
     asked: list[tuple[int, str]] = []
     said = iter(["what is the capital of", "what is the capital of france"])
 
@@ -75,7 +75,7 @@ def scored(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, str]]:
         assert name == "m"
         text = next(said)
         asked.append(((len(wav) - 44) // 2, text))
-        return 0.9 if text.endswith("france") else 0.01
+        return 0.9 if text.endswith("france") else 0.0
 
     monkeypatch.setattr(end_of_turn, "pause_score", pause_score)
     return asked
