@@ -65,8 +65,8 @@ class PromptLogprobsPool(FakePool):
     def submit(self, request: Request, constraint: object = None) -> PromptLogprobsStream:
         stream = super().submit(request, constraint)
         n = len(request.prompt_token_ids)
-        tops = [[] for _ in range(n - 2)] + [[t for t, _ in self.top]]
-        top_logprobs = [[] for _ in range(n - 2)] + [[lp for _, lp in self.top]]
+        tops: list[list[int]] = [[] for _ in range(n - 2)] + [[t for t, _ in self.top]]
+        top_logprobs: list[list[float]] = [[] for _ in range(n - 2)] + [[lp for _, lp in self.top]]
         part = protocol.PromptLogprobs(str(request.request_id), 1, [0.0] * (n - 2) + [self.end], [1] * (n - 1),
                                        tops, top_logprobs)  # fmt: skip
         return PromptLogprobsStream(stream.request, stream.events, [part])
