@@ -337,12 +337,13 @@ class RealtimeSession:
                 self.respond(ev.ResponseFields(), turn_end=turn_end)
 
     async def _score_pause(self, detector: td.SemanticTurnDetector, clip: np.ndarray, pause: td.Pause) -> None:
-        """semantic_vad's pause: what was said up to it, scored (end_of_turn.py); the detector decides."""
         wav, language = wav_bytes(clip, self._rate), self.settings["transcription"].language
         p_end = await end_of_turn.pause_score(self.models, self.model.name, wav, language, timeout=self.timeout)
-        if detector is self._detector and self._vad is not None:  # else the settings changed meanwhile
-            for turn in detector.score(pause.silence_from_ms, p_end):
+        try:  # the detector decides (unless the settings changed meanwhile); its commit may be refused
+            for turn in detector.score(pause.silence_from_ms, p_end) if detector is self._detector and self._vad else ():
                 self._turn(turn, self.settings["turn_detection"])
+        except APIError as exc:  # as in _detect: an `error` event, and the session goes on
+            self.error(exc, None, None)
 
     def _check_idle(self, vad: ev.ServerVad) -> None:
         """idle_timeout_ms of input audio without speech since the last response's audio

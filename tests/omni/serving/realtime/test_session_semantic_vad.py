@@ -126,3 +126,28 @@ async def test_the_session_shows_semantic_vad_as_given() -> None:
     assert updated["session"]["audio"]["input"]["turn_detection"] == {
         "type": "semantic_vad", "eagerness": "low", "create_response": True, "interrupt_response": False,
     }  # fmt: skip
+
+
+async def test_a_turn_the_client_committed_while_its_pause_was_scored_gets_an_error_and_the_session_goes_on(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    gate = asyncio.Event()
+
+    async def pause_score(models: Any, name: str, wav: bytes, language: str | None, *, timeout: float | None) -> float:
+        await gate.wait()
+        return 0.9
+
+    monkeypatch.setattr(end_of_turn, "pause_score", pause_score)
+    events: list[dict[str, Any]] = []
+    s = await _start(events, {"type": "semantic_vad", "create_response": False}, True)
+    audio = bytes([LOUD]) * (32 * WINDOW) + bytes([QUIET]) * (16 * WINDOW)
+    await s.handle(orjson.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(audio).decode()}))
+    await s.handle(orjson.dumps({"type": "input_audio_buffer.commit"}))  # all of it, while the pause is scored
+    gate.set()
+    await asyncio.gather(*s._tasks)
+    assert _turns(events) == [("started", 0), ("stopped", 1536)]
+    (error,) = [e["error"] for e in events if e["type"] == "error"]
+    assert error["code"] == "input_audio_buffer_commit_empty"
+    assert len([e for e in events if e["type"] == "input_audio_buffer.committed"]) == 1  # the client's
+    await _append(s, (LOUD, 16), (QUIET, 16))  # the next turn is heard
+    assert _turns(events)[2:] == [("started", 1536), ("stopped", 2560)]
