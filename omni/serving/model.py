@@ -78,6 +78,10 @@ class ModelRegistry:
             raise model_not_found(name)
         return model
 
+    def names(self, model: ServedModel) -> list[str]:
+        """The names clients may send for model: its own, then its aliases."""
+        return [model.name, *(alias for alias, m in self._aliases.items() if m is model)]
+
     def capable(self, name: str | None, able: Callable[[ServedModel], bool], *, lacks: str, does: tuple[str, str]) -> ServedModel:
         """The named model, which must be able (else a 400: it `lacks`), or the only served model
         that is; does: what able models do, said of one and of several ("draws images", "draw images")."""

@@ -35,14 +35,25 @@ class AudioFormat(Struct, forbid_unknown_fields=True):
         return {"type": self.type, "rate": 24000} if self.type == "audio/pcm" else {"type": self.type}
 
 
-class ServerVad(Struct, forbid_unknown_fields=True):
-    type: Literal["server_vad"]
+class ServerVad(Struct, tag_field="type", tag="server_vad", forbid_unknown_fields=True):
     threshold: Annotated[float, Meta(ge=0.0, le=1.0)] = 0.5
     prefix_padding_ms: Annotated[int, Meta(ge=0, le=5000)] = 300
     silence_duration_ms: Annotated[int, Meta(ge=0, le=10000)] = 500
     create_response: bool = True
     interrupt_response: bool = True
     idle_timeout_ms: Annotated[int, Meta(ge=1000, le=600000)] | None = None
+
+
+class SemanticVad(Struct, tag_field="type", tag="semantic_vad", forbid_unknown_fields=True):
+    """The end of a turn from what was said as well as from silence (turn_detection.py's
+    SemanticTurnDetector): auto is medium, as OpenAI has it."""
+
+    eagerness: Literal["low", "medium", "high", "auto"] = "auto"
+    create_response: bool = True
+    interrupt_response: bool = True
+
+
+TurnDetection = ServerVad | SemanticVad
 
 
 class InputTranscription(Struct, forbid_unknown_fields=True):
@@ -54,7 +65,7 @@ class InputTranscription(Struct, forbid_unknown_fields=True):
 class AudioInput(Struct, forbid_unknown_fields=True):
     format: AudioFormat | UnsetType = UNSET
     transcription: InputTranscription | None | UnsetType = UNSET
-    turn_detection: ServerVad | None | UnsetType = UNSET
+    turn_detection: TurnDetection | None | UnsetType = UNSET
     noise_reduction: None | UnsetType = UNSET  # only off: the model hears what is sent
 
 
@@ -93,7 +104,7 @@ class SessionFields(Struct, forbid_unknown_fields=True):
     """session.update's session: each field given replaces the session's (audio's by its parts)."""
 
     type: Literal["realtime"] | UnsetType = UNSET
-    model: str | UnsetType = UNSET  # only the connected model's name
+    model: str | UnsetType = UNSET  # only the connected model's name, or an alias of it
     instructions: str | UnsetType = UNSET
     output_modalities: Modalities | UnsetType = UNSET
     audio: SessionAudio | UnsetType = UNSET

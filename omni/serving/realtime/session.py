@@ -4,10 +4,11 @@ client events one at a time (handle) and emits server events (the emit callback)
 nothing of WebSockets.
 
     session.update            settings replaced field by field (audio by its parts)
-    input_audio_buffer.*      appended audio (bounded); under server VAD each append's audio goes
-                              through Silero on a thread: speech_started (a response playing is
-                              cancelled when interrupt_response), speech_stopped, then the commit
-                              and, with create_response, a response
+    input_audio_buffer.*      appended audio (bounded); under server or semantic VAD (turn_detection.py)
+                              each append's audio goes through Silero on a thread: speech_started (a
+                              response playing is cancelled when interrupt_response), speech_stopped
+                              (semantic: at a pause what was said so far is scored, end_of_turn.py),
+                              then the commit and, with create_response, a response
     conversation.item.*       the items (omni/serving/realtime/conversation.py)
     response.create / cancel  one response at a time (omni/serving/realtime/response.py), run on
                               a task the session owns; the prompt is the whole conversation
@@ -46,9 +47,10 @@ from omni.serving import chat, transcriptions
 from omni.serving.errors import api_error
 from omni.serving.model import ModelRegistry, ServedModel
 from omni.serving.realtime import client_events as ev
+from omni.serving.realtime import end_of_turn
+from omni.serving.realtime import turn_detection as td
 from omni.serving.realtime.conversation import Conversation, Item, new_item_id, not_found, wav_bytes
 from omni.serving.realtime.response import Event, ResponseEvents, chat_body, new_response_id
-from omni.serving.realtime.turn_detection import SpeechStarted, TurnDetector
 from omni.serving.requests import parse_chat_completion_request
 from omni.serving.requests.transcriptions import TranscriptionRequest
 from omni.serving.sampling import request_priority
@@ -96,7 +98,7 @@ class RealtimeSession:
             "output_format": ev.AudioFormat(),
             "voice": "alloy",
             "transcription": None,
-            "turn_detection": ev.ServerVad(type="server_vad") if vad_model is not None else None,
+            "turn_detection": ev.ServerVad() if vad_model is not None else None,
             "tools": [],
             "tool_choice": "auto",
             "temperature": None,
@@ -113,7 +115,7 @@ class RealtimeSession:
         self._appended = 0  # samples appended in all
         self._vad: VoiceActivity | None = None
         self._decimator: Decimator | None = None
-        self._detector: TurnDetector | None = None
+        self._detector: td.TurnDetector | None = None
         self._vad_windows = 0
         self._speech_start_ms = 0
         self._pending_item = new_item_id()  # the id the next committed audio gets
@@ -204,7 +206,7 @@ class RealtimeSession:
     # ------------------------------------------------------------------ settings
 
     def _update(self, f: ev.SessionFields) -> None:
-        if f.model is not UNSET and f.model != self.model.name:
+        if f.model is not UNSET and f.model not in self.models.names(self.model):  # an alias too (openai-agents')
             raise bad_request(f"The session's model is '{self.model.name}'; it cannot change.", param="session.model")
         s = overlay(self.settings, f)
         if f.audio is not UNSET:
@@ -231,7 +233,7 @@ class RealtimeSession:
                     s["voice"] = o.voice
         if "audio" in s["output_modalities"] and self.model.output(AUDIO) is None:
             raise bad_request(f"The model '{self.model.name}' cannot speak.", param="session.output_modalities")
-        if s["turn_detection"] != self.settings["turn_detection"] or s["input_format"] != self.settings["input_format"]:
+        if any(s[k] != self.settings[k] for k in ("turn_detection", "input_format", "transcription")):
             self._vad = None  # a fresh detector for the new settings, on the next append
         self.settings = s
 
@@ -294,12 +296,12 @@ class RealtimeSession:
             await self._detect(samples)
 
     async def _detect(self, samples: np.ndarray) -> None:
-        vad: ev.ServerVad = self.settings["turn_detection"]
+        vad: ev.TurnDetection = self.settings["turn_detection"]
         if self._vad is None:
             assert self.vad_model is not None
             self._vad = self.vad_model.stream()
             self._decimator = Decimator(3) if self._rate == 24000 else None
-            self._detector = TurnDetector(vad.threshold, vad.silence_duration_ms, WINDOW_MS)
+            self._detector = td.new_detector(vad, WINDOW_MS, scoring=self.settings["transcription"] is not None)
             self._vad_windows = self._ms(self._appended - len(samples)) // WINDOW_MS
         assert self._detector is not None
         x = samples.astype(np.float32) / 32768.0
@@ -309,24 +311,40 @@ class RealtimeSession:
         events = self._detector.push(probs, self._vad_windows * WINDOW_MS)
         self._vad_windows += len(probs)
         for turn in events:
-            if isinstance(turn, SpeechStarted):
-                self._speech_start_ms = turn.audio_start_ms
-                self._idle_from_ms = None
-                self.emit({"type": "input_audio_buffer.speech_started", "audio_start_ms": turn.audio_start_ms,
-                           "item_id": self._pending_item})  # fmt: skip
-                if vad.interrupt_response and self._response is not None:
-                    self.cancel("turn_detected")
-            else:
-                self.emit({"type": "input_audio_buffer.speech_stopped", "audio_end_ms": turn.audio_end_ms,
-                           "item_id": self._pending_item})  # fmt: skip
-                turn_end = time.monotonic()
-                start = max(self._speech_start_ms - vad.prefix_padding_ms, 0)
-                self._commit(start, turn.audio_end_ms)
-                if vad.create_response and self._response is None:
-                    self.respond(ev.ResponseFields(), turn_end=turn_end)
+            self._turn(turn, vad)
         if not self._detector.speaking:  # keep only the prefix padding's worth of quiet audio
-            self._trim(self._ms(self._appended) - vad.prefix_padding_ms)
-            self._check_idle(vad)
+            self._trim(self._ms(self._appended) - td.padding_ms(vad))
+            if isinstance(vad, ev.ServerVad):
+                self._check_idle(vad)
+
+    def _turn(self, turn: td.TurnEvent, vad: ev.TurnDetection) -> None:
+        if isinstance(turn, td.SpeechStarted):
+            self._speech_start_ms = turn.audio_start_ms
+            self._idle_from_ms = None
+            self.emit({"type": "input_audio_buffer.speech_started", "audio_start_ms": turn.audio_start_ms,
+                       "item_id": self._pending_item})  # fmt: skip
+            if vad.interrupt_response and self._response is not None:
+                self.cancel("turn_detected")
+        elif isinstance(turn, td.Pause):
+            assert isinstance(self._detector, td.SemanticTurnDetector)  # the buffer: the padding, the speech, the pause
+            self._spawn(self._score_pause(self._detector, np.concatenate(self._buffer), turn))
+        else:
+            self.emit({"type": "input_audio_buffer.speech_stopped", "audio_end_ms": turn.audio_end_ms,
+                       "item_id": self._pending_item})  # fmt: skip
+            turn_end = time.monotonic()
+            start = max(self._speech_start_ms - td.padding_ms(vad), 0)
+            self._commit(start, turn.audio_end_ms)
+            if vad.create_response and self._response is None:
+                self.respond(ev.ResponseFields(), turn_end=turn_end)
+
+    async def _score_pause(self, detector: td.SemanticTurnDetector, clip: np.ndarray, pause: td.Pause) -> None:
+        wav, language = wav_bytes(clip, self._rate), self.settings["transcription"].language
+        p_end = await end_of_turn.pause_score(self.models, self.model.name, wav, language, timeout=self.timeout)
+        try:  # the detector decides (unless the settings changed meanwhile); its commit may be refused
+            for turn in detector.score(pause.silence_from_ms, p_end) if detector is self._detector and self._vad else ():
+                self._turn(turn, self.settings["turn_detection"])
+        except APIError as exc:  # as in _detect: an `error` event, and the session goes on
+            self.error(exc, None, None)
 
     def _check_idle(self, vad: ev.ServerVad) -> None:
         """idle_timeout_ms of input audio without speech since the last response's audio

@@ -17,7 +17,7 @@ from omni.metrics import Metrics
 from omni.modalities.inputs.pipeline import MediaPipeline
 from omni.modalities.outputs.audio import AUDIO, ModelAudio
 from omni.modalities.outputs.image import IMAGE, ModelImages
-from omni.serving.model import ServedModel
+from omni.serving.model import ModelRegistry, ServedModel
 from omni.shared.store.base import ArtifactStore
 from omni.text.constrained.audio_span import AudioSpanFormat
 from omni.text.constrained.image_span import ImageSpanFormat
@@ -49,3 +49,12 @@ def test_workers_are_the_encoder_the_output_decoders_then_the_llm_workers(tiny_t
 def test_only_the_llm_worker_sizes_itself_from_free_memory() -> None:
     assert LLMEngine.sizes_from_free_memory
     assert not any(w.sizes_from_free_memory for w in (EncoderEngine, VisionDecoderEngine, AudioDecoderEngine))
+
+
+def test_a_model_is_known_by_its_name_and_aliases_and_no_other_model_s() -> None:
+    one, other = cast(ServedModel, SimpleNamespace(name="omni")), cast(ServedModel, SimpleNamespace(name="text"))
+    registry = ModelRegistry()
+    registry.add(one, ("gpt-realtime", "voice"))
+    registry.add(other, ("t",))
+    assert registry.names(one) == ["omni", "gpt-realtime", "voice"]
+    assert registry.names(other) == ["text", "t"]

@@ -33,3 +33,32 @@ def test_not_json_is_an_error_too() -> None:
     with pytest.raises(ev.EventError) as e:
         ev.parse_event(b"{")
     assert e.value.error.code == "invalid_json"
+
+
+def _turn_detection(value: object) -> object:
+    e = ev.parse_event(orjson.dumps({"type": "session.update", "session": {"audio": {"input": {"turn_detection": value}}}}))
+    assert isinstance(e, ev.SessionUpdate)
+    return e.session.audio.input.turn_detection  # type: ignore[union-attr]
+
+
+def test_turn_detection_is_server_or_semantic_vad_by_its_type() -> None:
+    assert _turn_detection({"type": "server_vad", "silence_duration_ms": 400}) == ev.ServerVad(silence_duration_ms=400)
+    # openai-agents' RealtimeRunner sends this by default
+    assert _turn_detection({"type": "semantic_vad", "interrupt_response": True}) == ev.SemanticVad(eagerness="auto")
+    assert _turn_detection({"type": "semantic_vad", "eagerness": "low", "create_response": False}) == ev.SemanticVad(
+        eagerness="low", create_response=False
+    )
+
+
+@pytest.mark.parametrize(
+    ("value", "param", "words"),
+    [
+        ({"type": "vad"}, "session.audio.input.turn_detection.type", "'vad'"),
+        ({"type": "semantic_vad", "eagerness": "eager"}, "session.audio.input.turn_detection.eagerness", "'eager'"),
+        ({"type": "semantic_vad", "silence_duration_ms": 500}, "session.audio.input.turn_detection.silence_duration_ms", ""),
+    ],
+)
+def test_bad_turn_detection_names_its_field(value: dict[str, object], param: str, words: str) -> None:
+    with pytest.raises(ev.EventError) as e:
+        _turn_detection(value)
+    assert e.value.error.param == param and words in e.value.error.message, e.value.error.message
