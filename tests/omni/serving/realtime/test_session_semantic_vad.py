@@ -16,6 +16,7 @@ import numpy as np
 import orjson
 import pytest
 
+from omni.config import LLMConfig
 from omni.serving.realtime import end_of_turn
 from omni.serving.realtime.session import RealtimeSession
 
@@ -35,7 +36,8 @@ class ScriptedStream:
 
 
 async def _start(events: list[dict[str, Any]], turn_detection: dict[str, Any], transcribe: bool) -> RealtimeSession:
-    model = SimpleNamespace(name="m", output=lambda kind: None)
+    pool = SimpleNamespace(config=SimpleNamespace(llm=LLMConfig()))
+    model = SimpleNamespace(name="m", output=lambda kind: None, pool=pool)
     vad_model = SimpleNamespace(stream=ScriptedStream)
     s = RealtimeSession(cast(Any, None), cast(Any, model), events.append, vad_model=cast(Any, vad_model),
                         max_buffer_seconds=30.0)  # fmt: skip
