@@ -22,7 +22,7 @@ import base64
 import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -124,6 +124,7 @@ class ResponseEvents:
         self.on_first_audio = on_first_audio
         self.response = response
         self.parser: ChoiceParser | None = None  # the turn's (its tools, its reasoning), once it is prepared
+        self.num_media_tokens: Mapping[str, int] = {}  # the prompt's, by kind, once it is prepared
         self.conversation = conversation
         self.audio = audio
         self.audio_out = AudioOut(audio_format)
@@ -165,11 +166,18 @@ class ResponseEvents:
                 "total_tokens": usage.prompt_tokens + usage.completion_tokens,
                 "input_tokens": usage.prompt_tokens,
                 "output_tokens": usage.completion_tokens,
-                "input_token_details": {"cached_tokens": usage.cached_tokens},
+                "input_token_details": self._input_details(usage),
                 "output_token_details": {"audio_tokens": audio_tokens,
                                          "text_tokens": max(usage.completion_tokens - audio_tokens, 0)},  # fmt: skip
             }
         self.emit({"type": "response.done", "response": self.response})
+
+    def _input_details(self, usage: Usage) -> dict[str, int]:
+        """The prompt's tokens by modality: images and audio as their items expanded (embedding
+        rows and codes alike), text the rest; cached, the prefix cache's share of them all."""
+        image, audio = self.num_media_tokens.get("image", 0), self.num_media_tokens.get("audio", 0)
+        return {"cached_tokens": usage.cached_tokens, "text_tokens": max(usage.prompt_tokens - image - audio, 0),
+                "image_tokens": image, "audio_tokens": audio}  # fmt: skip
 
     # ---------------------------------------------------------------- items
 

@@ -287,6 +287,8 @@ async def test_expand_splices_rows_and_codes_and_spans_point_at_the_pad_runs(
     }
     expected = [t for token in rendered for t in replace.get(token, [token])]
     assert prompt.token_ids == expected
+    # what each kind stands for in the prompt: its rows and its codes
+    assert prompt.num_media_tokens == {"image": image_rows + len(vision_ids), "audio": audio_rows + len(unit_ids)}
 
     image_at, audio_at = expected.index(pad["IMAGE_PAD"]), expected.index(pad["AUDIO_PAD"])
     assert prompt.media == (

@@ -133,7 +133,7 @@ async def test_a_turn_whose_second_call_was_cut_is_answered_after_the_tools_outp
 
         output = SimpleNamespace(deltas=stream, usage=Usage(5, len(deltas), 0))
         fmt = OutputFormat(tool_parser="hermes", tools=(ToolFunction("weather"),))
-        return SimpleNamespace(output_format=fmt, outputs=[output], admitted=contextlib.nullcontext)
+        return SimpleNamespace(output_format=fmt, outputs=[output], admitted=contextlib.nullcontext, num_media_tokens={})
 
     monkeypatch.setattr(serving_chat, "chat", chat)
     events: list[dict[str, Any]] = []
