@@ -31,8 +31,10 @@ from msgspec import UNSET
 
 from omni.engines.generation import Delta, Usage
 from omni.modalities.outputs.audio import AUDIO
+from omni.serving.model import ServedModel
 from omni.serving.realtime import client_events as ev
 from omni.serving.realtime.conversation import Conversation, Item, new_item_id
+from omni.serving.requests import ChatCompletionRequest, parse_chat_completion_request
 from omni.shared.media import g711
 from omni.shared.media.audio_encoding import float_to_pcm16
 from omni.shared.media.decimator import Decimator
@@ -78,6 +80,11 @@ def chat_body(model_name: str, model_speaks: bool, s: dict[str, Any], messages: 
         body["tool_choice"] = choice if isinstance(choice, str) else {"type": "function", "function": {"name": choice.name}}
         body["parallel_tool_calls"] = s["parallel_tool_calls"]
     return body
+
+
+def chat_request(model: ServedModel, s: dict[str, Any], messages: list[dict[str, Any]]) -> ChatCompletionRequest:
+    """chat_body's request, parsed as POST /v1/chat/completions parses one."""
+    return parse_chat_completion_request(chat_body(model.name, model.output(AUDIO) is not None, s, messages))
 
 
 def _function(tool: ev.FunctionTool) -> dict[str, Any]:

@@ -27,10 +27,11 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import functools
 import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from contextlib import aclosing
 from typing import Any
 
@@ -45,13 +46,13 @@ from omni.modalities.outputs.audio import AUDIO
 from omni.serving import transcriptions
 from omni.serving.errors import api_error
 from omni.serving.model import ModelRegistry, ServedModel
+from omni.serving.prepared import Completion
 from omni.serving.realtime import client_events as ev
 from omni.serving.realtime.conversation import Conversation, Item, new_item_id, not_found, wav_bytes
 from omni.serving.realtime.input_image import item_images
-from omni.serving.realtime.response import Event, ResponseEvents, chat_body, new_response_id
-from omni.serving.realtime.truncation import Request, fitted_chat, without_oldest
+from omni.serving.realtime.response import Event, ResponseEvents, chat_request, new_response_id
+from omni.serving.realtime.truncation import Truncation
 from omni.serving.realtime.turn_detection import SpeechStarted, TurnDetector
-from omni.serving.requests import ChatCompletionRequest, parse_chat_completion_request
 from omni.serving.requests.transcriptions import TranscriptionRequest
 from omni.shared.media import g711
 from omni.shared.media.decimator import Decimator
@@ -483,12 +484,8 @@ class RealtimeSession:
         if fields.input is not UNSET:
             items = [self._reference(x, i) for i, x in enumerate(fields.input)]
         messages = self.conversation.messages(items)
-
-        def request(n: int) -> ChatCompletionRequest:  # without the oldest n messages (truncation.py)
-            body = chat_body(self.model.name, self.model.output(AUDIO) is not None, s, without_oldest(messages, n))
-            return parse_chat_completion_request(body)
-
-        request(0)  # a request the conversation cannot make is this event's error
+        request = functools.partial(chat_request, self.model, s)  # of all messages, or truncation.py's fewer
+        request(messages)  # a request the conversation cannot make is this event's error
         response = {
             "id": new_response_id(), "object": "realtime.response", "status": "in_progress", "status_details": None,
             "output": [], "conversation_id": None if out_of_band else f"conv_{self.id[5:]}",
@@ -503,7 +500,9 @@ class RealtimeSession:
         self._idle_from_ms = self._first_audio_ms = None
         if speaks:
             self._spoken = asyncio.Event()
-        task = asyncio.create_task(self._run(request, len(messages), s["truncation"] == "auto", events, event_id))
+        truncation = Truncation.of(s["truncation"], self.model)
+        prepare = functools.partial(truncation.chat, self.models, messages, request, timeout=self.timeout)
+        task = asyncio.create_task(self._run(prepare, events, event_id))
         task.add_done_callback(lambda done: self._never_ran(events, done))
         self._response = (events, task)
         self.num_responses += 1
@@ -557,12 +556,12 @@ class RealtimeSession:
         self._idle_from_ms = end_ms
 
     async def _run(
-        self, request: Request, num_messages: int, auto: bool, events: ResponseEvents, event_id: str | None
+        self, prepare: Callable[[], Awaitable[Completion]], events: ResponseEvents, event_id: str | None
     ) -> None:
         finish: str | None = None
         usage = None
         try:
-            completion = await fitted_chat(self.models, request, num_messages, auto=auto, timeout=self.timeout)
+            completion = await prepare()  # chat's turn of the conversation (truncation.py)
             events.parser = completion.output_format.new_parser()
             events.num_media_tokens = completion.num_media_tokens
             output = completion.outputs[0]
