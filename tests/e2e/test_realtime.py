@@ -225,6 +225,44 @@ async def test_a_bad_image_is_an_error_naming_the_part_and_the_session_goes_on(s
         assert done["response"]["usage"]["input_token_details"]["image_tokens"] > 0
 
 
+async def test_truncation_counts_images_against_the_context_and_the_media_cap(
+    server: str, says_yes: dict[str, float], omni_dir: Path
+) -> None:
+    """A long text item, then 12 images: over the 2048-token context only with the images
+    counted. truncation disabled: the response fails with the context error; auto: it answers
+    without the text, every image kept. 5 images more pass the 16-item media cap: auto keeps the
+    last 16."""
+    per_image = image_rows(omni_dir, 64, 64) + NUM_IMAGE_CODES
+    words = httpx.post(f"{server}/tokenize", json={"model": MODEL, "prompt": " yes" * 400, "add_special_tokens": False},
+                       timeout=120).json()["count"]  # fmt: skip
+    long_text = " yes" * (400 * 1300 // words)  # about 1300 tokens: it fits alone, and so do the images
+    assert 1300 + 12 * per_image > 2048 > 12 * per_image + 100
+    async with _connect(server) as conn:
+        seen: list[dict[str, Any]] = []
+        await _manual(conn, says_yes, output_modalities=["text"], truncation="disabled", max_output_tokens=4)
+        await conn.send(_image_item({"type": "input_text", "text": long_text}))
+        for i in range(12):
+            await conn.send(_image_item({"type": "input_image", "image_url": png_url(64, 64, seed=100 + i)}))
+        await conn.send({"type": "response.create", "event_id": "whole"})
+        failed = await _until(conn, "response.done", seen)
+        error = next(e["error"] for e in seen if e["type"] == "error")
+        assert failed["response"]["status"] == "failed" and (error["event_id"], error["code"]) == ("whole", "context_length_exceeded")
+        await conn.send({"type": "session.update", "session": {"type": "realtime", "truncation": "auto"}})
+        await conn.send({"type": "response.create"})
+        seen.clear()
+        done = await _until(conn, "response.done", seen)
+        usage = done["response"]["usage"]
+        assert done["response"]["status"] in ("completed", "incomplete") and "error" not in _types(seen), seen
+        assert usage["input_token_details"]["image_tokens"] == 12 * per_image and usage["input_tokens"] < 2048 - 4
+        for i in range(5):
+            await conn.send(_image_item({"type": "input_image", "image_url": png_url(64, 64, seed=200 + i)}))
+        await conn.send({"type": "response.create"})
+        seen.clear()
+        done = await _until(conn, "response.done", seen)
+        assert done["response"]["status"] in ("completed", "incomplete") and "error" not in _types(seen), seen
+        assert done["response"]["usage"]["input_token_details"]["image_tokens"] == 16 * per_image
+
+
 def _weather_tool(max_length: int) -> dict[str, Any]:
     return {"type": "function", "name": "get_weather", "description": "The weather in a city.",
             "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": max_length}},
