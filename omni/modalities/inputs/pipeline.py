@@ -130,6 +130,15 @@ class MediaPipeline:
         out.extend(token_ids[start:])
         return PromptInputs(out, tuple(spans), counts)
 
+    async def encode_ahead(self, item: MediaItem) -> None:
+        """Encode item now with each of its kind's components, as a prompt holding it will be
+        (a realtime image is shown before the turn that asks about it): that prompt then finds
+        it in the cache, or joins the encode under way. An error is left to that prompt."""
+        if not self.ready:
+            return
+        placeholders = [p for p in self.placeholders.of_kind(item.kind) if p.component in self.encoder.components]
+        await asyncio.gather(*(self._encoded(item, p) for p in placeholders), return_exceptions=True)
+
     def _key(self, item: MediaItem, component: str) -> str:
         digest = item.digest or content_hash(item.data, items.decode_params(item.kind, self.limits))
         return encoder_key_for(component, self.revisions[component], digest)

@@ -6,7 +6,9 @@ there, naming the part (item.content[i].image_url), and the item is not added.
 
 What the conversation keeps is the image as a data URL of the loaded bytes: every turn renders
 the same bytes (a remote URL is fetched once), so chat's MediaPipeline finds them in its
-encoder cache and the prefix cache holds the turns before.
+encoder cache and the prefix cache holds the turns before. The encoder starts on them at once
+(encode_ahead): a user shows an image and then speaks, and the turn's prefill does not wait
+for the encoder.
 """
 
 from __future__ import annotations
@@ -14,11 +16,12 @@ from __future__ import annotations
 import asyncio
 import base64
 import io
+from dataclasses import dataclass
 
 from PIL import Image
 
 from omni.errors import APIError, bad_request, internal_error
-from omni.modalities.inputs.items import MediaRef, load_items
+from omni.modalities.inputs.items import MediaItem, MediaRef, load_items
 from omni.modalities.inputs.placeholders import PLACEHOLDERS
 from omni.serving.errors import api_error
 from omni.serving.model import ServedModel
@@ -30,12 +33,18 @@ from omni.shared.media.image import decode_image
 IMAGE_COMPONENTS = frozenset(p.component for p in PLACEHOLDERS.values() if p.kind == "image")
 
 
-async def item_images(model: ServedModel, item_id: str, item: ev.Item) -> dict[int, str]:
-    """A user message's input_image parts loaded and checked, as data URLs by content index; a
-    bad one is an error naming the item and the part."""
+@dataclass(frozen=True, slots=True)
+class LoadedImage:
+    url: str  # what the conversation renders: a data URL of the bytes
+    item: MediaItem  # the bytes as chat's turn will load them (its content hash, its param)
+
+
+async def item_images(model: ServedModel, item_id: str, item: ev.Item) -> dict[int, LoadedImage]:
+    """A user message's input_image parts loaded and checked, by content index; a bad one is an
+    error naming the item and the part."""
     if not isinstance(item, ev.MessageItem):
         return {}
-    images: dict[int, str] = {}
+    images: dict[int, LoadedImage] = {}
     for i, part in enumerate(item.content):
         if not isinstance(part, ev.InputImage):
             continue
@@ -56,8 +65,8 @@ def data_url_mime(url: str) -> str | None:
     return url[5:].partition(",")[0].split(";")[0].strip().lower()
 
 
-async def load_input_image(model: ServedModel, url: str, param: str) -> str:
-    """The image at url, checked, as the data URL the conversation renders."""
+async def load_input_image(model: ServedModel, url: str, param: str) -> LoadedImage:
+    """The image at url, checked."""
     media = model.media
     if media is None or not IMAGE_COMPONENTS & media.encoder.components:
         raise bad_request(f"The model '{model.name}' does not accept image input.", param=param,
@@ -69,9 +78,16 @@ async def load_input_image(model: ServedModel, url: str, param: str) -> str:
     if item.kind != "image":  # chat reads a video sent as image_url; an input_image is an image
         raise MediaError(f"The data in {param} is a {item.kind}, not an image.", param=param)
     fmt = await asyncio.to_thread(_image_format, item.data, media.limits, param)
-    if mime is not None:
-        return url  # the client's own bytes, as they came
-    return f"data:image/{fmt};base64,{base64.b64encode(item.data).decode()}"
+    if mime is None:  # fetched: the bytes from now on (a data URL is kept as it came)
+        url = f"data:image/{fmt};base64,{base64.b64encode(item.data).decode()}"
+    return LoadedImage(url, item)
+
+
+async def encode_ahead(model: ServedModel, images: list[LoadedImage]) -> None:
+    """The images through the encoder now, while the user is still to speak: the turn that asks
+    about them finds them in the encoder cache (or joins the encode under way)."""
+    if model.media is not None:
+        await asyncio.gather(*(model.media.encode_ahead(image.item) for image in images))
 
 
 def _image_format(data: bytes, limits: MediaLimits, param: str) -> str:

@@ -49,7 +49,7 @@ from omni.serving.model import ModelRegistry, ServedModel
 from omni.serving.prepared import Completion
 from omni.serving.realtime import client_events as ev
 from omni.serving.realtime.conversation import Conversation, Item, new_item_id, not_found, wav_bytes
-from omni.serving.realtime.input_image import item_images
+from omni.serving.realtime.input_image import encode_ahead, item_images
 from omni.serving.realtime.response import Event, ResponseEvents, chat_request, new_response_id
 from omni.serving.realtime.truncation import Truncation
 from omni.serving.realtime.turn_detection import SpeechStarted, TurnDetector
@@ -452,8 +452,10 @@ class RealtimeSession:
         previous = self.conversation.add(item, previous_item_id)
         for i, wav in audio.items():
             self.conversation.set_user_audio(item["id"], i, wav)
-        for i, data_url in images.items():
-            self.conversation.set_user_image(item["id"], i, data_url)
+        for i, image in images.items():
+            self.conversation.set_user_image(item["id"], i, image.url)
+        if images:
+            self._spawn(encode_ahead(self.model, list(images.values())))
         self.emit({"type": "conversation.item.added", "previous_item_id": previous, "item": item})
         self.emit({"type": "conversation.item.done", "previous_item_id": previous, "item": item})
 

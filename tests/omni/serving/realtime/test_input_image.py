@@ -15,8 +15,9 @@ import pytest
 from PIL import Image
 
 from omni.errors import APIError
+from omni.modalities.inputs import items as items_module
 from omni.serving.realtime import client_events as ev
-from omni.serving.realtime.input_image import data_url_mime, item_images, load_input_image
+from omni.serving.realtime.input_image import data_url_mime, encode_ahead, item_images, load_input_image
 from omni.shared.media import MediaLimits
 from omni.shared.media.errors import MediaError
 
@@ -40,7 +41,9 @@ def _url(data: bytes, mime: str = "image/png") -> str:
 
 async def test_a_data_url_image_is_kept_as_it_came() -> None:
     url = _url(_png())
-    assert await load_input_image(_model(), url, PARAM) == url
+    image = await load_input_image(_model(), url, PARAM)
+    assert image.url == url and (image.item.kind, image.item.param) == ("image", PARAM)
+    assert image.item.data == base64.b64decode(url.partition(",")[2])
 
 
 @pytest.mark.parametrize(
@@ -78,7 +81,7 @@ async def test_a_model_that_reads_no_images_refuses_them(model: Any) -> None:
 async def test_an_items_images_come_by_content_index_and_a_bad_one_names_the_item() -> None:
     good = _url(_png())
     item = ev.MessageItem(role="user", content=[ev.InputText(text="Look:"), ev.InputImage(image_url=good)])
-    assert await item_images(_model(), "item_1", item) == {1: good}
+    assert {i: image.url for i, image in (await item_images(_model(), "item_1", item)).items()} == {1: good}
     item = ev.MessageItem(role="user", content=[ev.InputImage(image_url=good), ev.InputImage(image_url=_url(b"junk"))])
     with pytest.raises(APIError) as e:
         await item_images(_model(), "item_2", item)
@@ -92,3 +95,28 @@ def test_a_data_urls_mime_type() -> None:
     assert data_url_mime("DATA:Image/PNG;base64,xx") == "image/png"
     assert data_url_mime("data:;base64,xx") == ""
     assert data_url_mime("https://example.com/a.png") is None
+
+
+async def test_a_fetched_image_is_kept_as_a_data_url_of_its_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
+    png = _png()
+
+    async def fetched(url: str, limits: MediaLimits, param: str) -> bytes:
+        return png
+
+    monkeypatch.setattr(items_module, "load_media_bytes", fetched)
+    image = await load_input_image(_model(allow_remote=True), "https://example.com/boat.png", PARAM)
+    assert image.url == _url(png, "image/png") and image.item.data == png
+
+
+async def test_images_are_encoded_ahead_through_the_models_pipeline() -> None:
+    asked: list[Any] = []
+
+    async def ahead(item: Any) -> None:
+        asked.append(item)
+
+    model = _model()
+    model.media.encode_ahead = ahead
+    image = await load_input_image(model, _url(_png()), PARAM)
+    await encode_ahead(model, [image, image])
+    assert asked == [image.item, image.item]
+    await encode_ahead(SimpleNamespace(media=None), [image])  # a model without media: nothing to do

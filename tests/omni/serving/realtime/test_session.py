@@ -5,6 +5,7 @@ rule. The whole session runs in tests/e2e/test_realtime.py."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextlib
 import io
@@ -168,7 +169,13 @@ async def test_a_turn_whose_second_call_was_cut_is_answered_after_the_tools_outp
 async def test_a_bad_image_is_an_error_naming_item_and_part_and_a_good_one_is_rendered() -> None:
     events: list[dict[str, Any]] = []
     session = _session(events)
-    media = SimpleNamespace(limits=MediaLimits(), encoder=SimpleNamespace(components=frozenset({"vision_encoder"})))
+    ahead: list[Any] = []
+
+    async def encode_ahead(item: Any) -> None:
+        ahead.append(item)
+
+    media = SimpleNamespace(limits=MediaLimits(), encoder=SimpleNamespace(components=frozenset({"vision_encoder"})),
+                            encode_ahead=encode_ahead)  # fmt: skip
     session.model = cast(Any, SimpleNamespace(name="m", output=lambda kind: None, media=media))
     bad = {"id": "img_1", "type": "message", "role": "user",
            "content": [{"type": "input_text", "text": "See?"}, {"type": "input_image", "image_url": "data:image/png;base64,AAAA"}]}  # fmt: skip
@@ -184,3 +191,5 @@ async def test_a_bad_image_is_an_error_naming_item_and_part_and_a_good_one_is_re
     assert [e["type"] for e in events[1:]] == ["conversation.item.added", "conversation.item.done"]
     assert events[1]["item"]["content"][1] == {"type": "input_image", "image_url": url, "detail": "auto"}
     assert session.conversation.messages()[0]["content"][1] == {"type": "image_url", "image_url": {"url": url}}
+    await asyncio.gather(*session._tasks)
+    assert [(i.kind, i.param, i.data) for i in ahead] == [("image", "item.content[1].image_url", png.getvalue())]  # encoding now
