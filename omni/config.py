@@ -100,6 +100,12 @@ class LLMConfig:
         "request when the batch or KV cache has no room for a more urgent one, and shedding the least urgent "
         "waiting one (429) when the queue is full (vLLM's)",
     )
+    voice_priority: int = setting(
+        -1,
+        help="under --scheduling-policy priority, the priority of Realtime responses and of /v1/audio/speech "
+        "requests that send none (lower first; a request's own priority field wins): more urgent than the "
+        "text default 0, so a voice turn is not kept waiting behind batch work",
+    )
     max_num_batched_tokens: int = setting(
         2048,
         unset=None,

@@ -34,6 +34,7 @@ from prometheus_client import (
 
 from omni.shared.protocol import ForwardTiming
 from scheduler.request import Request
+from scheduler.scheduler import PREEMPTION_REASONS, PreemptionReason
 
 
 def one_two_five(max_value: int) -> tuple[int, ...]:
@@ -96,6 +97,14 @@ REALTIME_STATUSES = ("completed", "cancelled", "failed", "incomplete")
 # vllm:request_success's finished_reason values that omni-serve can give (vLLM's spelling; its
 # "repetition" has no counterpart here). A passed deadline is an abort, as vLLM has no other.
 FINISHED_REASONS = ("stop", "length", "abort", "error")
+
+# omni_request_queue_time_seconds' classes of --scheduling-policy priority's values (lower first)
+PRIORITY_CLASSES = ("urgent", "default", "background")
+
+
+def priority_class(priority: int) -> str:
+    return "urgent" if priority < 0 else "default" if priority == 0 else "background"
+
 
 _ENGINE = ["model_name", "engine"]
 _MODEL = ["model_name"]
@@ -318,6 +327,22 @@ class Metrics:
             "omni_placement_decisions",
             "Requests placed on an LLM worker (engine), by the reason that decided it.",
             [*_ENGINE, "reason"],
+            registry=r,
+        )
+        self.preemptions = Counter(
+            "omni_preemptions_by_reason",
+            "Running requests preempted (recomputed later), by reason: kv_cache (a running request "
+            "needed KV blocks) or priority (a more urgent waiting request needed a seat or blocks); "
+            "vllm:num_preemptions is their sum.",
+            [*_ENGINE, "reason"],
+            registry=r,
+        )
+        self.queue_time_by_priority = Histogram(
+            "omni_request_queue_time_seconds",
+            "vllm:request_queue_time_seconds by the request's priority class: urgent (< 0), "
+            "default (0) or background (> 0).",
+            [*_ENGINE, "priority_class"],
+            buckets=REQUEST_LATENCY_BUCKETS_S,
             registry=r,
         )
         self.requests_rejected = Counter(
@@ -631,6 +656,8 @@ class EngineMetrics:
         self.prefix_cache_queries = m.prefix_cache_queries.labels(*labels)
         self.prefix_cache_hits = m.prefix_cache_hits.labels(*labels)
         self.num_preemptions = m.num_preemptions.labels(*labels)
+        self.preemptions = {reason: m.preemptions.labels(*labels, reason) for reason in PREEMPTION_REASONS}
+        self.queue_time_by_priority = {c: m.queue_time_by_priority.labels(*labels, c) for c in PRIORITY_CLASSES}
         self.prompt_tokens = m.prompt_tokens.labels(*labels)
         self.generation_tokens = m.generation_tokens.labels(*labels)
         self.request_success = {reason: m.request_success.labels(*labels, reason) for reason in FINISHED_REASONS}
@@ -684,6 +711,11 @@ class EngineMetrics:
         self.num_requests_waiting.set(num_waiting)
         self.kv_cache_usage.set(kv_usage)
 
+    def add_preemptions(self, reason: PreemptionReason, n: int) -> None:
+        """n more preemptions for this reason (vllm:num_preemptions counts them too)."""
+        self.num_preemptions.inc(n)
+        self.preemptions[reason].inc(n)
+
     def add_prefix_cache(self, queried: int, hits: int) -> None:
         """Token counts since the last call (deltas, not running totals)."""
         self.prefix_cache_queries.inc(queried)
@@ -734,6 +766,7 @@ class EngineMetrics:
         first, last = request.first_token_time, request.last_token_time
         if queued is not None and scheduled is not None:
             self.request_queue_time.observe(max(0.0, scheduled - queued))
+            self.queue_time_by_priority[priority_class(request.priority)].observe(max(0.0, scheduled - queued))
         if scheduled is not None and first is not None:
             self.request_prefill_time.observe(max(0.0, first - scheduled))
         if first is not None and last is not None:

@@ -23,7 +23,8 @@ Preempted requests rejoin the queue whatever its length: they were admitted alre
 Policies (vLLM's --scheduling-policy; scheduler/waiting_queue.py): fcfs serves in arrival order,
 as above. priority keeps the waiting queue and the running batch ordered by (priority,
 arrival), lower first: running requests are scheduled most urgent first and the least urgent
-is the one preempted; a waiting request more urgent than the least urgent running one
+is the one preempted; the token budget goes to a waiting request before the running ones less
+urgent than it (its prefill is not kept behind their prefill chunks); a waiting request more urgent than the least urgent running one
 preempts it when the batch or the KV cache has no room for its first step; and a full queue
 sheds its least urgent never-scheduled requests for a more urgent newcomer (add_request
 returns them, aborted) instead of refusing it.
@@ -69,6 +70,12 @@ class SchedulerConfig:
             raise ValueError("without chunked prefill, max_num_batched_tokens >= max_model_len")
 
 
+# Why a running request was preempted: a running one needed KV blocks the cache no longer
+# had, or (priority) a more urgent waiting one needed its seat in the batch or its blocks.
+PreemptionReason = Literal["kv_cache", "priority"]
+PREEMPTION_REASONS: tuple[PreemptionReason, ...] = ("kv_cache", "priority")
+
+
 class QueueFull(RuntimeError):
     """add_request refused a request: the waiting queue is at one of its bounds."""
 
@@ -95,6 +102,7 @@ class Scheduler:
         self.prefix_cache_queried_tokens = 0
         self.prefix_cache_hit_tokens = 0
         self.num_preemptions_total = 0
+        self.num_preemptions_by_reason: dict[PreemptionReason, int] = dict.fromkeys(PREEMPTION_REASONS, 0)
 
     # -- requests in and out -----------------------------------------------------------
 
@@ -116,17 +124,13 @@ class Scheduler:
 
     def _make_room(self, request: Request) -> list[Request]:
         """The requests to shed so the newcomer fits (priority: the least urgent ones that never
-        ran, each less urgent than it, as few as will do), or QueueFull."""
+        ran, each of a higher priority value than its, as few as will do), or QueueFull."""
         refusal = self._refusal(len(self._waiting), self._num_waiting_tokens, request)
         if refusal is None:
             return []
         if self.config.policy != "priority":
             raise refusal
-        # Never one that ran: its client has tokens already; it was admitted once.
-        sheddable = [
-            r for r in reversed(list(self._waiting))
-            if r.status is RequestStatus.WAITING and urgency(r) > urgency(request)
-        ]  # fmt: skip
+        sheddable = self.sheddable(request.priority)
         count, tokens = len(self._waiting), self._num_waiting_tokens
         for n, victim in enumerate(sheddable, 1):
             count, tokens = count - 1, tokens - victim.num_tokens
@@ -136,6 +140,17 @@ class Scheduler:
                     self.abort_request(r.request_id)
                 return shed
         raise refusal
+
+    def sheddable(self, priority: int) -> list[Request]:
+        """The waiting requests a newcomer of this priority may have shed, least urgent first:
+        those less urgent than it that never ran (one that ran has a client with tokens already;
+        it was admitted once). [] under fcfs."""
+        if self.config.policy != "priority":
+            return []
+        return [
+            r for r in reversed(list(self._waiting))
+            if r.status is RequestStatus.WAITING and r.priority > priority
+        ]  # fmt: skip
 
     def _refusal(self, count: int, tokens: int, request: Request) -> QueueFull | None:
         """QueueFull unless a waiting queue of count requests and tokens tokens has room for this
@@ -231,7 +246,19 @@ class Scheduler:
         self._finished_ids = []
         self._preempt_for_waiting(output)
         num_made_room = len(output.preempted_request_ids)
-        budget = self._schedule_running(output, self.config.max_num_batched_tokens)
+        budget = self.config.max_num_batched_tokens
+        done: set[RequestId] = set()  # running requests scheduled in this step
+        if self.config.policy == "priority" and self._waiting:
+            # The budget serves urgent rows first: the running requests more urgent than the
+            # queue's head, then the waiting ones more urgent than every running one left (a
+            # voice turn's prefill is not kept behind the chunks of long background prompts).
+            budget = self._schedule_running(output, budget, done, before=urgency(self._waiting.peek()))
+            rest = next((r for r in self._running if r.request_id not in done), None)
+            if len(output.preempted_request_ids) == num_made_room:
+                budget = self._schedule_waiting(output, budget, before=None if rest is None else urgency(rest))
+            done.update(s.request.request_id for s in output.scheduled_new)
+            done.update(c.request_id for c in output.scheduled_cached)
+        budget = self._schedule_running(output, budget, done)
         # A request preempted for lack of blocks means none are spare for newcomers.
         if len(output.preempted_request_ids) == num_made_room:
             self._schedule_waiting(output, budget)
@@ -253,7 +280,7 @@ class Scheduler:
                 and (seats <= 0 or not self._first_step_fits(request))
             ):
                 victim = self._running.pop()
-                self._preempt(victim)
+                self._preempt(victim, "priority")
                 output.preempted_request_ids.append(victim.request_id)
                 seats += 1
             if seats <= 0 or not self._first_step_fits(request):
@@ -269,12 +296,26 @@ class Scheduler:
         num_new = min(request.num_tokens - num_cached, self.config.max_num_batched_tokens)
         return self.block_manager.can_allocate(request, num_new, computed_blocks)
 
-    def _schedule_running(self, output: SchedulerOutput, budget: int) -> int:
+    def _schedule_running(
+        self,
+        output: SchedulerOutput,
+        budget: int,
+        done: set[RequestId],
+        before: tuple[int, float] | None = None,
+    ) -> int:
+        """Schedule the running requests in order, skipping those done already; before: stop
+        at the first one not more urgent than this (the priority policy's first pass)."""
         limit = self.config.speculative_max_running
         speculate = limit is None or len(self._running) <= limit
         i = 0
         while i < len(self._running) and budget > 0:
             request = self._running[i]
+            if before is not None and urgency(request) >= before:
+                break
+            if request.request_id in done:
+                i += 1
+                continue
+            done.add(request.request_id)
             num_new = min(request.num_tokens - request.num_computed_tokens, budget)
             if num_new <= 0:  # only if its last step's token never came back
                 i += 1
@@ -311,28 +352,35 @@ class Scheduler:
     ) -> list[BlockId] | None:
         while not self.block_manager.can_allocate(request, num_new):
             victim = self._running.pop()
-            self._preempt(victim)
+            self._preempt(victim, "kv_cache")
             output.preempted_request_ids.append(victim.request_id)
             if victim is request:
                 return None
         return self.block_manager.allocate(request, num_new)
 
-    def _preempt(self, request: Request) -> None:
+    def _preempt(self, request: Request, reason: PreemptionReason) -> None:
         self.block_manager.free(request)
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
         request.num_draft_tokens = 0
         request.num_preemptions += 1
         self.num_preemptions_total += 1
+        self.num_preemptions_by_reason[reason] += 1
         self._waiting.add_preempted(request)
         self._num_waiting_tokens += request.num_tokens
 
-    def _schedule_waiting(self, output: SchedulerOutput, budget: int) -> None:
+    def _schedule_waiting(
+        self, output: SchedulerOutput, budget: int, before: tuple[int, float] | None = None
+    ) -> int:
+        """Admit waiting requests in queue order while budget, seats and KV last; before: only
+        those more urgent than this (the priority policy's first pass)."""
         preempted_now = set(output.preempted_request_ids)
         while self._waiting and budget > 0 and len(self._running) < self.config.max_num_seqs:
             request = self._waiting.peek()
             if request.request_id in preempted_now:
                 break  # it made room for those before it: it does not take that room back
+            if before is not None and urgency(request) >= before:
+                break
             computed_blocks: list[BlockId] = []
             num_cached = 0
             if request.reads_prefix_cache:
@@ -371,6 +419,7 @@ class Scheduler:
                 )
             self._advance(request, num_new)
             budget -= num_new
+        return budget
 
     def _advance(self, request: Request, num_scheduled: int) -> None:
         # Counted at schedule time: the KV of these tokens exists once the step runs, so the

@@ -11,7 +11,8 @@ samples of decoding the whole span at once.
              await stream.decode(units[4:29])
              await stream.decode(units[29:], last=True)   the worker frees the state
     engine:  each batch takes the oldest waiting chunk of every stream that has one (at most
-             one per stream: the next waits for it), up to max_batch_streams streams
+             one per stream: the next waits for it), up to max_batch_streams streams: the most
+             urgent first (their requests' priority), a live session's before other speech
 
 Concurrent requests share every vocoder forward. A stream abandoned mid-span (its client
 left) is closed in the worker with the next batch. The streams whose state was in a worker
@@ -60,9 +61,21 @@ class _Embed:
 class AudioStream:
     """One span's audio: its chunks in order, through the engine's batches."""
 
-    def __init__(self, engine: AudioDecoderEngine, stream_id: int, speaker: int, embedding: bytes | None) -> None:
+    def __init__(
+        self,
+        engine: AudioDecoderEngine,
+        stream_id: int,
+        speaker: int,
+        embedding: bytes | None,
+        *,
+        priority: int = 0,
+        live: bool = False,
+    ) -> None:
         self._engine = engine
         self.stream_id = stream_id
+        # the batch order: its request's priority (lower first), then a live session's before
+        # other speech, then the oldest
+        self.order = (priority, not live, stream_id)
         self._speaker = speaker
         self._embedding = embedding
         self.opened = False  # its first chunk has been sent: its state is in the worker
@@ -158,10 +171,14 @@ class AudioDecoderEngine(SupervisedWorker):
             RETRY_AFTER_S,
         )
 
-    def open_stream(self, speaker: int = 0, embedding: bytes | None = None) -> AudioStream:
+    def open_stream(
+        self, speaker: int = 0, embedding: bytes | None = None, *, priority: int = 0, live: bool = False
+    ) -> AudioStream:
+        """priority: its request's (lower first); live: a realtime session's, which a listener
+        hears as it is made (served before other speech of its priority)."""
         if not self.ready:
             raise EngineError("the audio decoder is not ready")
-        stream = AudioStream(self, next(self._ids), speaker, embedding)
+        stream = AudioStream(self, next(self._ids), speaker, embedding, priority=priority, live=live)
         self._streams[stream.stream_id] = stream
         self.metrics.set_audio_streams(self.model_name, len(self._streams))
         return stream
@@ -187,9 +204,10 @@ class AudioDecoderEngine(SupervisedWorker):
 
     # ---- the job loop ----------------------------------------------------------------
     def _next_batch(self) -> list[tuple[AudioStream, _Chunk]]:
-        """The oldest waiting chunk of each stream with one, oldest streams first."""
+        """The oldest waiting chunk of each stream with one, in the streams' order (AudioStream.order:
+        most urgent, live sessions, oldest first)."""
         batch = []
-        for stream in self._streams.values():
+        for stream in sorted(self._streams.values(), key=lambda s: s.order):
             if stream.inflight is None and stream.queue and stream.error is None:
                 batch.append((stream, stream.queue.pop(0)))
                 if len(batch) == self.max_batch_streams:

@@ -3,7 +3,8 @@
 Requests submit items (one per media item and component) and await the result. While a
 batch runs in the worker, newly submitted items queue; the next batch takes all of them (up
 to max_batch_items), so concurrent requests share forwards without any waiting window. Two
-requests submitting the same key share one encode.
+requests submitting the same key share one encode. Items wait in (priority, arrival) order, so
+under --scheduling-policy priority a voice turn's audio is encoded before a batch job's.
 
 The queue is bounded in items and in their bytes, as the LLM's is in requests and tokens
 (omni/engines/admission.py): an item beyond either bound is refused at once with Overloaded (a 429),
@@ -13,6 +14,7 @@ unless the queue is empty. An item joining the encode of its key already queued 
 from __future__ import annotations
 
 import asyncio
+import bisect
 import functools
 import logging
 import time
@@ -35,10 +37,15 @@ QUEUED_LARGEST_ITEMS = 8
 RETRY_AFTER_S = 1
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)  # compared by identity (the queue's `in` and remove)
 class _Pending:
     item: protocol.EncodeItem
     future: asyncio.Future[protocol.EncodedItem]
+    priority: int = 0  # its most urgent asker's (--scheduling-policy priority; lower first)
+
+    @property
+    def order(self) -> tuple[int, int]:
+        return self.priority, self.item.item_id
 
 
 class EncoderEngine(SupervisedWorker):
@@ -67,7 +74,7 @@ class EncoderEngine(SupervisedWorker):
         self.components: frozenset[str] = frozenset()
         self._queue: list[_Pending] = []
         self._inflight: list[_Pending] = []  # the batch the worker is running
-        self._by_key: dict[str, asyncio.Future[protocol.EncodedItem]] = {}
+        self._by_key: dict[str, _Pending] = {}
         self._next_id = 0
         self._batch_id = 0
 
@@ -76,24 +83,30 @@ class EncoderEngine(SupervisedWorker):
         log.info("%s: ready on %s: %s", self.name, ready.device, ", ".join(ready.components))
 
     async def encode(
-        self, component: str, kind: str, key: str, data: bytes, fmt: str | None, param: str
+        self, component: str, kind: str, key: str, data: bytes, fmt: str | None, param: str, *, priority: int = 0
     ) -> protocol.EncodedItem:
-        """Encode one item (or join the encode of the same key already under way)."""
+        """Encode one item (or join the encode of the same key already under way). Items wait
+        in (priority, arrival) order, lower first: under fcfs every priority is 0."""
         if not self.ready:
             raise EngineError("the encoder worker is not ready")
-        future = self._by_key.get(key)
-        if future is None:
+        pending = self._by_key.get(key)
+        if pending is None:
             self._check_room(len(data))
-            future = asyncio.get_running_loop().create_future()
+            future: asyncio.Future[protocol.EncodedItem] = asyncio.get_running_loop().create_future()
             self._next_id += 1
             item = protocol.EncodeItem(self._next_id, component, kind, key, data, fmt, param)
-            self._queue.append(_Pending(item, future))
+            pending = _Pending(item, future, priority)
+            bisect.insort_right(self._queue, pending, key=lambda p: p.order)
             self._queued_bytes += len(data)
-            self._by_key[key] = future
+            self._by_key[key] = pending
             future.add_done_callback(functools.partial(self._forget_key, key))
             self.wake()
+        elif priority < pending.priority and pending in self._queue:  # a more urgent asker joins
+            self._queue.remove(pending)
+            pending.priority = priority
+            bisect.insort_right(self._queue, pending, key=lambda p: p.order)
         # shield: one waiter giving up (client gone) must not cancel the others' result
-        return await asyncio.shield(future)
+        return await asyncio.shield(pending.future)
 
     def _check_room(self, num_bytes: int) -> None:
         if not self._queue:

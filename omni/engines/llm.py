@@ -31,7 +31,7 @@ from scheduler.output import SchedulerOutput
 from scheduler.placement import WorkerState
 from scheduler.prefix_hash import BlockHash
 from scheduler.request import Request, RequestId, RequestStatus
-from scheduler.scheduler import QueueFull, Scheduler, SchedulerConfig
+from scheduler.scheduler import PreemptionReason, QueueFull, Scheduler, SchedulerConfig
 
 __all__ = [
     "DeadlineExceeded",
@@ -167,7 +167,7 @@ class LLMEngine(SupervisedWorker):
         self.tokens_per_second = 0.0
         self._streams: dict[RequestId, RequestStream] = {}
         self._prefix_seen = (0, 0)
-        self._preemptions_seen = 0
+        self._preemptions_seen: dict[PreemptionReason, int] = {}
         self._pending_finished: list[RequestId] = []
         self._inflight = InflightPrefixes()
         self._masks = MaskFiller()
@@ -201,7 +201,7 @@ class LLMEngine(SupervisedWorker):
             block_manager,
         )
         self._prefix_seen = (0, 0)
-        self._preemptions_seen = 0
+        self._preemptions_seen = {}
         self._pending_finished = []
         self._placed_media = []
         self.stats.set_cache_config(
@@ -256,7 +256,7 @@ class LLMEngine(SupervisedWorker):
         except QueueFull as exc:
             raise RefusedAtSubmit(self._overloaded(exc)) from None
         for victim in shed:  # --scheduling-policy priority: less urgent ones made room for it
-            self._shed(victim, request)
+            self._shed(victim, request.priority)
         request.queued_time = time.monotonic()
         stream = RequestStream(request, self.worker_id, constraint, group=group)
         self._streams[request.request_id] = stream
@@ -279,7 +279,19 @@ class LLMEngine(SupervisedWorker):
         self.metrics.add_rejected(self.model_name, limit.value)
         return Overloaded(self.model_name, limit, f"The model's queue is full: {exc}.", wait)
 
-    def _shed(self, victim: Request, newcomer: Request) -> None:
+    def sheddable(self, priority: int) -> list[Request]:
+        """Waiting requests that never ran and are less urgent than priority, least urgent first
+        (--scheduling-policy priority; [] under fcfs)."""
+        return [] if self.scheduler is None else self.scheduler.sheddable(priority)
+
+    def shed(self, victim: Request, priority: int) -> None:
+        """Drop one of sheddable(priority) to make room in the model's queue for a more urgent
+        request: it fails with the 429 it would have got had it come last."""
+        assert self.scheduler is not None
+        self.scheduler.abort_request(victim.request_id)
+        self._shed(victim, priority)
+
+    def _shed(self, victim: Request, priority: int) -> None:
         """A waiting request the scheduler shed (aborted, never scheduled) for a more urgent
         newcomer: its stream fails as its submit would have failed had it come last."""
         stream = self._forget(victim.request_id)
@@ -287,7 +299,7 @@ class LLMEngine(SupervisedWorker):
             return
         refusal = QueueFull(
             f"request {victim.request_id} (priority {victim.priority}) was shed for a more urgent one "
-            f"(priority {newcomer.priority})",
+            f"(priority {priority})",
             "requests",
         )
         stream.queue.put_nowait(RefusedAtSubmit(self._overloaded(refusal)))
@@ -543,10 +555,11 @@ class LLMEngine(SupervisedWorker):
         seen_q, seen_h = self._prefix_seen
         self.stats.add_prefix_cache(queried - seen_q, hits - seen_h)
         self._prefix_seen = (queried, hits)
-        preemptions = scheduler.num_preemptions_total
-        if preemptions > self._preemptions_seen:
-            self.stats.num_preemptions.inc(preemptions - self._preemptions_seen)
-        self._preemptions_seen = preemptions
+        for reason, count in scheduler.num_preemptions_by_reason.items():
+            seen = self._preemptions_seen.get(reason, 0)
+            if count > seen:
+                self.stats.add_preemptions(reason, count - seen)
+        self._preemptions_seen = dict(scheduler.num_preemptions_by_reason)
 
     # ---- failures --------------------------------------------------------------------
     def _fail_step(self, output: SchedulerOutput, error: BaseException) -> None:

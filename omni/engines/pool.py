@@ -24,6 +24,7 @@ from omni.text.constrained.constraint import TokenConstraint
 from scheduler.placement import Placement, make_placement, parse_weights
 from scheduler.prefix_hash import block_hashes, salt_root
 from scheduler.request import Request, RequestId, RequestStatus
+from scheduler.waiting_queue import urgency
 
 log = logging.getLogger("omni.engines.pool")
 
@@ -136,10 +137,11 @@ class ModelPool:
             load += engine.queued
         return load
 
-    def check_admission(self) -> None:
-        """Raise Overloaded when the queue has no room for even one more request: a request
-        is refused this way before its media are fetched or its prompt is built."""
-        self._admit(QueueLoad(1, 0))
+    def check_admission(self, priority: int = 0) -> None:
+        """Raise Overloaded when the queue has no room for even one more request (of this
+        priority: it could have less urgent ones shed): a request is refused this way before
+        its media are fetched or its prompt is built."""
+        self._admit(QueueLoad(1, 0), priority, shed=False)
 
     def admit(self, requests: Sequence[Request], timeout: float | None = None) -> Admission:
         """Admit requests (one HTTP request's choices) all together or raise Overloaded;
@@ -148,7 +150,8 @@ class ModelPool:
         the request's handling."""
         if not self._live():
             raise EngineError("no worker of this model is ready")
-        self._admit(QueueLoad(len(requests), sum(r.num_tokens for r in requests)))
+        priority = min((r.priority for r in requests), default=0)
+        self._admit(QueueLoad(len(requests), sum(r.num_tokens for r in requests)), priority)
         timeout = self._timeout(timeout)
         for request, group in zip(requests, choice_groups(requests)):
             if request.request_id in self._reserved:
@@ -157,11 +160,14 @@ class ModelPool:
             self._reserved_tokens += request.num_tokens
         return Admission(self, [r.request_id for r in requests])
 
-    def _admit(self, incoming: QueueLoad) -> None:
+    def _admit(self, incoming: QueueLoad, priority: int, *, shed: bool = True) -> None:
+        """Refuse incoming (Overloaded) unless the queue has room for it, or (priority policy)
+        less urgent requests that never ran can be shed to make that room: then they are, when
+        shed is set (they fail with the 429 they would have got had they come last)."""
         limits = self.queue_limits
         queued = self.queued
         limit = limits.refusal(queued, incoming)
-        if limit is None:
+        if limit is None or self._shed_for(incoming, priority, limits, queued, shed=shed):
             return
         self.metrics.add_rejected(self.name, limit.value)
         wait = self.retry_after_s(queued)
@@ -173,6 +179,23 @@ class ModelPool:
             f"({limits.max_tokens} tokens) may. Please try again in {wait} s.",
             wait,
         )
+
+    def _shed_for(
+        self, incoming: QueueLoad, priority: int, limits: QueueLimits, queued: QueueLoad, *, shed: bool
+    ) -> bool:
+        """Whether shedding waiting requests less urgent than priority, least urgent first and as
+        few as will do, makes room for incoming; if so and shed is set, they are shed. Requests
+        admitted but not yet submitted are never shed: their handlers are building prompts."""
+        candidates = [(victim, engine) for engine in self._live() for victim in engine.sheddable(priority)]
+        candidates.sort(key=lambda c: urgency(c[0]), reverse=True)
+        for n, (victim, _) in enumerate(candidates, 1):
+            queued = QueueLoad(queued.num_requests - 1, queued.num_tokens - victim.num_tokens)
+            if limits.refusal(queued, incoming) is None:
+                if shed:
+                    for victim, engine in candidates[:n]:
+                        engine.shed(victim, priority)
+                return True
+        return False
 
     def retry_after_s(self, queued: QueueLoad) -> int:
         rate = sum(e.tokens_per_second for e in self._live())
@@ -213,7 +236,7 @@ class ModelPool:
         group: ChoiceGroup | None = None
         if reservation is None:
             try:
-                self._admit(QueueLoad(1, request.num_tokens))
+                self._admit(QueueLoad(1, request.num_tokens), request.priority)
             except Overloaded as exc:
                 raise RefusedAtSubmit(exc) from None
             timeout = self.config.admission.request_timeout

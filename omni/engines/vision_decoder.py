@@ -2,9 +2,10 @@
 
 Callers ask for one image at a time (draw); the engine sends the worker batches of images that
 can share every denoising step: the same size and number of steps. While a batch runs, new
-images queue; the next batch takes the oldest waiting image and every other waiting image of
-its shape, up to max_batch_images, so concurrent requests share forwards without waiting for
-a window to fill, and no shape starves (the oldest image always goes next).
+images queue; the next batch takes the most urgent waiting image (its request's priority, lower
+first; all are 0 under fcfs), the oldest of those, and the other waiting images of its shape
+in the same order, up to max_batch_images, so concurrent requests share forwards without
+waiting for a window to fill, and no shape starves among equals (the oldest goes next).
 
 A batch streams back its previews (PartialImage) before its result (DecodeResult); each goes
 to the image it belongs to. An image whose caller has gone (a client that disconnected) is
@@ -58,6 +59,7 @@ class ImageRequest:
     output_format: str = "png"
     quality: int | None = None
     partial_images: int = 0
+    priority: int = 0  # its request's (--scheduling-policy priority; lower first)
 
     @property
     def shape(self) -> tuple[int, int, int]:
@@ -71,10 +73,16 @@ class _Pending:
     future: asyncio.Future[protocol.DecodedImage]
     on_preview: PreviewCallback | None = None
     previews: int = field(default=0)
+    priority: int = 0
 
     @property
     def shape(self) -> tuple[int, int, int]:
         return self.job.width, self.job.height, self.job.steps
+
+    @property
+    def order(self) -> tuple[int, int]:
+        """Most urgent, then oldest, first."""
+        return self.priority, self.job.job_id
 
 
 # Pixels per DiT token along each side: Flux's VAE halves three times, then 2x2 patches.
@@ -142,7 +150,7 @@ class VisionDecoderEngine(SupervisedWorker):
             image.partial_images,
         )
         future: asyncio.Future[protocol.DecodedImage] = asyncio.get_running_loop().create_future()
-        self._queue.append(_Pending(job, future, on_preview))
+        self._queue.append(_Pending(job, future, on_preview, priority=image.priority))
         self.metrics.set_decoder_queue(self.model_name, len(self._queue))
         self.wake()
         result = await future  # cancelled with the caller: the image is dropped before it is sent
@@ -164,14 +172,15 @@ class VisionDecoderEngine(SupervisedWorker):
         )
 
     def _next_batch(self) -> list[_Pending]:
-        """The oldest waiting image and the others of its shape, up to max_batch_images and
-        max_batch_tokens (one image always goes, however large)."""
+        """The most urgent (then oldest) waiting image and the others of its shape in the same
+        order, up to max_batch_images and max_batch_tokens (one image always goes, however large)."""
         self._queue = [p for p in self._queue if not p.future.done()]  # callers gone
         if not self._queue:
             return []
-        shape = self._queue[0].shape
+        ordered = sorted(self._queue, key=lambda p: p.order)
+        shape = ordered[0].shape
         by_tokens = max(1, self.max_batch_tokens // dit_tokens(shape[0], shape[1]))
-        batch = [p for p in self._queue if p.shape == shape][: min(self.max_batch_images, by_tokens)]
+        batch = [p for p in ordered if p.shape == shape][: min(self.max_batch_images, by_tokens)]
         taken = {id(p) for p in batch}
         self._queue = [p for p in self._queue if id(p) not in taken]
         self.metrics.set_decoder_queue(self.model_name, len(self._queue))

@@ -8,9 +8,11 @@ Responses API and realtime answer with it too):
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from typing import Any
 
 from omni.engines.generation import Generation, OutputOptions, choice_params, new_request_id, response_id
+from omni.modalities.outputs.audio_chat import ChatAudio
 from omni.modalities.outputs.router import OutputRouter
 from omni.serving.chat_turns import (
     ban_spans,
@@ -39,16 +41,18 @@ async def chat(
     client_request_id: str | None = None,
     previews: asyncio.Queue[Any] | None = None,
     partial_images: int = 0,
+    live: bool = False,
 ) -> Completion:
     """store: where earlier spoken answers are kept, for turns that refer to one by id.
     client_request_id: the client's X-Request-Id; it names the response before the body's
     request_id does, as in vLLM. previews: where partial_images previews of each drawn image
-    go, as ImagePreview (the Responses API streams them)."""
+    go, as ImagePreview (the Responses API streams them). live: a Realtime session's turn,
+    whose speech the vocoder serves before other speech of its priority."""
     model = models.get(req.model)  # a 404 naming the model if it is not served
     req = await recall_spoken(store, req)  # earlier spoken answers referred to by id
     check_tool_choice(model, req)
     check_serving(model)  # before media: no fetching or encoding for a model that cannot answer
-    model.pool.check_admission()  # nor for one whose queue is full (429)
+    model.pool.check_admission(req.priority)  # nor for one whose queue is full (429)
     items = await load_media(model, req)
     prompt = await chat_prompt(model, req, items)
     token_ids = truncate_prompt(prompt.token_ids, req, model.pool.max_model_len)
@@ -64,6 +68,8 @@ async def chat(
     params = ban_spans(model, req, ban_tool_markup(model, req, params))
     kinds = chat_outputs(model, req)  # each output kind the choices may make: its spans and its routes
     kinds, params = keep_room(kinds, params)  # a spoken turn's text leaves room for its speech
+    if live:
+        kinds = [dataclasses.replace(k, live=True) if isinstance(k, ChatAudio) else k for k in kinds]
     if previews is not None and partial_images:
         kinds = [k.with_previews(partial_images, previews) for k in kinds]
     fmt = output_format(model, req, token_ids)

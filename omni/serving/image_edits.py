@@ -24,6 +24,7 @@ from omni.serving.images import ImageGeneration, check_drawing, image_choices, i
 from omni.serving.model import ModelRegistry
 from omni.serving.prepared import answer_template
 from omni.serving.requests.image_edits import ImageEditFields
+from omni.serving.sampling import request_priority
 from omni.shared.media import MediaLimits
 from omni.shared.media.compositing import EditCanvas, edit_canvas
 from omni.shared.media.image import decode_image
@@ -37,16 +38,17 @@ async def image_edit(models: ModelRegistry, req: ImageEditFields, *, timeout: fl
     if media is None:
         raise bad_request(f"The model '{model.name}' has no image encoder: it cannot read the image.", param="image")
     media.limits.check_num_items(len(req.image), "image")
-    check_drawing(model)
+    priority = request_priority(model.pool.config.llm, req.priority)
+    check_drawing(model, priority)
     # Decoding checks every image (and the mask) here, off the loop: a bad one is a 400 naming it.
     canvas, items = await asyncio.to_thread(_read_inputs, req, media.limits)
     turn = [*({"type": "image", "id": f"image_{i}"} for i in range(len(items))), {"type": "text", "text": req.prompt}]
     template_ids = await asyncio.to_thread(answer_template, model, [{"role": "user", "content": turn}])
-    prompt = await media.expand(template_ids, items)
+    prompt = await media.expand(template_ids, items, priority=priority)
     # Drawn at the table's size nearest the canvas's shape, then made the canvas's size; without a
     # mask, an image drawn at the asked size is finished as it is.
     size = req.size or nearest_size(*canvas.size)
-    settings = image_settings(req, size, None if req.size is not None and req.mask is None else canvas)
+    settings = image_settings(model, req, size, None if req.size is not None and req.mask is None else canvas)
     generation = image_choices(model, image_turn(model, req.prompt), prompt, settings, n=req.n, timeout=timeout)
     placeholders = placeholder_ids(model.tokenizer)
     num_images = len(prompt.token_ids) - sum(t not in placeholders for t in template_ids)

@@ -25,6 +25,7 @@ from omni.serving.prompt import chat_prompt
 from omni.serving.requests import ChatCompletionRequest, parse_chat_completion_request
 from omni.serving.requests.image_edits import ImageEditFields
 from omni.serving.requests.images import ImageGenerationRequest
+from omni.serving.sampling import request_priority
 from omni.shared.media.compositing import EditCanvas
 from scheduler.request import SamplingParams
 
@@ -36,13 +37,17 @@ async def image_generation(
     span (the prompt ends with its opening token), n choices each drawn with seed + i."""
     model = image_model(models, req.model)
     turn = image_turn(model, req.prompt)
-    check_drawing(model)
+    settings = image_settings(model, req, req.size)
+    check_drawing(model, settings.priority)
     prompt = await chat_prompt(model, turn, [])
-    return image_choices(model, turn, prompt, image_settings(req, req.size), n=req.n, timeout=timeout)
+    return image_choices(model, turn, prompt, settings, n=req.n, timeout=timeout)
 
 
 def image_settings(
-    req: ImageGenerationRequest | ImageEditFields, size: tuple[int, int] | None, canvas: EditCanvas | None = None
+    model: ServedModel,
+    req: ImageGenerationRequest | ImageEditFields,
+    size: tuple[int, int] | None,
+    canvas: EditCanvas | None = None,
 ) -> ImageSettings:
     """How the images API's request asks each image drawn (generations and edits share the fields)."""
     return ImageSettings(
@@ -55,6 +60,7 @@ def image_settings(
         as_url=req.response_format == "url" and not req.stream,
         partial_images=req.partial_images,
         canvas=canvas,
+        priority=request_priority(model.pool.config.llm, req.priority),
     )
 
 
@@ -70,14 +76,14 @@ def image_turn(model: ServedModel, text: str) -> ChatCompletionRequest:
     )
 
 
-def check_drawing(model: ServedModel) -> None:
+def check_drawing(model: ServedModel, priority: int) -> None:
     """The model's engines are up and its queue has room (503, 429), before any prompt work."""
     images = model.output(IMAGE)
     assert images is not None  # image_model
     check_serving(model)
     if not images.ready:
         raise service_unavailable("The image decoder is starting; retry shortly.", retry_after_s=5)
-    model.pool.check_admission()
+    model.pool.check_admission(priority)
 
 
 def image_choices(
@@ -108,7 +114,7 @@ def image_choices(
     outputs = []
     for i in range(n):
         seed = None if settings.seed is None else settings.seed + i
-        params = SamplingParams(max_tokens=images.format.span_tokens, seed=seed)
+        params = SamplingParams(max_tokens=images.format.span_tokens, seed=seed, priority=settings.priority)
         generation = Generation(
             model.pool, model.tokenizer, token_ids, params, f"{request_id}-{i}",
             output=OutputOptions(), media=prompt.media, constraint=constraints.new(),

@@ -113,7 +113,7 @@ async def chat_prompt(model: ServedModel, req: ChatCompletionRequest, items: lis
     assert pipeline is not None  # load_media() found none to load items with otherwise
     messages = template_messages(req.messages, items)
     token_ids = await asyncio.to_thread(_apply_template, model, req, messages)
-    return await pipeline.expand(token_ids, items)
+    return await pipeline.expand(token_ids, items, priority=req.priority)
 
 
 async def completion_prompts(model: ServedModel, req: CompletionRequest) -> list[list[int]]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from omni.config import LLMConfig
 from omni.errors import bad_request
 from omni.serving.requests.common import GenerationFields
 from omni.serving.requests.fields import unsupported, value_error
@@ -70,6 +71,26 @@ def truncated_media(media: tuple[MediaSpan, ...], num_cut: int) -> tuple[MediaSp
     return tuple(kept)
 
 
+def check_priority(priority: int, scheduling_policy: str) -> None:
+    """Under fcfs a non-zero priority is vLLM's 400 naming the field."""
+    if priority != 0 and scheduling_policy != "priority":
+        raise unsupported(
+            "priority",
+            f"Priority scheduling is not enabled (the server runs --scheduling-policy {scheduling_policy}); "
+            f"only 0 is accepted, got {priority}.",
+        )
+
+
+def request_priority(llm: LLMConfig, sent: int | None, *, voice: bool = False) -> int:
+    """The priority a request is served at: the one it sent (checked against the policy); else,
+    for a voice request (a Realtime response, speech), --voice-priority under the priority
+    policy; else 0."""
+    if sent is not None:
+        check_priority(sent, llm.scheduling_policy)
+        return sent
+    return llm.voice_priority if voice and llm.scheduling_policy == "priority" else 0
+
+
 def sampling_params(
     request: GenerationFields,
     *,
@@ -109,12 +130,7 @@ def sampling_params(
                 "(--max-logprobs).",
                 param=field_name,
             )
-    if request.priority != 0 and scheduling_policy != "priority":
-        raise unsupported(
-            "priority",
-            f"Priority scheduling is not enabled (the server runs --scheduling-policy {scheduling_policy}); "
-            f"only 0 is accepted, got {request.priority}.",
-        )
+    check_priority(request.priority, scheduling_policy)
     vocab_size = tokenizer.num_token_ids
     _check_in_vocabulary("logit_bias", tuple(t for t, _ in request.logit_bias), vocab_size)
     _check_in_vocabulary("allowed_token_ids", request.allowed_token_ids or (), vocab_size)

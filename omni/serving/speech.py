@@ -16,6 +16,7 @@ from omni.serving.prepared import Prepared, check_serving
 from omni.serving.prompt import chat_prompt
 from omni.serving.requests import parse_chat_completion_request
 from omni.serving.requests.speech import SpeechRequest
+from omni.serving.sampling import request_priority
 from omni.shared.media.audio import decode_audio
 from omni.shared.media.errors import MediaError
 from omni.text.constrained.audio_span import MIN_UNITS
@@ -45,7 +46,8 @@ async def speech(models: ModelRegistry, req: SpeechRequest, *, timeout: float | 
     assert audio is not None
     check_serving(model)
     audio.check_ready()
-    model.pool.check_admission()
+    priority = request_priority(model.pool.config.llm, req.priority, voice=True)
+    model.pool.check_admission(priority)
     audio.engine.check_room()
     embedding = None
     if req.reference_audio is not None:
@@ -53,7 +55,7 @@ async def speech(models: ModelRegistry, req: SpeechRequest, *, timeout: float | 
         voice = 0
     else:
         voice = audio.voice_index(req.voice, "voice")
-    router = await _speech_choice(model, audio, req, voice, embedding)
+    router = await _speech_choice(model, audio, req, voice, embedding, priority)
     return Speech(model=model, outputs=[router], timeout=timeout, sample_rate=audio.sample_rate)
 
 
@@ -79,7 +81,7 @@ async def _reference_voice(model: ServedModel, audio: ModelAudio, req: SpeechReq
 
 
 async def _speech_choice(
-    model: ServedModel, audio: ModelAudio, req: SpeechRequest, voice: int, embedding: bytes | None
+    model: ServedModel, audio: ModelAudio, req: SpeechRequest, voice: int, embedding: bytes | None, priority: int
 ) -> OutputRouter:
     messages = [{"role": "user", "content": req.input}]
     if req.instructions:
@@ -105,13 +107,13 @@ async def _speech_choice(
     # The units (at most max_units: the grammar's own bound, so the last token is the span's end
     # rather than a unit the length limit cuts), then the end.
     grammar = await audio.span_grammar(model.grammars, min(req.max_units, room - 1))
-    params = SamplingParams(max_tokens=min(req.max_units + 1, room), seed=req.seed)
+    params = SamplingParams(max_tokens=min(req.max_units + 1, room), seed=req.seed, priority=priority)
     constraint = grammar.new_constraint(None)  # the whole output is the span the prompt opened
     generation = Generation(
         model.pool, model.tokenizer, token_ids, params, new_request_id("speech"),
         output=OutputOptions(), constraint=constraint,
     )  # fmt: skip
-    return OutputRouter(generation, audio.route(voice, embedding=embedding, opened=True))
+    return OutputRouter(generation, audio.route(voice, embedding=embedding, opened=True, priority=priority))
 
 
 def _speaking_model(models: ModelRegistry, name: str | None) -> ServedModel:

@@ -20,6 +20,7 @@ from omni.modalities.outputs.router import OutputRouter
 from omni.serving.model import ModelRegistry, ServedModel
 from omni.serving.prepared import Prepared, answer_template, check_serving
 from omni.serving.requests.transcriptions import TranscriptionRequest
+from omni.serving.sampling import request_priority
 from omni.shared.store.keys import content_hash
 from scheduler.request import SamplingParams
 
@@ -64,7 +65,8 @@ async def transcription(models: ModelRegistry, req: TranscriptionRequest, *, tim
         raise service_unavailable("The model's encoders are starting; retry shortly.", retry_after_s=5)
     if "audio_encoder" not in media.encoder.components:
         raise bad_request(f"The model '{model.name}' has no audio encoder: it cannot transcribe.", param="model")
-    model.pool.check_admission()
+    priority = request_priority(model.pool.config.llm, req.priority)
+    model.pool.check_admission(priority)
     params = decode_params("audio", media.limits)
     if len(req.file) > _HASH_IN_THREAD_BYTES:
         digest = await asyncio.to_thread(content_hash, req.file, params)
@@ -73,7 +75,7 @@ async def transcription(models: ModelRegistry, req: TranscriptionRequest, *, tim
     item = MediaItem("audio", "file", req.file, None, digest)  # fmt None: FFmpeg probes the container
     turn = [{"type": "audio", "id": "audio_0"}, {"type": "text", "text": transcription_instruction(req)}]
     template_ids = await asyncio.to_thread(answer_template, model, [{"role": "user", "content": turn}])
-    prompt = await media.expand(template_ids, [item])
+    prompt = await media.expand(template_ids, [item], priority=priority)
     placeholders = placeholder_ids(model.tokenizer)
     num_audio = len(prompt.token_ids) - sum(t not in placeholders for t in template_ids)
     duration = (prompt.media[0].num_rows if prompt.media else num_audio) / AUDIO_ROWS_PER_SECOND
@@ -93,6 +95,7 @@ async def transcription(models: ModelRegistry, req: TranscriptionRequest, *, tim
         # verbose_json's segment lists the tokens and their mean logprob
         logprobs=0 if req.logprobs or req.response_format == "verbose_json" else None,
         bad_words_token_ids=_span_openers(model),
+        priority=priority,
     )
     generation = Generation(
         model.pool, model.tokenizer, prompt.token_ids, params_out, new_request_id("trsc"),

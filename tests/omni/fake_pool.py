@@ -43,7 +43,7 @@ class FakePool:
     submitted: list[Request] = field(default_factory=list)
     aborted: list[tuple[RequestId, RequestStatus]] = field(default_factory=list)
 
-    def check_admission(self) -> None:
+    def check_admission(self, priority: int = 0) -> None:
         pass  # the fake's queue is never full
 
     def admit(self, requests: Sequence[Request], timeout: float | None = None) -> contextlib.AbstractContextManager[None]:

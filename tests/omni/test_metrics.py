@@ -1,3 +1,4 @@
+import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client import REGISTRY
@@ -74,6 +75,22 @@ def test_a_finished_request_is_split_into_vllms_phases() -> None:
     assert _sample(m, "vllm:request_queue_time_seconds_bucket", {**TINY, "le": "0.5"}) == 1
 
 
+def test_queue_time_is_split_by_priority_class() -> None:
+    m = Metrics()
+    stats = m.engine("tiny", "0")
+    for priority, wait in ((-1, 0.1), (-5, 0.2), (0, 1.0), (3, 2.0), (3, 4.0)):
+        r = _request(8, 0)
+        r.sampling_params = SamplingParams(max_tokens=100, priority=priority)
+        r.queued_time, r.scheduled_time = 100.0, 100.0 + wait
+        stats.request_finished(r, "abort", now=110.0)
+    for cls, (count, total) in {"urgent": (2, 0.3), "default": (1, 1.0), "background": (2, 6.0)}.items():
+        labels = {**TINY, "priority_class": cls}
+        observed = (_sample(m, "omni_request_queue_time_seconds_count", labels),
+                    _sample(m, "omni_request_queue_time_seconds_sum", labels))  # fmt: skip
+        assert observed == pytest.approx((count, total)), cls
+    assert _sample(m, "vllm:request_queue_time_seconds_count", TINY) == 5
+
+
 def test_an_abort_in_the_queue_has_no_phases_but_its_wait() -> None:
     m = Metrics()
     r = _request(8, 0)
@@ -121,7 +138,8 @@ def test_the_scheduler_state_and_the_cache_config() -> None:
     stats.set_scheduler_state(3, 1, 0.25)
     stats.add_prefix_cache(32, 16)
     stats.add_prefix_cache(16, 0)
-    stats.num_preemptions.inc()
+    stats.add_preemptions("kv_cache", 1)
+    stats.add_preemptions("priority", 2)
     stats.add_step(17, 0.004)
     stats.add_step(1, 0.002)
     assert _sample(m, "vllm:num_requests_running", one) == 3
@@ -129,7 +147,9 @@ def test_the_scheduler_state_and_the_cache_config() -> None:
     assert _sample(m, "vllm:kv_cache_usage_perc", one) == 0.25
     assert _sample(m, "vllm:prefix_cache_queries_total", one) == 48
     assert _sample(m, "vllm:prefix_cache_hits_total", one) == 16
-    assert _sample(m, "vllm:num_preemptions_total", one) == 1
+    assert _sample(m, "vllm:num_preemptions_total", one) == 3  # the sum of the reasons
+    assert _sample(m, "omni_preemptions_by_reason_total", {**one, "reason": "kv_cache"}) == 1
+    assert _sample(m, "omni_preemptions_by_reason_total", {**one, "reason": "priority"}) == 2
     assert _sample(m, "vllm:iteration_tokens_total_sum", one) == 18
     assert _sample(m, "vllm:iteration_tokens_total_bucket", {**one, "le": "16.0"}) == 1
     assert _sample(m, "omni_engine_step_seconds_count", one) == 2

@@ -118,6 +118,7 @@ def test_no_series_is_exported_twice_under_an_omni_name() -> None:
         "requests_running", "requests_waiting", "kv_cache", "prompt_tokens", "generation_tokens",
         "time_to_first_token", "inter_token", "e2e", "prefix_cache", "preemptions", "computed_tokens",
     )  # fmt: skip
+    splits = {"omni_preemptions_by_reason_total"}  # a vLLM series split by a label vLLM lacks (their sum is vLLM's)
     for duplicate in duplicates:
-        assert not [n for n in omni if duplicate in n], duplicate
+        assert not [n for n in omni - splits if duplicate in n], duplicate
     assert "omni_requests_total" not in omni

@@ -140,6 +140,7 @@ def test_preemption_by_recompute_with_exact_blocks():
     assert out.preempted_request_ids == ["b"] and out.scheduled_new == []
     assert b.status is RequestStatus.PREEMPTED and b.num_computed_tokens == 0
     assert b.num_preemptions == 1 and s.num_preemptions_total == 1
+    assert s.num_preemptions_by_reason == {"kv_cache": 1, "priority": 0}
     assert a.is_finished and updated == [a]
     # b comes back: block 2 is a prefix hit; blocks 3 and 1 are fresh (1 evicts a's).
     out, _ = step(s, {"b": 20})

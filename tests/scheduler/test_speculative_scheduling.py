@@ -118,5 +118,5 @@ def test_preemption_forgets_the_drafts() -> None:
     assert [c.request_id for c in out.scheduled_cached] == [a.request_id]
     s.update_from_output(out, {a.request_id: [9]}, {a.request_id: 4})
     a.num_draft_tokens = 4
-    s._preempt(a)
+    s._preempt(a, "kv_cache")
     assert a.num_draft_tokens == 0 and a.num_computed_tokens == 0

@@ -14,11 +14,16 @@ EOS = 0
 
 
 def make_scheduler(
-    policy: str = "priority", *, max_num_seqs: int = 4, num_blocks: int = 16, max_num_waiting: int | None = None
+    policy: str = "priority",
+    *,
+    max_num_seqs: int = 4,
+    num_blocks: int = 16,
+    max_num_waiting: int | None = None,
+    max_num_batched_tokens: int = 64,
 ) -> Scheduler:
     config = SchedulerConfig(
         max_num_seqs=max_num_seqs,
-        max_num_batched_tokens=64,
+        max_num_batched_tokens=max_num_batched_tokens,
         max_model_len=32,
         max_num_waiting=max_num_waiting,
         policy=policy,  # type: ignore[arg-type]
@@ -93,6 +98,7 @@ def test_a_full_batch_preempts_its_least_urgent_request_for_a_more_urgent_one() 
     b = s.get_request(RequestId("b"))
     assert b is not None and b.status is RequestStatus.PREEMPTED and b.output_token_ids == [7]
     assert s.num_preemptions_total == 1
+    assert s.num_preemptions_by_reason == {"kv_cache": 0, "priority": 1}
 
 
 def test_a_less_urgent_waiting_request_preempts_nothing() -> None:
@@ -105,6 +111,33 @@ def test_a_less_urgent_waiting_request_preempts_nothing() -> None:
     output = run_step(s)
     assert output.preempted_request_ids == []
     assert scheduled_ids(output) == ["a", "b"]
+
+
+@pytest.mark.parametrize("policy", ["priority", "fcfs"])
+def test_the_token_budget_serves_an_urgent_prefill_before_a_less_urgent_prompts_chunks(policy: str) -> None:
+    s = make_scheduler(policy, max_num_batched_tokens=8)
+    s.add_request(make_request("long", 1, 0.0, prompt_len=24))
+    output = run_step(s)
+    assert [(n.request.request_id, n.num_scheduled_tokens) for n in output.scheduled_new] == [("long", 8)]
+    s.add_request(make_request("urgent", 0, 1.0, prompt_len=6))
+    output = run_step(s)
+    chunks = {n.request.request_id: n.num_scheduled_tokens for n in output.scheduled_new}
+    chunks |= {c.request_id: c.num_scheduled_tokens for c in output.scheduled_cached}
+    if policy == "priority":  # the urgent prompt whole, the long one's chunk with what is left
+        assert chunks == {"urgent": 6, "long": 2}
+    else:  # arrival order: the long prompt's chunk takes the budget
+        assert chunks == {"long": 8}
+    assert output.preempted_request_ids == []
+
+
+def test_the_budget_keeps_more_urgent_running_requests_first() -> None:
+    s = make_scheduler(max_num_batched_tokens=8)
+    s.add_request(make_request("first", 0, 0.0, prompt_len=20))
+    run_step(s)  # 8 of its 20 prompt tokens
+    s.add_request(make_request("later", 1, 1.0, prompt_len=4))
+    output = run_step(s)
+    assert [(c.request_id, c.num_scheduled_tokens) for c in output.scheduled_cached] == [("first", 8)]
+    assert output.scheduled_new == []
 
 
 def test_a_full_kv_cache_preempts_the_least_urgent_and_its_tokens_are_recomputed_and_kept() -> None:

@@ -86,8 +86,9 @@ class MediaPipeline:
                     f"vocabulary has no {missing} token"
                 )
 
-    async def expand(self, token_ids: list[int], loaded: list[MediaItem]) -> PromptInputs:
-        """token_ids as the template rendered them -> the prompt the LLM worker runs."""
+    async def expand(self, token_ids: list[int], loaded: list[MediaItem], *, priority: int = 0) -> PromptInputs:
+        """token_ids as the template rendered them -> the prompt the LLM worker runs. priority:
+        the request's; the encoder takes the most urgent items first."""
         slots = self.placeholders.slots(token_ids, loaded)
         if slots and not self.ready:  # starting, or restarting after a crash
             raise service_unavailable("The model's encoders are starting; retry shortly.", retry_after_s=5)
@@ -104,7 +105,7 @@ class MediaPipeline:
         for s in slots:
             job = (id(s.item), s.placeholder.component)
             if job not in jobs:
-                jobs[job] = asyncio.ensure_future(self._encoded(s.item, s.placeholder))
+                jobs[job] = asyncio.ensure_future(self._encoded(s.item, s.placeholder, priority))
         # Every job's outcome is collected (none is left unretrieved); the first error wins.
         # If this request is cancelled, gather cancels the jobs; encodes already submitted
         # finish in the engine and are cached for the next asker.
@@ -130,20 +131,20 @@ class MediaPipeline:
         out.extend(token_ids[start:])
         return PromptInputs(out, tuple(spans), counts)
 
-    async def encode_ahead(self, item: MediaItem) -> None:
+    async def encode_ahead(self, item: MediaItem, *, priority: int = 0) -> None:
         """Encode item now with each of its kind's components, as a prompt holding it will be
         (a realtime image is shown before the turn that asks about it): that prompt then finds
         it in the cache, or joins the encode under way. An error is left to that prompt."""
         if not self.ready:
             return
         placeholders = [p for p in self.placeholders.of_kind(item.kind) if p.component in self.encoder.components]
-        await asyncio.gather(*(self._encoded(item, p) for p in placeholders), return_exceptions=True)
+        await asyncio.gather(*(self._encoded(item, p, priority) for p in placeholders), return_exceptions=True)
 
     def _key(self, item: MediaItem, component: str) -> str:
         digest = item.digest or content_hash(item.data, items.decode_params(item.kind, self.limits))
         return encoder_key_for(component, self.revisions[component], digest)
 
-    async def _encoded(self, item: MediaItem, p: Placeholder) -> tuple[str, Encoded]:
+    async def _encoded(self, item: MediaItem, p: Placeholder, priority: int) -> tuple[str, Encoded]:
         """The item's output of p's component: from the cache, or encoded now and remembered."""
         key = self._key(item, p.component)
         hit = await self.cache.lookup(key, p.discrete)
@@ -151,7 +152,9 @@ class MediaPipeline:
         if hit is not None:
             return key, hit
         try:
-            result = await self.encoder.encode(p.component, item.kind, key, item.data, item.fmt, item.param)
+            result = await self.encoder.encode(
+                p.component, item.kind, key, item.data, item.fmt, item.param, priority=priority
+            )
         except EngineError as e:
             raise service_unavailable(f"The {p.component} is unavailable: {e}", retry_after_s=5) from None
         if result.error is not None:

@@ -331,21 +331,22 @@ class ModelAudio:
 
     def route(
         self, voice: int, *, embedding: bytes | None = None, opened: bool = False, dialect: bool = False,
-        voice_named: bool = True,
+        voice_named: bool = True, priority: int = 0, live: bool = False,
     ) -> AudioRoute:  # fmt: skip
         """One choice's route: each span it opens gets a vocoder stream in this voice (a row of
         the table, or a speaker embedding taken from a recording). dialect: the reference's
-        output, bare units and speaker info, which picks the voice when none is named."""
+        output, bare units and speaker info, which picks the voice when none is named.
+        priority, live: the vocoder's order (AudioDecoderEngine.open_stream)."""
         engine = self.engine
         voices = self.voices
 
         def speaker_stream(info: Mapping[str, Any]) -> AudioSink | None:
             row = speaker_voice(info, voices)
-            return None if row is None else engine.open_stream(row, None)
+            return None if row is None else engine.open_stream(row, None, priority=priority, live=live)
 
         return AudioRoute(
             self.format,
-            lambda: engine.open_stream(voice, embedding),
+            lambda: engine.open_stream(voice, embedding, priority=priority, live=live),
             self.sample_rate,
             first_chunk_units=self.first_chunk_units,
             chunk_units=self.chunk_units,

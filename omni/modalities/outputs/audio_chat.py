@@ -101,6 +101,8 @@ class ChatAudio:
     format: str  # the non-streamed answer's audio format; a stream's is pcm16
     dialect: bool = False  # the reference's spoken answers: bare units after the speaker info
     speech_tokens: int = 0  # of max_tokens, kept from the text for its speech (within)
+    priority: int = 0  # the turn's (within): the vocoder's order
+    live: bool = False  # a realtime session's turn: its vocoder streams go before other speech
 
     def spans(self) -> OutputSpans | None:
         grammar = self.audio.grammar
@@ -117,7 +119,7 @@ class ChatAudio:
 
     def route(self, model: ChatModel, choice_index: int) -> AudioRoute:
         """(Every choice speaks in the same voice: the request names it.)"""
-        route = self.audio.route(self.voice, dialect=self.dialect)
+        route = self.audio.route(self.voice, dialect=self.dialect, priority=self.priority, live=self.live)
         speak = functools.partial(speak_text, model, self.audio, speech_tokens=self.speech_tokens)
         return dataclasses.replace(route, speak_after=speak)
 
@@ -134,7 +136,7 @@ class ChatAudio:
         """The turn's text params, with speech_room(max_tokens) of them kept for the speech."""
         room = speech_room(params.max_tokens, params.min_tokens)
         text = dataclasses.replace(params, max_tokens=params.max_tokens - room)
-        return dataclasses.replace(self, speech_tokens=room), text
+        return dataclasses.replace(self, speech_tokens=room, priority=params.priority), text
 
 
 # Speech takes far more tokens than its text: the reference speaks 25 units a second, and a

@@ -196,6 +196,7 @@ class ImageSettings:
     quality: int | None = None
     as_url: bool = True  # False: bytes (a data URL in chat, b64_json in the images API)
     partial_images: int = 0
+    priority: int = 0  # the request's: the decoder draws the most urgent first
     # An edit's: the drawn image is drawn as PNG, then made the canvas's size and composited
     # into the input outside the mask (omni/shared/media/compositing.py), then encoded.
     canvas: EditCanvas | None = None
@@ -284,6 +285,7 @@ class ImageDrawer:
                 output_format="png" if s.canvas is not None else s.output_format,
                 quality=None if s.canvas is not None else s.quality,
                 partial_images=s.partial_images,
+                priority=s.priority,
             ),
             None if self.on_preview is None else functools.partial(self.on_preview, size=f"{width}x{height}"),
         )

@@ -99,7 +99,8 @@ class ChatImages:
         return None
 
     def within(self, params: SamplingParams) -> tuple[ChatImages, SamplingParams]:
-        return self, params  # an image span takes what its turn's max_tokens leaves
+        """An image span takes what its turn's max_tokens leaves; it is drawn at the turn's priority."""
+        return dataclasses.replace(self, settings=dataclasses.replace(self.settings, priority=params.priority)), params
 
     def with_previews(self, partial_images: int, previews: asyncio.Queue[Any]) -> ChatImages:
         """Each drawn image's partial_images previews go on the queue, under its choice's index."""

@@ -35,6 +35,7 @@ from omni.serving.model import ServedModel
 from omni.serving.realtime import client_events as ev
 from omni.serving.realtime.conversation import Conversation, Item, new_item_id
 from omni.serving.requests import ChatCompletionRequest, parse_chat_completion_request
+from omni.serving.sampling import request_priority
 from omni.shared.media import g711
 from omni.shared.media.audio_encoding import float_to_pcm16
 from omni.shared.media.decimator import Decimator
@@ -51,9 +52,12 @@ def new_response_id() -> str:
     return f"resp_{uuid.uuid4().hex[:24]}"
 
 
-def chat_body(model_name: str, model_speaks: bool, s: dict[str, Any], messages: list[dict[str, Any]]) -> dict[str, Any]:
+def chat_body(
+    model_name: str, model_speaks: bool, s: dict[str, Any], messages: list[dict[str, Any]], priority: int = 0
+) -> dict[str, Any]:
     """The chat completion request of a response: s, the session's settings with the
-    response's overrides; messages, the conversation rendered."""
+    response's overrides; messages, the conversation rendered; priority: the voice priority
+    (--voice-priority under the priority policy, else 0)."""
     if s["instructions"]:
         messages = [{"role": "system", "content": s["instructions"]}, *messages]
     body: dict[str, Any] = {
@@ -62,6 +66,8 @@ def chat_body(model_name: str, model_speaks: bool, s: dict[str, Any], messages: 
         # a spoken conversation answers at once: templates that reason first are told not to
         "chat_template_kwargs": {"skip_reasoning": True, "enable_thinking": False},
     }
+    if priority:
+        body["priority"] = priority
     if "audio" in s["output_modalities"]:
         body["modalities"] = ["text", "audio"]
         body["audio"] = {"voice": s["voice"], "format": "pcm16"}
@@ -83,8 +89,9 @@ def chat_body(model_name: str, model_speaks: bool, s: dict[str, Any], messages: 
 
 
 def chat_request(model: ServedModel, s: dict[str, Any], messages: list[dict[str, Any]]) -> ChatCompletionRequest:
-    """chat_body's request, parsed as POST /v1/chat/completions parses one."""
-    return parse_chat_completion_request(chat_body(model.name, model.output(AUDIO) is not None, s, messages))
+    """chat_body's request at the voice priority, parsed as POST /v1/chat/completions parses one."""
+    priority = request_priority(model.pool.config.llm, None, voice=True)
+    return parse_chat_completion_request(chat_body(model.name, model.output(AUDIO) is not None, s, messages, priority))
 
 
 def _function(tool: ev.FunctionTool) -> dict[str, Any]:

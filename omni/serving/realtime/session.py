@@ -31,7 +31,7 @@ import functools
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from contextlib import aclosing
 from typing import Any
 
@@ -46,14 +46,14 @@ from omni.modalities.outputs.audio import AUDIO
 from omni.serving import transcriptions
 from omni.serving.errors import api_error
 from omni.serving.model import ModelRegistry, ServedModel
-from omni.serving.prepared import Completion
 from omni.serving.realtime import client_events as ev
 from omni.serving.realtime.conversation import Conversation, Item, new_item_id, not_found, wav_bytes
 from omni.serving.realtime.input_image import encode_ahead, item_images
 from omni.serving.realtime.response import Event, ResponseEvents, chat_request, new_response_id
-from omni.serving.realtime.truncation import Truncation
+from omni.serving.realtime.truncation import Prepare, Truncation
 from omni.serving.realtime.turn_detection import SpeechStarted, TurnDetector
 from omni.serving.requests.transcriptions import TranscriptionRequest
+from omni.serving.sampling import request_priority
 from omni.shared.media import g711
 from omni.shared.media.decimator import Decimator
 from omni.shared.media.errors import MediaError
@@ -395,7 +395,10 @@ class RealtimeSession:
         compete with the answer for the encoder and the LLM, and delay the first audio."""
         await self._spoken.wait()
         t: ev.InputTranscription = self.settings["transcription"]
-        req = TranscriptionRequest(model=self.model.name, file=wav, language=t.language, prompt=t.prompt)
+        req = TranscriptionRequest(
+            model=self.model.name, file=wav, language=t.language, prompt=t.prompt,
+            priority=request_priority(self.model.pool.config.llm, None, voice=True),
+        )  # fmt: skip
         said: list[str] = []
         try:
             run = await transcriptions.transcription(self.models, req, timeout=self.timeout)
@@ -557,9 +560,7 @@ class RealtimeSession:
             end_ms = max(end_ms, self._first_audio_ms + events.audio_samples * 1000 // 24000)
         self._idle_from_ms = end_ms
 
-    async def _run(
-        self, prepare: Callable[[], Awaitable[Completion]], events: ResponseEvents, event_id: str | None
-    ) -> None:
+    async def _run(self, prepare: Prepare, events: ResponseEvents, event_id: str | None) -> None:
         finish: str | None = None
         usage = None
         try:

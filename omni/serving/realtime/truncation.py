@@ -13,7 +13,7 @@ encoder cache.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +25,7 @@ from omni.serving.requests import ChatCompletionRequest
 
 Message = dict[str, Any]
 Request = Callable[[list[Message]], ChatCompletionRequest]  # the turn's request of these messages
+Prepare = Callable[[], Awaitable[Completion]]  # a response's turn, prepared when awaited: Truncation.chat
 
 
 def without_oldest(messages: list[Message], n: int) -> list[Message]:
@@ -56,7 +57,7 @@ class Truncation:
         fit. When not even the last message fits, chat's error."""
         first = self._least_for_media(messages)
         try:
-            return await chat.chat(models, request(without_oldest(messages, first)), store=None, timeout=timeout)
+            return await _turn(models, request(without_oldest(messages, first)), timeout)
         except APIError as exc:
             if not self.auto or exc.code != "context_length_exceeded":
                 raise
@@ -66,7 +67,7 @@ class Truncation:
         while lo <= hi:  # the least n in [lo, hi] that fits: each fit found is less than the last
             n = (lo + hi) // 2
             try:
-                fitted = await chat.chat(models, request(without_oldest(messages, n)), store=None, timeout=timeout)
+                fitted = await _turn(models, request(without_oldest(messages, n)), timeout)
                 hi = n - 1
             except APIError as exc:
                 if exc.code != "context_length_exceeded":
@@ -83,3 +84,7 @@ class Truncation:
             while n < len(messages) - 1 and num_media(without_oldest(messages, n)) > self.max_media_items:
                 n += 1
         return n
+
+
+async def _turn(models: ModelRegistry, req: ChatCompletionRequest, timeout: float | None) -> Completion:
+    return await chat.chat(models, req, store=None, timeout=timeout, live=True)  # live: a session's turn

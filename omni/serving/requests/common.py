@@ -133,6 +133,19 @@ def honoured(reason: str, **constraints: Any) -> Meta:
     return Meta(description=reason, extra={KNOWN: KnownField(Disposition.HONOURED, reason)}, **constraints)
 
 
+# A request's place in the scheduling order, declared once for every endpoint that takes it:
+# chat, completions, responses, images and their edits, speech, transcriptions.
+Priority: TypeAlias = Annotated[
+    int,
+    honoured(
+        "the scheduling order, lower first, ties in arrival order (--scheduling-policy priority); "
+        "under the default fcfs policy only 0 is accepted",
+        ge=MIN_PRIORITY,
+        le=MAX_PRIORITY,
+    ),
+]
+
+
 def informational(reason: str, json_type: JsonType) -> Meta:
     return Meta(description=reason, extra={KNOWN: KnownField(Disposition.INFORMATIONAL, reason, json_type=json_type)})
 
@@ -368,15 +381,7 @@ class GenerationFields(Struct, frozen=True, kw_only=True, forbid_unknown_fields=
         Refused, rejected("JSON output uses compact separators; its whitespace is not configurable")
     ] = None
     structural_tag: Annotated[Refused, rejected("structural tags are not implemented")] = None
-    priority: Annotated[
-        int,
-        honoured(
-            "the scheduling order, lower first, ties in arrival order (--scheduling-policy priority); "
-            "under the default fcfs policy only 0 is accepted",
-            ge=MIN_PRIORITY,
-            le=MAX_PRIORITY,
-        ),
-    ] = 0
+    priority: Priority = 0
     # the client's id for the request: the response id's tail
     request_id: Annotated[
         str,

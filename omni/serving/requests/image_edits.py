@@ -29,6 +29,7 @@ from msgspec import Struct, field
 from omni.errors import bad_request
 from omni.serving.requests.common import (
     STRING,
+    Priority,
     Refused,
     check_known,
     default_only,
@@ -121,6 +122,7 @@ class ImageEditFields(Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
     seed: Annotated[Seed | None, honoured("image i is drawn with seed + i")] = None
     num_inference_steps: Annotated[Steps | None, honoured("denoising steps; default: the server's")] = None
     guidance_scale: Annotated[Guidance | None, honoured("classifier-free guidance; default: the checkpoint's")] = None
+    priority: Priority = 0
 
     @property
     def size(self) -> tuple[int, int] | None:

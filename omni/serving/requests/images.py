@@ -19,6 +19,7 @@ from msgspec import Meta, Struct, field
 from omni.errors import bad_request
 from omni.serving.requests.common import (
     STRING,
+    Priority,
     Refused,
     check_known,
     default_only,
@@ -89,6 +90,7 @@ class ImageGenerationRequest(Struct, frozen=True, kw_only=True, forbid_unknown_f
     num_inference_steps: Annotated[Steps | None, honoured("denoising steps; default: the server's")] = None
     # None: the checkpoint's default
     guidance_scale: Annotated[Guidance | None, honoured("classifier-free guidance; default: the checkpoint's")] = None
+    priority: Priority = 0
 
     @property
     def size(self) -> tuple[int, int] | None:

@@ -18,6 +18,7 @@ from msgspec import Meta, Struct, field
 from omni.errors import bad_request
 from omni.serving.requests.common import (
     STRING,
+    Priority,
     Refused,
     check_known,
     default_only,
@@ -27,9 +28,7 @@ from omni.serving.requests.common import (
     rejected,
 )
 from omni.serving.requests.fields import (
-    MAX_PRIORITY,
     MAX_SEED,
-    MIN_PRIORITY,
     MIN_SEED,
     Body,
     Json,
@@ -294,14 +293,7 @@ class ResponseRequest(Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
     seed: Annotated[
         int, honoured("seeds the sampling (an extension)", ge=MIN_SEED, extra_json_schema={"maximum": MAX_SEED})
     ] | None = None
-    priority: Annotated[
-        int,
-        honoured(
-            "the scheduling order, lower first, as chat's (--scheduling-policy priority; under fcfs only 0)",
-            ge=MIN_PRIORITY,
-            le=MAX_PRIORITY,
-        ),
-    ] = 0
+    priority: Priority = 0
 
     @property
     def image_tool(self) -> ImageGenerationTool | None:

@@ -19,7 +19,7 @@ from typing import Annotated, Literal, TypeAlias
 
 from msgspec import Meta, Struct, field
 
-from omni.serving.requests.common import check_known, honoured, known_fields
+from omni.serving.requests.common import Priority, check_known, honoured, known_fields
 from omni.serving.requests.fields import (
     MAX_SEED,
     MIN_SEED,
@@ -84,6 +84,8 @@ class SpeechRequest(Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tru
         int,
         honoured(f"an extension: the most units (25 a second) to speak; default {MAX_UNITS}", ge=MIN_UNITS, le=MAX_UNITS),
     ] = MAX_UNITS
+    # None: --voice-priority under the priority policy (0 under fcfs)
+    priority: Priority | None = None
     reference: Annotated[
         ReferenceAudio,
         honoured(

@@ -26,6 +26,7 @@ from typing import Annotated, Any, Literal, TypeAlias
 from msgspec import Struct
 
 from omni.serving.requests.common import (
+    Priority,
     Refused,
     check_known,
     honoured,
@@ -73,6 +74,7 @@ class TranscriptionFields(Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     seed: Annotated[
         int, honoured("seeds the sampling", ge=MIN_SEED, extra_json_schema={"maximum": MAX_SEED})
     ] | None = None
+    priority: Priority = 0
     # OpenAI's fields for what this model has not got: a 400 naming the field whatever its value.
     timestamp_granularities: Annotated[Refused, rejected("this model gives no timestamps")] = None
     chunking_strategy: Annotated[
@@ -108,6 +110,7 @@ class TranscriptionRequest:
     stream: bool = False
     logprobs: bool = False  # include: ["logprobs"]
     seed: int | None = None
+    priority: int = 0
 
 
 def parse_transcription_request(form: TranscriptionForm) -> TranscriptionRequest:
@@ -142,6 +145,7 @@ def parse_transcription_request(form: TranscriptionForm) -> TranscriptionRequest
         stream=fields.stream,
         logprobs=bool(fields.include),
         seed=fields.seed,
+        priority=fields.priority,
     )
 
 

@@ -125,12 +125,12 @@ def live(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     yield
 
 
-def make_pool(num_workers: int = 1, **admission: object) -> ModelPool:
+def make_pool(num_workers: int = 1, policy: str = "fcfs", **admission: object) -> ModelPool:
     engine_config = ModelConfig(
         name=MODEL,
         model_dir=Path("."),
         # max_num_seqs: a worker's default request limit is 4
-        llm=LLMConfig(block_size=BLOCK_SIZE, max_num_seqs=2, num_workers=num_workers),
+        llm=LLMConfig(block_size=BLOCK_SIZE, max_num_seqs=2, num_workers=num_workers, scheduling_policy=policy),
         admission=AdmissionConfig(**admission),  # type: ignore[arg-type]
     )
     pool = ModelPool(engine_config, Metrics())
@@ -139,8 +139,8 @@ def make_pool(num_workers: int = 1, **admission: object) -> ModelPool:
     return pool
 
 
-def make_request(request_id: str, num_prompt_tokens: int = 8) -> Request:
-    return Request(RequestId(request_id), [1] * num_prompt_tokens, SamplingParams(max_tokens=4))
+def make_request(request_id: str, num_prompt_tokens: int = 8, priority: int = 0) -> Request:
+    return Request(RequestId(request_id), [1] * num_prompt_tokens, SamplingParams(max_tokens=4, priority=priority))
 
 
 def rejected(pool: ModelPool, reason: str) -> float:
@@ -164,6 +164,41 @@ async def test_the_queue_admits_up_to_its_limits_then_refuses(live: None) -> Non
         pool.check_admission()
     assert rejected(pool, "requests") == 2
     assert pool.queued == QueueLoad(4, 32)  # a refusal leaves nothing behind
+
+
+async def test_under_priority_a_full_queue_sheds_less_urgent_waiting_requests_for_an_urgent_one(live: None) -> None:
+    pool = make_pool(num_workers=2, policy="priority")  # 8 requests across the two workers
+    streams = {f"r{i}": pool.submit(make_request(f"r{i}", priority=p)) for i, p in enumerate([0, 5, 0, 3, 0, 0, 0, 0])}
+    pool.check_admission(priority=-1)  # room can be made: no refusal, and nothing shed yet
+    assert pool.queued == QueueLoad(8, 64)
+    with pytest.raises(Overloaded):  # none is less urgent than the least urgent waiting one
+        pool.check_admission(priority=5)
+    urgent = [make_request("u0", priority=-1), make_request("u1", priority=-1)]
+    with pool.admit(urgent):
+        assert pool.queued == QueueLoad(8, 64)  # two shed, the two urgent ones in their place
+        for r in urgent:
+            pool.submit(r)
+    for name, victim in (("r1", 5), ("r3", 3)):  # the least urgent first, each with the 429 it would have got
+        with pytest.raises(RefusedAtSubmit) as shed:
+            await asyncio.wait_for(anext(aiter(streams[name])), 5)
+        assert f"(priority {victim}) was shed for a more urgent one (priority -1)" in str(shed.value)
+        assert shed.value.overloaded.limit is Limit.REQUESTS
+    with pytest.raises(Overloaded):  # nothing less urgent than 0 is left to shed
+        pool.admit([make_request("late", priority=0)])
+    with pytest.raises(Overloaded):  # shedding all six at 0 would still leave no room for nine
+        pool.admit([make_request(f"many{i}", priority=-1) for i in range(9)])
+    assert pool.queued == QueueLoad(8, 64)  # a refusal sheds nothing
+
+
+async def test_under_fcfs_a_full_queue_sheds_nothing(live: None) -> None:
+    pool = make_pool()
+    for i in range(4):
+        pool.submit(make_request(f"r{i}", priority=5))  # (the server refuses these under fcfs)
+    with pytest.raises(Overloaded):
+        pool.check_admission(priority=-1)
+    with pytest.raises(RefusedAtSubmit):
+        pool.submit(make_request("urgent", priority=-1))
+    assert pool.queued == QueueLoad(4, 32)
 
 
 async def test_an_admission_holds_its_place_until_submitted_or_released(live: None) -> None:
@@ -261,6 +296,23 @@ async def test_the_encoder_refuses_items_beyond_its_queue(live: None) -> None:
     assert encoder.metrics.registry.get_sample_value(
         "omni_requests_rejected_total", {"model_name": MODEL, "reason": "media_items"}
     ) == 1.0
+    encoder.fail_pending(EngineError("stopping"))
+    await asyncio.gather(*waiting, return_exceptions=True)
+
+
+async def test_the_encoder_takes_the_most_urgent_items_first(live: None) -> None:
+    spec = protocol.EncoderWorkerSpec(model_dir=".")
+    encoder = EncoderEngine(spec, Metrics(), MODEL)
+
+    def encode(key: str, priority: int) -> asyncio.Task[protocol.EncodedItem]:
+        return asyncio.ensure_future(encoder.encode("audio_encoder", "audio", key, b"x", None, "p", priority=priority))
+
+    waiting = [encode("batch", 0), encode("later", 0), encode("voice", -1), encode("lazy", 4)]
+    await asyncio.sleep(0)
+    assert [p.item.key for p in encoder._queue] == ["voice", "batch", "later", "lazy"]
+    waiting.append(encode("lazy", -2))  # a more urgent asker of a queued key moves it up
+    await asyncio.sleep(0)
+    assert [p.item.key for p in encoder._queue] == ["lazy", "voice", "batch", "later"]
     encoder.fail_pending(EngineError("stopping"))
     await asyncio.gather(*waiting, return_exceptions=True)
 

@@ -16,7 +16,7 @@ import pytest
 
 from gpu_workers.tiny.checkpoints import make_tiny_audio_decoder
 from omni.config import AudioDecoderConfig
-from omni.engines.audio_decoder import AudioDecoderEngine
+from omni.engines.audio_decoder import AudioDecoderEngine, AudioStream, _Chunk
 from omni.engines.supervisor import EngineError
 from omni.metrics import Metrics
 from omni.shared import protocol
@@ -110,3 +110,16 @@ async def test_streams_share_batches_keep_their_samples_close_and_survive_only_u
     await asyncio.wait_for(restarted(), 300)  # a hang guard: fails only if it never comes back
     samples = await fresh.decode([4, 5, 6], last=True)
     assert len(samples) == 3 * 960 * 4
+
+
+async def test_a_batch_takes_the_most_urgent_streams_then_live_sessions_then_the_oldest() -> None:
+    spec = protocol.AudioDecoderWorkerSpec(model_dir=".")
+    engine = AudioDecoderEngine(spec, Metrics(), "tiny", AudioDecoderConfig(max_batch_streams=3))
+    orders = [(0, False), (0, True), (5, True), (-1, False), (0, True)]  # (priority, live), oldest first
+    loop = asyncio.get_running_loop()
+    for stream_id, (priority, live) in enumerate(orders, 1):
+        stream = AudioStream(engine, stream_id, 0, None, priority=priority, live=live)
+        stream.queue.append(_Chunk(protocol.AudioChunk(stream_id, [1], first=True), loop.create_future()))
+        engine._streams[stream_id] = stream
+    assert [s.stream_id for s, _ in engine._next_batch()] == [4, 2, 5]
+    assert [s.stream_id for s, _ in engine._next_batch()] == [1, 3]  # one chunk each: the rest

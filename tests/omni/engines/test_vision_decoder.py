@@ -101,6 +101,16 @@ async def test_images_of_one_shape_share_batches_and_the_oldest_goes_first(engin
     assert np.abs(a - b).max() <= 1 and (a != b).mean() < 1e-3
 
 
+async def test_the_most_urgent_image_goes_first_with_the_others_of_its_shape(engine: VisionDecoderEngine) -> None:
+    sent = sends(engine)
+    first = asyncio.ensure_future(engine.draw(image(0, steps=8)))  # in flight while the rest queue
+    await until_sent(sent)
+    rest = [image(1, 1024, 576), image(2), image(3, priority=-1), image(4, 1024, 576), image(5, priority=-1)]
+    await asyncio.gather(first, *(engine.draw(r) for r in rest))
+    # the urgent 768s lead their shape's batch (the 768 at 0 fills it); the older 1024x576s wait
+    assert sent == [[(768, 768)], [(768, 768)] * 3, [(1024, 576)] * 2]
+
+
 async def test_the_queue_is_bounded(engine: VisionDecoderEngine) -> None:
     sent = sends(engine)
     first = asyncio.ensure_future(engine.draw(image(0, steps=8)))

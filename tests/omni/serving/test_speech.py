@@ -7,6 +7,7 @@ stand for the workers."""
 from __future__ import annotations
 
 import base64
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
@@ -94,6 +95,28 @@ async def test_the_voice_is_the_named_one_or_a_recordings(tiny_tokenizer_dir: Pa
     recorded = parse_speech_request({"input": "Hi.", "reference_audio": {"data": base64.b64encode(wav).decode(), "format": "wav"}})
     await speech(s.models, recorded, timeout=None)
     assert s.vocoder.opened[-1] == (0, b"voice") and s.vocoder.embedded == [(8000, 16000)]
+
+
+@pytest.mark.parametrize(
+    ("policy", "sent", "served"),
+    [("priority", None, -1), ("priority", 3, 3), ("fcfs", None, 0), ("fcfs", 0, 0)],  # -1: --voice-priority's default
+)
+async def test_speech_is_served_at_its_priority_or_the_voice_default(
+    tiny_tokenizer_dir: Path, tmp_path: Path, policy: str, sent: int | None, served: int
+) -> None:
+    s = await setting(tiny_tokenizer_dir, tmp_path)
+    pool = cast(FakePool, s.model.pool)
+    pool.config = dataclasses.replace(pool.config, llm=dataclasses.replace(pool.config.llm, scheduling_policy=policy))
+    prepared = await speech(s.models, body(**({} if sent is None else {"priority": sent})), timeout=None)
+    assert prepared.output.generation.request.sampling_params.priority == served
+    assert s.vocoder.orders == [(served, False)]  # the vocoder's order too: speech is no live session
+
+
+async def test_under_fcfs_a_speech_priority_is_refused(tiny_tokenizer_dir: Path, tmp_path: Path) -> None:
+    s = await setting(tiny_tokenizer_dir, tmp_path)
+    with pytest.raises(APIError) as e:
+        await speech(s.models, body(priority=-1), timeout=None)
+    assert (e.value.status, e.value.param, e.value.code) == (400, "priority", "unsupported_parameter")
 
 
 async def test_what_cannot_be_spoken_is_a_400_naming_its_field(tiny_tokenizer_dir: Path, tmp_path: Path) -> None:

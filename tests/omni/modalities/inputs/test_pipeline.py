@@ -88,11 +88,13 @@ class FakeEncoder:
         self.errors = errors or {}  # component -> decode error it reports
         self.store_errors = store_errors or {}  # component -> store error it reports
         self.calls: list[Call] = []
+        self.priorities: list[int] = []  # each encode's
 
     async def encode(
-        self, component: str, kind: str, key: str, data: bytes, fmt: str | None, param: str
+        self, component: str, kind: str, key: str, data: bytes, fmt: str | None, param: str, *, priority: int = 0
     ) -> protocol.EncodedItem:
         self.calls.append(Call(component, kind, key, data, fmt, param))
+        self.priorities.append(priority)
         item_id = len(self.calls)
         if component in self.errors:
             return protocol.EncodedItem(item_id, 0, error=self.errors[component])
@@ -432,7 +434,7 @@ async def test_a_decode_error_is_a_400_naming_the_part(tokenizer: TextTokenizer,
 async def test_an_unavailable_encoder_is_a_503(tokenizer: TextTokenizer, store: LocalStore) -> None:
     class DeadEncoder(FakeEncoder):
         async def encode(
-            self, component: str, kind: str, key: str, data: bytes, fmt: str | None, param: str
+            self, component: str, kind: str, key: str, data: bytes, fmt: str | None, param: str, *, priority: int = 0
         ) -> protocol.EncodedItem:
             raise EngineError("the encoder worker is not ready")
 

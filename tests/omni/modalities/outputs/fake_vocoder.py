@@ -39,8 +39,12 @@ class FakeDecoder:
     ready: bool = True
     opened: list[tuple[int, bytes | None]] = field(default_factory=list)
     sinks: list[FakeSink] = field(default_factory=list)
+    orders: list[tuple[int, bool]] = field(default_factory=list)  # each stream's (priority, live)
 
-    def open_stream(self, speaker: int = 0, embedding: bytes | None = None) -> FakeSink:
+    def open_stream(
+        self, speaker: int = 0, embedding: bytes | None = None, *, priority: int = 0, live: bool = False
+    ) -> FakeSink:
         self.opened.append((speaker, embedding))
+        self.orders.append((priority, live))
         self.sinks.append(FakeSink(speaker))
         return self.sinks[-1]

@@ -8,9 +8,12 @@ from types import SimpleNamespace
 from typing import Any, cast
 
 from omni.engines.generation import Generation, OutputOptions
-from omni.modalities.outputs.audio_chat import SPAN_OWN, continuation_params, speak_text
+from omni.modalities.outputs.audio import ModelAudio
+from omni.modalities.outputs.audio_chat import SPAN_OWN, ChatAudio, continuation_params, speak_text
+from omni.shared import protocol
 from omni.text.constrained.audio_span import MAX_UNITS
 from scheduler.request import SamplingParams
+from tests.omni.modalities.outputs.fake_vocoder import VOICES, FakeDecoder
 
 # Every field at a value that is not its default, so a field that is dropped shows.
 TEXT = SamplingParams(
@@ -83,3 +86,15 @@ def test_speak_text_samples_the_span_with_the_texts_params() -> None:
     assert speech.request.sampling_params == continuation_params(TEXT, 300 - 3)
     assert speech.request.sampling_params.repetition_penalty == 1.3
     assert (speech.constraint, speech.request.cache_salt) == ("span", "salt")
+
+
+def test_a_spoken_turns_vocoder_streams_take_its_priority_and_a_live_sessions_mark() -> None:
+    decoder = FakeDecoder(info=protocol.AudioDecoderReady(0, "cpu", 24000, 960, 64, list(VOICES), False))
+    audio = SimpleNamespace(route=lambda voice, **kw: ModelAudio.route(cast(Any, SimpleNamespace(
+        engine=decoder, voices=VOICES, format=None, sample_rate=24000, first_chunk_units=4, chunk_units=25)), voice, **kw))
+    chat = ChatAudio(cast(Any, audio), 1, "wav")
+    kept, _ = chat.within(TEXT)
+    assert kept.priority == TEXT.priority == -3
+    dataclasses.replace(kept, live=True).route(cast(Any, None), 0).open_stream()
+    kept.route(cast(Any, None), 0).open_stream()
+    assert decoder.orders == [(-3, True), (-3, False)]

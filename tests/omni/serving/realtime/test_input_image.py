@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from omni.config import LLMConfig
 from omni.errors import APIError
 from omni.modalities.inputs import items as items_module
 from omni.serving.realtime import client_events as ev
@@ -111,12 +112,13 @@ async def test_a_fetched_image_is_kept_as_a_data_url_of_its_bytes(monkeypatch: p
 async def test_images_are_encoded_ahead_through_the_models_pipeline() -> None:
     asked: list[Any] = []
 
-    async def ahead(item: Any) -> None:
-        asked.append(item)
+    async def ahead(item: Any, *, priority: int) -> None:
+        asked.append((item, priority))
 
     model = _model()
     model.media.encode_ahead = ahead
+    model.pool = SimpleNamespace(config=SimpleNamespace(llm=LLMConfig(scheduling_policy="priority", voice_priority=-3)))
     image = await load_input_image(model, _url(_png()), PARAM)
     await encode_ahead(model, [image, image])
-    assert asked == [image.item, image.item]
+    assert asked == [(image.item, -3), (image.item, -3)]  # a live session's, as its turn's
     await encode_ahead(SimpleNamespace(media=None), [image])  # a model without media: nothing to do

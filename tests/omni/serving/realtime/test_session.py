@@ -17,6 +17,7 @@ import orjson
 import pytest
 from PIL import Image
 
+from omni.config import LLMConfig
 from omni.engines.generation import Delta, Usage
 from omni.serving import chat as serving_chat
 from omni.serving.errors import api_error
@@ -28,8 +29,9 @@ from omni.text.reply_parser import OutputFormat
 from tests.omni.serving.test_errors import CASES, IDS
 
 
-def _session(events: list[dict[str, Any]]) -> RealtimeSession:
-    model = SimpleNamespace(name="m", output=lambda kind: None, media=None)  # a text model: no output kind, no media
+def _session(events: list[dict[str, Any]], llm: LLMConfig | None = None) -> RealtimeSession:
+    pool = SimpleNamespace(config=SimpleNamespace(llm=llm or LLMConfig()))
+    model = SimpleNamespace(name="m", output=lambda kind: None, pool=pool, media=None)  # a text model: no output, no media
     return RealtimeSession(cast(Any, None), cast(Any, model), events.append, vad_model=None, max_buffer_seconds=10.0)
 
 
@@ -116,6 +118,28 @@ async def test_a_response_takes_its_overrides_and_the_session_keeps_its_own(monk
     assert session.settings["temperature"] == 0.4
 
 
+@pytest.mark.parametrize(("llm", "priority"), [(LLMConfig(), 0), (LLMConfig(scheduling_policy="priority", voice_priority=-3), -3)])
+async def test_a_response_is_a_live_turn_at_the_voice_priority(
+    monkeypatch: pytest.MonkeyPatch, llm: LLMConfig, priority: int
+) -> None:
+    calls: list[tuple[Any, dict[str, Any]]] = []
+
+    async def chat(models: Any, req: Any, **kwargs: Any) -> Any:
+        calls.append((req, kwargs))
+        raise RuntimeError("stop here")
+
+    monkeypatch.setattr(serving_chat, "chat", chat)
+    session = _session([], llm)
+    item = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]}
+    await session.handle(orjson.dumps({"type": "conversation.item.create", "item": item}))
+    session.respond(ev.ResponseFields())
+    assert session._response is not None
+    await session._response[1]
+    ((req, kwargs),) = calls
+    assert req.priority == priority  # --voice-priority under the priority policy; 0 (the only one fcfs takes) else
+    assert kwargs["live"] is True  # its speech goes to the vocoder before other speech of its priority
+
+
 # ---------------------------------------------------------------- the conversation comes back
 
 
@@ -171,12 +195,12 @@ async def test_a_bad_image_is_an_error_naming_item_and_part_and_a_good_one_is_re
     session = _session(events)
     ahead: list[Any] = []
 
-    async def encode_ahead(item: Any) -> None:
+    async def encode_ahead(item: Any, *, priority: int) -> None:
         ahead.append(item)
 
     media = SimpleNamespace(limits=MediaLimits(), encoder=SimpleNamespace(components=frozenset({"vision_encoder"})),
                             encode_ahead=encode_ahead)  # fmt: skip
-    session.model = cast(Any, SimpleNamespace(name="m", output=lambda kind: None, media=media))
+    session.model = cast(Any, SimpleNamespace(name="m", output=lambda kind: None, pool=session.model.pool, media=media))
     bad = {"id": "img_1", "type": "message", "role": "user",
            "content": [{"type": "input_text", "text": "See?"}, {"type": "input_image", "image_url": "data:image/png;base64,AAAA"}]}  # fmt: skip
     await session.handle(orjson.dumps({"type": "conversation.item.create", "event_id": "e1", "item": bad}))

@@ -172,3 +172,11 @@ async def test_a_json_body_is_a_400(client: TestClient[Any, Any]) -> None:
     r = await client.post("/v1/images/edits", json={"prompt": "x"})
     assert r.status == 400
     assert "multipart/form-data" in (await r.json())["error"]["message"]
+
+
+def test_priority_is_read_from_its_form_text() -> None:
+    assert parse_image_edit_request(form(prompt="x")).priority == 0
+    assert parse_image_edit_request(form(prompt="x", priority="-3")).priority == -3
+    with pytest.raises(APIError) as e:
+        parse_image_edit_request(form(prompt="x", priority="soon"))
+    assert e.value.param == "priority"

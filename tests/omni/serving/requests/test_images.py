@@ -204,3 +204,12 @@ def test_modalities_the_server_cannot_produce_are_400s(modalities: Any) -> None:
     with pytest.raises(APIError) as e:
         parse_chat_completion_request(chat(modalities=modalities))
     assert (e.value.status, e.value.param) == (400, "modalities")
+
+
+def test_priority_is_an_int_within_its_bounds() -> None:
+    assert parse_image_generation_request({"prompt": "a cat"}).priority == 0
+    assert parse_image_generation_request({"prompt": "a cat", "priority": 2**31 - 1}).priority == 2**31 - 1
+    for bad in (-(2**31) - 1, True, "1"):
+        with pytest.raises(APIError) as e:
+            parse_image_generation_request({"prompt": "a cat", "priority": bad})
+        assert (e.value.status, e.value.param) == (400, "priority")

@@ -68,3 +68,10 @@ def test_the_boundaries_are_accepted() -> None:
     req = parse_speech_request(body(speed=0.25, max_units=3, input="x" * 4096, seed=-(2**63), stream_format="sse"))
     assert (req.speed, req.max_units, req.seed, req.stream_format) == (0.25, 3, -(2**63), "sse")
     assert parse_speech_request(body(speed=4.0, max_units=2000)).speed == 4.0
+
+
+def test_priority_left_out_is_the_servers_voice_default_and_is_bounded() -> None:
+    assert parse_speech_request(body()).priority is None  # --voice-priority decides (omni/serving/sampling.py)
+    assert parse_speech_request(body(priority=-(2**31))).priority == -(2**31)
+    for bad in (2**31, 1.5, "high"):
+        assert refused(body(priority=bad)).param == "priority"

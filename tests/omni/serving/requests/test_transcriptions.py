@@ -135,7 +135,7 @@ class FakeMedia:
     encoder: Any = field(default_factory=lambda: SimpleNamespace(components=frozenset({"audio_encoder"})))
     items: list[MediaItem] = field(default_factory=list)
 
-    async def expand(self, token_ids: list[int], items: Sequence[MediaItem]) -> PromptInputs:
+    async def expand(self, token_ids: list[int], items: Sequence[MediaItem], *, priority: int = 0) -> PromptInputs:
         self.items.extend(items)
         pad = self.tokenizer.token_to_id("<|AUDIO_PAD|>")
         discrete = self.tokenizer.token_to_id("<|DISCRETE_AUDIO_PAD|>")
@@ -329,3 +329,11 @@ async def test_encoders_starting_is_a_503_and_no_audio_encoder_a_400_naming_mode
     media.ready = True
     media.encoder = SimpleNamespace(components=frozenset({"vision_encoder"}))
     assert await error_of(await client.post(PATH, data=upload())) == (400, "model")
+
+
+def test_priority_is_read_from_its_form_text() -> None:
+    assert parse_transcription_request(form()).priority == 0
+    assert parse_transcription_request(form(priority="-1")).priority == -1
+    with pytest.raises(APIError) as e:
+        parse_transcription_request(form(priority=str(2**31)))
+    assert e.value.param == "priority"
