@@ -98,5 +98,5 @@ async def chat(
     outputs = [OutputRouter(g, *(k.route(model, i) for k in kinds)) for i, g in enumerate(generations)]
     return Completion(
         id=response_id("chatcmpl", client_request_id or req.request_id, completion_id), model=model, outputs=outputs, timeout=timeout,
-        output_format=fmt, kinds=tuple(kinds),
+        output_format=fmt, kinds=tuple(kinds), num_media_tokens=prompt.num_media_tokens,
     )  # fmt: skip

@@ -28,8 +28,9 @@ when its deltas are first asked for, so an error in an earlier step costs no eng
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from omni.engines.generation import Generation
@@ -71,6 +72,8 @@ class Completion(Prepared):
     id: str
     output_format: OutputFormat = OutputFormat()  # chat: how each choice's text is read back
     kinds: tuple[ChatOutput, ...] = ()  # chat: the output kinds the choices may make (their body parts)
+    # chat: the prompt tokens standing for media, by kind, before truncate_prompt_tokens cuts any
+    num_media_tokens: Mapping[str, int] = field(default_factory=dict)
 
 
 def check_serving(model: ServedModel) -> None:

@@ -35,6 +35,7 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
+from PIL import Image
 from websockets.sync.client import ClientConnection, connect
 
 from gpu_workers.tiny.published import default_checkpoint_dir
@@ -94,6 +95,12 @@ class Page:
     def open(self, url: str) -> None:
         self.call("Page.navigate", url=url)
         self.wait("document.readyState === 'complete' && !!document.getElementById('model')", 120, "the page loads")
+
+    def pick_files(self, selector: str, *paths: Path) -> None:
+        """The files chosen in the file input, as its file chooser sets them (change fires)."""
+        root = self.call("DOM.getDocument")["root"]["nodeId"]
+        node = self.call("DOM.querySelector", nodeId=root, selector=selector)["nodeId"]
+        self.call("DOM.setFileInputFiles", nodeId=node, files=[str(p) for p in paths])
 
     def use_key(self, key: str) -> None:
         self.js(f"document.getElementById('api-key').value = {json.dumps(key)}; "
@@ -307,19 +314,36 @@ def test_every_turn_that_asks_for_audio_within_150_tokens_speaks(server: str, st
         assert usage["completion_tokens"] <= 150, (seed, usage)
 
 
-def test_the_voice_tab_shows_the_users_transcript_and_receives_audio(server: str, page: Page, bias: dict[str, int]) -> None:
+@pytest.fixture(scope="module")
+def picture(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("picture") / "boat.png"
+    pixels = (np.random.default_rng(5).random((90, 120, 3)) * 255).astype(np.uint8)
+    Image.fromarray(pixels).save(path, format="PNG")
+    return path
+
+
+def test_the_voice_tab_shows_an_image_then_the_users_transcript_and_receives_audio(
+    server: str, page: Page, bias: dict[str, int], picture: Path
+) -> None:
+    """Issue 37 acceptance 7: an image picked in the voice tab before the call joins the
+    conversation (conversation.item.added), and the spoken turn's answer has it in its prompt."""
     page.open(f"{server}{ROOT}/playground")
     page.use_key(KEY)
     extra = {"logit_bias": {str(bias["end"]): 8}, "seed": 3, "max_output_tokens": 200}
-    page.js(f"document.querySelector('[data-tab=voice]').click(); "
-            f"document.getElementById('voice-extra').value = {json.dumps(json.dumps(extra))}; "
+    page.js("document.querySelector('[data-tab=voice]').click()")
+    page.pick_files("#voice-image", picture)  # as the file chooser gives it
+    page.wait("!!document.querySelector('#voice-log .msg.user img')", 120, "the picked image is shown")
+    page.js(f"document.getElementById('voice-extra').value = {json.dumps(json.dumps(extra))}; "
             "document.getElementById('voice-start').click()")  # fmt: skip
     page.wait("document.getElementById('voice').dataset.state === 'live'", 120, "the microphone starts")
+    page.wait("document.getElementById('voice').dataset.images === '1'", 120, "the image joins the conversation")
+    assert page.js("document.querySelector('#voice-log .msg.user img').closest('.msg').dataset.image") == "added"
     page.wait("!!document.querySelector('#voice-log .msg.user[data-transcribed]')", TURN_S, "the user's transcript")
     page.wait("Number(document.getElementById('voice').dataset.responses) >= 1", TURN_S, "the spoken answer")
     voice = dict(page.js("({...document.getElementById('voice').dataset})"))
-    user = page.js("document.querySelector('#voice-log .msg.user').dataset.transcribed")
-    transcript = page.js("document.querySelector('#voice-log .msg.user .text').textContent")
+    assert int(voice["imageTokens"]) > 0, voice  # the answer's prompt held the image
+    user = page.js("document.querySelector('#voice-log .msg.user[data-transcribed]').dataset.transcribed")
+    transcript = page.js("document.querySelector('#voice-log .msg.user[data-transcribed] .text').textContent")
     assert user == "true" and transcript.strip(), transcript
     assert int(voice["audioChunks"]) >= 1 and int(voice["audioBytes"]) >= 2 * 24000 * 0.16, voice
     assert page.js("!!document.querySelector('#voice-log .msg.assistant')")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -20,9 +21,11 @@ import pytest
 from openai.types.realtime import RealtimeServerEvent
 
 from bench.realtime_load import abandoned_session, configure, dithered, rss_kib, send_audio, spoken_session, wait_idle
+from omni.text.tokenizer import TextTokenizer
 from tests.e2e.audio import decoded, spoken
 from tests.e2e.conftest import read_metric
 from tests.e2e.server import PROCESSES
+from tests.e2e.test_media import NUM_IMAGE_CODES, image_rows, png_url
 
 MODEL = "omni"
 SERVER_EVENT: Any = pydantic.TypeAdapter(RealtimeServerEvent)
@@ -140,6 +143,124 @@ async def test_a_spoken_turn_under_server_vad(server: str, ends_soon: dict[str, 
         user = next(e for e in seen if e["type"] == "input_audio_buffer.committed")["item_id"]
         done = next(e for e in seen if e["type"] == "conversation.item.input_audio_transcription.completed")
         assert done["item_id"] == user and isinstance(done["transcript"], str)
+
+
+@pytest.fixture(scope="module")
+def says_yes(server: str) -> dict[str, float]:
+    """A bias that makes every answer the same plain word, so a text answer is never empty."""
+    tokens = httpx.post(f"{server}/tokenize", json={"model": MODEL, "prompt": " yes", "add_special_tokens": False}, timeout=120).json()["tokens"]
+    return {str(tokens[-1]): 12.0}
+
+
+def _image_item(*parts: dict[str, Any], **fields: Any) -> dict[str, Any]:
+    return {"type": "conversation.item.create", **fields, "item": {"type": "message", "role": "user", "content": list(parts)}}
+
+
+def _image_end(omni_dir: Path, image_tokens: int, question: str) -> int:
+    """Where a first user turn of [image, question]'s image ends in the prompt: the template's
+    placeholders (rows and codes) expanded to the image's tokens."""
+    tokenizer = TextTokenizer.from_dir(omni_dir)
+    turn = [{"role": "user", "content": [{"type": "image", "id": "image_0"}, {"type": "text", "text": question}]}]
+    ids = tokenizer.apply_chat_template(turn, skip_reasoning=True, enable_thinking=False)
+    pads = {tokenizer.token_to_id("<|IMAGE_PAD|>"), tokenizer.token_to_id("<|DISCRETE_IMAGE_PAD|>")}
+    at = [i for i, t in enumerate(ids) if t in pads]
+    return at[-1] + 1 - len(at) + image_tokens
+
+
+async def test_an_image_turn_is_answered_and_the_next_turn_finds_the_image_cached(
+    server: str, says_yes: dict[str, float], omni_dir: Path
+) -> None:
+    """Issue 37 acceptance 7: a user item with input_image and input_text, then response.create,
+    answers; the image counts in usage (its rows and codes, as chat counts them), and the next
+    turn's cached tokens cover it (the prefix cache holds the turn before, image included)."""
+    question = "What is in this picture? Answer in one word, please."
+    async with _connect(server) as conn:
+        seen: list[dict[str, Any]] = []
+        await _manual(conn, says_yes, output_modalities=["text"])
+        await conn.send(_image_item({"type": "input_image", "image_url": png_url(120, 90, seed=7)},
+                                    {"type": "input_text", "text": question}))  # fmt: skip
+        added = await _until(conn, "conversation.item.added", seen)
+        assert [p["type"] for p in added["item"]["content"]] == ["input_image", "input_text"]
+        await conn.send({"type": "response.create", "response": {"max_output_tokens": 4}})
+        first = await _until(conn, "response.done", seen)
+        assert "error" not in _types(seen), seen
+        answer = first["response"]["output"][0]
+        assert first["response"]["status"] in ("completed", "incomplete") and answer["content"][0]["text"].strip(), first
+        usage = first["response"]["usage"]["input_token_details"]
+        image_tokens = image_rows(omni_dir, 120, 90) + NUM_IMAGE_CODES
+        assert usage["image_tokens"] == image_tokens and usage["audio_tokens"] == 0
+        assert usage["text_tokens"] + image_tokens == first["response"]["usage"]["input_tokens"]
+        await conn.send(_image_item({"type": "input_text", "text": "And its colour?"}))
+        await conn.send({"type": "response.create", "response": {"max_output_tokens": 4}})
+        seen.clear()
+        second = await _until(conn, "response.done", seen)
+        assert second["response"]["output"][0]["content"][0]["text"].strip(), second
+        details = second["response"]["usage"]["input_token_details"]
+        assert details["image_tokens"] == image_tokens  # the image is in every turn's prompt
+        assert details["cached_tokens"] >= _image_end(omni_dir, image_tokens, question), (details, first["response"]["usage"])
+
+
+async def test_a_bad_image_is_an_error_naming_the_part_and_the_session_goes_on(server: str, says_yes: dict[str, float]) -> None:
+    """Undecodable data, a data URL that is no image's, a remote URL (this server fetches none):
+    each is an error naming the item.create and item.content[1].image_url, no item is added, and
+    the next turn with a good image answers."""
+    bad = ["data:image/png;base64," + base64.b64encode(b"not a picture").decode(),
+           "data:text/plain;base64," + png_url(8, 8, seed=1).partition(",")[2],
+           "https://example.com/cat.png"]  # fmt: skip
+    async with _connect(server) as conn:
+        seen: list[dict[str, Any]] = []
+        await _manual(conn, says_yes, output_modalities=["text"])
+        await _until(conn, "session.updated", seen)
+        for i, url in enumerate(bad):
+            await conn.send(_image_item({"type": "input_text", "text": "Look."}, {"type": "input_image", "image_url": url},
+                                        event_id=f"bad_{i}"))  # fmt: skip
+            error = (await _until(conn, "error", seen))["error"]
+            assert (error["event_id"], error["param"]) == (f"bad_{i}", "item.content[1].image_url"), error
+            assert "content[1]" in error["message"] and error["type"] == "invalid_request_error", error
+        assert "conversation.item.added" not in _types(seen)
+        await conn.send(_image_item({"type": "input_text", "text": "Look."}, {"type": "input_image", "image_url": png_url(64, 64, seed=2)}))
+        await conn.send({"type": "response.create", "response": {"max_output_tokens": 4}})
+        done = await _until(conn, "response.done", seen)
+        assert done["response"]["status"] in ("completed", "incomplete") and done["response"]["output"][0]["content"][0]["text"].strip()
+        assert done["response"]["usage"]["input_token_details"]["image_tokens"] > 0
+
+
+async def test_truncation_counts_images_against_the_context_and_the_media_cap(
+    server: str, says_yes: dict[str, float], omni_dir: Path
+) -> None:
+    """A long text item, then 12 images: over the 2048-token context only with the images
+    counted. truncation disabled: the response fails with the context error; auto: it answers
+    without the text, every image kept. 5 images more pass the 16-item media cap: auto keeps the
+    last 16."""
+    per_image = image_rows(omni_dir, 64, 64) + NUM_IMAGE_CODES
+    words = httpx.post(f"{server}/tokenize", json={"model": MODEL, "prompt": " yes" * 400, "add_special_tokens": False},
+                       timeout=120).json()["count"]  # fmt: skip
+    long_text = " yes" * (400 * 1300 // words)  # about 1300 tokens: it fits alone, and so do the images
+    assert 1300 + 12 * per_image > 2048 > 12 * per_image + 100
+    async with _connect(server) as conn:
+        seen: list[dict[str, Any]] = []
+        await _manual(conn, says_yes, output_modalities=["text"], truncation="disabled", max_output_tokens=4)
+        await conn.send(_image_item({"type": "input_text", "text": long_text}))
+        for i in range(12):
+            await conn.send(_image_item({"type": "input_image", "image_url": png_url(64, 64, seed=100 + i)}))
+        await conn.send({"type": "response.create", "event_id": "whole"})
+        failed = await _until(conn, "response.done", seen)
+        error = next(e["error"] for e in seen if e["type"] == "error")
+        assert failed["response"]["status"] == "failed" and (error["event_id"], error["code"]) == ("whole", "context_length_exceeded")
+        await conn.send({"type": "session.update", "session": {"type": "realtime", "truncation": "auto"}})
+        await conn.send({"type": "response.create"})
+        seen.clear()
+        done = await _until(conn, "response.done", seen)
+        usage = done["response"]["usage"]
+        assert done["response"]["status"] in ("completed", "incomplete") and "error" not in _types(seen), seen
+        assert usage["input_token_details"]["image_tokens"] == 12 * per_image and usage["input_tokens"] < 2048 - 4
+        for i in range(5):
+            await conn.send(_image_item({"type": "input_image", "image_url": png_url(64, 64, seed=200 + i)}))
+        await conn.send({"type": "response.create"})
+        seen.clear()
+        done = await _until(conn, "response.done", seen)
+        assert done["response"]["status"] in ("completed", "incomplete") and "error" not in _types(seen), seen
+        assert done["response"]["usage"]["input_token_details"]["image_tokens"] == 16 * per_image
 
 
 def _weather_tool(max_length: int) -> dict[str, Any]:

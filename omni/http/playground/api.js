@@ -24,6 +24,16 @@ export function wsProtocols() {
   return key ? ["realtime", "openai-insecure-api-key." + key] : ["realtime"];
 }
 
+// A file the user picked, as a data: URL (what the API takes for an image or audio part).
+export function readDataUrl(file) {
+  return new Promise((resolve, reject) => {
+    const reader = new FileReader();
+    reader.onload = () => resolve(reader.result);
+    reader.onerror = () => reject(reader.error);
+    reader.readAsDataURL(file);
+  });
+}
+
 export function headers(extra = {}) {
   const h = { ...extra };
   if (key) h.Authorization = "Bearer " + key;

@@ -24,15 +24,6 @@ let attachments = []; // {kind: "image" | "audio", name, url, format}
 let controller = null;
 const player = new PcmPlayer();
 
-function readDataUrl(file) {
-  return new Promise((resolve, reject) => {
-    const reader = new FileReader();
-    reader.onload = () => resolve(reader.result);
-    reader.onerror = () => reject(reader.error);
-    reader.readAsDataURL(file);
-  });
-}
-
 function audioFormat(file) {
   return AUDIO_FORMATS[file.type] ?? file.name.split(".").pop().toLowerCase();
 }
@@ -40,7 +31,7 @@ function audioFormat(file) {
 async function attach(files) {
   for (const file of files) {
     const kind = file.type.startsWith("image/") ? "image" : "audio";
-    attachments.push({ kind, name: file.name, url: await readDataUrl(file), format: audioFormat(file) });
+    attachments.push({ kind, name: file.name, url: await api.readDataUrl(file), format: audioFormat(file) });
   }
   showAttachments();
 }

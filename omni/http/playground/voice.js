@@ -3,11 +3,14 @@
 // decides the turns (server_vad), transcribes the user's turn, and answers in speech, played
 // as its output_audio deltas arrive. Barge-in: when the user starts speaking, playback stops at
 // once and the assistant's item is truncated at what was heard (the server, with
-// interrupt_response, has cancelled the response itself).
+// interrupt_response, has cancelled the response itself). An image the user shows goes into the
+// conversation as a user item of one input_image part (a data URL), and the next turns see it;
+// shown before the call, it goes once the session is set up.
 //
 // The section's data attributes (the browser test reads them): data-state (idle, connecting,
 // live, closed, error), data-audio-bytes and data-audio-chunks (output audio received),
-// data-responses (response.done events).
+// data-responses (response.done events), data-images (image items the server added),
+// data-image-tokens (the last response's prompt tokens standing for images).
 
 import * as api from "./api.js";
 import { PcmPlayer, RATE, base64ToBytes, bytesToBase64 } from "./player.js";
@@ -21,6 +24,8 @@ let mic = null; // {ctx, stream, node}
 const lines = new Map(); // item id -> its line in the log
 const silenced = new Set(); // items cut by barge-in: their late deltas are not played
 let responding = false; // between response.created and response.done
+let shown = []; // image items to create once the session is set up
+let ready = false; // the session.update was answered
 
 function count(name, by = 1) {
   section.dataset[name] = String(Number(section.dataset[name]) + by);
@@ -76,6 +81,22 @@ function sessionUpdate(extra) {
   return { type: "session.update", session };
 }
 
+// An image into the conversation: a user item of its own, under an id of the page's so its line
+// shows at once; the server's conversation.item.added (or an error naming the part) follows.
+async function showImage(file) {
+  const url = await api.readDataUrl(file);
+  const id = `item_img_${Date.now().toString(36)}${Math.random().toString(36).slice(2, 10)}`;
+  const el = line(id, "user");
+  const img = document.createElement("img");
+  img.src = url;
+  img.alt = file.name;
+  el.append(img);
+  const event = { type: "conversation.item.create", item: { id, type: "message", role: "user",
+                                                           content: [{ type: "input_image", image_url: url }] } };
+  if (ready) send(event);
+  else shown.push(event);
+}
+
 // The user speaks: silence the answer now. The server (interrupt_response) cancels a running
 // response itself; the item keeps the audio it had, of which the user heard only part (or, if
 // the response was still running, perhaps more was on its way): truncate it at what was heard.
@@ -114,7 +135,16 @@ function onEvent(event) {
   logEvent(event);
   switch (event.type) {
     case "session.updated":
+      ready = true;
+      shown.forEach(send);
+      shown = [];
       if (!mic) startMic().catch(fail);
+      break;
+    case "conversation.item.added":
+      if (event.item.content?.some((p) => p.type === "input_image")) {
+        count("images");
+        line(event.item.id, "user").dataset.image = "added";
+      }
       break;
     case "input_audio_buffer.speech_started":
       bargeIn();
@@ -158,6 +188,7 @@ function onEvent(event) {
     case "response.done":
       responding = false;
       count("responses");
+      section.dataset.imageTokens = String(event.response.usage?.input_token_details?.image_tokens ?? 0);
       if (event.response.status === "failed") note(`response failed: ${JSON.stringify(event.response.status_details)}`, true);
       break;
     case "error":
@@ -201,6 +232,7 @@ function hangUp() {
   }
   ws?.close();
   ws = null;
+  ready = false;
   player.stop();
   $("voice-start").disabled = false;
   $("voice-stop").disabled = true;
@@ -224,10 +256,13 @@ function start() {
   lines.clear();
   silenced.clear();
   responding = false;
-  $("voice-log").replaceChildren();
+  const keep = [...$("voice-log").querySelectorAll(".msg.user:not([data-image])")].filter((el) => el.querySelector("img"));
+  $("voice-log").replaceChildren(...keep); // images shown before the call go with it
+  keep.forEach((el) => lines.set(el.dataset.item, el));
   $("voice-events").replaceChildren();
   started = performance.now();
-  Object.assign(section.dataset, { state: "connecting", audioBytes: "0", audioChunks: "0", responses: "0" });
+  Object.assign(section.dataset, { state: "connecting", audioBytes: "0", audioChunks: "0", responses: "0", images: "0",
+                                   imageTokens: "0" });
   $("voice-start").disabled = true;
   $("voice-stop").disabled = false;
   const model = api.model();
@@ -253,4 +288,8 @@ function start() {
 export function setup() {
   $("voice-start").addEventListener("click", start);
   $("voice-stop").addEventListener("click", hangUp);
+  $("voice-image").addEventListener("change", (e) => {
+    [...e.target.files].forEach((file) => showImage(file).catch((err) => api.status(err.message, true)));
+    e.target.value = ""; // the same file may be shown again
+  });
 }

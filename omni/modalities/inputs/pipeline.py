@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from omni.engines.encoder import EncoderEngine
 from omni.engines.llm import EngineError
@@ -34,6 +34,8 @@ from scheduler.request import MediaSpan
 class PromptInputs:
     token_ids: list[int]
     media: tuple[MediaSpan, ...]
+    # prompt tokens standing for media, by kind (embedding rows and code tokens alike), as expanded
+    num_media_tokens: Mapping[str, int] = field(default_factory=dict)
 
 
 class MediaPipeline:
@@ -112,19 +114,31 @@ class MediaPipeline:
                 raise outcome
         out: list[int] = []
         spans: list[MediaSpan] = []
+        counts: dict[str, int] = {}
         start = 0  # token_ids[start:pos] is copied as is; token_ids[pos] is replaced
         for s in slots:
             out.extend(token_ids[start : s.pos])
             start = s.pos + 1
             key, encoded = jobs[(id(s.item), s.placeholder.component)].result()
+            at = len(out)
             if s.placeholder.discrete:
                 assert encoded.codes is not None
                 out.extend(self.placeholders.code_id(s.placeholder.component, c) for c in encoded.codes)
             else:
                 spans.append(MediaSpan(len(out), encoded.num_rows, key))
                 out.extend([token_ids[s.pos]] * encoded.num_rows)
+            counts[s.item.kind] = counts.get(s.item.kind, 0) + len(out) - at
         out.extend(token_ids[start:])
-        return PromptInputs(out, tuple(spans))
+        return PromptInputs(out, tuple(spans), counts)
+
+    async def encode_ahead(self, item: MediaItem, *, priority: int = 0) -> None:
+        """Encode item now with each of its kind's components, as a prompt holding it will be
+        (a realtime image is shown before the turn that asks about it): that prompt then finds
+        it in the cache, or joins the encode under way. An error is left to that prompt."""
+        if not self.ready:
+            return
+        placeholders = [p for p in self.placeholders.of_kind(item.kind) if p.component in self.encoder.components]
+        await asyncio.gather(*(self._encoded(item, p, priority) for p in placeholders), return_exceptions=True)
 
     def _key(self, item: MediaItem, component: str) -> str:
         digest = item.digest or content_hash(item.data, items.decode_params(item.kind, self.limits))

@@ -69,6 +69,10 @@ class PlaceholderTokens:
                 self._placeholders[token_id] = placeholder
         self._code_ids: dict[tuple[str, int], int] = {}
 
+    def of_kind(self, kind: str) -> list[Placeholder]:
+        """The placeholders of a media kind that this vocabulary has (one per representation)."""
+        return [p for p in self._placeholders.values() if p.kind == kind]
+
     def slots(self, token_ids: Sequence[int], items: Sequence[MediaItem]) -> list[Slot]:
         """Every placeholder in token_ids with its item; a 400 when placeholders and items
         do not pair up (a placeholder typed in the text, or a template that drops a kind)."""

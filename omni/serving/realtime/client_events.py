@@ -113,7 +113,7 @@ class SessionFields(Struct, forbid_unknown_fields=True):
     temperature: Temperature | UnsetType = UNSET  # ours (beta's); GA has none
     max_output_tokens: MaxTokens | UnsetType = UNSET
     parallel_tool_calls: bool | UnsetType = UNSET
-    truncation: Literal["auto", "disabled"] | UnsetType = UNSET  # informational: the context is the model's
+    truncation: Literal["auto", "disabled"] | UnsetType = UNSET  # auto: the oldest left out (truncation.py)
     tracing: None | Literal["auto"] | UnsetType = UNSET  # informational: no traces are kept
     include: list[Literal["item.input_audio_transcription.logprobs"]] | UnsetType = UNSET  # informational
     # ours, as chat's (vLLM's) fields: reproducible answers, and a bias a test steers a random model with
@@ -161,6 +161,11 @@ class InputAudio(Struct, tag_field="type", tag="input_audio", forbid_unknown_fie
     transcript: str | None | UnsetType = UNSET
 
 
+class InputImage(Struct, tag_field="type", tag="input_image", forbid_unknown_fields=True):
+    image_url: str  # a data: URL, or an http(s) URL under chat's remote-media rules
+    detail: Literal["auto", "low", "high"] = "auto"  # informational: the encoder reads every image at its own size
+
+
 class OutputText(Struct, tag_field="type", tag="output_text", forbid_unknown_fields=True):
     text: str
 
@@ -170,7 +175,7 @@ class OutputAudio(Struct, tag_field="type", tag="output_audio", forbid_unknown_f
     transcript: str | None | UnsetType = UNSET
 
 
-ContentPart = InputText | InputAudio | OutputText | OutputAudio
+ContentPart = InputText | InputAudio | InputImage | OutputText | OutputAudio
 
 
 class MessageItem(Struct, tag_field="type", tag="message", forbid_unknown_fields=True):

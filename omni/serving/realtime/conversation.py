@@ -3,8 +3,10 @@
 rendered from.
 
     message (user)        -> a user message: input_text parts as text, input_audio parts as
-                             input_audio (WAV, the session's own samples: the same bytes every
-                             turn, so the encoder cache and the prefix cache hold them)
+                             input_audio (WAV, the session's own samples), input_image parts as
+                             image_url (a data URL of the checked bytes: input_image.py); the
+                             same bytes every turn, so the encoder cache and the prefix cache
+                             hold them
     message (assistant)   -> an assistant message: its text, or its audio's transcript
     message (system)      -> a system message
     function_call         -> an assistant tool call (calls in a row join one message)
@@ -56,6 +58,7 @@ class _Audio:
 class Conversation:
     items: list[Item] = field(default_factory=list)
     _audio: dict[tuple[str, int], _Audio] = field(default_factory=dict)  # (item id, content index)
+    _images: dict[tuple[str, int], str] = field(default_factory=dict)  # (item id, content index) -> data URL
 
     def index(self, item_id: str, param: str = "item_id") -> int:
         for i, item in enumerate(self.items):
@@ -87,9 +90,14 @@ class Conversation:
         del self.items[self.index(item_id)]
         for key in [k for k in self._audio if k[0] == item_id]:
             del self._audio[key]
+        for key in [k for k in self._images if k[0] == item_id]:
+            del self._images[key]
 
     def set_user_audio(self, item_id: str, content_index: int, wav: bytes) -> None:
         self._audio[(item_id, content_index)] = _Audio(base64.b64encode(wav).decode(), 0)
+
+    def set_user_image(self, item_id: str, content_index: int, data_url: str) -> None:
+        self._images[(item_id, content_index)] = data_url
 
     def set_spoken_ms(self, item_id: str, content_index: int, duration_ms: int) -> None:
         self._audio[(item_id, content_index)] = _Audio(None, duration_ms)
@@ -140,6 +148,8 @@ class Conversation:
     def _user_part(self, item_id: str, index: int, part: dict[str, Any]) -> dict[str, Any] | None:
         if part["type"] == "input_text":
             return {"type": "text", "text": part["text"]}
+        if part["type"] == "input_image":
+            return {"type": "image_url", "image_url": {"url": self._images[(item_id, index)]}}
         audio = self._audio.get((item_id, index))
         if audio is None or audio.wav_b64 is None:  # given as a transcript only
             return {"type": "text", "text": part.get("transcript") or ""} if part.get("transcript") else None

@@ -22,7 +22,7 @@ import base64
 import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,8 +31,11 @@ from msgspec import UNSET
 
 from omni.engines.generation import Delta, Usage
 from omni.modalities.outputs.audio import AUDIO
+from omni.serving.model import ServedModel
 from omni.serving.realtime import client_events as ev
 from omni.serving.realtime.conversation import Conversation, Item, new_item_id
+from omni.serving.requests import ChatCompletionRequest, parse_chat_completion_request
+from omni.serving.sampling import request_priority
 from omni.shared.media import g711
 from omni.shared.media.audio_encoding import float_to_pcm16
 from omni.shared.media.decimator import Decimator
@@ -85,6 +88,12 @@ def chat_body(
     return body
 
 
+def chat_request(model: ServedModel, s: dict[str, Any], messages: list[dict[str, Any]]) -> ChatCompletionRequest:
+    """chat_body's request at the voice priority, parsed as POST /v1/chat/completions parses one."""
+    priority = request_priority(model.pool.config.llm, None, voice=True)
+    return parse_chat_completion_request(chat_body(model.name, model.output(AUDIO) is not None, s, messages, priority))
+
+
 def _function(tool: ev.FunctionTool) -> dict[str, Any]:
     fn: dict[str, Any] = {"name": tool.name, "parameters": tool.parameters or {"type": "object", "properties": {}}}
     if tool.description is not UNSET:
@@ -129,6 +138,7 @@ class ResponseEvents:
         self.on_first_audio = on_first_audio
         self.response = response
         self.parser: ChoiceParser | None = None  # the turn's (its tools, its reasoning), once it is prepared
+        self.num_media_tokens: Mapping[str, int] = {}  # the prompt's, by kind, once it is prepared
         self.conversation = conversation
         self.audio = audio
         self.audio_out = AudioOut(audio_format)
@@ -170,11 +180,18 @@ class ResponseEvents:
                 "total_tokens": usage.prompt_tokens + usage.completion_tokens,
                 "input_tokens": usage.prompt_tokens,
                 "output_tokens": usage.completion_tokens,
-                "input_token_details": {"cached_tokens": usage.cached_tokens},
+                "input_token_details": self._input_details(usage),
                 "output_token_details": {"audio_tokens": audio_tokens,
                                          "text_tokens": max(usage.completion_tokens - audio_tokens, 0)},  # fmt: skip
             }
         self.emit({"type": "response.done", "response": self.response})
+
+    def _input_details(self, usage: Usage) -> dict[str, int]:
+        """The prompt's tokens by modality: images and audio as their items expanded (embedding
+        rows and codes alike), text the rest; cached, the prefix cache's share of them all."""
+        image, audio = self.num_media_tokens.get("image", 0), self.num_media_tokens.get("audio", 0)
+        return {"cached_tokens": usage.cached_tokens, "text_tokens": max(usage.prompt_tokens - image - audio, 0),
+                "image_tokens": image, "audio_tokens": audio}  # fmt: skip
 
     # ---------------------------------------------------------------- items
 

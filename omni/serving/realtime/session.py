@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import functools
 import logging
 import time
 import uuid
@@ -43,15 +44,16 @@ from omni.errors import APIError, bad_request, internal_error
 from omni.metrics import Metrics
 from omni.modalities.inputs.voice_activity import WINDOW_MS, VoiceActivity, VoiceActivityModel
 from omni.modalities.outputs.audio import AUDIO
-from omni.serving import chat, transcriptions
+from omni.serving import transcriptions
 from omni.serving.errors import api_error
 from omni.serving.model import ModelRegistry, ServedModel
 from omni.serving.realtime import client_events as ev
 from omni.serving.realtime import end_of_turn
 from omni.serving.realtime import turn_detection as td
 from omni.serving.realtime.conversation import Conversation, Item, new_item_id, not_found, wav_bytes
-from omni.serving.realtime.response import Event, ResponseEvents, chat_body, new_response_id
-from omni.serving.requests import parse_chat_completion_request
+from omni.serving.realtime.input_image import encode_ahead, item_images
+from omni.serving.realtime.response import Event, ResponseEvents, chat_request, new_response_id
+from omni.serving.realtime.truncation import Prepare, Truncation
 from omni.serving.requests.transcriptions import TranscriptionRequest
 from omni.serving.sampling import request_priority
 from omni.shared.media import g711
@@ -183,7 +185,7 @@ class RealtimeSession:
             self._clear_buffer()
             self.emit({"type": "input_audio_buffer.cleared"})
         elif isinstance(event, ev.ItemCreate):
-            self._create_item(event.item, event.previous_item_id)
+            await self._create_item(event.item, event.previous_item_id)
         elif isinstance(event, ev.ItemRetrieve):
             self.emit({"type": "conversation.item.retrieved", "item": self.conversation.get(event.item_id)})
         elif isinstance(event, ev.ItemDelete):
@@ -444,12 +446,12 @@ class RealtimeSession:
 
     # ------------------------------------------------------------------ items
 
-    def _create_item(self, given: ev.Item, previous_item_id: str | None) -> None:
+    async def _create_item(self, given: ev.Item, previous_item_id: str | None) -> None:
         item: Item = msgspec.to_builtins(given)
         item.setdefault("id", new_item_id())
         item["object"], item["status"] = "realtime.item", "completed"
         if isinstance(given, ev.MessageItem):
-            allowed = {"user": ("input_text", "input_audio"), "system": ("input_text",),
+            allowed = {"user": ("input_text", "input_audio", "input_image"), "system": ("input_text",),
                        "assistant": ("output_text", "output_audio")}[given.role]  # fmt: skip
             for i, part in enumerate(given.content):
                 kind = item["content"][i]["type"]
@@ -465,11 +467,16 @@ class RealtimeSession:
                     item["content"][i].setdefault("transcript", None)
                 elif isinstance(part, ev.OutputAudio):
                     item["content"][i].pop("audio", None)
+        images = await item_images(self.model, item["id"], given)  # checked before the item is added
         if isinstance(given, ev.FunctionCallItem):
             item.setdefault("call_id", f"call_{uuid.uuid4().hex[:16]}")
         previous = self.conversation.add(item, previous_item_id)
         for i, wav in audio.items():
             self.conversation.set_user_audio(item["id"], i, wav)
+        for i, image in images.items():
+            self.conversation.set_user_image(item["id"], i, image.url)
+        if images:
+            self._spawn(encode_ahead(self.model, list(images.values())))
         self.emit({"type": "conversation.item.added", "previous_item_id": previous, "item": item})
         self.emit({"type": "conversation.item.done", "previous_item_id": previous, "item": item})
 
@@ -499,11 +506,9 @@ class RealtimeSession:
         items = self.conversation.items
         if fields.input is not UNSET:
             items = [self._reference(x, i) for i, x in enumerate(fields.input)]
-        priority = request_priority(self.model.pool.config.llm, None, voice=True)
-        body = chat_body(
-            self.model.name, self.model.output(AUDIO) is not None, s, self.conversation.messages(items), priority
-        )
-        req = parse_chat_completion_request(body)
+        messages = self.conversation.messages(items)
+        request = functools.partial(chat_request, self.model, s)  # of all messages, or truncation.py's fewer
+        request(messages)  # a request the conversation cannot make is this event's error
         response = {
             "id": new_response_id(), "object": "realtime.response", "status": "in_progress", "status_details": None,
             "output": [], "conversation_id": None if out_of_band else f"conv_{self.id[5:]}",
@@ -518,7 +523,9 @@ class RealtimeSession:
         self._idle_from_ms = self._first_audio_ms = None
         if speaks:
             self._spoken = asyncio.Event()
-        task = asyncio.create_task(self._run(req, events, event_id))
+        truncation = Truncation.of(s["truncation"], self.model)
+        prepare = functools.partial(truncation.chat, self.models, messages, request, timeout=self.timeout)
+        task = asyncio.create_task(self._run(prepare, events, event_id))
         task.add_done_callback(lambda done: self._never_ran(events, done))
         self._response = (events, task)
         self.num_responses += 1
@@ -571,12 +578,13 @@ class RealtimeSession:
             end_ms = max(end_ms, self._first_audio_ms + events.audio_samples * 1000 // 24000)
         self._idle_from_ms = end_ms
 
-    async def _run(self, req: Any, events: ResponseEvents, event_id: str | None) -> None:
+    async def _run(self, prepare: Prepare, events: ResponseEvents, event_id: str | None) -> None:
         finish: str | None = None
         usage = None
         try:
-            completion = await chat.chat(self.models, req, store=None, timeout=self.timeout, live=True)
+            completion = await prepare()  # chat's turn of the conversation (truncation.py)
             events.parser = completion.output_format.new_parser()
+            events.num_media_tokens = completion.num_media_tokens
             output = completion.outputs[0]
             try:
                 with completion.admitted():

@@ -289,6 +289,8 @@ async def test_expand_splices_rows_and_codes_and_spans_point_at_the_pad_runs(
     }
     expected = [t for token in rendered for t in replace.get(token, [token])]
     assert prompt.token_ids == expected
+    # what each kind stands for in the prompt: its rows and its codes
+    assert prompt.num_media_tokens == {"image": image_rows + len(vision_ids), "audio": audio_rows + len(unit_ids)}
 
     image_at, audio_at = expected.index(pad["IMAGE_PAD"]), expected.index(pad["AUDIO_PAD"])
     assert prompt.media == (
@@ -328,6 +330,25 @@ async def test_second_request_hits_and_a_fresh_pipeline_reads_the_store(
     assert sample(fresh_metrics, "omni_store_operation_seconds_count", operation="get") == 2.0
     assert sample(fresh_metrics, "omni_store_operation_seconds_count", operation="read_head") == 2.0
     assert sample(fresh_metrics, "omni_store_errors_total", operation="get") == 0.0
+
+
+async def test_an_item_encoded_ahead_is_found_by_the_prompt_that_holds_it(tokenizer: TextTokenizer, store: LocalStore) -> None:
+    """A realtime image is encoded when it is shown, by each of its kind's components; the turn
+    that holds it then encodes nothing. A failure ahead is left to that turn."""
+    encoder = FakeEncoder(store)
+    pipeline = make_pipeline(tokenizer, encoder, store)
+    ref = media_items.MediaRef("item.content[0].image_url", "image", url=data_url("image/png", IMAGE))
+    (item,) = await media_items.load_items([ref], pipeline.limits)
+    await pipeline.encode_ahead(item)
+    assert sorted((c.component, c.param) for c in encoder.calls) == [
+        ("image_tokenizer", "item.content[0].image_url"), ("vision_encoder", "item.content[0].image_url")]  # fmt: skip
+    _, prompt = await render(pipeline, chat(text("What is it?"), image(IMAGE)))
+    assert len(encoder.calls) == 2 and prompt.num_media_tokens["image"] > 0
+    refusing = FakeEncoder(store, errors={"vision_encoder": "cannot decode"})
+    ref = media_items.MediaRef("item.content[0].image_url", "image", url=data_url("image/png", png_bytes(40, 40)))
+    (other,) = await media_items.load_items([ref], pipeline.limits)
+    await make_pipeline(tokenizer, refusing, store).encode_ahead(other)  # no error here: the turn's expand says it
+    assert sorted(c.component for c in refusing.calls) == ["image_tokenizer", "vision_encoder"]
 
 
 async def test_a_swept_embeddings_artifact_is_encoded_again_but_codes_are_not(

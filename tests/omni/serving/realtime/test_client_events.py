@@ -62,3 +62,26 @@ def test_bad_turn_detection_names_its_field(value: dict[str, object], param: str
     with pytest.raises(ev.EventError) as e:
         _turn_detection(value)
     assert e.value.error.param == param and words in e.value.error.message, e.value.error.message
+
+
+def test_a_user_item_takes_input_image_parts_as_the_openai_client_sends_them() -> None:
+    url = "data:image/png;base64,iVBORw0KGgo="
+    item = {"type": "message", "role": "user",
+            "content": [{"type": "input_text", "text": "What is it?"}, {"type": "input_image", "image_url": url, "detail": "high"}]}  # fmt: skip
+    e = ev.parse_event(orjson.dumps({"type": "conversation.item.create", "item": item}))
+    assert isinstance(e, ev.ItemCreate) and isinstance(e.item, ev.MessageItem)
+    assert e.item.content[1] == ev.InputImage(image_url=url, detail="high")
+    bare = ev.parse_event(orjson.dumps({"type": "conversation.item.create", "item": dict(item, content=[{"type": "input_image", "image_url": url}])}))
+    assert bare.item.content[0].detail == "auto"  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    ("part", "param"),
+    [({"type": "input_image"}, "item.content[0].image_url"),
+     ({"type": "input_image", "image_url": "data:,", "detail": "max"}, "item.content[0].detail")],
+)  # fmt: skip
+def test_a_bad_input_image_part_names_its_field(part: dict[str, object], param: str) -> None:
+    event = {"type": "conversation.item.create", "event_id": "e", "item": {"type": "message", "role": "user", "content": [part]}}
+    with pytest.raises(ev.EventError) as e:
+        ev.parse_event(orjson.dumps(event))
+    assert e.value.error.param == param

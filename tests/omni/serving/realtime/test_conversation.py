@@ -37,6 +37,17 @@ def test_items_render_as_chat_messages_in_order() -> None:
     ]  # fmt: skip
 
 
+def test_an_image_renders_as_chats_image_url_of_its_loaded_bytes_until_its_item_goes() -> None:
+    c = Conversation()
+    c.add(_msg("u1", "user", {"type": "input_image", "image_url": "https://example.com/cat.png", "detail": "auto"}))
+    c.items[0]["content"].append({"type": "input_text", "text": "What is it?"})
+    c.set_user_image("u1", 0, "data:image/png;base64,AAAA")  # what input_image.py loaded from the URL
+    assert c.messages() == [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}, {"type": "text", "text": "What is it?"}]}]  # fmt: skip
+    c.delete("u1")
+    assert (c.items, c._images) == ([], {})
+
+
 def test_truncate_keeps_the_heard_share_of_the_transcript() -> None:
     c = Conversation()
     c.add(_msg("a1", "assistant", {"type": "output_audio", "transcript": "one two three four"}))

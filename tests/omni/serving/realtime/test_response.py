@@ -84,10 +84,21 @@ def test_a_text_answer_is_one_message_item_added_streamed_and_done() -> None:
     assert (item["status"], item["content"]) == ("completed", [{"type": "output_text", "text": "Hello"}])
     assert [i["id"] for i in conversation.items] == [item["id"]]
     assert done["usage"] == {
-        "total_tokens": 7, "input_tokens": 5, "output_tokens": 2, "input_token_details": {"cached_tokens": 1},
+        "total_tokens": 7, "input_tokens": 5, "output_tokens": 2,
+        "input_token_details": {"cached_tokens": 1, "text_tokens": 5, "image_tokens": 0, "audio_tokens": 0},
         "output_token_details": {"audio_tokens": 0, "text_tokens": 2},
     }  # fmt: skip
     orjson.dumps(sent)  # every event is plain JSON
+
+
+def test_the_prompts_images_and_audio_are_counted_apart_from_its_text() -> None:
+    sent: list[dict[str, Any]] = []
+    events = ResponseEvents(sent.append, response(), None, audio=False, audio_format="audio/pcm")
+    events.parser = OutputFormat().new_parser()
+    events.num_media_tokens = {"image": 80, "audio": 25}  # as chat's turn expanded them
+    run(events, [Delta("Hi", [1], finish_reason="stop")], usage=Usage(120, 1, 96))
+    details = sent[-1]["response"]["usage"]["input_token_details"]
+    assert details == {"cached_tokens": 96, "text_tokens": 15, "image_tokens": 80, "audio_tokens": 25}
 
 
 def test_spoken_audio_is_counted_in_units_and_its_item_is_output_audio() -> None:

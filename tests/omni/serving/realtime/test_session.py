@@ -5,13 +5,17 @@ rule. The whole session runs in tests/e2e/test_realtime.py."""
 
 from __future__ import annotations
 
+import asyncio
+import base64
 import contextlib
+import io
 from types import SimpleNamespace
 from typing import Any, cast
 
 import msgspec
 import orjson
 import pytest
+from PIL import Image
 
 from omni.config import LLMConfig
 from omni.engines.generation import Delta, Usage
@@ -19,6 +23,7 @@ from omni.serving import chat as serving_chat
 from omni.serving.errors import api_error
 from omni.serving.realtime import client_events as ev
 from omni.serving.realtime.session import RealtimeSession, overlay
+from omni.shared.media import MediaLimits
 from omni.text.parsers.tool_calls import ToolFunction
 from omni.text.reply_parser import OutputFormat
 from tests.omni.serving.test_errors import CASES, IDS
@@ -26,7 +31,7 @@ from tests.omni.serving.test_errors import CASES, IDS
 
 def _session(events: list[dict[str, Any]], llm: LLMConfig | None = None) -> RealtimeSession:
     pool = SimpleNamespace(config=SimpleNamespace(llm=llm or LLMConfig()))
-    model = SimpleNamespace(name="m", output=lambda kind: None, pool=pool)  # a text model: it serves no output kind
+    model = SimpleNamespace(name="m", output=lambda kind: None, pool=pool, media=None)  # a text model: no output, no media
     return RealtimeSession(cast(Any, None), cast(Any, model), events.append, vad_model=None, max_buffer_seconds=10.0)
 
 
@@ -157,7 +162,7 @@ async def test_a_turn_whose_second_call_was_cut_is_answered_after_the_tools_outp
 
         output = SimpleNamespace(deltas=stream, usage=Usage(5, len(deltas), 0))
         fmt = OutputFormat(tool_parser="hermes", tools=(ToolFunction("weather"),))
-        return SimpleNamespace(output_format=fmt, outputs=[output], admitted=contextlib.nullcontext)
+        return SimpleNamespace(output_format=fmt, outputs=[output], admitted=contextlib.nullcontext, num_media_tokens={})
 
     monkeypatch.setattr(serving_chat, "chat", chat)
     events: list[dict[str, Any]] = []
@@ -180,3 +185,35 @@ async def test_a_turn_whose_second_call_was_cut_is_answered_after_the_tools_outp
     messages = reqs[1].template_messages
     assert [m["role"] for m in messages] == ["user", "assistant", "tool"]
     assert [c["id"] for c in messages[1]["tool_calls"]] == [first["call_id"]]
+
+
+# ---------------------------------------------------------------- images
+
+
+async def test_a_bad_image_is_an_error_naming_item_and_part_and_a_good_one_is_rendered() -> None:
+    events: list[dict[str, Any]] = []
+    session = _session(events)
+    ahead: list[Any] = []
+
+    async def encode_ahead(item: Any, *, priority: int) -> None:
+        ahead.append(item)
+
+    media = SimpleNamespace(limits=MediaLimits(), encoder=SimpleNamespace(components=frozenset({"vision_encoder"})),
+                            encode_ahead=encode_ahead)  # fmt: skip
+    session.model = cast(Any, SimpleNamespace(name="m", output=lambda kind: None, pool=session.model.pool, media=media))
+    bad = {"id": "img_1", "type": "message", "role": "user",
+           "content": [{"type": "input_text", "text": "See?"}, {"type": "input_image", "image_url": "data:image/png;base64,AAAA"}]}  # fmt: skip
+    await session.handle(orjson.dumps({"type": "conversation.item.create", "event_id": "e1", "item": bad}))
+    (error,) = [e["error"] for e in events]
+    assert (error["event_id"], error["param"]) == ("e1", "item.content[1].image_url")
+    assert error["message"].startswith("conversation.item.create: Item 'img_1', content[1]: ")
+    assert session.conversation.items == []  # not added
+    png = io.BytesIO()
+    Image.new("RGB", (8, 8), "red").save(png, format="PNG")
+    url = "data:image/png;base64," + base64.b64encode(png.getvalue()).decode()
+    await session.handle(orjson.dumps({"type": "conversation.item.create", "item": dict(bad, content=[bad["content"][0], {"type": "input_image", "image_url": url}])}))
+    assert [e["type"] for e in events[1:]] == ["conversation.item.added", "conversation.item.done"]
+    assert events[1]["item"]["content"][1] == {"type": "input_image", "image_url": url, "detail": "auto"}
+    assert session.conversation.messages()[0]["content"][1] == {"type": "image_url", "image_url": {"url": url}}
+    await asyncio.gather(*session._tasks)
+    assert [(i.kind, i.param, i.data) for i in ahead] == [("image", "item.content[1].image_url", png.getvalue())]  # encoding now
