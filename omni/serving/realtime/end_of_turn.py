@@ -23,11 +23,11 @@ import re
 from collections.abc import Callable, Sequence
 from contextlib import aclosing
 
-from omni.serving import transcriptions
 from omni.serving.completions import completion
 from omni.serving.model import ModelRegistry
+from omni.serving.realtime.input_transcription import transcribe
 from omni.serving.requests import parse_completion_request
-from omni.serving.requests.transcriptions import TranscriptionRequest
+from omni.serving.sampling import request_priority
 
 log = logging.getLogger("omni.serving.realtime")
 
@@ -72,7 +72,8 @@ async def end_of_turn_probability(models: ModelRegistry, model_name: str, said: 
         chat_template=model.chat_format.chat_template, enable_thinking=False, skip_reasoning=True,
     )  # fmt: skip
     ids = through_user_end(rendered, tokenizer.eos_token_ids)
-    body = {"model": model_name, "prompt": ids, "max_tokens": 1, "temperature": 0, "prompt_logprobs": TOP}
+    body = {"model": model_name, "prompt": ids, "max_tokens": 1, "temperature": 0, "prompt_logprobs": TOP,
+            "priority": request_priority(model.pool.config.llm, None, voice=True)}  # fmt: skip
     run = await completion(models, parse_completion_request(body), timeout=timeout)
     generation = run.generations[0]
     with run.admitted():
@@ -91,14 +92,8 @@ async def pause_score(
     """A pause's P(end): the speech so far (wav) transcribed as the session transcribes its turns,
     then scored by the same model. None when either fails: the turn goes on, ended by silence alone."""
     try:
-        clip = TranscriptionRequest(model=model_name, file=wav, language=language)
-        run = await transcriptions.transcription(models, clip, timeout=timeout)
-        said: list[str] = []
-        with run.admitted():
-            async with aclosing(run.output.deltas()) as deltas:
-                async for delta in deltas:
-                    said.append(delta.text)
-        return await end_of_turn_probability(models, model_name, "".join(said), timeout=timeout)
+        said, _ = await transcribe(models, models.get(model_name), wav, language=language, timeout=timeout)
+        return await end_of_turn_probability(models, model_name, said, timeout=timeout)
     except asyncio.CancelledError:
         raise
     except Exception:  # noqa: BLE001 - a pause unscored is a turn that waits, not a session that fails

@@ -44,7 +44,6 @@ from omni.errors import APIError, bad_request, internal_error
 from omni.metrics import Metrics
 from omni.modalities.inputs.voice_activity import WINDOW_MS, VoiceActivity, VoiceActivityModel
 from omni.modalities.outputs.audio import AUDIO
-from omni.serving import transcriptions
 from omni.serving.errors import api_error
 from omni.serving.model import ModelRegistry, ServedModel
 from omni.serving.realtime import client_events as ev
@@ -52,29 +51,16 @@ from omni.serving.realtime import end_of_turn
 from omni.serving.realtime import turn_detection as td
 from omni.serving.realtime.conversation import Conversation, Item, new_item_id, not_found, wav_bytes
 from omni.serving.realtime.input_image import encode_ahead, item_images
+from omni.serving.realtime.input_transcription import transcribe
 from omni.serving.realtime.response import Event, ResponseEvents, chat_request, new_response_id
+from omni.serving.realtime.settings import default_settings, overlay, session_object
 from omni.serving.realtime.truncation import Prepare, Truncation
-from omni.serving.requests.transcriptions import TranscriptionRequest
-from omni.serving.sampling import request_priority
 from omni.shared.media import g711
 from omni.shared.media.decimator import Decimator
 from omni.shared.media.errors import MediaError
 
 log = logging.getLogger("omni.serving.realtime")
 MIN_COMMIT_MS = 100  # OpenAI's least: a shorter buffer is an error
-
-
-def overlay(settings: dict[str, Any], fields: ev.SessionFields | ev.ResponseFields) -> dict[str, Any]:
-    """The settings with each field the event gives that is a setting of the same name replacing
-    it: session.update's for the session, response.create's for one response (a field added to
-    the event and to the settings needs no line here). Fields of other names (audio's parts,
-    model, conversation, input) are read apart."""
-    s = dict(settings)
-    for f in msgspec.structs.fields(fields):
-        value = getattr(fields, f.name)
-        if f.name in s and value is not UNSET:
-            s[f.name] = value
-    return s
 
 
 class RealtimeSession:
@@ -92,24 +78,7 @@ class RealtimeSession:
         self.vad_model = vad_model
         self.timeout = timeout
         self.id = f"sess_{uuid.uuid4().hex[:24]}"
-        speaks = model.output(AUDIO) is not None
-        self.settings: dict[str, Any] = {
-            "instructions": "",
-            "output_modalities": ["audio"] if speaks else ["text"],
-            "input_format": ev.AudioFormat(),
-            "output_format": ev.AudioFormat(),
-            "voice": "alloy",
-            "transcription": None,
-            "turn_detection": ev.ServerVad() if vad_model is not None else None,
-            "tools": [],
-            "tool_choice": "auto",
-            "temperature": None,
-            "max_output_tokens": "inf",
-            "parallel_tool_calls": True,
-            "truncation": "auto",
-            "seed": None,
-            "logit_bias": None,
-        }
+        self.settings = default_settings(speaks=model.output(AUDIO) is not None, detects_voice=vad_model is not None)
         self.conversation = Conversation()
         self.max_buffer_seconds = max_buffer_seconds
         self._buffer: list[np.ndarray] = []  # int16 at the input format's rate, uncommitted
@@ -245,23 +214,7 @@ class RealtimeSession:
             audio.voice_index(voice, param)  # a 400 naming both tables
 
     def session_json(self) -> dict[str, Any]:
-        s = self.settings
-        vad = s["turn_detection"]
-        tools = [msgspec.to_builtins(t) for t in s["tools"]]
-        return {
-            "type": "realtime", "object": "realtime.session", "id": self.id, "model": self.model.name,
-            "output_modalities": s["output_modalities"], "instructions": s["instructions"], "tools": tools,
-            "tool_choice": msgspec.to_builtins(s["tool_choice"]), "max_output_tokens": s["max_output_tokens"],
-            "tracing": None, "truncation": s["truncation"], "prompt": None, "expires_at": 0, "include": None,
-            "audio": {
-                "input": {
-                    "format": s["input_format"].json(), "noise_reduction": None,
-                    "transcription": msgspec.to_builtins(s["transcription"]) if s["transcription"] else None,
-                    "turn_detection": msgspec.to_builtins(vad) if vad is not None else None,
-                },
-                "output": {"format": s["output_format"].json(), "voice": s["voice"], "speed": 1.0},
-            },
-        }  # fmt: skip
+        return session_object(self.id, self.model.name, self.settings)
 
     # ------------------------------------------------------------------ input audio
 
@@ -413,28 +366,21 @@ class RealtimeSession:
         compete with the answer for the encoder and the LLM, and delay the first audio."""
         await self._spoken.wait()
         t: ev.InputTranscription = self.settings["transcription"]
-        req = TranscriptionRequest(
-            model=self.model.name, file=wav, language=t.language, prompt=t.prompt,
-            priority=request_priority(self.model.pool.config.llm, None, voice=True),
-        )  # fmt: skip
-        said: list[str] = []
+
+        def delta(text: str) -> None:
+            self.emit({"type": "conversation.item.input_audio_transcription.delta", "item_id": item["id"],
+                       "content_index": 0, "delta": text})  # fmt: skip
+
         try:
-            run = await transcriptions.transcription(self.models, req, timeout=self.timeout)
-            with run.admitted():
-                async with aclosing(run.output.deltas()) as deltas:
-                    async for delta in deltas:
-                        if delta.text:
-                            said.append(delta.text)
-                            self.emit({"type": "conversation.item.input_audio_transcription.delta",
-                                       "item_id": item["id"], "content_index": 0, "delta": delta.text})  # fmt: skip
-            usage = run.output.usage
+            said, usage = await transcribe(self.models, self.model, wav, language=t.language, prompt=t.prompt,
+                                           timeout=self.timeout, on_text=delta)  # fmt: skip
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 - the turn goes on without its transcript
             self.emit({"type": "conversation.item.input_audio_transcription.failed", "item_id": item["id"],
                        "content_index": 0, "error": {"type": "transcription_error", "message": str(exc)}})  # fmt: skip
             return
-        transcript = "".join(said).strip()
+        transcript = said.strip()
         item["content"][0]["transcript"] = transcript
         self.emit({"type": "conversation.item.input_audio_transcription.completed", "item_id": item["id"],
                    "content_index": 0, "transcript": transcript,

@@ -1,7 +1,7 @@
 """A realtime session's parts that need no model: a failed response answers with the one error
 mapping (omni/serving/errors.py), as the HTTP API does (its `error` event, then response.done
-failed with that type and code); session.update and response.create overlay the settings by one
-rule. The whole session runs in tests/e2e/test_realtime.py."""
+failed with that type and code); a response's overrides and priority. The whole session runs in
+tests/e2e/test_realtime.py."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from omni.engines.generation import Delta, Usage
 from omni.serving import chat as serving_chat
 from omni.serving.errors import api_error
 from omni.serving.realtime import client_events as ev
-from omni.serving.realtime.session import RealtimeSession, overlay
+from omni.serving.realtime.session import RealtimeSession
 from omni.shared.media import MediaLimits
 from omni.text.parsers.tool_calls import ToolFunction
 from omni.text.reply_parser import OutputFormat
@@ -79,22 +79,6 @@ async def test_an_unexpected_failure_is_a_server_error(monkeypatch: pytest.Monke
 
 
 # ---------------------------------------------------------------- settings
-
-
-def test_session_update_and_response_create_overlay_the_settings_they_name() -> None:
-    """One rule for both events: a given field that is a setting of the same name replaces it."""
-    events: list[dict[str, Any]] = []
-    settings = _session(events).settings
-    taken = {"instructions", "output_modalities", "tools", "tool_choice", "temperature", "max_output_tokens",
-             "parallel_tool_calls", "seed", "logit_bias"}  # fmt: skip
-    assert {f.name for f in msgspec.structs.fields(ev.SessionFields)} & set(settings) == taken | {"truncation"}
-    assert {f.name for f in msgspec.structs.fields(ev.ResponseFields)} & set(settings) == taken
-
-    s = overlay(settings, ev.SessionFields(temperature=0.3, truncation="disabled", seed=5))
-    assert (s["temperature"], s["truncation"], s["seed"], s["instructions"]) == (0.3, "disabled", 5, "")
-    r = overlay(s, ev.ResponseFields(instructions="Be brief.", logit_bias={"5": 1.0}, metadata={"a": "b"}))
-    assert (r["instructions"], r["logit_bias"], r["temperature"], "metadata" in r) == ("Be brief.", {"5": 1.0}, 0.3, False)
-    assert settings["temperature"] is None  # the session's own settings are left as they were
 
 
 async def test_a_response_takes_its_overrides_and_the_session_keeps_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
