@@ -252,6 +252,13 @@ class VisionDecoderConfig:
     max_queued_images: int | None = setting(  # None: 4 batches
         None, help="images that may wait for the decoder; beyond it a 429 (default: 4 batches)"
     )
+    image_step_cache: float = setting(
+        0.0,
+        flag="--image-step-cache",
+        help="the image decoder's first-block cache: a denoising step whose first DiT block moved less than "
+        "this THRESHOLD (relative mean absolute change) since the blocks last ran skips the others; a request's "
+        "step_cache_threshold overrides it (default 0: off; docs/IMAGES.md)",
+    )
 
 
 @dataclass(frozen=True, slots=True)

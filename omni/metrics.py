@@ -408,6 +408,13 @@ class Metrics:
             [*_MODEL, "outcome"],
             registry=r,
         )
+        self.decoder_blocks = Counter(
+            "omni_decoder_dit_blocks",
+            "DiT block computations of the images drawn, every step and guidance pass, by outcome "
+            "(computed; skipped: reused by the step cache).",
+            [*_MODEL, "outcome"],
+            registry=r,
+        )
         self.decoder_batch_size = Histogram(
             "omni_decoder_batch_size",
             "Images drawn together, one forward per denoising step for all of them.",
@@ -592,6 +599,10 @@ class Metrics:
         self.decoder_batch_latency.labels(model_name).observe(seconds)
         if step_seconds > 0:
             self.decoder_step_latency.labels(model_name).observe(step_seconds)
+
+    def add_decoder_blocks(self, model_name: str, computed: int, skipped: int) -> None:
+        self.decoder_blocks.labels(model_name, "computed").inc(computed)
+        self.decoder_blocks.labels(model_name, "skipped").inc(skipped)
 
     def add_decoder_jobs(self, model_name: str, outcome: str, n: int = 1) -> None:
         if n:

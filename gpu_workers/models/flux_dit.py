@@ -62,7 +62,7 @@ VisionTransformer's, each config and naming read by models/flux_dit_formats.py.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -84,6 +84,7 @@ from omni.shared.settings import json_key, read_json_config, to_json_config
 
 # (q, k, v) -> out, all (B, H, S, head_dim); see the module docstring
 Attention = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+Rope = tuple[torch.Tensor, torch.Tensor]  # cos, sin (S_local, head_dim) float32
 
 PATCH = 2  # Flux packs 2x2 latent pixels into one token
 _NORM_EPS = 1e-6  # LayerNorm and QK RMSNorm, as diffusers' FluxSingleTransformerBlock
@@ -312,7 +313,7 @@ class SingleStreamBlock(nn.Module):
         self.linear_out = nn.Linear(self.hidden + self.mlp_hidden, self.hidden)
 
     def forward(
-        self, x: torch.Tensor, temb: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], attention: Attention
+        self, x: torch.Tensor, temb: torch.Tensor, rope: Rope, attention: Attention
     ) -> torch.Tensor:
         b, s, _ = x.shape
         shift, scale, gate = self.modulation(F.silu(temb)).chunk(3, dim=-1)  # (B, hidden) each
@@ -358,6 +359,21 @@ class FinalLayer(nn.Module):
         return self.linear(x)  # (B, S, 4*in_channels)
 
 
+def run_blocks(
+    blocks: Sequence[SingleStreamBlock], h: torch.Tensor, temb: torch.Tensor, rope: Rope, attention: Attention
+) -> torch.Tensor:
+    """h (B, S_local, hidden) through the blocks in order: FluxDiT's default BlockRunner."""
+    for block in blocks:
+        h = block(h, temb, rope, attention)
+    return h
+
+
+# (blocks, h, temb, rope, attention) -> h after them: what runs the blocks (a step cache may
+# skip some; gpu_workers/vision_decoder/step_cache.py). It must hand every block the same
+# temb, rope and attention, as run_blocks does.
+BlockRunner = Callable[[Sequence[SingleStreamBlock], torch.Tensor, torch.Tensor, Rope, Attention], torch.Tensor]
+
+
 class FluxDiT(nn.Module):
     def __init__(self, config: FluxDiTConfig) -> None:
         super().__init__()
@@ -375,9 +391,11 @@ class FluxDiT(nn.Module):
         timestep: torch.Tensor,
         vec: torch.Tensor,
         attention: Attention | None = None,
+        blocks: BlockRunner = run_blocks,
     ) -> torch.Tensor:
         """x (B, S_local, token_in_dim), positions (S_local, 3), timestep (B,) on the 0..1000
-        scale, vec (B, vec_in_dim) -> (B, S_local, token_out_dim); see the module docstring."""
+        scale, vec (B, vec_in_dim) -> (B, S_local, token_out_dim); see the module docstring.
+        blocks runs the single-stream blocks (default: all of them, in order)."""
         c = self.config
         b, s, d = x.shape
         shapes_ok = positions.shape == (s, 3) and timestep.shape == (b,) and vec.shape == (b, c.vec_in_dim)
@@ -392,8 +410,7 @@ class FluxDiT(nn.Module):
         rope = rope_cos_sin(positions, c.axes_dims_rope, c.rope_theta)  # (S_local, head_dim) x 2
         attend = F.scaled_dot_product_attention if attention is None else attention
         h = self.x_embed(x.to(dtype))  # (B, S_local, hidden)
-        for block in self.blocks:
-            h = block(h, temb, rope, attend)
+        h = blocks(list(self.blocks), h, temb, rope, attend)  # type: ignore[arg-type]  # ModuleList of blocks
         return self.final(h, temb)
 
     def load_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:

@@ -25,6 +25,10 @@ thread decodes the next image's latent with the VAE, or runs the next denoising 
 preview, while the last one is encoded. Step times come from CUDA events read once a batch
 (the wall clock on the CPU), so no step waits for the device.
 
+Step cache (step_cache.py): a job's step_cache threshold above 0 lets its rows skip the DiT's
+blocks after the first at steps whose first block barely moved; each DiT pass of a step keeps
+its own memory, and each image reports its blocks computed and skipped (DecodedImage).
+
 The latent stays float32 between steps (the reference, in bf16 throughout, rounds it to bf16
 after each step); everything else follows the reference's arithmetic.
 
@@ -65,12 +69,22 @@ import torch
 import torch.distributed as dist
 from safetensors.torch import load_file
 
-from gpu_workers.attention.ulysses import UlyssesAttention, gather_sequence, shard_sequence
+from gpu_workers.attention.ulysses import SequenceShard, UlyssesAttention, gather_sequence, shard_sequence
 from gpu_workers.models.checkpoint_io import read_json
 from gpu_workers.models.flow_match import FlowMatchSchedule, autoguidance, cfg, euler_step, initial_noise
-from gpu_workers.models.flux_dit import FluxDiT, FluxDiTConfig, condition_from_codes, patchify, position_ids, unpatchify
+from gpu_workers.models.flux_dit import (
+    BlockRunner,
+    FluxDiT,
+    FluxDiTConfig,
+    condition_from_codes,
+    patchify,
+    position_ids,
+    run_blocks,
+    unpatchify,
+)
 from gpu_workers.models.flux_vae import IMAGE_FORMATS, FluxVAEConfig, FluxVAEDecoder, to_image_bytes
 from gpu_workers.vision_decoder.layout import GUIDANCE_MODES, UNCOND_FILE, DecoderFolder, VisionDecoderConfig
+from gpu_workers.vision_decoder.step_cache import StepCache, StepCachePolicy
 from omni.shared import protocol
 from omni.shared.media.image_sizes import PATCH_SCALE
 
@@ -121,13 +135,34 @@ class TokenShard:
     def gather(self, local: torch.Tensor) -> torch.Tensor:
         return gather_sequence(local, self.group, self.num_tokens, dim=1)  # (B, S, ...)
 
-    def run(self, model: FluxDiT, x: torch.Tensor, timestep: torch.Tensor, vec: torch.Tensor) -> torch.Tensor:
+    @property
+    def valid_tokens(self) -> int:
+        """This rank's tokens that are not padding: the first valid_tokens of its L."""
+        shard = SequenceShard(self.num_tokens, self.world_size, self.rank)
+        return shard.stop - shard.start
+
+    def sum_across_ranks(self, local: torch.Tensor) -> torch.Tensor:
+        """A tensor of per-rank sums -> the group's sums, the same on every rank."""
+        if self.world_size == 1:
+            return local
+        total = local.clone()
+        dist.all_reduce(total, group=self.group)
+        return total
+
+    def run(
+        self,
+        model: FluxDiT,
+        x: torch.Tensor,
+        timestep: torch.Tensor,
+        vec: torch.Tensor,
+        blocks: BlockRunner = run_blocks,
+    ) -> torch.Tensor:
         """x (B, L, token_in_dim) -> velocity (B, L, token_out_dim) float32."""
         attention = None
         if self.world_size > 1:
             heads = model.config.num_heads
             attention = UlyssesAttention(self.group, self.world_size, self.rank, self.num_tokens, heads)
-        return model(x, self.positions, timestep, vec, attention=attention).float()
+        return model(x, self.positions, timestep, vec, attention=attention, blocks=blocks).float()
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,10 +175,15 @@ class StepInputs:
     timestep: torch.Tensor  # (B,) what the DiT sees: truncated, on the 0..1000 scale
     scales: torch.Tensor  # (B,) each job's guidance scale
     guided: bool  # some scale is not 0: known from the jobs on the host, so no step reads `scales` back
+    cache: StepCache | None = None  # the batch's first-block cache
 
     @property
     def tokens(self) -> torch.Tensor:
         return torch.cat((self.x, self.cond), dim=-1)  # (B, L, p*p*16 + cp*cp*cond)
+
+    def blocks(self, dit_pass: str) -> BlockRunner:
+        """What runs the blocks of one DiT pass of the step: each pass has its own cache memory."""
+        return run_blocks if self.cache is None else self.cache.runner(dit_pass)
 
 
 class Guidance(ABC):
@@ -169,7 +209,7 @@ class Unguided(Guidance):
         return cls()
 
     def velocity(self, shard: TokenShard, transformer: FluxDiT, step: StepInputs) -> torch.Tensor:
-        return shard.run(transformer, step.tokens, step.timestep, step.vec)
+        return shard.run(transformer, step.tokens, step.timestep, step.vec, step.blocks("main"))
 
 
 class AutoGuidance(Guidance):
@@ -190,10 +230,10 @@ class AutoGuidance(Guidance):
 
     def velocity(self, shard: TokenShard, transformer: FluxDiT, step: StepInputs) -> torch.Tensor:
         tokens = step.tokens
-        pred = shard.run(transformer, tokens, step.timestep, step.vec)
+        pred = shard.run(transformer, tokens, step.timestep, step.vec, step.blocks("main"))
         if not step.guided:
             return pred  # no job asks for guidance: the weak pass would be multiplied by 0
-        weak_pred = shard.run(self.weak, tokens, step.timestep, step.vec)
+        weak_pred = shard.run(self.weak, tokens, step.timestep, step.vec, step.blocks("weak"))
         return autoguidance(pred, weak_pred, step.scales.view(-1, 1, 1))  # type: ignore[arg-type]  # (B,) scales
 
 
@@ -231,11 +271,13 @@ class ClassifierFreeGuidance(Guidance):
         with_cond, without = step.tokens, torch.cat((step.x, null_cond), dim=-1)
         if self.batched:
             tokens, timestep = torch.cat((with_cond, without)), torch.cat((step.timestep, step.timestep))
-            both = shard.run(transformer, tokens, timestep, torch.cat((step.vec, null_vec)))  # (2B, L, p*p*16)
+            # rows [0, B) conditional, [B, 2B) unconditional: the cache's row r is job r % B
+            vecs = torch.cat((step.vec, null_vec))
+            both = shard.run(transformer, tokens, timestep, vecs, step.blocks("both"))  # (2B, L, p*p*16)
             conditional, unconditional = both.chunk(2)
         else:
-            conditional = shard.run(transformer, with_cond, step.timestep, step.vec)
-            unconditional = shard.run(transformer, without, step.timestep, null_vec)
+            conditional = shard.run(transformer, with_cond, step.timestep, step.vec, step.blocks("conditional"))
+            unconditional = shard.run(transformer, without, step.timestep, null_vec, step.blocks("unconditional"))
         return cfg(conditional, unconditional, step.scales.view(-1, 1, 1))  # type: ignore[arg-type]  # (B,) scales
 
 
@@ -290,6 +332,7 @@ class VisionDecoder:
         # pixels per token each way; sides must also divide by 16, as the reference asserts
         self.size_multiple = math.lcm(PATCH_SCALE, vae_config.upscale * c.patch)
         self._encoders: ThreadPoolExecutor | None = None  # rank 0's, made at its first image
+        self.step_cache_policy = StepCachePolicy()  # the steps that always run every block
 
     @classmethod
     def from_dir(
@@ -358,6 +401,8 @@ class VisionDecoder:
         scale = job.guidance_scale
         if scale is not None and not (math.isfinite(scale) and scale >= 0):
             return f"guidance_scale must be a finite number >= 0, got {scale}"
+        if not (math.isfinite(job.step_cache) and job.step_cache >= 0):
+            return f"step_cache must be a finite number >= 0, got {job.step_cache}"
         return None
 
     def decode(self, jobs: Sequence[protocol.ImageJob]) -> Generation:
@@ -373,9 +418,9 @@ class VisionDecoder:
         self.check_batch(jobs)
         errors = [self.job_error(job) for job in jobs]
         drawn = [job for job, error in zip(jobs, errors) if error is None]
-        latents, step_seconds = None, 0.0
+        latents, step_seconds, cache = None, 0.0, None
         if drawn:
-            latents, step_seconds = yield from self._sample(drawn)
+            latents, step_seconds, cache = yield from self._sample(drawn)
         if not self.is_leader:
             yield Generation([], None, step_seconds)
             return
@@ -383,10 +428,11 @@ class VisionDecoder:
         # each image is encoded on the pool while the VAE decodes the next (the worker thread)
         rows = latents if latents is not None else ()
         encoded = iter([self._encode(latent, job) for latent, job in zip(rows, drawn)])
+        blocks = iter(zip(cache.blocks_computed, cache.blocks_skipped) if cache is not None else ())
         images = [
             protocol.DecodedImage(job.job_id, b"", job.width, job.height, error=error)
             if error is not None
-            else protocol.DecodedImage(job.job_id, next(encoded).result(), job.width, job.height)
+            else protocol.DecodedImage(job.job_id, next(encoded).result(), job.width, job.height, None, *next(blocks))
             for job, error in zip(jobs, errors)
         ]
         yield Generation(images, latents, step_seconds, time.perf_counter() - started)
@@ -396,9 +442,11 @@ class VisionDecoder:
             self._encoders.shutdown(wait=True)
             self._encoders = None
 
-    def _sample(self, jobs: list[protocol.ImageJob]) -> Generator[Preview, None, tuple[torch.Tensor | None, float]]:
+    def _sample(
+        self, jobs: list[protocol.ImageJob]
+    ) -> Generator[Preview, None, tuple[torch.Tensor | None, float, StepCache]]:
         """The Euler loop over the batch; returns (latents (B, 16, h, w) on rank 0 else None,
-        mean seconds of a step). Yields the previews on the way, in step order, each once its
+        mean seconds of a step, the step cache with its counts). Yields the previews on the way, in step order, each once its
         encoding (on the pool, while the next steps run) is done."""
         p, steps = self.transformer.config.patch, jobs[0].steps
         h, w = jobs[0].height // self.vae_config.upscale, jobs[0].width // self.vae_config.upscale
@@ -413,11 +461,15 @@ class VisionDecoder:
         truncated = self.schedule.model_sigmas(steps, image_seq_len=shard.num_tokens)
         timesteps = truncated.to(self.device) * TIMESTEP_SCALE
         previews = _preview_steps(jobs, steps)
+        thresholds = [job.step_cache for job in jobs]
+        cache = StepCache(thresholds, steps, shard.valid_tokens, shard.sum_across_ranks, self.step_cache_policy)
         encoding: deque[tuple[int, int, Future[bytes]]] = deque()  # (job_id, index, bytes), step order
         clock = StepClock(self.device)
         for i in range(steps):
             clock.start()
-            v = self._velocity(shard, StepInputs(x, cond, vec, timesteps[i].expand(len(jobs)), scales, guided))
+            cache.step = i
+            step = StepInputs(x, cond, vec, timesteps[i].expand(len(jobs)), scales, guided, cache)
+            v = self._velocity(shard, step)
             x_next = self._euler(x, v, sigmas[i], sigmas[i + 1])
             clock.stop()
             while encoding and encoding[0][2].done():
@@ -431,7 +483,7 @@ class VisionDecoder:
         latents = self._whole(shard, x, (h, w))
         for job_id, index, data in encoding:
             yield Preview(job_id, index, data.result())
-        return (latents if self.is_leader else None), clock.seconds() / steps
+        return (latents if self.is_leader else None), clock.seconds() / steps, cache
 
     @torch.inference_mode()
     def _inputs(

@@ -36,6 +36,7 @@ from omni.config import (
 )
 from omni.engines.worker_specs import DTYPE_COMPONENTS
 from omni.model_layout import ModelLayout
+from omni.serving.requests.images import MAX_STEP_CACHE
 from omni.shared.gguf_file import is_gguf
 from omni.shared.media.limits import MediaLimits
 from omni.shared.settings import setting
@@ -256,6 +257,8 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
     encoder = _auxiliary_gpu(encoder, llm)
     if images.diffusion_steps < 1 or images.max_batch_images < 1:
         raise _fail("--diffusion-steps and --max-batch-images must be at least 1")
+    if not 0 <= images.image_step_cache <= MAX_STEP_CACHE:  # NaN too
+        raise _usage_error(f"--image-step-cache must be between 0 and {MAX_STEP_CACHE:g}, got {images.image_step_cache}")
     worker: WorkerConfig = read_section(WorkerConfig, args)
     dtype = {"half": "float16", "float": "float32"}.get(args.dtype, args.dtype)
     worker = replace(

@@ -56,6 +56,7 @@ class ImageRequest:
     steps: int
     seed: int
     guidance_scale: float | None = None  # None: the checkpoint's default
+    step_cache: float | None = None  # None: the server's --image-step-cache (0: off)
     output_format: str = "png"
     quality: int | None = None
     partial_images: int = 0
@@ -109,6 +110,7 @@ class VisionDecoderEngine(SupervisedWorker):
         self.model_name = model_name
         self.max_batch_images = config.max_batch_images
         self.max_batch_tokens = config.max_batch_tokens
+        self.default_step_cache = config.image_step_cache
         queued = config.max_queued_images
         self.max_queued_images = QUEUED_BATCHES * self.max_batch_images if queued is None else queued
         self.info: protocol.VisionDecoderReady | None = None
@@ -148,6 +150,7 @@ class VisionDecoderEngine(SupervisedWorker):
             image.output_format,
             image.quality,
             image.partial_images,
+            self.default_step_cache if image.step_cache is None else image.step_cache,
         )
         future: asyncio.Future[protocol.DecodedImage] = asyncio.get_running_loop().create_future()
         self._queue.append(_Pending(job, future, on_preview, priority=image.priority))
@@ -232,6 +235,7 @@ class VisionDecoderEngine(SupervisedWorker):
                 self._fail([pending], EngineError("the vision decoder returned no image"))
                 continue
             self.metrics.add_decoder_jobs(self.model_name, "ok" if result.error is None else "error")
+            self.metrics.add_decoder_blocks(self.model_name, result.blocks_computed, result.blocks_skipped)
             if not pending.future.done():
                 pending.future.set_result(result)
 

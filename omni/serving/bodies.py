@@ -239,11 +239,20 @@ class ImageTokensDetails(Struct):
     image_tokens: Count
 
 
+class ImageDecoderDetails(Struct):
+    """Ours: the image decoder's DiT block computations for all n images, every denoising step
+    and guidance pass; skipped: those its step cache reused (step_cache_threshold)."""
+
+    blocks_computed: Count
+    blocks_skipped: Count
+
+
 class ImageUsage(Struct):
     input_tokens: Count
     input_tokens_details: ImageTokensDetails
     output_tokens: Annotated[Count, Meta(description="The image spans' tokens, all n of them.")]
     total_tokens: Count
+    decoder_details: ImageDecoderDetails | UnsetType = UNSET
 
 
 class ImageData(Struct):

@@ -54,6 +54,7 @@ def image_settings(
         size=size,
         steps=req.num_inference_steps,
         guidance_scale=req.guidance_scale,
+        step_cache=req.step_cache_threshold,
         seed=req.seed,
         output_format=req.output_format,
         quality=req.output_compression,

@@ -102,6 +102,31 @@ def test_a_seed_gives_the_same_bytes_and_another_seed_other_bytes(server: str) -
     assert pixels is None or len(pixels) > 100, "the image is not flat"
 
 
+def test_the_step_cache_skips_blocks_and_says_so(server: str) -> None:
+    """Over the server's 2 decoder ranks: a threshold of 0 is the image without the cache, byte for
+    byte; the highest skips the DiT's blocks at every step it may (5 steps: 2 and 3), and the
+    usage and /metrics count them."""
+
+    def draw(**extra: Any) -> tuple[bytes, dict[str, int]]:
+        body = {"model": MODEL, "prompt": PROMPT, "size": "768x768", "response_format": "b64_json"}
+        r = httpx.post(
+            f"{server}/v1/images/generations", json={**body, "seed": 21, "num_inference_steps": 5, **extra}, timeout=120
+        )
+        assert r.status_code == 200, r.text
+        return base64.b64decode(r.json()["data"][0]["b64_json"]), r.json()["usage"]["decoder_details"]
+
+    skipped_before = read_metric(server, "omni_decoder_dit_blocks_total", model_name=MODEL, outcome="skipped")
+    plain, plain_blocks = draw()
+    zero, zero_blocks = draw(step_cache_threshold=0)
+    cached, cached_blocks = draw(step_cache_threshold=1000)
+    assert zero == plain and zero_blocks == plain_blocks and plain_blocks["blocks_skipped"] == 0
+    assert cached != plain and _png(cached).size == (768, 768)
+    assert cached_blocks["blocks_skipped"] > 0
+    assert sum(cached_blocks.values()) == plain_blocks["blocks_computed"]  # every block computed or skipped
+    skipped = read_metric(server, "omni_decoder_dit_blocks_total", model_name=MODEL, outcome="skipped")
+    assert skipped - skipped_before == cached_blocks["blocks_skipped"]
+
+
 def _assert_close(a: Image.Image, b: Image.Image) -> None:
     assert a.size == b.size
     diff = [abs(x - y) for x, y in zip(a.convert("RGB").tobytes(), b.convert("RGB").tobytes())]
@@ -150,6 +175,8 @@ def test_streamed_images_send_partials_then_the_image(server: str) -> None:
         ({"guidance_scale": 50}, "guidance_scale"),
         ({"style": "vivid"}, "style"),
         ({"partial_images": 2}, "partial_images"),
+        ({"step_cache_threshold": -0.1}, "step_cache_threshold"),
+        ({"step_cache_threshold": "fast"}, "step_cache_threshold"),
     ],
 )
 def test_bad_fields_are_400s_naming_them(server: str, body: dict[str, Any], param: str) -> None:

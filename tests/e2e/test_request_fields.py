@@ -376,7 +376,7 @@ CHAT: dict[str, Sample] = SHARED | {
     "metadata": Sample({"team": "search", "experiment": "walk"}),
     "modalities": Sample(["text"]),
     # how drawn images come back; this model draws none (tests/e2e/test_images.py draws them)
-    "image": Sample({"response_format": "b64_json", "size": "768x768", "num_inference_steps": 2}),
+    "image": Sample({"response_format": "b64_json", "size": "768x768", "num_inference_steps": 2, "step_cache_threshold": 0.1}),
     "moderation": Sample({"model": "omni-moderation-latest"}),
     "parallel_tool_calls": Sample(False, {"tools": WEATHER}),
     "prediction": Sample({"type": "content", "content": "Hello, I am fine."}),

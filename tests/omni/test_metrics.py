@@ -173,6 +173,14 @@ def test_omni_only_series_are_labelled_model_name() -> None:
     assert _sample(m, "omni_decoder_jobs_total", {"model_name": "tiny", "outcome": "ok"}) == 2
 
 
+def test_the_decoders_dit_blocks_count_computed_and_skipped() -> None:
+    m = Metrics()
+    m.add_decoder_blocks("tiny", 60, 40)
+    m.add_decoder_blocks("tiny", 100, 0)
+    assert _sample(m, "omni_decoder_dit_blocks_total", {"model_name": "tiny", "outcome": "computed"}) == 160
+    assert _sample(m, "omni_decoder_dit_blocks_total", {"model_name": "tiny", "outcome": "skipped"}) == 40
+
+
 def test_realtime_sessions_and_responses() -> None:
     """A session is a WebSocket connection (vLLM's series); its responses count by status, all
     four present at 0 from the model's first session, and first audio is a histogram per model."""

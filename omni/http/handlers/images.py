@@ -32,6 +32,7 @@ from omni.serving import image_edits
 from omni.serving import images as lifecycle
 from omni.serving.bodies import (
     ImageData,
+    ImageDecoderDetails,
     ImageEditCompletedEvent,
     ImageEditPartialImageEvent,
     ImageGenCompletedEvent,
@@ -96,7 +97,7 @@ async def respond(
         size=_size(images[0]),
         quality="auto",
         background="opaque",
-        usage=_usage(generation),
+        usage=_usage(generation, images),
     )
     return await sse.json_response(body)
 
@@ -116,15 +117,16 @@ def _b64(data: bytes) -> str:
     return base64.b64encode(data).decode()
 
 
-def _usage(generation: ImageGeneration) -> ImageUsage:
+def _usage(generation: ImageGeneration, drawn: list[GeneratedImage]) -> ImageUsage:
     """OpenAI's image usage: the prompt's tokens as input (an edit's input images' apart from
-    the text's), the image spans' as output."""
+    the text's), the image spans' as output; and ours, the DiT blocks the drawn images took."""
     outputs = generation.outputs
     prompt = outputs[0].usage.prompt_tokens  # one prompt for all n
     output = sum(o.usage.completion_tokens for o in outputs)
     images = generation.num_image_tokens
     details = ImageTokensDetails(text_tokens=prompt - images, image_tokens=images)
-    return ImageUsage(prompt, details, output, prompt + output)
+    blocks = ImageDecoderDetails(sum(i.blocks_computed for i in drawn), sum(i.blocks_skipped for i in drawn))
+    return ImageUsage(prompt, details, output, prompt + output, blocks)
 
 
 async def _stream(
@@ -143,6 +145,7 @@ async def _stream(
             events.put_nowait(_Drawn(exc))
 
     tasks = [asyncio.create_task(draw(o)) for o in generation.outputs]
+    drawn: list[GeneratedImage] = []  # the images so far: each completed event's usage counts them
     try:
         remaining = len(tasks)
         while remaining:
@@ -169,6 +172,7 @@ async def _stream(
             if isinstance(event.result, BaseException):
                 await sse.send_error_and_done(response, _as_engine_error(event.result))
                 return response
+            drawn.append(event.result)
             completed = kinds.completed(
                 b64_json=_b64(event.result.data),
                 created_at=int(time.time()),
@@ -176,7 +180,7 @@ async def _stream(
                 quality="auto",
                 background="opaque",
                 size=_size(event.result),
-                usage=_usage(generation),
+                usage=_usage(generation, drawn),
             )
             await sse.send_event(response, completed)
     finally:

@@ -64,6 +64,7 @@ def queue_preview(queue: asyncio.Queue[Any], image: int, index: int, data: bytes
     """A SizedPreviewCallback, with the queue and the image bound in."""
     queue.put_nowait(ImagePreview(image, index, data, size))
 
+
 log = logging.getLogger("omni.modalities.outputs.image")
 
 DEFAULT_STEPS = 25
@@ -108,6 +109,9 @@ class GeneratedImage:
     data: bytes = b""  # the encoded image (b64_json answers send it)
     key: str | None = None  # its artifact-store key, when it was stored
     seed: int | None = None
+    # the decoder's DiT blocks run and skipped by its step cache for this image
+    blocks_computed: int = 0
+    blocks_skipped: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,6 +195,7 @@ class ImageSettings:
     size: tuple[int, int] | None = None  # None: from the span's ratio token
     steps: int | None = None  # None: the server's --diffusion-steps
     guidance_scale: float | None = None  # None: the checkpoint's default
+    step_cache: float | None = None  # None: the server's --image-step-cache
     seed: int | None = None  # None: a random one per request
     output_format: str = "png"
     quality: int | None = None
@@ -282,6 +287,7 @@ class ImageDrawer:
                 steps=s.steps or self.images.default_steps,
                 seed=seed % 2**64,
                 guidance_scale=s.guidance_scale,
+                step_cache=s.step_cache,
                 output_format="png" if s.canvas is not None else s.output_format,
                 quality=None if s.canvas is not None else s.quality,
                 partial_images=s.partial_images,
@@ -303,7 +309,10 @@ class ImageDrawer:
             key = None
             url = f"data:{media_type};base64,{base64.b64encode(data).decode()}"
         log.debug("%s: image %dx%d seed %d in %.2f s", request_id, width, height, seed, time.monotonic() - started)
-        return GeneratedImage(url, out_width, out_height, media_type, data=data, key=key, seed=seed)
+        return GeneratedImage(
+            url, out_width, out_height, media_type, data=data, key=key, seed=seed,
+            blocks_computed=decoded.blocks_computed, blocks_skipped=decoded.blocks_skipped,
+        )  # fmt: skip
 
 
 def build(config: ModelConfig, tokenizer: TextTokenizer, store: ArtifactStore, metrics: Metrics) -> ModelImages | None:

@@ -51,6 +51,8 @@ class ImageOptions(Protocol):
     @property
     def guidance_scale(self) -> float | None: ...
     @property
+    def step_cache_threshold(self) -> float | None: ...
+    @property
     def output_format(self) -> str: ...
     @property
     def output_compression(self) -> int | None: ...
@@ -163,6 +165,7 @@ def chat_images(model: ChatModel, req: ImageRequest) -> ChatImages | None:
             size=opts.size,
             steps=opts.num_inference_steps,
             guidance_scale=opts.guidance_scale,
+            step_cache=opts.step_cache_threshold,
             seed=req.seed,
             output_format=opts.output_format,
             quality=opts.output_compression,

@@ -8,7 +8,8 @@ output_compression, stream and partial_images, as the generations API takes them
 defaults; what this decoder cannot make is a 400 naming the field: GIF and SVG output
 (frame_count, frame_duration_ms, svg), a markup overlay (markup) and the planning effort
 (complexity). The extensions the generations API takes: seed, num_inference_steps and
-guidance_scale. A field of neither is a 400 naming it, as on the other endpoints.
+guidance_scale; and ours, step_cache_threshold. A field of neither is a 400 naming it, as on
+the other endpoints.
 
 Reading the body (omni/http/body.py read_image_edit_form) only collects the parts, bounded:
 each image and the mask by --max-media-bytes, each text value by MAX_FIELD_BYTES, the whole
@@ -57,6 +58,7 @@ from omni.serving.requests.images import (
     ResponseFormat,
     Seed,
     Size,
+    StepCacheThreshold,
     Steps,
     check_file_options,
 )
@@ -122,6 +124,9 @@ class ImageEditFields(Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
     seed: Annotated[Seed | None, honoured("image i is drawn with seed + i")] = None
     num_inference_steps: Annotated[Steps | None, honoured("denoising steps; default: the server's")] = None
     guidance_scale: Annotated[Guidance | None, honoured("classifier-free guidance; default: the checkpoint's")] = None
+    step_cache_threshold: Annotated[
+        StepCacheThreshold | None, honoured("the decoder's step cache; default: the server's --image-step-cache")
+    ] = None
     priority: Priority = 0
 
     @property

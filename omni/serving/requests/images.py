@@ -5,8 +5,9 @@ OpenAI's fields: prompt, model, n, size, response_format (url | b64_json), outpu
 jpeg | webp), output_compression, stream and partial_images (0 to 3), and quality, style,
 background and moderation, which this decoder has no knob for: each is accepted only at its
 default ("auto"; style has none, so it is refused). The extensions vLLM-style servers take:
-seed, num_inference_steps and guidance_scale. A field of neither is a 400 naming it, as on the
-other endpoints.
+seed, num_inference_steps and guidance_scale; and ours, step_cache_threshold (the image decoder's
+first-block cache, docs/IMAGES.md). A field of neither is a 400 naming it, as on the other
+endpoints.
 """
 
 from __future__ import annotations
@@ -44,6 +45,9 @@ MAX_PROMPT_CHARS = 32_000  # OpenAI's, for its newest image model
 MAX_STEPS = 100
 MAX_GUIDANCE = 20.0
 MAX_PARTIAL_IMAGES = 3
+# A relative change: FBCache's thresholds for Flux are 0.08 to 0.12; over 1 is for random weights
+# (docs/IMAGES.md), and MAX_STEP_CACHE skips every step the decoder lets skip.
+MAX_STEP_CACHE = 1000.0
 
 # The drawing options an images request and a chat request's `image` object share.
 Size: TypeAlias = Annotated[
@@ -59,6 +63,16 @@ Compression: TypeAlias = Annotated[int, Meta(ge=0, le=100, description="The jpeg
 Steps: TypeAlias = Annotated[int, Meta(ge=1, le=MAX_STEPS, description="Denoising steps; default: the server's.")]
 Guidance: TypeAlias = Annotated[float, Meta(ge=0.0, le=MAX_GUIDANCE, description="Default: the checkpoint's.")]
 Seed: TypeAlias = Annotated[int, Meta(ge=MIN_SEED, extra_json_schema={"maximum": MAX_SEED})]
+StepCacheThreshold: TypeAlias = Annotated[
+    float,
+    Meta(
+        ge=0.0,
+        le=MAX_STEP_CACHE,
+        description="The image decoder's first-block cache: a denoising step whose first DiT block moved less than "
+        "this (relative mean absolute change) since the blocks last ran reuses their residual. 0: off; "
+        "default: the server's --image-step-cache.",
+    ),
+]
 
 
 class ImageGenerationRequest(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -90,6 +104,9 @@ class ImageGenerationRequest(Struct, frozen=True, kw_only=True, forbid_unknown_f
     num_inference_steps: Annotated[Steps | None, honoured("denoising steps; default: the server's")] = None
     # None: the checkpoint's default
     guidance_scale: Annotated[Guidance | None, honoured("classifier-free guidance; default: the checkpoint's")] = None
+    step_cache_threshold: Annotated[
+        StepCacheThreshold | None, honoured("the decoder's step cache; default: the server's --image-step-cache")
+    ] = None
     priority: Priority = 0
 
     @property
@@ -124,6 +141,7 @@ class ChatImageOptions(Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     output_compression: Compression | None = None
     num_inference_steps: Steps | None = None
     guidance_scale: Guidance | None = None
+    step_cache_threshold: StepCacheThreshold | None = None
 
     @property
     def size(self) -> tuple[int, int] | None:

@@ -42,6 +42,7 @@ from omni.serving.requests.images import (
     Compression,
     OutputFormat,
     Size,
+    StepCacheThreshold,
     check_file_options,
 )
 from omni.serving.requests.reasoning import ReasoningEffort
@@ -171,6 +172,7 @@ class ImageGenerationTool(Struct, frozen=True, kw_only=True, tag_field="type", t
     output_format: OutputFormat = "png"
     output_compression: Compression | None = None
     partial_images: Annotated[int, Meta(ge=0, le=MAX_PARTIAL_IMAGES)] = 0
+    step_cache_threshold: StepCacheThreshold | None = None  # ours: the decoder's step cache, as the images API's
     # Taken at the images API's defaults only (_AS_IMAGES_API): the decoder has one quality,
     # draws opaque images, and no moderation model runs; the encoders read every image one way.
     quality: Literal["low", "medium", "high", "auto"] = "auto"

@@ -205,6 +205,8 @@ def _image_options(tool: ImageGenerationTool) -> dict[str, Json]:
         options["size"] = tool.size
     if tool.output_compression is not None:
         options["output_compression"] = tool.output_compression
+    if tool.step_cache_threshold is not None:
+        options["step_cache_threshold"] = tool.step_cache_threshold
     return options
 
 

@@ -362,6 +362,9 @@ class ImageJob:
     output_format: str = "png"  # png | jpeg | webp
     quality: int | None = None  # jpeg / webp quality, 0 to 100 (None: the encoder's default)
     partial_images: int = 0  # intermediate previews to send before the image (0 to 3)
+    # First-block cache: the DiT's other blocks are skipped at a step whose first block's
+    # residual moved less than this, relatively, since the last computed step (0: off)
+    step_cache: float = 0.0
 
 
 @message
@@ -400,6 +403,10 @@ class DecodedImage:
     width: int
     height: int
     error: str | None = None  # this job could not be drawn (its codes or sizes): a client error
+    # DiT block computations of this image, every pass of every guidance model; skipped: the
+    # blocks the step cache did not run
+    blocks_computed: int = 0
+    blocks_skipped: int = 0
 
 
 @message

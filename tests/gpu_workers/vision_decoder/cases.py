@@ -10,6 +10,7 @@ The DiTs have 3 heads (divisible by neither 2 nor 4) and the images 144 x 80 pix
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ from gpu_workers.distributed import GroupMember, destroy_group, init_group
 from gpu_workers.tiny.checkpoints import TINY_DIT, make_tiny_vision_decoder
 from gpu_workers.vision_decoder import decoder as vision_decoder
 from gpu_workers.vision_decoder.decoder import Generation, Preview, VisionDecoder
+from gpu_workers.vision_decoder.step_cache import StepCachePolicy
 from omni.shared import protocol
 
 GUIDANCES = ("autoguidance", "cfg")
@@ -31,8 +33,7 @@ WIDTH, HEIGHT, STEPS = 144, 80, 3
 def make_checkpoints(root: Path) -> dict[str, Path]:
     codebook = torch.randn(64, 16, generator=torch.Generator().manual_seed(11))
     return {
-        g: make_tiny_vision_decoder(root / g, seed=7, codebook=codebook, guidance=g, dit=THREE_HEADS)
-        for g in GUIDANCES
+        g: make_tiny_vision_decoder(root / g, seed=7, codebook=codebook, guidance=g, dit=THREE_HEADS) for g in GUIDANCES
     }
 
 
@@ -55,9 +56,16 @@ class CountingAttention(UlyssesAttention):
         return super().__call__(q, k, v)
 
 
+def cached_jobs() -> list[protocol.ImageJob]:
+    """Job 1 skips every step the policy lets it (steps 1 and 2 of 3), job 2 none: the ranks
+    all-reduce the change and run job 2's rows alone."""
+    first, second = jobs()
+    return [replace(first, step_cache=1e9, partial_images=0), replace(second, step_cache=0.0)]
+
+
 def draw(decoder: VisionDecoder) -> dict[str, Any]:
     """Rank 0: {"latents": (2, 16, h, w), "images": [bytes], "previews": [bytes],
-    "sharded_calls": n}."""
+    "sharded_calls": n, "cached": (2, 16, h, w), "skipped": [n, n]}."""
     CountingAttention.sharded_calls = 0
     previews: list[bytes] = []
     generation: Generation | None = None
@@ -67,11 +75,16 @@ def draw(decoder: VisionDecoder) -> dict[str, Any]:
         else:
             generation = event
     assert generation is not None
+    sharded_calls = CountingAttention.sharded_calls
+    decoder.step_cache_policy = StepCachePolicy(first_computed=1, last_computed=0)
+    cached = decoder.decode(cached_jobs())
     return {
         "latents": generation.latents,
         "images": [image.data for image in generation.images],
         "previews": previews,
-        "sharded_calls": CountingAttention.sharded_calls,
+        "sharded_calls": sharded_calls,
+        "cached": cached.latents,
+        "skipped": [image.blocks_skipped for image in cached.images],
     }
 
 

@@ -389,3 +389,15 @@ def test_ulysses_ranks_encode_the_same_bytes(
     # rank does it), so the PNG bytes are too. GPU kernels chosen by shape may break this.
     one, group = by_ranks[1][guidance], by_ranks[world_size][guidance]
     assert group["images"] == one["images"] and group["previews"] == one["previews"]
+
+
+@pytest.mark.parametrize("guidance", GUIDANCES)
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_ulysses_ranks_take_the_step_caches_decisions_together(
+    by_ranks: dict[int, dict[str, dict[str, Any]]], world_size: int, guidance: str
+) -> None:
+    # the change is all-reduced over the ranks' tokens (padding left out), so every rank skips
+    # the same rows at the same steps, and runs the others' blocks together
+    one, group = by_ranks[1][guidance], by_ranks[world_size][guidance]
+    assert group["skipped"] == one["skipped"] and one["skipped"][0] > 0 and one["skipped"][1] == 0
+    assert (group["cached"] - one["cached"]).abs().max().item() < 1e-5

@@ -485,3 +485,13 @@ def test_scheduling_policy_is_vllms_flag_and_a_config_file_key(dirs: tuple[Path,
     assert in_file.models[0].llm.scheduling_policy == "priority"
     with pytest.raises(SystemExit):  # argparse's choices: status 2 naming the flag
         parse_args([str(text), "--scheduling-policy", "lifo"])
+
+
+def test_image_step_cache(dirs: tuple[Path, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    assert server_config(parse_args([str(dirs[0])])).models[0].vision_decoder.image_step_cache == 0.0  # off unless set
+    assert server_config(parse_args([str(dirs[0]), "--image-step-cache", "0.1"])).models[0].vision_decoder.image_step_cache == 0.1
+    for bad in ("-0.1", "nan", "1001"):
+        with pytest.raises(SystemExit) as exit_info:
+            server_config(parse_args([str(dirs[0]), "--image-step-cache", bad]))
+        assert exit_info.value.code == 2
+        assert "--image-step-cache must be between 0 and 1000" in capsys.readouterr().err

@@ -169,3 +169,25 @@ async def test_a_batch_is_bounded_by_its_dit_tokens_too(decoder_dir: Path) -> No
     while batch := engine._next_batch():
         sizes.append([p.job.width for p in batch])
     assert sizes == [[768, 768], [2048], [768], [2048]]
+
+
+async def test_the_servers_step_cache_applies_unless_an_image_asks_otherwise(decoder_dir: Path) -> None:
+    """--image-step-cache is every image's threshold unless its request gives one (0: off); the
+    blocks each image skipped reach its result and the metrics."""
+    spec = protocol.VisionDecoderWorkerSpec(model_dir=str(decoder_dir), num_threads=1)
+    config = VisionDecoderConfig(image_step_cache=1000.0)
+    engine = VisionDecoderEngine(spec, Metrics(), MODEL, config, start_timeout=120)
+    await engine.start()
+    try:
+        # 5 steps: 2 and 3 may skip (the first 2 and the last run); the tiny DiT has 2 blocks and
+        # its weak twin 1, so each skipped step saves the main DiT's second block
+        default = await engine.draw(image(1, 128, 128, steps=5))
+        off = await engine.draw(image(1, 128, 128, steps=5, step_cache=0.0))
+    finally:
+        await engine.stop()
+    assert (default.blocks_computed, default.blocks_skipped) == (5 * 3 - 2, 2)
+    assert (off.blocks_computed, off.blocks_skipped) == (5 * 3, 0)
+    assert default.data != off.data
+    blocks = engine.metrics.decoder_blocks
+    assert blocks.labels(MODEL, "skipped")._value.get() == 2
+    assert blocks.labels(MODEL, "computed")._value.get() == 2 * 5 * 3 - 2

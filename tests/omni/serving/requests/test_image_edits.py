@@ -59,6 +59,7 @@ def test_every_field() -> None:
             seed="7",
             num_inference_steps="4",
             guidance_scale="2.5",
+            step_cache_threshold="0.25",
         )
     )
     assert r.image == [PNG, b"second"] and r.mask == MASK
@@ -66,6 +67,7 @@ def test_every_field() -> None:
         "omni", 3, (1024, 576), "b64_json", "webp", 70
     )
     assert (r.stream, r.partial_images, r.seed, r.num_inference_steps, r.guidance_scale) == (True, 2, 7, 4, 2.5)
+    assert r.step_cache_threshold == 0.25
 
 
 @pytest.mark.parametrize(
@@ -94,6 +96,8 @@ def test_every_field() -> None:
         ({"prompt": ["a", "b"]}, "prompt", "once"),
         ({"seed": str(2**64)}, "seed", "between"),
         ({"num_inference_steps": "0"}, "num_inference_steps", "between 1 and 100"),
+        ({"step_cache_threshold": "-0.5"}, "step_cache_threshold", "between 0 and 1000"),
+        ({"step_cache_threshold": "fast"}, "step_cache_threshold", "a number"),
         ({"style": "vivid"}, "style", "not a field"),
         ({"image": "https://example.com/a.png"}, "image", "file part"),
         ({"mask": "data:image/png;base64,AAAA"}, "mask", "file part"),

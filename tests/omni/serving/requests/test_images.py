@@ -71,6 +71,9 @@ def test_every_field() -> None:
         ({"background": "transparent"}, "background"),
         ({"num_inference_steps": 0}, "num_inference_steps"),
         ({"guidance_scale": -1}, "guidance_scale"),
+        ({"step_cache_threshold": -0.1}, "step_cache_threshold"),
+        ({"step_cache_threshold": "0.1"}, "step_cache_threshold"),
+        ({"step_cache_threshold": 1001}, "step_cache_threshold"),
         ({"negative_prompt": "blur"}, "negative_prompt"),
         ({"seed": "7"}, "seed"),
     ],
@@ -106,8 +109,9 @@ def test_more_bad_fields_are_400s_naming_them(fields: dict[str, Any], param: str
 
 def test_the_bounds_themselves_are_accepted() -> None:
     for fields in (
-        {"n": 1, "num_inference_steps": 1, "guidance_scale": 0},
+        {"n": 1, "num_inference_steps": 1, "guidance_scale": 0, "step_cache_threshold": 0},
         {"n": 10, "num_inference_steps": 100, "guidance_scale": 20, "stream": True, "partial_images": 3},
+        {"step_cache_threshold": 1000},
         {"output_format": "jpeg", "output_compression": 0},
         {"quality": "standard", "background": "opaque", "style": None},
     ):
@@ -176,6 +180,8 @@ def test_chat_image_options() -> None:
         ({"guidance_scale": -1}, "image.guidance_scale"),
         ({"guidance_scale": 21}, "image.guidance_scale"),
         ({"guidance_scale": "high"}, "image.guidance_scale"),
+        ({"step_cache_threshold": -1}, "image.step_cache_threshold"),
+        ({"step_cache_threshold": "fast"}, "image.step_cache_threshold"),
         ({"xxx": 1}, "image.xxx"),
         ({"n": 2}, "image.n"),  # the images endpoint's field, not this object's
     ],

@@ -55,6 +55,8 @@ BAD: list[tuple[dict[str, Any], str, str]] = [
     ({"tools": [{"type": "image_generation", "output_format": "png", "output_compression": 50}]}, "tools[0].output_compression", "invalid_value"),
     ({"tools": [{"type": "image_generation", "input_fidelity": "medium"}]}, "tools[0].input_fidelity", "invalid_value"),
     ({"tools": [{"type": "image_generation", "partial_images": 4}]}, "tools[0].partial_images", None),
+    ({"tools": [{"type": "image_generation", "step_cache_threshold": -1}]}, "tools[0].step_cache_threshold", None),
+    ({"tools": [{"type": "image_generation", "step_cache_threshold": "x"}]}, "tools[0].step_cache_threshold", None),
     ({"tool_choice": {"type": "function", "name": "f"}}, "tool_choice.name", "invalid_value"),
     ({"tool_choice": {"type": "image_generation"}}, "tool_choice", "invalid_value"),
     ({"max_tool_calls": 3}, "max_tool_calls", "unsupported_parameter"),

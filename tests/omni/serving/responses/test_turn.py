@@ -85,13 +85,14 @@ def test_tools_choice_format_and_reasoning_are_chats() -> None:
 
 
 def test_image_generation_is_the_models_way_of_drawing() -> None:
-    tool = {"type": "image_generation", "size": "768x768", "output_format": "webp"}
+    tool = {"type": "image_generation", "size": "768x768", "output_format": "webp", "step_cache_threshold": 0.1}
     forced = {"input": "draw", "tools": [tool], "tool_choice": {"type": "image_generation"}}
     dialect = _turn(forced, images=True, tool_parser="hyperclovax")
     assert dialect.t2i_call and dialect.chat.tools.named == T2I_TOOL
     assert dialect.chat.tools_sent[-1].function.name == T2I_FUNCTION["function"]["name"]  # type: ignore[index]
     assert dialect.chat.image is not None and dialect.chat.image.size == (768, 768)
     assert dialect.chat.image.response_format == "b64_json" and dialect.chat.image.output_format == "webp"
+    assert dialect.chat.image.step_cache_threshold == 0.1
     spans = _turn(forced, images=True)
     assert not spans.t2i_call and spans.chat.logit_bias == ((500, 100.0),) and spans.chat.max_tokens == 77
     with pytest.raises(APIError) as caught:
