@@ -149,6 +149,7 @@ class AudioRoute:
     # stream (None: it picks none, open_stream's voice speaks).
     speaker_stream: Callable[[Mapping[str, Any]], AudioSink | None] | None = None
     _spans: int = field(default=0, init=False)  # spans that gave audio so far
+    _samples: int = field(default=0, init=False)  # bytes of samples the vocoder gave, all spans
     _opened: int = field(default=0, init=False)  # spans opened so far, audio or not
     _opening_unit: int | None = field(default=None, init=False)  # the unit that opened a bare span
     _by_token: bool = field(default=False, init=False)  # opens() claimed a token (else the prompt opened it)
@@ -256,7 +257,7 @@ class AudioRoute:
 
     def after(self, generation: Generation) -> Generation | None:
         """The continuation that speaks the text, when audio was asked for and none came out."""
-        if self.speak_after is None or self._spans > 0:
+        if self.speak_after is None or self._samples > 0:
             return None
         spoken = self.speak_after(generation)
         self._no_room = spoken is None
@@ -266,7 +267,7 @@ class AudioRoute:
         """Audio was asked for (speak_after) and the choice ended without any: an error, never
         a silent answer. No room left in the context for the span is the client's (400, as a
         prompt too long is); a spoken continuation that gave no units is the server's (500)."""
-        if self.speak_after is None or self._spans > 0:
+        if self.speak_after is None or self._samples > 0:  # (a span's units may give no sample)
             return None
         if self._no_room:
             return bad_request(
@@ -284,6 +285,7 @@ class AudioRoute:
         samples = await self._sink.decode(units, last=last)
         self._sent += len(units)
         self._last_chunk = len(units)
+        self._samples += len(samples)
         AUDIO.add(delta, AudioPiece(samples, self.sample_rate, self._spans, last))
 
 
