@@ -220,9 +220,14 @@ def speak_text(
     prompt = [*request.prompt_token_ids, *said, *_reasoning_end(model, request.prompt_token_ids, said)]
     fmt = audio.format
     grammar = audio.grammar
+    span_params = params
     if dialect and fmt.call_token_id is not None and audio.bare_grammar is not None:
         prompt += [*_transcript_end(model, said), fmt.call_token_id]
         grammar = audio.bare_grammar
+        # The end of the turn ends this span, as its own end marker ends ours: a bias the text
+        # put on the turn's end (to end the text soon) is not the speech's, which ours never sees.
+        bias = tuple((t, b) for t, b in params.logit_bias if t not in request.eos_token_ids)
+        span_params = dataclasses.replace(params, logit_bias=bias)
     else:
         prompt.append(fmt.start_token_id)
     room = min(params.max_tokens + speech_tokens - len(out), model.pool.max_model_len - len(prompt))
@@ -232,7 +237,7 @@ def speak_text(
         text.pool,
         text.tokenizer,
         prompt,
-        continuation_params(params, min(room, MAX_UNITS + 1)),  # the units, then the span's end
+        continuation_params(span_params, min(room, MAX_UNITS + 1)),  # the units, then the span's end
         f"{request.request_id}-speech",
         output=OutputOptions(skip_special_tokens=text.output.skip_special_tokens),
         media=request.media,

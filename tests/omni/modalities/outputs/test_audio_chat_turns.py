@@ -125,8 +125,10 @@ async def test_the_reference_dialect_speaks_after_its_call_tag_in_bare_units(set
     tok = model.tokenizer
     call, at, end_at = (tok.token_to_id(t) for t in ("<audio_decoder_call>", "<assistant_transcript>", "</assistant_transcript>"))
     assert call is not None and at is not None and end_at is not None
-    speech = speak_text(model, audio, finished(model, [10, 11, EOS]), dialect=True)
+    speech = speak_text(model, audio, finished(model, [10, 11, EOS], logit_bias=((EOS, 8.0), (10, 1.0))), dialect=True)
     assert speech is not None and speech.request.prompt_token_ids == [1, 2, 3, 10, 11, call]
+    # the turn's end ends these units as the span's own end marker ends ours: the text's bias on it stays the text's
+    assert speech.request.sampling_params.logit_bias == ((10, 1.0),)
     assert speech.constraint is not None and speech.constraint.active
     first = set(allowed_tokens(fill_masks([speech.constraint])[0], tok.vocab_size).tolist())
     assert first == set(range(audio.format.first_unit_id, audio.format.first_unit_id + audio.format.num_units))
