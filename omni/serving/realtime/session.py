@@ -477,7 +477,9 @@ class RealtimeSession:
         items = self.conversation.items
         if fields.input is not UNSET:
             items = [self._reference(x, i) for i, x in enumerate(fields.input)]
-        body = chat_body(self.model.name, self.model.output(AUDIO) is not None, s, self.conversation.messages(items))
+        max_media = self.model.media.limits.max_items_per_request if self.model.media is not None else None
+        messages = self.conversation.messages(items, max_media)
+        body = chat_body(self.model.name, self.model.output(AUDIO) is not None, s, messages)
         req = parse_chat_completion_request(body)
         response = {
             "id": new_response_id(), "object": "realtime.response", "status": "in_progress", "status_details": None,

@@ -37,6 +37,26 @@ def test_items_render_as_chat_messages_in_order() -> None:
     ]  # fmt: skip
 
 
+def test_past_the_most_media_a_request_takes_the_oldest_audio_renders_as_its_transcript() -> None:
+    """A spoken session of more turns than max_items_per_request keeps answering: its oldest user
+    audio renders as its transcript (or is left out with none), the newest max_media as audio."""
+    c = Conversation()
+    for n, transcript in enumerate(("first", None, "third", "fourth")):
+        c.add(_msg(f"u{n}", "user", {"type": "input_audio", "transcript": transcript}))
+        c.set_user_audio(f"u{n}", 0, f"RIFF{n}".encode())
+
+    def audio(n: int) -> dict[str, object]:
+        return {"type": "input_audio", "input_audio": {"data": base64.b64encode(f"RIFF{n}".encode()).decode(), "format": "wav"}}
+
+    assert c.messages(max_media=2) == [
+        {"role": "user", "content": [{"type": "text", "text": "first"}]},
+        {"role": "user", "content": []},
+        {"role": "user", "content": [audio(2)]},
+        {"role": "user", "content": [audio(3)]},
+    ]
+    assert c.messages(max_media=4) == c.messages() == [{"role": "user", "content": [audio(n)]} for n in range(4)]
+
+
 def test_truncate_keeps_the_heard_share_of_the_transcript() -> None:
     c = Conversation()
     c.add(_msg("a1", "assistant", {"type": "output_audio", "transcript": "one two three four"}))

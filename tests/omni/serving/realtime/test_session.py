@@ -24,7 +24,7 @@ from tests.omni.serving.test_errors import CASES, IDS
 
 
 def _session(events: list[dict[str, Any]]) -> RealtimeSession:
-    model = SimpleNamespace(name="m", output=lambda kind: None)  # a text model: it serves no output kind
+    model = SimpleNamespace(name="m", output=lambda kind: None, media=None)  # a text model: no output kind, no media
     return RealtimeSession(cast(Any, None), cast(Any, model), events.append, vad_model=None, max_buffer_seconds=10.0)
 
 
