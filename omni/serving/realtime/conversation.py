@@ -117,8 +117,8 @@ class Conversation:
     def messages(self, items: list[Item] | None = None, max_media: int | None = None) -> list[dict[str, Any]]:
         """The items as chat messages, in order. max_media: the most media parts one request
         takes (MediaLimits.max_items_per_request); a conversation with more renders its oldest
-        user audio as its transcript (left out when it has none), so a long spoken session goes
-        on answering instead of failing every turn from then on."""
+        user audio as its transcript (a message of audio alone with none is left out), so a
+        long spoken session goes on answering instead of failing every turn from then on."""
         items = self.items if items is None else items
         as_text = self._oldest_media(items, max_media)
         out: list[dict[str, Any]] = []
@@ -136,7 +136,9 @@ class Conversation:
                 out.append({"role": "tool", "tool_call_id": item["call_id"], "content": item["output"]})
             elif item["role"] == "user":
                 parts = [self._user_part(item["id"], i, p, as_text) for i, p in enumerate(item["content"])]
-                out.append({"role": "user", "content": [p for p in parts if p is not None]})
+                kept = [p for p in parts if p is not None]
+                if kept or not any(key[0] == item["id"] for key in as_text):  # (a message of no part is refused)
+                    out.append({"role": "user", "content": kept})
             else:
                 text = "".join(p.get("text") or p.get("transcript") or "" for p in item["content"])
                 out.append({"role": item["role"], "content": text})

@@ -39,7 +39,8 @@ def test_items_render_as_chat_messages_in_order() -> None:
 
 def test_past_the_most_media_a_request_takes_the_oldest_audio_renders_as_its_transcript() -> None:
     """A spoken session of more turns than max_items_per_request keeps answering: its oldest user
-    audio renders as its transcript (or is left out with none), the newest max_media as audio."""
+    audio renders as its transcript (its message left out with none: chat refuses an empty
+    one), the newest max_media as audio."""
     c = Conversation()
     for n, transcript in enumerate(("first", None, "third", "fourth")):
         c.add(_msg(f"u{n}", "user", {"type": "input_audio", "transcript": transcript}))
@@ -49,8 +50,7 @@ def test_past_the_most_media_a_request_takes_the_oldest_audio_renders_as_its_tra
         return {"type": "input_audio", "input_audio": {"data": base64.b64encode(f"RIFF{n}".encode()).decode(), "format": "wav"}}
 
     assert c.messages(max_media=2) == [
-        {"role": "user", "content": [{"type": "text", "text": "first"}]},
-        {"role": "user", "content": []},
+        {"role": "user", "content": [{"type": "text", "text": "first"}]},  # (the second: no transcript, no message)
         {"role": "user", "content": [audio(2)]},
         {"role": "user", "content": [audio(3)]},
     ]
