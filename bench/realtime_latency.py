@@ -4,7 +4,9 @@ input_audio_buffer.speech_stopped to the response's first response.output_audio.
 --turns turns of one conversation, on the embedded default (the tiny omni checkpoint) on this CPU.
 Target: p90 under 500 ms. Run it on a quiet machine: nothing else may use the CPU meanwhile.
 
-Starts `bin/omni-serve` (no --model, --no-image-output) on a free port, or uses --base-url.
+Starts `bin/omni-serve` (no --model, --no-image-output) on a free port, or uses --base-url: the
+embedded default, the published-layout checkpoint that speaks the reference's dialect. --no-bias
+asks as a voice client does (no bias: first audio then waits for the random text to end).
 Sessions of --turns-per-session turns each (server VAD, silence_duration_ms --silence-ms, input transcription on unless
 --no-transcription, a logit bias on <|im_end|> so the random model's text ends within a few
 tokens and then it speaks; later turns find the earlier ones in the prefix cache); --warmup turns unmeasured, then --turns turns. Each turn sends the
@@ -62,7 +64,7 @@ def _ms(t: float | None, t0: float | None) -> float | None:
 
 async def run(base: str, args: argparse.Namespace) -> list[dict[str, Any]]:
     pcm = clip_pcm16(args.text)
-    bias = im_end_bias(base, args.model)
+    bias = {} if args.no_bias else im_end_bias(base, args.model)
     rows: list[dict[str, Any]] = []
     total = args.warmup + args.turns
     for first in range(0, total, args.turns_per_session):
@@ -169,6 +171,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--chunk-ms", type=int, default=20)
     p.add_argument("--barge-ins", type=int, default=5, help="barge-ins timed after the turns (0: none)")
     p.add_argument("--no-transcription", action="store_true", help="leave input_audio_transcription off")
+    p.add_argument("--no-bias", action="store_true",
+                   help="no logit bias on <|im_end|>, as a voice client asks: the text runs to its share of "
+                        "--max-output-tokens (or ends) before the speech")  # fmt: skip
     p.add_argument("--text", default=TEXT)
     p.add_argument("--model", default=MODEL)
     p.add_argument("--base-url", help="a running server instead of starting one")

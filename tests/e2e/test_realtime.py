@@ -107,6 +107,32 @@ async def test_a_text_turn_is_answered_in_speech_and_the_next_turn_is_cached(ser
         assert again["response"]["usage"]["input_tokens"] > first_prompt and cached > 0, again["response"]["usage"]  # whole blocks up to where the answer is re-rendered
 
 
+async def test_every_turn_of_a_conversation_speaks_with_no_bias(server: str) -> None:
+    """As a new user's session asks (no bias; the reference dialect of the published default):
+    every turn carries audio (the first once gave 0.12 s and later ones none; the 20-turn count
+    is bench/spoken_turns.py's, docs/REALTIME.md), and a turn that cannot speak is an error
+    event and a failed response, not a silent one."""
+    async with _connect(server) as conn:
+        await _manual(conn, {}, max_output_tokens=150)
+        for turn in range(4):
+            seen: list[dict[str, Any]] = []
+            await conn.send({"type": "conversation.item.create", "item": {"type": "message", "role": "user",
+                                                                         "content": [{"type": "input_text", "text": f"Tell me more, {turn}."}]}})  # fmt: skip
+            await conn.send({"type": "response.create"})
+            done = await _until(conn, "response.done", seen)
+            assert done["response"]["status"] in ("completed", "incomplete"), done  # incomplete: the text ran to its share
+            pcm = b"".join(base64.b64decode(e["delta"]) for e in seen if e["type"] == "response.output_audio.delta")
+            samples = np.frombuffer(pcm, dtype="<i2")
+            assert len(samples) >= 3 * 960 and np.abs(samples).max() > 0, turn  # at least the least span's 3 units
+            assert done["response"]["usage"]["output_token_details"]["audio_tokens"] >= 3
+        seen = []
+        await conn.send({"type": "response.create", "response": {"max_output_tokens": 4}})  # no room to speak
+        done = await _until(conn, "response.done", seen)
+        errors = [e["error"] for e in seen if e["type"] == "error"]
+        assert done["response"]["status"] == "failed" and errors and errors[0]["param"] == "max_tokens", seen
+        assert "response.output_audio.delta" not in _types(seen)
+
+
 async def test_a_spoken_turn_under_server_vad(server: str, ends_soon: dict[str, float]) -> None:
     clip = spoken("Hello, what is the weather like in Seoul today?", 24000, silence_s=1.0)
     if clip is None:

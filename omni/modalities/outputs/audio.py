@@ -42,7 +42,7 @@ from omni.config import ModelConfig
 from omni.engines.audio_decoder import AudioDecoderEngine
 from omni.engines.generation import Delta, Generation
 from omni.engines.worker_specs import audio_decoder_worker_spec
-from omni.errors import bad_request, service_unavailable
+from omni.errors import APIError, bad_request, internal_error, service_unavailable
 from omni.metrics import Metrics
 from omni.modalities.outputs.kind import OutputKind
 from omni.shared.media.audio_encoding import MEDIA_TYPES, encode_audio
@@ -149,28 +149,38 @@ class AudioRoute:
     # stream (None: it picks none, open_stream's voice speaks).
     speaker_stream: Callable[[Mapping[str, Any]], AudioSink | None] | None = None
     _spans: int = field(default=0, init=False)  # spans that gave audio so far
+    _samples: int = field(default=0, init=False)  # bytes of samples the vocoder gave, all spans
     _opened: int = field(default=0, init=False)  # spans opened so far, audio or not
     _opening_unit: int | None = field(default=None, init=False)  # the unit that opened a bare span
+    _by_token: bool = field(default=False, init=False)  # opens() claimed a token (else the prompt opened it)
     _bare: bool = field(default=False, init=False)  # the open span was opened by a unit
     _sink: AudioSink | None = field(default=None, init=False)  # the open span's stream
     _pending: list[int] = field(default_factory=list, init=False)  # units sampled, not yet sent
     _sent: int = field(default=0, init=False)  # units already decoded
     _last_chunk: int = field(default=0, init=False)  # units of the chunk sent last
     _request_id: str = field(default="", init=False)  # the request writing the span, for logs
+    _no_room: bool = field(default=False, init=False)  # speak_after found no room for the span
 
     def opens(self, token_id: int) -> bool:
         if token_id == self.format.start_token_id:
-            self._opening_unit = None
+            self._opening_unit, self._by_token = None, True
             return True
         if self.bare_units:
             self._opening_unit = self.format.unit_of(token_id)
-            return self._opening_unit is not None
+            self._by_token = self._opening_unit is not None
+            return self._by_token
         return False
 
     def open(self, generation: Generation) -> None:
         self._sink = self._stream_for(generation)
         self._opened += 1
-        self._bare = self._opening_unit is not None
+        # Bare: opened by a unit, or by a prompt that ends with the dialect's call tag, not the
+        # opening token (speak_after's continuation in the reference dialect): no end marker.
+        by_prompt, self._by_token = not self._by_token, False
+        prompt = generation.request.prompt_token_ids
+        self._bare = self._opening_unit is not None or (
+            self.bare_units and by_prompt and prompt[-1:] != [self.format.start_token_id]
+        )
         self._pending = [] if self._opening_unit is None else [self._opening_unit]
         self._sent, self._last_chunk, self._opening_unit = 0, 0, None
         self._request_id = str(generation.request.request_id)
@@ -247,15 +257,35 @@ class AudioRoute:
 
     def after(self, generation: Generation) -> Generation | None:
         """The continuation that speaks the text, when audio was asked for and none came out."""
-        if self.speak_after is None or self._spans > 0:
+        if self.speak_after is None or self._samples > 0:
             return None
-        return self.speak_after(generation)
+        spoken = self.speak_after(generation)
+        self._no_room = spoken is None
+        return spoken
+
+    def missing(self) -> APIError | None:
+        """Audio was asked for (speak_after) and the choice ended without any: an error, never
+        a silent answer. No room left in the context for the span is the client's (400, as a
+        prompt too long is); a spoken continuation that gave no units is the server's (500)."""
+        if self.speak_after is None or self._samples > 0:  # (a span's units may give no sample)
+            return None
+        if self._no_room:
+            return bad_request(
+                f"The conversation leaves no room in the model's context for the spoken answer (at least "
+                f"{self.format.min_units + 1} tokens of audio units): shorten the messages.",
+                param="messages",
+                code="context_length_exceeded",
+            )
+        return internal_error(
+            f"The model's turn ended without the audio units it was asked to speak ({self._request_id})."
+        )
 
     async def _send(self, delta: Delta, units: list[int], *, last: bool) -> None:
         assert self._sink is not None
         samples = await self._sink.decode(units, last=last)
         self._sent += len(units)
         self._last_chunk = len(units)
+        self._samples += len(samples)
         AUDIO.add(delta, AudioPiece(samples, self.sample_rate, self._spans, last))
 
 
@@ -275,6 +305,8 @@ class ModelAudio:
         self.first_chunk_units = first_chunk_units
         self.chunk_units = chunk_units
         self.grammar: CompiledGrammar | None = None  # compiled by prepare()
+        # the reference dialect's spoken answer after its call tag (bare units), by prepare()
+        self.bare_grammar: CompiledGrammar | None = None
 
     @classmethod
     def for_model(
@@ -291,6 +323,10 @@ class ModelAudio:
     async def prepare(self, compiler: GrammarCompiler) -> None:
         """Compile the span grammar (once, off the event loop)."""
         self.grammar = await self.span_grammar(compiler, self.format.max_units)
+        if self.format.call_token_id is not None:
+            self.bare_grammar = await compiler.compile(
+                GrammarSpec(GrammarKind.GRAMMAR, self.format.bare_grammar(), "audio")
+            )
 
     async def span_grammar(self, compiler: GrammarCompiler, max_units: int) -> CompiledGrammar:
         """The span grammar with at most max_units units (the compiler keeps each it compiled)."""

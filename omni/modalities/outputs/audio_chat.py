@@ -120,7 +120,7 @@ class ChatAudio:
     def route(self, model: ChatModel, choice_index: int) -> AudioRoute:
         """(Every choice speaks in the same voice: the request names it.)"""
         route = self.audio.route(self.voice, dialect=self.dialect, priority=self.priority, live=self.live)
-        speak = functools.partial(speak_text, model, self.audio, speech_tokens=self.speech_tokens)
+        speak = functools.partial(speak_text, model, self.audio, speech_tokens=self.speech_tokens, dialect=self.dialect)
         return dataclasses.replace(route, speak_after=speak)
 
     def with_previews(self, partial_images: int, previews: asyncio.Queue[Any]) -> ChatAudio:
@@ -133,8 +133,16 @@ class ChatAudio:
         return SpokenBody(self.audio, self.format, choices)
 
     def within(self, params: SamplingParams) -> tuple[ChatAudio, SamplingParams]:
-        """The turn's text params, with speech_room(max_tokens) of them kept for the speech."""
+        """The turn's text params, with speech_room(max_tokens) of them kept for the speech; a
+        400 when max_tokens (less min_tokens) could never hold the least span: asked for, audio
+        comes or the turn is an error, never a silent answer."""
         room = speech_room(params.max_tokens, params.min_tokens)
+        if room == 0:
+            raise bad_request(
+                f"max_tokens {params.max_tokens} leaves no room for the spoken answer: audio takes at "
+                f"least {MIN_UNITS + 1} tokens after the text's {max(params.min_tokens, 1)}.",
+                param="max_tokens",
+            )
         text = dataclasses.replace(params, max_tokens=params.max_tokens - room)
         return dataclasses.replace(self, speech_tokens=room, priority=params.priority), text
 
@@ -194,32 +202,63 @@ def continuation_params(params: SamplingParams, max_tokens: int) -> SamplingPara
     return dataclasses.replace(params, max_tokens=max_tokens, **SPAN_OWN)
 
 
-def speak_text(model: ChatModel, audio: ModelAudio, text: Generation, *, speech_tokens: int = 0) -> Generation | None:
+def speak_text(
+    model: ChatModel, audio: ModelAudio, text: Generation, *, speech_tokens: int = 0, dialect: bool = False
+) -> Generation | None:
     """The continuation that speaks a finished text: prompt + text (without the token that
-    ended it; a reasoning block the text left open is closed) + the span's opening token, held
-    to the span grammar, within the text's max_tokens and the speech_tokens kept for it; None
-    when the context or max_tokens leaves no room for the span's least units."""
+    ended it; a reasoning block the text left open is closed) + the span's opening, held to the
+    span's grammar, within the text's max_tokens and the speech_tokens kept for it; None when
+    the context or max_tokens leaves no room for the span's least units.
+
+    The opening is the dialect's: ours, <|discrete_audio_start|> and the span grammar (units, then
+    its end marker); the reference's, its transcript closed when the text left it open, then
+    <audio_decoder_call> and bare units that the end of the turn ends (the reference's
+    chainer reads its answers so: docs/REFERENCE_DIALECT.md)."""
     request = text.request
     params = request.sampling_params
     out = request.output_token_ids
     stops = set(params.stop_token_ids) | set(request.eos_token_ids)
     said = out[:-1] if out and out[-1] in stops else out
     prompt = [*request.prompt_token_ids, *said, *_reasoning_end(model, request.prompt_token_ids, said)]
-    prompt.append(audio.format.start_token_id)
+    fmt = audio.format
+    grammar = audio.grammar
+    span_params = params
+    if dialect and fmt.call_token_id is not None and audio.bare_grammar is not None:
+        prompt += [*_transcript_end(model, said), fmt.call_token_id]
+        grammar = audio.bare_grammar
+        # The end of the turn ends this span, as its own end marker ends ours: a bias the text
+        # put on the turn's end (to end the text soon) is not the speech's, which ours never sees.
+        bias = tuple((t, b) for t, b in params.logit_bias if t not in request.eos_token_ids)
+        span_params = dataclasses.replace(params, logit_bias=bias)
+    else:
+        prompt.append(fmt.start_token_id)
     room = min(params.max_tokens + speech_tokens - len(out), model.pool.max_model_len - len(prompt))
-    if room < MIN_UNITS + 1 or audio.grammar is None:
+    if room < MIN_UNITS + 1 or grammar is None:
         return None
     return Generation(
         text.pool,
         text.tokenizer,
         prompt,
-        continuation_params(params, min(room, MAX_UNITS + 1)),  # the units, then the span's end
+        continuation_params(span_params, min(room, MAX_UNITS + 1)),  # the units, then the span's end
         f"{request.request_id}-speech",
         output=OutputOptions(skip_special_tokens=text.output.skip_special_tokens),
         media=request.media,
-        constraint=audio.grammar.new_constraint(None),  # the whole output is the span it opens
+        constraint=grammar.new_constraint(None),  # the whole output is the span it opens
         cache_salt=request.cache_salt,  # its prompt is the turn's: kept apart as the turn is
     )
+
+
+def _transcript_end(model: ChatModel, said: list[int]) -> list[int]:
+    """The reference dialect's </assistant_transcript>, when the text opened its transcript and
+    did not close it: the speech follows the transcript, as the model writes it."""
+    start, end = (
+        model.tokenizer.token_to_id("<assistant_transcript>"),
+        model.tokenizer.token_to_id("</assistant_transcript>"),
+    )
+    if start is None or end is None or start not in said:
+        return []
+    opened = len(said) - 1 - said[::-1].index(start)
+    return [] if end in said[opened:] else [end]
 
 
 def _reasoning_end(model: ChatModel, prompt: list[int], said: list[int]) -> list[int]:

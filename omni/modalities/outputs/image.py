@@ -35,6 +35,7 @@ from omni.config import ModelConfig
 from omni.engines.generation import Delta, Generation
 from omni.engines.vision_decoder import ImageRequest, VisionDecoderEngine
 from omni.engines.worker_specs import vision_decoder_worker_spec
+from omni.errors import APIError
 from omni.metrics import Metrics
 from omni.modalities.outputs.kind import OutputKind
 from omni.shared.media.compositing import EditCanvas
@@ -173,6 +174,9 @@ class ImageRoute:
 
     def after(self, generation: Generation) -> Generation | None:
         return None
+
+    def missing(self) -> APIError | None:
+        return None  # images come when the model draws them: none is owed
 
     def _read(self, tokens: list[int]) -> ImageSpan | None:
         """The span's ratio and codes; None (and a log line) for a span the grammar would not

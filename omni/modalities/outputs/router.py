@@ -29,6 +29,7 @@ from contextlib import aclosing
 from typing import Protocol
 
 from omni.engines.generation import Delta, Generation, Usage
+from omni.errors import APIError
 
 
 class SpanRoute(Protocol):
@@ -65,6 +66,11 @@ class SpanRoute(Protocol):
         """A continuation of the choice once its text ends ("stop", or "length": cut at its share
         of max_tokens), opened inside a span of this kind (audio asked for: the text spoken), or
         None."""
+        ...
+
+    def missing(self) -> APIError | None:
+        """Once the choice has ended: the error for an output it was asked for and did not make
+        (audio asked for, no units), or None. The router raises it in place of the last Delta."""
         ...
 
 
@@ -106,6 +112,7 @@ class OutputRouter:
                     if routed.finish_reason in ("stop", "length") and self._continue():
                         self._text_cut = routed.finish_reason == "length"
                         routed.finish_reason = None  # the choice goes on
+                    self._check_made(routed)
                     yield routed
             if self._after is not None and self._after_route is not None:
                 self._start(self._after_route, self._after)
@@ -114,6 +121,7 @@ class OutputRouter:
                         routed = await self.route(delta)
                         if self._text_cut and routed.finish_reason == "stop":
                             routed.finish_reason = "length"  # the answer was cut, though all it said is spoken
+                        self._check_made(routed)
                         yield routed
         finally:
             if self._open is not None:  # left mid-span
@@ -152,6 +160,16 @@ class OutputRouter:
                 self._after, self._after_route = after, route
                 return True
         return False
+
+    def _check_made(self, delta: Delta) -> None:
+        """A choice that ended ("stop", "length") without an output it was asked for is an error,
+        raised in place of its last Delta: never an answer that silently lacks it."""
+        if delta.finish_reason not in ("stop", "length"):
+            return
+        for route in self.routes:
+            error = route.missing()
+            if error is not None:
+                raise error
 
     def _withhold(self, delta: Delta, token_id: int) -> None:
         """A span token's own text (present when special tokens are written out) is not text."""

@@ -122,10 +122,15 @@ class Conversation:
         part["transcript"] = " ".join(words[:keep])
         self._audio[(item_id, content_index)] = _Audio(None, audio_end_ms)
 
-    def messages(self, items: list[Item] | None = None) -> list[dict[str, Any]]:
-        """The items as chat messages, in order."""
+    def messages(self, items: list[Item] | None = None, max_media: int | None = None) -> list[dict[str, Any]]:
+        """The items as chat messages, in order. max_media: the most media parts one request
+        takes (MediaLimits.max_items_per_request); a conversation with more renders its oldest
+        user audio as its transcript (a message of audio alone with none is left out), so a
+        long spoken session goes on answering instead of failing every turn from then on."""
+        items = self.items if items is None else items
+        as_text = self._oldest_media(items, max_media)
         out: list[dict[str, Any]] = []
-        for item in self.items if items is None else items:
+        for item in items:
             kind = item["type"]
             if kind == "function_call":
                 call = {"id": item["call_id"], "type": "function",
@@ -138,20 +143,42 @@ class Conversation:
             elif kind == "function_call_output":
                 out.append({"role": "tool", "tool_call_id": item["call_id"], "content": item["output"]})
             elif item["role"] == "user":
-                parts = [self._user_part(item["id"], i, p) for i, p in enumerate(item["content"])]
-                out.append({"role": "user", "content": [p for p in parts if p is not None]})
+                parts = [self._user_part(item["id"], i, p, as_text) for i, p in enumerate(item["content"])]
+                kept = [p for p in parts if p is not None]
+                if kept or not any(key[0] == item["id"] for key in as_text):  # (a message of no part is refused)
+                    out.append({"role": "user", "content": kept})
             else:
                 text = "".join(p.get("text") or p.get("transcript") or "" for p in item["content"])
                 out.append({"role": item["role"], "content": text})
         return out
 
-    def _user_part(self, item_id: str, index: int, part: dict[str, Any]) -> dict[str, Any] | None:
+    def _oldest_media(self, items: list[Item], max_media: int | None) -> set[tuple[str, int]]:
+        """The oldest user audio parts to render as their transcripts so that the audio and the
+        images together are at most max_media (images have no text to stand for them: when they
+        alone pass it, truncation.py leaves out the oldest messages)."""
+        if max_media is None:
+            return set()
+        parts = [
+            (item["id"], i, part["type"])
+            for item in items
+            if item["type"] == "message" and item["role"] == "user"
+            for i, part in enumerate(item["content"])
+        ]
+        audio = [(item_id, i) for item_id, i, kind in parts if kind == "input_audio" and self._wav(item_id, i) is not None]
+        images = sum(kind == "input_image" for _, _, kind in parts)
+        return set(audio[: max(len(audio) + images - max_media, 0)])
+
+    def _wav(self, item_id: str, index: int) -> str | None:
+        audio = self._audio.get((item_id, index))
+        return None if audio is None else audio.wav_b64
+
+    def _user_part(self, item_id: str, index: int, part: dict[str, Any], as_text: set[tuple[str, int]]) -> dict[str, Any] | None:
         if part["type"] == "input_text":
             return {"type": "text", "text": part["text"]}
         if part["type"] == "input_image":
             return {"type": "image_url", "image_url": {"url": self._images[(item_id, index)]}}
         audio = self._audio.get((item_id, index))
-        if audio is None or audio.wav_b64 is None:  # given as a transcript only
+        if audio is None or audio.wav_b64 is None or (item_id, index) in as_text:  # as a transcript only
             return {"type": "text", "text": part.get("transcript") or ""} if part.get("transcript") else None
         return {"type": "input_audio", "input_audio": {"data": audio.wav_b64, "format": "wav"}}
 

@@ -452,7 +452,8 @@ class RealtimeSession:
         items = self.conversation.items
         if fields.input is not UNSET:
             items = [self._reference(x, i) for i, x in enumerate(fields.input)]
-        messages = self.conversation.messages(items)
+        max_media = self.model.media.limits.max_items_per_request if self.model.media is not None else None
+        messages = self.conversation.messages(items, max_media)
         request = functools.partial(chat_request, self.model, s)  # of all messages, or truncation.py's fewer
         request(messages)  # a request the conversation cannot make is this event's error
         response = {

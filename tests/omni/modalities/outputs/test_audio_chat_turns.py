@@ -27,6 +27,7 @@ from omni.shared.media.audio_encoding import float_to_pcm16
 from omni.shared.store.local import LocalStore
 from omni.text.chat_format import ChatFormat
 from omni.text.constrained.audio_span import MAX_UNITS
+from omni.text.constrained.constraint import allowed_tokens, fill_masks
 from omni.text.tokenizer import TextTokenizer
 from scheduler.request import SamplingParams
 from tests.omni.fake_pool import FakePool
@@ -115,6 +116,41 @@ async def test_a_text_cut_inside_its_reasoning_closes_it_before_the_speech(tiny_
     plain = finished(model, [10, 11], max_tokens=2)  # no reasoning opened
     speech = speak_text(model, audio, plain, speech_tokens=8)
     assert speech is not None and speech.request.prompt_token_ids == [1, 2, 3, 10, 11, start]
+
+
+async def test_the_reference_dialect_speaks_after_its_call_tag_in_bare_units(setting: tuple[ServedModel, ModelAudio, LocalStore]) -> None:
+    """Its spoken answer is the text, its transcript closed, <audio_decoder_call>, bare units that
+    the end of the turn ends (docs/REFERENCE_DIALECT.md), not our <|discrete_audio_start|> span."""
+    model, audio, _ = setting
+    tok = model.tokenizer
+    call, at, end_at = (tok.token_to_id(t) for t in ("<audio_decoder_call>", "<assistant_transcript>", "</assistant_transcript>"))
+    assert call is not None and at is not None and end_at is not None
+    speech = speak_text(model, audio, finished(model, [10, 11, EOS], logit_bias=((EOS, 8.0), (10, 1.0))), dialect=True)
+    assert speech is not None and speech.request.prompt_token_ids == [1, 2, 3, 10, 11, call]
+    # the turn's end ends these units as the span's own end marker ends ours: the text's bias on it stays the text's
+    assert speech.request.sampling_params.logit_bias == ((10, 1.0),)
+    assert speech.constraint is not None and speech.constraint.active
+    first = set(allowed_tokens(fill_masks([speech.constraint])[0], tok.vocab_size).tolist())
+    assert first == set(range(audio.format.first_unit_id, audio.format.first_unit_id + audio.format.num_units))
+    opened = speak_text(model, audio, finished(model, [at, 10, EOS]), dialect=True)
+    assert opened is not None and opened.request.prompt_token_ids == [1, 2, 3, at, 10, end_at, call]
+    closed = speak_text(model, audio, finished(model, [at, 10, end_at, 11, EOS]), dialect=True)
+    assert closed is not None and closed.request.prompt_token_ids == [1, 2, 3, at, 10, end_at, 11, call]
+
+
+@pytest.mark.parametrize("dialect", [False, True])
+async def test_a_budget_that_cannot_hold_speech_is_a_400_not_a_silent_answer(
+    setting: tuple[ServedModel, ModelAudio, LocalStore], dialect: bool
+) -> None:
+    _, audio, _ = setting
+    spoken = ChatAudio(audio, 0, "wav", dialect)
+    with pytest.raises(APIError) as e:
+        spoken.within(SamplingParams(max_tokens=4))
+    assert (e.value.status, e.value.param) == (400, "max_tokens")
+    with pytest.raises(APIError):
+        spoken.within(SamplingParams(max_tokens=150, min_tokens=147))
+    kept, text = spoken.within(SamplingParams(max_tokens=5))
+    assert (kept.speech_tokens, text.max_tokens) == (4, 1)
 
 
 def chat_with(messages: list[dict[str, Any]]) -> Any:

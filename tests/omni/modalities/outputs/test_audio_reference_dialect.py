@@ -24,6 +24,7 @@ import pytest
 
 from omni.engines.generation import Delta, Generation, OutputOptions
 from omni.engines.pool import ModelPool
+from omni.errors import APIError
 from omni.modalities.outputs.audio import AUDIO, AudioRoute, speaker_info, speaker_voice
 from omni.modalities.outputs.router import OutputRouter
 from omni.text.constrained.audio_span import AudioSpanFormat
@@ -134,3 +135,53 @@ async def test_a_bare_span_of_fewer_than_three_units_gives_no_audio(tokenizer: T
     """As the reference refuses fewer than 3 units; the stream is freed."""
     deltas, log, sinks = await run(tokenizer, TAGGED, [4, 5], voice_named=True)
     assert log == [] and not any(AUDIO.pieces(d) for d in deltas) and sinks[0].closed
+
+
+async def spoken_turn(tokenizer: TextTokenizer, continuation: list[int] | None) -> tuple[list[Delta], list[tuple[int, list[int]]]]:
+    """A text that ends without speaking, then (continuation not None) the spoken continuation as
+    speak_text makes it in this dialect: a prompt ending with <audio_decoder_call>, its output
+    the given tokens (bare units, then the end of the turn)."""
+    fmt = AudioSpanFormat.from_tokenizer(tokenizer)
+    assert fmt is not None and fmt.call_token_id is not None
+    log: list[tuple[int, list[int]]] = []
+    im_end = tokenizer.token_to_id("<|im_end|>")
+    assert im_end is not None
+    text = tokenizer.encode("It is noon.", add_special_tokens=False)
+
+    def generation(tokens: list[int], prompt: list[int], rid: str) -> Generation:
+        pool = cast(ModelPool, RecordedPool(tokens, finish_reason="stop"))
+        return Generation(pool, tokenizer, prompt, SamplingParams(max_tokens=64), rid, output=OutputOptions())
+
+    def speak_after(g: Generation) -> Generation | None:
+        if continuation is None:
+            return None  # no room left for the span
+        return generation(continuation, [1, 2, *text, fmt.call_token_id], "req-0-speech")
+
+    route = AudioRoute(fmt, lambda: Sink(0, log), 24000, bare_units=True, speak_after=speak_after)
+    router = OutputRouter(generation([*text, im_end], [1, 2], "req-0"), route)
+    return [d async for d in router.deltas()], log
+
+
+async def test_the_forced_speech_comes_in_bare_units_after_the_call_tag(tokenizer: TextTokenizer) -> None:
+    fmt = AudioSpanFormat.from_tokenizer(tokenizer)
+    assert fmt is not None
+    im_end = tokenizer.token_to_id("<|im_end|>")
+    units = [5, 0, 30, 7]
+    deltas, log = await spoken_turn(tokenizer, [*(fmt.first_unit_id + u for u in units), im_end])
+    assert [u for _, chunk in log for u in chunk] == units
+    assert [d.finish_reason for d in deltas if d.finish_reason] == ["stop"]  # one end, after the speech
+    assert "".join(d.text for d in deltas) == "It is noon."
+
+
+@pytest.mark.parametrize(("units", "status"), [(None, 400), ([4, 5], 500)])
+async def test_a_turn_asked_to_speak_that_ends_without_units_is_an_error(tokenizer: TextTokenizer, units: list[int] | None, status: int) -> None:
+    """No room for the span (400, naming the context), or a continuation cut before its least
+    units (500): raised in place of the last delta, never a silent answer."""
+    fmt = AudioSpanFormat.from_tokenizer(tokenizer)
+    assert fmt is not None
+    continuation = None if units is None else [fmt.first_unit_id + u for u in units]  # cut: no end of turn
+    with pytest.raises(APIError) as e:
+        await spoken_turn(tokenizer, continuation)
+    assert e.value.status == status
+    if status == 400:
+        assert (e.value.param, e.value.code) == ("messages", "context_length_exceeded")

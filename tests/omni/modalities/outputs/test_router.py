@@ -16,6 +16,7 @@ import pytest
 
 from omni.engines.generation import Delta, Generation, OutputOptions
 from omni.engines.pool import ModelPool
+from omni.errors import APIError
 from omni.modalities.outputs.audio import AUDIO, AudioRoute
 from omni.modalities.outputs.image import IMAGE, GeneratedImage, ImageRoute, ImageSpan
 from omni.modalities.outputs.router import OutputRouter
@@ -273,6 +274,9 @@ class Bracket:
         self.spans.append("closed")
 
     def after(self, generation: Generation) -> Generation | None:
+        return None
+
+    def missing(self) -> APIError | None:
         return None
 
 

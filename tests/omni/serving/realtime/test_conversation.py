@@ -48,6 +48,33 @@ def test_an_image_renders_as_chats_image_url_of_its_loaded_bytes_until_its_item_
     assert (c.items, c._images) == ([], {})
 
 
+def test_past_the_most_media_a_request_takes_the_oldest_audio_renders_as_its_transcript() -> None:
+    """A spoken session of more turns than max_items_per_request keeps answering: its oldest user
+    audio renders as its transcript (its message left out with none: chat refuses an empty
+    one), the newest max_media as audio."""
+    c = Conversation()
+    for n, transcript in enumerate(("first", None, "third", "fourth")):
+        c.add(_msg(f"u{n}", "user", {"type": "input_audio", "transcript": transcript}))
+        c.set_user_audio(f"u{n}", 0, f"RIFF{n}".encode())
+
+    def audio(n: int) -> dict[str, object]:
+        return {"type": "input_audio", "input_audio": {"data": base64.b64encode(f"RIFF{n}".encode()).decode(), "format": "wav"}}
+
+    assert c.messages(max_media=2) == [
+        {"role": "user", "content": [{"type": "text", "text": "first"}]},  # (the second: no transcript, no message)
+        {"role": "user", "content": [audio(2)]},
+        {"role": "user", "content": [audio(3)]},
+    ]
+    assert c.messages(max_media=4) == c.messages() == [{"role": "user", "content": [audio(n)]} for n in range(4)]
+    # an image counts against the cap too: one more audio turn renders as its transcript
+    c.add(_msg("u4", "user", {"type": "input_image", "image_url": "data:image/png;base64,AAAA", "detail": "auto"}))
+    c.set_user_image("u4", 0, "data:image/png;base64,AAAA")
+    assert c.messages(max_media=4)[:2] == [
+        {"role": "user", "content": [{"type": "text", "text": "first"}]},
+        {"role": "user", "content": [audio(1)]},
+    ]
+
+
 def test_truncate_keeps_the_heard_share_of_the_transcript() -> None:
     c = Conversation()
     c.add(_msg("a1", "assistant", {"type": "output_audio", "transcript": "one two three four"}))

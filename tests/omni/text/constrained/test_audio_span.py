@@ -55,3 +55,28 @@ async def test_walks_make_only_whole_spans_within_the_bounds(compiler: GrammarCo
         assert span[-1] == fmt.end_token_id and not c.violated and not c.complete
         lengths.append(len(span) - 1)
     assert min(lengths) >= fmt.min_units and max(lengths) <= fmt.max_units and len(set(lengths)) > 3
+
+
+async def test_the_reference_dialects_speech_is_bare_units_the_end_of_turn_ends(
+    compiler: GrammarCompiler, tokenizer: TextTokenizer
+) -> None:
+    """After <audio_decoder_call>: units only, no marker, 3 of them before the turn may end (EOS),
+    and nothing but EOS after the most."""
+    fmt = AudioSpanFormat.from_tokenizer(tokenizer)
+    assert fmt is not None and fmt.call_token_id == tokenizer.token_to_id("<audio_decoder_call>")
+    fmt = dataclasses.replace(fmt, max_units=5)
+    grammar = await compiler.compile(GrammarSpec(GrammarKind.GRAMMAR, fmt.bare_grammar(), "audio"))
+    units = set(range(fmt.first_unit_id, fmt.first_unit_id + fmt.num_units))
+    eos = set(tokenizer.eos_token_ids)
+    c = grammar.new_constraint(None)
+    for n in range(fmt.max_units + 1):
+        allowed = set(allowed_tokens(fill_masks([c])[0], tokenizer.vocab_size).tolist())
+        if n < fmt.min_units:
+            assert allowed == units
+        elif n < fmt.max_units:
+            assert allowed == units | eos
+        else:
+            assert allowed == eos
+            break
+        c.advance(fmt.first_unit_id + n)
+    assert not c.violated
