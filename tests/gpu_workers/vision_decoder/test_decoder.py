@@ -10,7 +10,6 @@ import json
 import multiprocessing
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,14 +32,7 @@ SIZE = 128
 CODES = [(5 * i + 1) % 64 for i in range(64)]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread() -> Iterator[None]:
-    # the machine's 2 cores are shared with other tests; 2 threads that wait on each other
-    # cost more than they give on these small tensors
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
 
 
 @pytest.fixture(scope="module")

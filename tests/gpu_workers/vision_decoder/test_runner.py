@@ -6,7 +6,6 @@ spells longer than its collective timeout (review A1)."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,12 +24,7 @@ from omni.shared.media.image_sizes import ALLOWED_SIZES
 CODES = [(3 * i + 2) % 64 for i in range(64)]
 
 
-@pytest.fixture(autouse=True)
-def one_thread() -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)  # as the worker's ranks run (spec.num_threads)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
 
 
 def test_the_spec_type_names_the_runner() -> None:

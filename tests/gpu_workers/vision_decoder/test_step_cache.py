@@ -5,7 +5,6 @@ steps, the skipped counts, each guidance pass's own memory, a batch's rows apart
 from __future__ import annotations
 
 import io
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -140,12 +139,7 @@ def test_all_thresholds_0_run_the_blocks_as_run_blocks(monkeypatch: pytest.Monke
 # Through the decoder.
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread() -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
 
 
 @pytest.fixture(scope="module")
