@@ -45,11 +45,25 @@ FIELD_CODES = frozenset(
 ENDPOINTS = {path: endpoint for endpoint, path in PATHS.items()}
 
 DOC = openapi_document(["omni-tiny"])
-schema = schemathesis.openapi.from_dict(DOC)
-schema.config.generation.update(modes=list(GenerationMode))  # valid bodies and invalid ones
-# The coverage phase makes every boundary case the schema has (about 1500 chat bodies, 2 minutes):
-# examples and MAX_EXAMPLES fuzzed ones per operation keep the run bounded.
-schema.config.phases.update(phases=["examples", "fuzzing"])
+# The multipart operations (a file part, format binary) are fuzzed with valid bodies only:
+# schemathesis 4.32's invalid-body generation fails on some of their draws ("Unsupported type:
+# 'Binary'", a generation error before any request; its multipart binary handling has a run of
+# such bugs upstream). Their invalid forms are the parsers' tests (tests/omni/serving/requests/
+# test_image_edits.py, test_transcriptions.py).
+MULTIPART = ("/v1/images/edits", "/v1/audio/transcriptions")
+
+
+def _schema(modes: list[GenerationMode]) -> schemathesis.schemas.BaseSchema:
+    loaded = schemathesis.openapi.from_dict(DOC)
+    loaded.config.generation.update(modes=modes)
+    # The coverage phase makes every boundary case the schema has (about 1500 chat bodies, 2
+    # minutes): examples and MAX_EXAMPLES fuzzed ones per operation keep the run bounded.
+    loaded.config.phases.update(phases=["examples", "fuzzing"])
+    return loaded
+
+
+schema = _schema(list(GenerationMode)).exclude(path=list(MULTIPART))  # valid bodies and invalid ones
+multipart = _schema([GenerationMode.POSITIVE]).include(path=list(MULTIPART))
 
 CASES: Counter[str] = Counter()  # "POST /v1/completions" -> cases sent
 STATUSES: Counter[int] = Counter()
@@ -124,12 +138,24 @@ def _check_error(path: str, status: int, body: Any) -> None:
         assert error["param"] is not None and _field_root(error["param"]) in fields, error
 
 
-@schema.parametrize()
 # derandomize: every run draws the same cases, so CI is not a lottery (a random draw once met a
-# schemathesis generation error on a multipart body, and once a chat case not seen again); new
-# cases come from a new MAX_EXAMPLES or a new document
-@settings(max_examples=MAX_EXAMPLES, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+# chat case not seen again); new cases come from a new MAX_EXAMPLES or a new document
+FUZZ_SETTINGS = settings(max_examples=MAX_EXAMPLES, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+
+
+@schema.parametrize()
+@FUZZ_SETTINGS
 def test_fuzz(case: schemathesis.Case, server: str) -> None:
+    _fuzz(case, server)
+
+
+@multipart.parametrize()
+@FUZZ_SETTINGS
+def test_fuzz_multipart(case: schemathesis.Case, server: str) -> None:
+    _fuzz(case, server)
+
+
+def _fuzz(case: schemathesis.Case, server: str) -> None:
     _bounded(case.body, case.path)
     CASES[f"{case.method} {case.path}"] += 1
     response = case.call(base_url=server, timeout=120)
