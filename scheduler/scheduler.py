@@ -247,18 +247,19 @@ class Scheduler:
         self._preempt_for_waiting(output)
         num_made_room = len(output.preempted_request_ids)
         budget = self.config.max_num_batched_tokens
-        done: set[RequestId] = set()  # running requests scheduled in this step
+        start = 0  # the first running request not scheduled yet
         if self.config.policy == "priority" and self._waiting:
             # The budget serves urgent rows first: the running requests more urgent than the
             # queue's head, then the waiting ones more urgent than every running one left (a
             # voice turn's prefill is not kept behind the chunks of long background prompts).
-            budget = self._schedule_running(output, budget, done, before=urgency(self._waiting.peek()))
-            rest = next((r for r in self._running if r.request_id not in done), None)
+            # Those join the running list before the rest (it is kept in urgency order).
+            budget, start = self._schedule_running(output, budget, before=urgency(self._waiting.peek()))
             if len(output.preempted_request_ids) == num_made_room:
+                rest = self._running[start] if start < len(self._running) else None
+                num_running = len(self._running)
                 budget = self._schedule_waiting(output, budget, before=None if rest is None else urgency(rest))
-            done.update(s.request.request_id for s in output.scheduled_new)
-            done.update(c.request_id for c in output.scheduled_cached)
-        budget = self._schedule_running(output, budget, done)
+                start += len(self._running) - num_running
+        budget, _ = self._schedule_running(output, budget, start)
         # A request preempted for lack of blocks means none are spare for newcomers.
         if len(output.preempted_request_ids) == num_made_room:
             self._schedule_waiting(output, budget)
@@ -297,25 +298,18 @@ class Scheduler:
         return self.block_manager.can_allocate(request, num_new, computed_blocks)
 
     def _schedule_running(
-        self,
-        output: SchedulerOutput,
-        budget: int,
-        done: set[RequestId],
-        before: tuple[int, float] | None = None,
-    ) -> int:
-        """Schedule the running requests in order, skipping those done already; before: stop
-        at the first one not more urgent than this (the priority policy's first pass)."""
+        self, output: SchedulerOutput, budget: int, start: int = 0, before: tuple[int, float] | None = None
+    ) -> tuple[int, int]:
+        """Schedule the running requests in order from index start; before: stop at the first
+        one not more urgent than this (the priority policy's first pass). The budget left, and
+        the index of the first request not scheduled."""
         limit = self.config.speculative_max_running
         speculate = limit is None or len(self._running) <= limit
-        i = 0
+        i = start
         while i < len(self._running) and budget > 0:
             request = self._running[i]
             if before is not None and urgency(request) >= before:
                 break
-            if request.request_id in done:
-                i += 1
-                continue
-            done.add(request.request_id)
             num_new = min(request.num_tokens - request.num_computed_tokens, budget)
             if num_new <= 0:  # only if its last step's token never came back
                 i += 1
@@ -336,7 +330,7 @@ class Scheduler:
             self._advance(request, num_new)
             budget -= num_new
             i += 1
-        return budget
+        return budget, i
 
     def _num_drafts(self, request: Request, budget: int) -> int:
         """Drafts to verify after a decoding request's next token: the step emits up to one
