@@ -81,14 +81,20 @@ def check_priority(priority: int, scheduling_policy: str) -> None:
         )
 
 
+def voice_priority(llm: LLMConfig) -> int:
+    """What a Realtime session asks of the workers runs at (its responses, transcriptions, pause
+    scoring, images encoded ahead), and speech that sends none: --voice-priority under the
+    priority policy, 0 (the only one fcfs takes) otherwise."""
+    return llm.voice_priority if llm.scheduling_policy == "priority" else 0
+
+
 def request_priority(llm: LLMConfig, sent: int | None, *, voice: bool = False) -> int:
-    """The priority a request is served at: the one it sent (checked against the policy); else,
-    for a voice request (a Realtime response, speech), --voice-priority under the priority
-    policy; else 0."""
+    """The priority a request is served at: the one it sent (checked against the policy); else
+    a voice request's (voice_priority); else 0."""
     if sent is not None:
         check_priority(sent, llm.scheduling_policy)
         return sent
-    return llm.voice_priority if voice and llm.scheduling_policy == "priority" else 0
+    return voice_priority(llm) if voice else 0
 
 
 def sampling_params(

@@ -27,7 +27,7 @@ from omni.serving.completions import completion
 from omni.serving.model import ModelRegistry
 from omni.serving.realtime.input_transcription import transcribe
 from omni.serving.requests import parse_completion_request
-from omni.serving.sampling import request_priority
+from omni.serving.sampling import voice_priority
 
 log = logging.getLogger("omni.serving.realtime")
 
@@ -73,7 +73,7 @@ async def end_of_turn_probability(models: ModelRegistry, model_name: str, said: 
     )  # fmt: skip
     ids = through_user_end(rendered, tokenizer.eos_token_ids)
     body = {"model": model_name, "prompt": ids, "max_tokens": 1, "temperature": 0, "prompt_logprobs": TOP,
-            "priority": request_priority(model.pool.config.llm, None, voice=True)}  # fmt: skip
+            "priority": voice_priority(model.pool.config.llm)}  # fmt: skip
     run = await completion(models, parse_completion_request(body), timeout=timeout)
     generation = run.generations[0]
     with run.admitted():

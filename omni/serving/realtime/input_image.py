@@ -26,7 +26,7 @@ from omni.modalities.inputs.placeholders import PLACEHOLDERS
 from omni.serving.errors import api_error
 from omni.serving.model import ServedModel
 from omni.serving.realtime import client_events as ev
-from omni.serving.sampling import request_priority
+from omni.serving.sampling import voice_priority
 from omni.shared.media import MediaLimits
 from omni.shared.media.errors import MediaError
 from omni.shared.media.image import decode_image
@@ -88,7 +88,7 @@ async def encode_ahead(model: ServedModel, images: list[LoadedImage]) -> None:
     """The images through the encoder now, while the user is still to speak: the turn that asks
     about them finds them in the encoder cache (or joins the encode under way)."""
     if model.media is not None:
-        priority = request_priority(model.pool.config.llm, None, voice=True)  # as the turn's own
+        priority = voice_priority(model.pool.config.llm)  # as the turn's own
         await asyncio.gather(*(model.media.encode_ahead(image.item, priority=priority) for image in images))
 
 

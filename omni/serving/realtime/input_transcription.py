@@ -11,7 +11,7 @@ from omni.engines.generation import Usage
 from omni.serving import transcriptions
 from omni.serving.model import ModelRegistry, ServedModel
 from omni.serving.requests.transcriptions import TranscriptionRequest
-from omni.serving.sampling import request_priority
+from omni.serving.sampling import voice_priority
 
 
 async def transcribe(
@@ -25,7 +25,7 @@ async def transcribe(
     on_text: Callable[[str], None] | None = None,
 ) -> tuple[str, Usage]:
     """The transcript of wav by model, and its usage; on_text gets each piece as it comes."""
-    priority = request_priority(model.pool.config.llm, None, voice=True)
+    priority = voice_priority(model.pool.config.llm)
     req = TranscriptionRequest(model=model.name, file=wav, language=language, prompt=prompt, priority=priority)
     run = await transcriptions.transcription(models, req, timeout=timeout)
     said: list[str] = []

@@ -35,7 +35,7 @@ from omni.serving.model import ServedModel
 from omni.serving.realtime import client_events as ev
 from omni.serving.realtime.conversation import Conversation, Item, new_item_id
 from omni.serving.requests import ChatCompletionRequest, parse_chat_completion_request
-from omni.serving.sampling import request_priority
+from omni.serving.sampling import voice_priority
 from omni.shared.media import g711
 from omni.shared.media.audio_encoding import float_to_pcm16
 from omni.shared.media.decimator import Decimator
@@ -90,7 +90,7 @@ def chat_body(
 
 def chat_request(model: ServedModel, s: dict[str, Any], messages: list[dict[str, Any]]) -> ChatCompletionRequest:
     """chat_body's request at the voice priority, parsed as POST /v1/chat/completions parses one."""
-    priority = request_priority(model.pool.config.llm, None, voice=True)
+    priority = voice_priority(model.pool.config.llm)
     return parse_chat_completion_request(chat_body(model.name, model.output(AUDIO) is not None, s, messages, priority))
 
 
