@@ -123,7 +123,7 @@ class _FlashVarlenBackend(PagedKernelBackend):
     def importable(cls) -> str | None:
         try:
             cls._import()
-        except Exception as e:  # not only ImportError: a CUDA library's OSError, a RuntimeError at import
+        except Exception as e:  # noqa: BLE001 - not only ImportError: a CUDA library's OSError, a RuntimeError at import
             return f"{cls.PACKAGE} cannot be imported ({type(e).__name__}: {e}); {cls.INSTALL}"
         return None
 

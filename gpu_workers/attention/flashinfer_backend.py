@@ -64,7 +64,7 @@ def jit_modules() -> frozenset[str]:
         from flashinfer.jit import env
 
         root = Path(env.FLASHINFER_JIT_DIR)
-    except Exception:
+    except Exception:  # noqa: BLE001 - an absent or older FlashInfer: nothing to compare
         return frozenset()
     return frozenset(p.parent.name for p in root.glob("*/*.so") if p.stem == p.parent.name)
 
@@ -97,7 +97,7 @@ class FlashInferBackend(PagedKernelBackend):
     def importable(cls) -> str | None:
         try:
             import flashinfer  # noqa: F401
-        except Exception as e:  # not only ImportError: a CUDA library's OSError, a RuntimeError at import
+        except Exception as e:  # noqa: BLE001 - not only ImportError: a CUDA library's OSError, a RuntimeError at import
             return f"flashinfer-python cannot be imported ({type(e).__name__}: {e}); bin/setup gpu installs it"
         return None
 
@@ -128,7 +128,7 @@ class FlashInferBackend(PagedKernelBackend):
             try:
                 self._wrapper, self.kernel, self._planned_for = self._new_wrapper(kernel), kernel, None
                 self._exercise(dtype, heads)
-            except Exception as e:  # nvcc's failure, a missing symbol, an API mismatch: try the next
+            except Exception as e:  # noqa: BLE001 - nvcc's failure, a missing symbol, an API mismatch: try the next
                 failures.append(f"{kernel}: {type(e).__name__}: {e}")
                 log.warning("FlashInfer %s is unavailable here (%s: %s); trying the next kernel", kernel, type(e).__name__, e)
                 continue

@@ -69,7 +69,7 @@ def create_attention_backend(
     try:
         backend = cls(block_size, device)
         backend.prepare(dtype, heads)
-    except Exception as e:  # a build (nvcc), a load or a first run that failed: serve, more slowly
+    except Exception as e:  # noqa: BLE001 - a build (nvcc), a load or a first run that failed: serve, more slowly
         log.warning("attention backend %r cannot run here (%s: %s); serving with %r instead",
                     name, type(e).__name__, e, TorchSDPABackend.name)  # fmt: skip
         return TorchSDPABackend(block_size, device)

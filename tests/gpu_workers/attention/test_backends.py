@@ -152,6 +152,7 @@ def test_the_cuda_kernels_test_shape_is_one_every_kernel_takes(cls: type[Attenti
     cls.check_contract(256 if cls is FlashAttnBackend else 16, CUDA, torch.bfloat16, CUDA_HEADS)
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("name", ["vllm_flash_attn", "flash_attn", "flashinfer"])
 def test_the_cuda_kernels_match_their_contract_on_a_mixed_batch(name: str) -> None:
@@ -179,3 +180,17 @@ def test_the_cuda_kernels_match_their_contract_on_a_mixed_batch(name: str) -> No
         m.num_tokens, None, m.cu_seqlens_q.cpu(), m.seqused_k.cpu(), m.cu_seqlens_k.cpu(), m.block_table.cpu(),
         m.max_seqlen_q, m.max_seqlen_k, False), d**-0.5)  # fmt: skip
     torch.testing.assert_close(got.float().cpu(), expected.float(), atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_flashinfer_prepares_its_best_kernel_here() -> None:
+    """FA3 on sm90 (FA2 elsewhere) builds and runs both shapes: a failure here is what the
+    worker would log before falling back to FA2 (or torch SDPA)."""
+    from gpu_workers.attention.flashinfer_backend import kernels_for
+
+    if FlashInferBackend.importable() is not None:
+        pytest.skip("flashinfer is not installed")
+    backend = FlashInferBackend(16, CUDA)
+    backend.prepare(torch.bfloat16, CUDA_HEADS)  # raises KernelUnavailable naming each kernel's failure
+    assert backend.kernel == kernels_for(CUDA)[0]

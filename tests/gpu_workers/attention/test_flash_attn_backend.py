@@ -98,6 +98,7 @@ def test_an_import_that_fails_with_another_error_makes_the_kernel_unselectable(m
     assert reason is not None and "(OSError: libcudart.so.12" in reason
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_flash_attn_matches_reference() -> None:
     pytest.importorskip("flash_attn")
