@@ -80,10 +80,13 @@ def run_decode(device: torch.device, heads: HeadShape, dtype: torch.dtype, block
     workspace = torch.zeros(_DECODE_WORKSPACE_BYTES, dtype=torch.uint8, device=device)
     wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(workspace, kv_layout="NHD")
     kv = torch.zeros(2, 2, block_size, heads.num_kv_heads, heads.head_dim, dtype=dtype, device=device)
-    i32 = dict(dtype=torch.int32, device=device)
+
+    def i32(values: list[int]) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.int32, device=device)
+
+    # two requests of one page each: block 0 holds 1 token, block 1 a full page
     wrapper.plan(
-        indptr=torch.tensor([0, 1, 2], **i32), indices=torch.tensor([0, 1], **i32),
-        last_page_len=torch.tensor([1, block_size], **i32), num_qo_heads=heads.num_heads,
+        indptr=i32([0, 1, 2]), indices=i32([0, 1]), last_page_len=i32([1, block_size]), num_qo_heads=heads.num_heads,
         num_kv_heads=heads.num_kv_heads, head_dim=heads.head_dim, page_size=block_size,
         q_data_type=dtype, kv_data_type=dtype, sm_scale=heads.head_dim**-0.5,
     )  # fmt: skip
