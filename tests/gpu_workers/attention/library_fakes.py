@@ -11,7 +11,8 @@ every parameter by name, defaults applied.
     sigs = load_signatures()
     varlen = fake_function(sigs, "flash_attn", "flash_attn_varlen_func", impl)  # impl(args: dict) -> Tensor
     Wrapper = fake_class(sigs, "flashinfer", "BatchDecodeWithPagedKVCacheWrapper", Impl)
-        # Impl's methods named in the fixture (__init__, plan, run) take (self, args: dict)
+        # Impl's methods named in the fixture (__init__, plan, run) take (self, args: dict); one it
+        # lacks binds its call, then raises NotImplementedError
     module = fake_module("flashinfer", BatchPrefillWithPagedKVCacheWrapper=Wrapper)  # for sys.modules
 
 A test that edits the loaded signatures (rename_parameter) and builds its fakes from the
@@ -77,21 +78,24 @@ def fake_function(sigs: Signatures, library: str, qualname: str, impl: Callable[
 
 def fake_class(sigs: Signatures, library: str, class_name: str, impl: type) -> type:
     """A subclass of impl whose recorded methods bind their calls first; impl's method gets
-    (self, args) with args lacking "self"."""
+    (self, args) with args lacking "self". A recorded method impl lacks binds, then raises
+    NotImplementedError."""
     namespace: dict[str, Any] = {}
     prefix = class_name + "."
     for qualname in sigs[library]["functions"]:
         if not qualname.startswith(prefix):
             continue
         method = qualname[len(prefix) :]
-        namespace[method] = _bound_method(signature(sigs, library, qualname), getattr(impl, method))
+        namespace[method] = _bound_method(signature(sigs, library, qualname), getattr(impl, method, None), qualname)
     return type(class_name, (impl,), namespace)
 
 
-def _bound_method(sig: inspect.Signature, impl: Callable[..., Any]) -> Callable[..., Any]:
+def _bound_method(sig: inspect.Signature, impl: Callable[..., Any] | None, qualname: str) -> Callable[..., Any]:
     def method(self: Any, *args: Any, **kwargs: Any) -> Any:
         arguments = bind(sig, self, *args, **kwargs)
         del arguments["self"]
+        if impl is None:  # the library has it, this fake does not compute it
+            raise NotImplementedError(f"the fake {qualname} is not implemented")
         return impl(self, arguments)
 
     method.__signature__ = sig  # type: ignore[attr-defined]
