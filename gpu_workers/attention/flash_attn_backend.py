@@ -59,8 +59,39 @@ def raise_problems(name: str, problems: list[str]) -> None:
         raise CacheContractError(f"attention backend {name!r} cannot take this KV cache: {'; '.join(problems)}")
 
 
+# The long chunk prepare() runs: over FlashInfer's 64-row line between the FA2 and FA3 plans
+# its `auto` would choose (prefill.py's _determine_auto_backend, 0.7.4), as the worker's
+# profile run (one prefill of thousands of rows) is.
+LONG_CHUNK_ROWS = 128
+
+
+def scratch_cache(block_size: int, num_blocks: int, heads: HeadShape, dtype: torch.dtype, device: torch.device) -> KVCache:
+    """K and V laid out as the runner's cache is: views of one (2, blocks, block_size, Hkv, D) tensor."""
+    kv = torch.zeros(2, num_blocks, block_size, heads.num_kv_heads, heads.head_dim, dtype=dtype, device=device)
+    return kv[0], kv[1]
+
+
 class PagedKernelBackend(AttentionBackend):
-    """A CUDA paged kernel: its warm-up (before the worker reports ready) and its one call."""
+    """A CUDA paged kernel: run once before the model loads (prepare), warmed up on the real
+    cache before the worker reports ready, and its one call per layer."""
+
+    def prepare(self, dtype: torch.dtype, heads: HeadShape) -> None:
+        """Run the kernel on a scratch cache of the model's dtype and head shape, on both shapes a
+        step takes (decode rows; a long prefill chunk), so that a kernel that cannot load, build
+        or run here fails now, where create_attention_backend falls back, and not in the
+        profile run or a request. Raises whatever the kernel raised."""
+        self._exercise(dtype, heads)
+
+    def _exercise(self, dtype: torch.dtype, heads: HeadShape) -> None:
+        bs = self.block_size
+        cache = scratch_cache(bs, -(-LONG_CHUNK_ROWS // bs) + 1, heads, dtype, self.device)
+        scale = heads.head_dim**-0.5
+        self.warm_up(cache, heads.num_heads, scale)
+        # one fresh prefill of LONG_CHUNK_ROWS rows over blocks [1, ...]: reads only what it writes
+        blocks = list(range(1, -(-LONG_CHUNK_ROWS // bs) + 1))
+        m = self.build_metadata([SequenceChunk(0, LONG_CHUNK_ROWS, 0, blocks)])
+        q = torch.zeros(LONG_CHUNK_ROWS, heads.num_heads, heads.head_dim, dtype=dtype, device=self.device)
+        self._paged(q, cache, m, scale)
 
     def warm_up(self, kv_cache: KVCache, num_heads: int, scale: float) -> None:
         """One call on two rows reading block 0 (nothing is written): loads or compiles the kernel."""
@@ -92,8 +123,8 @@ class _FlashVarlenBackend(PagedKernelBackend):
     def importable(cls) -> str | None:
         try:
             cls._import()
-        except ImportError as e:
-            return f"{cls.PACKAGE} cannot be imported ({e}); {cls.INSTALL}"
+        except Exception as e:  # noqa: BLE001 - not only ImportError: a CUDA library's OSError, a RuntimeError at import
+            return f"{cls.PACKAGE} cannot be imported ({type(e).__name__}: {e}); {cls.INSTALL}"
         return None
 
     def __init__(self, block_size: int, device: torch.device) -> None:

@@ -5,6 +5,8 @@ checks on the CPU; their outputs on a GPU). Each backend's own tests are in test
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
@@ -17,6 +19,7 @@ from gpu_workers.attention.registry import (
     ATTENTION_BACKENDS,
     create_attention_backend,
 )
+from tests.gpu_workers.attention.library_fakes import Signatures, fake_function, load_signatures
 
 HQ, HKV, D = 6, 2, 16
 CPU = torch.device("cpu")
@@ -104,58 +107,90 @@ def test_a_cache_the_kernel_cannot_take_is_refused_naming_what(cls: type[Attenti
         assert e.value.args[0].count(";") == 0, "only the one mismatch is named"
 
 
-class FakeVarlen:
-    """flash_attn_varlen_func's paged contract computed by paged_varlen_reference, from exactly
-    the arguments the backend passes (vLLM's build: seqused_k; upstream: cu_seqlens_k)."""
+def fake_varlen(library: str, sigs: Signatures | None = None) -> tuple[Callable[..., torch.Tensor], list[dict[str, Any]]]:
+    """The library's flash_attn_varlen_func ("flash_attn" upstream, "vllm_flash_attn" vLLM's
+    build) as a fake bound to its recorded signature (library_fakes.py): a keyword it lacks is a
+    TypeError. It computes the paged contract with paged_varlen_reference from exactly the
+    arguments given (vLLM's build: seqused_k; upstream: cu_seqlens_k). Returns the fake and the
+    list its calls' arguments (every parameter, defaults applied) are appended to."""
+    calls: list[dict[str, Any]] = []
 
-    def __init__(self) -> None:
-        self.calls: list[dict[str, object]] = []
-
-    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kw: object) -> torch.Tensor:
-        self.calls.append(kw)
-        assert kw["causal"] is True
-        cu_q = kw["cu_seqlens_q"]
-        assert isinstance(cu_q, torch.Tensor) and cu_q.dtype == torch.int32
-        table = kw.get("block_table")
+    def impl(a: dict[str, Any]) -> torch.Tensor:
+        calls.append(a)
+        q, k, v, cu_q, table = a["q"], a["k"], a["v"], a["cu_seqlens_q"], a["block_table"]
+        assert a["causal"] is True and isinstance(cu_q, torch.Tensor) and cu_q.dtype == torch.int32
+        scale = float(a["softmax_scale"])
         if table is None:  # no cache: k, v are the packed new rows, one sequence per chunk
+            assert torch.equal(a["cu_seqlens_k"], cu_q)
             out = torch.empty_like(q)
             for s, e in zip(cu_q.tolist(), cu_q[1:].tolist()):
                 m = PagedVarlenMetadata(e - s, None, torch.tensor([0, e - s]), torch.tensor([e - s]), torch.tensor([0, e - s]),
                                         torch.arange(e - s)[None], e - s, e - s, True)  # fmt: skip
-                out[s:e] = paged_varlen_reference(q[s:e], k[s:e, None], v[s:e, None], m, float(kw["softmax_scale"]))  # type: ignore[arg-type]
+                out[s:e] = paged_varlen_reference(q[s:e], k[s:e, None], v[s:e, None], m, scale)
             return out
-        used = kw.get("seqused_k")
+        used = a.get("seqused_k")
         if used is None:
-            cu_k = kw["cu_seqlens_k"]
-            assert isinstance(cu_k, torch.Tensor)
+            cu_k = a["cu_seqlens_k"]
             used = cu_k[1:] - cu_k[:-1]
-        assert isinstance(table, torch.Tensor) and table.dtype == torch.int32 and isinstance(used, torch.Tensor)
-        assert kw["max_seqlen_k"] == int(used.max()) and kw["max_seqlen_q"] == int((cu_q[1:] - cu_q[:-1]).max())
+        assert table.dtype == torch.int32 and isinstance(used, torch.Tensor)
+        assert a["max_seqlen_k"] == int(used.max()) and a["max_seqlen_q"] == int((cu_q[1:] - cu_q[:-1]).max())
         m = PagedVarlenMetadata(q.shape[0], None, cu_q, used, cu_q, table, 0, 0, False)
-        return paged_varlen_reference(q, k, v, m, float(kw["softmax_scale"]))  # type: ignore[arg-type]
+        return paged_varlen_reference(q, k, v, m, scale)
+
+    return fake_function(sigs or load_signatures(), library, "flash_attn_varlen_func", impl), calls
 
 
+# The CUDA kernels' test shape: FlashInfer's kernels take head_dim 64, 128 or 256 only (HEAD_DIMS),
+# the flash-attn builds any multiple of 8 up to 256; the CPU tests' D = 16 fits none of FlashInfer's.
+CUDA_HEADS = HeadShape(HQ, HKV, 64)
+
+
+@pytest.mark.parametrize("cls", [VllmFlashAttnBackend, FlashAttnBackend, FlashInferBackend])
+def test_the_cuda_kernels_test_shape_is_one_every_kernel_takes(cls: type[AttentionBackend]) -> None:
+    """On the CPU, what the GPU test below needs: its cache passes each backend's contract (its
+    first version used head_dim 16, which FlashInfer refuses, and failed wherever FlashInfer imported)."""
+    cls.check_contract(256 if cls is FlashAttnBackend else 16, CUDA, torch.bfloat16, CUDA_HEADS)
+
+
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("name", ["vllm_flash_attn", "flash_attn", "flashinfer"])
 def test_the_cuda_kernels_match_their_contract_on_a_mixed_batch(name: str) -> None:
     """bf16 on the GPU: the real kernel against paged_varlen_reference on decodes, a new
     prompt, a later chunk and prefix hits."""
-    from tests.gpu_workers.attention.test_flex_paged import filled_cache, mixed_batch
+    from tests.gpu_workers.attention.test_flex_paged import mixed_batch
 
     cls = ATTENTION_BACKENDS[name]
     if cls.importable() is not None:
         pytest.skip(f"{name} is not installed")
     bs = 256 if name == "flash_attn" else 16
     chunks = mixed_batch(bs, num_blocks=64)
-    (kc, vc), q, k, v = filled_cache(chunks, bs, torch.bfloat16)
-    kc, vc, q, k, v = (t.to(CUDA) for t in (kc, vc, q, k, v))
-    backend = create_attention_backend(name, block_size=bs, device=CUDA, dtype=torch.bfloat16, heads=HeadShape(HQ, HKV, D))
-    backend.check_cache((kc, vc), HeadShape(HQ, HKV, D))
+    d, t = CUDA_HEADS.head_dim, sum(c.num_query_tokens for c in chunks)
+    gen = torch.Generator().manual_seed(0)
+    kc, vc = (torch.randn(64, bs, HKV, d, generator=gen).to(torch.bfloat16) for _ in range(2))
+    q = torch.randn(t, HQ, d, generator=gen).to(torch.bfloat16)
+    k, v = (torch.randn(t, HKV, d, generator=gen).to(torch.bfloat16) for _ in range(2))
+    kc, vc, q, k, v = (x.to(CUDA) for x in (kc, vc, q, k, v))
+    backend = create_attention_backend(name, block_size=bs, device=CUDA, dtype=torch.bfloat16, heads=CUDA_HEADS)
+    assert type(backend) is cls, "prepare() fell back: see the warning in the log"
+    backend.check_cache((kc, vc), CUDA_HEADS)
     m = build_paged_varlen(chunks, bs, CUDA)
-    got = backend.forward(q, k, v, (kc, vc), backend.build_metadata(chunks), 0.125)
+    got = backend.forward(q, k, v, (kc, vc), backend.build_metadata(chunks), d**-0.5)
     expected = paged_varlen_reference(q.cpu(), kc.cpu(), vc.cpu(), PagedVarlenMetadata(
         m.num_tokens, None, m.cu_seqlens_q.cpu(), m.seqused_k.cpu(), m.cu_seqlens_k.cpu(), m.block_table.cpu(),
-        m.max_seqlen_q, m.max_seqlen_k, False), 0.125)  # fmt: skip
+        m.max_seqlen_q, m.max_seqlen_k, False), d**-0.5)  # fmt: skip
     torch.testing.assert_close(got.float().cpu(), expected.float(), atol=2e-2, rtol=2e-2)
 
 
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_flashinfer_prepares_its_best_kernel_here() -> None:
+    """FA3 on sm90 (FA2 elsewhere) builds and runs both shapes: a failure here is what the
+    worker would log before falling back to FA2 (or torch SDPA)."""
+    from gpu_workers.attention.flashinfer_backend import kernels_for
+
+    if FlashInferBackend.importable() is not None:
+        pytest.skip("flashinfer is not installed")
+    backend = FlashInferBackend(16, CUDA)
+    backend.prepare(torch.bfloat16, CUDA_HEADS)  # raises KernelUnavailable naming each kernel's failure
+    assert backend.kernel == kernels_for(CUDA)[0]

@@ -8,8 +8,6 @@ mixed batch (decodes, a new prompt, a later chunk, prefix hits), 3.6e-7 in fp32 
 
 from __future__ import annotations
 
-import sys
-import types
 from typing import Any
 
 import pytest
@@ -121,19 +119,18 @@ def test_the_runner_through_a_paged_kernel_matches_generate(
     from gpu_workers.attention.flash_attn_backend import VllmFlashAttnBackend
     from gpu_workers.attention.flashinfer_backend import FlashInferBackend
     from gpu_workers.llm.runner import LLMRunner
-    from tests.gpu_workers.attention.test_backends import FakeVarlen
-    from tests.gpu_workers.attention.test_flashinfer_backend import StubPrefillWrapper
+    from tests.gpu_workers.attention.test_backends import fake_varlen
+    from tests.gpu_workers.attention.test_flashinfer_backend import install_fake_flashinfer
     from tests.gpu_workers.conftest import StepDriver, hf_greedy
 
     cls = VllmFlashAttnBackend if name == "vllm_flash_attn" else FlashInferBackend
     monkeypatch.setattr(cls, "check_contract", classmethod(lambda c, *a: None))
     if cls is VllmFlashAttnBackend:
+        fake, _ = fake_varlen("vllm_flash_attn")
         monkeypatch.setattr(cls, "importable", classmethod(lambda c: None))
-        monkeypatch.setattr(cls, "_import", classmethod(lambda c: FakeVarlen()))
+        monkeypatch.setattr(cls, "_import", classmethod(lambda c: fake))
     else:
-        module = types.ModuleType("flashinfer")
-        module.BatchPrefillWithPagedKVCacheWrapper = StubPrefillWrapper  # type: ignore[attr-defined]
-        monkeypatch.setitem(sys.modules, "flashinfer", module)
+        install_fake_flashinfer(monkeypatch)
     model_dir, hf = hf_checkpoint("qwen2")
     prefix = [9, 8, 7, 6, 5, 4, 3, 2, 1, 11, 22, 33]
     prompts = [prefix + [40], prefix[:8] + [50, 60], prefix + [70, 80, 90, 100, 110], list(range(30, 47))]
