@@ -21,8 +21,9 @@ element size:
                      sort's scratch: 64. The penalties' per-step (P, V) copies come before the
                      warp and are fewer (53 bytes with the logits) than that.
     penalties        1.5 * C * V * 5: sample/penalties.py keeps (C, V) bool + float32 counts, C
-                     the slot capacity, doubling from 8 to cover R (the old and the new tensors
-                     both live while it grows).
+                     the slot capacity, the first power of two from 8 that holds R (the old and
+                     the new tensors both live while it grows). A preempted request keeps its
+                     slot while it waits: many at once can take the counts past R's.
     graph pool       the largest recorded graph's footprint, F(largest bucket, widest table):
                      CUDA-graph trees share one pool among a worker's graphs and reuse memory a
                      replayed graph's dead outputs left (torch/_inductor/cudagraph_trees.py: "A,

@@ -105,13 +105,14 @@ def test_the_prompt_logprobs_slice() -> None:
 
 
 def test_penalty_slots_follow_the_counts_growth() -> None:
-    """penalty_slots is the capacity PenaltyCounts reaches holding that many requests, and the
-    bound is its two tensors (bool, float32) and half as much again while it grows."""
+    """penalty_slots is the capacity PenaltyCounts reaches holding that many requests, however
+    they arrive (one by one, or most at once and then one more), and the bound is its two
+    tensors (bool, float32) and half as much again while it grows."""
     vocab = 50
-    for requests in (1, 8, 9, 64, 65):
+    for requests, first in [(1, 1), (8, 1), (9, 1), (64, 1), (65, 1), (64, 63), (30, 29), (65, 64)]:
         counts = PenaltyCounts()
-        for i in range(requests):
-            plan = counts.plan([str(i)], [History([1, 2])])
+        for keys in [[str(i) for i in range(first)], *([str(i)] for i in range(first, requests))]:
+            plan = counts.plan(keys, [History([1, 2])] * len(keys))
             counts.update({k: torch.from_numpy(a) for k, a in plan.items()}, vocab, torch.float32)
         assert counts.prompt_seen is not None and counts.output_counts is not None
         held = counts.prompt_seen.nbytes + counts.output_counts.nbytes
