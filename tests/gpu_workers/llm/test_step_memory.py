@@ -241,15 +241,19 @@ def test_the_largest_graph_records_on_the_cpu(tmp_path: Path) -> None:
 @pytest.mark.parametrize("device", [pytest.param("cuda", marks=ON_CUDA)])
 def test_on_cuda_the_measured_items_stay_under_their_bounds(tmp_path: Path, device: str) -> None:
     """The smoke run's check of the bounds: recording the largest graph (64 rows, 8192 tokens)
-    and the sampler at 64 rows peak under their bounds, and the graphs' pool is given back."""
+    and the sampler at 64 rows peak under their bounds, and the graphs' pool is given back (the
+    second recording: the first also compiles and makes cuBLAS's workspaces, which stay)."""
     model = _model(tmp_path, device, torch.bfloat16, block_size=16)
     reader = CudaMemory(torch.device(device))
     shape = StepShape(64, 8192, 16, 8192, graphs=True)
+    first = measure_graph_pool(reader, model, torch.bfloat16, shape)
     reader.release()
     before = torch.cuda.memory_reserved()
     recorded = measure_graph_pool(reader, model, torch.bfloat16, shape)
     reader.release()
-    assert recorded is not None and 0 < recorded <= graph_pool_bound(model, torch.bfloat16, shape)
+    bound = graph_pool_bound(model, torch.bfloat16, shape)
+    print(f"graph pool: bound {bound}, recorded {first} then {recorded} bytes")  # for the smoke run's log
+    assert recorded is not None and 0 < recorded <= bound
     assert torch.cuda.memory_reserved() <= before
     v = model.config.vocab_size
     assert 0 < measure_sampler(reader, shape, v, torch.device(device)) <= sampler_bound(64, v) + penalties_bound(64, v)
