@@ -82,6 +82,16 @@ def decode_buckets(max_num_seqs: int) -> list[int]:
     return [*out, max_num_seqs]
 
 
+def table_widths(max_model_len: int, block_size: int) -> list[int]:
+    """The block-table widths CUDA steps record graphs at (DecodeGraph._width rounds a step's up):
+    powers of two from MIN_TABLE_WIDTH to the first that holds max_model_len tokens."""
+    blocks = -(-max_model_len // block_size)
+    out = [MIN_TABLE_WIDTH]
+    while out[-1] < blocks:
+        out.append(2 * out[-1])
+    return out
+
+
 class DecodeGraph:
     """Runs decode-only batches of `model` through compiled code.
 
@@ -228,6 +238,16 @@ class DecodeGraph:
             "compiled decode step ready in %.1f s (kernel %s, cache %s)",
             time.perf_counter() - total, self.kernel, self.cache_dir,
         )  # fmt: skip
+
+    def record_largest(self, max_model_len: int) -> None:
+        """Run the largest step this graph can take, the largest bucket with every row at
+        max_model_len over the scratch block only (step_memory.py measures it before the KV cache
+        is sized). Twice: CUDA-graph trees run a new shape once before they record it."""
+        pos = max_model_len - 1
+        rows, table = self.buckets[-1], [self.scratch_block] * (pos // self.block_size + 1)
+        for _ in range(2):
+            with torch.inference_mode():
+                self.forward([0] * rows, [pos] * rows, [table] * rows)
 
     def stats(self) -> dict[str, Any]:
         return {"buckets": self.buckets, "compile_seconds": dict(self.compile_seconds), "kernel": self.kernel}

@@ -32,6 +32,7 @@ from gpu_workers.distributed import GroupMember
 from gpu_workers.llm.decode_graph import DecodeGraph
 from gpu_workers.llm.loader import load_model, read_model_config
 from gpu_workers.llm.memory import MemoryReader, kv_cache_budget, kv_cache_zeros, profile_peak, reader_for
+from gpu_workers.llm.step_memory import StepShape, prompt_slice_rows, step_items
 from gpu_workers.models import small_m_linear
 from gpu_workers.models.packed_linear import pack_linears
 from gpu_workers.models.registry import CausalLMConfig
@@ -49,9 +50,6 @@ log = logging.getLogger("omni.llm_runner")
 # Reads an encoder artifact's bytes by key (the artifact store); raises when it cannot.
 ArtifactReader = Callable[[str], bytes]
 DEFAULT_EMBEDDING_CACHE_BYTES = 1024**3
-# Prompt logprobs are computed over at most this many logits at once (rows * vocab), so a
-# long prefill chunk never holds its whole (T, V) logits: 64 Mi floats, 256 MiB in float32.
-PROMPT_LOGITS_PER_SLICE = 1 << 26
 # request id -> [(first row within its chunk, embedding rows to put there)]
 MediaRows = dict[str, list[tuple[int, torch.Tensor]]]
 # Artifact reads started ahead (at placement) and not yet collected by a step: beyond this
@@ -180,13 +178,15 @@ class LLMRunner(Runner):
         self.decode_graph: DecodeGraph | None = None  # made once the KV cache has its size
         self._scratch_blocks = int(compile_decode)
         memory = memory or reader_for(self.device)
-        activations = 0
+        held = 0  # reserved for the steps once the KV cache is made (llm/memory.py)
         if num_kv_blocks is None and kv_cache_memory_bytes is None and memory is not None:
             activations = self._profile(memory, min(profile_tokens, self.max_model_len)) if profile_tokens else 0
-            memory.release()  # the profile's scratch cache and peak: counted below, held again after
-            budget = kv_cache_budget(memory, activations, gpu_memory_utilization, memory_shares)
-            log.info("KV cache: %s", budget.describe())
-            kv_cache_memory_bytes = budget.kv_bytes
+            shape = StepShape(
+                max_num_seqs, self.max_model_len, block_size, profile_tokens, compile_decode, decode_kernel, drafter
+            )
+            items = step_items(memory, self.model, dtype, shape)  # the budget releases all scratch first
+            budget = kv_cache_budget(memory, activations, gpu_memory_utilization, memory_shares, items)
+            kv_cache_memory_bytes, held = budget.kv_bytes, budget.held
         if num_kv_blocks is None:
             if kv_cache_memory_bytes is None:
                 kv_cache_memory_bytes = CPU_KV_CACHE_BYTES
@@ -198,7 +198,7 @@ class LLMRunner(Runner):
         if compile_decode:
             self.decode_graph = DecodeGraph(self.model, self.kv_cache, max_num_seqs=max_num_seqs, kernel=decode_kernel)
         if memory is not None:
-            memory.hold(activations)
+            memory.hold(held)
 
     def _allocate_kv_cache(self, num_kv_blocks: int) -> None:
         mc = self.model.config
@@ -578,7 +578,7 @@ class LLMRunner(Runner):
         k = state.sampling.prompt_logprobs or 0
         targets = torch.tensor(state.token_ids[rows.start : rows.start + rows.count], device=self.device)
         vocab = self.model_config.vocab_size
-        per_slice = max(1, PROMPT_LOGITS_PER_SLICE // vocab)
+        per_slice = prompt_slice_rows(rows.count, vocab)  # the rows step_memory.py counts
         chosen: list[float] = []
         ranks: list[int] = []
         top_ids: list[list[int]] = []

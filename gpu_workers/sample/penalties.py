@@ -110,12 +110,16 @@ class PenaltyCounts:
         return slot
 
     def _ensure(self, vocab_size: int, dtype: torch.dtype, device: torch.device) -> None:
-        """Room for every assigned slot; grows by doubling, keeping what is counted."""
+        """Room for every assigned slot; grows by doubling, keeping what is counted. The capacity
+        is a power of two from 8, so n requests never take more than the first that holds them
+        (llm/step_memory.py's bound)."""
         needed = max(self.slots.values(), default=-1) + 1
         counts = self.output_counts
         if counts is not None and needed <= self._capacity and counts.dtype == dtype:
             return
-        capacity = max(needed, 2 * self._capacity, 8)
+        capacity = max(self._capacity, 8)
+        while capacity < needed:
+            capacity *= 2
         seen = torch.zeros(capacity, vocab_size, dtype=torch.bool, device=device)
         grown = torch.zeros(capacity, vocab_size, dtype=dtype, device=device)
         if counts is not None and self.prompt_seen is not None:

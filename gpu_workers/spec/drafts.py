@@ -82,6 +82,7 @@ class Drafter(ABC):
     keep what it learns of each. The variants: NgramDrafter and SuffixDrafter."""
 
     __slots__ = ()
+    num_tokens: int  # the most drafts it gives a request a step
 
     @staticmethod
     def from_spec(spec: LLMWorkerSpec) -> Drafter | None:

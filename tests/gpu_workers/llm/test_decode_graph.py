@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from gpu_workers.distributed import GroupMember
-from gpu_workers.llm.decode_graph import DecodeGraph, decode_buckets
+from gpu_workers.llm.decode_graph import DecodeGraph, decode_buckets, table_widths
 from gpu_workers.llm.runner import LLMRunner
 from omni.shared import protocol
 
@@ -27,6 +27,18 @@ def test_buckets() -> None:
     assert decode_buckets(48) == [1, 2, 4, 8, 16, 32, 48]
     with pytest.raises(ValueError, match="max_num_seqs"):
         decode_buckets(0)
+
+
+def test_table_widths_are_the_widths_cuda_steps_round_to() -> None:
+    """table_widths (what the memory budget counts graphs for) holds every width a CUDA step's
+    table is rounded to, up to max_model_len's, and no other."""
+    cuda = DecodeGraph.__new__(DecodeGraph)
+    cuda.cuda = True
+    assert table_widths(1000, 16) == [2, 4, 8, 16, 32, 64]
+    assert table_widths(16, 16) == [2] and table_widths(8192, 16) == [2, 4, 8, 16, 32, 64, 128, 256, 512]
+    for max_model_len in (1, 33, 1000, 8192):
+        blocks = -(-max_model_len // 16)
+        assert sorted({cuda._width(b) for b in range(1, blocks + 1)}) == table_widths(max_model_len, 16)
 
 
 def _runner(model_dir: Any, compiled: bool, kernel: str | None = None, quantization: str | None = None) -> LLMRunner:

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import pytest
 import torch
 
-from gpu_workers.llm.memory import DEFAULT_GPU_MEMORY_UTILIZATION, kv_cache_budget, profile_peak
+from gpu_workers.llm.memory import DEFAULT_GPU_MEMORY_UTILIZATION, StepItems, kv_cache_budget, profile_peak
 
 GIB = 1024**3
 
@@ -115,11 +115,57 @@ def test_no_room_names_the_numbers() -> None:
         kv_cache_budget(FakeProcess(device, "x"), 0, 0.9, shares=0)
 
 
+def test_the_step_items_come_off_the_kv_cache_exactly_and_the_table_adds_up() -> None:
+    """Graph pool, sampler, penalties and a prompt-logprobs slice: the KV cache is smaller by
+    exactly their sum; the allocator holds the eager ones with the activation peak; the start-up
+    table's rows (GiB) make up the whole device."""
+    device = FakeDevice(total=80 * GIB, held={"encoder": 8 * GIB})
+    proc = FakeProcess(device, "llm0")
+    proc.load(16 * GIB)
+    plain = kv_cache_budget(proc, 2 * GIB, 0.9)
+    items = StepItems(graph_pool=GIB // 2, sampler=GIB // 4, penalties=GIB // 8, prompt_logprobs=GIB // 2)
+    budget = kv_cache_budget(proc, 2 * GIB, 0.9, items=items)
+    assert plain.kv_bytes - budget.kv_bytes == GIB // 2 + GIB // 4 + GIB // 8 + GIB // 2
+    # 0.9 * 80 = 72 GiB, less the encoder's 8, the weights' 16, the prefill's 2 and the items' 1.375
+    assert budget.kv_bytes == int(0.9 * 80 * GIB) - 8 * GIB - 16 * GIB - 2 * GIB - 11 * GIB // 8
+    assert budget.held == 2 * GIB + GIB // 4 + GIB // 8 + GIB // 2  # the graph pool is its own pool
+    rows = {name: n for name, n, _ in budget.rows()}
+    assert rows == {
+        "others on the device": 8 * GIB, "weights": 16 * GIB, "activation peak": 2 * GIB,
+        "graph pool": GIB // 2, "sampler": GIB // 4, "penalties": GIB // 8, "prompt logprobs": GIB // 2,
+        "KV cache": budget.kv_bytes, "headroom": 80 * GIB - int(0.9 * 80 * GIB),
+    }  # fmt: skip
+    assert sum(rows.values()) == 80 * GIB
+    table = budget.table().splitlines()
+    assert [line.split("  ")[1].strip() for line in table[1:]] == list(rows)
+    assert "graph pool                       0.50 GiB" in table[4]
+    assert "KV cache                        44.62 GiB" in table[8]
+    # two workers still to size: the table names the other's share, and still adds up
+    halves = kv_cache_budget(proc, 2 * GIB, 0.9, shares=2, items=items)
+    assert sum(n for _, n, _ in halves.rows()) == 80 * GIB
+    assert ("LLM workers still to size (1)", halves.share) in [(name, n) for name, n, _ in halves.rows()]
+
+
+def test_a_layout_the_items_do_not_leave_room_for_is_refused_naming_them() -> None:
+    device = FakeDevice(total=80 * GIB)
+    proc = FakeProcess(device, "llm0")
+    proc.load(60 * GIB)
+    kv_cache_budget(proc, 2 * GIB, 0.9, items=StepItems(graph_pool=9 * GIB))  # 0.9 * 80 - 62 - 9: 1 GiB left
+    with pytest.raises(
+        ValueError,
+        match=r"no room for a KV cache: 0.9 of 80.0 GiB, 60.00 GiB used .* less 2.00 GiB for its largest batch and "
+        r"11.00 GiB for its steps' other buffers \(graph pool 9.00, sampler 1.00, penalties 0.50, prompt logprobs "
+        r"0.50\): -1.00 GiB of KV cache; raise it, lower --max-num-seqs",
+    ):
+        kv_cache_budget(proc, 2 * GIB, 0.9, items=StepItems(9 * GIB, GIB, GIB // 2, GIB // 2))
+
+
 def test_the_llm_runner_profiles_its_largest_step_then_sizes_its_share(
-    tmp_path: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+    tmp_path: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     """The runner on the CPU, with this test's device: it runs one real prefill of the
-    largest step's tokens (over a scratch cache it then drops), and its KV cache is its share."""
+    largest step's tokens (over a scratch cache it then drops) and one sampler call at its most
+    rows, and its KV cache is its share less the items its steps hold. It logs the table."""
     import torch
 
     from gpu_workers.llm.runner import LLMRunner, kv_bytes_per_block
@@ -140,13 +186,24 @@ def test_the_llm_runner_profiles_its_largest_step_then_sizes_its_share(
         return execute(self, step)
 
     monkeypatch.setattr(LLMRunner, "execute", counted)
-    runner = LLMRunner(
-        model_dir, block_size=4, profile_tokens=100, memory_shares=2, gpu_memory_utilization=0.75, memory=proc
-    )
-    assert steps == [100] and proc.resets == 1 and not runner.requests
-    # 0.75 * 64 = 48 MiB, less the encoder's 8: 40, 20 a worker, less 4 of weights and 1 of activations
-    expected = (20 - 4 - 1) * 1024**2 // kv_bytes_per_block(runner.model_config, 4, torch.float32)
+    with caplog.at_level("INFO", logger="omni.llm_runner.memory"):
+        runner = LLMRunner(
+            model_dir, block_size=4, profile_tokens=100, memory_shares=2, gpu_memory_utilization=0.75, memory=proc
+        )
+    assert steps == [100] and proc.resets == 2 and not runner.requests  # the prefill's, the sampler's
+    # 0.75 * 64 = 48 MiB, less the encoder's 8: 40, 20 a worker, less 4 of weights and 1 of
+    # activations, and the steps' items (no compiled step: no graph pool): the sampler at 64
+    # rows (64 bytes a logit), 64 penalty slots and 32 more while they grow (5 bytes), a slice
+    # of 100 prompt rows (12 bytes a logit, 512 a row)
+    v = runner.model_config.vocab_size
+    items = 64 * 64 * v + (64 + 32) * 5 * v + 12 * 100 * v + 512 * 100
+    expected = ((20 - 4 - 1) * 1024**2 - items) // kv_bytes_per_block(runner.model_config, 4, torch.float32)
     assert runner.num_kv_blocks == expected
+    assert device.held["llm0"] == 4 * 1024**2 + 1024**2 + items  # weights, and held: activations and items
+    (table,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("memory budget")]
+    for row in ("weights", "activation peak", "graph pool", "sampler", "penalties", "prompt logprobs", "KV cache"):
+        assert f"\n  {row} " in table
+    assert "headroom" in table and "LLM workers still to size (1)" in table
     assert runner.kv_cache.shape[2] == expected
     # and it serves a request over that cache
     request = protocol.NewRequest("a", [1, 2, 3], protocol.SamplingOptions(temperature=0.0), [0], 0, 3)
