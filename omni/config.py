@@ -232,8 +232,9 @@ class EncoderConfig:
 
 @dataclass(frozen=True, slots=True)
 class VisionDecoderConfig:
-    """The image decoder: one process per device of `devices`, a Ulysses group when there are
-    several (empty: one, on the encoder's device)."""
+    """The image decoder: `replicas` groups, each one process per device of its share of
+    `devices`, a Ulysses group when there are several (empty: one process each, on the
+    encoder's device)."""
 
     devices: tuple[str, ...] = setting(
         (),
@@ -241,6 +242,14 @@ class VisionDecoderConfig:
         type="devices",
         help="devices of the image decoder, comma-separated, one process each: several make one "
         "Ulysses sequence-parallel group (e.g. cuda:2,cuda:3 or cpu,cpu; default: one, on the encoder's device)",
+    )
+    replicas: int = setting(
+        1,
+        flag="--vision-decoder-replicas",
+        type="positive_int",
+        help="independent image decoder groups; --vision-decoder-devices is split into this many equal groups "
+        "(cuda:0,cuda:1,cuda:2,cuda:3 with 2: two Ulysses pairs; without it, each is one process on the encoder's "
+        "device), and each image goes to the replica with the least work queued (default 1; docs/IMAGES.md)",
     )
     diffusion_steps: int = setting(25, help="denoising steps per image unless a request asks (default 25)")
     max_batch_images: int = setting(8, help="images drawn together in one batch (default 8)")

@@ -468,6 +468,27 @@ class Metrics:
         self.decoder_running = Gauge(
             "omni_decoder_images_running", "Images the vision decoder is drawing now.", _MODEL, registry=r
         )
+        # --vision-decoder-replicas: each replica's share of the two families above, and its jobs
+        self.replica_jobs = Counter(
+            "omni_decoder_replica_jobs",
+            "Images drawn by each vision decoder replica, by outcome (ok, error, failed).",
+            [*_MODEL, "replica", "outcome"],
+            registry=r,
+        )
+        self.replica_queue = Gauge(
+            "omni_decoder_replica_queue_length",
+            "Images waiting for each vision decoder replica.",
+            [*_MODEL, "replica"],
+            registry=r,
+        )
+        self.replica_running = Gauge(
+            "omni_decoder_replica_images_running",
+            "Images each vision decoder replica is drawing now.",
+            [*_MODEL, "replica"],
+            registry=r,
+        )
+        self._decoder_queues: dict[tuple[str, int], int] = {}
+        self._decoder_running: dict[tuple[str, int], int] = {}
 
     # ---- HTTP, as prometheus-fastapi-instrumentator's defaults name them -----------------
     def _http_metrics(self) -> None:
@@ -604,12 +625,15 @@ class Metrics:
         self.decoder_blocks.labels(model_name, "computed").inc(computed)
         self.decoder_blocks.labels(model_name, "skipped").inc(skipped)
 
-    def add_decoder_jobs(self, model_name: str, outcome: str, n: int = 1) -> None:
+    def add_decoder_jobs(self, model_name: str, outcome: str, n: int = 1, *, replica: int = 0) -> None:
         if n:
             self.decoder_jobs.labels(model_name, outcome).inc(n)
+            self.replica_jobs.labels(model_name, str(replica), outcome).inc(n)
 
-    def set_decoder_queue(self, model_name: str, length: int) -> None:
-        self.decoder_queue.labels(model_name).set(length)
+    def set_decoder_queue(self, model_name: str, length: int, *, replica: int = 0) -> None:
+        """One replica's queue; the model's gauge is the sum over its replicas."""
+        self.replica_queue.labels(model_name, str(replica)).set(length)
+        self.decoder_queue.labels(model_name).set(_set_share(self._decoder_queues, model_name, replica, length))
 
     def observe_audio_batch(self, model_name: str, num_streams: int, seconds: float, audio_seconds: float) -> None:
         self.audio_batch_size.labels(model_name).observe(num_streams)
@@ -623,8 +647,9 @@ class Metrics:
     def set_audio_streams(self, model_name: str, n: int) -> None:
         self.audio_streams.labels(model_name).set(n)
 
-    def set_decoder_running(self, model_name: str, num_images: int) -> None:
-        self.decoder_running.labels(model_name).set(num_images)
+    def set_decoder_running(self, model_name: str, num_images: int, *, replica: int = 0) -> None:
+        self.replica_running.labels(model_name, str(replica)).set(num_images)
+        self.decoder_running.labels(model_name).set(_set_share(self._decoder_running, model_name, replica, num_images))
 
     def observe_store(self, operation: str, seconds: float, *, failed: bool = False) -> None:
         self.store_latency.labels(operation).observe(seconds)
@@ -789,3 +814,9 @@ class EngineMetrics:
             # request of one token; here it is not observed (0 would pull the mean down).
             if request.num_output_tokens > 1:
                 self.request_time_per_output_token.observe(decode / (request.num_output_tokens - 1))
+
+
+def _set_share(shares: dict[tuple[str, int], int], model_name: str, replica: int, value: int) -> int:
+    """Record one replica's value; the model's total over its replicas."""
+    shares[model_name, replica] = value
+    return sum(v for (name, _), v in shares.items() if name == model_name)

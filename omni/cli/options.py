@@ -259,6 +259,11 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
         raise _fail("--diffusion-steps and --max-batch-images must be at least 1")
     if not 0 <= images.image_step_cache <= MAX_STEP_CACHE:  # NaN too
         raise _usage_error(f"--image-step-cache must be between 0 and {MAX_STEP_CACHE:g}, got {images.image_step_cache}")
+    if images.devices and len(images.devices) % images.replicas:
+        raise _fail(
+            f"--vision-decoder-replicas {images.replicas}: the {len(images.devices)} --vision-decoder-devices "
+            f"({','.join(images.devices)}) cannot be split into {images.replicas} equal groups"
+        )
     worker: WorkerConfig = read_section(WorkerConfig, args)
     dtype = {"half": "float16", "float": "float32"}.get(args.dtype, args.dtype)
     worker = replace(
@@ -390,7 +395,7 @@ def _num_threads(
     num_cpu_workers = llm.num_workers * len(layouts)
     num_cpu_workers += sum(1 for layout in layouts if layout.has_encoders and encoders_on_cpu)
     if not launch.no_image_output:
-        ranks_on_cpu = sum(d == "cpu" for d in images.devices) if images.devices else int(encoders_on_cpu)
+        ranks_on_cpu = sum(d == "cpu" for d in images.devices) if images.devices else images.replicas * encoders_on_cpu
         num_cpu_workers += ranks_on_cpu * sum(1 for layout in layouts if layout.vision_decoder is not None)
     if not launch.no_audio_output and (audio.device or encoder.device or llm.device) == "cpu":
         num_cpu_workers += sum(1 for layout in layouts if layout.audio_decoder is not None)

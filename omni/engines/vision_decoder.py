@@ -14,15 +14,17 @@ dropped from the queue before it is sent; one already in a batch finishes with i
 The queue is bounded (max_queued_images): beyond it an image is refused at once with
 Overloaded (a 429), unless the queue is empty. A worker that dies (any rank of its group)
 fails only the batch in flight, with an EngineError (a 503); the queue waits for the group to
-be restarted.
+be restarted; with replicas (omni/engines/vision_replicas.py) the group's queue goes to the
+replicas still up instead (on_lost).
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from omni.config import VisionDecoderConfig
@@ -104,8 +106,10 @@ class VisionDecoderEngine(SupervisedWorker):
         *,
         start_timeout: float = 600.0,
     ) -> None:
-        super().__init__(spec, name=f"{model_name} vision decoder", start_timeout=start_timeout)
         config = config or VisionDecoderConfig()
+        self.replica = spec.worker_id
+        replica = f" replica {self.replica}" if config.replicas > 1 else ""
+        super().__init__(spec, name=f"{model_name} vision decoder{replica}", start_timeout=start_timeout)
         self.metrics = metrics
         self.model_name = model_name
         self.max_batch_images = config.max_batch_images
@@ -116,8 +120,11 @@ class VisionDecoderEngine(SupervisedWorker):
         self.info: protocol.VisionDecoderReady | None = None
         self._queue: list[_Pending] = []
         self._inflight: list[_Pending] = []
-        self._next_job = 0
+        self.job_ids: Iterator[int] = itertools.count(1)  # replicas share one
         self._batch_id = 0
+        # Replicas: called with this group's queue when the group dies (its images are placed
+        # on the replicas still up; whatever the callback hands back waits here for the restart).
+        self.on_lost: Callable[[list[_Pending]], list[_Pending]] | None = None
 
     def on_ready(self, ready: protocol.VisionDecoderReady) -> None:
         self.info = ready
@@ -131,6 +138,15 @@ class VisionDecoderEngine(SupervisedWorker):
     def queue_length(self) -> int:
         return len(self._queue)
 
+    @property
+    def outstanding_work(self) -> int:
+        """DiT tokens x steps of the images queued and in flight: what placement balances."""
+        return sum(dit_tokens(*p.shape[:2]) * p.shape[2] for p in (*self._queue, *self._inflight) if not p.future.done())
+
+    @property
+    def has_room(self) -> bool:
+        return sum(not p.future.done() for p in self._queue) < self.max_queued_images
+
     async def draw(self, image: ImageRequest, on_preview: PreviewCallback | None = None) -> protocol.DecodedImage:
         """Draw one image; previews (image.partial_images of them) go to on_preview first.
         Raises Overloaded (queue full), EngineError (no worker, or it died with the image) or
@@ -138,9 +154,8 @@ class VisionDecoderEngine(SupervisedWorker):
         if not self.ready:
             raise EngineError("the vision decoder is not ready")
         self._check_room()
-        self._next_job += 1
         job = protocol.ImageJob(
-            self._next_job,
+            next(self.job_ids),
             list(image.codes),
             image.width,
             image.height,
@@ -153,13 +168,20 @@ class VisionDecoderEngine(SupervisedWorker):
             self.default_step_cache if image.step_cache is None else image.step_cache,
         )
         future: asyncio.Future[protocol.DecodedImage] = asyncio.get_running_loop().create_future()
-        self._queue.append(_Pending(job, future, on_preview, priority=image.priority))
-        self.metrics.set_decoder_queue(self.model_name, len(self._queue))
-        self.wake()
+        self.adopt([_Pending(job, future, on_preview, priority=image.priority)])
         result = await future  # cancelled with the caller: the image is dropped before it is sent
         if result.error is not None:
             raise ImageDrawError(result.error)
         return result
+
+    def adopt(self, pending: Sequence[_Pending]) -> None:
+        """Queue images (a draw's, or a lost replica's: their callers still await them)."""
+        self._queue.extend(pending)
+        self._set_queue_metric()
+        self.wake()
+
+    def _set_queue_metric(self) -> None:
+        self.metrics.set_decoder_queue(self.model_name, len(self._queue), replica=self.replica)
 
     def _check_room(self) -> None:
         live = [p for p in self._queue if not p.future.done()]
@@ -186,7 +208,7 @@ class VisionDecoderEngine(SupervisedWorker):
         batch = [p for p in ordered if p.shape == shape][: min(self.max_batch_images, by_tokens)]
         taken = {id(p) for p in batch}
         self._queue = [p for p in self._queue if id(p) not in taken]
-        self.metrics.set_decoder_queue(self.model_name, len(self._queue))
+        self._set_queue_metric()
         return batch
 
     async def run_once(self) -> None:
@@ -195,7 +217,7 @@ class VisionDecoderEngine(SupervisedWorker):
             await self.wait_for_work()
             return
         self._inflight = batch
-        self.metrics.set_decoder_running(self.model_name, len(batch))
+        self.metrics.set_decoder_running(self.model_name, len(batch), replica=self.replica)
         try:
             await self._execute(batch)
         except WorkerDied:
@@ -204,7 +226,7 @@ class VisionDecoderEngine(SupervisedWorker):
             log.exception("%s: image batch failed", self.name)
             self._fail(batch, EngineError(f"internal error in the vision decoder: {exc}"))
         finally:
-            self.metrics.set_decoder_running(self.model_name, 0)
+            self.metrics.set_decoder_running(self.model_name, 0, replica=self.replica)
         self._inflight = []
 
     async def _execute(self, batch: list[_Pending]) -> None:
@@ -220,7 +242,7 @@ class VisionDecoderEngine(SupervisedWorker):
                     pending.on_preview(reply.index, reply.data)
                 continue
             if isinstance(reply, protocol.WorkerError):
-                self.metrics.add_decoder_jobs(self.model_name, "failed", len(batch))
+                self._count("failed", len(batch))
                 self._fail(batch, EngineError(f"vision decoder error: {reply.message}"))
                 return
             if not isinstance(reply, protocol.DecodeResult) or reply.batch_id != self._batch_id:
@@ -231,19 +253,27 @@ class VisionDecoderEngine(SupervisedWorker):
         for pending in batch:
             result = results.get(pending.job.job_id)
             if result is None:
-                self.metrics.add_decoder_jobs(self.model_name, "failed")
+                self._count("failed")
                 self._fail([pending], EngineError("the vision decoder returned no image"))
                 continue
-            self.metrics.add_decoder_jobs(self.model_name, "ok" if result.error is None else "error")
+            self._count("ok" if result.error is None else "error")
             self.metrics.add_decoder_blocks(self.model_name, result.blocks_computed, result.blocks_skipped)
             if not pending.future.done():
                 pending.future.set_result(result)
 
+    def _count(self, outcome: str, n: int = 1) -> None:
+        self.metrics.add_decoder_jobs(self.model_name, outcome, n, replica=self.replica)
+
     def fail_on_worker(self, error: EngineError) -> None:
-        """Only the batch in flight died with the group; the queue waits for the new one."""
-        self.metrics.add_decoder_jobs(self.model_name, "failed", sum(not p.future.done() for p in self._inflight))
+        """Only the batch in flight died with the group; the queue waits for the new one, or
+        goes to the other replicas (on_lost)."""
+        self._count("failed", sum(not p.future.done() for p in self._inflight))
         self._fail(self._inflight, error)
         self._inflight = []
+        if self.on_lost is not None and self._queue:
+            queue, self._queue = self._queue, []
+            self._queue = self.on_lost(queue) + self._queue
+            self._set_queue_metric()
 
     def fail_pending(self, error: EngineError) -> None:
         self._fail(self._inflight + self._queue, error)

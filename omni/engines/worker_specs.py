@@ -105,9 +105,14 @@ def encoder_device(config: ModelConfig) -> str:
     return config.encoder.device or config.llm.worker_devices[0]
 
 
-def vision_decoder_devices(config: ModelConfig) -> tuple[str, ...]:
-    """--vision-decoder-devices, else one rank on the encoder's device."""
-    return config.vision_decoder.devices or (encoder_device(config),)
+def vision_decoder_devices(config: ModelConfig, replica: int = 0) -> tuple[str, ...]:
+    """A replica's devices: --vision-decoder-devices split into --vision-decoder-replicas equal,
+    consecutive groups (the CLI checks that they divide), else one rank on the encoder's device."""
+    devices = config.vision_decoder.devices
+    if not devices:
+        return (encoder_device(config),)
+    size = len(devices) // config.vision_decoder.replicas
+    return devices[replica * size : (replica + 1) * size]
 
 
 def audio_decoder_worker_spec(config: ModelConfig) -> protocol.AudioDecoderWorkerSpec:
@@ -124,11 +129,16 @@ def audio_decoder_worker_spec(config: ModelConfig) -> protocol.AudioDecoderWorke
     )
 
 
-def vision_decoder_worker_spec(config: ModelConfig) -> protocol.VisionDecoderWorkerSpec:
+def vision_decoder_worker_specs(config: ModelConfig) -> list[protocol.VisionDecoderWorkerSpec]:
+    """One spec per replica (worker_id: the replica's index)."""
+    return [vision_decoder_worker_spec(config, r) for r in range(config.vision_decoder.replicas)]
+
+
+def vision_decoder_worker_spec(config: ModelConfig, replica: int = 0) -> protocol.VisionDecoderWorkerSpec:
     assert config.vision_decoder_dir is not None, "the model has no vision decoder"
-    devices = vision_decoder_devices(config)
+    devices = vision_decoder_devices(config, replica)
     return protocol.VisionDecoderWorkerSpec(
-        worker_id=0,
+        worker_id=replica,
         device=devices[0],
         dtype=component_dtype(config.worker, "vision_decoder", devices[0]),
         vae_dtype=component_dtype(config.worker, "vae", devices[0]),

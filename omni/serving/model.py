@@ -57,7 +57,7 @@ class ServedModel:
         decoders, then the LLM workers (which size their KV cache from the GPU memory the others
         leave free)."""
         encoders = () if self.media is None else (self.media.encoder,)
-        return (*encoders, *(o.engine for o in self.outputs), *self.pool.engines)
+        return (*encoders, *(w for o in self.outputs for w in o.workers), *self.pool.engines)
 
 
 class ModelRegistry:

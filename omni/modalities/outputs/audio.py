@@ -41,6 +41,7 @@ import orjson
 from omni.config import ModelConfig
 from omni.engines.audio_decoder import AudioDecoderEngine
 from omni.engines.generation import Delta, Generation
+from omni.engines.supervisor import SupervisedWorker
 from omni.engines.worker_specs import audio_decoder_worker_spec
 from omni.errors import APIError, bad_request, internal_error, service_unavailable
 from omni.metrics import Metrics
@@ -336,6 +337,10 @@ class ModelAudio:
     @property
     def ready(self) -> bool:
         return self.engine.ready
+
+    @property
+    def workers(self) -> tuple[SupervisedWorker, ...]:
+        return (self.engine,)
 
     @property
     def voices(self) -> tuple[str, ...]:

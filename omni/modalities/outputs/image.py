@@ -33,8 +33,10 @@ from typing import Any, Protocol
 
 from omni.config import ModelConfig
 from omni.engines.generation import Delta, Generation
-from omni.engines.vision_decoder import ImageRequest, VisionDecoderEngine
-from omni.engines.worker_specs import vision_decoder_worker_spec
+from omni.engines.supervisor import SupervisedWorker
+from omni.engines.vision_decoder import ImageRequest
+from omni.engines.vision_replicas import VisionDecoderReplicas
+from omni.engines.worker_specs import vision_decoder_worker_specs
 from omni.errors import APIError
 from omni.metrics import Metrics
 from omni.modalities.outputs.kind import OutputKind
@@ -214,7 +216,7 @@ class ImageSettings:
 class ModelImages:
     def __init__(
         self,
-        engine: VisionDecoderEngine,
+        engine: VisionDecoderReplicas,
         fmt: ImageSpanFormat,
         store: ArtifactStore,
         metrics: Metrics,
@@ -231,7 +233,7 @@ class ModelImages:
     @classmethod
     def for_model(
         cls,
-        engine: VisionDecoderEngine,
+        engine: VisionDecoderReplicas,
         decoder_dir: Path,
         tokenizer: TextTokenizer,
         store: ArtifactStore,
@@ -255,6 +257,10 @@ class ModelImages:
     @property
     def ready(self) -> bool:
         return self.engine.ready
+
+    @property
+    def workers(self) -> tuple[SupervisedWorker, ...]:
+        return self.engine.workers
 
     def route(
         self, settings: ImageSettings, *, first_seed: int | None = None, opened: bool = False, inline: bool = False,
@@ -323,8 +329,8 @@ def build(config: ModelConfig, tokenizer: TextTokenizer, store: ArtifactStore, m
     """A served model's ModelImages, None when it has no vision decoder."""
     if config.vision_decoder_dir is None:
         return None
-    engine = VisionDecoderEngine(
-        vision_decoder_worker_spec(config),
+    engine = VisionDecoderReplicas(
+        vision_decoder_worker_specs(config),
         metrics,
         config.name,
         config.vision_decoder,

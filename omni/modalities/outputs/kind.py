@@ -45,11 +45,12 @@ class SpanFormat(Protocol):
 
 
 class ModelOutput(Protocol):
-    """An output modality of a served model (ModelImages, ModelAudio): its worker, its span
-    format, and its span grammar compiled once at start-up (prepare)."""
+    """An output modality of a served model (ModelImages, ModelAudio): its workers (the image
+    decoder's replicas, the vocoder), its span format, and its span grammar compiled once at
+    start-up (prepare)."""
 
     @property
-    def engine(self) -> SupervisedWorker: ...
+    def workers(self) -> tuple[SupervisedWorker, ...]: ...
 
     @property
     def format(self) -> SpanFormat: ...

@@ -47,6 +47,10 @@ def test_cpu_threads_are_split_over_llm_and_encoder_workers(
         build_parser().parse_args([*omni_args, "--vision-decoder-devices", "cpu,cpu", "--no-audio-output"])
     )
     assert two_ranks.models[0].worker.num_threads == 2  # 8 cores over 4 CPU processes
+    two_replicas = server_config(
+        build_parser().parse_args([*omni_args, "--vision-decoder-replicas", "2", "--no-audio-output"])
+    )
+    assert two_replicas.models[0].worker.num_threads == 2  # a process for each replica
     elsewhere = server_config(
         build_parser().parse_args(
             [*omni_args, "--encoder-device", "cuda:0", "--vision-decoder-devices", "cuda:1"]
@@ -314,6 +318,8 @@ def test_device_flags_are_normalised_and_auto_follows_the_gpus(
         (["--vision-decoder-devices", "cpu,cuda:1"], "--vision-decoder-devices cpu,cuda:1: cpu and cuda"),
         (["--encoder-device", "cuda:a"], "--encoder-device 'cuda:a'"),
         (["--audio-decoder-device", "tpu"], "--audio-decoder-device 'tpu'"),
+        (["--vision-decoder-devices", "cpu,cpu,cpu", "--vision-decoder-replicas", "2"],
+         "--vision-decoder-replicas 2: the 3 --vision-decoder-devices (cpu,cpu,cpu) cannot be split into 2 equal"),
     ],
 )
 def test_bad_device_flags_exit_naming_the_flag(dirs: tuple[Path, Path], flags: list[str], says: str) -> None:

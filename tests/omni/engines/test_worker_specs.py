@@ -23,6 +23,7 @@ from omni.engines.worker_specs import (
     encoder_worker_spec,
     llm_worker_spec,
     vision_decoder_worker_spec,
+    vision_decoder_worker_specs,
 )
 from omni.shared import protocol
 
@@ -88,3 +89,14 @@ def test_placed_decoders_land_where_they_are_told() -> None:
     assert (vision.device, vision.world_size, vision.rank_devices) == ("cuda:2", 2, ["cuda:2", "cuda:3"])
     moved = omni_model(encoder=EncoderConfig(device="cuda:2"))
     assert (audio_decoder_worker_spec(moved).device, vision_decoder_worker_spec(moved).device) == ("cuda:2", "cuda:2")
+
+
+def test_replicas_split_the_decoder_devices_into_equal_groups() -> None:
+    model = omni_model(vision_decoder=VisionDecoderConfig(devices=("cuda:2", "cuda:3", "cuda:4", "cuda:5"), replicas=2))
+    specs = vision_decoder_worker_specs(model)
+    assert [(s.worker_id, s.device, s.world_size, s.rank_devices) for s in specs] == [
+        (0, "cuda:2", 2, ["cuda:2", "cuda:3"]),
+        (1, "cuda:4", 2, ["cuda:4", "cuda:5"]),
+    ]
+    unplaced = vision_decoder_worker_specs(omni_model(vision_decoder=VisionDecoderConfig(replicas=3)))
+    assert [(s.worker_id, s.device, s.world_size) for s in unplaced] == [(0, "cuda:0", 1), (1, "cuda:0", 1), (2, "cuda:0", 1)]

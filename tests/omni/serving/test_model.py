@@ -13,6 +13,7 @@ from omni.engines.llm import LLMEngine
 from omni.engines.pool import ModelPool
 from omni.engines.supervisor import SupervisedWorker
 from omni.engines.vision_decoder import VisionDecoderEngine
+from omni.engines.vision_replicas import VisionDecoderReplicas
 from omni.metrics import Metrics
 from omni.modalities.inputs.pipeline import MediaPipeline
 from omni.modalities.outputs.audio import AUDIO, ModelAudio
@@ -26,7 +27,8 @@ from omni.text.tokenizer import TextTokenizer
 
 def test_workers_are_the_encoder_the_output_decoders_then_the_llm_workers(tiny_tokenizer_dir: Path) -> None:
     tokenizer = TextTokenizer.from_dir(tiny_tokenizer_dir)
-    encoder, drawer, voice = cast(EncoderEngine, "encoder"), cast(VisionDecoderEngine, "drawer"), cast(AudioDecoderEngine, "voice")
+    encoder, voice = cast(EncoderEngine, "encoder"), cast(AudioDecoderEngine, "voice")
+    drawer = cast(VisionDecoderReplicas, SimpleNamespace(workers=("drawer 0", "drawer 1")))
     llms = [cast(LLMEngine, "llm 0"), cast(LLMEngine, "llm 1")]
     store = cast(ArtifactStore, None)
     image_fmt, audio_fmt = ImageSpanFormat.from_tokenizer(tokenizer, 2, 3), AudioSpanFormat.from_tokenizer(tokenizer)
@@ -37,7 +39,7 @@ def test_workers_are_the_encoder_the_output_decoders_then_the_llm_workers(tiny_t
         "m", tokenizer, cast(ModelPool, SimpleNamespace(engines=llms)), created=0,
         media=cast(MediaPipeline, SimpleNamespace(encoder=encoder)), outputs=(images, audio),
     )  # fmt: skip
-    assert model.workers() == cast(tuple[SupervisedWorker, ...], ("encoder", "drawer", "voice", "llm 0", "llm 1"))
+    assert model.workers() == cast(tuple[SupervisedWorker, ...], ("encoder", "drawer 0", "drawer 1", "voice", "llm 0", "llm 1"))
     assert model.output(IMAGE) is images and model.output(AUDIO) is audio
     assert model.kinds == [(IMAGE, images), (AUDIO, audio)]
 

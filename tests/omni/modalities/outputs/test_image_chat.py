@@ -10,7 +10,7 @@ import pytest
 
 from omni.engines.generation import Delta
 from omni.engines.pool import ModelPool
-from omni.engines.vision_decoder import VisionDecoderEngine
+from omni.engines.vision_replicas import VisionDecoderReplicas
 from omni.errors import APIError
 from omni.metrics import Metrics
 from omni.modalities.outputs.image import IMAGE, GeneratedImage, ImageSettings, ModelImages
@@ -34,7 +34,7 @@ def tokenizer(tiny_tokenizer_dir: Path) -> TextTokenizer:
 def served(tokenizer: TextTokenizer, *, draws: bool = True, **fmt: Any) -> ServedModel:
     image_fmt = ImageSpanFormat.from_tokenizer(tokenizer, 2, 3)
     assert image_fmt is not None
-    images = ModelImages(cast(VisionDecoderEngine, None), image_fmt, cast(ArtifactStore, None), Metrics())
+    images = ModelImages(cast(VisionDecoderReplicas, None), image_fmt, cast(ArtifactStore, None), Metrics())
     return ServedModel(
         "m", tokenizer, cast(ModelPool, FakePool([1])), created=0, outputs=(images,) if draws else (),
         chat_format=ChatFormat(**fmt),
