@@ -26,6 +26,7 @@ import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import cast
 
 import torch
 
@@ -66,7 +67,7 @@ def job(size: int, steps: int, seed: int) -> protocol.ImageJob:
 def set_compiled(decoder: VisionDecoder, on: bool) -> None:
     halves = compiled_dit.compiled_halves() if on else (SingleStreamBlock.before_attention, SingleStreamBlock.after_attention)
     for block in decoder.transformer.blocks:
-        block.halves = halves
+        cast(SingleStreamBlock, block).halves = halves
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -102,10 +103,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         for round_ in range(args.repeats + 1):
             for mode in ("eager", "compiled") if round_ % 2 == 0 else ("compiled", "eager"):
                 set_compiled(decoder, mode == "compiled")
-                t = time.perf_counter()
                 generation = decoder.decode([j])
                 if round_:  # round 0 warms both
                     times[mode].append(generation.step_seconds)
+                assert generation.latents is not None
                 images[mode] = generation.latents
         decoder.close()
     diff = float((images["eager"] - images["compiled"]).abs().max())

@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch.fx.experimental import _config as fx_config
@@ -42,25 +42,27 @@ _compiled: tuple[HalfBefore, HalfAfter] | None = None  # the two halves, compile
 
 def compiled_halves() -> tuple[HalfBefore, HalfAfter]:
     global _compiled
-    if _compiled is None:
-        use_disk_cache()
-        # every block of every DiT of the process shares the two graphs (two shapes each)
-        torch._dynamo.config.recompile_limit = max(32, torch._dynamo.config.recompile_limit)
-        before = torch.compile(SingleStreamBlock.before_attention, dynamic=True)
-        after = torch.compile(SingleStreamBlock.after_attention, dynamic=True)
+    if _compiled is not None:
+        return _compiled
+    use_disk_cache()
+    # every block of every DiT of the process shares the two graphs (two shapes each)
+    torch._dynamo.config.recompile_limit = max(32, torch._dynamo.config.recompile_limit)
+    before = torch.compile(SingleStreamBlock.before_attention, dynamic=True)
+    after = torch.compile(SingleStreamBlock.after_attention, dynamic=True)
 
-        # Without duck sizing: a token count equal to the head size (Ulysses' shards make any
-        # count possible) would otherwise tie the two, and each other count compile again.
-        def compiled_before(*args: Any) -> tuple[torch.Tensor, ...]:
-            with fx_config.patch(use_duck_shape=False):
-                return before(*args)  # type: ignore[no-any-return]
+    # Without duck sizing: a token count equal to the head size (Ulysses' shards make any
+    # count possible) would otherwise tie the two, and each other count compile again.
+    def compiled_before(*args: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        with fx_config.patch(use_duck_shape=False):  # type: ignore[attr-defined]
+            return before(*args)  # type: ignore[no-any-return]
 
-        def compiled_after(*args: Any) -> torch.Tensor:
-            with fx_config.patch(use_duck_shape=False):
-                return after(*args)  # type: ignore[no-any-return]
+    def compiled_after(*args: Any) -> torch.Tensor:
+        with fx_config.patch(use_duck_shape=False):  # type: ignore[attr-defined]
+            return after(*args)  # type: ignore[no-any-return]
 
-        _compiled = (compiled_before, compiled_after)  # type: ignore[assignment]
-    return _compiled
+    halves = (compiled_before, compiled_after)
+    _compiled = halves
+    return halves
 
 
 def compile_blocks(models: Iterable[FluxDiT]) -> int:
@@ -69,7 +71,7 @@ def compile_blocks(models: Iterable[FluxDiT]) -> int:
     count = 0
     for model in models:
         for block in model.blocks:
-            block.halves = halves
+            cast(SingleStreamBlock, block).halves = halves
             count += 1
     return count
 
