@@ -261,6 +261,16 @@ class VisionDecoderConfig:
     max_queued_images: int | None = setting(  # None: 4 batches
         None, help="images that may wait for the decoder; beyond it a 429 (default: 4 batches)"
     )
+    compile_dit: bool = setting(
+        False,
+        unset=None,
+        flag="--compile-dit",
+        off_flag=("--no-compile-dit", "the image decoder's DiT runs eagerly, on a GPU too"),
+        help="the image decoder's DiT blocks run compiled (torch.compile, inductor), compiled at the worker's "
+        "start and cached in ~/.cache/omni-serve/inductor. Default: on when the decoder is on a GPU; off on the "
+        "CPU, where the blocks are matmul-bound and it gains a few percent (docs/BENCHMARKS.md). "
+        "--enforce-eager turns it off",
+    )
     image_step_cache: float = setting(
         0.0,
         flag="--image-step-cache",

@@ -296,6 +296,13 @@ class MLPEmbedder(nn.Module):
         return self.linear_2(F.silu(self.linear_1(x)))  # (B, hidden)
 
 
+# A block's halves around its attention, as functions of the block (compiled_dit.py compiles
+# them once for every block): (block, x, temb, rope) -> q, k, v, mlp, gate; (block, x,
+# attention's output, mlp, gate) -> x.
+HalfBefore = Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]]
+HalfAfter = Callable[..., torch.Tensor]
+
+
 class SingleStreamBlock(nn.Module):
     """x + gate * linear_out([attention(rope(norm(q)), rope(norm(k)), v) | gelu(mlp)]), where
     q, k, v, mlp = linear_in(LayerNorm(x) * (1 + scale) + shift)."""
@@ -311,25 +318,42 @@ class SingleStreamBlock(nn.Module):
         self.q_norm = nn.RMSNorm(config.head_dim, eps=_NORM_EPS)
         self.k_norm = nn.RMSNorm(config.head_dim, eps=_NORM_EPS)
         self.linear_out = nn.Linear(self.hidden + self.mlp_hidden, self.hidden)
+        self.halves: tuple[HalfBefore, HalfAfter] = (SingleStreamBlock.before_attention, SingleStreamBlock.after_attention)
 
     def forward(
         self, x: torch.Tensor, temb: torch.Tensor, rope: Rope, attention: Attention
     ) -> torch.Tensor:
-        b, s, _ = x.shape
+        """The block in two halves around the attention, which may be a collective (Ulysses):
+        each half is what a compiled DiT compiles (gpu_workers/vision_decoder/compiled_dit.py
+        sets `halves`; by default they run as written)."""
+        before, after = self.halves
+        q, k, v, mlp, gate = before(self, x, temb, rope)
+        out = attention(q, k, v)  # (B, H, S, D)
+        return after(self, x, out, mlp, gate)
+
+    def before_attention(
+        self, x: torch.Tensor, temb: torch.Tensor, rope: Rope
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q, k, v (B, H, S, D) normed and rotated, the MLP's input and the gate."""
         shift, scale, gate = self.modulation(F.silu(temb)).chunk(3, dim=-1)  # (B, hidden) each
         h = F.layer_norm(x, (self.hidden,), eps=_NORM_EPS) * (1 + scale[:, None]) + shift[:, None]
         q, k, v, mlp = self._project_in(h)
         q, k, v = (t.unflatten(-1, (self.num_heads, -1)) for t in (q, k, v))  # (B, S, H, D) each
         q = apply_rope(self.q_norm(q), *rope)
         k = apply_rope(self.k_norm(k), *rope)
-        out = attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))  # (B, H, S, D)
+        return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), mlp, gate
+
+    def after_attention(
+        self, x: torch.Tensor, out: torch.Tensor, mlp: torch.Tensor, gate: torch.Tensor
+    ) -> torch.Tensor:
+        """x + gate * linear_out([attention | gelu(mlp)])."""
+        b, s, _ = x.shape
         out = out.transpose(1, 2).reshape(b, s, self.hidden)
         y = self.linear_out(torch.cat((out, F.gelu(mlp, approximate="tanh")), dim=-1))  # (B, S, hidden)
         x = x + gate[:, None] * y
         if x.dtype == torch.float16:
             x = x.clip(-65504, 65504)  # as diffusers: an overflow must not become inf
         return x
-
 
     def _project_in(self, h: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """q, k, v and the MLP's input. One matmul on accelerators; on a CPU four, over row

@@ -83,6 +83,7 @@ from gpu_workers.models.flux_dit import (
     unpatchify,
 )
 from gpu_workers.models.flux_vae import IMAGE_FORMATS, FluxVAEConfig, FluxVAEDecoder, to_image_bytes
+from gpu_workers.vision_decoder import compiled_dit
 from gpu_workers.vision_decoder.layout import GUIDANCE_MODES, UNCOND_FILE, DecoderFolder, VisionDecoderConfig
 from gpu_workers.vision_decoder.step_cache import StepCache, StepCachePolicy
 from omni.shared import protocol
@@ -344,10 +345,12 @@ class VisionDecoder:
         group: dist.ProcessGroup | None = None,
         cfg_batched: bool = True,
         vae_dtype: torch.dtype | None = None,  # default: the DiT's
+        compile_dit: bool = False,
     ) -> VisionDecoder:
         """Load either layout of the module docstring (the published one when the folder has a
         model_index.json). The VAE is loaded on rank 0 of the group only. cfg_batched=False
-        runs CFG's two passes one after the other."""
+        runs CFG's two passes one after the other. compile_dit: the DiTs' blocks run compiled
+        (compiled_dit.py), compiled here, before the worker reports ready."""
         path = Path(path)
         device = torch.device(device)
         folder = DecoderFolder.read(path, device)
@@ -356,11 +359,16 @@ class VisionDecoder:
         guidance = GUIDANCE[config.guidance].from_dir(folder, transformer, device, dtype)
         if isinstance(guidance, ClassifierFreeGuidance):
             guidance.batched = cfg_batched
+        if compile_dit:
+            compiled_dit.compile_blocks([transformer, *(m for m in vars(guidance).values() if isinstance(m, FluxDiT))])
         vae_config = FluxVAEConfig.from_diffusers(read_json(path / "vae" / "config.json"))
         leader = not dist.is_initialized() or dist.get_rank(group) == 0
         vae_dtype = dtype if vae_dtype is None else vae_dtype
         vae = FluxVAEDecoder.from_dir(path / "vae", device=device, dtype=vae_dtype) if leader else None
-        return cls(config, folder.codebook, transformer, guidance, folder.schedule, vae_config, vae, group)
+        decoder = cls(config, folder.codebook, transformer, guidance, folder.schedule, vae_config, vae, group)
+        if compile_dit:
+            compiled_dit.warm_up(decoder)
+        return decoder
 
     @property
     def num_codes(self) -> int:

@@ -59,8 +59,9 @@ class VisionDecoderRunner(Runner):
         if device.type == "cuda":
             torch.cuda.set_device(device)  # NCCL's collectives run on the current device
         decoder = VisionDecoder.from_dir(
-            Path(spec.model_dir), device=device, dtype=getattr(torch, spec.dtype), vae_dtype=getattr(torch, spec.vae_dtype)
-        )
+            Path(spec.model_dir), device=device, dtype=getattr(torch, spec.dtype), vae_dtype=getattr(torch, spec.vae_dtype),
+            compile_dit=spec.compile_dit,
+        )  # fmt: skip
         return cls(decoder, group, (spec.max_batch_images, spec.max_batch_tokens))
 
     def largest_batch(self) -> list[protocol.ImageJob]:

@@ -285,6 +285,10 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
     by_default = not on_cpu or llm.quantization == "int8"
     compiled = (by_default if asked is None else bool(asked)) and not compat.enforce_eager
     llm = replace(llm, compile_decode=compiled)
+    # unset: the DiT compiled on a GPU, eager on the CPU (a few percent for tens of seconds)
+    asked = getattr(args, "compile_dit", None)
+    decoder_on_gpu = any(d != "cpu" for d in images.devices) if images.devices else (encoder.device or llm.worker_devices[0]) != "cpu"
+    images = replace(images, compile_dit=(decoder_on_gpu if asked is None else bool(asked)) and not compat.enforce_eager)
     if audio.first_chunk_units < MIN_UNITS:
         raise _fail(f"--audio-first-chunk-units must be at least {MIN_UNITS} (an audio span's least)")
     if on_cpu and llm.gpu_memory_utilization is not None:

@@ -148,5 +148,6 @@ def vision_decoder_worker_spec(config: ModelConfig, replica: int = 0) -> protoco
         seed=config.worker.seed,
         world_size=len(devices),
         model_dir=str(config.vision_decoder_dir),
+        compile_dit=config.vision_decoder.compile_dit,
         rank_devices=list(devices) if len(devices) > 1 else [],
     )

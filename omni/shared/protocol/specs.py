@@ -119,6 +119,7 @@ class VisionDecoderWorkerSpec(WorkerSpec):
     max_batch_tokens: int = 32768
     # The device of each rank (rank_devices[0] == device); empty: every rank on `device`.
     rank_devices: list[str] = field(default_factory=list)
+    compile_dit: bool = False  # the DiT's blocks through torch.compile (vision_decoder/compiled_dit.py)
 
     def device_of(self, rank: int) -> str:
         return self.rank_devices[rank] if self.rank_devices else self.device

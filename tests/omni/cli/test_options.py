@@ -501,3 +501,18 @@ def test_image_step_cache(dirs: tuple[Path, Path], capsys: pytest.CaptureFixture
             server_config(parse_args([str(dirs[0]), "--image-step-cache", bad]))
         assert exit_info.value.code == 2
         assert "--image-step-cache must be between 0 and 1000" in capsys.readouterr().err
+
+
+def test_the_dit_is_compiled_on_a_gpu_unless_told_or_eager(dirs: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("omni.cli.devices.visible_gpus", lambda: 2)
+    omni = str(dirs[1])
+
+    def compiled(*flags: str) -> bool:
+        return server_config(parse_args([omni, *flags])).models[0].vision_decoder.compile_dit
+
+    assert compiled("--device", "cuda:0") and compiled("--device", "cpu", "--vision-decoder-devices", "cuda:1")
+    assert not compiled("--device", "cpu")  # matmul-bound on the CPU: a few percent for a long start
+    assert compiled("--device", "cpu", "--compile-dit")
+    assert not compiled("--device", "cuda:0", "--no-compile-dit")
+    assert not compiled("--device", "cuda:0", "--enforce-eager")
+    assert not compiled("--device", "cuda:0", "--compile-dit", "--enforce-eager")
