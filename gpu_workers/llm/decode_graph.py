@@ -93,11 +93,11 @@ def decode_buckets(max_num_seqs: int) -> list[int]:
     return [*out, max_num_seqs]
 
 
-def graph_kernel(attention_backend: str | None, k_cache: torch.Tensor) -> str:
+def graph_kernel(attention_backend: str | None, device: torch.device, k_cache: torch.Tensor) -> str:
     """The compiled step's attention kernel by default: on CUDA the eager attention backend's
     library where it has a paged decode kernel (the same choice eager makes), else "gather";
-    on the CPU "paged" where its kernel reads this cache, else "gather"."""
-    if k_cache.device.type == "cuda":
+    on the CPU "paged" where its kernel reads this (one layer's) cache, else "gather"."""
+    if device.type == "cuda":
         return attention_backend if attention_backend in library_decode.CUDA_LIBRARY_KERNELS else "gather"
     return default_kernel(k_cache)
 
@@ -136,7 +136,7 @@ class DecodeGraph:
         self.block_size = kv_cache.shape[3]
         self.scratch_block = kv_cache.shape[2] - 1
         self.device = kv_cache.device
-        self.kernel = kernel or graph_kernel(attention_backend, layer_cache)
+        self.kernel = kernel or graph_kernel(attention_backend, self.device, layer_cache)
         self.cuda = self.device.type == "cuda"
         self.whole = self.cuda if whole_graph is None else whole_graph
         self._staging = HostStaging(self.device)  # the step's inputs: one (pinned, on CUDA) copy
@@ -146,6 +146,8 @@ class DecodeGraph:
         torch._dynamo.mark_static_address(kv_cache, guard=False)
         self.library: library_decode.DecodeKernel | None = None
         self._meta_kernel = self.kernel  # what the graphs' metadata names: a library kernel's key
+        if self.kernel == library_decode.FlashInferDecode.name and not self.pad:
+            raise ValueError("the flashinfer decode kernel needs batches padded to buckets (fixed-size wrappers)")
         if self.kernel in library_decode.LIBRARY_KERNELS:
             mc = model.config
             max_len = max_model_len or mc.max_position_embeddings  # the runner's default max_model_len
