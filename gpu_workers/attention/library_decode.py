@@ -29,6 +29,7 @@ A row with no cached token (a bucket's padding row) is given one, from its table
 
 from __future__ import annotations
 
+import importlib
 import itertools
 import math
 import weakref
@@ -172,10 +173,10 @@ class FlashInferDecode(DecodeKernel):
         dtype: torch.dtype,
         scale: float,
         device: torch.device,
-        flashinfer: Any = None,  # the module; default: import flashinfer
+        module: Any = None,  # flashinfer; default: imported here
     ) -> None:
-        if flashinfer is None:
-            import flashinfer
+        if module is None:
+            module = importlib.import_module("flashinfer")
         self.heads, self.block_size, self.dtype, self.scale = heads, block_size, dtype, scale
         self.max_blocks_per_row = max_blocks_per_row
         largest = max(buckets)
@@ -186,7 +187,7 @@ class FlashInferDecode(DecodeKernel):
         self.indices = torch.zeros(largest * max_blocks_per_row, dtype=torch.int32, device=device)
         self.last_page_len = torch.ones(largest, dtype=torch.int32, device=device)
         self.wrappers = {
-            b: flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+            b: module.BatchDecodeWithPagedKVCacheWrapper(
                 self.workspace,
                 "NHD",
                 use_cuda_graph=True,

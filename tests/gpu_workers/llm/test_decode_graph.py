@@ -174,7 +174,7 @@ def _recording(graph: DecodeGraph) -> list[tuple[torch.fx.GraphModule, list[Any]
 def no_compile_caches() -> Iterator[None]:
     """A hit in AOT autograd's or inductor's disk cache returns the compiled step without an
     inner compile to record: compile afresh."""
-    with torch.compiler.config.patch(force_disable_caches=True):
+    with torch.compiler.config.patch(force_disable_caches=True):  # type: ignore[attr-defined]
         yield
 
 
