@@ -256,3 +256,14 @@ def test_the_graph_kernel_follows_the_eager_attention_backend() -> None:
     assert graph_kernel("flash_attn", cuda, cache) == "flash_attn"
     assert graph_kernel("torch_sdpa", cuda, cache) == "gather"  # no paged library kernel
     assert graph_kernel("flashinfer", torch.device("cpu"), cache) in ("paged", "gather")  # the CPU's own
+
+
+def test_the_runner_gives_its_compiled_step_the_eager_attention_backend(
+    hf_checkpoint: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from gpu_workers.llm import runner as runner_module
+
+    made: list[dict[str, Any]] = []
+    monkeypatch.setattr(runner_module, "DecodeGraph", lambda *a, **kw: made.append(kw))
+    r = LLMRunner(hf_checkpoint("qwen2")[0], block_size=4, num_kv_blocks=NUM_BLOCKS, compile_decode=True)
+    assert made == [{"max_num_seqs": 64, "kernel": None, "attention_backend": r.attention_backend.name}]
