@@ -8,17 +8,18 @@ the p tokens already in the paged cache and over its own new K/V. Inside the ste
 - the cached part is read in place. On CUDA, by the attention backend's library
   (attention/library_decode.py: FlashInfer's or flash-attn's paged decode, one opaque op
   returning the log-sum-exp too), `meta.kernel` then being the key the op finds it by. Else by
-  one of two kernels. "paged" (the default on the CPU where
-  it builds) is attention/cpu_paged.py's C kernel, one opaque op that also merges the row's own
-  token. "gather" (CUDA without a library kernel, and the CPU's fallback) states the scores as an elementwise product summed
-  over the head dim, `(q * k_cache[table]).sum(-1)`, which inductor turns into one reduction
+  one of two kernels. "paged" (the default on the CPU where it builds) is
+  attention/cpu_paged.py's C kernel, one opaque op that also merges the row's own token.
+  "gather" (CUDA without a library kernel, and the CPU's fallback) states the scores as an
+  elementwise product summed over the head dim, `(q * k_cache[table]).sum(-1)`, which inductor turns into one reduction
   loop that indexes the cache through the block table (no padded copy of the context exists),
   and the same for the weighted sum of V. (flex_attention with flex_paged.py's paged block mask
   in the same graph was tried: inductor's CPU lowering of flex_attention refuses return_lse in
   torch 2.13, which the merge below needs; taking it would mean writing the new K/V inside the
   graph, a mutation of the cache the layer graph would have to split around.)
-- gather's (and a library's) cached part and the row's own token are merged by their log-sum-exp, so a row with
-  nothing visible in the cache (a padding row of the bucket, context_len 1) sees only itself.
+- gather's (and a library's) cached part and the row's own token are merged by their
+  log-sum-exp, so a row with nothing visible in the cache (a padding row of the bucket,
+  context_len 1) sees only itself.
 
 Padding rows of a bucket point their block table and their slot at a scratch block no request
 owns, so their K/V land there.
@@ -137,8 +138,8 @@ def decode_attention(
         out = attend(qg, k_cache, v_cache, meta.block_table, num_cached, k, v, scale)
     else:  # a library's paged kernel over the cached tokens, then the row's own token merged in
         out_c, lse_c = library_paged_decode(q, k_cache, v_cache, meta.block_table, num_cached, scale, meta.kernel)
-        g = hq // hkv
-        out = _merge_self(out_c.view(b, hkv, g, d).float(), lse_c.view(b, hkv, g), qg.float(), k.float(), v.float(), scale)
+        out_c, lse_c = out_c.view(qg.shape).float(), lse_c.view(qg.shape[:3])
+        out = _merge_self(out_c, lse_c, qg.float(), k.float(), v.float(), scale)
     return out.to(q.dtype).reshape(b, hq, d)
 
 

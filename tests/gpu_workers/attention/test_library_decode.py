@@ -88,7 +88,8 @@ class FakeDecodeWrapper:
         self.batch_size = len(paged_kv_last_page_len_buffer)
         if len(paged_kv_indptr_buffer) != self.batch_size + 1:
             raise ValueError("The size of paged_kv_indptr_buffer should be batch_size + 1")
-        self.indptr, self.indices, self.last = paged_kv_indptr_buffer, paged_kv_indices_buffer, paged_kv_last_page_len_buffer
+        self.indptr, self.indices = paged_kv_indptr_buffer, paged_kv_indices_buffer
+        self.last = paged_kv_last_page_len_buffer
         self.init = {"use_tensor_cores": use_tensor_cores, "backend": backend, "workspace": float_workspace_buffer}
         self.calls: list[str] = []
         self.planned: dict[str, Any] = {}
@@ -183,7 +184,8 @@ def fake_flashinfer() -> types.ModuleType:
 
 def _flashinfer_decode(buckets: list[int], max_blocks: int) -> FlashInferDecode:
     heads = HeadShape(HKV * G, HKV, D)
-    return FlashInferDecode(buckets, max_blocks, heads, BS, torch.float32, SCALE, torch.device("cpu"), fake_flashinfer())
+    cpu = torch.device("cpu")
+    return FlashInferDecode(buckets, max_blocks, heads, BS, torch.float32, SCALE, cpu, fake_flashinfer())
 
 
 def test_flashinfer_buffers_are_sized_per_bucket_as_views_of_one_allocation() -> None:
@@ -236,15 +238,17 @@ def test_flash_attn_with_kvcache_gets_the_block_table_and_cached_lengths() -> No
         q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, k: Any = None, v: Any = None,
         rotary_cos: Any = None, rotary_sin: Any = None, cache_seqlens: Any = None, cache_batch_idx: Any = None,
         cache_leftpad: Any = None, block_table: Any = None, softmax_scale: Any = None, causal: bool = False,
-        window_size: Any = (-1, -1), softcap: float = 0.0, rotary_interleaved: bool = True, alibi_slopes: Any = None,
-        num_splits: int = 0, return_softmax_lse: bool = False,
+        window_size: Any = (-1, -1), softcap: float = 0.0, rotary_interleaved: bool = True,
+        alibi_slopes: Any = None, num_splits: int = 0, return_softmax_lse: bool = False,
     ) -> Any:  # flash_attn 2's signature
-        seen.update(q=q.shape, seqlens=cache_seqlens, table=block_table, causal=causal, lse=return_softmax_lse)
-        out, lse = library_decode.reference_attention(q[:, 0], k_cache, v_cache, block_table, cache_seqlens, softmax_scale)
+        seen.update(q=q.shape, seqlens=cache_seqlens, table=block_table, causal=causal, lse=return_softmax_lse,
+                    scale=softmax_scale)  # fmt: skip
+        out, lse = library_decode.reference_attention(q[:, 0], k_cache, v_cache, block_table, cache_seqlens, SCALE)
         return out[:, None], lse[:, :, None]  # (B, 1, Hq, D), (B, Hq, 1)
 
-    out, lse = FlashAttnDecode(with_kvcache).attend(q, k_cache, v_cache, torch.tensor(TABLES), torch.tensor(CACHED), SCALE)
-    assert seen["q"] == (4, 1, HKV * G, D) and seen["causal"] and seen["lse"]
+    table, cached = torch.tensor(TABLES), torch.tensor(CACHED)
+    out, lse = FlashAttnDecode(with_kvcache).attend(q, k_cache, v_cache, table, cached, SCALE)
+    assert seen["q"] == (4, 1, HKV * G, D) and seen["causal"] and seen["lse"] and seen["scale"] == SCALE
     assert seen["seqlens"].dtype == torch.int32 and seen["seqlens"].tolist() == [1, 3, 4, 9]  # padding: one
     assert seen["table"].dtype == torch.int32 and seen["table"].tolist() == TABLES
     assert out.shape == q.shape and lse.shape == (4, HKV * G)
