@@ -151,12 +151,16 @@ class DecodeGraph:
         if self.kernel in library_decode.LIBRARY_KERNELS:
             mc = model.config
             max_len = max_model_len or mc.max_position_embeddings  # the runner's default max_model_len
-            self.library = library_decode.create_decode_kernel(
-                self.kernel, buckets=self.buckets, max_blocks_per_row=-(-max_len // self.block_size),
-                heads=HeadShape(mc.num_heads, mc.num_kv_heads, mc.head_dim), kv_cache=layer_cache,
-                scale=mc.attention_scale,
-            )  # fmt: skip
-            self._meta_kernel = library_decode.register(self.library)
+            try:
+                self.library = library_decode.create_decode_kernel(
+                    self.kernel, buckets=self.buckets, max_blocks_per_row=-(-max_len // self.block_size),
+                    heads=HeadShape(mc.num_heads, mc.num_kv_heads, mc.head_dim), kv_cache=layer_cache,
+                    scale=mc.attention_scale,
+                )  # fmt: skip
+                self._meta_kernel = library_decode.register(self.library)
+            except Exception as exc:  # noqa: BLE001 - an import or a wrapper refusing: still serve, gathering
+                log.warning("the %s decode kernel is unavailable for the graphs (%s); they gather", self.kernel, exc)
+                self.kernel = self._meta_kernel = "gather"
         log.info("compiled decode step: attention by %s", self.describe_kernel())
         self.cache_dir = use_disk_cache()
         # Each model shape and kernel in one process is an entry of the compiled layer's cache

@@ -334,3 +334,20 @@ def test_on_cuda_the_graphs_copy_no_cache_run_the_library_kernel_and_match_eager
     assert calls == 4
     for g, w in zip(got, want):
         torch.testing.assert_close(g.float(), w.float(), atol=2e-2, rtol=2e-2)
+
+
+def test_a_library_kernel_that_cannot_be_made_leaves_the_graphs_gathering(
+    hf_checkpoint: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A worker must not die (and restart forever) because FlashInfer's decode wrapper refuses."""
+    import types
+
+    def refuse(*args: Any, **kwargs: Any) -> None:
+        raise RuntimeError("no kernel for this GPU")
+
+    monkeypatch.setitem(sys.modules, "flashinfer", types.SimpleNamespace(BatchDecodeWithPagedKVCacheWrapper=refuse))
+    r = _runner(hf_checkpoint("qwen2")[0], False)
+    with caplog.at_level("WARNING", logger="omni.llm_runner.decode_graph"):
+        graph = DecodeGraph(r.model, r.kv_cache, max_num_seqs=4, kernel="flashinfer", pad_to_buckets=True)
+    assert graph.kernel == "gather" and graph.library is None
+    assert "the flashinfer decode kernel is unavailable for the graphs (no kernel for this GPU); they gather" in caplog.text
