@@ -5,17 +5,21 @@ the p tokens already in the paged cache and over its own new K/V. Inside the ste
 
 - nothing is written to the cache: each layer's new K/V join the step's outputs (`DecodeGraphMetadata
   .new_kv`), and the runner writes all layers' at once after the forward (one index_put);
-- the cached part is read in place, by one of two kernels. "paged" (the default on the CPU where
-  it builds) is attention/cpu_paged.py's C kernel, one opaque op that also merges the row's own
-  token. "gather" (CUDA, and the CPU's fallback) states the scores as an elementwise product summed
-  over the head dim, `(q * k_cache[table]).sum(-1)`, which inductor turns into one reduction
+- the cached part is read in place. On CUDA, by the attention backend's library
+  (attention/library_decode.py: FlashInfer's or flash-attn's paged decode, one opaque op
+  returning the log-sum-exp too), `meta.kernel` then being the key the op finds it by. Else by
+  one of two kernels. "paged" (the default on the CPU where it builds) is
+  attention/cpu_paged.py's C kernel, one opaque op that also merges the row's own token.
+  "gather" (CUDA without a library kernel, and the CPU's fallback) states the scores as an
+  elementwise product summed over the head dim, `(q * k_cache[table]).sum(-1)`, which inductor turns into one reduction
   loop that indexes the cache through the block table (no padded copy of the context exists),
   and the same for the weighted sum of V. (flex_attention with flex_paged.py's paged block mask
   in the same graph was tried: inductor's CPU lowering of flex_attention refuses return_lse in
   torch 2.13, which the merge below needs; taking it would mean writing the new K/V inside the
   graph, a mutation of the cache the layer graph would have to split around.)
-- gather's cached part and the row's own token are merged by their log-sum-exp, so a row with
-  nothing visible in the cache (a padding row of the bucket, context_len 1) sees only itself.
+- gather's (and a library's) cached part and the row's own token are merged by their
+  log-sum-exp, so a row with nothing visible in the cache (a padding row of the bucket,
+  context_len 1) sees only itself.
 
 Padding rows of a bucket point their block table and their slot at a scratch block no request
 owns, so their K/V land there.
@@ -31,6 +35,7 @@ import torch
 
 from gpu_workers.attention import cpu_paged
 from gpu_workers.attention.backend import AttentionBackend, KVCache, PagedDecodePlan, SequenceChunk
+from gpu_workers.attention.library_decode import library_paged_decode
 
 
 @dataclass(slots=True)
@@ -40,7 +45,7 @@ class DecodeGraphMetadata:
     block_table: torch.Tensor  # (B, M) int64: each row's blocks, padded with the scratch block
     context_lens: torch.Tensor  # (B,) int64: cached tokens + 1 (the row's own); 1 for padding
     block_size: int
-    kernel: str = "gather"
+    kernel: str = "gather"  # a DECODE_KERNELS name, or a library kernel's key (library_decode.register)
     # filled by the forward: every layer's (k, v), each (B, Hkv, D), in layer order
     new_kv: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
 
@@ -127,8 +132,14 @@ def decode_attention(
     v = v.to(v_cache.dtype)
     meta.new_kv.append((k, v))
     qg = q.view(b, hkv, hq // hkv, d)
-    attend = DECODE_KERNELS[meta.kernel]
-    out = attend(qg, k_cache, v_cache, meta.block_table, meta.context_lens - 1, k, v, scale)
+    num_cached = meta.context_lens - 1
+    attend = DECODE_KERNELS.get(meta.kernel)
+    if attend is not None:
+        out = attend(qg, k_cache, v_cache, meta.block_table, num_cached, k, v, scale)
+    else:  # a library's paged kernel over the cached tokens, then the row's own token merged in
+        out_c, lse_c = library_paged_decode(q, k_cache, v_cache, meta.block_table, num_cached, scale, meta.kernel)
+        out_c, lse_c = out_c.view(qg.shape).float(), lse_c.view(qg.shape[:3])
+        out = _merge_self(out_c, lse_c, qg.float(), k.float(), v.float(), scale)
     return out.to(q.dtype).reshape(b, hq, d)
 
 

@@ -11,9 +11,19 @@ runs the model eagerly as before. Inside the compiled code:
 - on CPU the layers run as the model's own forward runs them (models/registry.py:CausalLM):
   `layer_inputs`, then each of `layers` through the compiled layer, then `finish`;
 - the oneDNN-packed linears on CPU are one opaque op each (models/packed_linear.py);
-- attention reads the paged cache in place (attention/compiled_decode.py; on the CPU by default
-  the paged kernel of attention/cpu_paged.py, one opaque op), and each layer's
-  new K/V come out of the graph, written into the cache by one index_copy after the forward.
+- attention reads the paged cache in place (attention/compiled_decode.py): on CUDA through the
+  attention backend's own library (attention/library_decode.py: FlashInfer's decode wrapper in
+  CUDA-graph mode, planned on the host before each replay, or flash-attn's block_table call), the
+  kernel the eager path runs, one opaque op; inductor's "gather" only where the backend has no
+  paged library kernel (torch_sdpa); on the CPU by default the paged kernel of
+  attention/cpu_paged.py. Each layer's new K/V come out of the graph, written into the cache by
+  one index_copy after the forward.
+
+The KV cache is marked a static address (torch._dynamo.mark_static_address): CUDA-graph trees
+copy every graph input that is neither a parameter, a buffer or module tensor (which dynamo
+marks itself) nor so marked into graph-owned memory before each replay, so an unmarked cache
+would be duplicated per recorded shape. What is left unmarked is the step's staged inputs (ids,
+positions, lengths, slots, the block table: a few KB, each step new): those are copied.
 
 On CPU one decoder layer is compiled, with the batch and the block table's width dynamic: that
 code serves every layer and every batch size (one compile per process; CPU steps are
@@ -42,7 +52,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from gpu_workers.attention import cpu_paged
+from gpu_workers.attention import cpu_paged, library_decode
+from gpu_workers.attention.backend import HeadShape
 from gpu_workers.attention.compiled_decode import DECODE_KERNELS, DecodeGraphMetadata, default_kernel, write_new_kv
 from gpu_workers.models.registry import CausalLM
 from gpu_workers.staging import HostStaging
@@ -92,6 +103,15 @@ def table_widths(max_model_len: int, block_size: int) -> list[int]:
     return out
 
 
+def graph_kernel(attention_backend: str | None, device: torch.device, k_cache: torch.Tensor) -> str:
+    """The compiled step's attention kernel by default: on CUDA the eager attention backend's
+    library where it has a paged decode kernel (the same choice eager makes), else "gather";
+    on the CPU "paged" where its kernel reads this (one layer's) cache, else "gather"."""
+    if device.type == "cuda":
+        return attention_backend if attention_backend in library_decode.CUDA_LIBRARY_KERNELS else "gather"
+    return default_kernel(k_cache)
+
+
 class DecodeGraph:
     """Runs decode-only batches of `model` through compiled code.
 
@@ -108,11 +128,15 @@ class DecodeGraph:
         kv_cache: torch.Tensor,  # (L, 2, num_blocks, block_size, Hkv, D); the last block is scratch
         *,
         max_num_seqs: int,
-        kernel: str | None = None,  # default: "paged" on the CPU where it builds, else "gather"
+        kernel: str | None = None,  # default: graph_kernel(attention_backend, the cache)
         pad_to_buckets: bool | None = None,  # default: on CUDA only
+        attention_backend: str | None = None,  # the eager path's (attention/registry.py name)
+        max_model_len: int | None = None,  # sizes a library kernel's index buffers; default: the model's limit
+        whole_graph: bool | None = None,  # the whole forward as one graph; default: on CUDA only
     ) -> None:
-        if kernel is not None and kernel not in DECODE_KERNELS:
-            raise ValueError(f"unknown decode kernel {kernel!r}; known: {', '.join(DECODE_KERNELS)}")
+        known = (*DECODE_KERNELS, *library_decode.LIBRARY_KERNELS)
+        if kernel is not None and kernel not in known:
+            raise ValueError(f"unknown decode kernel {kernel!r}; known: {', '.join(known)}")
         layer_cache = kv_cache[0, 0]
         if kernel == "paged" and not cpu_paged.supports(layer_cache):
             log.warning("the paged decode kernel cannot read this cache here; using gather")
@@ -122,18 +146,39 @@ class DecodeGraph:
         self.block_size = kv_cache.shape[3]
         self.scratch_block = kv_cache.shape[2] - 1
         self.device = kv_cache.device
-        self.kernel = kernel or default_kernel(layer_cache)
+        self.kernel = kernel or graph_kernel(attention_backend, self.device, layer_cache)
         self.cuda = self.device.type == "cuda"
+        self.whole = self.cuda if whole_graph is None else whole_graph
         self._staging = HostStaging(self.device)  # the step's inputs: one (pinned, on CUDA) copy
         self.pad = self.cuda if pad_to_buckets is None else pad_to_buckets
         self.buckets = decode_buckets(max_num_seqs) if self.pad else [max(MIN_ROWS, max_num_seqs)]
+        # never copied into graph memory (the module docstring): set before the first compile
+        torch._dynamo.mark_static_address(kv_cache, guard=False)
+        self.library: library_decode.DecodeKernel | None = None
+        self._meta_kernel = self.kernel  # what the graphs' metadata names: a library kernel's key
+        if self.kernel == library_decode.FlashInferDecode.name and not self.pad:
+            raise ValueError("the flashinfer decode kernel needs batches padded to buckets (fixed-size wrappers)")
+        if self.kernel in library_decode.LIBRARY_KERNELS:
+            mc = model.config
+            max_len = max_model_len or mc.max_position_embeddings  # the runner's default max_model_len
+            try:
+                self.library = library_decode.create_decode_kernel(
+                    self.kernel, buckets=self.buckets, max_blocks_per_row=-(-max_len // self.block_size),
+                    heads=HeadShape(mc.num_heads, mc.num_kv_heads, mc.head_dim), kv_cache=layer_cache,
+                    scale=mc.attention_scale,
+                )  # fmt: skip
+                self._meta_kernel = library_decode.register(self.library)
+            except Exception as exc:  # noqa: BLE001 - an import or a wrapper refusing: still serve, gathering
+                log.warning("the %s decode kernel is unavailable for the graphs (%s); they gather", self.kernel, exc)
+                self.kernel = self._meta_kernel = "gather"
+        log.info("compiled decode step: attention by %s", self.describe_kernel())
         self.cache_dir = use_disk_cache()
         # Each model shape and kernel in one process is an entry of the compiled layer's cache
         # (a worker has one; a test process several); fullgraph=True makes the limit an error.
         torch._dynamo.config.recompile_limit = max(32, torch._dynamo.config.recompile_limit)
         self._whole: Callable[..., tuple[torch.Tensor, torch.Tensor]] = torch.compile(
             self._forward, fullgraph=True, mode="reduce-overhead" if self.cuda else None
-        )
+        )  # on CUDA: CUDA graphs
         self._layer_step: Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = torch.compile(
             self._layer, fullgraph=True
         )
@@ -142,7 +187,7 @@ class DecodeGraph:
     def _forward(
         self, ids: torch.Tensor, positions: torch.Tensor, table: torch.Tensor, lens: torch.Tensor, kv: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        meta = DecodeGraphMetadata(table, lens, self.block_size, self.kernel)
+        meta = DecodeGraphMetadata(table, lens, self.block_size, self._meta_kernel)
         caches = [(kv[i, 0], kv[i, 1]) for i in range(kv.shape[0])]
         hidden = self.model(ids, positions, caches, meta)  # (B, H)
         new_kv = torch.stack([torch.stack(pair) for pair in meta.new_kv])  # (L, 2, B, Hkv, D)
@@ -158,7 +203,7 @@ class DecodeGraph:
         table: torch.Tensor,
         lens: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        meta = DecodeGraphMetadata(table, lens, self.block_size, self.kernel)
+        meta = DecodeGraphMetadata(table, lens, self.block_size, self._meta_kernel)
         h = layer(h, *shared, (k_cache, v_cache), meta)
         k, v = meta.new_kv[0]
         return h, k, v
@@ -186,7 +231,13 @@ class DecodeGraph:
 
     def _width(self, blocks: int) -> int:
         w = max(MIN_TABLE_WIDTH, blocks)
-        return 1 << (w - 1).bit_length() if self.cuda else w
+        return 1 << (w - 1).bit_length() if self.whole else w
+
+    def describe_kernel(self) -> str:
+        if self.library is not None:
+            return self.library.describe()
+        why = "" if self.kernel == "paged" or not self.cuda else " (no paged library kernel for this attention backend)"
+        return f"{self.kernel}{why}"
 
     def forward(self, ids: list[int], positions: list[int], block_tables: list[list[int]]) -> torch.Tensor:
         """Final-normed hidden states (n, H) of n decode rows: token ids, positions (each row's
@@ -210,7 +261,9 @@ class DecodeGraph:
         dev = self._staging.stage({"inputs": host})["inputs"]
         ids_t, pos_t, lens_t, slots_t = dev[: 4 * b].view(4, b)
         table_t = dev[4 * b :].view(b, width)
-        if self.cuda:
+        if self.library is not None:  # outside the graph: what its kernel reads that is no input
+            self.library.plan(b, table, [*positions, *[0] * pad])
+        if self.whole:
             torch._dynamo.mark_dynamic(table_t, 1)
             hidden, new_kv = self._whole(ids_t, pos_t, table_t, lens_t, self.kv_cache)
         else:
@@ -236,7 +289,7 @@ class DecodeGraph:
             log.info("compiled decode step, %s: %.1f s", label, self.compile_seconds[label])
         log.info(
             "compiled decode step ready in %.1f s (kernel %s, cache %s)",
-            time.perf_counter() - total, self.kernel, self.cache_dir,
+            time.perf_counter() - total, self.describe_kernel(), self.cache_dir,
         )  # fmt: skip
 
     def record_largest(self, max_model_len: int) -> None:

@@ -181,9 +181,8 @@ class LLMRunner(Runner):
         held = 0  # reserved for the steps once the KV cache is made (llm/memory.py)
         if num_kv_blocks is None and kv_cache_memory_bytes is None and memory is not None:
             activations = self._profile(memory, min(profile_tokens, self.max_model_len)) if profile_tokens else 0
-            shape = StepShape(
-                max_num_seqs, self.max_model_len, block_size, profile_tokens, compile_decode, decode_kernel, drafter
-            )
+            shape = StepShape(max_num_seqs, self.max_model_len, block_size, profile_tokens, compile_decode,
+                              decode_kernel, drafter, self.attention_backend.name)  # fmt: skip
             items = step_items(memory, self.model, dtype, shape)  # the budget releases all scratch first
             budget = kv_cache_budget(memory, activations, gpu_memory_utilization, memory_shares, items)
             kv_cache_memory_bytes, held = budget.kv_bytes, budget.held
@@ -195,8 +194,9 @@ class LLMRunner(Runner):
             raise ValueError(f"the KV cache must hold at least one block, got {num_kv_blocks}")
         self._allocate_kv_cache(num_kv_blocks)
         self.attention_backend.check_cache(self.kv_caches[0], heads)
-        if compile_decode:
-            self.decode_graph = DecodeGraph(self.model, self.kv_cache, max_num_seqs=max_num_seqs, kernel=decode_kernel)
+        if compile_decode:  # its attention: decode_kernel, else the eager backend's library kernel (or gather)
+            self.decode_graph = DecodeGraph(self.model, self.kv_cache, max_num_seqs=max_num_seqs, kernel=decode_kernel,
+                                            attention_backend=self.attention_backend.name)  # fmt: skip
         if memory is not None:
             memory.hold(held)
 
@@ -207,10 +207,8 @@ class LLMRunner(Runner):
         # decode gathers read unused slots, and masked-out NaN garbage would still poison
         # softmax(scores) @ V. The compiled decode step's padding rows write into one more
         # block, past those the scheduler is told of.
-        self.kv_cache = kv_cache_zeros(
-            (mc.num_layers, 2, num_kv_blocks + self._scratch_blocks, self.block_size, mc.num_kv_heads, mc.head_dim),
-            self.dtype, self.device,
-        )  # fmt: skip
+        shape = (mc.num_layers, 2, num_kv_blocks + self._scratch_blocks, self.block_size, mc.num_kv_heads, mc.head_dim)
+        self.kv_cache = kv_cache_zeros(shape, self.dtype, self.device)
         self.kv_caches: list[KVCache] = [(layer[0], layer[1]) for layer in self.kv_cache]
 
     def _profile(self, memory: MemoryReader, num_tokens: int) -> int:

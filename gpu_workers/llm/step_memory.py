@@ -57,6 +57,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from gpu_workers.attention import library_decode
 from gpu_workers.llm.decode_graph import DecodeGraph, decode_buckets, table_widths
 from gpu_workers.llm.memory import GIB, MemoryReader, StepItems, profile_peak
 from gpu_workers.models.registry import CausalLM, CausalLMConfig
@@ -85,8 +86,16 @@ class StepShape:
     block_size: int
     max_step_tokens: int  # the largest step's tokens (0: max_model_len)
     graphs: bool = False  # the compiled decode step records CUDA graphs
-    kernel: str | None = None  # its attention kernel (None: compiled_decode's default)
+    kernel: str | None = None  # its attention kernel (None: DecodeGraph's default for attention_backend)
     drafter: Drafter | None = None  # speculative decoding's: a request verifies its drafts each step
+    attention_backend: str | None = None  # the eager path's, whose library the graphs call where it can
+
+    @property
+    def graph_kernel(self) -> str:
+        """The attention kernel inside the CUDA graphs (decode_graph.graph_kernel's choice)."""
+        if self.kernel is not None:
+            return self.kernel
+        return self.attention_backend if self.attention_backend in library_decode.CUDA_LIBRARY_KERNELS else "gather"
 
     @property
     def sampled_rows(self) -> int:
@@ -139,7 +148,7 @@ def graph_pool_bound(model: CausalLM, dtype: torch.dtype, shape: StepShape) -> i
     config = model.config
     elem = torch.empty((), dtype=dtype).element_size()
     width = table_widths(shape.max_model_len, shape.block_size)[-1]
-    gather = shape.kernel in (None, "gather")  # None: CUDA's default is the gather
+    gather = shape.graph_kernel == "gather"  # a library kernel reads the cache in place
     per_row = graph_bytes_per_row(config, widest or 4 * config.hidden_size, elem, width, shape.block_size, gather)
     return decode_buckets(shape.max_num_seqs)[-1] * per_row
 
@@ -178,7 +187,8 @@ def measure_graph_pool(reader: MemoryReader, model: CausalLM, dtype: torch.dtype
     device = next(model.parameters()).device
     cache = torch.zeros((c.num_layers, 2, 2, shape.block_size, c.num_kv_heads, c.head_dim), dtype=dtype, device=device)
     try:
-        graph = DecodeGraph(model, cache, max_num_seqs=shape.max_num_seqs, kernel=shape.kernel)
+        graph = DecodeGraph(model, cache, max_num_seqs=shape.max_num_seqs, kernel=shape.graph_kernel,
+                            max_model_len=shape.max_model_len)  # fmt: skip
         return profile_peak(reader, functools.partial(graph.record_largest, shape.max_model_len))
     except Exception as exc:  # an op inductor cannot lower, no compiler: the bound stands
         log.warning("could not record the largest decode graph to measure it: %s", exc)

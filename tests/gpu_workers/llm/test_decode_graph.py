@@ -6,14 +6,17 @@ tiny model; inductor's disk cache keeps it across runs)."""
 
 from __future__ import annotations
 
+import math
 import random
+import sys
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import torch
 
 from gpu_workers.distributed import GroupMember
-from gpu_workers.llm.decode_graph import DecodeGraph, decode_buckets, table_widths
+from gpu_workers.llm.decode_graph import DecodeGraph, decode_buckets, graph_kernel, table_widths
 from gpu_workers.llm.runner import LLMRunner
 from omni.shared import protocol
 
@@ -157,3 +160,206 @@ def test_decode_steps_the_native_decode_takes_skip_the_compiled_step(hf_checkpoi
     r.execute(protocol.Step(1, [], [protocol.CachedRequest("r0", [], 3, 1)], []))
     r.execute(protocol.Step(2, [], [protocol.CachedRequest(k, [], 3 + (k == "r0"), 1) for k in prompts], []))
     assert compiled_rows == [n]
+
+
+def _recording(graph: DecodeGraph) -> list[tuple[torch.fx.GraphModule, list[Any], list[int]]]:
+    """Compile `graph`'s whole-forward step with inductor, recording what inductor's inner compile
+    receives: the ATen graph, its example inputs and `static_input_idxs`, the indices that
+    cudagraphify (CUDA-graph trees) takes as fixed addresses; it copies every other input into
+    graph-owned memory before each replay (torch/_inductor/cudagraph_trees.py)."""
+    from torch._inductor.compile_fx import compile_fx, compile_fx_inner
+
+    seen: list[tuple[torch.fx.GraphModule, list[Any], list[int]]] = []
+
+    def inner(gm: torch.fx.GraphModule, example_inputs: list[Any], **kwargs: Any) -> Any:
+        seen.append((gm, list(example_inputs), list(kwargs["static_input_idxs"])))
+        return compile_fx_inner(gm, example_inputs, **kwargs)
+
+    def backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
+        return compile_fx(gm, example_inputs, inner_compile=inner)
+
+    graph._whole = torch.compile(graph._forward, fullgraph=True, backend=backend)  # type: ignore[method-assign]
+    return seen
+
+
+@pytest.fixture
+def no_compile_caches() -> Iterator[None]:
+    """A hit in AOT autograd's or inductor's disk cache returns the compiled step without an
+    inner compile to record: compile afresh."""
+    with torch.compiler.config.patch(force_disable_caches=True):  # type: ignore[attr-defined]
+        yield
+
+
+def _numel(t: torch.Tensor) -> int:
+    return math.prod(int(s) if isinstance(s, int) else int(s.node.hint) for s in t.shape)
+
+
+@pytest.mark.parametrize("kernel", ["gather", "reference", "flashinfer"])
+def test_the_whole_graph_step_matches_eager_reads_the_cache_static_and_calls_the_library_op(
+    hf_checkpoint: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, kernel: str,
+    no_compile_caches: None,
+) -> None:
+    """The CUDA layout on the CPU: the whole forward as one inductor graph, batches padded to
+    buckets. (1) Compiled and eager agree. (2) Of the graph's inputs, the KV cache is among those
+    inductor hands CUDA-graph trees as static (mark_static_address), as are the weights; what is
+    not static is the step's few staged ints. (3) With a library kernel the graph calls
+    omni::library_paged_decode once a layer and indexes no cache (no gather); with "gather" it
+    does the reverse. (4) flashinfer (a fake taking 0.7.4's names, run computing from the buffers
+    plan filled): each step plans its bucket's wrapper once, on the host, then every layer runs it."""
+    from tests.gpu_workers.attention.test_library_decode import fake_flashinfer
+
+    monkeypatch.setitem(sys.modules, "flashinfer", fake_flashinfer())
+    model_dir = hf_checkpoint("qwen2")[0]
+    rng = random.Random(1)
+    prompts = {r: [rng.randrange(256) for _ in range(n)] for r, n in (("a", 3), ("b", 9), ("c", 13))}
+    tables = {"a": [3, 7, 11, 15, 19], "b": [0, 40, 2, 9, 5], "c": [21, 22, 30, 31, 12]}
+    eager = _runner(model_dir, False)
+    compiled = _runner(model_dir, True)
+    with caplog.at_level("INFO", logger="omni.llm_runner.decode_graph"):
+        compiled.decode_graph = graph = DecodeGraph(
+            compiled.model, compiled.kv_cache, max_num_seqs=4, kernel=kernel, max_model_len=64, whole_graph=True,
+            pad_to_buckets=True,
+        )
+    seen = _recording(graph)
+    want = _decode(eager, prompts, tables, 4)
+    got = _decode(compiled, prompts, tables, 4)
+    worst = max((g - w).abs().max().item() for g, w in zip(got, want))
+    assert worst < 1e-4, worst
+    assert seen, "the whole-forward step was not compiled"
+    layers = compiled.model_config.num_layers
+    kv_shape = tuple(compiled.kv_cache.shape)
+    for gm, inputs, static in seen:
+        tensors = {i: t for i, t in enumerate(inputs) if isinstance(t, torch.Tensor)}
+        cache_inputs = [i for i, t in tensors.items() if tuple(t.shape) == kv_shape]
+        assert len(cache_inputs) == 1 and cache_inputs[0] in static
+        # not static: the staged ids, positions, lengths, slots and table (4 x 4 + 4 x width int64)
+        loose = {i: t for i, t in tensors.items() if i not in static}
+        assert loose and all(t.dtype == torch.int64 and _numel(t) <= 4 * 4 + 4 * 16 for t in loose.values()), {
+            i: (t.dtype, tuple(t.shape)) for i, t in loose.items()
+        }
+        targets = [str(n.target) for n in gm.graph.nodes if n.op == "call_function"]
+        ops = sum(t.startswith("omni.library_paged_decode") for t in targets)
+        gathers = sum(t == "aten.index.Tensor" for t in targets)
+        if kernel == "gather":
+            assert ops == 0 and gathers > 0
+        else:
+            assert ops == layers and gathers == 0, targets
+    if kernel == "flashinfer":
+        assert graph.library is not None and "BatchDecodeWithPagedKVCacheWrapper" in caplog.text
+        wrappers = graph.library.wrappers  # type: ignore[attr-defined]
+        assert set(wrappers) == {1, 2, 4} and wrappers[4].indices.numel() == 4 * 16  # 64 tokens / blocks of 4
+        for w in wrappers.values():  # plan, then a run a layer, step after step
+            assert w.calls == ["plan", *["run"] * layers] * (len(w.calls) // (1 + layers))
+        assert wrappers[4].calls and wrappers[2].calls  # 3 rows (bucket 4), then 2 (bucket 2)
+
+
+def test_the_kv_cache_is_marked_static_through_dynamo(hf_checkpoint: Any) -> None:
+    r = _runner(hf_checkpoint("qwen2")[0], True)
+    from torch._dynamo.utils import get_static_address_type
+
+    assert get_static_address_type(r.kv_cache) == "unguarded"  # torch._dynamo.mark_static_address(guard=False)
+
+
+def test_the_graph_kernel_follows_the_eager_attention_backend() -> None:
+    cache = torch.zeros(3, 4, 2, 8)
+    cuda = torch.device("cuda")
+    assert graph_kernel("flashinfer", cuda, cache) == "flashinfer"
+    assert graph_kernel("vllm_flash_attn", cuda, cache) == "vllm_flash_attn"
+    assert graph_kernel("flash_attn", cuda, cache) == "flash_attn"
+    assert graph_kernel("torch_sdpa", cuda, cache) == "gather"  # no paged library kernel
+    assert graph_kernel("flashinfer", torch.device("cpu"), cache) in ("paged", "gather")  # the CPU's own
+
+
+def test_the_runner_gives_its_compiled_step_the_eager_attention_backend(
+    hf_checkpoint: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from gpu_workers.llm import runner as runner_module
+
+    made: list[dict[str, Any]] = []
+    monkeypatch.setattr(runner_module, "DecodeGraph", lambda *a, **kw: made.append(kw))
+    r = LLMRunner(hf_checkpoint("qwen2")[0], block_size=4, num_kv_blocks=NUM_BLOCKS, compile_decode=True)
+    assert made == [{"max_num_seqs": 64, "kernel": None, "attention_backend": r.attention_backend.name}]
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("backend", ["flashinfer", "torch_sdpa"])
+def test_on_cuda_the_graphs_copy_no_cache_run_the_library_kernel_and_match_eager(
+    tmp_path: Any, backend: str
+) -> None:
+    """What the CPU tests cannot show (issue 34 items 1, 2), on one GPU: CUDA-graph trees record
+    every bucket without copying a 1 GiB KV cache (allocated memory across warm-up far below
+    it) and skip no graph; the graphs' attention is FlashInfer's decode wrapper under flashinfer
+    (inductor's gather under torch_sdpa); compiled and eager agree on fp16 logits step by step."""
+    from torch._dynamo.utils import counters
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from gpu_workers.attention.flashinfer_backend import FlashInferBackend
+    from tests.gpu_workers.conftest import _randomize
+
+    if backend == "flashinfer" and (why := FlashInferBackend.importable()) is not None:
+        pytest.skip(why)
+    config = AutoConfig.for_model(
+        "qwen2", vocab_size=256, hidden_size=256, intermediate_size=384, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=512, rms_norm_eps=1e-5, bos_token_id=None, eos_token_id=None,
+        pad_token_id=None, rope_parameters={"rope_type": "default", "rope_theta": 1000.0},
+    )  # fmt: skip  # head_dim 64, one FlashInfer builds
+    model = AutoModelForCausalLM.from_config(config)
+    _randomize(model.float(), seed=3)
+    model.save_pretrained(tmp_path)
+    blocks = 1 << 16  # 2 layers x K|V x 16 tokens x 2 heads x 64 x 2 bytes = 16 KiB a block: 1 GiB
+
+    def runner(compiled: bool) -> LLMRunner:
+        r = LLMRunner(tmp_path, device="cuda:0", dtype=torch.float16, num_kv_blocks=blocks, attention_backend=backend,
+                      compile_decode=compiled, max_num_seqs=4)  # fmt: skip
+        mc = r.model_config
+        r.attention_backend.warm_up(r.kv_caches[0], mc.num_heads, mc.attention_scale)
+        r.native_rows = 0
+        return r
+
+    compiled = runner(True)
+    graph = compiled.decode_graph
+    assert graph is not None and graph.kernel == ("flashinfer" if backend == "flashinfer" else "gather")
+    kv_bytes = compiled.kv_cache.numel() * compiled.kv_cache.element_size()
+    skips = counters["inductor"]["cudagraph_skips"]
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    graph.warm_up()
+    torch.cuda.synchronize()
+    grown = torch.cuda.memory_allocated() - before
+    assert grown < kv_bytes // 4, f"warm-up grew {grown / 2**20:.0f} MiB over a {kv_bytes / 2**20:.0f} MiB cache"
+    assert counters["inductor"]["cudagraph_skips"] == skips
+    calls = 0
+    real = graph.forward
+
+    def counting(*args: Any) -> torch.Tensor:
+        nonlocal calls
+        calls += 1
+        return real(*args)
+
+    graph.forward = counting  # type: ignore[method-assign]
+    rng = random.Random(2)
+    prompts = {r: [rng.randrange(256) for _ in range(n)] for r, n in (("a", 5), ("b", 40), ("c", 77))}
+    tables = {"a": [1, 2], "b": [10, 11, 12, 13], "c": [20, 21, 22, 23, 24, 25, 26]}
+    got = _decode(compiled, prompts, tables, 4)
+    want = _decode(runner(False), prompts, tables, 4)
+    assert calls == 4
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g.float(), w.float(), atol=2e-2, rtol=2e-2)
+
+
+def test_a_library_kernel_that_cannot_be_made_leaves_the_graphs_gathering(
+    hf_checkpoint: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A worker must not die (and restart forever) because FlashInfer's decode wrapper refuses."""
+    import types
+
+    def refuse(*args: Any, **kwargs: Any) -> None:
+        raise RuntimeError("no kernel for this GPU")
+
+    monkeypatch.setitem(sys.modules, "flashinfer", types.SimpleNamespace(BatchDecodeWithPagedKVCacheWrapper=refuse))
+    r = _runner(hf_checkpoint("qwen2")[0], False)
+    with caplog.at_level("WARNING", logger="omni.llm_runner.decode_graph"):
+        graph = DecodeGraph(r.model, r.kv_cache, max_num_seqs=4, kernel="flashinfer", pad_to_buckets=True)
+    assert graph.kernel == "gather" and graph.library is None
+    assert "the flashinfer decode kernel is unavailable for the graphs (no kernel for this GPU); they gather" in caplog.text
