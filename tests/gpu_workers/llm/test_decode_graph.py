@@ -36,7 +36,7 @@ def test_table_widths_are_the_widths_cuda_steps_round_to() -> None:
     """table_widths (what the memory budget counts graphs for) holds every width a CUDA step's
     table is rounded to, up to max_model_len's, and no other."""
     cuda = DecodeGraph.__new__(DecodeGraph)
-    cuda.cuda = True
+    cuda.whole = True  # the CUDA layout: whole-forward graphs, widths rounded up
     assert table_widths(1000, 16) == [2, 4, 8, 16, 32, 64]
     assert table_widths(16, 16) == [2] and table_widths(8192, 16) == [2, 4, 8, 16, 32, 64, 128, 256, 512]
     for max_model_len in (1, 33, 1000, 8192):
