@@ -233,7 +233,8 @@ class EncoderConfig:
 @dataclass(frozen=True, slots=True)
 class VisionDecoderConfig:
     """The image decoder: one process per device of `devices`, a Ulysses group when there are
-    several (empty: one, on the encoder's device)."""
+    several (empty: one, on the encoder's device), or two of half the devices each with
+    guidance parallelism (omni/engines/worker_specs.py: DecoderLayout)."""
 
     devices: tuple[str, ...] = setting(
         (),
@@ -241,6 +242,14 @@ class VisionDecoderConfig:
         type="devices",
         help="devices of the image decoder, comma-separated, one process each: several make one "
         "Ulysses sequence-parallel group (e.g. cuda:2,cuda:3 or cpu,cpu; default: one, on the encoder's device)",
+    )
+    guidance_parallel: str = setting(
+        "auto",
+        flag="--image-guidance-parallel",
+        choices=("auto", "on", "off"),
+        help="run a guided step's two DiT passes (the transformer and its autoguidance twin, or CFG's "
+        "conditional and unconditional) at once on two halves of --vision-decoder-devices, each half a Ulysses "
+        "group: 2 x N devices; auto: on when the checkpoint guides and the device count is even (default auto)",
     )
     diffusion_steps: int = setting(25, help="denoising steps per image unless a request asks (default 25)")
     max_batch_images: int = setting(8, help="images drawn together in one batch (default 8)")

@@ -83,6 +83,7 @@ from gpu_workers.models.flux_dit import (
     unpatchify,
 )
 from gpu_workers.models.flux_vae import IMAGE_FORMATS, FluxVAEConfig, FluxVAEDecoder, to_image_bytes
+from gpu_workers.vision_decoder.guidance_parallel import GuidanceGroups, GuidanceParallel
 from gpu_workers.vision_decoder.layout import GUIDANCE_MODES, UNCOND_FILE, DecoderFolder, VisionDecoderConfig
 from gpu_workers.vision_decoder.step_cache import StepCache, StepCachePolicy
 from omni.shared import protocol
@@ -212,12 +213,41 @@ class Unguided(Guidance):
         return shard.run(transformer, step.tokens, step.timestep, step.vec, step.blocks("main"))
 
 
-class AutoGuidance(Guidance):
-    """pred + g * (pred - weak_pred): push away from a weaker model's prediction."""
+class TwoPassGuidance(Guidance):
+    """A guidance of two DiT passes a step, combined: run one after the other here, or on two
+    groups of ranks at once (guidance_parallel.py). On a rank of guidance role r the decoder's
+    transformer is the model of pass r (for_role)."""
+
+    @classmethod
+    @abstractmethod
+    def for_role(
+        cls, folder: DecoderFolder, role: int, device: torch.device, dtype: torch.dtype
+    ) -> tuple[FluxDiT, TwoPassGuidance]:
+        """The DiT that guidance role `role` runs (only its weights are loaded) and the guidance."""
+
+    @abstractmethod
+    def first(self, shard: TokenShard, model: FluxDiT, step: StepInputs) -> torch.Tensor:
+        """Pass 0's prediction (B, L, p*p*16) float32."""
+
+    @abstractmethod
+    def second(self, shard: TokenShard, model: FluxDiT, step: StepInputs) -> torch.Tensor:
+        """Pass 1's prediction; model: the DiT pass 1 runs."""
+
+    @abstractmethod
+    def combine(self, first: torch.Tensor, second: torch.Tensor, step: StepInputs) -> torch.Tensor:
+        """The guided velocity from the two predictions."""
+
+    def needs_second(self, step: StepInputs) -> bool:
+        return True
+
+
+class AutoGuidance(TwoPassGuidance):
+    """pred + g * (pred - weak_pred): push away from a weaker model's prediction. weak: None on
+    a rank of guidance parallelism, which holds one of the two models as its transformer."""
 
     MODE = "autoguidance"
 
-    def __init__(self, weak: FluxDiT) -> None:
+    def __init__(self, weak: FluxDiT | None) -> None:
         self.weak = weak
 
     @classmethod
@@ -228,19 +258,39 @@ class AutoGuidance(Guidance):
         _check_twin(weak.config, transformer.config)
         return cls(weak)
 
+    @classmethod
+    def for_role(
+        cls, folder: DecoderFolder, role: int, device: torch.device, dtype: torch.dtype
+    ) -> tuple[FluxDiT, AutoGuidance]:
+        _check_twin(FluxDiTConfig.from_dir(folder.weak_dir), FluxDiTConfig.from_dir(folder.path / "transformer"))
+        model_dir = folder.path / "transformer" if role == 0 else folder.weak_dir
+        return FluxDiT.from_dir(model_dir, device=device, dtype=dtype), cls(None)
+
+    def first(self, shard: TokenShard, model: FluxDiT, step: StepInputs) -> torch.Tensor:
+        return shard.run(model, step.tokens, step.timestep, step.vec, step.blocks("main"))
+
+    def second(self, shard: TokenShard, model: FluxDiT, step: StepInputs) -> torch.Tensor:
+        return shard.run(model, step.tokens, step.timestep, step.vec, step.blocks("weak"))
+
+    def combine(self, first: torch.Tensor, second: torch.Tensor, step: StepInputs) -> torch.Tensor:
+        return autoguidance(first, second, step.scales.view(-1, 1, 1))  # type: ignore[arg-type]  # (B,) scales
+
+    def needs_second(self, step: StepInputs) -> bool:
+        return step.guided  # no job asks for guidance: the weak pass would be multiplied by 0
+
     def velocity(self, shard: TokenShard, transformer: FluxDiT, step: StepInputs) -> torch.Tensor:
-        tokens = step.tokens
-        pred = shard.run(transformer, tokens, step.timestep, step.vec, step.blocks("main"))
-        if not step.guided:
-            return pred  # no job asks for guidance: the weak pass would be multiplied by 0
-        weak_pred = shard.run(self.weak, tokens, step.timestep, step.vec, step.blocks("weak"))
-        return autoguidance(pred, weak_pred, step.scales.view(-1, 1, 1))  # type: ignore[arg-type]  # (B,) scales
+        assert self.weak is not None, "a rank of guidance parallelism runs GuidanceParallel.velocity"
+        pred = self.first(shard, transformer, step)
+        if not self.needs_second(step):
+            return pred
+        return self.combine(pred, self.second(shard, self.weak, step), step)
 
 
-class ClassifierFreeGuidance(Guidance):
+class ClassifierFreeGuidance(TwoPassGuidance):
     """uncond + s * (cond - uncond). The unconditional pass sees the uncond embedding in every
     cell and as vec. batched: both passes as one forward of 2B rows (the default); False runs
-    them one after the other (the benchmark's baseline; the results agree to float rounding)."""
+    them one after the other (the benchmark's baseline; the results agree to float rounding).
+    Guidance parallelism runs them on two groups of ranks: as batched=False, exactly."""
 
     MODE = "cfg"
 
@@ -262,23 +312,41 @@ class ClassifierFreeGuidance(Guidance):
             raise ValueError(f"{path / UNCOND_FILE}: 'embedding' of shape {want} wanted, got {got}")
         return cls(embedding.float())
 
-    def velocity(self, shard: TokenShard, transformer: FluxDiT, step: StepInputs) -> torch.Tensor:
+    @classmethod
+    def for_role(
+        cls, folder: DecoderFolder, role: int, device: torch.device, dtype: torch.dtype
+    ) -> tuple[FluxDiT, ClassifierFreeGuidance]:
+        transformer = FluxDiT.from_dir(folder.path / "transformer", device=device, dtype=dtype)
+        return transformer, cls.from_dir(folder, transformer, device, dtype)
+
+    def _unconditional(self, model: FluxDiT, step: StepInputs) -> tuple[torch.Tensor, torch.Tensor]:
+        """The unconditional pass's tokens (B, L, p*p*16 + cp*cp*cond) and vec (B, cond)."""
         b, s, _ = step.x.shape
-        cp = transformer.config.condition_patch
+        cp = model.config.condition_patch
         # a constant map patchifies to each channel's value repeated cp*cp times (channel-major)
         null_cond = self.embedding.repeat_interleave(cp * cp).expand(b, s, -1).to(step.cond.dtype)  # (B, L, cp*cp*cond)
-        null_vec = self.embedding.expand(b, -1)  # (B, cond)
-        with_cond, without = step.tokens, torch.cat((step.x, null_cond), dim=-1)
-        if self.batched:
-            tokens, timestep = torch.cat((with_cond, without)), torch.cat((step.timestep, step.timestep))
-            # rows [0, B) conditional, [B, 2B) unconditional: the cache's row r is job r % B
-            vecs = torch.cat((step.vec, null_vec))
-            both = shard.run(transformer, tokens, timestep, vecs, step.blocks("both"))  # (2B, L, p*p*16)
-            conditional, unconditional = both.chunk(2)
-        else:
-            conditional = shard.run(transformer, with_cond, step.timestep, step.vec, step.blocks("conditional"))
-            unconditional = shard.run(transformer, without, step.timestep, null_vec, step.blocks("unconditional"))
-        return cfg(conditional, unconditional, step.scales.view(-1, 1, 1))  # type: ignore[arg-type]  # (B,) scales
+        return torch.cat((step.x, null_cond), dim=-1), self.embedding.expand(b, -1)
+
+    def first(self, shard: TokenShard, model: FluxDiT, step: StepInputs) -> torch.Tensor:
+        return shard.run(model, step.tokens, step.timestep, step.vec, step.blocks("conditional"))
+
+    def second(self, shard: TokenShard, model: FluxDiT, step: StepInputs) -> torch.Tensor:
+        tokens, vec = self._unconditional(model, step)
+        return shard.run(model, tokens, step.timestep, vec, step.blocks("unconditional"))
+
+    def combine(self, first: torch.Tensor, second: torch.Tensor, step: StepInputs) -> torch.Tensor:
+        return cfg(first, second, step.scales.view(-1, 1, 1))  # type: ignore[arg-type]  # (B,) scales
+
+    def velocity(self, shard: TokenShard, transformer: FluxDiT, step: StepInputs) -> torch.Tensor:
+        if not self.batched:
+            return self.combine(self.first(shard, transformer, step), self.second(shard, transformer, step), step)
+        without, null_vec = self._unconditional(transformer, step)
+        tokens, timestep = torch.cat((step.tokens, without)), torch.cat((step.timestep, step.timestep))
+        # rows [0, B) conditional, [B, 2B) unconditional: the cache's row r is job r % B
+        vecs = torch.cat((step.vec, null_vec))
+        both = shard.run(transformer, tokens, timestep, vecs, step.blocks("both"))  # (2B, L, p*p*16)
+        conditional, unconditional = both.chunk(2)
+        return self.combine(conditional, unconditional, step)
 
 
 GUIDANCE: dict[str, type[Guidance]] = {g.MODE: g for g in (AutoGuidance, ClassifierFreeGuidance, Unguided)}
@@ -307,9 +375,11 @@ class VisionDecoder:
         vae_config: FluxVAEConfig,
         vae: FluxVAEDecoder | None,
         group: dist.ProcessGroup | None = None,
+        parallel: GuidanceParallel | None = None,
     ) -> None:
         """vae: rank 0's (the other ranks of a group never decode); group: the Ulysses group
-        (None: the default group when torch.distributed is initialized, else one rank)."""
+        (None: the default group when torch.distributed is initialized, else one rank);
+        parallel: this rank's half of guidance parallelism (transformer is then its role's DiT)."""
         c = transformer.config
         if codebook.dim() != 2 or codebook.shape[1] != c.cond_channels or c.vec_in_dim != c.cond_channels:
             raise ValueError(
@@ -328,6 +398,7 @@ class VisionDecoder:
         self.vae_config = vae_config
         self.vae = vae
         self.group = group
+        self.parallel = parallel
         self.device = codebook.device
         # pixels per token each way; sides must also divide by 16, as the reference asserts
         self.size_multiple = math.lcm(PATCH_SCALE, vae_config.upscale * c.patch)
@@ -344,23 +415,34 @@ class VisionDecoder:
         group: dist.ProcessGroup | None = None,
         cfg_batched: bool = True,
         vae_dtype: torch.dtype | None = None,  # default: the DiT's
+        guidance_groups: GuidanceGroups | None = None,
     ) -> VisionDecoder:
         """Load either layout of the module docstring (the published one when the folder has a
-        model_index.json). The VAE is loaded on rank 0 of the group only. cfg_batched=False
-        runs CFG's two passes one after the other."""
+        model_index.json). The VAE is loaded on rank 0 of the world only. cfg_batched=False
+        runs CFG's two passes one after the other. guidance_groups: this rank's place in a
+        group split for guidance parallelism (it then loads its role's DiT alone, and its
+        Ulysses group is the role's, not `group`)."""
         path = Path(path)
         device = torch.device(device)
         folder = DecoderFolder.read(path, device)
         config = folder.config
-        transformer = FluxDiT.from_dir(path / "transformer", device=device, dtype=dtype)
-        guidance = GUIDANCE[config.guidance].from_dir(folder, transformer, device, dtype)
+        guidance_class = GUIDANCE[config.guidance]
+        parallel = None
+        if guidance_groups is None:
+            transformer = FluxDiT.from_dir(path / "transformer", device=device, dtype=dtype)
+            guidance = guidance_class.from_dir(folder, transformer, device, dtype)
+        elif issubclass(guidance_class, TwoPassGuidance):
+            transformer, guidance = guidance_class.for_role(folder, guidance_groups.role, device, dtype)
+            parallel, group = GuidanceParallel(guidance, guidance_groups), guidance_groups.ulysses
+        else:
+            raise ValueError(f"{path}: guidance {config.guidance!r} has one pass a step: nothing to run in parallel")
         if isinstance(guidance, ClassifierFreeGuidance):
             guidance.batched = cfg_batched
         vae_config = FluxVAEConfig.from_diffusers(read_json(path / "vae" / "config.json"))
-        leader = not dist.is_initialized() or dist.get_rank(group) == 0
+        leader = not dist.is_initialized() or dist.get_rank() == 0  # the world's rank 0, whatever `group`
         vae_dtype = dtype if vae_dtype is None else vae_dtype
         vae = FluxVAEDecoder.from_dir(path / "vae", device=device, dtype=vae_dtype) if leader else None
-        return cls(config, folder.codebook, transformer, guidance, folder.schedule, vae_config, vae, group)
+        return cls(config, folder.codebook, transformer, guidance, folder.schedule, vae_config, vae, group, parallel)
 
     @property
     def num_codes(self) -> int:
@@ -481,6 +563,10 @@ class VisionDecoder:
                     encoding.append((jobs[row].job_id, index, self._encode(clean[row], jobs[row])))
             x = x_next
         latents = self._whole(shard, x, (h, w))
+        if self.parallel is not None:  # each half counted its own pass
+            cache.blocks_computed, cache.blocks_skipped = self.parallel.sum_counts(
+                cache.blocks_computed, cache.blocks_skipped, self.device
+            )
         for job_id, index, data in encoding:
             yield Preview(job_id, index, data.result())
         return (latents if self.is_leader else None), clock.seconds() / steps, cache
@@ -502,6 +588,8 @@ class VisionDecoder:
 
     @torch.inference_mode()
     def _velocity(self, shard: TokenShard, step: StepInputs) -> torch.Tensor:
+        if self.parallel is not None:
+            return self.parallel.velocity(shard, self.transformer, step)
         return self.guidance.velocity(shard, self.transformer, step)
 
     @torch.inference_mode()
