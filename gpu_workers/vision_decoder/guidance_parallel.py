@@ -88,4 +88,3 @@ class GuidanceParallel:
         dist.all_reduce(counts, group=self.groups.pair)
         both = counts.cpu().tolist()
         return both[0], both[1]
-

@@ -140,7 +140,11 @@ def run_group(world_size: int, root: Path, timeout_s: float = 180.0) -> dict[int
     init_method = f"file://{root / 'rendezvous'}"
     multiprocessing.get_context("forkserver").set_forkserver_preload([__name__])
     ctx = mp.start_processes(
-        main, args=(world_size, init_method, str(root), str(out)), nprocs=world_size, join=False, start_method="forkserver"
+        main,
+        args=(world_size, init_method, str(root), str(out)),
+        nprocs=world_size,
+        join=False,
+        start_method="forkserver",
     )
     deadline = time.monotonic() + timeout_s
     try:

@@ -523,7 +523,12 @@ def _decoder_checkpoint(root: Path, omni: Path, guidance: str) -> Path:
     ],
 )  # fmt: skip
 def test_the_image_decoders_layout_is_logged_and_reaches_the_spec(
-    dirs: tuple[Path, Path], tmp_path: Path, caplog: pytest.LogCaptureFixture, guidance: str, flags: list[str], layout: str
+    dirs: tuple[Path, Path],
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    guidance: str,
+    flags: list[str],
+    layout: str,
 ) -> None:
     from omni.engines.worker_specs import vision_decoder_worker_spec
 
@@ -545,7 +550,12 @@ def test_the_image_decoders_layout_is_logged_and_reaches_the_spec(
     ],
 )
 def test_guidance_parallelism_on_a_layout_it_cannot_have_exits_2_naming_why(
-    dirs: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str], guidance: str, devices: str | None, says: str
+    dirs: tuple[Path, Path],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    guidance: str,
+    devices: str | None,
+    says: str,
 ) -> None:
     model_dir = _decoder_checkpoint(tmp_path, dirs[1], guidance)
     flags = ["--vision-decoder-devices", devices] if devices else []
