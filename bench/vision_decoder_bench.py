@@ -28,7 +28,7 @@ default, one token per latent pixel). --benchmarks picks a subset:
                step's velocity, autoguidance's two passes (the transformer and a twin of its size,
                as CFG's two passes are), on 2 gloo ranks of 1 thread each (rank 0 the transformer,
                rank 1 the twin, one all_gather) against 1 rank of 1 thread running both passes,
-               the decoder's own AutoGuidance and GuidanceParallel code. The two velocities must be
+               the decoder's own AutoGuidance and parallel_velocity code. The two velocities must be
                equal bit for bit. Turn 0 warms up.
 
 Inputs go through the real path: random codes on a 27 x 27 grid (as TA-Tok emits them), a
@@ -89,8 +89,8 @@ from gpu_workers.models.flux_dit import (  # noqa: E402
     patchify,
     position_ids,
 )
-from gpu_workers.vision_decoder.decoder import AutoGuidance, StepInputs, TokenShard  # noqa: E402
-from gpu_workers.vision_decoder.guidance_parallel import GuidanceGroups, GuidanceParallel  # noqa: E402
+from gpu_workers.vision_decoder.guidance import AutoGuidance, StepInputs, TokenShard, parallel_velocity  # noqa: E402
+from gpu_workers.vision_decoder.guidance_parallel import GuidanceGroups  # noqa: E402
 
 SCHEMA = "vision-decoder-bench/1"
 BENCHMARKS = ("dit", "ulysses", "cfg", "jobs", "guidance")
@@ -411,7 +411,7 @@ def _guidance_rank(rank: int, world_size: int, init_method: str, work: str, repe
         latent = model.config.token_out_dim  # a token's features: the latent's, then the condition's
         step = StepInputs(x[..., :latent], x[..., latent:], vec, timestep, torch.tensor([0.75]), guided=True)
         sequential = AutoGuidance(model)  # both passes on rank 0
-        parallel = GuidanceParallel(AutoGuidance(None), groups)
+        parallel = AutoGuidance(None)  # this rank's pass, its pair's exchanged
         outputs: dict[str, torch.Tensor] = {}
 
         def one_rank() -> None:  # rank 0; rank 1 waits at the barrier
@@ -419,7 +419,7 @@ def _guidance_rank(rank: int, world_size: int, init_method: str, work: str, repe
                 outputs["one"] = sequential.velocity(shard, model, step)
 
         def two_ranks() -> None:
-            outputs["two"] = parallel.velocity(shard, model, step)
+            outputs["two"] = parallel_velocity(parallel, groups, shard, model, step)
 
         phases = {"one_rank": one_rank, "two_ranks": two_ranks}
         walls: dict[str, list[float]] = {name: [] for name in phases}

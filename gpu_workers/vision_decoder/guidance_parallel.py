@@ -1,7 +1,8 @@
-"""GuidanceParallel: a guided step's two DiT passes on two groups of ranks at once.
+"""GuidanceGroups: a guided step's two DiT passes on two groups of ranks at once.
 
 A decoder group of 2N ranks splits in two guidance groups of N, each a Ulysses group over its
-own N (--image-guidance-parallel; omni/cli/devices.py says which device lists allow it):
+own N (--image-guidance-parallel; omni/engines/worker_specs.py:DecoderLayout says which device
+lists allow it):
 
     global rank     0 ....... N-1 | N ........ 2N-1
     guidance role   0             | 1
@@ -9,12 +10,13 @@ own N (--image-guidance-parallel; omni/cli/devices.py says which device lists al
     (CFG)           conditional   | unconditional pass, the same transformer on both
     pair group      {i, N+i}: rank i of role 0 and rank i of role 1 hold the same token shard
 
-Each rank loads only its own role's DiT. At every step each rank runs its pass over its shard,
-then one all_gather over its pair gives both ranks of the pair both predictions of that shard;
-both combine them as the sequential path does (pred + g * (pred - pred2), or CFG's), so both
-groups take the same Euler step and hold the same latent: nothing else is exchanged. A step in
-which no job is guided (autoguidance at scale 0) skips role 1's pass: it sends zeros and role 0's
-prediction is taken as it is, exactly as the sequential path skips the twin.
+Each rank loads only its own role's DiT. At every step each rank runs its pass over its shard
+(guidance.py: parallel_velocity), then one all_gather over its pair (exchange) gives both ranks
+of the pair both predictions of that shard; both combine them as the sequential path does
+(pred + g * (pred - pred2), or CFG's), so both groups take the same Euler step and hold the
+same latent: nothing else is exchanged. A step in which no job is guided (autoguidance at
+scale 0) skips role 1's pass: it sends zeros and role 0's prediction is taken as it is,
+exactly as the sequential path skips the twin.
 
 The step cache keeps its memory per pass on the ranks that run that pass (its sums over the own
 Ulysses group); at the end the pair's block counts are summed, so rank 0 reports both passes'.
@@ -23,20 +25,16 @@ Ulysses group); at the end the pair's block counts are summed, so rank 0 reports
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 
-from gpu_workers.models.flux_dit import FluxDiT
-
-if TYPE_CHECKING:  # decoder.py imports this module
-    from gpu_workers.vision_decoder.decoder import StepInputs, TokenShard, TwoPassGuidance
-
 
 @dataclass(frozen=True, slots=True)
 class GuidanceGroups:
-    """This rank's place in a decoder group split for guidance parallelism."""
+    """This rank's place in a decoder group split for guidance parallelism, and the step's one
+    exchange over it. Which pass a role runs, and how two predictions combine, are the guidance
+    class's (guidance.py: TwoPassGuidance)."""
 
     role: int  # 0: the main transformer (CFG: the conditional pass); 1: the twin (CFG: the unconditional)
     ulysses: dist.ProcessGroup  # the N ranks of this role, sharding the tokens
@@ -52,39 +50,17 @@ class GuidanceGroups:
         pairs = [dist.new_group([i, n + i]) for i in range(n)]
         return cls(rank // n, roles[rank // n], pairs[rank % n])
 
-
-class GuidanceParallel:
-    """The velocity of a step from this rank's pass and its pair's (see the module docstring).
-    guidance: a TwoPassGuidance of the decoder (decoder.py), whose passes and combination are
-    the sequential path's own."""
-
-    def __init__(self, guidance: TwoPassGuidance, groups: GuidanceGroups) -> None:
-        self.guidance = guidance
-        self.groups = groups
-
-    @property
-    def role(self) -> int:
-        return self.groups.role
-
-    def velocity(self, shard: TokenShard, model: FluxDiT, step: StepInputs) -> torch.Tensor:
-        """model: this rank's DiT (the twin on role 1 of autoguidance). -> (B, L, p*p*16) float32."""
-        second = self.guidance.needs_second(step)
-        if self.role == 0:
-            own = self.guidance.first(shard, model, step)
-        elif second:
-            own = self.guidance.second(shard, model, step)
-        else:  # role 1 idles this step; its zeros are never read
-            own = torch.zeros(*step.x.shape[:2], model.config.token_out_dim, device=step.x.device)
+    def exchange(self, own: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """This rank's prediction of its shard (B, L, C) -> (role 0's, role 1's) of that shard,
+        the same on both ranks of the pair: one all_gather."""
         both = [torch.empty_like(own), torch.empty_like(own)]
-        dist.all_gather(both, own.contiguous(), group=self.groups.pair)  # [role 0's, role 1's]
-        if not second:
-            return both[0]
-        return self.guidance.combine(both[0], both[1], step)
+        dist.all_gather(both, own.contiguous(), group=self.pair)
+        return both[0], both[1]
 
     def sum_counts(self, computed: list[int], skipped: list[int], device: torch.device) -> tuple[list[int], list[int]]:
         """The step cache's per-job block counts of this rank's pass -> both passes'. device:
         the decoder's (NCCL reduces device tensors)."""
         counts = torch.tensor([computed, skipped], dtype=torch.int64, device=device)  # (2, B)
-        dist.all_reduce(counts, group=self.groups.pair)
+        dist.all_reduce(counts, group=self.pair)
         both = counts.cpu().tolist()
         return both[0], both[1]

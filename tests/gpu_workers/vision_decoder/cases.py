@@ -24,8 +24,9 @@ import torch.multiprocessing as mp
 from gpu_workers.attention.ulysses import UlyssesAttention
 from gpu_workers.distributed import GroupMember, destroy_group, init_group
 from gpu_workers.tiny.checkpoints import TINY_DIT, make_tiny_vision_decoder
-from gpu_workers.vision_decoder import decoder as vision_decoder
-from gpu_workers.vision_decoder.decoder import AutoGuidance, Generation, Preview, VisionDecoder
+from gpu_workers.vision_decoder import guidance as vision_guidance
+from gpu_workers.vision_decoder.decoder import Generation, Preview, VisionDecoder
+from gpu_workers.vision_decoder.guidance import AutoGuidance
 from gpu_workers.vision_decoder.guidance_parallel import GuidanceGroups
 from gpu_workers.vision_decoder.step_cache import StepCachePolicy
 from omni.shared import protocol
@@ -118,7 +119,7 @@ def main(rank: int, world_size: int, init_method: str, root: str, out: str) -> N
     """Rank 0 saves {ranks: {guidance: draw()}} for the whole group and for ranks 0 and 1, and
     {GUIDANCE_PARALLEL: ...} for guidance parallelism over the whole group."""
     torch.set_num_threads(1)  # the ranks share a 2-core machine
-    vision_decoder.UlyssesAttention = CountingAttention  # type: ignore[misc]  # in this process only
+    vision_guidance.UlyssesAttention = CountingAttention  # type: ignore[misc]  # in this process only
     member = GroupMember(rank, world_size, init_method)
     init_group(member, "cpu", timeout_s=120.0)
     try:
