@@ -8,7 +8,8 @@ guidance classes, one per mode a checkpoint may name (layout.py: GUIDANCE_MODES)
 
 A TwoPassGuidance's two passes run one after the other (velocity), or on two groups of ranks
 at once (parallel_velocity, guidance_parallel.py): the same arithmetic on the same predictions,
-so the same velocity bit for bit.
+so the same velocity bit for bit (CFG: as its passes one after the other, batched=False; its
+default batched pass of 2B rows agrees to float rounding).
 """
 
 from __future__ import annotations
