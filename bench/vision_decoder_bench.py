@@ -24,6 +24,12 @@ default, one token per latent pixel). --benchmarks picks a subset:
                zeroed) as one batch of 2 against two batch-1 forwards one after the other.
   d. jobs      4 concurrent jobs of one size (own noise, codes and timestep each) as one batch-4
                forward against four batch-1 forwards, one at a time.
+  e. guidance  guidance parallelism (gpu_workers/vision_decoder/guidance_parallel.py): a guided
+               step's velocity, autoguidance's two passes (the transformer and a twin of its size,
+               as CFG's two passes are), on 2 gloo ranks of 1 thread each (rank 0 the transformer,
+               rank 1 the twin, one all_gather) against 1 rank of 1 thread running both passes,
+               the decoder's own AutoGuidance and parallel_velocity code. The two velocities must be
+               equal bit for bit. Turn 0 warms up.
 
 Inputs go through the real path: random codes on a 27 x 27 grid (as TA-Tok emits them), a
 seeded random codebook, `condition_from_codes` to the latent grid, concatenated after seeded
@@ -83,9 +89,11 @@ from gpu_workers.models.flux_dit import (  # noqa: E402
     patchify,
     position_ids,
 )
+from gpu_workers.vision_decoder.guidance import AutoGuidance, StepInputs, TokenShard, parallel_velocity  # noqa: E402
+from gpu_workers.vision_decoder.guidance_parallel import GuidanceGroups  # noqa: E402
 
 SCHEMA = "vision-decoder-bench/1"
-BENCHMARKS = ("dit", "ulysses", "cfg", "jobs")
+BENCHMARKS = ("dit", "ulysses", "cfg", "jobs", "guidance")
 CODE_GRID = 27  # TA-Tok's 27 x 27 codes per image
 NUM_CODES = 1024  # a random codebook's rows; only its width (cond_channels) costs anything
 TEXT_DIM = 64  # diffusers' context_embedder width: it embeds zero text tokens
@@ -387,6 +395,78 @@ def bench_ulysses(
 
 
 # ---------------------------------------------------------------------------------------------
+# e: guidance in parallel, in 2 spawned gloo ranks.
+
+
+def _guidance_rank(rank: int, world_size: int, init_method: str, work: str, repeats: int) -> None:
+    member = GroupMember(rank, world_size, init_method)
+    init_group(member, "cpu", timeout_s=1800.0)
+    try:
+        torch.set_num_threads(1)
+        model = FluxDiT.from_dir(work)  # rank 0's transformer, rank 1's twin (the same weights: only time counts)
+        tensors = load_file(str(Path(work) / "inputs.safetensors"))
+        x, positions, timestep, vec = (tensors[k] for k in ("x", "positions", "timestep", "vec"))
+        groups = GuidanceGroups.split(rank, world_size)
+        shard = TokenShard(groups.ulysses, positions)  # a group of 1: this rank holds every token
+        latent = model.config.token_out_dim  # a token's features: the latent's, then the condition's
+        step = StepInputs(x[..., :latent], x[..., latent:], vec, timestep, torch.tensor([0.75]), guided=True)
+        sequential = AutoGuidance(model)  # both passes on rank 0
+        parallel = AutoGuidance(None)  # this rank's pass, its pair's exchanged
+        outputs: dict[str, torch.Tensor] = {}
+
+        def one_rank() -> None:  # rank 0; rank 1 waits at the barrier
+            if rank == 0:
+                outputs["one"] = sequential.velocity(shard, model, step)
+
+        def two_ranks() -> None:
+            outputs["two"] = parallel_velocity(parallel, groups, shard, model, step)
+
+        phases = {"one_rank": one_rank, "two_ranks": two_ranks}
+        walls: dict[str, list[float]] = {name: [] for name in phases}
+        cpus: dict[str, list[float]] = {name: [] for name in phases}
+        with torch.inference_mode():
+            for turn in range(repeats + 1):  # turn 0 warms up
+                turn_walls = {}
+                for name, fn in phases.items():
+                    turn_walls[name], cpu = _timed(fn)
+                    if turn:
+                        walls[name].append(turn_walls[name])
+                        cpus[name].append(cpu)
+                if rank == 0:
+                    print(f"[decoder-bench] guidance turn {turn}/{repeats}" + (" (warm-up)" if not turn else "") + ": "
+                          + ", ".join(f"{k} {v:.2f} s" for k, v in turn_walls.items()), flush=True)  # fmt: skip
+        if rank == 0:
+            result = {"walls_s": walls, "cpu_s": cpus, "equal": bool(torch.equal(outputs["one"], outputs["two"])),
+                      "max_abs_diff": max_abs_diff(outputs["two"], outputs["one"])}  # fmt: skip
+            (Path(work) / "result.json").write_text(json.dumps(result))
+    finally:
+        destroy_group(member)
+
+
+def bench_guidance(ours: FluxDiT, job: Job, positions: torch.Tensor, *, repeats: int) -> dict[str, Any]:
+    """Save the model and the input where the 2 ranks load them, spawn them, read rank 0's result."""
+    with tempfile.TemporaryDirectory(prefix="decoder-bench-") as work:
+        (Path(work) / "config.json").write_text(json.dumps(ours.config.to_dict()))
+        save_file({k: v.contiguous() for k, v in ours.state_dict().items()}, str(Path(work) / "model.safetensors"))
+        inputs = {"x": job.x, "positions": positions, "timestep": job.timestep, "vec": job.vec}
+        save_file({k: v.contiguous() for k, v in inputs.items()}, str(Path(work) / "inputs.safetensors"))
+        spawn_args = (2, f"file://{work}/rendezvous", work, repeats)
+        mp.start_processes(_guidance_rank, args=spawn_args, nprocs=2, start_method="spawn")
+        raw = json.loads((Path(work) / "result.json").read_text())
+    if not raw["equal"]:
+        raise AssertionError(f"guidance: 2 ranks differ from 1 by {raw['max_abs_diff']:.3g} (they must be equal)")
+    walls = {name: summarize(ts) for name, ts in raw["walls_s"].items()}
+    for name, ts in raw["cpu_s"].items():
+        walls[name]["cpu_s_median"] = statistics.median(ts)
+    return {
+        **walls,
+        "equal": True,
+        "speedup": walls["one_rank"]["median_s"] / walls["two_ranks"]["median_s"],
+        "speedup_best": walls["one_rank"]["min_s"] / walls["two_ranks"]["min_s"],
+    }
+
+
+# ---------------------------------------------------------------------------------------------
 # Report.
 
 
@@ -417,6 +497,11 @@ def table(results: dict[str, Any], cores: int) -> str:
         row(f"d. {NUM_JOBS} concurrent jobs, per step", f"{NUM_JOBS} batch-1 forwards, sequential", r["sequential"],
             "1.00x")  # fmt: skip
         row("", f"**one batch-{NUM_JOBS} forward**", r["batched"], f"**{r['speedup']:.2f}x**")
+    if "guidance" in results:
+        r = results["guidance"]
+        row("e. guided step, 2 passes", "1 rank, 1 thread, passes in turn", r["one_rank"], "1.00x")
+        row("", "**2 ranks, 1 thread each, passes at once**", r["two_ranks"],
+            f"**{r['speedup']:.2f}x** (min/min {r['speedup_best']:.2f}x)", ">= 1.70x")  # fmt: skip
     return "\n".join(rows)
 
 
@@ -488,6 +573,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         load["after_ulysses"] = list(os.getloadavg())
         print(f"[decoder-bench] ulysses done in {time.perf_counter() - t0:.0f} s; {args.ranks} ranks = 1 rank "
               f"within {results['ulysses']['max_abs_diff']:.2e}", flush=True)  # fmt: skip
+
+    if "guidance" in chosen:
+        t0 = time.perf_counter()
+        results["guidance"] = bench_guidance(ours, jobs[0], positions, repeats=args.repeats)
+        load["after_guidance"] = list(os.getloadavg())
+        print(f"[decoder-bench] guidance done in {time.perf_counter() - t0:.0f} s; 2 ranks = 1 rank bit for bit",
+              flush=True)  # fmt: skip
 
     print()
     print(table(results, cores))

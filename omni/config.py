@@ -233,8 +233,9 @@ class EncoderConfig:
 @dataclass(frozen=True, slots=True)
 class VisionDecoderConfig:
     """The image decoder: `replicas` groups, each one process per device of its share of
-    `devices`, a Ulysses group when there are several (empty: one process each, on the
-    encoder's device)."""
+    `devices` (empty: one process each, on the encoder's device): a Ulysses group when there
+    are several, or two of half the devices each with guidance parallelism
+    (omni/engines/worker_specs.py: DecoderLayout)."""
 
     devices: tuple[str, ...] = setting(
         (),
@@ -250,6 +251,13 @@ class VisionDecoderConfig:
         help="independent image decoder groups; --vision-decoder-devices is split into this many equal groups "
         "(cuda:0,cuda:1,cuda:2,cuda:3 with 2: two Ulysses pairs; without it, each is one process on the encoder's "
         "device), and each image goes to the replica with the least work queued (default 1; docs/IMAGES.md)",
+    guidance_parallel: str = setting(
+        "auto",
+        flag="--image-guidance-parallel",
+        choices=("auto", "on", "off"),
+        help="run a guided step's two DiT passes (the transformer and its autoguidance twin, or CFG's "
+        "conditional and unconditional) at once on two halves of --vision-decoder-devices, each half a Ulysses "
+        "group: 2 x N devices; auto: on when the checkpoint guides and the device count is even (default auto)",
     )
     diffusion_steps: int = setting(25, help="denoising steps per image unless a request asks (default 25)")
     max_batch_images: int = setting(8, help="images drawn together in one batch (default 8)")

@@ -135,6 +135,23 @@ def _published_codebook_sizes(index: SafetensorsIndex, components: dict[str, Pat
     return sizes
 
 
+def vision_decoder_guidance(path: Path) -> str:
+    """The image decoder's guidance ("autoguidance", "cfg" or "none") from its folder's JSON, as
+    the worker will read it (gpu_workers/vision_decoder/layout.py): the published folder guides
+    with transformer2 when model_index.json lists it; ours names it in config.json. What the
+    worker would refuse reads as "none" here: the worker names the fault at start."""
+    try:
+        if (path / "model_index.json").is_file():
+            entry = json.loads((path / "model_index.json").read_text()).get("transformer2")
+            # diffusers writes an absent optional component as [null, null]
+            listed = isinstance(entry, list) and len(entry) == 2 and entry[1] is not None
+            return "autoguidance" if listed else "none"
+        guidance = json.loads((path / "config.json").read_text()).get("guidance")
+    except (OSError, ValueError, AttributeError):
+        return "none"
+    return guidance if guidance in ("autoguidance", "cfg") else "none"
+
+
 def _component(root: Path, name: str) -> Path | None:
     path = root / name
     return path if (path / "config.json").is_file() else None

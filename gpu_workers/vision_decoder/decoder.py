@@ -48,6 +48,12 @@ The latent stays sharded through every step (the Euler step and guidance are per
 attention talks to the other ranks) and is gathered for previews and at the end. Rank 0 alone
 loads the VAE and decodes and encodes; the other ranks return no images.
 
+Guidance in parallel (guidance_parallel.py): a group of 2N ranks runs a TwoPassGuidance's two
+passes at once, ranks [0, N) the first (the transformer; CFG's conditional pass) and [N, 2N) the
+second (the twin; the unconditional pass), each half a Ulysses group of N as above; a rank loads
+only its own pass's DiT (TwoPassGuidance.for_role), and every rank ends each step with the same
+velocity, so the loop below runs unchanged on all of them.
+
 A job this decoder cannot draw (codes of the wrong count or out of range, a size that is not a
 multiple of 16, an unknown format) gets DecodedImage.error, a client error, and the others in
 its batch are drawn as if it were not there.
@@ -57,34 +63,31 @@ from __future__ import annotations
 
 import math
 import time
-from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Generator, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar
 
 import torch
 import torch.distributed as dist
-from safetensors.torch import load_file
 
-from gpu_workers.attention.ulysses import SequenceShard, UlyssesAttention, gather_sequence, shard_sequence
 from gpu_workers.models.checkpoint_io import read_json
-from gpu_workers.models.flow_match import FlowMatchSchedule, autoguidance, cfg, euler_step, initial_noise
-from gpu_workers.models.flux_dit import (
-    BlockRunner,
-    FluxDiT,
-    FluxDiTConfig,
-    condition_from_codes,
-    patchify,
-    position_ids,
-    run_blocks,
-    unpatchify,
-)
+from gpu_workers.models.flow_match import FlowMatchSchedule, euler_step, initial_noise
+from gpu_workers.models.flux_dit import FluxDiT, condition_from_codes, patchify, position_ids, unpatchify
 from gpu_workers.models.flux_vae import IMAGE_FORMATS, FluxVAEConfig, FluxVAEDecoder, to_image_bytes
 from gpu_workers.vision_decoder import compiled_dit
-from gpu_workers.vision_decoder.layout import GUIDANCE_MODES, UNCOND_FILE, DecoderFolder, VisionDecoderConfig
+from gpu_workers.vision_decoder.guidance import (
+    GUIDANCE,
+    ClassifierFreeGuidance,
+    Guidance,
+    StepInputs,
+    TokenShard,
+    TwoPassGuidance,
+    parallel_velocity,
+)
+from gpu_workers.vision_decoder.guidance_parallel import GuidanceGroups
+from gpu_workers.vision_decoder.layout import DecoderFolder, VisionDecoderConfig
 from gpu_workers.vision_decoder.step_cache import StepCache, StepCachePolicy
 from omni.shared import protocol
 from omni.shared.media.image_sizes import PATCH_SCALE
@@ -115,185 +118,6 @@ class Generation:
 
 
 # ---------------------------------------------------------------------------------------------
-# This rank's share of a batch's tokens, and the guided velocity over it.
-
-
-class TokenShard:
-    """The tokens [start, stop) of a sequence of num_tokens that this rank holds (padded to
-    ceil(num_tokens / world_size)); runs a DiT over them with the attention that joins the
-    ranks, and gathers a sharded tensor back whole."""
-
-    def __init__(self, group: dist.ProcessGroup | None, positions: torch.Tensor) -> None:
-        self.group = group
-        self.world_size = dist.get_world_size(group) if dist.is_initialized() else 1
-        self.rank = dist.get_rank(group) if dist.is_initialized() else 0
-        self.num_tokens = positions.shape[0]
-        self.positions = self.shard(positions, dim=0)  # (L, 3); padding at (0, 0, 0)
-
-    def shard(self, x: torch.Tensor, dim: int = 1) -> torch.Tensor:
-        return shard_sequence(x, self.rank, self.world_size, dim=dim)[0]
-
-    def gather(self, local: torch.Tensor) -> torch.Tensor:
-        return gather_sequence(local, self.group, self.num_tokens, dim=1)  # (B, S, ...)
-
-    @property
-    def valid_tokens(self) -> int:
-        """This rank's tokens that are not padding: the first valid_tokens of its L."""
-        shard = SequenceShard(self.num_tokens, self.world_size, self.rank)
-        return shard.stop - shard.start
-
-    def sum_across_ranks(self, local: torch.Tensor) -> torch.Tensor:
-        """A tensor of per-rank sums -> the group's sums, the same on every rank."""
-        if self.world_size == 1:
-            return local
-        total = local.clone()
-        dist.all_reduce(total, group=self.group)
-        return total
-
-    def run(
-        self,
-        model: FluxDiT,
-        x: torch.Tensor,
-        timestep: torch.Tensor,
-        vec: torch.Tensor,
-        blocks: BlockRunner = run_blocks,
-    ) -> torch.Tensor:
-        """x (B, L, token_in_dim) -> velocity (B, L, token_out_dim) float32."""
-        attention = None
-        if self.world_size > 1:
-            heads = model.config.num_heads
-            attention = UlyssesAttention(self.group, self.world_size, self.rank, self.num_tokens, heads)
-        return model(x, self.positions, timestep, vec, attention=attention, blocks=blocks).float()
-
-
-@dataclass(frozen=True, slots=True)
-class StepInputs:
-    """One denoising step of a batch, over this rank's L tokens."""
-
-    x: torch.Tensor  # (B, L, p*p*16) the noisy latent's tokens, float32
-    cond: torch.Tensor  # (B, L, cp*cp*cond) the code condition's tokens (cp: p, or 1 unpacked)
-    vec: torch.Tensor  # (B, cond) the mean code embedding
-    timestep: torch.Tensor  # (B,) what the DiT sees: truncated, on the 0..1000 scale
-    scales: torch.Tensor  # (B,) each job's guidance scale
-    guided: bool  # some scale is not 0: known from the jobs on the host, so no step reads `scales` back
-    cache: StepCache | None = None  # the batch's first-block cache
-
-    @property
-    def tokens(self) -> torch.Tensor:
-        return torch.cat((self.x, self.cond), dim=-1)  # (B, L, p*p*16 + cp*cp*cond)
-
-    def blocks(self, dit_pass: str) -> BlockRunner:
-        """What runs the blocks of one DiT pass of the step: each pass has its own cache memory."""
-        return run_blocks if self.cache is None else self.cache.runner(dit_pass)
-
-
-class Guidance(ABC):
-    """How a step's velocity is made from the DiT (and whatever else the mode holds)."""
-
-    MODE: ClassVar[str]  # the config's "guidance"
-
-    @classmethod
-    @abstractmethod
-    def from_dir(cls, folder: DecoderFolder, transformer: FluxDiT, device: torch.device, dtype: torch.dtype) -> Guidance:
-        """Load what the mode needs beside the DiT from the checkpoint directory."""
-
-    @abstractmethod
-    def velocity(self, shard: TokenShard, transformer: FluxDiT, step: StepInputs) -> torch.Tensor:
-        """The guided velocity (B, L, p*p*16), float32."""
-
-
-class Unguided(Guidance):
-    MODE = "none"
-
-    @classmethod
-    def from_dir(cls, folder: DecoderFolder, transformer: FluxDiT, device: torch.device, dtype: torch.dtype) -> Unguided:
-        return cls()
-
-    def velocity(self, shard: TokenShard, transformer: FluxDiT, step: StepInputs) -> torch.Tensor:
-        return shard.run(transformer, step.tokens, step.timestep, step.vec, step.blocks("main"))
-
-
-class AutoGuidance(Guidance):
-    """pred + g * (pred - weak_pred): push away from a weaker model's prediction."""
-
-    MODE = "autoguidance"
-
-    def __init__(self, weak: FluxDiT) -> None:
-        self.weak = weak
-
-    @classmethod
-    def from_dir(
-        cls, folder: DecoderFolder, transformer: FluxDiT, device: torch.device, dtype: torch.dtype
-    ) -> AutoGuidance:
-        weak = FluxDiT.from_dir(folder.weak_dir, device=device, dtype=dtype)
-        _check_twin(weak.config, transformer.config)
-        return cls(weak)
-
-    def velocity(self, shard: TokenShard, transformer: FluxDiT, step: StepInputs) -> torch.Tensor:
-        tokens = step.tokens
-        pred = shard.run(transformer, tokens, step.timestep, step.vec, step.blocks("main"))
-        if not step.guided:
-            return pred  # no job asks for guidance: the weak pass would be multiplied by 0
-        weak_pred = shard.run(self.weak, tokens, step.timestep, step.vec, step.blocks("weak"))
-        return autoguidance(pred, weak_pred, step.scales.view(-1, 1, 1))  # type: ignore[arg-type]  # (B,) scales
-
-
-class ClassifierFreeGuidance(Guidance):
-    """uncond + s * (cond - uncond). The unconditional pass sees the uncond embedding in every
-    cell and as vec. batched: both passes as one forward of 2B rows (the default); False runs
-    them one after the other (the benchmark's baseline; the results agree to float rounding)."""
-
-    MODE = "cfg"
-
-    def __init__(self, embedding: torch.Tensor, batched: bool = True) -> None:
-        self.embedding = embedding  # (cond,)
-        self.batched = batched
-
-    @classmethod
-    def from_dir(
-        cls, folder: DecoderFolder, transformer: FluxDiT, device: torch.device, dtype: torch.dtype
-    ) -> ClassifierFreeGuidance:
-        path = folder.path
-        if not (path / UNCOND_FILE).is_file():
-            raise ValueError(f"{path}: guidance 'cfg' needs {UNCOND_FILE}")
-        embedding = load_file(path / UNCOND_FILE, device=str(device)).get("embedding")
-        want = (transformer.config.cond_channels,)
-        if embedding is None or tuple(embedding.shape) != want:
-            got = None if embedding is None else tuple(embedding.shape)
-            raise ValueError(f"{path / UNCOND_FILE}: 'embedding' of shape {want} wanted, got {got}")
-        return cls(embedding.float())
-
-    def velocity(self, shard: TokenShard, transformer: FluxDiT, step: StepInputs) -> torch.Tensor:
-        b, s, _ = step.x.shape
-        cp = transformer.config.condition_patch
-        # a constant map patchifies to each channel's value repeated cp*cp times (channel-major)
-        null_cond = self.embedding.repeat_interleave(cp * cp).expand(b, s, -1).to(step.cond.dtype)  # (B, L, cp*cp*cond)
-        null_vec = self.embedding.expand(b, -1)  # (B, cond)
-        with_cond, without = step.tokens, torch.cat((step.x, null_cond), dim=-1)
-        if self.batched:
-            tokens, timestep = torch.cat((with_cond, without)), torch.cat((step.timestep, step.timestep))
-            # rows [0, B) conditional, [B, 2B) unconditional: the cache's row r is job r % B
-            vecs = torch.cat((step.vec, null_vec))
-            both = shard.run(transformer, tokens, timestep, vecs, step.blocks("both"))  # (2B, L, p*p*16)
-            conditional, unconditional = both.chunk(2)
-        else:
-            conditional = shard.run(transformer, with_cond, step.timestep, step.vec, step.blocks("conditional"))
-            unconditional = shard.run(transformer, without, step.timestep, null_vec, step.blocks("unconditional"))
-        return cfg(conditional, unconditional, step.scales.view(-1, 1, 1))  # type: ignore[arg-type]  # (B,) scales
-
-
-GUIDANCE: dict[str, type[Guidance]] = {g.MODE: g for g in (AutoGuidance, ClassifierFreeGuidance, Unguided)}
-assert set(GUIDANCE) == set(GUIDANCE_MODES), "every mode a config may name has its class"
-
-
-def _check_twin(weak: FluxDiTConfig, main: FluxDiTConfig) -> None:
-    fields = ("in_channels", "cond_channels", "vec_in_dim", "patch", "pack_condition")
-    differ = [f for f in fields if getattr(weak, f) != getattr(main, f)]
-    if differ:
-        raise ValueError(f"weak_transformer differs from transformer in {', '.join(differ)}")
-
-
-# ---------------------------------------------------------------------------------------------
 # The decoder.
 
 
@@ -308,9 +132,12 @@ class VisionDecoder:
         vae_config: FluxVAEConfig,
         vae: FluxVAEDecoder | None,
         group: dist.ProcessGroup | None = None,
+        guidance_groups: GuidanceGroups | None = None,
     ) -> None:
         """vae: rank 0's (the other ranks of a group never decode); group: the Ulysses group
-        (None: the default group when torch.distributed is initialized, else one rank)."""
+        (None: the default group when torch.distributed is initialized, else one rank);
+        guidance_groups: this rank's half of guidance parallelism (transformer is then its
+        role's DiT, and guidance a TwoPassGuidance)."""
         c = transformer.config
         if codebook.dim() != 2 or codebook.shape[1] != c.cond_channels or c.vec_in_dim != c.cond_channels:
             raise ValueError(
@@ -328,7 +155,10 @@ class VisionDecoder:
         self.schedule = schedule
         self.vae_config = vae_config
         self.vae = vae
+        if guidance_groups is not None and not isinstance(guidance, TwoPassGuidance):
+            raise ValueError(f"guidance {guidance.MODE!r} has one pass a step: nothing to run in parallel")
         self.group = group
+        self.guidance_groups = guidance_groups
         self.device = codebook.device
         # pixels per token each way; sides must also divide by 16, as the reference asserts
         self.size_multiple = math.lcm(PATCH_SCALE, vae_config.upscale * c.patch)
@@ -345,27 +175,39 @@ class VisionDecoder:
         group: dist.ProcessGroup | None = None,
         cfg_batched: bool = True,
         vae_dtype: torch.dtype | None = None,  # default: the DiT's
+        guidance_groups: GuidanceGroups | None = None,
         compile_dit: bool = False,
     ) -> VisionDecoder:
         """Load either layout of the module docstring (the published one when the folder has a
-        model_index.json). The VAE is loaded on rank 0 of the group only. cfg_batched=False
-        runs CFG's two passes one after the other. compile_dit: the DiTs' blocks run compiled
+        model_index.json). The VAE is loaded on rank 0 of the world only. cfg_batched=False
+        runs CFG's two passes one after the other. guidance_groups: this rank's place in a
+        group split for guidance parallelism (it then loads its role's DiT alone, and its
+        Ulysses group is the role's, not `group`). compile_dit: the DiTs' blocks run compiled
         (compiled_dit.py), compiled here, before the worker reports ready."""
         path = Path(path)
         device = torch.device(device)
         folder = DecoderFolder.read(path, device)
         config = folder.config
-        transformer = FluxDiT.from_dir(path / "transformer", device=device, dtype=dtype)
-        guidance = GUIDANCE[config.guidance].from_dir(folder, transformer, device, dtype)
+        guidance_class = GUIDANCE[config.guidance]
+        if guidance_groups is None:
+            transformer = FluxDiT.from_dir(path / "transformer", device=device, dtype=dtype)
+            guidance = guidance_class.from_dir(folder, transformer, device, dtype)
+        elif issubclass(guidance_class, TwoPassGuidance):
+            transformer, guidance = guidance_class.for_role(folder, guidance_groups.role, device, dtype)
+            group = guidance_groups.ulysses
+        else:
+            raise ValueError(f"{path}: guidance {config.guidance!r} has one pass a step: nothing to run in parallel")
         if isinstance(guidance, ClassifierFreeGuidance):
             guidance.batched = cfg_batched
         if compile_dit:
             compiled_dit.compile_blocks([transformer, *(m for m in vars(guidance).values() if isinstance(m, FluxDiT))])
         vae_config = FluxVAEConfig.from_diffusers(read_json(path / "vae" / "config.json"))
-        leader = not dist.is_initialized() or dist.get_rank(group) == 0
+        leader = not dist.is_initialized() or dist.get_rank() == 0  # the world's rank 0, whatever `group`
         vae_dtype = dtype if vae_dtype is None else vae_dtype
         vae = FluxVAEDecoder.from_dir(path / "vae", device=device, dtype=vae_dtype) if leader else None
-        decoder = cls(config, folder.codebook, transformer, guidance, folder.schedule, vae_config, vae, group)
+        decoder = cls(
+            config, folder.codebook, transformer, guidance, folder.schedule, vae_config, vae, group, guidance_groups
+        )
         if compile_dit:
             compiled_dit.warm_up(decoder)
         return decoder
@@ -489,6 +331,10 @@ class VisionDecoder:
                     encoding.append((jobs[row].job_id, index, self._encode(clean[row], jobs[row])))
             x = x_next
         latents = self._whole(shard, x, (h, w))
+        if self.guidance_groups is not None:  # each half counted its own pass
+            cache.blocks_computed, cache.blocks_skipped = self.guidance_groups.sum_counts(
+                cache.blocks_computed, cache.blocks_skipped, self.device
+            )
         for job_id, index, data in encoding:
             yield Preview(job_id, index, data.result())
         return (latents if self.is_leader else None), clock.seconds() / steps, cache
@@ -510,7 +356,10 @@ class VisionDecoder:
 
     @torch.inference_mode()
     def _velocity(self, shard: TokenShard, step: StepInputs) -> torch.Tensor:
-        return self.guidance.velocity(shard, self.transformer, step)
+        if self.guidance_groups is None:
+            return self.guidance.velocity(shard, self.transformer, step)
+        assert isinstance(self.guidance, TwoPassGuidance)  # __init__ refuses any other with guidance_groups
+        return parallel_velocity(self.guidance, self.guidance_groups, shard, self.transformer, step)
 
     @torch.inference_mode()
     def _euler(self, x: torch.Tensor, v: torch.Tensor, sigma: float, sigma_next: float) -> torch.Tensor:

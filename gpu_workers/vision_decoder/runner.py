@@ -11,10 +11,11 @@ A follower waits for its next batch there, however long the server idles; the co
 group (NCCL on GPUs), whose waits time out, carries only the work inside a batch.
 
 then every rank runs the same VisionDecoder.generate on it, which shards the tokens over the
-group (Ulysses). Rank 0 streams PartialImage messages as the previews are made and the
-DecodeResult last. A batch whose jobs do not share a shape fails on rank 0 before it is
-broadcast, so the others never see it; a job's own error (its codes, its size) is a
-DecodedImage.error and every rank skips that job alike.
+group (Ulysses), or, with the spec's guidance_parallel, runs one of a step's two guided
+passes over its half of the group (guidance_parallel.py). Rank 0 streams PartialImage
+messages as the previews are made and the DecodeResult last. A batch whose jobs do not
+share a shape fails on rank 0 before it is broadcast, so the others never see it; a job's own
+error (its codes, its size) is a DecodedImage.error and every rank skips that job alike.
 
 Any other error inside a batch (out of memory on one device, a bug) may leave the ranks at
 different collectives, and the next batch's broadcast would then pair with a stale all-to-all.
@@ -35,6 +36,7 @@ import torch.distributed as dist
 from gpu_workers.distributed import GroupMember
 from gpu_workers.runner import Runner, register_runner
 from gpu_workers.vision_decoder.decoder import Generation, Preview, VisionDecoder
+from gpu_workers.vision_decoder.guidance_parallel import GuidanceGroups
 from omni.shared import protocol
 from omni.shared.media.image_sizes import RATIO_SIZES
 
@@ -58,10 +60,15 @@ class VisionDecoderRunner(Runner):
         device = torch.device(spec.device_of(group.rank))
         if device.type == "cuda":
             torch.cuda.set_device(device)  # NCCL's collectives run on the current device
+        groups = GuidanceGroups.split(group.rank, group.world_size) if spec.guidance_parallel else None
         decoder = VisionDecoder.from_dir(
-            Path(spec.model_dir), device=device, dtype=getattr(torch, spec.dtype), vae_dtype=getattr(torch, spec.vae_dtype),
+            Path(spec.model_dir),
+            device=device,
+            dtype=getattr(torch, spec.dtype),
+            vae_dtype=getattr(torch, spec.vae_dtype),
+            guidance_groups=groups,
             compile_dit=spec.compile_dit,
-        )  # fmt: skip
+        )
         return cls(decoder, group, (spec.max_batch_images, spec.max_batch_tokens))
 
     def largest_batch(self) -> list[protocol.ImageJob]:

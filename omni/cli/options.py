@@ -34,7 +34,7 @@ from omni.config import (
     VisionDecoderConfig,
     WorkerConfig,
 )
-from omni.engines.worker_specs import DTYPE_COMPONENTS
+from omni.engines.worker_specs import DTYPE_COMPONENTS, vision_decoder_layout
 from omni.model_layout import ModelLayout
 from omni.serving.requests.images import MAX_STEP_CACHE
 from omni.shared.gguf_file import is_gguf
@@ -316,6 +316,13 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
         )
         for (model_name, _), layout in zip(models, layouts, strict=True)
     )
+    for model in engines:
+        if model.vision_decoder_dir is not None:
+            try:
+                layout = vision_decoder_layout(model)
+            except ValueError as exc:
+                raise _usage_error(f"{model.name}: {exc}") from None
+            log.info("image decoder of %s: %s", model.name, layout.describe())
     server: ServerConfig = read_section(ServerConfig, args)
     return replace(
         server,

@@ -3,9 +3,11 @@ every kind reads the same settings the same way."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from omni.config import ModelConfig, StoreConfig, WorkerConfig
+from omni.model_layout import vision_decoder_guidance
 from omni.shared import protocol
 from omni.shared.speculative import SpeculativeConfig
 
@@ -115,6 +117,69 @@ def vision_decoder_devices(config: ModelConfig, replica: int = 0) -> tuple[str, 
     return devices[replica * size : (replica + 1) * size]
 
 
+TWO_PASS_GUIDANCE = ("autoguidance", "cfg")  # a step of two DiT passes: what guidance parallelism splits
+
+
+@dataclass(frozen=True, slots=True)
+class DecoderLayout:
+    """How the image decoder's devices are used: guidance_groups (1, or 2 with guidance
+    parallelism) x ulysses_ranks = devices, one process each.
+
+    devices   guidance parallel   layout
+    1         -                   1 rank: every pass of a step one after the other
+    N         off (or no guidance, or N odd)   1 Ulysses group of N, passes one after the other
+    2N        on                  2 groups of N: transformer | transformer2 (CFG: conditional |
+                                  unconditional), each a Ulysses group over its N
+    """
+
+    devices: int
+    guidance_groups: int
+    guidance: str  # the checkpoint's: autoguidance | cfg | none
+
+    @property
+    def ulysses_ranks(self) -> int:
+        return self.devices // self.guidance_groups
+
+    def describe(self) -> str:
+        n = self.ulysses_ranks
+        ranks = f"{n} Ulysses rank{'s' if n > 1 else ''}"
+        if self.guidance_groups == 2:
+            passes = "transformer | transformer2" if self.guidance == "autoguidance" else "conditional | unconditional"
+            return f"{self.devices} devices = 2 guidance groups ({passes}) x {ranks}"
+        one_after = ", the guidance's 2 passes one after the other" if self.guidance in TWO_PASS_GUIDANCE else ""
+        if self.devices == 1:
+            return f"1 device{one_after}"
+        return f"{self.devices} devices = 1 group of {ranks}{one_after}"
+
+
+def decoder_layout(devices: int, guidance_parallel: str, guidance: str) -> DecoderLayout:
+    """The layout of `devices` under --image-guidance-parallel (auto | on | off) for a checkpoint
+    of `guidance`; a ValueError naming why when `on` fits neither."""
+    two_pass = guidance in TWO_PASS_GUIDANCE
+    even = devices >= 2 and devices % 2 == 0
+    if guidance_parallel == "off" or (guidance_parallel == "auto" and not (two_pass and even)):
+        return DecoderLayout(devices, 1, guidance)
+    if not two_pass:
+        raise ValueError(
+            "--image-guidance-parallel on: the image decoder has no guidance (one DiT pass a step), "
+            "so there is no second pass to run in parallel"
+        )
+    if not even:
+        raise ValueError(
+            f"--image-guidance-parallel on: --vision-decoder-devices names {devices} device"
+            f"{'s' if devices > 1 else ''}; guidance parallelism needs 2 x N (N Ulysses ranks for each of the "
+            "guidance's 2 passes)"
+        )
+    return DecoderLayout(devices, 2, guidance)
+
+
+def vision_decoder_layout(config: ModelConfig) -> DecoderLayout:
+    assert config.vision_decoder_dir is not None, "the model has no vision decoder"
+    devices = len(vision_decoder_devices(config))
+    guidance = vision_decoder_guidance(config.vision_decoder_dir)
+    return decoder_layout(devices, config.vision_decoder.guidance_parallel, guidance)
+
+
 def audio_decoder_worker_spec(config: ModelConfig) -> protocol.AudioDecoderWorkerSpec:
     """--audio-decoder-device, else the encoder's device."""
     assert config.audio_decoder_dir is not None, "the model has no audio decoder"
@@ -150,4 +215,5 @@ def vision_decoder_worker_spec(config: ModelConfig, replica: int = 0) -> protoco
         model_dir=str(config.vision_decoder_dir),
         compile_dit=config.vision_decoder.compile_dit,
         rank_devices=list(devices) if len(devices) > 1 else [],
+        guidance_parallel=vision_decoder_layout(config).guidance_groups == 2,
     )

@@ -203,3 +203,5 @@ def test_a_clean_stop_with_a_decoder_group_logs_no_error(omni_dir: Path, tmp_pat
     text = log.read_text(errors="replace")
     assert "shutting down" in text
     assert [line for line in text.splitlines() if " ERROR " in line or "Traceback" in line] == []
+    # the group's layout, said at start: the checkpoint guides, so its 2 ranks run the 2 passes at once
+    assert "image decoder of omni: 2 devices = 2 guidance groups (transformer | transformer2) x 1 Ulysses rank" in text

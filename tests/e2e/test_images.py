@@ -1,7 +1,8 @@
 """Image output end to end, with the official openai client against the embedded default's
 layout (a tiny omni checkpoint with its vision_decoder/): the images API at every size and
-response format, seeds, a 2-rank decoder, images in chat (content parts, and the
-reference's t2i_model_generation tool call), streaming, and a decoder rank killed mid-job."""
+response format, seeds, a 2-rank decoder (guidance in parallel, against the passes one after
+the other on a second server), images in chat (content parts, and the reference's
+t2i_model_generation tool call), streaming, and a decoder rank killed mid-job."""
 
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ from omni.shared.media.image_sizes import RATIO_SIZES
 from omni.text.constrained.image_span import START
 from omni.text.tokenizer import TextTokenizer
 from tests.e2e.conftest import DIFFUSION_STEPS, read_metric
-from tests.e2e.server import PROCESSES, worker_pids
+from tests.e2e.server import PROCESSES, running_server, worker_pids
 
 MODEL = "omni"
 STEPS = DIFFUSION_STEPS  # the servers' --diffusion-steps: every image here is quick
@@ -125,6 +126,33 @@ def test_the_step_cache_skips_blocks_and_says_so(server: str) -> None:
     assert sum(cached_blocks.values()) == plain_blocks["blocks_computed"]  # every block computed or skipped
     skipped = read_metric(server, "omni_decoder_dit_blocks_total", model_name=MODEL, outcome="skipped")
     assert skipped - skipped_before == cached_blocks["blocks_skipped"]
+
+
+def test_guidance_in_parallel_draws_the_sequential_paths_bytes(server: str, omni_dir: Path, tmp_path: Path) -> None:
+    """The session server's 2 decoder ranks run a step's two passes at once (transformer |
+    transformer2: --image-guidance-parallel auto); a server of the same flags with it off runs
+    them one after the other over a 2-rank Ulysses group. A seed gives the same bytes and block
+    counts on both: guided at the default scale, unguided (the twin's group idles), and guided
+    hard with the step cache skipping (4 steps: step 2 may). The second server logs its layout."""
+    draws = [{}, {"guidance_scale": 0}, {"guidance_scale": 3.0, "step_cache_threshold": 1000}]
+
+    def draw(base: str, extra: dict[str, Any]) -> tuple[bytes, dict[str, int]]:
+        body = {"model": MODEL, "prompt": PROMPT, "size": "768x768", "response_format": "b64_json", "seed": 31}
+        r = httpx.post(f"{base}/v1/images/generations", json={**body, "num_inference_steps": 4, **extra}, timeout=120)
+        assert r.status_code == 200, r.text
+        return base64.b64decode(r.json()["data"][0]["b64_json"]), r.json()["usage"]["decoder_details"]
+
+    parallel = [draw(server, extra) for extra in draws]
+    log = tmp_path / "server.log"
+    args = ("--model", f"omni={omni_dir}", "--max-model-len", "2048", "--diffusion-steps", str(DIFFUSION_STEPS),
+            "--vision-decoder-devices", "cpu,cpu", "--image-guidance-parallel", "off")  # fmt: skip
+    with running_server(*args, log=log, env={"OMNI_LOG_LEVEL": "INFO"}) as sequential_server:
+        sequential = [draw(sequential_server, extra) for extra in draws]
+    assert parallel == sequential
+    assert len({data for data, _ in parallel}) == len(draws), "each draw is another image"
+    assert parallel[2][1]["blocks_skipped"] > 0
+    said = "image decoder of omni: 2 devices = 1 group of 2 Ulysses ranks, the guidance's 2 passes one after the other"
+    assert said in log.read_text(errors="replace")
 
 
 def _assert_close(a: Image.Image, b: Image.Image) -> None:

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
-from omni.model_layout import ModelLayout
+from omni.model_layout import ModelLayout, vision_decoder_guidance
 
 
 def component(root: Path, name: str) -> Path:
@@ -52,3 +53,23 @@ def test_published_weight_bytes_come_from_the_headers(tmp_path: Path, capsys: py
     assert 0 < stored - parts - unserved < 64 << 10  # the rest is the shards' JSON headers
     main([str(root)])
     assert "published layout" in capsys.readouterr().out
+
+
+def test_the_image_decoders_guidance_is_read_from_its_json(tmp_path: Path) -> None:
+    """As the worker reads it: the published folder guides with transformer2 when its
+    model_index.json lists it; ours names it in config.json; what the worker would refuse is "none"."""
+    published = tmp_path / "published"
+    published.mkdir()
+    index = {"transformer": ["pipeline", "VisionTransformer"], "transformer2": ["pipeline", "VisionTransformer"]}
+    (published / "model_index.json").write_text(json.dumps(index))
+    assert vision_decoder_guidance(published) == "autoguidance"
+    (published / "model_index.json").write_text(json.dumps({**index, "transformer2": [None, None]}))
+    assert vision_decoder_guidance(published) == "none"
+    ours = tmp_path / "ours"
+    ours.mkdir()
+    for guidance, read in (("cfg", "cfg"), ("autoguidance", "autoguidance"), ("none", "none"), ("weird", "none")):
+        (ours / "config.json").write_text(json.dumps({"model_type": "omni_vision_decoder", "guidance": guidance}))
+        assert vision_decoder_guidance(ours) == read
+    (ours / "config.json").write_text("[not json")
+    assert vision_decoder_guidance(ours) == "none"
+    assert vision_decoder_guidance(tmp_path / "absent") == "none"

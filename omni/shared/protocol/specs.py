@@ -106,7 +106,8 @@ class EncoderWorkerSpec(WorkerSpec):
 @dataclass(frozen=True, slots=True, kw_only=True)
 class VisionDecoderWorkerSpec(WorkerSpec):
     """The image decoder: a DiT, its weak autoguidance twin, a VAE. world_size > 1 runs the
-    DiT with Ulysses sequence parallelism over the group (one process per device)."""
+    DiT with Ulysses sequence parallelism over the group (one process per device), or over
+    each half of it with guidance_parallel."""
 
     TAG: ClassVar[int] = 22
     READY: ClassVar[type] = VisionDecoderReady
@@ -120,6 +121,9 @@ class VisionDecoderWorkerSpec(WorkerSpec):
     # The device of each rank (rank_devices[0] == device); empty: every rank on `device`.
     rank_devices: list[str] = field(default_factory=list)
     compile_dit: bool = False  # the DiT's blocks through torch.compile (vision_decoder/compiled_dit.py)
+    # Guidance parallelism: ranks [0, N) run the transformer (CFG: the conditional pass), ranks
+    # [N, 2N) its twin (the unconditional pass), each half a Ulysses group (world_size = 2N)
+    guidance_parallel: bool = False
 
     def device_of(self, rank: int) -> str:
         return self.rank_devices[rank] if self.rank_devices else self.device

@@ -16,7 +16,8 @@ from gpu_workers.tiny.checkpoints import (
     make_tiny_component_checkpoint,
 )
 from gpu_workers.tiny.published import TINY_CHECKPOINT_VERSION, default_checkpoint_dir
-from gpu_workers.vision_decoder.decoder import AutoGuidance, VisionDecoder
+from gpu_workers.vision_decoder.decoder import VisionDecoder
+from gpu_workers.vision_decoder.guidance import AutoGuidance
 from omni.model_layout import ENCODER_COMPONENTS, ModelLayout, component_revision
 from omni.shared import protocol
 from tests.gpu_workers.models.test_llama import our_logits
@@ -118,7 +119,8 @@ def test_the_omni_checkpoints_decoders_match_its_tokenizers(tmp_path: Path) -> N
     decoder = VisionDecoder.from_dir(root / "vision_decoder")
     assert decoder.config.code_grid == (8, 8) and decoder.num_codes == 64
     assert (decoder.config.guidance, decoder.config.guidance_scale) == ("autoguidance", 0.75)
-    assert isinstance(decoder.guidance, AutoGuidance) and decoder.guidance.weak.config.num_layers == 1
+    assert isinstance(decoder.guidance, AutoGuidance) and decoder.guidance.weak is not None
+    assert decoder.guidance.weak.config.num_layers == 1
     assert decoder.transformer.config.patch == 2
     assert decoder.schedule.use_dynamic_shifting
     job = protocol.ImageJob(1, list(range(64)), 128, 128, 2, seed=0)

@@ -14,7 +14,7 @@ from PIL import Image
 
 from gpu_workers.models import flux_dit
 from gpu_workers.tiny.checkpoints import TINY_DIT, make_tiny_vision_decoder
-from gpu_workers.vision_decoder import decoder as vision_decoder
+from gpu_workers.vision_decoder import guidance as vision_guidance
 from gpu_workers.vision_decoder.decoder import VisionDecoder
 from gpu_workers.vision_decoder.step_cache import StepCache, StepCachePolicy
 from omni.shared import protocol
@@ -169,7 +169,7 @@ def test_threshold_0_is_byte_equal_to_no_cache(
     decoder = decoders[guidance]
     cached = decoder.decode([job(step_cache=0.0), job(2, seed=9, guidance_scale=2.0)])
     # no cache at all: every pass runs its blocks in one loop, as before the cache existed
-    monkeypatch.setattr(vision_decoder.StepInputs, "blocks", lambda self, name: flux_dit.run_blocks)
+    monkeypatch.setattr(vision_guidance.StepInputs, "blocks", lambda self, name: flux_dit.run_blocks)
     plain = decoder.decode([job(step_cache=0.0), job(2, seed=9, guidance_scale=2.0)])
     assert [i.data for i in cached.images] == [i.data for i in plain.images]
     assert cached.latents is not None and plain.latents is not None

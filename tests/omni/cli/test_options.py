@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -516,3 +517,71 @@ def test_the_dit_is_compiled_on_a_gpu_unless_told_or_eager(dirs: tuple[Path, Pat
     assert not compiled("--device", "cuda:0", "--no-compile-dit")
     assert not compiled("--device", "cuda:0", "--enforce-eager")
     assert not compiled("--device", "cuda:0", "--compile-dit", "--enforce-eager")
+
+
+def _decoder_checkpoint(root: Path, omni: Path, guidance: str) -> Path:
+    """An omni checkpoint whose image decoder guides by `guidance`: the LLM of `omni`, and a
+    vision_decoder/config.json alone (the flags read no weights)."""
+    out = root / guidance
+    (out / "vision_decoder").mkdir(parents=True)
+    (out / "llm").symlink_to(omni / "llm")
+    config = {"model_type": "omni_vision_decoder", "code_grid": [8, 8], "guidance": guidance, "guidance_scale": 1.0}
+    (out / "vision_decoder" / "config.json").write_text(json.dumps(config))
+    return out
+
+
+@pytest.mark.parametrize(
+    ("guidance", "flags", "layout"),
+    [
+        ("autoguidance", ["--vision-decoder-devices", "cpu,cpu"], "2 devices = 2 guidance groups (transformer | transformer2) x 1 Ulysses rank"),
+        ("autoguidance", ["--vision-decoder-devices", "cpu,cpu,cpu,cpu"], "4 devices = 2 guidance groups (transformer | transformer2) x 2 Ulysses ranks"),
+        ("cfg", ["--vision-decoder-devices", "cpu,cpu", "--image-guidance-parallel", "on"], "2 devices = 2 guidance groups (conditional | unconditional) x 1 Ulysses rank"),
+        # auto where the count is odd, or nothing guides: one Ulysses group of every device
+        ("autoguidance", ["--vision-decoder-devices", "cpu,cpu,cpu"], "3 devices = 1 group of 3 Ulysses ranks, the guidance's 2 passes one after the other"),
+        ("none", ["--vision-decoder-devices", "cpu,cpu"], "2 devices = 1 group of 2 Ulysses ranks"),
+        ("autoguidance", ["--vision-decoder-devices", "cpu,cpu", "--image-guidance-parallel", "off"], "2 devices = 1 group of 2 Ulysses ranks, the guidance's 2 passes one after the other"),
+        ("autoguidance", [], "1 device, the guidance's 2 passes one after the other"),
+    ],
+)  # fmt: skip
+def test_the_image_decoders_layout_is_logged_and_reaches_the_spec(
+    dirs: tuple[Path, Path],
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    guidance: str,
+    flags: list[str],
+    layout: str,
+) -> None:
+    from omni.engines.worker_specs import vision_decoder_worker_spec
+
+    model_dir = _decoder_checkpoint(tmp_path, dirs[1], guidance)
+    with caplog.at_level("INFO", logger="omni.cli.main"):
+        model = server_config(parse_args(["--model", f"o={model_dir}", *flags])).models[0]
+    assert f"image decoder of o: {layout}" in caplog.messages
+    spec = vision_decoder_worker_spec(model)
+    assert spec.guidance_parallel == ("guidance groups" in layout)
+    assert spec.world_size == int(layout.split()[0])
+
+
+@pytest.mark.parametrize(
+    ("guidance", "devices", "says"),
+    [
+        ("autoguidance", "cpu,cpu,cpu", "--vision-decoder-devices names 3 devices; guidance parallelism needs 2 x N"),
+        ("autoguidance", None, "--vision-decoder-devices names 1 device; guidance parallelism needs 2 x N"),
+        ("none", "cpu,cpu", "the image decoder has no guidance (one DiT pass a step)"),
+    ],
+)
+def test_guidance_parallelism_on_a_layout_it_cannot_have_exits_2_naming_why(
+    dirs: tuple[Path, Path],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    guidance: str,
+    devices: str | None,
+    says: str,
+) -> None:
+    model_dir = _decoder_checkpoint(tmp_path, dirs[1], guidance)
+    flags = ["--vision-decoder-devices", devices] if devices else []
+    with pytest.raises(SystemExit) as exit_info:
+        server_config(parse_args(["--model", f"o={model_dir}", "--image-guidance-parallel", "on", *flags]))
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "omni-serve: o: --image-guidance-parallel on: " in err and says in err

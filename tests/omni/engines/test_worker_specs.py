@@ -1,9 +1,11 @@
 """Worker specs from a model's config: each component's dtype (named, the LLM's --dtype, the
 vocoder's float32, auto per device, the VAE's float16 upcast), the devices each worker lands on,
-and which workers open the artifact store."""
+the image decoder's layout (guidance groups x Ulysses ranks), and which workers open the
+artifact store."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -20,6 +22,7 @@ from omni.config import (
 from omni.engines.worker_specs import (
     audio_decoder_worker_spec,
     component_dtype,
+    decoder_layout,
     encoder_worker_spec,
     llm_worker_spec,
     vision_decoder_worker_spec,
@@ -100,3 +103,34 @@ def test_replicas_split_the_decoder_devices_into_equal_groups() -> None:
     ]
     unplaced = vision_decoder_worker_specs(omni_model(vision_decoder=VisionDecoderConfig(replicas=3)))
     assert [(s.worker_id, s.device, s.world_size) for s in unplaced] == [(0, "cuda:0", 1), (1, "cuda:0", 1), (2, "cuda:0", 1)]
+
+
+@pytest.mark.parametrize(
+    ("devices", "flag", "guidance", "groups"),
+    [
+        (2, "auto", "autoguidance", 2),
+        (4, "auto", "cfg", 2),
+        (6, "on", "autoguidance", 2),
+        (3, "auto", "autoguidance", 1),  # odd: one Ulysses group of every device
+        (1, "auto", "cfg", 1),
+        (2, "auto", "none", 1),  # one pass a step: nothing to split
+        (4, "off", "autoguidance", 1),
+        (5, "off", "none", 1),
+    ],
+)
+def test_the_image_decoders_devices_split_in_guidance_groups_of_ulysses_ranks(
+    devices: int, flag: str, guidance: str, groups: int
+) -> None:
+    layout = decoder_layout(devices, flag, guidance)
+    assert (layout.guidance_groups, layout.ulysses_ranks) == (groups, devices // groups)
+    assert layout.guidance_groups * layout.ulysses_ranks == devices  # every device is one rank
+
+
+@pytest.mark.parametrize(
+    ("devices", "guidance", "says"),
+    [(3, "autoguidance", "names 3 devices; guidance parallelism needs 2 x N"), (1, "cfg", "names 1 device;"),
+     (2, "none", "has no guidance")],
+)  # fmt: skip
+def test_guidance_parallelism_on_refuses_a_layout_it_cannot_have(devices: int, guidance: str, says: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(says)):
+        decoder_layout(devices, "on", guidance)
