@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from omni.cli import devices as device_flags
+from omni.cli import image_decoder as image_flags
 from omni.cli.config_file import ConfigFileError, apply_config_file
 from omni.cli.flags import add_section, read_section
 from omni.cli.vllm_flags import quantization_method, unsupported_flag_message
@@ -34,9 +35,8 @@ from omni.config import (
     VisionDecoderConfig,
     WorkerConfig,
 )
-from omni.engines.worker_specs import DTYPE_COMPONENTS, vision_decoder_layout
+from omni.engines.worker_specs import DTYPE_COMPONENTS
 from omni.model_layout import ModelLayout
-from omni.serving.requests.images import MAX_STEP_CACHE
 from omni.shared.gguf_file import is_gguf
 from omni.shared.media.limits import MediaLimits
 from omni.shared.settings import setting
@@ -255,15 +255,6 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
     except device_flags.DeviceError as exc:
         raise _fail(str(exc)) from None
     encoder = _auxiliary_gpu(encoder, llm)
-    if images.diffusion_steps < 1 or images.max_batch_images < 1:
-        raise _fail("--diffusion-steps and --max-batch-images must be at least 1")
-    if not 0 <= images.image_step_cache <= MAX_STEP_CACHE:  # NaN too
-        raise _usage_error(f"--image-step-cache must be between 0 and {MAX_STEP_CACHE:g}, got {images.image_step_cache}")
-    if images.devices and len(images.devices) % images.replicas:
-        raise _fail(
-            f"--vision-decoder-replicas {images.replicas}: the {len(images.devices)} --vision-decoder-devices "
-            f"({','.join(images.devices)}) cannot be split into {images.replicas} equal groups"
-        )
     worker: WorkerConfig = read_section(WorkerConfig, args)
     dtype = {"half": "float16", "float": "float32"}.get(args.dtype, args.dtype)
     worker = replace(
@@ -285,10 +276,12 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
     by_default = not on_cpu or llm.quantization == "int8"
     compiled = (by_default if asked is None else bool(asked)) and not compat.enforce_eager
     llm = replace(llm, compile_decode=compiled)
-    # unset: the DiT compiled on a GPU, eager on the CPU (a few percent for tens of seconds)
     asked = getattr(args, "compile_dit", None)
-    decoder_on_gpu = any(d != "cpu" for d in images.devices) if images.devices else (encoder.device or llm.worker_devices[0]) != "cpu"
-    images = replace(images, compile_dit=(decoder_on_gpu if asked is None else bool(asked)) and not compat.enforce_eager)
+    try:
+        images = image_flags.checked(images, compile_asked=None if asked is None else bool(asked),
+                                     default_device=encoder.device or llm.worker_devices[0], eager=compat.enforce_eager)  # fmt: skip
+    except image_flags.ImageFlagError as exc:
+        raise (_usage_error if exc.usage else _fail)(str(exc)) from None
     if audio.first_chunk_units < MIN_UNITS:
         raise _fail(f"--audio-first-chunk-units must be at least {MIN_UNITS} (an audio span's least)")
     if on_cpu and llm.gpu_memory_utilization is not None:
@@ -316,13 +309,10 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
         )
         for (model_name, _), layout in zip(models, layouts, strict=True)
     )
-    for model in engines:
-        if model.vision_decoder_dir is not None:
-            try:
-                layout = vision_decoder_layout(model)
-            except ValueError as exc:
-                raise _usage_error(f"{model.name}: {exc}") from None
-            log.info("image decoder of %s: %s", model.name, layout.describe())
+    try:
+        image_flags.log_layouts(engines)
+    except image_flags.ImageFlagError as exc:
+        raise _usage_error(str(exc)) from None
     server: ServerConfig = read_section(ServerConfig, args)
     return replace(
         server,
