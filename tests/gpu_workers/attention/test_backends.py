@@ -135,6 +135,7 @@ class FakeVarlen:
         return paged_varlen_reference(q, k, v, m, float(kw["softmax_scale"]))  # type: ignore[arg-type]
 
 
+@pytest.mark.cuda  # bench/gpu_smoke.sh selects the CUDA tests with -m cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("name", ["vllm_flash_attn", "flash_attn", "flashinfer"])
 def test_the_cuda_kernels_match_their_contract_on_a_mixed_batch(name: str) -> None:

@@ -39,6 +39,7 @@ def test_the_flash_backends_run_a_stateless_forward_as_plain_varlen(monkeypatch:
     assert len(fake.calls) == 1 and "block_table" not in fake.calls[0]
 
 
+@pytest.mark.cuda  # bench/gpu_smoke.sh selects the CUDA tests with -m cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_flash_attn_matches_reference() -> None:
     pytest.importorskip("flash_attn")
