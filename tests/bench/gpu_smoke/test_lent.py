@@ -40,3 +40,16 @@ def test_the_site_hook_makes_them_missing_as_a_missing_package_is(tmp_path: Path
                          env={"PYTHONPATH": f"{tmp_path}:{ROOT}", "PATH": "/usr/bin:/bin"})  # fmt: skip
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["True", "True", "False", "False", "True", "jsonschema"]
+
+
+def test_every_conftest_imports_with_only_the_lent_packages(tmp_path: Path) -> None:
+    """A conftest that fails to import ends collection of its whole folder in an error, and the
+    bare-checkout skip (tests/conftest.py) cannot help it: each must import there. (The dry run
+    without --quick collects tests/ whole under the same packages; this is its cheap part.)"""
+    lent.write_site(tmp_path)
+    modules = sorted(".".join(p.relative_to(ROOT).with_suffix("").parts) for p in (ROOT / "tests").rglob("conftest.py"))
+    code = "import importlib\n" + "".join(f"importlib.import_module({m!r})\n" for m in modules)
+    out = subprocess.run([sys.executable, "-c", code], check=False, cwd=ROOT, capture_output=True, text=True,
+                         timeout=120, env={"PYTHONPATH": f"{tmp_path}:{ROOT}", "PATH": "/usr/bin:/bin"})  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert len(modules) > 3
