@@ -35,13 +35,14 @@ PHASES = (
     Phase("imports", 30, "imports.py: the server and every runner under the machine's torch"),
     Phase("fi", 330, "fi_check.py short and long: import, FA2/FA3 JIT, our backend against the reference",
           background=True),
-    Phase("ckpt", 60, "the 100M checkpoint (bf16, 32k context) and the omni-tiny default"),
+    Phase("ckpt", 50, "the 100M checkpoint (bf16, 32k context) and the omni-tiny default"),
     Phase("omni_start", 150, "the embedded default starting on cuda:0 while graph runs", background=True),
     Phase("graph", 120, "graph_check.py: KV copy over warm-up, compiled against eager, ms per step"),
-    Phase("omni", 70, "http_checks.py omni: chat with an image, 2 images, speech, its transcription"),
+    Phase("omni", 60, "http_checks.py omni: chat with an image, 2 images, speech, its transcription"),
     Phase("pytest", 60, "the CUDA test files in one run, a row per file"),
     Phase("fi_wait", 20, "FlashInfer's rows: its builds have until the text phase is due, then stop"),
-    Phase("text", 140, "the 100M model served (auto attention, compiled decode): load, ~31k-token prompt, A3"),
+    Phase("text", 160, "the 100M model served (auto attention, compiled decode): start with its CUDA graphs, "
+          "load, a ~31k-token prompt, A3"),
     Phase("probe", 50, "gpu_step_probe.py, eager decode: wall against GPU-busy", optional=True),
     Phase("finish", 10, "summary.md, rows.tsv, results.json, facts.txt, logs.tgz into $OUT"),
 )  # fmt: skip
