@@ -154,7 +154,10 @@ else
         || "$PY" -c "import sys, zipfile; [zipfile.ZipFile(w).extractall(sys.argv[1]) for w in sys.argv[2:]]" "$SITE" "$CARRIED"/whl/*.whl \
             >> "$W/logs/setup.log" 2>&1 \
         || row "install the carried wheels" FAIL "" "$(tail -1 "$W/logs/setup.log")"
+    # tar's -J needs the xz program; Python's tarfile reads xz itself
     [ -d "$SITE/flashinfer" ] || timeout "$(cap setup)" tar -xJf "$CARRIED"/flashinfer-*-trim.tar.xz -C "$SITE" >> "$W/logs/setup.log" 2>&1 \
+        || "$PY" -c "import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" "$CARRIED"/flashinfer-*-trim.tar.xz "$SITE" \
+            >> "$W/logs/setup.log" 2>&1 \
         || row "unpack FlashInfer" FAIL "" "$(tail -1 "$W/logs/setup.log")"
 fi
 export PYTHONPATH="$SITE:$ROOT" PYTHONUNBUFFERED=1
