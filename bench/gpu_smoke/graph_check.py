@@ -52,9 +52,13 @@ def allocated() -> int:
     return torch.cuda.memory_allocated() if torch.cuda.is_available() else 0
 
 
+def runner_kwargs(a: argparse.Namespace, compiled: bool, blocks: int) -> dict[str, Any]:
+    return {"device": a.device, "dtype": getattr(torch, a.dtype), "block_size": BLOCK, "num_kv_blocks": blocks,
+            "attention_backend": a.attention_backend, "compile_decode": compiled, "max_num_seqs": 4}  # fmt: skip
+
+
 def make_runner(a: argparse.Namespace, compiled: bool, blocks: int, static: bool = False) -> LLMRunner:
-    r = LLMRunner(a.model, device=a.device, dtype=getattr(torch, a.dtype), block_size=BLOCK, num_kv_blocks=blocks,
-                  attention_backend=a.attention_backend, compile_decode=compiled, max_num_seqs=4)  # fmt: skip
+    r = LLMRunner(a.model, **runner_kwargs(a, compiled, blocks))
     if static and not marked_static(r.kv_cache):
         torch._dynamo.mark_static_address(r.kv_cache)
     mc = r.model_config
@@ -176,7 +180,7 @@ def run(a: argparse.Namespace, out: dict[str, Any]) -> None:
         out["static"] = {"skipped": "the cache was marked already or not copied"}
 
 
-def main() -> int:
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", required=True)
     p.add_argument("--json", type=Path, required=True)
@@ -187,7 +191,11 @@ def main() -> int:
     p.add_argument("--attention-backend", default="torch_sdpa",
                    help="prefill attention (torch_sdpa needs no JIT; flashinfer once fi_check passed)")  # fmt: skip
     p.add_argument("--static", action="store_true", help="also warm up with the cache marked static by hand")
-    a = p.parse_args()
+    return p
+
+
+def main() -> int:
+    a = parser().parse_args()
     out: dict[str, Any] = {"torch": torch.__version__, "attention_backend": a.attention_backend, "ok": False}
     try:
         run(a, out)
