@@ -161,6 +161,7 @@ else
         || row "unpack FlashInfer" FAIL "" "$(tail -1 "$W/logs/setup.log")"
 fi
 export PYTHONPATH="$SITE:$ROOT" PYTHONUNBUFFERED=1
+export OMNI_PYTHON="$(command -v "$PY")"   # bin/omni-serve and bin/omni-bench: the same interpreter
 [ -d /usr/local/cuda/bin ] && export PATH="/usr/local/cuda/bin:$PATH"
 export MAX_JOBS="${MAX_JOBS:-8}"   # FlashInfer's ninja -j per build: FA2 and FA3 build at once
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || echo "no GPU: nvidia-smi missing or shows none"
