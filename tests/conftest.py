@@ -5,6 +5,7 @@ import pytest
 from hypothesis import settings
 
 from gpu_workers.tiny.tokenizer import build_tiny_tokenizer
+from tests import bare_checkout
 
 # The property tests draw the same examples on every run, so the suite passes or fails the same
 # way each time (issue 32); HYPOTHESIS_PROFILE=explore draws fresh ones, to hunt for new cases.
@@ -12,6 +13,27 @@ from gpu_workers.tiny.tokenizer import build_tiny_tokenizer
 settings.register_profile("deterministic", derandomize=True)
 settings.register_profile("explore", derandomize=False)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "deterministic"))
+
+
+class _BareCheckoutModule(pytest.Module):
+    """A test module that, in a bare checkout (tests/bare_checkout.py), is skipped when a
+    package it imports is not installed, instead of ending collection in an error."""
+
+    def collect(self):  # type: ignore[no-untyped-def]
+        try:
+            _ = self.obj  # imports the module
+        except self.CollectError as e:
+            missing = bare_checkout.missing_package(e)
+            if missing is None:
+                raise
+            pytest.skip(f"needs {missing}, which is not installed (a bare checkout)", allow_module_level=True)
+        return super().collect()
+
+
+def pytest_pycollect_makemodule(module_path: Path, parent: pytest.Collector) -> pytest.Module | None:
+    if bare_checkout.project_installed():
+        return None  # pytest's own: a missing package is a collection error, loud
+    return _BareCheckoutModule.from_parent(parent, path=module_path)  # type: ignore[no-any-return]
 
 
 @pytest.fixture(scope="session")

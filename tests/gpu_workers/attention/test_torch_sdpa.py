@@ -19,6 +19,7 @@ def test_torch_sdpa_matches_reference(block_size: int) -> None:
     run_backend(TorchSDPABackend(block_size, torch.device("cpu")), "cpu", torch.float32, block_size)
 
 
+@pytest.mark.cuda  # bench/gpu_smoke.sh selects the CUDA tests with -m cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_torch_sdpa_on_cuda() -> None:
     run_backend(TorchSDPABackend(4, torch.device("cuda")), "cuda", torch.float32, 4)

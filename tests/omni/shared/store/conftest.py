@@ -1,12 +1,17 @@
+from __future__ import annotations
+
 import socket
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from omni.shared.store import ArtifactStore, LocalStore
-from omni.shared.store.s3 import S3Store
+
+if TYPE_CHECKING:  # imported where used: S3Store needs aiobotocore, which a bare checkout may lack
+    from omni.shared.store.s3 import S3Store
 
 BUCKET = "omni-test"
 AWS_TEST_ENV = {
@@ -52,6 +57,8 @@ def moto_endpoint() -> Iterator[str]:
 
 
 def make_s3_store(endpoint: str, **kwargs: float) -> S3Store:
+    from omni.shared.store.s3 import S3Store
+
     # A fresh prefix per store keeps tests independent in the one session-wide bucket.
     kwargs = {"connect_timeout_s": 2.0, "read_timeout_s": 5.0, **kwargs}
     return S3Store(
