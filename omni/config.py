@@ -251,6 +251,7 @@ class VisionDecoderConfig:
         help="independent image decoder groups; --vision-decoder-devices is split into this many equal groups "
         "(cuda:0,cuda:1,cuda:2,cuda:3 with 2: two Ulysses pairs; without it, each is one process on the encoder's "
         "device), and each image goes to the replica with the least work queued (default 1; docs/IMAGES.md)",
+    )
     guidance_parallel: str = setting(
         "auto",
         flag="--image-guidance-parallel",
