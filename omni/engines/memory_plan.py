@@ -95,7 +95,7 @@ class MemoryPlan:
             total = totals.get(device)
             if device == "cpu" or total is None or self.total(device) <= utilization * total:
                 continue
-            parts = " + ".join(f"{item.label} {gib(item.nbytes)}" for item in items)
+            parts = " + ".join(f"{item.label} {gib(item.nbytes)} GiB" for item in items)
             out.append(
                 f"{device} cannot hold what is placed on it: {parts} = {gib(self.total(device))} GiB, over "
                 f"{_budget(total, utilization)} (--gpu-memory-utilization)"

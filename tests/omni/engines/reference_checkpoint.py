@@ -52,7 +52,7 @@ def _write_json(path: Path, value: dict[str, object]) -> None:
 def reference_checkpoint(root: Path, *, twin: bool = True) -> Path:
     """The folder, under root; twin=False leaves transformer2 out (no guidance)."""
     _write_json(root / "config.json", {"text_config": {"hidden_size": 4096}})
-    shapes = {"model.language_model.model.embed_tokens.weight": (LLM_PARAMS // 4096, 4096)}
+    shapes = {"model.language_model.model.embed_tokens.weight": (LLM_PARAMS,)}
     shapes |= {prefix + "weight": (n,) for prefix, n in ENCODER_PARAMS.items()}
     write_header(root / "model.safetensors", shapes)
     vision = root / "decoder" / "vision"
