@@ -52,7 +52,7 @@ def check_memory(config: ServerConfig, gpu_memory: Callable[[], Mapping[str, int
         return
     try:
         plan = memory_plan(config)
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+    except (OSError, ValueError, LookupError, TypeError) as exc:
         log.warning("memory plan: not made (%s); the workers find out at load", exc)
         return
     on_gpu = any(device != "cpu" for device in plan.devices)

@@ -83,7 +83,8 @@ class MemoryPlan:
         lines = [f"{'device':<8} {'item':<{width}} {'GiB':>7}"]
         for device, items in self.devices.items():
             lines += [f"{device:<8} {item.label:<{width}} {gib(item.nbytes):>7}" for item in items]
-            budget = "" if device not in (totals or {}) else f" of {_budget(totals[device], utilization)}"  # type: ignore[index]
+            total = (totals or {}).get(device)
+            budget = "" if total is None else f" of {_budget(total, utilization)}"
             lines.append(f"{device:<8} {'total':<{width}} {gib(self.total(device)):>7}{budget}")
         return "\n".join(lines)
 
@@ -290,7 +291,17 @@ def encoder_weight_bytes(root: Path, itemsize: int) -> int:
         headers = [h for name in layout.components for h in _index_headers(index, PUBLISHED_PREFIXES[name])]
     else:
         headers = [h for path in layout.components.values() for h in _folder_headers(path)]
-    return _bytes_at(_entries(headers, lambda n: True), itemsize)
+    return _bytes_at(_entries(headers, _encoder_reads), itemsize)
+
+
+# TA-Tok's reconstruction half, which the encoder worker never loads (gpu_workers/models/ta_tok.py
+# PUBLISHED_IGNORED; a copy: the server does not import the workers' model code)
+_TA_TOK = "model.discrete_vision_model."
+_TA_TOK_UNREAD = tuple(_TA_TOK + p for p in ("decoder.", "decode_task_layer.", "bottleneck.out_linear.", "scale_layer.", "teacher."))
+
+
+def _encoder_reads(name: str) -> bool:
+    return not name.startswith(_TA_TOK_UNREAD)
 
 
 def vocoder_bytes(path: Path, itemsize: int) -> int:

@@ -15,6 +15,7 @@ import pytest
 from omni.cli.options import parse_args, server_config
 from omni.config import LLMConfig, ModelConfig, VisionDecoderConfig, WorkerConfig
 from omni.engines.memory_plan import MemoryPlan, add_model, memory_plan
+from omni.shared.safetensors_index import PUBLISHED_PREFIXES, SafetensorsIndex
 from tests.omni.engines.reference_checkpoint import (
     CODEBOOK,
     DIT_PARAMS,
@@ -189,3 +190,19 @@ def test_cfg_batches_both_passes_on_one_group_and_each_group_holds_the_one_dit(t
             assert "transformer2" not in items
             assert items["activations"] == act  # off: 2 rows a job over 2 Ulysses ranks; on: 1 row, 1 rank
         assert _items(plan, "cuda:0")["codebook"] == CODEBOOK[0] * CODEBOOK[1] * 4
+
+
+def test_the_tiny_checkpoints_llm_encoder_and_vocoder_are_their_tensors_as_the_workers_load_them(tiny: Path) -> None:
+    index = SafetensorsIndex.read(tiny)
+    plan = _tiny_plan(tiny, "--dtype", "float32")
+    held = {item.label.split(" ", 1)[1]: item.nbytes for item in plan.devices["cpu"] if ": " not in item.label}
+    assert held["llm weights (worker 0)"] == index.nbytes(PUBLISHED_PREFIXES["llm"])  # stored float32
+    encoder = sum(index.nbytes(PUBLISHED_PREFIXES[name]) for name in
+                  ("vision_encoder", "audio_encoder", "image_tokenizer", "audio_tokenizer"))
+    unread = index.nbytes(tuple("model.discrete_vision_model." + p for p in ("decoder.", "decode_task_layer.", "scale_layer.")))
+    assert unread > 0
+    assert held["encoder weights"] == encoder - unread - index.nbytes(("model.discrete_vision_model.bottleneck.out_linear.",))
+    assert held["vocoder weights"] == sum(f.stat().st_size for f in (tiny / "decoder" / "audio").glob("*.mar"))
+    # --llm-workers 2 on the CPU: each worker holds its own copy
+    two = _tiny_plan(tiny, "--dtype", "float32", "--llm-workers", "2")
+    assert sum("llm weights" in item.label for item in two.devices["cpu"]) == 2
