@@ -44,9 +44,9 @@ def check_devices_present(config: ServerConfig, gpus: int | None = None) -> None
         raise SystemExit(f"omni-serve: {exc}") from None
 
 
-def check_memory(config: ServerConfig, gpu_memory: Callable[[], Mapping[str, int]] = device_flags.gpu_memory) -> None:
+def check_memory(config: ServerConfig, gpu_memory: Callable[[], Mapping[str, int]] | None = None) -> None:
     """Log the memory plan; exit with status 2 when a GPU's items exceed its budget.
-    gpu_memory: "cuda:N" -> bytes (the driver's; tests give their own). CPU devices are only
+    gpu_memory: "cuda:N" -> bytes (None: the driver's, device_flags.gpu_memory; tests give their own). CPU devices are only
     logged. A checkpoint file the plan cannot read is left to the worker that loads it."""
     if not config.models:
         return
@@ -56,7 +56,7 @@ def check_memory(config: ServerConfig, gpu_memory: Callable[[], Mapping[str, int
         log.warning("memory plan: not made (%s); the workers find out at load", exc)
         return
     on_gpu = any(device != "cpu" for device in plan.devices)
-    totals = gpu_memory() if on_gpu else {}
+    totals = (gpu_memory or device_flags.gpu_memory)() if on_gpu else {}
     given = config.models[0].llm.gpu_memory_utilization
     utilization = DEFAULT_GPU_MEMORY_UTILIZATION if given is None else given
     log.info("memory plan (weights and the largest batch's activations; the KV cache takes the rest):\n%s",

@@ -69,3 +69,24 @@ def test_cpu_devices_are_logged_never_refused(tmp_path: Path, caplog: pytest.Log
 
 def test_a_gpu_of_unknown_memory_is_not_refused(tmp_path: Path) -> None:
     check_memory(_reference(tmp_path), dict)  # nvidia-smi missing: nothing known, nothing refused
+
+
+def test_main_refuses_an_overfull_gpu_before_any_worker_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from omni.cli import main as cli_main
+
+    root = reference_checkpoint(tmp_path / "ref")
+    monkeypatch.setattr("omni.cli.devices.visible_gpus", lambda: 1)
+    monkeypatch.setattr("omni.cli.devices.gpu_memory", lambda: {"cuda:0": 24 * GIB})
+
+    def serve(*args: object) -> int:
+        raise AssertionError("no worker may start")
+
+    monkeypatch.setattr(cli_main, "serve", serve)
+    monkeypatch.setenv("OMNI_LOG_LEVEL", "INFO")
+    monkeypatch.setenv("OMNI_LOG_FORMAT", "text")
+    with pytest.raises(SystemExit) as exit_:
+        cli_main.main([str(root), "--device", "cuda:0", "--dtype", "bfloat16", "--no-audio-output"])
+    assert exit_.value.code == 2
+    assert "cuda:0 cannot hold what is placed on it" in capsys.readouterr().err
