@@ -146,12 +146,13 @@ def add_image_decoder(plan: MemoryPlan, model: ModelConfig) -> None:
         devices = vision_decoder_devices(model, replica)
         layout = decoder_layout(len(devices), images.guidance_parallel, folder.guidance)
         n = layout.ulysses_ranks
+        # every rank takes rank 0's dtypes (worker_specs.vision_decoder_worker_spec)
+        itemsize = DTYPE_BYTES[component_dtype(model.worker, "vision_decoder", devices[0])]
+        vae_itemsize = DTYPE_BYTES[component_dtype(model.worker, "vae", devices[0])]
         for rank, device in enumerate(devices):
-            itemsize = DTYPE_BYTES[component_dtype(model.worker, "vision_decoder", devices[0])]
-            vae_itemsize = DTYPE_BYTES[component_dtype(model.worker, "vae", devices[0])]
             who = f"{model.name} image decoder r{replica} rank {rank}"
             for name in folder.dits_of(rank, layout.guidance_groups, n):
-                plan.add(device, f"{who}: {name}", folder.dit_bytes[name] * itemsize)
+                plan.add(device, f"{who}: {name}", folder.dit_params[name] * itemsize)
             plan.add(device, f"{who}: codebook", folder.codebook_params * 4)
             if rank == 0:
                 plan.add(device, f"{who}: VAE", folder.vae_params * vae_itemsize)
@@ -168,7 +169,7 @@ class DecoderFiles:
     gpu_workers/vision_decoder/layout.py), read from headers and config.json."""
 
     guidance: str  # autoguidance | cfg | none
-    dit_bytes: dict[str, int]  # "transformer" / "transformer2" -> parameters (not yet bytes)
+    dit_params: dict[str, int]  # "transformer" / "transformer2" -> its parameters
     codebook_params: int
     vae_params: int
     hidden: int  # the DiT's width, and its MLP's
@@ -196,7 +197,7 @@ class DecoderFiles:
         """The DiTs a rank loads: both without guidance parallelism; with it, its role's (CFG's
         roles both run the transformer)."""
         if guidance_groups == 1 or self.guidance != "autoguidance":
-            return list(self.dit_bytes)
+            return list(self.dit_params)
         return ["transformer" if rank < ulysses_ranks else "transformer2"]
 
 
