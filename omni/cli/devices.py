@@ -105,3 +105,41 @@ def _installed_gpus() -> int:
     except (OSError, subprocess.TimeoutExpired):
         return 0
     return sum(1 for line in out.stdout.splitlines() if line.startswith("GPU "))
+
+
+def gpu_memory() -> dict[str, int]:
+    """Each visible GPU's memory in bytes, as "cuda:N" -> bytes, from `nvidia-smi
+    --query-gpu=index,uuid,memory.total` (MiB), N counted as CUDA_VISIBLE_DEVICES renumbers them
+    (an entry is an index or a GPU- uuid prefix; a MIG- entry, whose share nvidia-smi does not
+    list here, is left out, as is everything when nvidia-smi is missing: unknown memory is not
+    checked). nvidia-smi orders GPUs by PCI bus, as CUDA does under CUDA_DEVICE_ORDER=PCI_BUS_ID;
+    CUDA's default order differs only between GPUs of different speeds."""
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return {}
+    query = [smi, "--query-gpu=index,uuid,memory.total", "--format=csv,noheader,nounits"]
+    try:
+        out = subprocess.run(query, capture_output=True, text=True, timeout=10, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return {}
+    return visible_memory(out.stdout, os.environ.get("CUDA_VISIBLE_DEVICES"))
+
+
+def visible_memory(smi_csv: str, visible: str | None) -> dict[str, int]:
+    """gpu_memory's reading of nvidia-smi's lines ("0, GPU-8f2c..., 81559") under a
+    CUDA_VISIBLE_DEVICES value (None: every GPU, in nvidia-smi's order)."""
+    gpus: list[tuple[str, str, int]] = []
+    for line in smi_csv.splitlines():
+        fields = [f.strip() for f in line.split(",")]
+        if len(fields) == 3 and fields[0].isdigit() and fields[2].isdigit():
+            gpus.append((fields[0], fields[1], int(fields[2]) << 20))
+    if visible is None:
+        return {f"cuda:{i}": size for i, (_, _, size) in enumerate(gpus)}
+    out: dict[str, int] = {}
+    for n, entry in enumerate(e.strip() for e in visible.split(",")):
+        if not entry or entry.startswith("-"):
+            break  # where CUDA stops reading (visible_gpus)
+        match = [size for index, uuid, size in gpus if entry == index or (entry.startswith("GPU-") and uuid.startswith(entry))]
+        if match:
+            out[f"cuda:{n}"] = match[0]
+    return out

@@ -13,7 +13,8 @@ import time
 
 from aiohttp import web
 
-from omni.cli.options import check_devices_present, parse_args, server_config
+from omni.cli.options import parse_args, server_config
+from omni.cli.preflight import check_devices_present, check_memory
 from omni.cli.sd_notify import Notifier
 from omni.config import ServerConfig
 from omni.http.access_log import AccessLogger
@@ -161,7 +162,8 @@ def main(argv: list[str] | None = None) -> None:
     os.environ["OMNI_LOG_LEVEL"] = args.log_level
     os.environ["OMNI_LOG_FORMAT"] = args.log_format
     config = server_config(args)
-    check_devices_present(config)  # here, not in server_config: see its docstring
+    check_devices_present(config)  # here, not in server_config: see omni/cli/preflight.py
+    check_memory(config)
     notifier = Notifier.from_env(os.environ)  # before any worker is spawned (they inherit it)
     try:
         import uvloop  # noqa: PLC0415

@@ -326,7 +326,7 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
 
 def _llm_devices(llm: LLMConfig, device: str) -> LLMConfig:
     """--devices normalised and checked; else --device, `auto` (its default) resolved here.
-    Whether the GPUs they name exist is checked at start (check_devices_present)."""
+    Whether the GPUs they name exist is checked at start (omni/cli/preflight.py)."""
     try:
         devices = device_flags.normalise_list(llm.devices, "--devices")
         if devices:
@@ -354,29 +354,6 @@ def _auxiliary_gpu(encoder: EncoderConfig, llm: LLMConfig) -> EncoderConfig:
     taken = set(llm.worker_devices)
     free = [f"cuda:{i}" for i in range(device_flags.visible_gpus()) if f"cuda:{i}" not in taken]
     return replace(encoder, device=free[0]) if free else encoder
-
-
-def check_devices_present(config: ServerConfig, gpus: int | None = None) -> None:
-    """Before any worker starts: every GPU a device flag names is one this machine shows
-    (gpus: how many; counted from the driver when None). A config is built, and tested,
-    without this, on machines that lack the GPUs it names."""
-    named: list[tuple[str, str]] = []
-    for model in config.models:
-        if model.llm.devices:
-            named += [("--devices", d) for d in model.llm.devices]
-        else:
-            named.append(("--device", model.llm.device))
-        if model.encoder.device is not None:
-            named.append(("--encoder-device", model.encoder.device))
-        named += [("--vision-decoder-devices", d) for d in model.vision_decoder.devices]
-        if model.audio_decoder.device is not None:
-            named.append(("--audio-decoder-device", model.audio_decoder.device))
-    if all(device == "cpu" for _, device in named):
-        return
-    try:
-        device_flags.check_present(named, device_flags.visible_gpus() if gpus is None else gpus)
-    except device_flags.DeviceError as exc:
-        raise _fail(str(exc)) from None
 
 
 def _num_threads(

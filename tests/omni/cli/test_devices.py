@@ -10,7 +10,15 @@ from pathlib import Path
 import pytest
 
 from omni.cli import devices
-from omni.cli.devices import DeviceError, check_present, normalise, normalise_list, resolve, visible_gpus
+from omni.cli.devices import (
+    DeviceError,
+    check_present,
+    normalise,
+    normalise_list,
+    resolve,
+    visible_gpus,
+    visible_memory,
+)
 
 
 @pytest.mark.parametrize(
@@ -83,3 +91,19 @@ def test_without_the_driver_nvidia_smi_counts_or_there_is_no_gpu(
     smi.chmod(0o755)
     monkeypatch.setattr(devices.shutil, "which", lambda name: str(smi))
     assert visible_gpus() == 2
+
+
+SMI = "0, GPU-aaaa-1111, 81559\n1, GPU-bbbb-2222, 24564\n2, GPU-cccc-3333, 143771\n"
+
+
+@pytest.mark.parametrize(
+    ("visible", "expect"),
+    [
+        (None, {"cuda:0": 81559 << 20, "cuda:1": 24564 << 20, "cuda:2": 143771 << 20}),
+        ("2,0", {"cuda:0": 143771 << 20, "cuda:1": 81559 << 20}),  # renumbered as CUDA does
+        ("GPU-bbbb,-1,0", {"cuda:0": 24564 << 20}),  # a uuid prefix; CUDA stops at -1
+        ("MIG-xyz", {}),  # a MIG slice's share is not listed: unknown, not checked
+    ],
+)
+def test_gpu_memory_reads_nvidia_smi_through_cuda_visible_devices(visible: str | None, expect: dict[str, int]) -> None:
+    assert visible_memory(SMI, visible) == expect

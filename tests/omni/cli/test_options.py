@@ -10,7 +10,8 @@ import pytest
 
 from gpu_workers.tiny.checkpoints import make_tiny_checkpoint, make_tiny_component_checkpoint
 from omni.cli.main import main
-from omni.cli.options import build_parser, check_devices_present, parse_args, server_config
+from omni.cli.options import build_parser, parse_args, server_config
+from omni.cli.preflight import check_devices_present
 from omni.config import CorsPolicy
 
 
