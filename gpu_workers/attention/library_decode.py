@@ -247,7 +247,8 @@ class FlashInferDecode(DecodeKernel):
 
 class FlashAttnDecode(DecodeKernel):
     """flash-attn's flash_attn_with_kvcache reading the cache through block_table (upstream's
-    build; VllmFlashAttnDecode is vLLM's). Its lse is (B, Hq, 1) for one query a row."""
+    build; vLLM's has no such function: VllmFlashAttnDecode). Its lse is (B, Hq, 1) for one
+    query a row."""
 
     name = "flash_attn"
 
@@ -276,14 +277,41 @@ class FlashAttnDecode(DecodeKernel):
         return out.squeeze(1), lse.squeeze(-1).float()
 
 
-class VllmFlashAttnDecode(FlashAttnDecode):
+class VllmFlashAttnDecode(DecodeKernel):
+    """vLLM's build has no flash_attn_with_kvcache (vllm-project/flash-attention at the recorded
+    commit): its flash_attn_varlen_func takes the rows as B sequences of one query each
+    (cu_seqlens_q 0..B), seqused_k and block_table, as vLLM's own decode does. Its lse is
+    (Hq, B): one column per query row. max_seqlen_k is the graphs' widest table, a constant."""
+
     name = "vllm_flash_attn"
+
+    def __init__(self, max_seqlen_k: int, varlen: Callable[..., Any] | None = None) -> None:
+        self.max_seqlen_k = max_seqlen_k
+        self._call = varlen or self._import()
 
     @classmethod
     def _import(cls) -> Callable[..., Any]:
-        from vllm.vllm_flash_attn import flash_attn_with_kvcache
+        from vllm.vllm_flash_attn import flash_attn_varlen_func
 
-        return flash_attn_with_kvcache  # type: ignore[no-any-return]
+        return flash_attn_varlen_func  # type: ignore[no-any-return]
+
+    def attend(
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        block_table: torch.Tensor,
+        num_cached: torch.Tensor,
+        scale: float,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        rows = q.shape[0]
+        cu_seqlens_q = torch.arange(rows + 1, dtype=torch.int32, device=q.device)
+        out, lse = self._call(
+            q, k_cache, v_cache, max_seqlen_q=1, cu_seqlens_q=cu_seqlens_q, max_seqlen_k=self.max_seqlen_k,
+            seqused_k=num_cached.clamp(min=1).to(torch.int32), softmax_scale=scale, causal=True,
+            block_table=block_table.to(torch.int32), return_softmax_lse=True,
+        )  # fmt: skip
+        return out, lse.transpose(0, 1).float()
 
 
 # the attention backends (attention/registry.py) whose library has a decode kernel the graphs use
@@ -306,7 +334,7 @@ def create_decode_kernel(
         return FlashInferDecode(buckets, max_blocks_per_row, heads, bs, kv_cache.dtype, scale, kv_cache.device)
     kinds: dict[str, Callable[[], DecodeKernel]] = {
         ReferenceDecode.name: ReferenceDecode, FlashAttnDecode.name: FlashAttnDecode,
-        VllmFlashAttnDecode.name: VllmFlashAttnDecode,
+        VllmFlashAttnDecode.name: lambda: VllmFlashAttnDecode(max_blocks_per_row * kv_cache.shape[1]),
     }  # fmt: skip
     if name not in kinds:
         raise ValueError(f"unknown library decode kernel {name!r}; known: {', '.join(LIBRARY_KERNELS)}")

@@ -4,11 +4,14 @@ takes exactly FlashInfer 0.7.4's parameter names (read from its wheel's flashinf
 computes attention from nothing but the buffers it was given, so a wrong buffer, size or plan is
 a wrong answer; flash-attn's flash_attn_with_kvcache call through a fake of upstream's signature.
 
-The fakes here are hand-written and small; the signature-generated fakes of issue 34 item 4 (the
-fikernels work) check the binding against the published signatures themselves."""
+The hand-written fakes compute; the last tests put them behind library_fakes.py, which binds every
+call to the signatures recorded from the published sources first (FlashInfer 0.7.4's decode
+wrapper, flash-attn 2.8.3's flash_attn_with_kvcache, vLLM's flash_attn_varlen_func), so a renamed
+parameter fails here, on the CPU."""
 
 from __future__ import annotations
 
+import inspect
 import math
 import types
 from typing import Any
@@ -19,7 +22,15 @@ import torch.nn.functional as F
 
 from gpu_workers.attention import library_decode
 from gpu_workers.attention.backend import HeadShape
-from gpu_workers.attention.library_decode import FlashAttnDecode, FlashInferDecode, ReferenceDecode
+from gpu_workers.attention.library_decode import FlashAttnDecode, FlashInferDecode, ReferenceDecode, VllmFlashAttnDecode
+from tests.gpu_workers.attention.library_fakes import (
+    Signatures,
+    fake_class,
+    fake_function,
+    fake_module,
+    load_signatures,
+    rename_parameter,
+)
 
 NB, BS, HKV, G, D = 12, 4, 2, 3, 8
 SCALE = 0.3
@@ -254,3 +265,97 @@ def test_flash_attn_with_kvcache_gets_the_block_table_and_cached_lengths() -> No
     assert out.shape == q.shape and lse.shape == (4, HKV * G)
     want_out, want_lse = _sdpa(q, k_cache, v_cache, 3)
     assert (out[3] - want_out).abs().max().item() < 1e-5 and (lse[3] - want_lse).abs().max().item() < 1e-5
+
+
+# ---- bound to the recorded signatures (library_signatures.json, issue 34 item 4) -------------
+
+
+def _bound_args(fn: Any, args: dict[str, Any]) -> dict[str, Any]:
+    """The recorded call's arguments that the hand-written fake's `fn` names (it keeps only what
+    it computes with)."""
+    names = inspect.signature(fn).parameters
+    return {k: v for k, v in args.items() if k in names and k != "args"}
+
+
+class _BoundWrapper(FakeDecodeWrapper):
+    """FakeDecodeWrapper behind fake_class: each call is bound to FlashInfer 0.7.4's recorded
+    signature first (a renamed or removed parameter is a TypeError), then computed."""
+
+    def __init__(self, args: dict[str, Any]) -> None:  # type: ignore[override]
+        FakeDecodeWrapper.__init__(self, **_bound_args(FakeDecodeWrapper.__init__, args))
+
+    def plan(self, args: dict[str, Any]) -> None:  # type: ignore[override]
+        FakeDecodeWrapper.plan(self, **_bound_args(FakeDecodeWrapper.plan, args))
+
+    def run(self, args: dict[str, Any]) -> Any:  # type: ignore[override]
+        return FakeDecodeWrapper.run(self, **_bound_args(FakeDecodeWrapper.run, args))
+
+
+def _bound_flashinfer(sigs: Signatures) -> FlashInferDecode:
+    wrapper = fake_class(sigs, "flashinfer", "BatchDecodeWithPagedKVCacheWrapper", _BoundWrapper)
+    module = fake_module("flashinfer", BatchDecodeWithPagedKVCacheWrapper=wrapper)
+    return FlashInferDecode([4], 3, HeadShape(HKV * G, HKV, D), BS, torch.float32, SCALE, torch.device("cpu"), module)
+
+
+def test_the_graphs_flashinfer_calls_are_bound_to_its_recorded_signature() -> None:
+    q, k_cache, v_cache = _inputs()
+    fi = _bound_flashinfer(load_signatures())
+    fi.plan(4, TABLES, CACHED)
+    out, lse = fi.attend(q, k_cache, v_cache, torch.tensor(TABLES), torch.tensor(CACHED), SCALE)
+    want_out, want_lse = _sdpa(q, k_cache, v_cache, 3)
+    assert (out[3] - want_out).abs().max().item() < 1e-5 and (lse[3] - want_lse).abs().max().item() < 1e-5
+
+
+@pytest.mark.parametrize(
+    ("method", "old"),
+    [("__init__", "use_cuda_graph"), ("__init__", "paged_kv_indices_buffer"), ("__init__", "backend"),
+     ("plan", "sm_scale"), ("plan", "kv_data_type"), ("run", "return_lse"), ("run", "paged_kv_cache")],
+)  # fmt: skip
+def test_a_renamed_flashinfer_decode_argument_fails_the_graphs_call(method: str, old: str) -> None:
+    q, k_cache, v_cache = _inputs()
+    qualname = f"BatchDecodeWithPagedKVCacheWrapper.{method}"
+    sigs = rename_parameter(load_signatures(), "flashinfer", qualname, old, old + "_v2")
+    with pytest.raises(TypeError, match=old):
+        fi = _bound_flashinfer(sigs)
+        fi.plan(4, TABLES, CACHED)
+        fi.attend(q, k_cache, v_cache, torch.tensor(TABLES), torch.tensor(CACHED), SCALE)
+
+
+def _with_kvcache(args: dict[str, Any]) -> Any:
+    out, lse = library_decode.reference_attention(
+        args["q"][:, 0], args["k_cache"], args["v_cache"], args["block_table"], args["cache_seqlens"], args["softmax_scale"]
+    )
+    return out[:, None], lse[:, :, None]  # (B, 1, Hq, D), (B, Hq, 1)
+
+
+def _varlen(args: dict[str, Any]) -> Any:
+    assert args["max_seqlen_q"] == 1 and args["cu_seqlens_q"].tolist() == list(range(len(TABLES) + 1))
+    out, lse = library_decode.reference_attention(
+        args["q"], args["k"], args["v"], args["block_table"], args["seqused_k"], args["softmax_scale"]
+    )
+    return out, lse.transpose(0, 1)  # varlen's lse: (Hq, total_q)
+
+
+@pytest.mark.parametrize("rename", [None, "block_table", "return_softmax_lse"])
+def test_the_graphs_flash_attn_calls_are_bound_to_each_builds_signature(rename: str | None) -> None:
+    """Upstream flash-attn's flash_attn_with_kvcache, and vLLM's build, which has none, through
+    its flash_attn_varlen_func: both answer as SDPA does; a parameter renamed fails the call."""
+    q, k_cache, v_cache = _inputs()
+    table, cached = torch.tensor(TABLES), torch.tensor(CACHED)
+    sigs = load_signatures()
+    kernels = {
+        "flash_attn_with_kvcache": lambda s: FlashAttnDecode(fake_function(s, "flash_attn", "flash_attn_with_kvcache", _with_kvcache)),
+        "flash_attn_varlen_func": lambda s: VllmFlashAttnDecode(3 * BS, fake_function(s, "vllm_flash_attn", "flash_attn_varlen_func", _varlen)),
+    }  # fmt: skip
+    for qualname, make in kernels.items():
+        library = "flash_attn" if qualname == "flash_attn_with_kvcache" else "vllm_flash_attn"
+        if rename is not None:
+            with pytest.raises(TypeError, match=rename):
+                make(rename_parameter(sigs, library, qualname, rename, rename + "_v2")).attend(
+                    q, k_cache, v_cache, table, cached, SCALE
+                )
+            continue
+        out, lse = make(sigs).attend(q, k_cache, v_cache, table, cached, SCALE)
+        assert out.shape == q.shape and lse.shape == (len(TABLES), HKV * G)
+        want_out, want_lse = _sdpa(q, k_cache, v_cache, 3)
+        assert (out[3] - want_out).abs().max().item() < 1e-5 and (lse[3] - want_lse).abs().max().item() < 1e-5
