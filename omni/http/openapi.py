@@ -302,7 +302,8 @@ def _response_schemas() -> dict[str, Schema]:
         "type": "object",
         "properties": {
             "id": _STRING, "object": {"const": "response"}, "status": _STRING, "output": {"type": "array"},
-            "usage": {"anyOf": [{"type": "object"}, {"type": "null"}]},
+            "usage": {"anyOf": [{"type": "object", "properties": {"decoder_details": _ref("ImageDecoderDetails")}},
+                                {"type": "null"}]},
         },
         "required": ["id", "object", "status", "output"],
     }  # fmt: skip

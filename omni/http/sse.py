@@ -16,6 +16,7 @@ from omni.engines.generation import Delta, TokenLogprob, Usage
 from omni.engines.llm import EngineError
 from omni.modalities.outputs.router import OutputRouter
 from omni.serving.bodies import ChunkUsage, usage_body
+from omni.serving.bodies import Usage as UsageBody
 from omni.serving.errors import engine_error
 
 # One encoder for every body and event: msgspec encodes the response Structs (and the plain
@@ -96,25 +97,25 @@ class ChunkStream(Generic[C]):
         self.include_usage = include_usage
         self.continuous_usage = include_usage and continuous_usage
 
-    async def send(self, choices: list[C], usage: Usage | None = None) -> None:
+    async def send(self, choices: list[C], usage: UsageBody | None = None) -> None:
         body: ChunkUsage = msgspec.UNSET
         if self.include_usage:
-            body = usage_body(usage) if usage is not None else None
+            body = usage
         await send_event(self.response, self.chunk(choices, body))
 
-    def chunk_usage(self, output: OutputRouter, completion_tokens: int = 0) -> Usage | None:
+    def chunk_usage(self, output: OutputRouter, completion_tokens: int = 0) -> UsageBody | None:
         """What a chunk of this choice carries as its usage before the last chunk: with
         continuous_usage its prompt and the completion_tokens its chunks have carried so far,
         else None (null). A chunk sent before any token (chat's role) has 0 of them."""
         if not self.continuous_usage:
             return None
-        return Usage(output.usage.prompt_tokens, completion_tokens, output.usage.cached_tokens)
+        return usage_body(Usage(output.usage.prompt_tokens, completion_tokens, output.usage.cached_tokens))
 
     async def run(
         self,
         outputs: Sequence[OutputRouter],
         choice: Callable[[int, Delta], C | None],
-        usage: Callable[[], Usage],
+        usage: Callable[[], UsageBody],
         extra: Callable[[int], list[C]] | None = None,
     ) -> None:
         """Send one chunk per delta that choice() turns into a choice (None: skip it), then the

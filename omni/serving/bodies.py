@@ -22,7 +22,7 @@ from msgspec import UNSET, Meta, Struct, UnsetType
 
 from omni.engines.generation import Usage as TokenUsage
 from omni.modalities.outputs.audio_chat import AudioDelta, MessageAudio
-from omni.modalities.outputs.image_chat import OutputImagePart
+from omni.modalities.outputs.image_chat import ImageDecoderDetails, OutputImagePart
 from omni.serving.requests.chat import TextPart
 from omni.serving.requests.images import OUTPUT_FORMATS
 from omni.serving.requests.transcriptions import MAX_TEMPERATURE
@@ -49,6 +49,8 @@ class Usage(Struct, kw_only=True):
     completion_tokens: Count
     total_tokens: Count
     prompt_tokens_details: PromptTokensDetails
+    # Ours: a chat completion's, when its choices drew images (the images API's usage has the same)
+    decoder_details: ImageDecoderDetails | UnsetType = UNSET
 
 
 class PromptTokensDetails(Struct):
@@ -237,14 +239,6 @@ class TextCompletionChunk(Struct):
 class ImageTokensDetails(Struct):
     text_tokens: Count
     image_tokens: Count
-
-
-class ImageDecoderDetails(Struct):
-    """Ours: the image decoder's DiT block computations for all n images, every denoising step
-    and guidance pass; skipped: those its step cache reused (step_cache_threshold)."""
-
-    blocks_computed: Count
-    blocks_skipped: Count
 
 
 class ImageUsage(Struct):

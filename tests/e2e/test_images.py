@@ -234,9 +234,15 @@ def _chat_with_an_image(omni_dir: Path, **extra: Any) -> dict[str, Any]:
 
 
 def test_chat_returns_the_image_as_content_parts_streamed_or_not(server: str, omni_dir: Path) -> None:
+    """Drawn in 5 steps with the step cache at its highest, so the usage's decoder_details
+    count skipped blocks (steps 2 and 3), streamed (the usage chunk) or not, alike."""
     client = _client(server)
-    body = _chat_with_an_image(omni_dir, skip_special_tokens=False)
+    image_options = {"num_inference_steps": 5, "step_cache_threshold": 1000}
+    body = _chat_with_an_image(omni_dir, skip_special_tokens=False, image=image_options)
     reply = client.chat.completions.create(**body)
+    assert reply.usage is not None and reply.usage.model_extra is not None
+    blocks = reply.usage.model_extra["decoder_details"]
+    assert blocks["blocks_computed"] > 0 and blocks["blocks_skipped"] > 0
     content = reply.choices[0].message.content
     assert isinstance(content, list), content
     (part,) = [p for p in content if p["type"] == "image_url"]
@@ -245,13 +251,15 @@ def test_chat_returns_the_image_as_content_parts_streamed_or_not(server: str, om
     image = _fetch(part["image_url"]["url"])
     assert _png(image).size in set(RATIO_SIZES.values())  # the size its ratio token gives
 
-    chunks = list(client.chat.completions.create(**body, stream=True))
+    chunks = list(client.chat.completions.create(**body, stream=True, stream_options={"include_usage": True}))
     streamed = [c.choices[0].delta.content for c in chunks if c.choices and c.choices[0].delta.content]
     parts = [p for d in streamed if isinstance(d, list) for p in d]
     text = "".join(d for d in streamed if isinstance(d, str))
     assert "<|vision" not in text and START not in text
     assert len(parts) == 1 and _fetch(parts[0]["image_url"]["url"]) == image  # streamed == not streamed
     assert "".join(texts) == text
+    usage = chunks[-1].usage
+    assert usage is not None and usage.model_extra is not None and usage.model_extra["decoder_details"] == blocks
 
 
 def test_chat_image_as_a_data_url(server: str, omni_dir: Path) -> None:
@@ -301,6 +309,7 @@ def test_text_only_modalities_draw_nothing(server: str, omni_dir: Path) -> None:
     body = _chat_with_an_image(omni_dir, modalities=["text"])
     reply = _client(server).chat.completions.create(**body)
     assert isinstance(reply.choices[0].message.content, str)
+    assert reply.usage is not None and not reply.usage.model_extra  # a text turn's usage is OpenAI's
 
 
 def _decoder_ranks(base: str) -> dict[str, int]:

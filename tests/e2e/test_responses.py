@@ -143,8 +143,10 @@ def test_json_schema_output_validates(client: openai.OpenAI) -> None:
 
 
 def test_image_generation_returns_a_png_of_the_asked_size_with_partials_streamed(client: openai.OpenAI) -> None:
-    # the server draws in 2 steps: 2 partial images ask for one preview, after the first step
-    tool: Any = {"type": "image_generation", "size": "880x656", "partial_images": 2}
+    """The server draws in 2 steps: 2 partial images ask for one preview, after the first step.
+    The usage's decoder_details are the images API's for the same seed, size and steps (2 steps
+    leave the step cache nothing to skip), on the response.completed event's response too."""
+    tool: Any = {"type": "image_generation", "size": "880x656", "partial_images": 2, "step_cache_threshold": 1000}
     body: Any = {"model": MODEL, "input": "Draw a kite.", "tools": [tool], "tool_choice": {"type": "image_generation"},
                  "reasoning": NO_REASONING, "max_output_tokens": 300, "extra_body": {"seed": 2}}  # fmt: skip
     whole = client.responses.create(**body)
@@ -152,7 +154,14 @@ def test_image_generation_returns_a_png_of_the_asked_size_with_partials_streamed
     assert call.status == "completed" and call.result is not None
     image = base64.b64decode(call.result)
     assert _png(image).size == (880, 656)
+    assert whole.usage is not None and whole.usage.model_extra is not None
+    blocks = whole.usage.model_extra["decoder_details"]
+    drawn = client.images.generate(model=MODEL, prompt="a kite", size="880x656", extra_body={"seed": 2})  # type: ignore[arg-type]
+    assert drawn.usage is not None and drawn.usage.model_extra is not None
+    assert blocks == drawn.usage.model_extra["decoder_details"] and blocks["blocks_computed"] > 0
     events = list(client.responses.create(**body, stream=True))
+    (completed,) = [e.response for e in events if e.type == "response.completed"]
+    assert completed.usage is not None and completed.usage.model_extra == {"decoder_details": blocks}
     kinds = [e.type for e in events]
     assert "response.image_generation_call.partial_image" in kinds
     order = [k for k in kinds if k.startswith("response.image_generation_call.")]

@@ -16,6 +16,7 @@ from omni.http.access_log import client_request_id, note_generation
 from omni.http.body import body_timeout, read_parsed, request_timeout
 from omni.http.logprobs import chat_logprob_entries, prompt_logprobs_json
 from omni.http.state import MODELS, STORE
+from omni.modalities.outputs.chat_output import ChatBody
 from omni.modalities.outputs.router import OutputRouter
 from omni.serving import chat as lifecycle
 from omni.serving.bodies import (
@@ -35,6 +36,7 @@ from omni.serving.bodies import (
     finish_reason,
     usage_body,
 )
+from omni.serving.bodies import Usage as UsageBody
 from omni.serving.prepared import Completion
 from omni.serving.requests import ChatCompletionRequest, parse_chat_completion_request
 from omni.serving.requests.chat import TextPart
@@ -74,6 +76,8 @@ async def _complete(request: web.Request, req: ChatCompletionRequest, completion
         parser = fmt.new_parser()
         reply = parser.parse(c.text, cut=c.finish_reason == "length", spoke=any(b.spoke(i, c) for b in bodies))
         message = ChatCompletionMessage(role="assistant", content=echo + reply.content)
+        for b in bodies:
+            b.count(c)
         parts = [part for b in bodies for part in b.parts(c)]
         if parts:
             message.content = _content_parts(echo + reply.content, parts)
@@ -96,7 +100,7 @@ async def _complete(request: web.Request, req: ChatCompletionRequest, completion
         created=int(time.time()),
         model=completion.model.name,
         choices=choices,
-        usage=usage_body(_usage(completion.outputs)),
+        usage=_usage_body(completion.outputs, bodies),
     )
     num_items = sum(len(c.logprobs) for c in collected)
     if req.num_prompt_logprobs is not None:  # vLLM's place for them: the top level, one prompt for all choices
@@ -164,6 +168,7 @@ async def _stream(
         if parsed.tool_calls:
             body.tool_calls = [_tool_call_delta(t) for t in parsed.tool_calls]
         for b in bodies:  # a spoken turn's delta.audio (its transcript in place of content)
+            b.count(delta)
             fields = b.delta(index, delta, parsed.content)
             for name, value in fields.items():
                 setattr(body, name, value)
@@ -186,7 +191,7 @@ async def _stream(
         parts.clear()
         return chunks
 
-    await stream.run(completion.outputs, choice, lambda: _usage(completion.outputs), extra=part_chunks)
+    await stream.run(completion.outputs, choice, lambda: _usage_body(completion.outputs, bodies), extra=part_chunks)
     for b in bodies:  # a spoken answer is kept, so a later turn can refer to it by its id
         await b.finish()
     return response
@@ -205,6 +210,15 @@ def _tool_call_delta(t: ParsedToolCallDelta) -> ToolCallDelta:
     if t.id is None:
         return ToolCallDelta(index=t.index, function=fn)
     return ToolCallDelta(index=t.index, id=t.id, type="function", function=fn)
+
+
+def _usage_body(outputs: list[OutputRouter], bodies: list[ChatBody]) -> UsageBody:
+    """The token counts, and what each kind adds for all the choices (the images' decoder_details)."""
+    body = usage_body(_usage(outputs))
+    for b in bodies:
+        for name, value in b.usage().items():
+            setattr(body, name, value)
+    return body
 
 
 def _usage(outputs: list[OutputRouter]) -> Usage:

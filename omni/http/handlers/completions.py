@@ -205,5 +205,5 @@ async def _stream(
             body.stop_reason = delta.stop_reason
         return body
 
-    await stream.run(completion.outputs, choice, lambda: _usage(completion.outputs, req.n))
+    await stream.run(completion.outputs, choice, lambda: usage_body(_usage(completion.outputs, req.n)))
     return response

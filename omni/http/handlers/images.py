@@ -27,12 +27,12 @@ from omni.http.access_log import note_generation
 from omni.http.body import body_timeout, read_image_edit_form, read_parsed, request_timeout
 from omni.http.state import MODELS
 from omni.modalities.outputs.image import IMAGE, GeneratedImage, ImagePreview
+from omni.modalities.outputs.image_chat import decoder_details
 from omni.modalities.outputs.router import OutputRouter
 from omni.serving import image_edits
 from omni.serving import images as lifecycle
 from omni.serving.bodies import (
     ImageData,
-    ImageDecoderDetails,
     ImageEditCompletedEvent,
     ImageEditPartialImageEvent,
     ImageGenCompletedEvent,
@@ -125,8 +125,7 @@ def _usage(generation: ImageGeneration, drawn: list[GeneratedImage]) -> ImageUsa
     output = sum(o.usage.completion_tokens for o in outputs)
     images = generation.num_image_tokens
     details = ImageTokensDetails(text_tokens=prompt - images, image_tokens=images)
-    blocks = ImageDecoderDetails(sum(i.blocks_computed for i in drawn), sum(i.blocks_skipped for i in drawn))
-    return ImageUsage(prompt, details, output, prompt + output, blocks)
+    return ImageUsage(prompt, details, output, prompt + output, decoder_details(drawn))
 
 
 async def _stream(

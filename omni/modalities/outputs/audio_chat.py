@@ -337,6 +337,12 @@ class SpokenBody:
             if pieces:
                 await store_spoken(self.audio.store, audio_id, _samples(pieces), "wav", "".join(said))
 
+    def count(self, carrier: Carrier) -> None:
+        return None
+
+    def usage(self) -> dict[str, Any]:
+        return {}
+
 
 def _samples(pieces: list[AudioPiece]) -> np.ndarray:
     return np.concatenate([np.frombuffer(p.samples, dtype="<f4") for p in pieces])

@@ -74,6 +74,15 @@ class ChatBody(Protocol):
         """The stream ended (every choice's last chunk sent)."""
         ...
 
+    def count(self, carrier: Carrier) -> None:
+        """A collected choice, or a stream's Delta: what it made counts in the usage."""
+        ...
+
+    def usage(self) -> dict[str, Any]:
+        """The usage fields (Usage's own names) the kind fills for all count() saw; none when
+        it fills none."""
+        ...
+
 
 class ChatOutput(Protocol):
     """One output kind as a chat request gets it."""

@@ -16,7 +16,7 @@ import asyncio
 import dataclasses
 import functools
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Annotated, Any, Protocol
 
 from msgspec import Meta, Struct
@@ -24,7 +24,7 @@ from msgspec import Meta, Struct
 from omni.engines.generation import Delta
 from omni.errors import bad_request
 from omni.modalities.outputs.chat_output import ChatModel
-from omni.modalities.outputs.image import IMAGE, ImageRoute, ImageSettings, ModelImages, queue_preview
+from omni.modalities.outputs.image import IMAGE, GeneratedImage, ImageRoute, ImageSettings, ModelImages, queue_preview
 from omni.modalities.outputs.kind import Carrier, OutputSpans
 from omni.text.parsers.tool_calls import ToolFunction
 from omni.text.parsers.tool_grammar import T2I_TOOL
@@ -39,6 +39,18 @@ class OutputImageURL(Struct):
 
 class OutputImagePart(Struct, tag_field="type", tag="image_url"):
     image_url: OutputImageURL
+
+
+class ImageDecoderDetails(Struct):
+    """Ours: the image decoder's DiT block computations for all the images drawn, every
+    denoising step and guidance pass; skipped: those its step cache reused (step_cache_threshold)."""
+
+    blocks_computed: Annotated[int, Meta(ge=0)]
+    blocks_skipped: Annotated[int, Meta(ge=0)]
+
+
+def decoder_details(drawn: Sequence[GeneratedImage]) -> ImageDecoderDetails:
+    return ImageDecoderDetails(sum(i.blocks_computed for i in drawn), sum(i.blocks_skipped for i in drawn))
 
 
 class ImageOptions(Protocol):
@@ -123,12 +135,13 @@ class ChatImages:
         return DrawnBody(self.inline)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class DrawnBody:
     """Drawn images in a chat body: content parts after the text (none when inline: the URL is
-    in the text)."""
+    in the text), and the decoder's work for them all in the usage."""
 
     inline: bool
+    drawn: list[GeneratedImage] = field(default_factory=list)  # every choice's, as count() saw them
 
     def spoke(self, index: int, carrier: Carrier) -> bool:
         return False
@@ -146,6 +159,13 @@ class DrawnBody:
 
     async def finish(self) -> None:
         return None
+
+    def count(self, carrier: Carrier) -> None:
+        self.drawn.extend(IMAGE.pieces(carrier))
+
+    def usage(self) -> dict[str, Any]:
+        """usage.decoder_details, once any image was drawn (a turn of text alone has none)."""
+        return {"decoder_details": decoder_details(self.drawn)} if self.drawn else {}
 
 
 def chat_images(model: ChatModel, req: ImageRequest) -> ChatImages | None:

@@ -18,8 +18,11 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
+
 from omni.engines.generation import Delta, Usage
 from omni.modalities.outputs.image import IMAGE, GeneratedImage, ImagePreview
+from omni.modalities.outputs.image_chat import decoder_details
 from omni.serving.responses.turn import assistant_message
 from omni.text.parsers.tool_calls import ToolCallDelta
 from omni.text.parsers.tool_grammar import T2I_TOOL
@@ -59,6 +62,7 @@ class ResponseEvents:
         self._reasoning: list[str] = []
         self._made_calls: list[dict[str, Any]] = []
         self.reasoning_tokens = 0
+        self._drawn: list[GeneratedImage] = []  # for the usage's decoder_details
 
     @property
     def output(self) -> list[dict[str, Any]]:
@@ -120,6 +124,8 @@ class ResponseEvents:
             "output_tokens_details": {"reasoning_tokens": self.reasoning_tokens},
             "total_tokens": usage.prompt_tokens + usage.completion_tokens,
         }
+        if self._drawn:  # ours, as the images API's usage: the decoder's work for the images
+            self.response["usage"]["decoder_details"] = msgspec.structs.asdict(decoder_details(self._drawn))
         kind = "response.incomplete" if cut else "response.completed"
         return [*events, self.event(kind, response=self.response)]
 
@@ -241,6 +247,7 @@ class ResponseEvents:
         return events, opened
 
     def _image(self, image: GeneratedImage) -> list[Event]:
+        self._drawn.append(image)
         events, opened = self._image_item()
         if self.t2i_call and not opened.claimed:
             self._unclaimed += 1

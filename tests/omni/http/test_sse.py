@@ -23,6 +23,7 @@ from omni.engines.pool import ModelPool
 from omni.errors import APIError
 from omni.http.sse import ChunkStream, collect, interleave, json_response
 from omni.modalities.outputs.router import OutputRouter
+from omni.serving.bodies import usage_body
 from omni.text.tokenizer import TextTokenizer
 from scheduler.request import Request, SamplingParams
 from tests.omni.fake_pool import FakeEvent, FakePool, FakeStream
@@ -136,7 +137,7 @@ async def test_a_stream_sends_a_chunk_a_delta_then_usage_and_done(tokenizer: Tex
     response = Recorded()
     stream = ChunkStream(cast(web.StreamResponse, response), chunk, include_usage=True)
     router = output(tokenizer, FakePool(HELLO[:2]), "a")
-    await stream.run([router], text_choice, lambda: router.usage)  # type: ignore[arg-type]
+    await stream.run([router], text_choice, lambda: usage_body(router.usage))  # type: ignore[arg-type]
     events = response.events()
     assert events[:2] == [
         {"id": "c", "choices": [{"index": 0, "text": "Hello", "finish_reason": None}], "usage": None},
@@ -151,7 +152,7 @@ async def test_continuous_usage_counts_each_chunks_tokens_so_far(tokenizer: Text
     response = Recorded()
     stream = ChunkStream(cast(web.StreamResponse, response), chunk, include_usage=True, continuous_usage=True)
     router = output(tokenizer, FakePool(HELLO[:3]), "a")
-    await stream.run([router], text_choice, lambda: router.usage)  # type: ignore[arg-type]
+    await stream.run([router], text_choice, lambda: usage_body(router.usage))  # type: ignore[arg-type]
     usages = [e["usage"]["completion_tokens"] for e in response.events()[:-1]]
     assert usages == [1, 2, 3, 3]  # three token chunks, then the final usage
 
@@ -160,7 +161,7 @@ async def test_without_include_usage_chunks_have_no_usage_field(tokenizer: TextT
     response = Recorded()
     stream = ChunkStream(cast(web.StreamResponse, response), chunk, include_usage=False)
     router = output(tokenizer, FakePool(HELLO[:1]), "a")
-    await stream.run([router], text_choice, lambda: Usage())  # type: ignore[arg-type]
+    await stream.run([router], text_choice, lambda: usage_body(Usage()))  # type: ignore[arg-type]
     events = response.events()
     assert len(events) == 2 and "usage" not in events[0] and events[1] == "[DONE]"
 
@@ -168,7 +169,7 @@ async def test_without_include_usage_chunks_have_no_usage_field(tokenizer: TextT
 async def test_a_worker_failing_mid_stream_ends_it_with_an_error_event(tokenizer: TextTokenizer) -> None:
     response = Recorded()
     stream = ChunkStream(cast(web.StreamResponse, response), chunk, include_usage=True)
-    await stream.run([Failing(DeadlineExceeded("too late"))], text_choice, lambda: Usage())  # type: ignore[arg-type]
+    await stream.run([Failing(DeadlineExceeded("too late"))], text_choice, lambda: usage_body(Usage()))  # type: ignore[arg-type]
     first, error, done = response.events()
     assert first["choices"][0]["text"] == "x"
     assert error["error"]["message"] == "too late" and error["error"]["code"] == "deadline_exceeded"

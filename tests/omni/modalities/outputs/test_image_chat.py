@@ -14,7 +14,13 @@ from omni.engines.vision_replicas import VisionDecoderReplicas
 from omni.errors import APIError
 from omni.metrics import Metrics
 from omni.modalities.outputs.image import IMAGE, GeneratedImage, ImageSettings, ModelImages
-from omni.modalities.outputs.image_chat import SEEDS_PER_CHOICE, OutputImagePart, OutputImageURL, chat_images
+from omni.modalities.outputs.image_chat import (
+    SEEDS_PER_CHOICE,
+    ImageDecoderDetails,
+    OutputImagePart,
+    OutputImageURL,
+    chat_images,
+)
 from omni.serving.model import ServedModel
 from omni.serving.requests import parse_chat_completion_request
 from omni.shared.store.base import ArtifactStore
@@ -104,3 +110,20 @@ async def test_drawn_images_follow_the_text_as_parts_unless_inline(tokenizer: Te
     dialect = served(tokenizer, tool_parser="hyperclovax")
     inline = chat_images(dialect, chat(tools=[T2I]))
     assert inline is not None and inline.body(1).parts(delta) == []  # the URL is in the text
+
+
+def test_the_usage_sums_the_decoder_work_of_every_image_drawn_inline_or_not(tokenizer: TextTokenizer) -> None:
+    """usage.decoder_details counts each image that count() saw, of every choice; a turn that
+    drew none fills no usage field, so its usage is as a text turn's."""
+    first, second = Delta("", []), Delta("", [])
+    IMAGE.add(first, GeneratedImage("http://x/a.png", 64, 64, blocks_computed=40, blocks_skipped=8))
+    IMAGE.add(second, GeneratedImage("http://x/b.png", 64, 64, blocks_computed=30, blocks_skipped=18))
+    for dialect, req in ((served(tokenizer), chat()), (served(tokenizer, tool_parser="hyperclovax"), chat(tools=[T2I]))):
+        drawn = chat_images(dialect, req)
+        assert drawn is not None
+        body = drawn.body(2)
+        body.count(Delta("no image", []))
+        assert body.usage() == {}
+        body.count(first)
+        body.count(second)
+        assert body.usage() == {"decoder_details": ImageDecoderDetails(blocks_computed=70, blocks_skipped=26)}

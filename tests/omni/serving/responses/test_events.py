@@ -111,7 +111,7 @@ def test_a_drawing_call_is_an_image_generation_call(image_first: bool) -> None:
     t2i = ToolFunction("t2i_model_generation", parameters={"type": "object"})
     events = ResponseEvents(_response(), OutputFormat(tool_parser="hermes", tools=(t2i,)), t2i_call=True)
     png = b"\x89PNG-bytes"
-    image = GeneratedImage("data:image/png;base64,x", 768, 768, data=png)
+    image = GeneratedImage("data:image/png;base64,x", 768, 768, data=png, blocks_computed=60, blocks_skipped=12)
     head = '<tool_call>{"name": "t2i_model_generation", "arguments": {"discrete_image_token": "'
     deltas = [Delta(head, [1]), Delta('data:..."}}</tool_call>', [2], finish_reason="stop")]
     IMAGE.add(deltas[0 if image_first else 1], image)
@@ -127,6 +127,15 @@ def test_a_drawing_call_is_an_image_generation_call(image_first: bool) -> None:
     assert item.type == "image_generation_call" and item.status == "completed"
     assert base64.b64decode(item.result or "") == png
     assert events.assistant_message()["content"] == "" and "tool_calls" not in events.assistant_message()
+    # ours, as the images API's usage: the decoder's work for the image (and the completed event's)
+    assert events.response["usage"]["decoder_details"] == {"blocks_computed": 60, "blocks_skipped": 12}
+    assert parsed[-1].type == "response.completed" and parsed[-1].response.usage is not None
+
+
+def test_a_turn_that_drew_nothing_has_no_decoder_details() -> None:
+    events = ResponseEvents(_response(), OutputFormat(), t2i_call=False)
+    _run(events, _deltas("Hello"))
+    assert "decoder_details" not in events.response["usage"]
 
 
 def test_a_failure_ends_with_error_and_failed() -> None:
