@@ -73,15 +73,15 @@ def omni_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def speaking_server(omni_dir: Path) -> Iterator[str]:
     """The tiny omni checkpoint with all it has, served as "omni": it draws (images; its decoder
-    2 replicas, each 2 ranks running transformer | transformer2 at once, --image-guidance-parallel's
-    auto), speaks (speech, chat audio) and hears (transcription). One start for those test
-    modules. (That two ranks draw what one process draws, byte for byte, is
-    tests/gpu_workers/vision_decoder/'s test_runner.py for Ulysses and test_guidance_parallel.py
-    for guidance parallelism; that a seed draws the same image on either replica,
-    tests/omni/engines/test_vision_replicas.py.)"""
+    2 ranks running transformer | transformer2 at once, --image-guidance-parallel's auto), speaks
+    (speech, chat audio) and hears (transcription). One start for those test modules. (That two
+    ranks draw what one process draws, byte for byte, is tests/gpu_workers/vision_decoder/'s
+    test_runner.py for Ulysses and test_guidance_parallel.py for guidance parallelism; replicas
+    are test_images.py's own server: session servers stay up to the end, and CI's 24 GiB hold
+    only so many processes.)"""
     with running_server(
         "--model", f"omni={omni_dir}", "--max-model-len", "2048", "--diffusion-steps", str(DIFFUSION_STEPS),
-        "--vision-decoder-devices", "cpu,cpu,cpu,cpu", "--vision-decoder-replicas", "2",
+        "--vision-decoder-devices", "cpu,cpu",
     ) as base:  # fmt: skip
         yield base
 

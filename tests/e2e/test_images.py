@@ -48,7 +48,7 @@ T2I_TOOL = {
 
 @pytest.fixture(scope="module")
 def server(speaking_server: str) -> str:
-    return speaking_server  # the session's omni server (tests/e2e/conftest.py): 2 decoder replicas of 2 ranks, STEPS steps
+    return speaking_server  # the session's omni server (tests/e2e/conftest.py): 2 decoder ranks, STEPS steps
 
 
 def _client(base: str, **kwargs: Any) -> openai.OpenAI:
@@ -104,7 +104,7 @@ def test_a_seed_gives_the_same_bytes_and_another_seed_other_bytes(server: str) -
 
 
 def test_the_step_cache_skips_blocks_and_says_so(server: str) -> None:
-    """Over a replica's 2 decoder ranks: a threshold of 0 is the image without the cache, byte for
+    """Over the server's 2 decoder ranks: a threshold of 0 is the image without the cache, byte for
     byte; the highest skips the DiT's blocks at every step it may (5 steps: 2 and 3), and the
     usage and /metrics count them."""
 
@@ -129,9 +129,9 @@ def test_the_step_cache_skips_blocks_and_says_so(server: str) -> None:
 
 
 def test_guidance_in_parallel_draws_the_sequential_paths_bytes(server: str, omni_dir: Path, tmp_path: Path) -> None:
-    """The session server's replicas of 2 decoder ranks run a step's two passes at once
-    (transformer | transformer2: --image-guidance-parallel auto); a server of one group of 2
-    ranks with it off runs them one after the other over a 2-rank Ulysses group. A seed gives the same bytes and block
+    """The session server's 2 decoder ranks run a step's two passes at once (transformer |
+    transformer2: --image-guidance-parallel auto); a server of the same flags with it off runs
+    them one after the other over a 2-rank Ulysses group. A seed gives the same bytes and block
     counts on both: guided at the default scale, unguided (the twin's group idles), and guided
     hard with the step cache skipping (4 steps: step 2 may). The second server logs its layout."""
     draws = [{}, {"guidance_scale": 0}, {"guidance_scale": 3.0, "step_cache_threshold": 1000}]
@@ -321,7 +321,59 @@ def _decoder_ranks(base: str) -> dict[str, int]:
     return ranks
 
 
-def test_a_killed_replica_fails_only_its_image_and_the_other_serves_while_it_restarts(server: str) -> None:
+def test_a_killed_decoder_rank_fails_its_image_with_503_and_the_next_succeeds(server: str) -> None:
+    two_ranks = server
+    ranks = _decoder_ranks(two_ranks)
+    assert sorted(ranks) == ["omni-vision0.0", "omni-vision0.1"]
+    outcome: dict[str, Any] = {}
+
+    def slow_image() -> None:
+        try:
+            _generate(two_ranks, 1, "1024x576", num_inference_steps=100)
+            outcome["ok"] = True
+        except openai.APIStatusError as exc:
+            outcome["status"] = exc.status_code
+            outcome["message"] = exc.message
+
+    thread = threading.Thread(target=slow_image)
+    thread.start()
+    deadline = time.monotonic() + 120  # hang guards, not timings
+    while read_metric(two_ranks, "omni_decoder_images_running", model_name=MODEL) == 0:
+        assert time.monotonic() < deadline and thread.is_alive(), "the image never reached the decoder"
+        time.sleep(0.02)
+    # The leader is held while the follower is killed: it cannot finish the image meanwhile,
+    # however fast its 100 steps run (no bet on a sleep being "well inside" them).
+    os.kill(ranks["omni-vision0.0"], signal.SIGSTOP)
+    try:
+        os.kill(ranks["omni-vision0.1"], signal.SIGKILL)
+    finally:
+        os.kill(ranks["omni-vision0.0"], signal.SIGCONT)
+    thread.join(120)
+    assert outcome.get("status") == 503, outcome
+    assert "vision decoder" in outcome["message"]
+    deadline = time.monotonic() + 300
+    while True:  # the group restarts as a whole; meanwhile an image is refused with a 503
+        try:
+            data = _generate(two_ranks, 2, "768x768")
+            break
+        except openai.APIStatusError as exc:
+            assert exc.status_code == 503
+            assert time.monotonic() < deadline, "the decoder group did not come back"
+            time.sleep(0.5)
+    assert _png(data).size == (768, 768)
+    restarted = _decoder_ranks(two_ranks)
+    assert sorted(restarted) == sorted(ranks) and not set(restarted.values()) & set(ranks.values())  # both ranks anew
+
+
+def test_a_killed_replica_fails_only_its_image_and_the_other_serves_while_it_restarts(omni_dir: Path) -> None:
+    """A server of its own (stopped at the end): 2 replicas, each 2 guidance-parallel ranks."""
+    args = ("--model", f"omni={omni_dir}", "--max-model-len", "2048", "--diffusion-steps", str(DIFFUSION_STEPS),
+            "--vision-decoder-devices", "cpu,cpu,cpu,cpu", "--vision-decoder-replicas", "2", "--no-audio-output")  # fmt: skip
+    with running_server(*args) as server:
+        _replica_dies(server)
+
+
+def _replica_dies(server: str) -> None:
     ranks = _decoder_ranks(server)
     assert sorted(ranks) == ["omni-vision0.0", "omni-vision0.1", "omni-vision1.0", "omni-vision1.1"]
     outcome: dict[str, Any] = {}
