@@ -78,7 +78,9 @@ def run_decode(device: torch.device, heads: HeadShape, dtype: torch.dtype, block
     import flashinfer
 
     workspace = torch.zeros(_DECODE_WORKSPACE_BYTES, dtype=torch.uint8, device=device)
-    wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(workspace, kv_layout="NHD")
+    # as the graphs make theirs (attention/library_decode.py: tensor cores, FA2), so the module
+    # this builds is the one they load
+    wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(workspace, kv_layout="NHD", use_tensor_cores=True, backend="fa2")
     kv = torch.zeros(2, 2, block_size, heads.num_kv_heads, heads.head_dim, dtype=dtype, device=device)
 
     def i32(values: list[int]) -> torch.Tensor:
