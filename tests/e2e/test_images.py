@@ -321,61 +321,10 @@ def _decoder_ranks(base: str) -> dict[str, int]:
     return ranks
 
 
-def test_a_killed_decoder_rank_fails_its_image_with_503_and_the_next_succeeds(server: str) -> None:
-    two_ranks = server
-    ranks = _decoder_ranks(two_ranks)
-    assert sorted(ranks) == ["omni-vision0.0", "omni-vision0.1"]
-    outcome: dict[str, Any] = {}
-
-    def slow_image() -> None:
-        try:
-            _generate(two_ranks, 1, "1024x576", num_inference_steps=100)
-            outcome["ok"] = True
-        except openai.APIStatusError as exc:
-            outcome["status"] = exc.status_code
-            outcome["message"] = exc.message
-
-    thread = threading.Thread(target=slow_image)
-    thread.start()
-    deadline = time.monotonic() + 120  # hang guards, not timings
-    while read_metric(two_ranks, "omni_decoder_images_running", model_name=MODEL) == 0:
-        assert time.monotonic() < deadline and thread.is_alive(), "the image never reached the decoder"
-        time.sleep(0.02)
-    # The leader is held while the follower is killed: it cannot finish the image meanwhile,
-    # however fast its 100 steps run (no bet on a sleep being "well inside" them).
-    os.kill(ranks["omni-vision0.0"], signal.SIGSTOP)
-    try:
-        os.kill(ranks["omni-vision0.1"], signal.SIGKILL)
-    finally:
-        os.kill(ranks["omni-vision0.0"], signal.SIGCONT)
-    thread.join(120)
-    assert outcome.get("status") == 503, outcome
-    assert "vision decoder" in outcome["message"]
-    deadline = time.monotonic() + 300
-    while True:  # the group restarts as a whole; meanwhile an image is refused with a 503
-        try:
-            data = _generate(two_ranks, 2, "768x768")
-            break
-        except openai.APIStatusError as exc:
-            assert exc.status_code == 503
-            assert time.monotonic() < deadline, "the decoder group did not come back"
-            time.sleep(0.5)
-    assert _png(data).size == (768, 768)
-    restarted = _decoder_ranks(two_ranks)
-    assert sorted(restarted) == sorted(ranks) and not set(restarted.values()) & set(ranks.values())  # both ranks anew
-
-
-def test_a_killed_replica_fails_only_its_image_and_the_other_serves_while_it_restarts(omni_dir: Path) -> None:
-    """A server of its own (stopped at the end): 2 replicas, each 2 guidance-parallel ranks."""
-    args = ("--model", f"omni={omni_dir}", "--max-model-len", "2048", "--diffusion-steps", str(DIFFUSION_STEPS),
-            "--vision-decoder-devices", "cpu,cpu,cpu,cpu", "--vision-decoder-replicas", "2", "--no-audio-output")  # fmt: skip
-    with running_server(*args) as server:
-        _replica_dies(server)
-
-
-def _replica_dies(server: str) -> None:
-    ranks = _decoder_ranks(server)
-    assert sorted(ranks) == ["omni-vision0.0", "omni-vision0.1", "omni-vision1.0", "omni-vision1.1"]
+def _kill_a_follower_mid_image(server: str, ranks: dict[str, int], replica: str) -> dict[str, Any]:
+    """Start a slow image, and once replica `replica`'s group draws it, kill that group's
+    follower; the image's outcome: {"status", "message"} or {"ok"}. The waits are for events,
+    not for time: a broken server hangs the test rather than failing it on a slow machine."""
     outcome: dict[str, Any] = {}
 
     def slow_image() -> None:
@@ -388,34 +337,57 @@ def _replica_dies(server: str) -> None:
 
     thread = threading.Thread(target=slow_image)
     thread.start()
-    deadline = time.monotonic() + 120  # hang guards, not timings
-    # both replicas idle: the image goes to the first
-    while read_metric(server, "omni_decoder_replica_images_running", model_name=MODEL, replica="0") == 0:
-        assert time.monotonic() < deadline and thread.is_alive(), "the image never reached the decoder"
+    while read_metric(server, "omni_decoder_replica_images_running", model_name=MODEL, replica=replica) == 0:
+        assert thread.is_alive(), f"the image ended before it reached the decoder: {outcome}"
         time.sleep(0.02)
     # The leader is held while the follower is killed: it cannot finish the image meanwhile,
     # however fast its 100 steps run (no bet on a sleep being "well inside" them).
-    os.kill(ranks["omni-vision0.0"], signal.SIGSTOP)
+    leader, follower = ranks[f"omni-vision{replica}.0"], ranks[f"omni-vision{replica}.1"]
+    os.kill(leader, signal.SIGSTOP)
     try:
-        os.kill(ranks["omni-vision0.1"], signal.SIGKILL)
+        os.kill(follower, signal.SIGKILL)
     finally:
-        os.kill(ranks["omni-vision0.0"], signal.SIGCONT)
-    thread.join(120)
+        os.kill(leader, signal.SIGCONT)
+    thread.join()
+    return outcome
+
+
+def test_a_killed_decoder_rank_fails_its_image_with_503_and_the_next_succeeds(server: str) -> None:
+    ranks = _decoder_ranks(server)
+    assert sorted(ranks) == ["omni-vision0.0", "omni-vision0.1"]
+    outcome = _kill_a_follower_mid_image(server, ranks, "0")
     assert outcome.get("status") == 503, outcome
     assert "vision decoder" in outcome["message"]
-    # no 503 meanwhile: replica 1 draws while replica 0's group restarts (or replica 0, once back)
-    assert _png(_generate(server, 2, "768x768")).size == (768, 768)
-    deadline = time.monotonic() + 300
-    while True:  # replica 0's group restarts as a whole; replica 1's processes are untouched
-        restarted = _decoder_ranks(server)
-        anew = {n for n in ("omni-vision0.0", "omni-vision0.1") if restarted.get(n, ranks[n]) != ranks[n]}
-        if len(anew) == 2:
+    while True:  # the group restarts as a whole; meanwhile an image is refused with a 503
+        try:
+            data = _generate(server, 2, "768x768")
             break
-        assert time.monotonic() < deadline, "replica 0 did not come back"
-        time.sleep(0.5)
-    assert {n: restarted[n] for n in ("omni-vision1.0", "omni-vision1.1")} == {
-        n: ranks[n] for n in ("omni-vision1.0", "omni-vision1.1")
-    }
+        except openai.APIStatusError as exc:
+            assert exc.status_code == 503
+            time.sleep(0.5)
+    assert _png(data).size == (768, 768)
+    restarted = _decoder_ranks(server)
+    assert sorted(restarted) == sorted(ranks) and not set(restarted.values()) & set(ranks.values())  # both ranks anew
+
+
+def test_a_killed_replica_fails_only_its_image_and_the_other_serves_while_it_restarts(omni_dir: Path) -> None:
+    """A server of its own (stopped at the end): 2 replicas, each 2 guidance-parallel ranks."""
+    args = ("--model", f"omni={omni_dir}", "--max-model-len", "2048", "--diffusion-steps", str(DIFFUSION_STEPS),
+            "--vision-decoder-devices", "cpu,cpu,cpu,cpu", "--vision-decoder-replicas", "2", "--no-audio-output")  # fmt: skip
+    with running_server(*args) as server:
+        ranks = _decoder_ranks(server)
+        assert sorted(ranks) == ["omni-vision0.0", "omni-vision0.1", "omni-vision1.0", "omni-vision1.1"]
+        outcome = _kill_a_follower_mid_image(server, ranks, "0")  # both replicas idle: it goes to the first
+        assert outcome.get("status") == 503, outcome
+        assert "vision decoder" in outcome["message"]
+        # no 503 meanwhile: replica 1 draws while replica 0's group restarts (or replica 0, once back)
+        assert _png(_generate(server, 2, "768x768")).size == (768, 768)
+        group = ("omni-vision0.0", "omni-vision0.1")
+        while not all(_decoder_ranks(server).get(n, ranks[n]) != ranks[n] for n in group):
+            time.sleep(0.5)  # replica 0's group restarts as a whole
+        restarted = _decoder_ranks(server)
+        others = ("omni-vision1.0", "omni-vision1.1")
+        assert {n: restarted[n] for n in others} == {n: ranks[n] for n in others}  # replica 1 untouched
 
 
 def test_a_span_cut_short_by_max_tokens_gives_no_image(server: str, omni_dir: Path) -> None:

@@ -62,16 +62,10 @@ def sends(engine: VisionDecoderEngine) -> list[list[int]]:
 
 
 async def until(condition: object, what: str) -> None:
-    """A hang guard, not a timing: fails only if the condition never comes."""
-
-    async def poll() -> None:
-        while not condition():  # type: ignore[operator]
-            await asyncio.sleep(0.01)
-
-    try:
-        await asyncio.wait_for(poll(), 300)
-    except TimeoutError:
-        raise AssertionError(f"never came: {what}") from None
+    """Until the condition holds: a wait for an event, not for a time (a broken engine hangs the
+    test rather than failing it on a slow machine)."""
+    while not condition():  # type: ignore[operator]
+        await asyncio.sleep(0.01)
 
 
 def pause(engine: VisionDecoderEngine, sig: signal.Signals = signal.SIGSTOP) -> None:
