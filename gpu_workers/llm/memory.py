@@ -31,14 +31,14 @@ arithmetic and profile on the CPU.
 
 from __future__ import annotations
 
-import ctypes
 import logging
-import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
+
+from gpu_workers.host_pages import lazy_zeros
 
 # vLLM's default: what a worker may count on of its device when --gpu-memory-utilization is
 # not given (the rest absorbs fragmentation and whatever is not torch's: contexts, NCCL, cuBLAS).
@@ -234,31 +234,9 @@ def kv_cache_budget(
     return budget
 
 
-MADV_HUGEPAGE = 14  # linux/mman.h
-HUGE_PAGE = 2 << 20
-
-
 def kv_cache_zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """A zeroed KV cache. On a Linux CPU its memory is first marked for transparent huge pages
-    (madvise MADV_HUGEPAGE, which the kernel's default `madvise` THP mode waits for): decode
-    reads each sequence's scattered blocks, and with 4 KiB pages nearly every block is a TLB
-    miss (bench: the paged CPU kernel 18 % faster in bf16, 5 % in fp32). Where madvise is
-    missing or refused, the pages stay as they are."""
+    """A zeroed KV cache. On a CPU it is committed as it fills, in huge pages where the kernel
+    gives them (gpu_workers/host_pages.py): a 2 GiB default cache costs an idle server nothing."""
     if device.type != "cpu":
         return torch.zeros(shape, dtype=dtype, device=device)
-    cache = torch.empty(shape, dtype=dtype, device=device)
-    _advise_huge_pages(cache.data_ptr(), cache.numel() * cache.element_size())
-    return cache.zero_()  # the first touch: the pages are faulted in huge where the kernel can
-
-
-def _advise_huge_pages(address: int, size: int) -> bool:
-    """madvise(MADV_HUGEPAGE) over the whole 2 MiB pages inside [address, address + size)."""
-    start = -(-address // HUGE_PAGE) * HUGE_PAGE
-    end = (address + size) // HUGE_PAGE * HUGE_PAGE
-    if end <= start or not sys.platform.startswith("linux"):
-        return False
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        return libc.madvise(ctypes.c_void_p(start), ctypes.c_size_t(end - start), MADV_HUGEPAGE) == 0
-    except (OSError, AttributeError):
-        return False
+    return lazy_zeros(shape, dtype)

@@ -36,6 +36,8 @@ from pathlib import Path
 
 import torch
 
+from gpu_workers.host_pages import HUGE_PAGE, advise_huge_pages
+
 log = logging.getLogger("omni.worker.small_m_linear")
 
 SOURCE = Path(__file__).with_name("small_m_linear.cpp")
@@ -183,21 +185,6 @@ def attn_out_mlp(
     )
 
 
-HUGE_PAGE = 2 << 20
-_MADV_HUGEPAGE = 14  # Linux
-
-
-def _advise_huge_pages(address: int, length: int) -> bool:
-    import ctypes
-    import sys
-
-    if not sys.platform.startswith("linux"):
-        return False
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    return bool(libc.madvise(ctypes.c_void_p(address), length, _MADV_HUGEPAGE) == 0)
-
-
 def gather_into_huge_pages(model: torch.nn.Module) -> int:
     """Move every small-M weight copy of `model` (each module's `small`) into one buffer that the
     kernel backs with transparent huge pages where it can (madvise: this machine's THP setting
@@ -217,7 +204,7 @@ def gather_into_huge_pages(model: torch.nn.Module) -> int:
     total = sum(sizes)
     buffer = torch.empty(total + HUGE_PAGE, dtype=torch.uint8)
     skip = -buffer.data_ptr() % HUGE_PAGE
-    huge = _advise_huge_pages(buffer.data_ptr() + skip, total // HUGE_PAGE * HUGE_PAGE)
+    huge = advise_huge_pages(buffer.data_ptr() + skip, total // HUGE_PAGE * HUGE_PAGE)
     offset = skip
     for m, old, size in zip(owners, copies, sizes):
         view = buffer[offset : offset + old.nbytes].view(old.dtype).view(old.shape)
