@@ -14,7 +14,8 @@ def test_mypy_is_clean() -> None:
     # mypy is in the `test` extra: where the extras are installed this runs, never skips.
     assert importlib.util.find_spec("mypy") is not None, "mypy is missing: pip install -e '.[test]'"
     result = subprocess.run(
-        [sys.executable, "-m", "mypy", "scheduler", "omni", "gpu_workers"],
+        # --show-traceback: a crash of mypy's own (an INTERNAL ERROR) says where, not only that
+        [sys.executable, "-m", "mypy", "--show-traceback", "scheduler", "omni", "gpu_workers"],
         cwd=ROOT,
         capture_output=True,
         text=True,
