@@ -38,7 +38,7 @@ from typing import Protocol
 
 import torch
 
-from gpu_workers.host_pages import lazy_zeros
+from gpu_workers.host_pages import advise_huge_pages
 
 # vLLM's default: what a worker may count on of its device when --gpu-memory-utilization is
 # not given (the rest absorbs fragmentation and whatever is not torch's: contexts, NCCL, cuBLAS).
@@ -235,8 +235,15 @@ def kv_cache_budget(
 
 
 def kv_cache_zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """A zeroed KV cache. On a CPU it is committed as it fills, in huge pages where the kernel
-    gives them (gpu_workers/host_pages.py): a 2 GiB default cache costs an idle server nothing."""
+    """A zeroed KV cache. On a Linux CPU its memory is first marked for transparent huge pages
+    (gpu_workers/host_pages.py), then zeroed: the first touch, all at start, while whole 2 MiB
+    pages are easy to find. Decode reads each sequence's scattered blocks, and with 4 KiB pages
+    nearly every block is a TLB miss (bench: the paged CPU kernel 18 % faster in bf16, 5 % in
+    fp32). Committing as the cache fills instead (an anonymous mapping, zeroed on demand) cost
+    the CPU text benchmark 3-4 %: faults while serving, and 4 KiB pages wherever a huge one was
+    not free then (docs/BENCHMARKS.md, session 20)."""
     if device.type != "cpu":
         return torch.zeros(shape, dtype=dtype, device=device)
-    return lazy_zeros(shape, dtype)
+    cache = torch.empty(shape, dtype=dtype, device=device)
+    advise_huge_pages(cache.data_ptr(), cache.numel() * cache.element_size())
+    return cache.zero_()  # the first touch: the pages are faulted in huge where the kernel can

@@ -19,6 +19,11 @@ ROOT = Path(__file__).resolve().parents[2]
 
 EAGER = ("--enforce-eager",)  # what the suite's servers run unless a test asks for the compiled step
 COMPILED = ("--compile-decode",)
+# The KV cache of a suite server that does not size its own (--num-kv-blocks, --kv-cache-memory):
+# the CPU default is 2 GiB a model, committed at start (llm/memory.py), and each xdist worker
+# keeps its session servers to the end: at 2 GiB each, CI's 24 GiB ran out in the suite's last
+# minutes (mypy died of it). 512 MiB holds every tiny model's and SmolLM2's max_model_len.
+KV_CACHE = ("--kv-cache-memory", str(512 << 20))
 
 
 def free_port() -> int:
@@ -98,6 +103,12 @@ def wait_exited(pid: int, timeout: float = 300.0) -> None:
         time.sleep(0.001)
 
 
+def kv_cache(args: tuple[str, ...]) -> tuple[str, ...]:
+    """KV_CACHE unless the server's arguments size the cache themselves."""
+    sized = any(a.split("=")[0] in ("--num-kv-blocks", "--kv-cache-memory") for a in args)
+    return () if sized else KV_CACHE
+
+
 # base URL -> the server's process, for tests that need to reach its workers
 PROCESSES: dict[str, subprocess.Popen[bytes]] = {}
 
@@ -122,7 +133,7 @@ def running_server(
         out = files.enter_context(log.open("wb")) if log is not None else None
         proc = subprocess.Popen(
             [sys.executable, "-m", "omni.cli.main", "--port", str(port), "--num-threads", "1",
-             *(COMPILED if compiled else EAGER), *args],  # fmt: skip
+             *(COMPILED if compiled else EAGER), *kv_cache(args), *args],  # fmt: skip
             cwd=ROOT,
             env=env,
             stdout=out,

@@ -210,15 +210,24 @@ def test_the_llm_runner_profiles_its_largest_step_then_sizes_its_share(
     assert len(execute(runner, protocol.Step(1, [request], [], [])).sampled) == 1
 
 
-def test_the_cpu_kv_cache_is_zeroed_and_committed_only_as_it_fills() -> None:
-    """kv_cache_zeros on a CPU: the shape and dtype asked, all zeros, over host_pages' lazy
-    mapping (an idle server's 2 GiB default cache costs it nothing; tests/gpu_workers/
-    test_host_pages.py proves the mapping's laziness and huge-page advice)."""
+def test_the_cpu_kv_cache_is_zeroed_and_asks_for_huge_pages(monkeypatch: pytest.MonkeyPatch) -> None:
+    """kv_cache_zeros: the shape and dtype asked, all zeros, and on Linux madvise(MADV_HUGEPAGE)
+    over exactly the whole 2 MiB pages inside the tensor's memory, before the zeroing touches it."""
     from gpu_workers.llm import memory
-    from tests.gpu_workers.test_host_pages import resident_bytes
 
+    advised: list[tuple[int, int]] = []
+    real = memory.advise_huge_pages
+
+    def spy(address: int, size: int) -> bool:
+        advised.append((address, size))
+        return real(address, size)
+
+    monkeypatch.setattr(memory, "advise_huge_pages", spy)
     cache = memory.kv_cache_zeros((4, 2, 256, 16, 4, 64), torch.bfloat16, torch.device("cpu"))
     assert cache.shape == (4, 2, 256, 16, 4, 64) and cache.dtype == torch.bfloat16
-    if sys.platform.startswith("linux"):
-        assert resident_bytes(cache) == 0
     assert not cache.any()
+    assert advised == [(cache.data_ptr(), cache.numel() * 2)]
+    # 16 MiB of cache: whole huge pages inside it exist, and a Linux kernel takes the advice
+    if sys.platform.startswith("linux"):
+        assert real(cache.data_ptr(), cache.numel() * 2)
+    assert not real(cache.data_ptr(), 4096)  # no whole 2 MiB page inside: nothing to advise
