@@ -240,8 +240,7 @@ def kv_cache_zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.dev
     pages are easy to find. Decode reads each sequence's scattered blocks, and with 4 KiB pages
     nearly every block is a TLB miss (bench: the paged CPU kernel 18 % faster in bf16, 5 % in
     fp32). Committing as the cache fills instead (an anonymous mapping, zeroed on demand) cost
-    the CPU text benchmark 3-4 %: faults while serving, and 4 KiB pages wherever a huge one was
-    not free then (docs/BENCHMARKS.md, session 20)."""
+    the CPU text benchmark 4 %, its faults taken while serving (docs/BENCHMARKS.md, session 20)."""
     if device.type != "cpu":
         return torch.zeros(shape, dtype=dtype, device=device)
     cache = torch.empty(shape, dtype=dtype, device=device)
