@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import io
 import lzma
+import stat
+import subprocess
+import sys
 import tarfile
 import zipfile
 from pathlib import Path
@@ -55,9 +58,46 @@ def test_the_trimmed_tarball_is_the_same_bytes_for_the_same_wheel(tmp_path: Path
         assert tar.getnames() == ["flashinfer/__init__.py", "flashinfer/data/csrc/batch_prefill.cu"]
 
 
+def test_a_repacked_wheel_is_the_same_wheel_lzma_compressed_and_pip_installs_it(tmp_path: Path) -> None:
+    wheel = tmp_path / "dl" / "demo_pkg-1.0-py3-none-any.whl"
+    wheel.parent.mkdir()
+    record = "demo_pkg/__init__.py,,\ndemo_pkg/lib.so,,\ndemo_pkg-1.0.dist-info/METADATA,,\n"
+    members = {
+        "demo_pkg/__init__.py": b"ANSWER = 42\n",
+        "demo_pkg/lib.so": bytes(range(256)) * 64,  # a stand-in binary, executable
+        "demo_pkg-1.0.dist-info/METADATA": b"Metadata-Version: 2.1\nName: demo-pkg\nVersion: 1.0\n",
+        "demo_pkg-1.0.dist-info/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+        "demo_pkg-1.0.dist-info/RECORD": (
+            record + "demo_pkg-1.0.dist-info/WHEEL,,\ndemo_pkg-1.0.dist-info/RECORD,,\n"
+        ).encode(),
+    }
+    with zipfile.ZipFile(wheel, "w", zipfile.ZIP_DEFLATED) as z:
+        for name, data in members.items():
+            info = zipfile.ZipInfo(name, (2026, 12, 6, 12, 0, 0))
+            info.external_attr = (stat.S_IFREG | (0o755 if name.endswith(".so") else 0o644)) << 16
+            z.writestr(info, data, zipfile.ZIP_DEFLATED)
+    a, b = tmp_path / "a" / wheel.name, tmp_path / "b" / wheel.name
+    for out in (a, b):
+        out.parent.mkdir()
+        bundle.repack(wheel, out)
+    assert a.read_bytes() == b.read_bytes()  # the same wheel, the same bytes
+    with zipfile.ZipFile(wheel) as original, zipfile.ZipFile(a) as packed:
+        assert [i.filename for i in packed.infolist()] == [i.filename for i in original.infolist()]
+        for o, p in zip(original.infolist(), packed.infolist(), strict=True):
+            assert p.compress_type == zipfile.ZIP_LZMA
+            assert (p.date_time, p.external_attr) == (o.date_time, o.external_attr)
+            assert packed.read(p) == original.read(o)
+    site = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
+                    "--target", str(site), str(a)], check=True)  # fmt: skip
+    assert (site / "demo_pkg" / "__init__.py").read_bytes() == b"ANSWER = 42\n"
+    assert (site / "demo_pkg" / "lib.so").stat().st_mode & 0o111  # still executable
+
+
 def test_without_a_built_bundle_the_recorded_sizes_are_summed(tmp_path: Path) -> None:
     carried, measured = bundle.carried_bytes(tmp_path / "absent")
-    assert (carried, measured) == (sum(c.size for c in bundle.CARRIED), False)
+    assert (carried, measured) == (sum(c.carried for c in bundle.CARRIED), False)
+    assert carried < sum(c.size for c in bundle.CARRIED)  # the wheels are carried repacked, smaller
     line, ok = bundle.size_line(tmp_path / "absent")
     assert "recorded sizes" in line and ok == (bundle.tree_bytes() + carried < bundle.CARRY_LIMIT)
 
