@@ -40,6 +40,7 @@ from gpu_workers.models.checkpoint_io import load_safetensors, read_json
 from gpu_workers.models.hf_weights import load_exact
 from gpu_workers.models.siglip_vision import SiglipVisionConfig, SiglipVisionTower, num_layers_for
 from gpu_workers.preprocess.image import to_rgb
+from omni.shared.safetensors_index import TA_TOK_UNREAD
 
 _TOWER_PREFIX = "vision_model."
 # rows of similarities per matmul: 2048 x 65,536 float32 is 512 MiB for the reference codebook
@@ -194,7 +195,7 @@ class TATokImageTokenizer(nn.Module):
 # layer, out_linear, scale layer (the 0.5 / 0.5 normalisation, also image_mean/std here) and a
 # teacher, if shipped, only serve reconstruction and training: not read.
 
-PUBLISHED_IGNORED = ("decoder.", "decode_task_layer.", "bottleneck.out_linear.", "scale_layer.", "teacher.")
+PUBLISHED_IGNORED = TA_TOK_UNREAD
 _CODEBOOK = "bottleneck.regularizer.embedding.weight"
 _CODEBOOK_PROJ = "bottleneck.regularizer.embedding_proj."
 # The tower the reference builds from google/siglip2-so400m-patch14-384's config (not in the

@@ -47,7 +47,7 @@ from omni.config import ModelConfig, ServerConfig
 from omni.engines.worker_specs import component_dtype, decoder_layout, encoder_device, vision_decoder_devices
 from omni.model_layout import ModelLayout, vision_decoder_guidance
 from omni.shared.media.image_sizes import PATCH_SCALE, RATIO_SIZES, VAE_SCALE
-from omni.shared.safetensors_index import PUBLISHED_PREFIXES, SafetensorsIndex, read_header
+from omni.shared.safetensors_index import PUBLISHED_PREFIXES, TA_TOK_UNREAD, SafetensorsIndex, read_header
 
 GIB = 1024**3
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.9  # gpu_workers/llm/memory.py's, when the flag is not given
@@ -295,10 +295,8 @@ def encoder_weight_bytes(root: Path, itemsize: int) -> int:
     return _bytes_at(_entries(headers, _encoder_reads), itemsize)
 
 
-# TA-Tok's reconstruction half, which the encoder worker never loads (gpu_workers/models/ta_tok.py
-# PUBLISHED_IGNORED; a copy: the server does not import the workers' model code)
-_TA_TOK = "model.discrete_vision_model."
-_TA_TOK_UNREAD = tuple(_TA_TOK + p for p in ("decoder.", "decode_task_layer.", "bottleneck.out_linear.", "scale_layer.", "teacher."))
+# the image tokenizer's tensors the encoder worker never loads: not counted
+_TA_TOK_UNREAD = tuple(PUBLISHED_PREFIXES["image_tokenizer"][0] + p for p in TA_TOK_UNREAD)
 
 
 def _encoder_reads(name: str) -> bool:

@@ -28,6 +28,9 @@ PUBLISHED_PREFIXES: dict[str, tuple[str, ...]] = {
     "audio_tokenizer": ("model.discrete_audio_model.",),
 }
 UNSERVED_PREFIXES = ("model.video_audio_compressor.",)
+# Under image_tokenizer's prefix: TA-Tok's reconstruction half, which the encoder never loads
+# (gpu_workers/models/ta_tok.py skips it; omni/engines/memory_plan.py does not count it)
+TA_TOK_UNREAD = ("decoder.", "decode_task_layer.", "bottleneck.out_linear.", "scale_layer.", "teacher.")
 # Bytes of each tensor's data, from its start and from its end, that go into a published
 # component's revision beside the header (see SafetensorsIndex.revision).
 _SAMPLE_BYTES = 4096
