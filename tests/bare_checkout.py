@@ -30,19 +30,19 @@ def project_installed() -> bool:
 
 def missing_package(exc: BaseException) -> str | None:
     """The third-party top-level module whose absence caused exc (through its causes), if any."""
+    name = None
     seen: set[int] = set()
     e: BaseException | None = exc
-    while e is not None and id(e) not in seen:
+    while name is None and e is not None and id(e) not in seen:
         seen.add(id(e))
         if isinstance(e, ModuleNotFoundError) and e.name:
-            top = e.name.partition(".")[0]
-            return None if top in FIRST_PARTY else top
+            name = e.name
         e = e.__cause__ or e.__context__
-    m = _NO_MODULE.search(str(exc))  # a collection error carries the import's traceback as text
-    if m is None:
-        return None
-    top = m.group(1).partition(".")[0]
-    return None if top in FIRST_PARTY else top
+    if name is None:  # a collection error carries the import's traceback as text
+        m = _NO_MODULE.search(str(exc))
+        name = m.group(1) if m else None
+    top = name.partition(".")[0] if name else None
+    return None if top is None or top in FIRST_PARTY else top
 
 
 def require(module: str, why: str) -> None:
